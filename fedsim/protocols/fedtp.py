@@ -1,0 +1,248 @@
+"""FedTP's server-side protocol (METHODS.md section 1), run inside the ServerApp.
+
+1. discover: every node reports which conversations (splits) it hosts;
+2. prior: the configured strategy aggregates p_c of the prior clients (one-shot by default);
+3. tune: validation clients route with the release under every lambda; best lambda wins;
+4. test: test clients route under the four routers and every DP-sweep release, returning
+   metric sums and turn-level outcomes for the paired analyses.
+
+The DP sweep re-releases the rows the server received in step 2 under each (sigma, seed):
+the server is trusted with raw p_c in this central-DP model, clients are deterministic, and each
+sweep point is its own independent release (its epsilon is reported per point, not composed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from fedsim.client_app import TASK_KEY
+from fedsim.faults import FAULTS_KEY
+from fedsim.grid import ProgressGrid
+from fedsim.privacy import one_shot_epsilon, rdp_epsilon
+from fedsim.reply_guard import ReplyGuard, vector_rows_validator
+from fedsim.results import RunOutput, markdown_table
+from fedsim.stats import gain_distribution, group_gains, paired_bootstrap_ci
+from tasks.topical_chat.dataset import load_topics
+
+log = logging.getLogger("fedsim")
+ROUTERS = ("tfidf", "global", "local", "fedmix")
+
+
+def _broadcast(grid: ProgressGrid, guard: ReplyGuard, phase: str, nodes: list[int],
+               message_type: str, content: RecordDict, timeout: float) -> list[Message]:
+    messages = [Message(content, dst_node_id=n, message_type=message_type) for n in nodes]
+    replies = grid.subset(nodes, phase).send_and_receive(messages, timeout=timeout)
+    good, _ = guard.screen(phase, 1, replies, None, sent=len(nodes))
+    return good
+
+
+def _sum_metrics(replies: list[Message]) -> tuple[dict, dict]:
+    """Federated sums of scalar metrics; turn-level lists concatenated in reply order."""
+    sums, turns = {}, {}
+    for msg in replies:
+        for key, value in msg.content["metrics"].items():
+            if key.startswith("turn/"):
+                turns.setdefault(key[5:], []).extend(value)
+            else:
+                sums[key] = sums.get(key, 0) + value
+    return sums, {k: np.asarray(v) for k, v in turns.items()}
+
+
+def _scores(sums: dict, splits: list[str], variant: str) -> dict:
+    """turns, ehr, err, support_ratio of one variant over ``splits`` from the federated sums."""
+    turns = sum(sums.get(f"{s}/turns", 0) for s in splits)
+    total = {m: sum(sums.get(f"{s}/{variant}/{m}", 0) for s in splits)
+             for m in ("hits", "err", "support")}
+    if turns == 0:
+        return {"turns": 0, "ehr": None, "err": None, "support_ratio": None}
+    return {"turns": int(turns), "ehr": total["hits"] / turns, "err": total["err"] / turns,
+            "support_ratio": total["support"] / turns}
+
+
+def _evaluate_content(priors: dict, variants: list[tuple], splits: list[str], base: dict,
+                      turn_level: bool) -> RecordDict:
+    names, prior_keys, alphas, lams = (list(x) for x in zip(*variants))
+    return RecordDict({
+        "priors": ArrayRecord({k: Array(np.asarray(v, float)) for k, v in priors.items()}),
+        "config": ConfigRecord({**base, "splits": splits, "turn-level": turn_level,
+                                "variant-names": names, "variant-priors": prior_keys,
+                                "variant-alphas": [float(a) for a in alphas],
+                                "variant-lambdas": [float(x) for x in lams]}),
+    })
+
+
+def run(grid: ProgressGrid, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
+    task = OmegaConf.to_container(cfg.task, resolve=True)
+    proto = cfg.protocol
+    base = {TASK_KEY: json.dumps(task), FAULTS_KEY: json.dumps(OmegaConf.to_container(cfg.faults))}
+    timeout = float(cfg.round_timeout)
+    timings, t_all = {}, time.monotonic()
+    num_topics = len(load_topics(cfg.data_root))
+    strategy = instantiate(cfg.strategy)
+    guard = ReplyGuard(strategy, vector_rows_validator("vectors", num_topics, nonnegative=True))
+
+    # 1. discovery
+    t0 = time.monotonic()
+    nodes = list(grid.get_node_ids())
+    log.info("FedTP: %d SuperNodes connected", len(nodes))
+    infos = _broadcast(grid, guard, "discover", nodes, MessageType.QUERY,
+                       RecordDict({"config": ConfigRecord(base)}), timeout)
+    hosted = {m.metadata.src_node_id: m.content["info"] for m in infos}
+    row_split = {r: s for info in hosted.values() for r, s in zip(info["rows"], info["splits"])}
+
+    def holders(splits):
+        return sorted(n for n, info in hosted.items() if set(info["splits"]) & set(splits))
+
+    timings["discover_s"] = time.monotonic() - t0
+
+    # 2. prior
+    t0 = time.monotonic()
+    prior_nodes = holders(task["prior_splits"])
+    if not prior_nodes:
+        raise RuntimeError(f"no SuperNode hosts a prior split {task['prior_splits']}")
+    uniform = np.full(num_topics, 1.0 / num_topics)
+    result = guard.start(grid.subset(prior_nodes, "prior"),
+                         initial_arrays=ArrayRecord({"vectors": Array(uniform)}),
+                         num_rounds=int(cfg.num_rounds), timeout=timeout,
+                         train_config=ConfigRecord({**base, "splits": task["prior_splits"]}))
+    last = guard.faults["train"][int(cfg.num_rounds)]
+    if last["accepted"] == 0:
+        raise RuntimeError(f"no usable client vector in the last round: {last}")
+    prior = result.arrays["vectors"].numpy().reshape(-1)
+    train_metrics = {r: dict(m) for r, m in result.train_metrics_clientapp.items()}
+    timings["prior_s"] = time.monotonic() - t0
+    log.info("FedTP: prior released from %d accepted replies", last["accepted"])
+
+    # 3. lambda sweep on the tuning clients
+    t0 = time.monotonic()
+    alpha, lambdas = float(proto.alpha), [float(x) for x in proto.lambdas]
+    tune = task["tune_splits"]
+    content = _evaluate_content({"main": prior}, [(f"fedmix@{lam}", "main", alpha, lam)
+                                                  for lam in lambdas], tune, base, False)
+    sums, _ = _sum_metrics(_broadcast(grid, guard, "tune", holders(tune), MessageType.EVALUATE,
+                                      content, timeout))
+    lambda_sweep = [{"lambda": lam, **_scores(sums, tune, f"fedmix@{lam}")} for lam in lambdas]
+    best = max(lambda_sweep, key=lambda r: (r["ehr"] or 0.0))["lambda"]
+    timings["tune_s"] = time.monotonic() - t0
+    log.info("FedTP: lambda sweep %s -> lambda=%g", [(r["lambda"], r["ehr"]) for r in lambda_sweep], best)
+
+    # 4. test: the four routers and the DP sweep
+    t0 = time.monotonic()
+    priors = {"main": prior}
+    variants = [("tfidf", "", 0.0, 0.0), ("global", "main", 1.0, best),
+                ("local", "", 0.0, best), ("fedmix", "main", alpha, best)]
+    sweep_keys = {}
+    releasable = hasattr(strategy, "release") and strategy.received is not None
+    for sigma in (proto.dp_sigmas if releasable else []):
+        for k in range(int(proto.dp_seeds)):
+            name = f"dp/{float(sigma)}/{k}"
+            priors[name] = strategy.release(strategy.received, float(sigma),
+                                            int(cfg.seed) * 1000 + 100 + k).mean
+            variants.append((name, name, alpha, best))
+            sweep_keys.setdefault(float(sigma), []).append(name)
+    test = task["test_splits"]
+    sums, turns = _sum_metrics(_broadcast(grid, guard, "test", holders(test), MessageType.EVALUATE,
+                                          _evaluate_content(priors, variants, test, base, True),
+                                          timeout))
+    timings["test_s"] = time.monotonic() - t0
+
+    routers = {r: {**{s: _scores(sums, [s], r) for s in test}, "overall": _scores(sums, test, r)}
+               for r in ROUTERS}
+    hit = {r: (turns[f"pick/{r}"] == turns["gold"]).astype(float) for r in ("tfidf", "fedmix")}
+    amb = turns["ambiguous"].astype(bool)
+    gains = group_gains(turns["row"], hit["tfidf"], hit["fedmix"])
+    changed = int(np.sum(turns["pick/fedmix"] != turns["pick/tfidf"]))
+    delta = float(cfg.strategy.get("delta", 1e-5))
+    population = len(prior_nodes)
+    sample = max(int(cfg.strategy.get("min_train_nodes", 1)),
+                 int(population * float(cfg.strategy.get("fraction_train", 1.0))))
+    dp_sweep = []
+    for sigma, names in sweep_keys.items():
+        ehrs = [_scores(sums, test, n)["ehr"] for n in names]
+        dp_sweep.append({
+            "sigma": sigma, "epsilon": one_shot_epsilon(sigma, delta),
+            "epsilon_rdp": rdp_epsilon(sigma, delta, int(cfg.num_rounds), min(sample, population),
+                                       population),
+            "ehr_mean": float(np.mean(ehrs)), "ehr_std": float(np.std(ehrs, ddof=1)) if len(ehrs) > 1 else 0.0,
+            "seeds": len(names), "ehr_per_seed": ehrs})
+    timings["total_s"] = time.monotonic() - t_all
+    results = {
+        "experiment": proto.name,
+        "lambda": best, "alpha": alpha,
+        "noise_multiplier": float(cfg.strategy.get("noise_multiplier", 0.0)),
+        "strategy": cfg.strategy._target_,
+        "prior_clients": {"splits": task["prior_splits"], "count": int(last["accepted"]),
+                          "nodes": len(prior_nodes)},
+        "supernodes": len(nodes), "conversations": len(row_split),
+        "routers": routers,
+        "lambda_sweep": lambda_sweep,
+        "dp_sweep": dp_sweep,
+        "bootstrap_ci_ehr_gain": list(paired_bootstrap_ci(hit["fedmix"] - hit["tfidf"],
+                                                          int(proto.bootstrap), int(cfg.seed))),
+        "ehr_gain": float(np.mean(hit["fedmix"] - hit["tfidf"])),
+        "changed_decisions": {"count": changed, "turns": int(amb.size),
+                              "share": changed / amb.size if amb.size else 0.0},
+        "ambiguous": {"turns": int(amb.sum()),
+                      "ehr_tfidf": float(hit["tfidf"][amb].mean()) if amb.any() else None,
+                      "ehr_fedmix": float(hit["fedmix"][amb].mean()) if amb.any() else None},
+        "per_conversation_gain": gain_distribution(gains),
+        "train_metrics": train_metrics,
+        "faults": guard.faults,
+        "timings": timings,
+    }
+    _plots(out, results, gains)
+    return results, _summary(results, test)
+
+
+def _plots(out: RunOutput, results: dict, gains: np.ndarray) -> None:
+    fig, ax, save = out.figure("ehr_vs_epsilon")
+    base = results["routers"]["tfidf"]["overall"]["ehr"]
+    rows = [r for r in results["dp_sweep"] if np.isfinite(r["epsilon"])]
+    if rows:
+        ax.errorbar([r["epsilon"] for r in rows], [r["ehr_mean"] for r in rows],
+                    yerr=[r["ehr_std"] for r in rows], marker="o", capsize=3, label="FedMix (DP prior)")
+        ax.set_xscale("log")
+    for r in results["dp_sweep"]:
+        if not np.isfinite(r["epsilon"]):
+            ax.axhline(r["ehr_mean"], color="green", ls=":", label="FedMix, no noise (sigma=0)")
+    ax.axhline(base, color="gray", ls="--", label="TF-IDF only")
+    ax.set_xlabel("epsilon (one-shot Gaussian, delta=1e-5)")
+    ax.set_ylabel("test EHR")
+    ax.set_title("Evidence hit rate vs privacy")
+    ax.legend()
+    save()
+    fig, ax, save = out.figure("gain_histogram")
+    ax.hist(gains, bins=np.linspace(-1, 1, 21), edgecolor="black")
+    ax.set_xlabel("per-conversation EHR gain (FedMix - TF-IDF)")
+    ax.set_ylabel("conversations")
+    d = results["per_conversation_gain"]
+    ax.set_title(f"improved {d['improved']}, worsened {d['worsened']}, unchanged {d['unchanged']}")
+    save()
+
+
+def _summary(r: dict, test: list[str]) -> str:
+    router_rows = [{"router": name, "split": split, **r["routers"][name][split]}
+                   for name in ROUTERS for split in [*test, "overall"]]
+    amb, ch = r["ambiguous"], r["changed_decisions"]
+    lo, hi = r["bootstrap_ci_ehr_gain"]
+    return "\n\n".join([
+        f"# {r['experiment']}",
+        f"Prior from {r['prior_clients']['count']} clients of {', '.join(r['prior_clients']['splits'])}"
+        f" (sigma={r['noise_multiplier']}); lambda={r['lambda']} (tuned), alpha={r['alpha']}.",
+        "## Routers on test\n" + markdown_table(router_rows, ["router", "split", "turns", "ehr", "err", "support_ratio"]),
+        "## Lambda sweep (validation, FedMix)\n" + markdown_table(r["lambda_sweep"], ["lambda", "turns", "ehr", "err", "support_ratio"]),
+        "## DP sweep (test, FedMix)\n" + markdown_table(r["dp_sweep"], ["sigma", "epsilon", "epsilon_rdp", "ehr_mean", "ehr_std", "seeds"]),
+        "## Analyses\n"
+        f"- EHR gain FedMix - TF-IDF: {r['ehr_gain']:.4f}, paired bootstrap 95% CI [{lo:.4f}, {hi:.4f}]\n"
+        f"- routing decisions changed: {ch['count']} of {ch['turns']} ({ch['share']:.2%})\n"
+        f"- ambiguous turns: {amb['turns']}; EHR TF-IDF {amb['ehr_tfidf']}, FedMix {amb['ehr_fedmix']}\n"
+        f"- per-conversation gain: {r['per_conversation_gain']}\n"
+        f"- faults: {r['faults']}",
+    ]) + "\n"
