@@ -1,6 +1,7 @@
 """Fault injection as a ClientApp mod, so tests break real clients inside a real simulation.
 
-The server puts a JSON spec in the message's config under ``fedsim-faults``:
+The server puts a JSON spec in the message's config under ``fedsim-faults``; it applies to train
+messages (the ones strategies aggregate):
 ``{"raise": [pid], "timeout": [pid], "nan": [pid], "wrong_length": [pid], "negative": [pid],
 "timeout_seconds": s}`` (partition ids). The mod leaves every other message untouched.
 """
@@ -40,15 +41,14 @@ def fault_injection_mod(msg: Message, context: Context, call_next) -> Message:
     spec = json.loads(config[FAULTS_KEY]) if config and FAULTS_KEY in config else {}
     pid = int(context.node_config.get("partition-id", -1))
     hits = [kind for kind in KINDS if pid in spec.get(kind, [])]
-    if not hits or msg.metadata.message_type == MessageType.QUERY:
+    if not hits or msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, context)
     if "raise" in hits:
         raise InjectedFault(f"injected crash on partition {pid}")
     if "timeout" in hits:
         time.sleep(float(spec.get("timeout_seconds", 30)))
     reply = call_next(msg, context)
-    if msg.metadata.message_type == MessageType.TRAIN:
-        for kind in hits:
-            if kind != "timeout":
-                reply = _corrupt(reply, kind)
+    for kind in hits:
+        if kind != "timeout":
+            reply = _corrupt(reply, kind)
     return reply

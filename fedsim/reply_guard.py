@@ -73,9 +73,11 @@ class ReplyGuard(Strategy):
         return arrays, _with_counts(metrics, counts)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
+        if not self._sent["evaluate"]:  # the strategy evaluates nothing itself
+            return None
         good, counts = self.screen("evaluate", server_round, replies, None)
         metrics = self.strategy.aggregate_evaluate(server_round, good) if good else None
-        return _with_counts(metrics, counts) if self._sent["evaluate"] else metrics
+        return _with_counts(metrics, counts)
 
     def screen(self, phase: str, server_round: int, replies: Iterable[Message],
                validator: Validator | None, sent: int | None = None):

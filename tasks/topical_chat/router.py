@@ -73,8 +73,10 @@ class EvidenceRouter:
         for v in variants:
             if v.prior:
                 p_hat = v.alpha * priors[v.prior] + (1.0 - v.alpha) * p_local
+            elif v.alpha == 0.0:
+                p_hat = p_local
             else:
-                p_hat = (1.0 - v.alpha) * p_local
+                raise ValueError(f"variant {v.name}: alpha={v.alpha} needs a global prior")
             scores = r + v.lam * p_hat[cands]
             picks = cands[np.arange(len(idx)), np.argmax(scores, axis=1)]
             out[f"pick/{v.name}"] = picks

@@ -1,0 +1,74 @@
+"""Unit tests of the DP-mean release: clipping, noise scale, simplex step, epsilon, strategy."""
+
+import math
+
+import numpy as np
+import pytest
+
+from fedsim.privacy import (clamp_to_simplex, clip_rows, gaussian_mean, one_shot_epsilon,
+                            rdp_epsilon)
+from strategies.dp_mean import DPMean
+
+
+def test_clip_rows_scales_only_long_rows():
+    rows = np.array([[3.0, 4.0], [0.3, 0.4], [0.0, 0.0]])
+    out = clip_rows(rows, 1.0)
+    np.testing.assert_allclose(out[0], [0.6, 0.8])
+    np.testing.assert_allclose(out[1], [0.3, 0.4])
+    np.testing.assert_allclose(out[2], [0.0, 0.0])
+
+
+def test_server_clips_before_summing():
+    # one client sends a huge vector: its influence on the mean is bounded by C / N
+    rows = np.array([[1000.0, 0.0], [0.0, 1.0]])
+    rel = gaussian_mean(rows, 1.0, 0.0, np.random.default_rng(0), simplex=False)
+    np.testing.assert_allclose(rel.mean, [0.5, 0.5])
+    assert rel.num_clients == 2 and rel.noise_std == 0.0
+
+
+def test_noise_std_is_sigma_times_c_over_n():
+    n, d, sigma, c = 50, 20000, 2.0, 0.5
+    rows = np.zeros((n, d))
+    rel = gaussian_mean(rows, c, sigma, np.random.default_rng(1), simplex=False)
+    assert rel.noise_std == pytest.approx(sigma * c)
+    assert np.std(rel.mean) == pytest.approx(sigma * c / n, rel=0.03)
+    assert abs(np.mean(rel.mean)) < 4 * sigma * c / n / math.sqrt(d)
+
+
+def test_noise_is_seeded():
+    rows = np.eye(4)
+    a = gaussian_mean(rows, 1.0, 1.0, np.random.default_rng(7), True).mean
+    b = gaussian_mean(rows, 1.0, 1.0, np.random.default_rng(7), True).mean
+    c = gaussian_mean(rows, 1.0, 1.0, np.random.default_rng(8), True).mean
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(a, c)
+
+
+def test_clamp_to_simplex():
+    np.testing.assert_allclose(clamp_to_simplex(np.array([0.5, -0.2, 1.5])), [0.25, 0.0, 0.75])
+    np.testing.assert_allclose(clamp_to_simplex(np.array([-1.0, -2.0])), [0.5, 0.5])
+    out = gaussian_mean(np.eye(5), 1.0, 3.0, np.random.default_rng(0), simplex=True).mean
+    assert out.min() >= 0 and out.sum() == pytest.approx(1.0)
+
+
+def test_one_shot_epsilon_formula():
+    assert one_shot_epsilon(1.0, 1e-5) == pytest.approx(math.sqrt(2 * math.log(1.25e5)))
+    assert one_shot_epsilon(2.0, 1e-5) == pytest.approx(one_shot_epsilon(1.0, 1e-5) / 2)
+    assert one_shot_epsilon(0.0, 1e-5) == math.inf
+
+
+def test_rdp_epsilon_composes_and_amplifies():
+    one = rdp_epsilon(1.0, 1e-5, 1, 1000, 1000)
+    ten = rdp_epsilon(1.0, 1e-5, 10, 1000, 1000)
+    sampled = rdp_epsilon(1.0, 1e-5, 10, 100, 1000)
+    assert 0 < one < ten  # composition costs privacy
+    assert sampled < ten  # sampling amplifies
+    assert one == pytest.approx(one_shot_epsilon(1.0, 1e-5), rel=0.1)  # same ballpark, tighter
+    assert rdp_epsilon(0.0, 1e-5, 1, 10, 10) == math.inf
+
+
+@pytest.mark.parametrize("kwargs", [{"clip_norm": 0}, {"noise_multiplier": -1},
+                                    {"fraction_train": 0}, {"fraction_train": 1.5}])
+def test_strategy_rejects_bad_settings(kwargs):
+    with pytest.raises(ValueError):
+        DPMean(**kwargs)

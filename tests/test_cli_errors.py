@@ -1,0 +1,31 @@
+"""Bad input answers fast with a clear message and exit code 2, before Flower starts."""
+
+from conftest import fedsim_run
+
+
+def test_wrong_group_choice_names_valid_choices():
+    code, log = fedsim_run("strategy=fedavgg")
+    assert code == 2
+    assert "valid choices: dp_mean, fedavg" in log
+
+
+def test_unknown_key_suggests_the_close_one():
+    code, log = fedsim_run("strategy.noise_multipler=2")
+    assert code == 2
+    assert "noise_multiplier" in log and "Unknown config key" in log
+
+
+def test_bad_strategy_value():
+    code, log = fedsim_run("strategy.noise_multiplier=-1")
+    assert code == 2 and "noise_multiplier must be >= 0" in log
+
+
+def test_missing_data_names_the_path(tmp_path):
+    code, log = fedsim_run(f"data_root={tmp_path}")
+    assert code == 2
+    assert str(tmp_path / "topical_chat") in log and "github.com/alexa/Topical-Chat" in log
+
+
+def test_missing_data_root(tmp_path):
+    code, log = fedsim_run(f"data_root={tmp_path}/nope")
+    assert code == 2 and "No data root found" in log

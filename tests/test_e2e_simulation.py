@@ -1,0 +1,64 @@
+"""End-to-end `fedsim run` through Flower's Ray simulation on a real 20-conversation slice."""
+
+from conftest import read_results
+
+ROUTER_KEYS = {"tfidf", "global", "local", "fedmix"}
+
+
+def test_fedtp_small_slice_end_to_end(run_small):
+    code, log, out = run_small()
+    assert code == 0, log
+    res = read_results(out)
+    assert set(res["routers"]) == ROUTER_KEYS
+    for router in ROUTER_KEYS:
+        assert set(res["routers"][router]) == {"test_freq", "test_rare", "overall"}
+        overall = res["routers"][router]["overall"]
+        assert overall["turns"] == sum(res["routers"][router][s]["turns"]
+                                       for s in ("test_freq", "test_rare")) > 0
+        assert 0 <= overall["ehr"] <= 1 and 0 <= overall["support_ratio"] <= 1
+    assert [r["lambda"] for r in res["lambda_sweep"]] == [0.0, 0.005, 0.01, 0.02, 0.05]
+    assert res["lambda"] in [r["lambda"] for r in res["lambda_sweep"]]
+    assert [r["sigma"] for r in res["dp_sweep"]] == [0.0, 1.0, 4.0]
+    assert res["dp_sweep"][0]["epsilon"] is None  # sigma = 0: no privacy
+    assert res["dp_sweep"][1]["epsilon"] > res["dp_sweep"][2]["epsilon"] > 0
+    assert res["prior_clients"] == {"splits": ["valid_freq", "valid_rare"], "count": 10, "nodes": 10}
+    assert res["supernodes"] == 20 and res["conversations"] == 20
+    lo, hi = res["bootstrap_ci_ehr_gain"]
+    assert lo <= res["ehr_gain"] <= hi
+    assert res["changed_decisions"]["turns"] == res["routers"]["fedmix"]["overall"]["turns"]
+    assert res["faults"]["train"]["1"] == {"sent": 10, "failed": 0, "malformed": 0,
+                                           "timed_out": 0, "accepted": 10}
+    for name in ("config.yaml", "summary.md", "ehr_vs_epsilon.png", "gain_histogram.png"):
+        assert (out / name).stat().st_size > 0
+    assert "Routers on test" in (out / "summary.md").read_text()
+    assert "clients done" in log or "replies in" in log  # progress output
+
+
+def test_faulty_clients_are_left_out_and_counted(run_small):
+    faults = ("faults={raise:[0],nan:[1],wrong_length:[2],negative:[3],timeout:[4],"
+              "timeout_seconds:25}")
+    code, log, out = run_small(faults, "round_timeout=12")
+    assert code == 0, log
+    res = read_results(out)
+    assert res["faults"]["train"]["1"] == {"sent": 10, "failed": 1, "malformed": 3,
+                                           "timed_out": 1, "accepted": 5}
+    assert res["prior_clients"]["count"] == 5
+    assert "injected crash" in log and "non-finite" in log and "negative mass" in log
+
+
+def test_fedavg_strategy_swap_also_rejects_malformed_vectors(run_small):
+    code, log, out = run_small("strategy=fedavg", "faults={nan:[1]}")
+    assert code == 0, log
+    res = read_results(out)
+    assert res["strategy"] == "flwr.serverapp.strategy.FedAvg"
+    assert res["faults"]["train"]["1"]["malformed"] == 1
+    assert res["prior_clients"]["count"] == 9
+    assert res["dp_sweep"] == []  # FedAvg releases no DP mean to sweep
+
+
+def test_failed_run_exits_nonzero_with_the_error(run_small):
+    # no SuperNode hosts a prior split: the ServerApp raises, Flower marks the run failed
+    code, log, out = run_small("task.splits=[test_freq]", "task.prior_splits=[valid_freq]")
+    assert code == 1, log
+    assert "no SuperNode hosts a prior split" in log
+    assert (out / "error.txt").exists() and not (out / "results.json").exists()
