@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hydra.errors import InstantiationException
 from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
@@ -19,7 +20,7 @@ def run(overrides: list[str]) -> int:
         task = OmegaConf.to_container(cfg.task, resolve=True)
         nodes = cfg.hardware.num_supernodes or get_class(task["client"]).population_size(
             task, cfg.data_root)
-    except (ConfigError, ValueError, FileNotFoundError, ImportError) as exc:
+    except (ConfigError, InstantiationException, ValueError, FileNotFoundError, ImportError) as exc:
         print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
         return 2
     # the ServerApp composes again from the same overrides: pin what was resolved here

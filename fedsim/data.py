@@ -20,22 +20,19 @@ class DataNotFoundError(FileNotFoundError):
 
 
 def resolve_data_root(explicit: str | os.PathLike | None = None) -> Path:
-    """Return the absolute data root, or raise with every place that was tried."""
-    tried = []
-    for source, value in (
-        ("config data_root", explicit),
-        (f"${ENV_VAR}", os.environ.get(ENV_VAR)),
-        ("default", DEFAULT_DATA_ROOT),
-    ):
-        if value in (None, ""):
-            continue
-        path = Path(value).expanduser().resolve()
-        if path.is_dir():
+    """Return the absolute data root; a root that is named but missing is an error."""
+    for source, value in (("data_root", explicit), (f"${ENV_VAR}", os.environ.get(ENV_VAR))):
+        if value not in (None, ""):
+            path = Path(value).expanduser().resolve()
+            if not path.is_dir():
+                raise DataNotFoundError(f"No data root found: {source} points to {path}, "
+                                        "which is not a folder.")
             return path
-        tried.append(f"{source}: {path}")
+    if DEFAULT_DATA_ROOT.is_dir():
+        return DEFAULT_DATA_ROOT
     raise DataNotFoundError(
-        "No data root found. Tried " + "; ".join(tried or ["nothing"]) + ". "
-        f"Set data_root=/path on the command line or export {ENV_VAR}=/path."
+        f"No data root found: data_root is unset, ${ENV_VAR} is unset and the default "
+        f"{DEFAULT_DATA_ROOT} does not exist. Set data_root=/path or export {ENV_VAR}=/path."
     )
 
 

@@ -35,9 +35,9 @@ def test_fedtp_small_slice_end_to_end(run_small):
 
 
 def test_faulty_clients_are_left_out_and_counted(run_small):
-    faults = ("faults={raise:[0],nan:[1],wrong_length:[2],negative:[3],timeout:[4],"
-              "timeout_seconds:25}")
-    code, log, out = run_small(faults, "round_timeout=12")
+    code, log, out = run_small("faults.raise=[0]", "faults.nan=[1]", "faults.wrong_length=[2]",
+                               "faults.negative=[3]", "faults.timeout=[4]",
+                               "faults.timeout_seconds=25", "round_timeout=12")
     assert code == 0, log
     res = read_results(out)
     assert res["faults"]["train"]["1"] == {"sent": 10, "failed": 1, "malformed": 3,
@@ -47,7 +47,7 @@ def test_faulty_clients_are_left_out_and_counted(run_small):
 
 
 def test_fedavg_strategy_swap_also_rejects_malformed_vectors(run_small):
-    code, log, out = run_small("strategy=fedavg", "faults={nan:[1]}")
+    code, log, out = run_small("strategy=fedavg", "faults.nan=[1]")
     assert code == 0, log
     res = read_results(out)
     assert res["strategy"] == "flwr.serverapp.strategy.FedAvg"
