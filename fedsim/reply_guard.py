@@ -98,11 +98,20 @@ class ReplyGuard(Strategy):
                 good.append(msg)
         counts["timed_out"] = max(0, counts["sent"] - len(replies))
         counts["accepted"] = len(good)
+        counts["examples"] = int(sum(_num_examples(m.content) for m in good))
         if counts["timed_out"]:
             log.warning("%s round %d: %d node(s) did not reply in time", phase, server_round,
                         counts["timed_out"])
         self.faults.setdefault(phase, {})[server_round] = counts
         return good, counts
+
+
+def _num_examples(content: RecordDict) -> float:
+    """FedAvg's weight key: how many clients / examples a reply stands for (1 if absent)."""
+    for record in content.metric_records.values():
+        if "num-examples" in record:
+            return float(record["num-examples"])
+    return 1.0
 
 
 def _with_counts(metrics: MetricRecord | None, counts: dict[str, int]) -> MetricRecord:

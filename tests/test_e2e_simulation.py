@@ -27,7 +27,7 @@ def test_fedtp_small_slice_end_to_end(run_small):
     assert lo <= res["ehr_gain"] <= hi
     assert res["changed_decisions"]["turns"] == res["routers"]["fedmix"]["overall"]["turns"]
     assert res["faults"]["train"]["1"] == {"sent": 10, "failed": 0, "malformed": 0,
-                                           "timed_out": 0, "accepted": 10}
+                                           "timed_out": 0, "accepted": 10, "examples": 10}
     for name in ("config.yaml", "summary.md", "ehr_vs_epsilon.png", "gain_histogram.png"):
         assert (out / name).stat().st_size > 0
     assert "Routers on test" in (out / "summary.md").read_text()
@@ -41,7 +41,7 @@ def test_faulty_clients_are_left_out_and_counted(run_small):
     assert code == 0, log
     res = read_results(out)
     assert res["faults"]["train"]["1"] == {"sent": 10, "failed": 1, "malformed": 3,
-                                           "timed_out": 1, "accepted": 5}
+                                           "timed_out": 1, "accepted": 5, "examples": 5}
     assert res["prior_clients"]["count"] == 5
     assert "injected crash" in log and "non-finite" in log and "negative mass" in log
 

@@ -178,7 +178,7 @@ def run(grid: ProgressGrid, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]
         "lambda": best, "alpha": alpha,
         "noise_multiplier": float(cfg.strategy.get("noise_multiplier", 0.0)),
         "strategy": cfg.strategy._target_,
-        "prior_clients": {"splits": task["prior_splits"], "count": int(last["accepted"]),
+        "prior_clients": {"splits": task["prior_splits"], "count": last["examples"],
                           "nodes": len(prior_nodes)},
         "supernodes": len(nodes), "conversations": len(row_split),
         "routers": routers,
