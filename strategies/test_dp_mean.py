@@ -72,3 +72,48 @@ def test_rdp_epsilon_composes_and_amplifies():
 def test_strategy_rejects_bad_settings(kwargs):
     with pytest.raises(ValueError):
         DPMean(**kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _run_identity(monkeypatch):
+    """Messages built outside a Flower run need a run id, as the SuperLink sets in a run."""
+    from flwr.supercore.task_identity import TaskIdentity
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0, raising=False)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 0, raising=False)
+
+
+class _Grid:
+    def get_node_ids(self):
+        return range(1, 101)
+
+
+def _reply(rows):
+    from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
+    return Message(RecordDict({"arrays": ArrayRecord({"vectors": Array(np.asarray(rows, float))}),
+                               "metrics": MetricRecord({"num-examples": len(rows)})}),
+                   dst_node_id=1, message_type=MessageType.TRAIN)
+
+
+def test_strategy_samples_releases_and_composes_epsilon_over_rounds():
+    from flwr.app import ArrayRecord, ConfigRecord
+    s = DPMean(noise_multiplier=1.0, fraction_train=0.1, seed=3)
+    first = list(s.configure_train(1, ArrayRecord(), ConfigRecord({"k": 1}), _Grid()))
+    assert len(first) == 10 and first[0].content["config"]["server-round"] == 1
+    again = DPMean(noise_multiplier=1.0, fraction_train=0.1, seed=3)
+    assert [m.metadata.dst_node_id for m in again.configure_train(1, ArrayRecord(), ConfigRecord(), _Grid())] \
+        == [m.metadata.dst_node_id for m in first]  # seeded sampling
+    arrays, metrics = s.aggregate_train(1, [_reply([[3.0, 4.0]]), _reply([[0.0, 1.0], [1.0, 0.0]])])
+    assert metrics["clients"] == 3
+    assert metrics["epsilon-rdp"] == pytest.approx(rdp_epsilon(1.0, 1e-5, 1, 10, 100))
+    assert arrays["vectors"].numpy().sum() == pytest.approx(1.0)
+    s.configure_train(2, ArrayRecord(), ConfigRecord(), _Grid())
+    assert s.epsilon_rdp() == pytest.approx(rdp_epsilon(1.0, 1e-5, 2, 10, 100))
+    assert s.epsilon_rdp() > metrics["epsilon-rdp"]
+
+
+def test_noiseless_release_is_the_clipped_mean():
+    s = DPMean(noise_multiplier=0.0, simplex=False)
+    arrays, metrics = s.aggregate_train(1, [_reply([[3.0, 4.0]]), _reply([[0.0, 1.0]])])
+    np.testing.assert_allclose(arrays["vectors"].numpy(), [0.3, 0.9])
+    assert metrics["epsilon-one-shot"] == -1.0  # no privacy at sigma = 0

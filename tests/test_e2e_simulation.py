@@ -62,3 +62,16 @@ def test_failed_run_exits_nonzero_with_the_error(run_small):
     assert code == 1, log
     assert "no SuperNode hosts a prior split" in log
     assert (out / "error.txt").exists() and not (out / "results.json").exists()
+
+
+def test_several_rounds_with_client_sampling(run_small):
+    code, log, out = run_small("num_rounds=3", "strategy.fraction_train=0.5",
+                               "protocol.dp_sigmas=[1.0]")
+    assert code == 0, log
+    res = read_results(out)
+    rounds = res["train_metrics"]
+    assert sorted(rounds) == ["1", "2", "3"]
+    assert all(rounds[r]["clients"] == 5 for r in rounds)  # 5 of the 10 prior clients a round
+    eps = [rounds[r]["epsilon-rdp"] for r in ("1", "2", "3")]
+    assert eps[0] < eps[1] < eps[2]  # composed by the RDP accountant
+    assert res["dp_sweep"][0]["epsilon_rdp"] == eps[2]
