@@ -67,10 +67,12 @@ class DPMean(Strategy):
         size = min(len(nodes), max(self.min_train_nodes, int(len(nodes) * self.fraction_train)))
         sampled = random.Random(f"{self.seed}/{server_round}").sample(nodes, size)
         self._sampling.append((size, len(nodes)))
-        config = ConfigRecord({**config, "server-round": server_round})
+        # one shared RecordDict, as FedAvg does: Flower stores identical content once
+        content = RecordDict({"arrays": arrays,
+                              "config": ConfigRecord({**config, "server-round": server_round})})
         log.info("DPMean round %d: %d of %d nodes sampled", server_round, size, len(nodes))
-        return [Message(RecordDict({"arrays": arrays, "config": config}), dst_node_id=node,
-                        message_type=MessageType.TRAIN) for node in sampled]
+        return [Message(content, dst_node_id=node, message_type=MessageType.TRAIN)
+                for node in sampled]
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         rows = [msg.content.array_records[next(iter(msg.content.array_records))][self.array_key]
