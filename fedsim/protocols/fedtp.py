@@ -44,7 +44,8 @@ def _broadcast(grid: ProgressGrid, guard: ReplyGuard, phase: str, nodes: list[in
 
 
 def _sum_metrics(replies: list[Message]) -> tuple[dict, dict]:
-    """Federated sums of scalar metrics; turn-level lists concatenated in reply order."""
+    """Federated sums of scalar metrics; turn-level lists ordered by conversation row, so the
+    bootstrap does not depend on the order replies arrived in."""
     sums, turns = {}, {}
     for msg in replies:
         for key, value in msg.content["metrics"].items():
@@ -52,7 +53,10 @@ def _sum_metrics(replies: list[Message]) -> tuple[dict, dict]:
                 turns.setdefault(key[5:], []).extend(value)
             else:
                 sums[key] = sums.get(key, 0) + value
-    return sums, {k: np.asarray(v) for k, v in turns.items()}
+    if not turns:
+        return sums, {}
+    order = np.argsort(turns["row"], kind="stable")
+    return sums, {k: np.asarray(v)[order] for k, v in turns.items()}
 
 
 def _scores(sums: dict, splits: list[str], variant: str) -> dict:
