@@ -67,7 +67,7 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     cfg.data_root = str(resolve_data_root(cfg.data_root))
     if not cfg.results_dir:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        cfg.results_dir = str(REPO_ROOT / "outputs" / cfg.protocol.name / stamp)
+        cfg.results_dir = str(Path.cwd() / "outputs" / cfg.protocol.name / stamp)
     cfg.results_dir = str(Path(cfg.results_dir).expanduser().resolve())
     OmegaConf.set_struct(cfg, True)
     return cfg

@@ -2,7 +2,8 @@
 
 Order of precedence: an explicit setting (config ``data_root`` or a node's
 ``data-root``), then the ``FEDSIM_DATA_ROOT`` environment variable, then
-``../shared/data`` beside the checkout.
+``../shared/data`` beside the checkout, then beside the working directory (under ``flwr run .``
+the app runs from Flower's installed copy, and the working directory is the checkout).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 ENV_VAR = "FEDSIM_DATA_ROOT"
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA_ROOT = REPO_ROOT.parent / "shared" / "data"
+DEFAULT_DATA_ROOTS = (REPO_ROOT.parent / "shared" / "data", Path.cwd().parent / "shared" / "data")
 
 
 class DataNotFoundError(FileNotFoundError):
@@ -28,11 +29,13 @@ def resolve_data_root(explicit: str | os.PathLike | None = None) -> Path:
                 raise DataNotFoundError(f"No data root found: {source} points to {path}, "
                                         "which is not a folder.")
             return path
-    if DEFAULT_DATA_ROOT.is_dir():
-        return DEFAULT_DATA_ROOT
+    for default in DEFAULT_DATA_ROOTS:
+        if default.is_dir():
+            return default.resolve()
     raise DataNotFoundError(
-        f"No data root found: data_root is unset, ${ENV_VAR} is unset and the default "
-        f"{DEFAULT_DATA_ROOT} does not exist. Set data_root=/path or export {ENV_VAR}=/path."
+        f"No data root found: data_root is unset, ${ENV_VAR} is unset and none of the defaults "
+        f"{', '.join(map(str, DEFAULT_DATA_ROOTS))} exists. Set data_root=/path or export "
+        f"{ENV_VAR}=/path."
     )
 
 
