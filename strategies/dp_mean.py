@@ -95,12 +95,14 @@ class DPMean(Strategy):
         return gaussian_mean(vectors, self.clip_norm, noise_multiplier,
                              np.random.default_rng(seed), self.simplex)
 
-    def epsilon_rdp(self) -> float:
-        """Cumulative epsilon of the rounds run so far (RDP accountant)."""
+    def epsilon_rdp(self, noise_multiplier: float | None = None) -> float:
+        """Cumulative epsilon of the rounds run so far (RDP accountant), at this strategy's
+        sigma or at ``noise_multiplier`` (what the same rounds would cost under another sigma)."""
         if not self._sampling:
             return 0.0
+        sigma = self.noise_multiplier if noise_multiplier is None else noise_multiplier
         size, population = self._sampling[-1]
-        return rdp_epsilon(self.noise_multiplier, self.delta, len(self._sampling), size, population)
+        return rdp_epsilon(sigma, self.delta, len(self._sampling), size, population)
 
     def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:
         return []  # the task's protocol evaluates the release

@@ -13,20 +13,17 @@ sweep point is its own independent release (its epsilon is reported per point, n
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from fedsim.client_app import TASK_KEY
-from fedsim.faults import FAULTS_KEY
 from fedsim.grid import ProgressGrid
-from fedsim.privacy import one_shot_epsilon, rdp_epsilon
-from fedsim.reply_guard import ReplyGuard, vector_rows_validator
+from fedsim.privacy import one_shot_epsilon
+from fedsim.protocols import vector_protocol_setup
+from fedsim.reply_guard import ReplyGuard
 from fedsim.results import RunOutput, markdown_table
 from fedsim.stats import gain_distribution, group_gains, paired_bootstrap_ci
 from tasks.topical_chat.dataset import load_topics
@@ -83,14 +80,12 @@ def _evaluate_content(priors: dict, variants: list[tuple], splits: list[str], ba
 
 
 def run(grid: ProgressGrid, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
-    task = OmegaConf.to_container(cfg.task, resolve=True)
     proto = cfg.protocol
-    base = {TASK_KEY: json.dumps(task), FAULTS_KEY: json.dumps(OmegaConf.to_container(cfg.faults))}
     timeout = float(cfg.round_timeout)
     timings, t_all = {}, time.monotonic()
     num_topics = len(load_topics(cfg.data_root))
-    strategy = instantiate(cfg.strategy)
-    guard = ReplyGuard(strategy, vector_rows_validator("vectors", num_topics, nonnegative=True))
+    task, base, guard = vector_protocol_setup(cfg, num_topics)
+    strategy = guard.strategy
 
     # 1. discovery
     t0 = time.monotonic()
@@ -163,17 +158,12 @@ def run(grid: ProgressGrid, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]
     amb = turns["ambiguous"].astype(bool)
     gains = group_gains(turns["row"], hit["tfidf"], hit["fedmix"])
     changed = int(np.sum(turns["pick/fedmix"] != turns["pick/tfidf"]))
-    delta = float(cfg.strategy.get("delta", 1e-5))
-    population = len(prior_nodes)
-    sample = max(int(cfg.strategy.get("min_train_nodes", 1)),
-                 int(population * float(cfg.strategy.get("fraction_train", 1.0))))
     dp_sweep = []
     for sigma, names in sweep_keys.items():
         ehrs = [_scores(sums, test, n)["ehr"] for n in names]
         dp_sweep.append({
-            "sigma": sigma, "epsilon": one_shot_epsilon(sigma, delta),
-            "epsilon_rdp": rdp_epsilon(sigma, delta, int(cfg.num_rounds), min(sample, population),
-                                       population),
+            "sigma": sigma, "epsilon": one_shot_epsilon(sigma, strategy.delta),
+            "epsilon_rdp": strategy.epsilon_rdp(sigma),
             "ehr_mean": float(np.mean(ehrs)), "ehr_std": float(np.std(ehrs, ddof=1)) if len(ehrs) > 1 else 0.0,
             "seeds": len(names), "ehr_per_seed": ehrs})
     timings["total_s"] = time.monotonic() - t_all
