@@ -9,6 +9,7 @@ the counts to the round's metrics, so the run completes and says what it left ou
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -43,6 +44,21 @@ def vector_rows_validator(key: str, dim: int, nonnegative: bool) -> Validator:
     return check
 
 
+def finite_arrays_validator(content: RecordDict) -> str | None:
+    """Accept a reply carrying one ArrayRecord of finite arrays (model weights)."""
+    records = list(content.array_records.values())
+    if len(records) != 1 or not len(records[0]):
+        return "expected one non-empty ArrayRecord"
+    for name, array in records[0].items():
+        try:
+            values = array.numpy()
+        except Exception as exc:  # undecodable payload
+            return f"undecodable array {name}: {exc}"
+        if not np.all(np.isfinite(values)):
+            return f"non-finite values (NaN/Inf) in {name}"
+    return None
+
+
 class ReplyGuard(Strategy):
     """Wraps ``strategy``; the fault counts land in each round's train / evaluate metrics."""
 
@@ -51,12 +67,15 @@ class ReplyGuard(Strategy):
         self.validator = validator
         self.faults: dict[str, dict[int, dict[str, int]]] = {}
         self._sent = {"train": 0, "evaluate": 0}
+        self._round_start = 0.0
+        self.cost: dict[int, dict[str, float]] = {}  # per train round: seconds and bytes
 
     def summary(self) -> None:
         self.strategy.summary()
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
+        self._round_start = time.perf_counter()
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
         self._sent["train"] = len(messages)
         return messages
@@ -69,8 +88,16 @@ class ReplyGuard(Strategy):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         good, counts = self.screen("train", server_round, replies, self.validator)
+        start = time.perf_counter()
         arrays, metrics = self.strategy.aggregate_train(server_round, good) if good else (None, None)
-        return arrays, _with_counts(metrics, counts)
+        cost = {"aggregate-seconds": time.perf_counter() - start,
+                "bytes-up-per-client": (sum(_array_bytes(m.content) for m in good) / len(good)
+                                        if good else 0),
+                "round-seconds": time.perf_counter() - self._round_start}
+        self.cost[server_round] = cost
+        out = _with_counts(metrics, counts)
+        out.update(cost)
+        return arrays, out
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
         if not self._sent["evaluate"]:  # the strategy evaluates nothing itself
@@ -112,6 +139,10 @@ def _num_examples(content: RecordDict) -> float:
         if "num-examples" in record:
             return float(record["num-examples"])
     return 1.0
+
+
+def _array_bytes(content: RecordDict) -> int:
+    return sum(len(a.data) for record in content.array_records.values() for a in record.values())
 
 
 def _with_counts(metrics: MetricRecord | None, counts: dict[str, int]) -> MetricRecord:

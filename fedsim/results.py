@@ -61,5 +61,6 @@ def markdown_table(rows: list[dict], columns: list[str], digits: int = 4) -> str
         return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    lines += ["| " + " | ".join(fmt(r[c]) if c in r else "" for c in columns) + " |"
+              for r in rows]
     return "\n".join(lines)

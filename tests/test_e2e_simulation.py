@@ -37,7 +37,7 @@ def test_fedtp_small_slice_end_to_end(run_small):
 def test_faulty_clients_are_left_out_and_counted(run_small):
     code, log, out = run_small("faults.raise=[0]", "faults.nan=[1]", "faults.wrong_length=[2]",
                                "faults.negative=[3]", "faults.timeout=[4]",
-                               "faults.timeout_seconds=25", "round_timeout=12")
+                               "faults.timeout_seconds=45", "round_timeout=20")
     assert code == 0, log
     res = read_results(out)
     assert res["faults"]["train"]["1"] == {"sent": 10, "failed": 1, "malformed": 3,

@@ -1,0 +1,103 @@
+"""HEFedAvg: the decrypted aggregate is FedAvg's within CKKS error, the server holds no secret
+key and no plaintext update, memory-bounding chunks, and failures inside the chunk phase."""
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, MessageType
+from flwr.serverapp.strategy import FedAvg
+
+from fedsim import he
+from fedsim.he_client import HEClient
+from fedsim.inprocess_grid import InProcessGrid
+from strategies.he_fedavg import OP_KEY, HEFedAvg
+
+PARAMS = he.CKKSParams()
+
+
+class VectorClient:
+    """A client whose 'training' yields a fixed vector: real client-side HE code around it."""
+
+    def __init__(self, key_dir, folder, vector, examples, fail_on_chunk=None):
+        folder.mkdir(parents=True)
+        self.he = HEClient(PARAMS, str(key_dir), folder)
+        self.vector, self.examples, self.fail_on_chunk = vector, examples, fail_on_chunk
+
+    def __call__(self, msg):
+        if msg.metadata.message_type == MessageType.TRAIN:
+            return self.he.train_reply(self.vector, {"num-examples": self.examples,
+                                                     "loss": float(self.examples)})
+        config = msg.content["config"]
+        if config[OP_KEY] == "encrypt":
+            if config["chunk"] == self.fail_on_chunk:
+                raise RuntimeError("client crashed mid-round")
+            return self.he.encrypt(msg)
+        return self.he.install(msg)
+
+
+def _federation(tmp_path, sizes, dim, fail=None):
+    rng = np.random.default_rng(0)
+    vectors = [rng.normal(size=dim) for _ in sizes]
+    clients = {i + 1: VectorClient(tmp_path / "keys", tmp_path / f"node{i}", v, n,
+                                   fail.get(i) if fail else None)
+               for i, (v, n) in enumerate(zip(vectors, sizes))}
+    return vectors, clients
+
+
+def test_decrypted_aggregate_matches_plaintext_fedavg(tmp_path):
+    sizes, dim = [10, 30, 60], 10_000
+    vectors, clients = _federation(tmp_path, sizes, dim)
+    grid = InProcessGrid(clients)
+    strategy = HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096)
+    strategy.start(grid, ArrayRecord(), num_rounds=1, train_config=ConfigRecord({"k": 1}))
+    expected = sum(n * v for n, v in zip(sizes, vectors)) / sum(sizes)
+    for client in clients.values():
+        np.testing.assert_allclose(client.he.global_weights(), expected, atol=1e-5)
+    stats = strategy.rounds[1]
+    assert stats["chunks"] == 3 and stats["replies-accepted"] == 3
+    assert stats["bytes-up-per-client"] > dim * 8  # ciphertexts are larger than the floats
+    assert stats["loss"] == pytest.approx(sum(n * n for n in sizes) / sum(sizes))
+
+
+def test_server_holds_no_secret_key_and_no_plaintext(tmp_path):
+    vectors, clients = _federation(tmp_path, [5, 5], 5000)
+    grid = InProcessGrid(clients)
+    strategy = HEFedAvg(FedAvg(min_available_nodes=2, min_train_nodes=2), chunk_floats=4096)
+    strategy.start(grid, ArrayRecord(), num_rounds=2, train_config=ConfigRecord())
+    assert strategy.context is not None and not strategy.context.is_private()
+    secrets = {c.he.ctx.serialize(save_secret_key=True) for c in clients.values()}
+    assert len(secrets) == 1  # the clients share one key
+    for reply in grid.received:  # everything the server ever got
+        for record in reply.content.array_records.values():
+            for array in record.values():
+                assert array.dtype == "uint8"  # ciphertext bytes only, never floats
+                raw = array.numpy().tobytes()
+                assert all(v.astype(np.float64).tobytes()[:64] not in raw for v in vectors)
+        for record in reply.content.config_records.values():
+            for value in record.values():
+                if isinstance(value, bytes):
+                    assert not he.server_context(value).is_private()
+    with pytest.raises(ValueError, match="secret"):
+        he.server_context(next(iter(secrets)))
+    with pytest.raises(ValueError, match="secret_key"):
+        he.decrypt(strategy.context, he.encrypt(clients[1].he.ctx, vectors[0][:10], PARAMS.slots))
+
+
+def test_client_failing_in_a_chunk_is_left_out_of_that_chunk_only(tmp_path):
+    sizes, dim = [10, 30, 60], 9000
+    vectors, clients = _federation(tmp_path, sizes, dim, fail={2: 1})  # third client, chunk 1
+    strategy = HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096)
+    strategy.start(InProcessGrid(clients), ArrayRecord(), num_rounds=1,
+                   train_config=ConfigRecord())
+    full = sum(n * v for n, v in zip(sizes, vectors)) / sum(sizes)
+    partial = (10 * vectors[0] + 30 * vectors[1]) / 40
+    got = clients[1].he.global_weights()
+    np.testing.assert_allclose(got[:4096], full[:4096], atol=1e-5)
+    np.testing.assert_allclose(got[4096:8192], partial[4096:8192], atol=1e-5)
+    np.testing.assert_allclose(got[8192:], full[8192:], atol=1e-5)
+    assert strategy.rounds[1]["chunk-failures"] == 1
+
+
+def test_non_finite_local_update_is_refused_by_the_client(tmp_path):
+    client = HEClient(PARAMS, str(tmp_path / "keys"), tmp_path)
+    with pytest.raises(ValueError, match="not finite"):
+        client.train_reply(np.array([1.0, np.nan]), {"num-examples": 1})

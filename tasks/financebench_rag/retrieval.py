@@ -1,0 +1,125 @@
+"""Retrieval evaluation: FAISS index over page embeddings, metrics from sentence-transformers.
+
+Corpus embeddings are cached per (model weights, sequence length, corpus) fingerprint, so the
+vanilla model's corpus is encoded once per machine and a re-evaluation costs nothing. The
+metric definitions are sentence-transformers' InformationRetrievalEvaluator's (MAP@k divides by
+min(k, #relevant)); Hit@k is its accuracy@k.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("fedsim")
+
+METRICS = ("hit@1", "hit@10", "mrr@10", "map@10", "ndcg@10", "recall@1", "recall@5",
+           "recall@10", "precision@1", "precision@5", "precision@10")
+_ST_NAMES = {"hit": "accuracy@k", "mrr": "mrr@k", "map": "map@k", "ndcg": "ndcg@k",
+             "recall": "recall@k", "precision": "precision@k"}
+
+
+def fingerprint(*parts) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else repr(part).encode())
+    return h.hexdigest()[:20]
+
+
+def encode_corpus(model, corpus: dict[str, str], model_key: str, cache_dir: str | None,
+                  batch_size: int = 32) -> np.ndarray:
+    """Normalized float32 embeddings of the corpus texts, in ``corpus`` order."""
+    key = fingerprint(model_key, model.max_seq_length, list(corpus))
+    path = Path(cache_dir).expanduser() / f"{key}.npy" if cache_dir else None
+    if path and path.is_file():
+        log.info("corpus embeddings from cache %s", path)
+        return np.load(path)
+    start = time.perf_counter()
+    emb = model.encode(list(corpus.values()), batch_size=batch_size, convert_to_numpy=True,
+                       normalize_embeddings=True, show_progress_bar=False).astype(np.float32)
+    log.info("encoded %d corpus pages in %.0f s", len(corpus), time.perf_counter() - start)
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npy")
+        np.save(tmp, emb)
+        tmp.replace(path)
+    return emb
+
+
+def build_index(embeddings: np.ndarray, factory: str):
+    """A FAISS inner-product index (``Flat`` exact; e.g. ``HNSW32`` for large corpora)."""
+    import faiss
+    index = faiss.index_factory(embeddings.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+    if not index.is_trained:
+        index.train(embeddings)
+    index.add(embeddings)
+    return index
+
+
+def search(index, query_embeddings: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    return index.search(np.ascontiguousarray(query_embeddings, dtype=np.float32), k)
+
+
+def retrieval_metrics(ranked: dict[str, list[tuple[str, float]]],
+                      relevant: dict[str, set[str]]) -> dict[str, float]:
+    """The issue's metric set from ranked (corpus_id, score) lists per query id."""
+    from sentence_transformers.evaluation import InformationRetrievalEvaluator
+    evaluator = InformationRetrievalEvaluator(
+        queries={q: q for q in ranked}, corpus={}, relevant_docs=relevant,
+        accuracy_at_k=[1, 10], precision_recall_at_k=[1, 5, 10], mrr_at_k=[10],
+        ndcg_at_k=[10], map_at_k=[10], show_progress_bar=False, write_csv=False)
+    results = [[{"corpus_id": cid, "score": float(s)} for cid, s in ranked[q]]
+               for q in evaluator.queries_ids]
+    scores = evaluator.compute_metrics(results)
+    out = {}
+    for name in METRICS:
+        metric, k = name.split("@")
+        out[name] = float(scores[_ST_NAMES[metric]][int(k)])
+    return out
+
+
+def evaluate(model, questions, corpus_ids: list[str], corpus_emb: np.ndarray,
+             factory: str = "Flat", k: int = 10) -> dict[str, float]:
+    """Retrieve the top-k pages for each question from the corpus rows given and score them."""
+    index = build_index(corpus_emb, factory)
+    q_emb = model.encode([q.text for q in questions], batch_size=32, convert_to_numpy=True,
+                         normalize_embeddings=True, show_progress_bar=False)
+    scores, rows = search(index, q_emb, k)
+    ranked = {q.qid: [(corpus_ids[r], s) for r, s in zip(row, score) if r >= 0]
+              for q, row, score in zip(questions, rows, scores)}
+    missing = [e for q in questions for e in q.evidence if e not in set(corpus_ids)]
+    if missing:
+        raise ValueError(f"{len(missing)} evidence pages are not in the corpus, e.g. {missing[0]}")
+    return retrieval_metrics(ranked, {q.qid: set(q.evidence) for q in questions})
+
+
+def evaluate_splits(model, model_key: str, root: str, task: dict, splits: list[str]
+                    ) -> dict[str, float]:
+    """``<split>/<metric>`` for the question splits asked. The test corpus (scope
+    ``task.test_corpus``) is encoded once; the validation corpus (the documents the validation
+    questions cite) is a subset of it, searched through its own index."""
+    from tasks.financebench_rag.dataset import build_corpus, corpus_documents, split_questions
+    questions = split_questions(root, task["n_valid"], task["n_test"], task["split_seed"])
+    every = questions["valid"] + questions["test"]
+    corpus = build_corpus(root, corpus_documents(root, every, task["test_corpus"]),
+                          task.get("corpus_pages_per_doc"),
+                          frozenset(e for q in every for e in q.evidence))
+    ids = list(corpus)
+    emb = encode_corpus(model, corpus, model_key, task.get("embedding_cache"))
+    out = {}
+    for split in splits:
+        if split == "valid":
+            docs = set(corpus_documents(root, questions["valid"], "cited"))
+            rows = [i for i, cid in enumerate(ids) if cid.split("#")[0] in docs]
+        else:
+            rows = list(range(len(ids)))
+        metrics = evaluate(model, questions[split], [ids[i] for i in rows], emb[rows],
+                           task.get("index", "Flat"))
+        out.update({f"{split}/{k}": v for k, v in metrics.items()})
+        out[f"{split}/corpus-pages"] = len(rows)
+        out[f"{split}/questions"] = len(questions[split])
+    return out

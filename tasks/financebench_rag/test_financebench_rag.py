@@ -1,0 +1,166 @@
+"""FinanceBench task: metrics on hand-checked rankings, pseudo-queries, split and corpus,
+client partitions, and the KD-GLE + InfoNCE loss on a tiny encoder built here."""
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from fedsim.data import resolve_data_root
+from tasks.financebench_rag import dataset as fb
+from tasks.financebench_rag.pseudo_queries import (chunk_words, inverse_cloze_pair,
+                                                   inverse_cloze_pairs)
+from tasks.financebench_rag.retrieval import build_index, retrieval_metrics, search
+
+ROOT = str(resolve_data_root())
+
+
+def test_metrics_on_hand_checked_rankings():
+    ranked = {"a": [("x", .9), ("y", .8), ("z", .7)], "b": [("y", .9), ("x", .5)]}
+    got = retrieval_metrics(ranked, {"a": {"y", "q"}, "b": {"y"}})
+    # a: first relevant at rank 2 (RR 1/2), 1 of its 2 relevant found; b: hit at rank 1
+    assert got["hit@1"] == 0.5 and got["hit@10"] == 1.0
+    assert got["mrr@10"] == pytest.approx((0.5 + 1) / 2)
+    assert got["map@10"] == pytest.approx((0.5 / 2 + 1) / 2)
+    ndcg_a = (1 / math.log2(3)) / (1 + 1 / math.log2(3))
+    assert got["ndcg@10"] == pytest.approx((ndcg_a + 1) / 2)
+    assert got["recall@1"] == 0.5 and got["recall@5"] == pytest.approx((0.5 + 1) / 2)
+    assert got["precision@1"] == 0.5 and got["precision@5"] == pytest.approx(0.2)
+    assert got["precision@10"] == pytest.approx(0.1)
+
+
+def test_faiss_index_ranks_by_inner_product():
+    emb = np.eye(4, dtype=np.float32)
+    scores, rows = search(build_index(emb, "Flat"), np.array([[0.1, 0.9, 0.3, 0]]), 3)
+    assert rows[0].tolist() == [1, 2, 0]
+    assert scores[0][0] == pytest.approx(0.9)
+
+
+def test_chunking_respects_size_and_overlap():
+    text = " ".join(f"w{i}" for i in range(25))
+    chunks = chunk_words(text, 10, 3)
+    assert [c.split()[0] for c in chunks] == ["w0", "w7", "w14", "w21"]
+    assert all(len(c.split()) <= 10 for c in chunks) and chunks[-1].split()[-1] == "w24"
+    with pytest.raises(ValueError):
+        chunk_words(text, 5, 5)
+
+
+def test_inverse_cloze_removes_the_query_from_its_positive():
+    chunk = ("Revenue grew by ten percent in fiscal 2022 overall.\nNet income was 5 million "
+             "dollars in the same period.\nShort line")
+    query, positive = inverse_cloze_pair(chunk, random.Random(0), 6, 40)
+    assert query in chunk and query not in positive
+    assert "Short line" in positive  # too short to be a query, kept in the positive
+    assert inverse_cloze_pair("one line only here with words", random.Random(0), 3, 40) is None
+
+
+def test_pseudo_queries_from_real_pages_are_seeded():
+    pages = list(fb.load_pages(ROOT, "AES_2020_10K"))[:30]
+    a = inverse_cloze_pairs(pages, 96, 16, 6, 40, seed=1)
+    assert a == inverse_cloze_pairs(pages, 96, 16, 6, 40, seed=1)
+    assert a != inverse_cloze_pairs(pages, 96, 16, 6, 40, seed=2)
+    assert len(a) > 30 and all(q not in p for q, p in a)
+
+
+def test_question_split_and_corpora():
+    split = fb.split_questions(ROOT, 50, 100, seed=0)
+    assert len(split["valid"]) == 50 and len(split["test"]) == 100
+    assert not {q.qid for q in split["valid"]} & {q.qid for q in split["test"]}
+    assert split == fb.split_questions(ROOT, 50, 100, seed=0)
+    docs = fb.corpus_documents(ROOT, split["valid"], "cited")
+    corpus = fb.build_corpus(ROOT, docs)
+    assert all(e in corpus for q in split["valid"] for e in q.evidence)
+    missing = set((fb.Path(ROOT) / "financebench" / "MISSING_PDFS.txt").read_text().split())
+    cited_missing = [q for q in fb.load_questions(ROOT) if q.doc_name in missing]
+    assert cited_missing  # documents without PDF text still carry their evidence pages
+    gap = fb.build_corpus(ROOT, [cited_missing[0].doc_name])
+    assert set(cited_missing[0].evidence) <= set(gap)
+    small = fb.build_corpus(ROOT, ["3M_2018_10K"], pages_per_doc=3, keep=frozenset({"3M_2018_10K#59"}))
+    assert list(small) == ["3M_2018_10K#0", "3M_2018_10K#1", "3M_2018_10K#2", "3M_2018_10K#59"]
+
+
+def test_partitions_are_companies_and_sectors():
+    from flwr_datasets.partitioner import NaturalIdPartitioner
+    companies = ["AES Corporation", "Boeing"]
+    parts = [fb.client_documents(ROOT, companies, NaturalIdPartitioner("company"), i)
+             for i in range(2)]
+    assert all(d.startswith("AES") for d in parts[0]) and all(d.startswith("BOEING") for d in parts[1])
+    with pytest.raises(ValueError, match="Procter"):
+        fb.document_table(ROOT, ["Procter & Gamble"])
+    sectors = NaturalIdPartitioner("gics_sector")
+    sectors.dataset = fb.document_table(ROOT, None)
+    assert sectors.num_partitions == len({d["gics_sector"] for d in fb.load_documents(ROOT)
+                                          if d["has_pages"]})
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory):
+    """A 2-layer BERT sentence encoder with MiniLM's tokenizer, random weights, built here."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from tasks.financebench_rag.model import resolve_model
+    path = tmp_path_factory.mktemp("tiny")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("all-MiniLM-L6-v2"))
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, intermediate_size=64)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    word = Transformer(str(path), max_seq_length=32)
+    return SentenceTransformer(modules=[word, Pooling(word.get_embedding_dimension())],
+                               device="cpu")
+
+
+def _features(model, texts):
+    return dict(model.tokenize(texts))
+
+
+def test_kd_loss_is_zero_against_itself_and_the_mse_of_similarities(tiny_encoder):
+    from sentence_transformers.util import cos_sim
+
+    from tasks.financebench_rag.train import KDInfoNCELoss, frozen_copy
+    queries = ["net revenue 2022", "capital expenditure", "dividends paid", "total debt"]
+    chunks = ["revenue was 10", "capex rose", "we paid dividends", "debt fell to 3"]
+    teacher = frozen_copy(tiny_encoder)
+    loss = KDInfoNCELoss(tiny_encoder, temperature=0.5, kd_weight=2.0, teacher=teacher)
+    feats = [_features(tiny_encoder, queries), _features(tiny_encoder, chunks)]
+    value = loss(feats, None)
+    assert loss.last["kd"] == pytest.approx(0.0, abs=1e-10)
+    q, p = (tiny_encoder(dict(f))["sentence_embedding"] for f in feats)
+    sim = cos_sim(q, p)
+    expected_nce = torch.nn.functional.cross_entropy(sim / 0.5, torch.arange(4))
+    assert float(value) == pytest.approx(float(expected_nce), rel=1e-5)
+
+    student = frozen_copy(tiny_encoder)  # a moved local model against the same teacher
+    with torch.no_grad():
+        for param in student.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    kd_loss = KDInfoNCELoss(student, temperature=0.5, kd_weight=2.0, teacher=teacher)
+    value = kd_loss(feats, None)
+    sq, sp = (student(dict(f))["sentence_embedding"] for f in feats)
+    expected_kd = torch.mean((cos_sim(sq, sp) - sim) ** 2)
+    assert kd_loss.last["kd"] == pytest.approx(float(expected_kd), rel=1e-5)
+    assert float(value) == pytest.approx(kd_loss.last["infonce"] + 2.0 * float(expected_kd),
+                                         rel=1e-5)
+
+
+def test_training_moves_only_trainable_weights_and_lowers_the_loss(tiny_encoder):
+    from tasks.financebench_rag.model import flatten, trainable_arrays, unflatten
+    from tasks.financebench_rag.train import frozen_copy, train_encoder
+    model = frozen_copy(tiny_encoder)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    pairs = [(f"item {i} value {i * 7}", f"the value of item {i} is {i * 7}") for i in range(32)]
+    before = trainable_arrays(model)
+    first = train_encoder(model, pairs, steps=1, batch_size=8, lr=1e-3, temperature=0.1,
+                          kd_weight=1.0, seed=0)
+    later = train_encoder(model, pairs, steps=30, batch_size=8, lr=1e-3, temperature=0.1,
+                          kd_weight=0.0, seed=0)
+    assert later["infonce"] < first["infonce"]
+    after = trainable_arrays(model)
+    assert any(not np.allclose(before[k], after[k]) for k in before)
+    flat = flatten(after)
+    assert all(np.array_equal(a, b) for a, b in zip(unflatten(flat, after).values(), after.values()))

@@ -1,0 +1,90 @@
+"""Local objective of FedE4RAG: InfoNCE with in-batch negatives plus KD-GLE.
+
+KD-GLE is the mean squared difference between the local model's query-chunk cosine
+similarities and those of the frozen global model on the same batch (all pairs of the batch).
+InfoNCE is sentence-transformers' MultipleNegativesRankingLoss with scale = 1 / temperature;
+the loop is sentence-transformers' trainer.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import tempfile
+
+import torch
+from torch import nn
+
+log = logging.getLogger("fedsim")
+
+
+class KDInfoNCELoss(nn.Module):
+    """InfoNCE(q, p) + kd_weight * mean((sim_local - sim_global)^2) over the batch's q x p."""
+
+    def __init__(self, model, temperature: float, kd_weight: float, teacher=None):
+        super().__init__()
+        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+        from sentence_transformers.util import cos_sim
+        self.model = model
+        self.infonce = MultipleNegativesRankingLoss(model, scale=1.0 / temperature)
+        self.cos_sim = cos_sim
+        self.kd_weight = kd_weight
+        self.teacher = teacher
+        if kd_weight and teacher is None:
+            raise ValueError("KD needs the frozen global model (teacher)")
+        self.last = {}
+
+    def forward(self, sentence_features, labels=None):
+        features = list(sentence_features)
+        embeddings = [self.model(f)["sentence_embedding"] for f in features]
+        loss = self.infonce.compute_loss_from_embeddings(embeddings, labels)
+        self.last = {"infonce": float(loss.detach())}
+        if self.kd_weight:
+            kd = self.kd_term(embeddings, features)
+            self.last["kd"] = float(kd.detach())
+            loss = loss + self.kd_weight * kd
+        return loss
+
+    def kd_term(self, embeddings, features) -> torch.Tensor:
+        with torch.no_grad():
+            q, p = (self.teacher(dict(f))["sentence_embedding"] for f in features[:2])
+            teacher_sim = self.cos_sim(q, p)
+        return torch.mean((self.cos_sim(embeddings[0], embeddings[1]) - teacher_sim) ** 2)
+
+
+def frozen_copy(model):
+    teacher = copy.deepcopy(model)
+    teacher.eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher
+
+
+def train_encoder(model, pairs: list[tuple[str, str]], steps: int, batch_size: int, lr: float,
+                  temperature: float, kd_weight: float, seed: int) -> dict:
+    """``steps`` optimizer steps on ``pairs`` (cycled, seeded shuffle); the teacher of KD-GLE is
+    a frozen copy of ``model`` as it is on entry (the global model)."""
+    from datasets import Dataset
+    from sentence_transformers import (SentenceTransformerTrainer,
+                                       SentenceTransformerTrainingArguments)
+    if not pairs:
+        raise ValueError("no training pairs")
+    if steps <= 0:
+        return {"steps": 0}
+    teacher = frozen_copy(model) if kd_weight else None
+    loss = KDInfoNCELoss(model, temperature, kd_weight, teacher)
+    need = steps * batch_size
+    rows = (pairs * (need // len(pairs) + 1))[:max(need, len(pairs))]
+    data = Dataset.from_dict({"anchor": [q for q, _ in rows], "positive": [p for _, p in rows]})
+    with tempfile.TemporaryDirectory() as tmp:
+        args = SentenceTransformerTrainingArguments(
+            output_dir=tmp, max_steps=steps, per_device_train_batch_size=batch_size,
+            learning_rate=lr, warmup_steps=0, lr_scheduler_type="constant", seed=seed,
+            data_seed=seed, save_strategy="no", report_to="none", logging_steps=max(1, steps),
+            disable_tqdm=True, use_cpu=not torch.cuda.is_available(),
+            batch_sampler="no_duplicates", dataloader_drop_last=True)
+        trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data,
+                                             loss=loss)
+        out = trainer.train()
+    model.eval()
+    return {"steps": steps, "loss": float(out.training_loss), **loss.last}
