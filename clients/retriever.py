@@ -34,6 +34,7 @@ class RetrieverClient:
         self.model = build_encoder(task["model"], task["max_seq_length"], task["lora"],
                                    task["seed"])
         self.initial = trainable_arrays(self.model)
+        self._he_clients: dict[int, HEClient] = {}
 
     def _documents(self, partition_id: int) -> list[str]:
         return client_documents(self.root, self.task["companies"],
@@ -55,11 +56,16 @@ class RetrieverClient:
         return self._pairs(self.documents)
 
     def _he(self, msg: Message) -> HEClient:
-        h = self.task["he"]
-        params = CKKSParams(h["poly_modulus_degree"], tuple(h["coeff_mod_bit_sizes"]),
-                            h["global_scale_bits"])
-        return HEClient(params, h["key_dir"],
-                        state_dir(self.task["state_dir"], msg.metadata.run_id, self.pid))
+        """This node's HE state for the message's run, kept so the secret context is read
+        from ``key_dir`` once, not on every chunk."""
+        run_id = msg.metadata.run_id
+        if run_id not in self._he_clients:
+            h = self.task["he"]
+            params = CKKSParams(h["poly_modulus_degree"], tuple(h["coeff_mod_bit_sizes"]),
+                                h["global_scale_bits"])
+            self._he_clients[run_id] = HEClient(
+                params, h["key_dir"], state_dir(self.task["state_dir"], run_id, self.pid))
+        return self._he_clients[run_id]
 
     def _set_weights(self, msg: Message, source: str) -> str:
         """Load the weights to start from; returns a key naming them (for the cache)."""

@@ -69,7 +69,7 @@ class HEClient:
         """Decrypt one aggregate chunk into ``global.partial.npy``; the last one completes it."""
         config = msg.content["config"]
         size, chunk = int(config["chunk-floats"]), int(config["chunk"])
-        total, last = int(config["num-floats"]), int(config["chunk"]) == int(config["num-chunks"]) - 1
+        total, last = int(config["num-floats"]), chunk == int(config["num-chunks"]) - 1
         start = time.perf_counter()
         values = he.decrypt(self.ctx, record_blobs(msg.content["ciphertexts"]))
         seconds = time.perf_counter() - start

@@ -12,18 +12,16 @@ Each method is a function named by ``run`` in ``protocol.methods`` (no dispatche
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from hydra.utils import get_method, instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from fedsim.client_app import TASK_KEY
-from fedsim.faults import FAULTS_KEY
 from fedsim.grid import ProgressGrid
+from fedsim.protocols import client_setup
 from fedsim.reply_guard import ReplyGuard, finite_arrays_validator
 from fedsim.results import RunOutput, markdown_table
 from strategies.he_fedavg import HEFedAvg
@@ -143,8 +141,7 @@ def _cost_summary(rounds: list[dict]) -> dict:
 
 
 def run(grid: ProgressGrid, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
-    task = OmegaConf.to_container(cfg.task, resolve=True)
-    base = {TASK_KEY: json.dumps(task), FAULTS_KEY: json.dumps(OmegaConf.to_container(cfg.faults))}
+    _, base = client_setup(cfg)
     node_ids = list(grid.get_node_ids())
     replies = grid.subset(node_ids, "discover").send_and_receive(
         [Message(RecordDict({"config": ConfigRecord(base)}), dst_node_id=n,

@@ -85,15 +85,16 @@ def retrieval_metrics(ranked: dict[str, list[tuple[str, float]]],
 def evaluate(model, questions, corpus_ids: list[str], corpus_emb: np.ndarray,
              factory: str = "Flat", k: int = 10) -> dict[str, float]:
     """Retrieve the top-k pages for each question from the corpus rows given and score them."""
+    known = set(corpus_ids)
+    missing = [e for q in questions for e in q.evidence if e not in known]
+    if missing:
+        raise ValueError(f"{len(missing)} evidence pages are not in the corpus, e.g. {missing[0]}")
     index = build_index(corpus_emb, factory)
     q_emb = model.encode([q.text for q in questions], batch_size=32, convert_to_numpy=True,
                          normalize_embeddings=True, show_progress_bar=False)
     scores, rows = search(index, q_emb, k)
     ranked = {q.qid: [(corpus_ids[r], s) for r, s in zip(row, score) if r >= 0]
               for q, row, score in zip(questions, rows, scores)}
-    missing = [e for q in questions for e in q.evidence if e not in set(corpus_ids)]
-    if missing:
-        raise ValueError(f"{len(missing)} evidence pages are not in the corpus, e.g. {missing[0]}")
     return retrieval_metrics(ranked, {q.qid: set(q.evidence) for q in questions})
 
 
