@@ -20,10 +20,10 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
-from fedsim import he
-from fedsim.he_client import HEClient
+from fedsim.he import ckks as he
+from fedsim.he.client import HEClient
 from fedsim.inprocess_grid import InProcessGrid
-from strategies.he_fedavg import OP_KEY, HEFedAvg
+from strategies.he_fedavg import HEFedAvg
 from tasks.financebench_rag.model import build_encoder, flatten, trainable_arrays
 
 LORA = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["query", "value"]}
@@ -64,8 +64,7 @@ def he_round(updates: list[dict], chunk_floats: int) -> dict:
         def reply(msg):
             if msg.metadata.message_type == MessageType.TRAIN:
                 return client.train_reply(flat, {"num-examples": 100})
-            op = msg.content["config"][OP_KEY]
-            return client.encrypt(msg) if op == "encrypt" else client.install(msg)
+            return client.handle(msg)
         return reply
     grid = InProcessGrid({i + 1: handler(i, u) for i, u in enumerate(updates)},
                          keep_replies=False)
@@ -76,7 +75,7 @@ def he_round(updates: list[dict], chunk_floats: int) -> dict:
     seconds = time.perf_counter() - start
     r = strategy.rounds[1]
     expected = np.mean([flatten(u) for u in updates], axis=0)
-    got = np.load(tmp / "node0" / "global.npy")
+    got = np.load(tmp / "node0" / "global-1.npy")  # node 0's complete round-1 aggregate
     return {"seconds_per_round": seconds, "bytes_per_client_round": grid.bytes_up / len(updates),
             "encrypt_seconds_per_client": r["encrypt-seconds-per-client"],
             "aggregate_seconds": r["aggregate-seconds"],

@@ -1,9 +1,13 @@
 """ClientApp side of FedE4RAG: a company (or any document group) training the retriever.
 
-train: start from the global weights (sent in plaintext, or this node's decrypted copy under
-HE), run the local objective on inverse-cloze pairs from the node's own pages, reply with the
-weights (plaintext) or keep them for the encrypted chunks (HE). query: node info and the HE
-chunk operations. evaluate: FinanceBench retrieval metrics of the weights given.
+train: start from the weights the message names (its arrays, this node's complete HE aggregate,
+or the common initial model), run the local objective on inverse-cloze pairs from the node's
+own pages, reply with the weights (plaintext) or keep them for the encrypted chunks (HE).
+query: node info, the initial weights, and the HE chunk operations. evaluate: encode the corpus
+one bounded piece per message under the named weights, then score FinanceBench retrieval.
+
+A missing input is an error naming the method and the node, never a silent default: a node
+asked for weights it does not hold must not report another model's metrics.
 """
 
 from __future__ import annotations
@@ -12,19 +16,34 @@ import os
 import time
 from functools import cached_property
 
-import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from hydra.utils import instantiate
 
-from fedsim.he import CKKSParams
-from fedsim.he_client import HEClient, state_dir
+from clients import fede4rag_messages as keys
+from fedsim.he import messages as he_keys
+from fedsim.he.ckks import CKKSParams
+from fedsim.he.client import HEClient, is_he_operation, state_dir
 from tasks.financebench_rag.dataset import client_documents, load_documents, load_pages
-from tasks.financebench_rag.model import (build_encoder, flatten, load_trainable,
-                                          trainable_arrays, unflatten)
+from tasks.financebench_rag.model import (
+    build_encoder,
+    flatten,
+    load_trainable,
+    trainable_arrays,
+    unflatten,
+)
 from tasks.financebench_rag.pseudo_queries import LLMQueryGenerator, inverse_cloze_pairs
-from tasks.financebench_rag.retrieval import evaluate_splits, fingerprint
+from tasks.financebench_rag.retrieval import (
+    corpus_store,
+    evaluation_data,
+    score_splits,
+    weights_key,
+)
 from tasks.financebench_rag.train import train_encoder
+
+
+class MissingWeights(RuntimeError):
+    """The message names weights this node was not given or does not hold."""
 
 
 class RetrieverClient:
@@ -55,6 +74,11 @@ class RetrieverClient:
     def pairs(self) -> list[tuple[str, str]]:
         return self._pairs(self.documents)
 
+    @cached_property
+    def evaluation(self) -> tuple[dict, dict[str, str]]:
+        """Questions and test corpus, built once per process."""
+        return evaluation_data(self.root, self.task)
+
     def _he(self, msg: Message) -> HEClient:
         """This node's HE state for the message's run, kept so the secret context is read
         from ``key_dir`` once, not on every chunk."""
@@ -67,72 +91,88 @@ class RetrieverClient:
                 params, h["key_dir"], state_dir(self.task["state_dir"], run_id, self.pid))
         return self._he_clients[run_id]
 
-    def _set_weights(self, msg: Message, source: str) -> str:
-        """Load the weights to start from; returns a key naming them (for the cache)."""
-        arrays = msg.content.array_records.get("arrays")
-        if source == "arrays" and arrays is not None and len(arrays):
+    def _load_weights(self, msg: Message) -> str:
+        """Load the weights the message names into the model; return their key."""
+        config = msg.content[keys.CONFIG]
+        where = f"{config.get(keys.METHOD, '<no method>')}: node {self.pid}"
+        source = config.get(keys.WEIGHTS)
+        if source == keys.FROM_INITIAL:
+            weights = None
+        elif source == keys.FROM_ARRAYS:
+            arrays = msg.content.array_records.get(keys.ARRAYS)
+            if arrays is None or not len(arrays):
+                raise MissingWeights(f"{where} was asked for weights={source} but the message "
+                                     f"carries no arrays")
             weights = {k: v.numpy() for k, v in arrays.items()}
-        elif source == "he-global" and (flat := self._he(msg).global_weights()) is not None:
-            weights = unflatten(flat, self.initial)
-        elif source in ("arrays", "he-global", "initial"):
-            weights = self.initial
+        elif source == keys.FROM_HE:
+            rnd = int(config[he_keys.GLOBAL_ROUND])
+            try:
+                weights = None if rnd == 0 else unflatten(self._he(msg).global_weights(rnd),
+                                                          self.initial)
+            except RuntimeError as exc:
+                raise MissingWeights(f"{where} was asked for weights={source}: {exc}") from exc
         else:
-            raise ValueError(f"unknown weight source {source!r}")
-        load_trainable(self.model, weights)
-        if weights is self.initial:
-            return fingerprint(self.task["model"], self.task["lora"], "initial")
-        return fingerprint(self.task["model"], self.task["lora"],
-                           *(np.ascontiguousarray(w).tobytes() for w in weights.values()))
+            raise MissingWeights(f"{where}: weights={source!r} is not one of "
+                                 f"{keys.WEIGHT_SOURCES}")
+        load_trainable(self.model, self.initial if weights is None else weights)
+        return weights_key(self.task["model"], self.task["lora"], weights)
 
     @staticmethod
     def _threads(config: ConfigRecord) -> None:
-        threads = int(config.get("torch-threads", 0)) or os.cpu_count() or 1
+        threads = int(config.get(keys.TORCH_THREADS, 0)) or os.cpu_count() or 1
         torch.set_num_threads(threads)
 
     def query(self, msg: Message, context=None) -> RecordDict:
-        config = msg.content["config"]
-        op = config.get("he-op", "")
-        if op == "encrypt":
-            return self._he(msg).encrypt(msg)
-        if op == "install":
-            return self._he(msg).install(msg)
-        return RecordDict({"info": ConfigRecord({
-            "partition-id": self.pid, "documents": self.documents,
-            "companies": sorted({d["company"] for d in load_documents(self.root)
-                                 if d["doc_name"] in set(self.documents)}),
-            "num-pairs": len(self.pairs)})})
+        if is_he_operation(msg):
+            return self._he(msg).handle(msg)
+        if msg.content[keys.CONFIG].get(keys.QUERY_OP) == keys.INITIAL_WEIGHTS:
+            return RecordDict({keys.ARRAYS: ArrayRecord({k: Array(v)
+                                                         for k, v in self.initial.items()})})
+        return RecordDict({keys.INFO: ConfigRecord({
+            keys.PARTITION_ID: self.pid, keys.DOCUMENTS: self.documents,
+            keys.COMPANIES: sorted({d["company"] for d in load_documents(self.root)
+                                    if d["doc_name"] in set(self.documents)}),
+            keys.NUM_PAIRS: len(self.pairs)})})
 
     def train(self, msg: Message, context=None) -> RecordDict:
-        config = msg.content["config"]
+        config = msg.content[keys.CONFIG]
         self._threads(config)
-        he_round = bool(config.get("he", False))
-        self._set_weights(msg, "he-global" if he_round else "arrays")
-        pool = list(config.get("pool-partitions", []))
+        self._load_weights(msg)
+        pool = list(config.get(keys.POOL_PARTITIONS, []))
         pairs = self.pairs if not pool else \
-            self._pairs(sorted({d for p in pool for d in self._documents(int(p))}))
+            [pair for p in pool for pair in self._pairs(self._documents(int(p)))]
         start = time.perf_counter()
         stats = train_encoder(
-            self.model, pairs, int(config["local-steps"]), int(config["batch-size"]),
-            float(config["lr"]), float(config["temperature"]), float(config["kd-weight"]),
-            seed=int(config.get("seed", 0)) * 1000 + int(config.get("server-round", 0)) * 10
+            self.model, pairs, int(config[keys.LOCAL_STEPS]), int(config[keys.BATCH_SIZE]),
+            float(config[keys.LR]), float(config[keys.TEMPERATURE]), float(config[keys.KD_WEIGHT]),
+            seed=int(config[keys.SEED]) * 1000 + int(config.get(keys.SERVER_ROUND, 0)) * 10
             + self.pid)
-        metrics = {"num-examples": len(pairs), "train-seconds": time.perf_counter() - start,
+        metrics = {keys.NUM_EXAMPLES: len(pairs), "train-seconds": time.perf_counter() - start,
                    **{k: float(v) for k, v in stats.items()}}
         trained = trainable_arrays(self.model)
-        if he_round:
+        if config.get(he_keys.HE_ROUND, False):
             return self._he(msg).train_reply(flatten(trained), metrics)
-        return RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in trained.items()}),
-                           "metrics": MetricRecord(metrics)})
+        return RecordDict({keys.ARRAYS: ArrayRecord({k: Array(v) for k, v in trained.items()}),
+                           keys.METRICS: MetricRecord(metrics)})
 
     def evaluate(self, msg: Message, context=None) -> RecordDict:
-        config = msg.content["config"]
+        config = msg.content[keys.CONFIG]
         self._threads(config)
-        key = self._set_weights(msg, str(config.get("weights", "arrays")))
+        key = self._load_weights(msg)
+        questions, corpus = self.evaluation
+        folder = self.task.get("embedding_cache") or \
+            state_dir(self.task["state_dir"], msg.metadata.run_id, self.pid) / "embeddings"
+        store = corpus_store(self.model, key, corpus, folder, int(config[keys.PAGES_PER_MESSAGE]))
         start = time.perf_counter()
-        metrics = evaluate_splits(self.model, key, self.root, self.task, list(config["splits"]))
+        if config[keys.EVAL_OP] == keys.ENCODE:
+            metrics = {keys.REMAINING: store.encode_next(self.model, list(corpus.values())),
+                       keys.PIECES: store.pieces, keys.CORPUS_PAGES: len(corpus)}
+        else:
+            metrics = score_splits(self.model, self.root, questions, list(corpus), store.load(),
+                                   self.task, list(config[keys.SPLITS]))
         metrics["eval-seconds"] = time.perf_counter() - start
-        metrics["num-examples"] = 1
-        return RecordDict({"metrics": MetricRecord(metrics)})
+        return RecordDict({keys.METRICS: MetricRecord(metrics),
+                           keys.WEIGHTS_INFO: ConfigRecord({keys.WEIGHTS_KEY: key})})
 
     @staticmethod
     def population_size(task: dict, data_root: str) -> int:

@@ -12,6 +12,7 @@ import numpy as np
 from datasets import Dataset
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from clients import fedtp_messages as keys
 from fedsim.partitioners import RoundRobinResamplingPartitioner
 from tasks.topical_chat.dataset import load_conversations, load_topics, local_preference
 from tasks.topical_chat.router import RouterVariant, router_for
@@ -30,37 +31,37 @@ class TopicPreferenceClient:
         self.num_topics = len(load_topics(data_root))
 
     def _selected(self, config: ConfigRecord):
-        splits = set(config["splits"])
+        splits = set(config[keys.SPLITS])
         return [(row, c) for row, c in zip(self.rows, self.conversations) if c.split in splits]
 
     def query(self, msg: Message) -> RecordDict:
-        return RecordDict({"info": ConfigRecord({
-            "splits": [c.split for c in self.conversations],
-            "rows": self.rows,
+        return RecordDict({keys.INFO: ConfigRecord({
+            keys.INFO_SPLITS: [c.split for c in self.conversations],
+            keys.INFO_ROWS: self.rows,
         })})
 
     def train(self, msg: Message) -> RecordDict:
-        selected = self._selected(msg.content["config"])
+        selected = self._selected(msg.content[keys.CONFIG])
         vectors = np.stack([local_preference(c, self.num_topics) for _, c in selected])
         return RecordDict({
-            "arrays": ArrayRecord({"vectors": Array(vectors)}),
-            "metrics": MetricRecord({"num-examples": len(selected)}),
+            keys.ARRAYS: ArrayRecord({keys.VECTORS: Array(vectors)}),
+            keys.METRICS: MetricRecord({keys.NUM_EXAMPLES: len(selected)}),
         })
 
     def evaluate(self, msg: Message) -> RecordDict:
-        config = msg.content["config"]
-        priors = {k: v.numpy() for k, v in msg.content["priors"].items()} \
-            if "priors" in msg.content.array_records else {}
+        config = msg.content[keys.CONFIG]
+        priors = {k: v.numpy() for k, v in msg.content[keys.PRIORS].items()} \
+            if keys.PRIORS in msg.content.array_records else {}
         variants = [RouterVariant(*v) for v in zip(
-            config["variant-names"], config["variant-priors"],
-            config["variant-alphas"], config["variant-lambdas"])]
+            config[keys.VARIANT_NAMES], config[keys.VARIANT_PRIORS],
+            config[keys.VARIANT_ALPHAS], config[keys.VARIANT_LAMBDAS])]
         router = router_for(self.data_root)
-        metrics: dict = {"num-examples": 0}
+        metrics: dict = {keys.NUM_EXAMPLES: 0}
         turns: dict[str, list] = {}
         for row, conv in self._selected(config):
             out = router.route(conv, local_preference(conv, self.num_topics), priors, variants)
             n = len(out["gold"])
-            metrics["num-examples"] += n
+            metrics[keys.NUM_EXAMPLES] += n
             metrics[f"{conv.split}/turns"] = metrics.get(f"{conv.split}/turns", 0) + n
             for v in variants:
                 prefix = f"{conv.split}/{v.name}"
@@ -69,14 +70,14 @@ class TopicPreferenceClient:
                 for m in METRICS:
                     metrics[f"{prefix}/{m}"] = metrics.get(f"{prefix}/{m}", 0.0) + \
                         float(out[f"{m}/{v.name}"].sum())
-            if config.get("turn-level", False):
+            if config.get(keys.TURN_LEVEL, False):
                 out["row"] = np.full(n, row)
                 for key, values in out.items():
                     turns.setdefault(key, []).extend(values.tolist())
         for key, values in turns.items():
             cast = float if key.startswith(METRICS) else int
-            metrics[f"turn/{key}"] = [cast(x) for x in values]
-        return RecordDict({"metrics": MetricRecord(metrics)})
+            metrics[f"{keys.TURN_PREFIX}{key}"] = [cast(x) for x in values]
+        return RecordDict({keys.METRICS: MetricRecord(metrics)})
 
     @staticmethod
     def population_size(task: dict, data_root: str) -> int:

@@ -10,12 +10,14 @@ from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
 from fedsim.config import ConfigError, compose
-from fedsim.launcher import RunFailed, launch
+from fedsim.launcher import Interrupted, RunFailed, launch
+from fedsim.schema import check
 
 
 def run(overrides: list[str]) -> int:
     try:
         cfg = compose(overrides)
+        check(cfg)
         instantiate(cfg.strategy)  # bad strategy values fail here, before any process starts
         task = OmegaConf.to_container(cfg.task, resolve=True)
         nodes = cfg.hardware.num_supernodes or get_class(task["client"]).population_size(
@@ -30,6 +32,9 @@ def run(overrides: list[str]) -> int:
     except RunFailed as exc:
         print(f"fedsim: run failed:\n{exc}", file=sys.stderr)
         return 1
+    except Interrupted as exc:
+        print("fedsim: interrupted; nothing left running", file=sys.stderr)
+        return exc.exit_code
     print(f"fedsim: run {outcome['run_id']} {outcome['status']}; results in {outcome['results_dir']}")
     return 0
 

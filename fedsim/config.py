@@ -12,6 +12,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from fedsim import schema  # noqa: F401  (registers the typed schema with Hydra)
 from fedsim.data import REPO_ROOT, resolve_data_root
 
 CONF_DIR = REPO_ROOT / "conf"
@@ -28,6 +29,8 @@ def choices(group: str) -> list[str]:
 
 def _explain(overrides: list[str], exc: Exception) -> str:
     lines = [str(exc).strip()]
+    if exc.__cause__ is not None:  # e.g. the typed schema's "could not be converted to Integer"
+        lines.append(str(exc.__cause__).strip())
     for item in overrides:
         key, _, value = item.lstrip("+~").partition("=")
         if key in GROUPS and value not in choices(key):

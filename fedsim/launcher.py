@@ -37,6 +37,14 @@ class RunFailed(RuntimeError):
     """The Flower run did not complete; the message carries Flower's status and the error."""
 
 
+class Interrupted(Exception):
+    """SIGTERM / SIGINT stopped the run; ``exit_code`` is 143 / 130."""
+
+    def __init__(self, exit_code: int):
+        super().__init__(f"interrupted (exit {exit_code})")
+        self.exit_code = exit_code
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,7 +1,9 @@
 """The one ServerApp: compose the Hydra config named by the run config and run its protocol.
 
 ``flwr run .`` passes no overrides and runs the default experiment; ``fedsim run`` passes the
-user's overrides as one string under the run-config key ``overrides``.
+user's overrides as one string under the run-config key ``overrides``. The protocol sends every
+phase through one :class:`~fedsim.messaging.Messenger`, whose fault counts and traffic go into
+every ``results.json`` (``faults``, ``communication``), also when the protocol fails.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from flwr.serverapp import Grid, ServerApp
 from hydra.utils import get_method
 
 from fedsim.config import compose
-from fedsim.grid import ProgressGrid
+from fedsim.messaging import Messenger
 from fedsim.results import RunOutput
 
 app = ServerApp()
@@ -34,10 +36,13 @@ def main(grid: Grid, context: Context) -> None:
     out = RunOutput(cfg.results_dir)
     out.write_config(cfg)
     logging.getLogger("fedsim").info("results -> %s", out.path)
+    messenger = Messenger(grid, float(cfg.round_timeout))
     try:
-        results, summary = get_method(cfg.protocol.run)(ProgressGrid(grid), cfg, out)
+        results, summary = get_method(cfg.protocol.run)(messenger, cfg, out)
+        results.update(faults=messenger.faults, communication=messenger.traffic)
         out.write_results(results, summary)
         print(summary, flush=True)
     except BaseException:
-        out.write_error(traceback.format_exc())
+        out.write_error(traceback.format_exc()
+                        + f"\nfaults so far: {messenger.faults}\n")
         raise

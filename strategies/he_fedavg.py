@@ -2,18 +2,22 @@
 
 The wrapped strategy picks the nodes and the train config (``configure_train``) and names the
 weighting metric (``weighted_by_key``, FedAvg's ``num-examples``); this wrapper replaces its
-plaintext averaging. A round:
+plaintext averaging. A round, each step a phase of the one messaging path
+(``fedsim.messaging``, faults and bytes counted per phase and round):
 
-1. train: sampled nodes train from their own copy of the global model and keep the result;
-   they reply with metrics, the weight count and the public CKKS context (no arrays);
-2. for each chunk of ``chunk_floats`` values: the accepted nodes send that chunk encrypted;
-   the server computes sum_i (n_i / sum n) * ct_i on ciphertexts and sends the aggregate chunk
-   to every node, which decrypts it into its copy of the global model.
+1. ``<label>/train`` (quorum: any): sampled nodes train from their complete copy of the last
+   round's aggregate (round 1: the clients' common initial model) and keep the result; they
+   reply with metrics, the weight count and the public CKKS context (no arrays);
+2. per chunk of ``chunk_floats`` values, ``<label>/he-encrypt`` (quorum: any): the accepted
+   nodes send that chunk encrypted; the server computes sum_i (n_i / sum n) * ct_i on
+   ciphertexts; ``<label>/he-install`` (quorum: any): every node decrypts the aggregate chunk
+   into its copy, which becomes its global model only when all chunks of the round are in.
 
 The server holds at most one chunk per client plus one aggregate at any time (memory bounded
 for a full model) and never a secret key or a plaintext update. A node that fails during the
 chunk phase is left out of that chunk's weights (the chunk stays a weighted mean of the nodes
-that sent it) and counted. Client side: ``clients/he_client.py``.
+that sent it) and counted; a node that misses an install holds no complete copy of that round
+and refuses to train or evaluate from it. Client half: ``fedsim/he/client.py``.
 """
 
 from __future__ import annotations
@@ -27,12 +31,11 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
-from fedsim import he
-from fedsim.he import blobs_record, record_blobs
+from fedsim.he import ckks
+from fedsim.he import messages as keys
+from fedsim.messaging import ANY, PhaseGrid, Policy, phase_grid
 
 log = logging.getLogger("fedsim")
-
-OP_KEY = "he-op"  # client-side dispatch of QUERY messages: "encrypt" | "install"
 
 
 class HEFedAvg(Strategy):
@@ -69,11 +72,12 @@ class HEFedAvg(Strategy):
               evaluate_config=None, evaluate_fn=None) -> Result:
         """Rounds of encrypted FedAvg. The initial model is the clients' (their common
         starting weights); ``Result.arrays`` is empty: only clients hold the global model."""
+        view = phase_grid(grid, "he", timeout)
         result = Result()
         base = dict(train_config or {})
         for rnd in range(1, num_rounds + 1):
             start = time.perf_counter()
-            metrics = self._round(grid, rnd, base, timeout)
+            metrics = self._round(view, rnd, base)
             metrics["round-seconds"] = time.perf_counter() - start
             self.rounds[rnd] = dict(metrics)
             result.train_metrics_clientapp[rnd] = MetricRecord(metrics)
@@ -81,110 +85,116 @@ class HEFedAvg(Strategy):
                      metrics["round-seconds"], metrics["bytes-up-per-client"] / 1e6)
         return result
 
-    def _round(self, grid: Grid, rnd: int, base: dict, timeout: float) -> dict:
-        messages = list(self.strategy.configure_train(
-            rnd, ArrayRecord(), ConfigRecord({**base, "he": True}), grid))
-        replies = list(grid.send_and_receive(messages, timeout=timeout))
-        accepted = self._accept_train(rnd, replies)
-        if not accepted:
-            raise RuntimeError(f"HE round {rnd}: no usable train reply "
-                               f"({len(messages)} sent, {len(replies)} replied)")
-        weights = {m.metadata.src_node_id: float(m.content["metrics"][self.weight_key])
+    def _round(self, grid: PhaseGrid, rnd: int, base: dict) -> dict:
+        config = ConfigRecord({**base, keys.HE_ROUND: True, keys.GLOBAL_ROUND: rnd - 1})
+        accepted = grid.exchange("train", self.strategy.configure_train(
+            rnd, ArrayRecord(), config, grid), Policy(ANY, self._train_problem), rnd)
+        weights = {m.metadata.src_node_id: float(m.content[keys.METRICS][self.weight_key])
                    for m in accepted}
-        sizes = {int(m.content["metrics"]["num-floats"]) for m in accepted}
+        sizes = {int(m.content[keys.METRICS][keys.NUM_FLOATS]) for m in accepted}
         if len(sizes) != 1:
             raise RuntimeError(f"HE round {rnd}: clients disagree on the model size {sizes}")
         num_floats = sizes.pop()
         num_chunks = math.ceil(num_floats / self.chunk_floats)
-        stats = {"sent": len(messages), "accepted": len(accepted), "chunk-failures": 0,
-                 "bytes-up": 0, "bytes-down": 0, "encrypt-seconds": 0.0,
-                 "aggregate-seconds": 0.0, "decrypt-seconds": 0.0}
         everyone = list(grid.get_node_ids())
+        seconds = {"aggregate": 0.0, "encrypt": 0.0, "decrypt": 0.0}
+        chunk_failures = 0
         for chunk in range(num_chunks):
-            blobs = self._collect(grid, rnd, chunk, weights, base, timeout, stats)
+            blobs, seconds["encrypt"] = self._collect(grid, rnd, chunk, num_floats, weights,
+                                                      base, seconds["encrypt"])
+            chunk_failures += len(weights) - len(blobs)
             t = time.perf_counter()
-            senders = list(blobs)
-            total = sum(weights[n] for n in senders)
-            aggregate = he.weighted_sum(self.context, [blobs[n] for n in senders],
-                                        [weights[n] / total for n in senders])
-            stats["aggregate-seconds"] += time.perf_counter() - t
+            total = sum(weights[n] for n in blobs)
+            aggregate = ckks.weighted_sum(self.context, list(blobs.values()),
+                                          [weights[n] / total for n in blobs])
+            seconds["aggregate"] += time.perf_counter() - t
             del blobs
-            self._install(grid, rnd, chunk, num_chunks, num_floats, aggregate, everyone, base,
-                          timeout, stats)
-        train_metrics = aggregate_metricrecords([m.content for m in accepted], self.weight_key)
-        out = {k: float(v) for k, v in train_metrics.items() if isinstance(v, (int, float))}
+            seconds["decrypt"] += self._install(grid, rnd, chunk, num_chunks, num_floats,
+                                                aggregate, everyone, base)
+        return self._round_metrics(grid, rnd, accepted, everyone, num_chunks, chunk_failures,
+                                   seconds)
+
+    def _round_metrics(self, grid, rnd, accepted, everyone, num_chunks, chunk_failures,
+                       seconds) -> dict:
+        train = aggregate_metricrecords([m.content for m in accepted], self.weight_key)
+        out = {k: float(v) for k, v in train.items() if isinstance(v, (int, float))}
+        enc = grid.messenger.round_traffic(f"{grid.label}/he-encrypt", rnd)
+        inst = grid.messenger.round_traffic(f"{grid.label}/he-install", rnd)
         n_acc = len(accepted)
-        out.update({"replies-sent": stats["sent"], "replies-accepted": n_acc,
-                    "chunks": num_chunks, "chunk-failures": stats["chunk-failures"],
-                    "bytes-up-per-client": stats["bytes-up"] / n_acc,
-                    "bytes-down-per-client": stats["bytes-down"] / len(everyone),
-                    "encrypt-seconds-per-client": stats["encrypt-seconds"] / n_acc,
-                    "aggregate-seconds": stats["aggregate-seconds"],
-                    "decrypt-seconds-per-client": stats["decrypt-seconds"] / len(everyone)})
+        out.update({"clients": n_acc, "chunks": num_chunks, "chunk-failures": chunk_failures,
+                    "bytes-up-per-client": enc.get("bytes_up", 0) / n_acc,
+                    "bytes-down-per-client": inst.get("bytes_down", 0) / len(everyone),
+                    "encrypt-seconds-per-client": seconds["encrypt"] / n_acc,
+                    "aggregate-seconds": seconds["aggregate"],
+                    "decrypt-seconds-per-client": seconds["decrypt"] / len(everyone)})
         return out
 
-    def _accept_train(self, rnd: int, replies: list[Message]) -> list[Message]:
-        good = []
-        for msg in replies:
-            node = msg.metadata.src_node_id
-            if msg.has_error():
-                log.warning("[he] round %d: node %s failed: %s", rnd, node, msg.error.reason)
-                continue
-            content = msg.content
-            if "metrics" not in content.metric_records or "he" not in content.config_records:
-                log.warning("[he] round %d: node %s sent no HE train reply; left out", rnd, node)
-                continue
-            public = content["he"]["public-context"]
-            if self.context is None:
-                self.context = he.server_context(public)
-                self.key_id = he.key_id(public)
-            elif he.key_id(public) != self.key_id:
-                log.warning("[he] round %d: node %s uses another key; left out", rnd, node)
-                continue
-            good.append(msg)
-        return good
+    def _train_problem(self, content: RecordDict) -> str | None:
+        """Why an HE train reply is unusable (None if usable); the first reply's public
+        context becomes the server's, later ones must share its key."""
+        metrics = content.metric_records.get(keys.METRICS)
+        record = content.config_records.get(keys.CONTEXT)
+        if metrics is None or record is None or keys.PUBLIC_CONTEXT not in record:
+            return "not an HE train reply (metrics and public context expected)"
+        weight, floats = metrics.get(self.weight_key), metrics.get(keys.NUM_FLOATS)
+        if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
+            return f"weight {self.weight_key}={weight!r} is not a positive finite number"
+        if not isinstance(floats, int) or floats <= 0:
+            return f"{keys.NUM_FLOATS}={floats!r} is not a positive integer"
+        public = record[keys.PUBLIC_CONTEXT]
+        if self.key_id is None:
+            try:
+                self.context = ckks.server_context(public)
+            except ValueError as exc:
+                return str(exc)
+            self.key_id = ckks.key_id(public)
+        elif ckks.key_id(public) != self.key_id:
+            return "encrypted under another key"
+        return None
 
-    def _query(self, grid: Grid, nodes: list[int], content: dict, record: ArrayRecord | None,
-               timeout: float, label: str) -> list[Message]:
+    def _query(self, nodes: list[int], config: dict, record: ArrayRecord | None
+               ) -> list[Message]:
         out = []
         for node in nodes:
-            rd = RecordDict({"config": ConfigRecord(content)})
+            content = RecordDict({"config": ConfigRecord(config)})
             if record is not None:
-                rd["ciphertexts"] = record
-            out.append(Message(rd, dst_node_id=node, message_type=MessageType.QUERY))
-        replies = [m for m in grid.send_and_receive(out, timeout=timeout) if not m.has_error()]
-        if len(replies) < len(nodes):
-            log.warning("[he] %s: %d of %d nodes failed or timed out", label,
-                        len(nodes) - len(replies), len(nodes))
-        return replies
+                content[keys.CIPHERTEXTS] = record
+            out.append(Message(content, dst_node_id=node, message_type=MessageType.QUERY))
+        return out
 
-    def _collect(self, grid, rnd, chunk, weights, base, timeout, stats) -> dict[int, list]:
-        config = {**base, OP_KEY: "encrypt", "server-round": rnd, "chunk": chunk,
-                  "chunk-floats": self.chunk_floats}
-        replies = self._query(grid, list(weights), config, None, timeout,
-                              f"round {rnd} chunk {chunk} encrypt")
-        blobs = {}
-        for msg in replies:
-            try:
-                blobs[msg.metadata.src_node_id] = record_blobs(msg.content["ciphertexts"])
-            except (KeyError, ValueError) as exc:
-                log.warning("[he] round %d chunk %d: node %s sent no ciphertexts (%s)", rnd,
-                            chunk, msg.metadata.src_node_id, exc)
-                continue
-            stats["bytes-up"] += sum(len(b) for b in blobs[msg.metadata.src_node_id])
-            stats["encrypt-seconds"] += float(msg.content["metrics"]["encrypt-seconds"])
-        stats["chunk-failures"] += len(weights) - len(blobs)
-        if not blobs:
-            raise RuntimeError(f"HE round {rnd} chunk {chunk}: no client sent ciphertexts")
-        return blobs
+    def _collect(self, grid, rnd, chunk, num_floats, weights, base, seconds
+                 ) -> tuple[dict[int, list[bytes]], float]:
+        """The chunk's ciphertexts by node, and ``seconds`` plus the clients' encrypt time."""
+        config = {**base, keys.OP: keys.ENCRYPT, keys.SERVER_ROUND: rnd, keys.CHUNK: chunk,
+                  keys.CHUNK_FLOATS: self.chunk_floats}
+        values = min(self.chunk_floats, num_floats - chunk * self.chunk_floats)
+        expected = math.ceil(values / self.slots)
 
-    def _install(self, grid, rnd, chunk, num_chunks, num_floats, aggregate, nodes, base,
-                 timeout, stats) -> None:
-        config = {**base, OP_KEY: "install", "server-round": rnd, "chunk": chunk,
-                  "num-chunks": num_chunks, "chunk-floats": self.chunk_floats,
-                  "num-floats": num_floats}
-        replies = self._query(grid, nodes, config, blobs_record(aggregate), timeout,
-                              f"round {rnd} chunk {chunk} install")
-        stats["bytes-down"] += sum(len(b) for b in aggregate) * len(nodes)
-        stats["decrypt-seconds"] += sum(float(m.content["metrics"]["decrypt-seconds"])
-                                        for m in replies)
+        def problem(content: RecordDict) -> str | None:
+            record = content.array_records.get(keys.CIPHERTEXTS)
+            if record is None or len(record) != expected:
+                return f"expected {expected} ciphertexts for chunk {chunk}"
+            if any(a.dtype != "uint8" for a in record.values()):
+                return "ciphertexts must be uint8 bytes"
+            return None
+
+        replies = grid.exchange("he-encrypt", self._query(list(weights), config, None),
+                                Policy(ANY, problem), rnd)
+        return ({m.metadata.src_node_id: ckks.record_blobs(m.content[keys.CIPHERTEXTS])
+                 for m in replies}, seconds + _seconds(replies, keys.ENCRYPT_SECONDS))
+
+    def _install(self, grid, rnd, chunk, num_chunks, num_floats, aggregate, nodes, base
+                 ) -> float:
+        """Send the aggregate chunk to every node; the clients' decrypt seconds."""
+        config = {**base, keys.OP: keys.INSTALL, keys.SERVER_ROUND: rnd, keys.CHUNK: chunk,
+                  keys.NUM_CHUNKS: num_chunks, keys.CHUNK_FLOATS: self.chunk_floats,
+                  keys.NUM_FLOATS: num_floats}
+        replies = grid.exchange("he-install",
+                                self._query(nodes, config, ckks.blobs_record(aggregate)),
+                                Policy(ANY), rnd)
+        return _seconds(replies, keys.DECRYPT_SECONDS)
+
+
+def _seconds(replies: list[Message], key: str) -> float:
+    return sum(float(m.content[keys.METRICS].get(key, 0.0)) for m in replies
+               if keys.METRICS in m.content.metric_records)

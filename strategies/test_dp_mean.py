@@ -5,8 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from fedsim.privacy import (clamp_to_simplex, clip_rows, gaussian_mean, one_shot_epsilon,
-                            rdp_epsilon)
+from fedsim.privacy import clamp_to_simplex, clip_rows, gaussian_mean, one_shot_epsilon, rdp_epsilon
 from strategies.dp_mean import DPMean
 
 

@@ -6,10 +6,12 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, MessageType
 from flwr.serverapp.strategy import FedAvg
 
-from fedsim import he
-from fedsim.he_client import HEClient
+from fedsim.he import ckks as he
+from fedsim.he import messages as keys
+from fedsim.he.client import HEClient, IncompleteGlobal
 from fedsim.inprocess_grid import InProcessGrid
-from strategies.he_fedavg import OP_KEY, HEFedAvg
+from fedsim.messaging import Messenger
+from strategies.he_fedavg import HEFedAvg
 
 PARAMS = he.CKKSParams()
 
@@ -17,28 +19,28 @@ PARAMS = he.CKKSParams()
 class VectorClient:
     """A client whose 'training' yields a fixed vector: real client-side HE code around it."""
 
-    def __init__(self, key_dir, folder, vector, examples, fail_on_chunk=None):
+    def __init__(self, key_dir, folder, vector, examples, fail_on_chunk=None, fail_install=None):
         folder.mkdir(parents=True)
         self.he = HEClient(PARAMS, str(key_dir), folder)
         self.vector, self.examples, self.fail_on_chunk = vector, examples, fail_on_chunk
+        self.fail_install = fail_install
 
     def __call__(self, msg):
         if msg.metadata.message_type == MessageType.TRAIN:
             return self.he.train_reply(self.vector, {"num-examples": self.examples,
                                                      "loss": float(self.examples)})
         config = msg.content["config"]
-        if config[OP_KEY] == "encrypt":
-            if config["chunk"] == self.fail_on_chunk:
-                raise RuntimeError("client crashed mid-round")
-            return self.he.encrypt(msg)
-        return self.he.install(msg)
+        if config[keys.CHUNK] == (self.fail_on_chunk if config[keys.OP] == keys.ENCRYPT
+                                  else self.fail_install):
+            raise RuntimeError("client crashed mid-round")
+        return self.he.handle(msg)
 
 
-def _federation(tmp_path, sizes, dim, fail=None):
+def _federation(tmp_path, sizes, dim, fail=None, fail_install=None):
     rng = np.random.default_rng(0)
     vectors = [rng.normal(size=dim) for _ in sizes]
     clients = {i + 1: VectorClient(tmp_path / "keys", tmp_path / f"node{i}", v, n,
-                                   fail.get(i) if fail else None)
+                                   (fail or {}).get(i), (fail_install or {}).get(i))
                for i, (v, n) in enumerate(zip(vectors, sizes))}
     return vectors, clients
 
@@ -51,9 +53,9 @@ def test_decrypted_aggregate_matches_plaintext_fedavg(tmp_path):
     strategy.start(grid, ArrayRecord(), num_rounds=1, train_config=ConfigRecord({"k": 1}))
     expected = sum(n * v for n, v in zip(sizes, vectors)) / sum(sizes)
     for client in clients.values():
-        np.testing.assert_allclose(client.he.global_weights(), expected, atol=1e-5)
+        np.testing.assert_allclose(client.he.global_weights(1), expected, atol=1e-5)
     stats = strategy.rounds[1]
-    assert stats["chunks"] == 3 and stats["replies-accepted"] == 3
+    assert stats["chunks"] == 3 and stats["clients"] == 3
     assert stats["bytes-up-per-client"] > dim * 8  # ciphertexts are larger than the floats
     assert stats["loss"] == pytest.approx(sum(n * n for n in sizes) / sum(sizes))
 
@@ -90,11 +92,48 @@ def test_client_failing_in_a_chunk_is_left_out_of_that_chunk_only(tmp_path):
                    train_config=ConfigRecord())
     full = sum(n * v for n, v in zip(sizes, vectors)) / sum(sizes)
     partial = (10 * vectors[0] + 30 * vectors[1]) / 40
-    got = clients[1].he.global_weights()
+    got = clients[1].he.global_weights(1)
     np.testing.assert_allclose(got[:4096], full[:4096], atol=1e-5)
     np.testing.assert_allclose(got[4096:8192], partial[4096:8192], atol=1e-5)
     np.testing.assert_allclose(got[8192:], full[8192:], atol=1e-5)
     assert strategy.rounds[1]["chunk-failures"] == 1
+
+
+def test_a_missed_install_leaves_no_usable_global_copy(tmp_path):
+    """A node that misses one aggregate chunk must not use a part-old, part-new model."""
+    _, clients = _federation(tmp_path, [10, 30], 9000, fail_install={1: 1})
+    messenger = Messenger(InProcessGrid(clients), timeout=5)
+    strategy = HEFedAvg(FedAvg(min_available_nodes=2, min_train_nodes=2), chunk_floats=4096)
+    strategy.start(messenger.grid("he"), ArrayRecord(), num_rounds=2,
+                   train_config=ConfigRecord())
+    assert clients[1].he.global_weights(2).shape == (9000,)
+    for rnd in (1, 2):
+        with pytest.raises(IncompleteGlobal, match=f"round {rnd}"):
+            clients[2].he.global_weights(rnd)
+    # the node could not train in round 2 (no round-1 copy): counted, not silently averaged
+    assert messenger.faults["he/he-install"][1]["failed"] == 1
+    assert messenger.faults["he/train"][2]["accepted"] == 2  # VectorClient trains without a copy
+
+
+def test_every_he_phase_is_counted(tmp_path):
+    _, clients = _federation(tmp_path, [10, 30, 60], 9000, fail={2: 1})
+    messenger = Messenger(InProcessGrid(clients), timeout=5)
+    HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096).start(
+        messenger.grid("he"), ArrayRecord(), num_rounds=1, train_config=ConfigRecord())
+    assert set(messenger.faults) == {"he/train", "he/he-encrypt", "he/he-install"}
+    counts = messenger.faults["he/he-encrypt"][1]  # 3 chunks x 3 nodes, one crash
+    assert (counts["sent"], counts["failed"], counts["accepted"]) == (9, 1, 8)
+    assert messenger.traffic["he/he-encrypt"][1]["bytes_up"] > 9000 * 8
+
+
+def test_malformed_he_train_reply_is_rejected_and_counted(tmp_path):
+    _, clients = _federation(tmp_path, [10, 30], 5000)
+    clients[2].examples = float("nan")
+    messenger = Messenger(InProcessGrid(clients), timeout=5)
+    HEFedAvg(FedAvg(min_available_nodes=2, min_train_nodes=2), chunk_floats=4096).start(
+        messenger.grid("he"), ArrayRecord(), num_rounds=1, train_config=ConfigRecord())
+    assert messenger.faults["he/train"][1]["malformed"] == 1
+    assert messenger.faults["he/he-encrypt"][1]["sent"] == 2  # one chunk x the accepted node
 
 
 def test_non_finite_local_update_is_refused_by_the_client(tmp_path):

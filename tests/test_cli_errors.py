@@ -29,3 +29,18 @@ def test_missing_data_names_the_path(tmp_path):
 def test_missing_data_root(tmp_path):
     code, log = fedsim_run(f"data_root={tmp_path}/nope")
     assert code == 2 and "No data root found" in log
+
+
+def test_wrong_type_names_the_key_before_anything_starts():
+    code, log = fedsim_run("num_rounds=abc")
+    assert code == 2 and "full_key: num_rounds" in log and "SuperLink" not in log
+
+
+def test_unknown_protocol_callable():
+    code, log = fedsim_run("protocol.run=experiments.fedtp.rnu")
+    assert code == 2 and "protocol.run / protocol.schema do not resolve" in log
+
+
+def test_protocol_block_is_typed():
+    code, log = fedsim_run("protocol.dp_seeds=two")
+    assert code == 2 and "FedTPProtocol" in log and "dp_seeds" in log

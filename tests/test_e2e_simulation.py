@@ -26,7 +26,7 @@ def test_fedtp_small_slice_end_to_end(run_small):
     lo, hi = res["bootstrap_ci_ehr_gain"]
     assert lo <= res["ehr_gain"] <= hi
     assert res["changed_decisions"]["turns"] == res["routers"]["fedmix"]["overall"]["turns"]
-    assert res["faults"]["train"]["1"] == {"sent": 10, "failed": 0, "malformed": 0,
+    assert res["faults"]["prior/train"]["1"] == {"sent": 10, "failed": 0, "malformed": 0,
                                            "timed_out": 0, "accepted": 10, "examples": 10}
     for name in ("config.yaml", "summary.md", "ehr_vs_epsilon.png", "gain_histogram.png"):
         assert (out / name).stat().st_size > 0
@@ -35,12 +35,12 @@ def test_fedtp_small_slice_end_to_end(run_small):
 
 
 def test_faulty_clients_are_left_out_and_counted(run_small):
-    code, log, out = run_small("faults.raise=[0]", "faults.nan=[1]", "faults.wrong_length=[2]",
+    code, log, out = run_small("faults.crash=[0]", "faults.nan=[1]", "faults.wrong_length=[2]",
                                "faults.negative=[3]", "faults.timeout=[4]",
                                "faults.timeout_seconds=45", "round_timeout=20")
     assert code == 0, log
     res = read_results(out)
-    assert res["faults"]["train"]["1"] == {"sent": 10, "failed": 1, "malformed": 3,
+    assert res["faults"]["prior/train"]["1"] == {"sent": 10, "failed": 1, "malformed": 3,
                                            "timed_out": 1, "accepted": 5, "examples": 5}
     assert res["prior_clients"]["count"] == 5
     assert "injected crash" in log and "non-finite" in log and "negative mass" in log
@@ -51,7 +51,7 @@ def test_fedavg_strategy_swap_also_rejects_malformed_vectors(run_small):
     assert code == 0, log
     res = read_results(out)
     assert res["strategy"] == "flwr.serverapp.strategy.FedAvg"
-    assert res["faults"]["train"]["1"]["malformed"] == 1
+    assert res["faults"]["prior/train"]["1"]["malformed"] == 1
     assert res["prior_clients"]["count"] == 9
     assert res["dp_sweep"] == []  # FedAvg releases no DP mean to sweep
 

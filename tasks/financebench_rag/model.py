@@ -45,7 +45,7 @@ def build_encoder(name: str, max_seq_length: int, lora: dict | None, seed: int,
     return model
 
 
-def trainable_arrays(model) -> "OrderedDict[str, np.ndarray]":
+def trainable_arrays(model) -> OrderedDict[str, np.ndarray]:
     return OrderedDict((n, p.detach().cpu().numpy().copy())
                        for n, p in sorted(model.named_parameters()) if p.requires_grad)
 
@@ -67,7 +67,7 @@ def flatten(arrays: dict[str, np.ndarray]) -> np.ndarray:
     return np.concatenate([a.ravel() for a in arrays.values()]).astype(np.float64)
 
 
-def unflatten(flat: np.ndarray, like: dict[str, np.ndarray]) -> "OrderedDict[str, np.ndarray]":
+def unflatten(flat: np.ndarray, like: dict[str, np.ndarray]) -> OrderedDict[str, np.ndarray]:
     out, start = OrderedDict(), 0
     for name, ref in like.items():
         out[name] = flat[start:start + ref.size].reshape(ref.shape).astype(ref.dtype)

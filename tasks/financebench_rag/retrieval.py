@@ -1,7 +1,8 @@
 """Retrieval evaluation: FAISS index over page embeddings, metrics from sentence-transformers.
 
-Corpus embeddings are cached per (model weights, sequence length, corpus) fingerprint, so the
-vanilla model's corpus is encoded once per machine and a re-evaluation costs nothing. The
+Corpus embeddings are built piece by piece (a bounded unit of work per call) and kept per
+(model weights, sequence length, corpus) fingerprint, so the vanilla model's corpus is encoded
+once per machine and a re-evaluation costs nothing. The
 metric definitions are sentence-transformers' InformationRetrievalEvaluator's (MAP@k divides by
 min(k, #relevant)); Hit@k is its accuracy@k.
 """
@@ -30,24 +31,71 @@ def fingerprint(*parts) -> str:
     return h.hexdigest()[:20]
 
 
-def encode_corpus(model, corpus: dict[str, str], model_key: str, cache_dir: str | None,
-                  batch_size: int = 32) -> np.ndarray:
-    """Normalized float32 embeddings of the corpus texts, in ``corpus`` order."""
-    key = fingerprint(model_key, model.max_seq_length, list(corpus))
-    path = Path(cache_dir).expanduser() / f"{key}.npy" if cache_dir else None
-    if path and path.is_file():
-        log.info("corpus embeddings from cache %s", path)
-        return np.load(path)
-    start = time.perf_counter()
-    emb = model.encode(list(corpus.values()), batch_size=batch_size, convert_to_numpy=True,
-                       normalize_embeddings=True, show_progress_bar=False).astype(np.float32)
-    log.info("encoded %d corpus pages in %.0f s", len(corpus), time.perf_counter() - start)
-    if path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npy")
-        np.save(tmp, emb)
-        tmp.replace(path)
-    return emb
+def weights_key(model: str, lora, arrays: dict | None) -> str:
+    """Names a model's weights: the base model, the adapter config and the trainable values
+    (``None``: the common initial weights). Server and client compute it alike."""
+    if arrays is None:
+        return fingerprint(model, lora, "initial")
+    return fingerprint(model, lora, *(np.ascontiguousarray(a).tobytes() for a in arrays.values()))
+
+
+class EmbeddingStore:
+    """Normalized float32 corpus embeddings under one (weights, length, corpus) key, built one
+    piece of ``piece_pages`` pages per call, so no single call's work grows with the corpus.
+    Pieces and the assembled file are written then renamed; an interrupted build resumes."""
+
+    def __init__(self, folder: str | Path, key: str, num_pages: int, piece_pages: int):
+        self.folder = Path(folder).expanduser()
+        self.key, self.num_pages, self.piece_pages = key, num_pages, piece_pages
+        self.pieces = max(1, -(-num_pages // piece_pages))
+        self.path = self.folder / f"{key}.npy"
+
+    def _piece(self, i: int) -> Path:
+        return self.folder / f"{self.key}.p{self.piece_pages}" / f"{i}.npy"
+
+    def missing(self) -> list[int]:
+        if self.path.is_file():
+            return []
+        return [i for i in range(self.pieces) if not self._piece(i).is_file()]
+
+    def encode_next(self, model, texts: list[str], batch_size: int = 32) -> int:
+        """Encode the first missing piece of ``texts``; return the pieces still missing."""
+        missing = self.missing()
+        if missing:
+            i = missing[0]
+            start = time.perf_counter()
+            chunk = texts[i * self.piece_pages:(i + 1) * self.piece_pages]
+            emb = model.encode(chunk, batch_size=batch_size, convert_to_numpy=True,
+                               normalize_embeddings=True, show_progress_bar=False)
+            _save(self._piece(i), emb.astype(np.float32))
+            log.info("encoded corpus piece %d/%d (%d pages) in %.0f s", i + 1, self.pieces,
+                     len(chunk), time.perf_counter() - start)
+            missing = missing[1:]
+        return len(missing)
+
+    def load(self) -> np.ndarray:
+        """The whole corpus's embeddings; assembles (and keeps) them once every piece is in."""
+        if self.path.is_file():
+            return np.load(self.path)
+        if missing := self.missing():
+            raise RuntimeError(f"corpus embeddings {self.key} miss pieces {missing[:5]} of "
+                               f"{self.pieces}: encode them first")
+        emb = np.concatenate([np.load(self._piece(i)) for i in range(self.pieces)])
+        if len(emb) != self.num_pages:
+            raise RuntimeError(f"corpus embeddings {self.key}: {len(emb)} rows for "
+                               f"{self.num_pages} pages")
+        _save(self.path, emb)
+        for i in range(self.pieces):
+            self._piece(i).unlink()
+        self._piece(0).parent.rmdir()
+        return emb
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npy")
+    np.save(tmp, array)
+    tmp.replace(path)
 
 
 def build_index(embeddings: np.ndarray, factory: str):
@@ -98,27 +146,37 @@ def evaluate(model, questions, corpus_ids: list[str], corpus_emb: np.ndarray,
     return retrieval_metrics(ranked, {q.qid: set(q.evidence) for q in questions})
 
 
-def evaluate_splits(model, model_key: str, root: str, task: dict, splits: list[str]
-                    ) -> dict[str, float]:
-    """``<split>/<metric>`` for the question splits asked. The test corpus (scope
-    ``task.test_corpus``) is encoded once; the validation corpus (the documents the validation
-    questions cite) is a subset of it, searched through its own index."""
+def evaluation_data(root: str, task: dict) -> tuple[dict, dict[str, str]]:
+    """The question splits and the test corpus (scope ``task.test_corpus``; page id -> text)."""
     from tasks.financebench_rag.dataset import build_corpus, corpus_documents, split_questions
     questions = split_questions(root, task["n_valid"], task["n_test"], task["split_seed"])
     every = questions["valid"] + questions["test"]
     corpus = build_corpus(root, corpus_documents(root, every, task["test_corpus"]),
                           task.get("corpus_pages_per_doc"),
                           frozenset(e for q in every for e in q.evidence))
-    ids = list(corpus)
-    emb = encode_corpus(model, corpus, model_key, task.get("embedding_cache"))
+    return questions, corpus
+
+
+def corpus_store(model, model_key: str, corpus: dict[str, str], folder: str | Path,
+                 piece_pages: int) -> EmbeddingStore:
+    return EmbeddingStore(folder, fingerprint(model_key, model.max_seq_length, list(corpus)),
+                          len(corpus), piece_pages)
+
+
+def score_splits(model, root: str, questions: dict, corpus_ids: list[str], emb: np.ndarray,
+                 task: dict, splits: list[str]) -> dict[str, float]:
+    """``<split>/<metric>`` for the question splits asked. The validation corpus (the documents
+    the validation questions cite) is a subset of the test corpus, searched through its own
+    index."""
+    from tasks.financebench_rag.dataset import corpus_documents
     out = {}
     for split in splits:
         if split == "valid":
             docs = set(corpus_documents(root, questions["valid"], "cited"))
-            rows = [i for i, cid in enumerate(ids) if cid.split("#")[0] in docs]
+            rows = [i for i, cid in enumerate(corpus_ids) if cid.split("#")[0] in docs]
         else:
-            rows = list(range(len(ids)))
-        metrics = evaluate(model, questions[split], [ids[i] for i in rows], emb[rows],
+            rows = list(range(len(corpus_ids)))
+        metrics = evaluate(model, questions[split], [corpus_ids[i] for i in rows], emb[rows],
                            task.get("index", "Flat"))
         out.update({f"{split}/{k}": v for k, v in metrics.items()})
         out[f"{split}/corpus-pages"] = len(rows)

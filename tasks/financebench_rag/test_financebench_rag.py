@@ -10,8 +10,11 @@ import torch
 
 from fedsim.data import resolve_data_root
 from tasks.financebench_rag import dataset as fb
-from tasks.financebench_rag.pseudo_queries import (chunk_words, inverse_cloze_pair,
-                                                   inverse_cloze_pairs)
+from tasks.financebench_rag.pseudo_queries import (
+    chunk_words,
+    inverse_cloze_pair,
+    inverse_cloze_pairs,
+)
 from tasks.financebench_rag.retrieval import build_index, retrieval_metrics, search
 
 ROOT = str(resolve_data_root())

@@ -65,8 +65,10 @@ def train_encoder(model, pairs: list[tuple[str, str]], steps: int, batch_size: i
     """``steps`` optimizer steps on ``pairs`` (cycled, seeded shuffle); the teacher of KD-GLE is
     a frozen copy of ``model`` as it is on entry (the global model)."""
     from datasets import Dataset
-    from sentence_transformers import (SentenceTransformerTrainer,
-                                       SentenceTransformerTrainingArguments)
+    from sentence_transformers import (
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
     if not pairs:
         raise ValueError("no training pairs")
     if steps <= 0:

@@ -6,8 +6,14 @@ import numpy as np
 import pytest
 
 from fedsim.data import DataNotFoundError, resolve_data_root
-from tasks.topical_chat.dataset import (Conversation, Turn, load_conversations, load_split,
-                                        load_topics, local_preference)
+from tasks.topical_chat.dataset import (
+    Conversation,
+    Turn,
+    load_conversations,
+    load_split,
+    load_topics,
+    local_preference,
+)
 from tasks.topical_chat.router import EvidenceRouter, RouterVariant, router_for
 
 ROOT = str(resolve_data_root())

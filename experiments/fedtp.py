@@ -15,29 +15,53 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
-from omegaconf import DictConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 
-from fedsim.grid import ProgressGrid
+from clients import fedtp_messages as keys
+from fedsim.messaging import ANY, Messenger, Policy, client_config
 from fedsim.privacy import one_shot_epsilon
-from fedsim.protocols import vector_protocol_setup
-from fedsim.reply_guard import ReplyGuard
 from fedsim.results import RunOutput, markdown_table
+from fedsim.schema import Protocol
 from fedsim.stats import gain_distribution, group_gains, paired_bootstrap_ci
+from fedsim.validators import vector_rows
 from tasks.topical_chat.dataset import load_topics
 
 log = logging.getLogger("fedsim")
+
+
+@dataclass(frozen=True)
+class FedTPProtocol(Protocol):
+    """FedTP's protocol settings (``conf/experiment/fedtp.yaml``)."""
+    alpha: float = 0.7                    # FedMix global weight
+    lambdas: list[float] = field(default_factory=lambda: [0.0, 0.005, 0.01, 0.02, 0.05])
+    """lambda grid tuned on the task's tune_splits"""
+    dp_sigmas: list[float] = field(default_factory=lambda: [0.0, 1.0, 4.0])
+    """sigma sweep of the FedMix router (re-releases of the received vectors)"""
+    dp_seeds: int = 2                     # noise seeds per sigma
+    bootstrap: int = 1000                 # paired bootstrap resamples of the EHR gain CI
+
+
 ROUTERS = ("tfidf", "global", "local", "fedmix")
+SCORE_COLUMNS = ["turns", "ehr", "err", "support_ratio"]
+# Phase policies: every phase goes on with the clients that answered (left-out ones are counted
+# in results.json faults); a phase with no usable reply stops the run.
+POLICY = Policy(ANY)
 
 
-def _broadcast(grid: ProgressGrid, guard: ReplyGuard, phase: str, nodes: list[int],
-               message_type: str, content: RecordDict, timeout: float) -> list[Message]:
-    messages = [Message(content, dst_node_id=n, message_type=message_type) for n in nodes]
-    replies = grid.subset(nodes, phase).send_and_receive(messages, timeout=timeout)
-    good, _ = guard.screen(phase, 1, replies, None, sent=len(nodes))
-    return good
+def prior_policy(dim: int) -> Policy:
+    """Train replies must be finite, non-negative (rows, dim) preference matrices."""
+    return Policy(ANY, vector_rows(keys.VECTORS, dim, nonnegative=True))
+
+
+def _broadcast(messenger: Messenger, phase: str, nodes: list[int], message_type: str,
+               content: RecordDict) -> list[Message]:
+    return messenger.exchange(phase, [Message(content, dst_node_id=n, message_type=message_type)
+                                      for n in nodes], POLICY)
 
 
 def _sum_metrics(replies: list[Message]) -> tuple[dict, dict]:
@@ -45,9 +69,9 @@ def _sum_metrics(replies: list[Message]) -> tuple[dict, dict]:
     bootstrap does not depend on the order replies arrived in."""
     sums, turns = {}, {}
     for msg in replies:
-        for key, value in msg.content["metrics"].items():
-            if key.startswith("turn/"):
-                turns.setdefault(key[5:], []).extend(value)
+        for key, value in msg.content[keys.METRICS].items():
+            if key.startswith(keys.TURN_PREFIX):
+                turns.setdefault(key.removeprefix(keys.TURN_PREFIX), []).extend(value)
             else:
                 sums[key] = sums.get(key, 0) + value
     if not turns:
@@ -71,33 +95,42 @@ def _evaluate_content(priors: dict, variants: list[tuple], splits: list[str], ba
                       turn_level: bool) -> RecordDict:
     names, prior_keys, alphas, lams = (list(x) for x in zip(*variants))
     return RecordDict({
-        "priors": ArrayRecord({k: Array(np.asarray(v, float)) for k, v in priors.items()}),
-        "config": ConfigRecord({**base, "splits": splits, "turn-level": turn_level,
-                                "variant-names": names, "variant-priors": prior_keys,
-                                "variant-alphas": [float(a) for a in alphas],
-                                "variant-lambdas": [float(x) for x in lams]}),
+        keys.PRIORS: ArrayRecord({k: Array(np.asarray(v, float)) for k, v in priors.items()}),
+        keys.CONFIG: ConfigRecord({**base, keys.SPLITS: splits, keys.TURN_LEVEL: turn_level,
+                                   keys.VARIANT_NAMES: names, keys.VARIANT_PRIORS: prior_keys,
+                                   keys.VARIANT_ALPHAS: [float(a) for a in alphas],
+                                   keys.VARIANT_LAMBDAS: [float(x) for x in lams]}),
     })
 
 
-def run(grid: ProgressGrid, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
+def discover(messenger: Messenger, base: dict) -> dict[int, ConfigRecord]:
+    """Which conversations (rows, splits) each node hosts."""
+    nodes = messenger.node_ids()
+    log.info("FedTP: %d SuperNodes connected", len(nodes))
+    infos = _broadcast(messenger, "discover", nodes, MessageType.QUERY,
+                       RecordDict({keys.CONFIG: ConfigRecord(base)}))
+    return {m.metadata.src_node_id: m.content[keys.INFO] for m in infos}
+
+
+def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
     proto = cfg.protocol
     timeout = float(cfg.round_timeout)
     timings, t_all = {}, time.monotonic()
     num_topics = len(load_topics(cfg.data_root))
-    task, base, guard = vector_protocol_setup(cfg, num_topics)
-    strategy = guard.strategy
+    task = OmegaConf.to_container(cfg.task, resolve=True)
+    base = client_config(cfg)
+    strategy = instantiate(cfg.strategy)
 
     # 1. discovery
     t0 = time.monotonic()
-    nodes = list(grid.get_node_ids())
-    log.info("FedTP: %d SuperNodes connected", len(nodes))
-    infos = _broadcast(grid, guard, "discover", nodes, MessageType.QUERY,
-                       RecordDict({"config": ConfigRecord(base)}), timeout)
-    hosted = {m.metadata.src_node_id: m.content["info"] for m in infos}
-    row_split = {r: s for info in hosted.values() for r, s in zip(info["rows"], info["splits"])}
+    nodes = messenger.node_ids()
+    hosted = discover(messenger, base)
+    row_split = {r: s for info in hosted.values()
+                 for r, s in zip(info[keys.INFO_ROWS], info[keys.INFO_SPLITS])}
 
     def holders(splits):
-        return sorted(n for n, info in hosted.items() if set(info["splits"]) & set(splits))
+        return sorted(n for n, info in hosted.items()
+                      if set(info[keys.INFO_SPLITS]) & set(splits))
 
     timings["discover_s"] = time.monotonic() - t0
 
@@ -107,14 +140,12 @@ def run(grid: ProgressGrid, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]
     if not prior_nodes:
         raise RuntimeError(f"no SuperNode hosts a prior split {task['prior_splits']}")
     uniform = np.full(num_topics, 1.0 / num_topics)
-    result = guard.start(grid.subset(prior_nodes, "prior"),
-                         initial_arrays=ArrayRecord({"vectors": Array(uniform)}),
-                         num_rounds=int(cfg.num_rounds), timeout=timeout,
-                         train_config=ConfigRecord({**base, "splits": task["prior_splits"]}))
-    last = guard.faults["train"][int(cfg.num_rounds)]
-    if last["accepted"] == 0:
-        raise RuntimeError(f"no usable client vector in the last round: {last}")
-    prior = result.arrays["vectors"].numpy().reshape(-1)
+    result = strategy.start(messenger.grid("prior", prior_policy(num_topics), prior_nodes),
+                            initial_arrays=ArrayRecord({keys.VECTORS: Array(uniform)}),
+                            num_rounds=int(cfg.num_rounds), timeout=timeout,
+                            train_config=ConfigRecord({**base, keys.SPLITS: task["prior_splits"]}))
+    last = messenger.faults["prior/train"][int(cfg.num_rounds)]
+    prior = result.arrays[keys.VECTORS].numpy().reshape(-1)
     train_metrics = {r: dict(m) for r, m in result.train_metrics_clientapp.items()}
     timings["prior_s"] = time.monotonic() - t0
     log.info("FedTP: prior released from %d accepted replies", last["accepted"])
@@ -125,8 +156,8 @@ def run(grid: ProgressGrid, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]
     tune = task["tune_splits"]
     content = _evaluate_content({"main": prior}, [(f"fedmix@{lam}", "main", alpha, lam)
                                                   for lam in lambdas], tune, base, False)
-    sums, _ = _sum_metrics(_broadcast(grid, guard, "tune", holders(tune), MessageType.EVALUATE,
-                                      content, timeout))
+    sums, _ = _sum_metrics(_broadcast(messenger, "tune", holders(tune), MessageType.EVALUATE,
+                                      content))
     lambda_sweep = [{"lambda": lam, **_scores(sums, tune, f"fedmix@{lam}")} for lam in lambdas]
     best = max(lambda_sweep, key=lambda r: (r["ehr"] or 0.0))["lambda"]
     timings["tune_s"] = time.monotonic() - t0
@@ -147,9 +178,8 @@ def run(grid: ProgressGrid, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]
             variants.append((name, name, alpha, best))
             sweep_keys.setdefault(float(sigma), []).append(name)
     test = task["test_splits"]
-    sums, turns = _sum_metrics(_broadcast(grid, guard, "test", holders(test), MessageType.EVALUATE,
-                                          _evaluate_content(priors, variants, test, base, True),
-                                          timeout))
+    sums, turns = _sum_metrics(_broadcast(messenger, "test", holders(test), MessageType.EVALUATE,
+                                          _evaluate_content(priors, variants, test, base, True)))
     timings["test_s"] = time.monotonic() - t0
 
     routers = {r: {**{s: _scores(sums, [s], r) for s in test}, "overall": _scores(sums, test, r)}
@@ -188,7 +218,7 @@ def run(grid: ProgressGrid, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]
                       "ehr_fedmix": float(hit["fedmix"][amb].mean()) if amb.any() else None},
         "per_conversation_gain": gain_distribution(gains),
         "train_metrics": train_metrics,
-        "faults": guard.faults,
+        "faults": messenger.faults,
         "timings": timings,
     }
     _plots(out, results, gains)
@@ -230,9 +260,11 @@ def _summary(r: dict, test: list[str]) -> str:
         f"# {r['experiment']}",
         f"Prior from {r['prior_clients']['count']} clients of {', '.join(r['prior_clients']['splits'])}"
         f" (sigma={r['noise_multiplier']}); lambda={r['lambda']} (tuned), alpha={r['alpha']}.",
-        "## Routers on test\n" + markdown_table(router_rows, ["router", "split", "turns", "ehr", "err", "support_ratio"]),
-        "## Lambda sweep (validation, FedMix)\n" + markdown_table(r["lambda_sweep"], ["lambda", "turns", "ehr", "err", "support_ratio"]),
-        "## DP sweep (test, FedMix)\n" + markdown_table(r["dp_sweep"], ["sigma", "epsilon", "epsilon_rdp", "ehr_mean", "ehr_std", "seeds"]),
+        "## Routers on test\n" + markdown_table(router_rows, ["router", "split", *SCORE_COLUMNS]),
+        "## Lambda sweep (validation, FedMix)\n" + markdown_table(r["lambda_sweep"],
+                                                                 ["lambda", *SCORE_COLUMNS]),
+        "## DP sweep (test, FedMix)\n" + markdown_table(
+            r["dp_sweep"], ["sigma", "epsilon", "epsilon_rdp", "ehr_mean", "ehr_std", "seeds"]),
         "## Analyses\n"
         f"- EHR gain FedMix - TF-IDF: {r['ehr_gain']:.4f}, paired bootstrap 95% CI [{lo:.4f}, {hi:.4f}]\n"
         f"- routing decisions changed: {ch['count']} of {ch['turns']} ({ch['share']:.2%})\n"

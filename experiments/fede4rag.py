@@ -1,0 +1,293 @@
+"""FedE4RAG's experiment protocol (METHODS.md section 3), run inside the ServerApp.
+
+Every method gets the same budget of optimizer steps, counted over all clients:
+``num_rounds * local_steps * clients``. The vanilla model trains nothing; a client alone and
+the centralized baseline (one node pooling every client's documents: the non-private oracle)
+spend the whole budget on one node; the federated methods spend ``local_steps`` per client and
+round. Evaluation runs on one node (``evaluator_partition``), because under HE only clients
+ever hold the global model; the server receives metrics only.
+
+Each method is a function named by ``run`` in ``protocol.methods`` (no dispatcher here).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from hydra.utils import get_method, instantiate
+from omegaconf import DictConfig
+
+from clients import fede4rag_messages as keys
+from fedsim.he import messages as he_keys
+from fedsim.messaging import ANY, Messenger, Policy, client_config
+from fedsim.results import RunOutput, markdown_table
+from fedsim.schema import Protocol
+from fedsim.validators import finite_arrays
+from strategies.he_fedavg import HEFedAvg
+from tasks.financebench_rag.retrieval import METRICS, weights_key
+
+log = logging.getLogger("fedsim")
+
+
+@dataclass(frozen=True)
+class FedE4RAGProtocol(Protocol):
+    """FedE4RAG's protocol settings (``conf/experiment/fede4rag_paper.yaml``)."""
+    local_steps: int = 6              # optimizer steps per client and round
+    batch_size: int = 16              # pairs per step (in-batch negatives)
+    lr: float = 2.0e-4                # AdamW learning rate, constant
+    temperature: float = 0.05         # InfoNCE temperature
+    kd_weight: float = 1.0            # weight of KD-GLE in FedE4RAG
+    evaluator_partition: int = 0      # the client that evaluates (under HE only clients hold the model)
+    he_chunk_floats: int = 262144     # floats per encrypted chunk
+    eval_pages_per_message: int = 512  # corpus pages one evaluation message encodes
+    methods: dict[str, Any] = field(default_factory=dict)
+    """name -> {run: runner function, ...its settings}, in run order"""
+
+
+@dataclass
+class Context:
+    """What a method runner needs: messenger, config, nodes by partition and the shared config."""
+    messenger: Messenger
+    cfg: DictConfig
+    base: dict
+    nodes: dict[int, int]  # partition id -> node id
+    info: dict[int, dict]  # partition id -> node info
+    budget: int
+    initial: ArrayRecord | None = None  # the clients' common initial weights (plain FedAvg)
+    cost: dict = field(default_factory=dict)  # he/plain round costs, filled by federated runs
+
+    def train_config(self, method: str, weights: str, kd_weight: float, steps: int,
+                     threads: int) -> dict:
+        p = self.cfg.protocol
+        return {**self.base, keys.METHOD: method, keys.WEIGHTS: weights,
+                keys.LOCAL_STEPS: steps, keys.BATCH_SIZE: p.batch_size, keys.LR: p.lr,
+                keys.TEMPERATURE: p.temperature, keys.KD_WEIGHT: float(kd_weight),
+                keys.SEED: self.cfg.seed, keys.TORCH_THREADS: threads}
+
+    def ask(self, node: int, message_type: str, config: dict, phase: str,
+            arrays: ArrayRecord | None = None, server_round: int = 1) -> RecordDict:
+        """One node, one message: the phase needs its reply (quorum: all)."""
+        content = RecordDict({keys.CONFIG: ConfigRecord(config)})
+        if arrays is not None:
+            content[keys.ARRAYS] = arrays
+        message = Message(content, dst_node_id=node, message_type=message_type)
+        return self.messenger.exchange(phase, [message], Policy(),
+                                       server_round)[0].content
+
+    @property
+    def evaluator(self) -> int:
+        return self.nodes[int(self.cfg.protocol.evaluator_partition)]
+
+
+def _threads(cfg: DictConfig, parallel: int) -> int:
+    slots = max(1, int(cfg.hardware.num_cpus // max(cfg.hardware.client_cpus, 1)))
+    return max(1, int(cfg.hardware.num_cpus) // max(1, min(parallel, slots)))
+
+
+@dataclass
+class Trained:
+    """What a runner produced: the weights to evaluate and what to report."""
+    source: str                        # keys.FROM_INITIAL | FROM_ARRAYS | FROM_HE
+    details: dict
+    arrays: ArrayRecord | None = None  # FROM_ARRAYS: the model the server holds
+    he_round: int = 0                  # FROM_HE: the round of the clients' aggregate
+
+
+def vanilla(ctx: Context, name: str, spec: DictConfig) -> Trained:
+    return Trained(keys.FROM_INITIAL, {"steps": 0})
+
+
+def alone(ctx: Context, name: str, spec: DictConfig) -> Trained:
+    """One client trains on its own pairs for the whole budget (largest or smallest client)."""
+    sizes = {pid: info[keys.NUM_PAIRS] for pid, info in ctx.info.items()}
+    pick = max(sizes, key=sizes.get) if spec.which == "largest" else min(sizes, key=sizes.get)
+    config = ctx.train_config(name, keys.FROM_INITIAL, 0.0, ctx.budget, _threads(ctx.cfg, 1))
+    reply = ctx.ask(ctx.nodes[pick], MessageType.TRAIN, config, f"{name}/train")
+    return Trained(keys.FROM_ARRAYS, {"steps": ctx.budget, "partition": pick,
+                                      "pairs": sizes[pick],
+                                      "companies": ctx.info[pick][keys.COMPANIES]},
+                   reply[keys.ARRAYS])
+
+
+def centralized(ctx: Context, name: str, spec: DictConfig) -> Trained:
+    """The union of every client's pairs on one node: the non-private upper reference."""
+    config = {**ctx.train_config(name, keys.FROM_INITIAL, 0.0, ctx.budget, _threads(ctx.cfg, 1)),
+              keys.POOL_PARTITIONS: sorted(ctx.nodes)}
+    reply = ctx.ask(ctx.evaluator, MessageType.TRAIN, config, f"{name}/train")
+    return Trained(keys.FROM_ARRAYS, {"steps": ctx.budget,
+                                      "pairs": int(reply[keys.METRICS][keys.NUM_EXAMPLES])},
+                   reply[keys.ARRAYS])
+
+
+def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
+    """The configured strategy for ``num_rounds`` (quorum per round: any client); with ``he``
+    wrapped in HEFedAvg."""
+    rounds, threads = int(ctx.cfg.num_rounds), _threads(ctx.cfg, len(ctx.nodes))
+    strategy = instantiate(ctx.cfg.strategy)
+    if spec.he:
+        config = ConfigRecord(ctx.train_config(name, keys.FROM_HE, spec.kd_weight,
+                                               ctx.cfg.protocol.local_steps, threads))
+        wrapper = HEFedAvg(strategy, chunk_floats=ctx.cfg.protocol.he_chunk_floats)
+        result = wrapper.start(ctx.messenger.grid(name), ArrayRecord(), rounds,
+                               ctx.cfg.round_timeout, config)
+        ctx.cost["he"] = list(wrapper.rounds.values())
+        return Trained(keys.FROM_HE, {"steps": ctx.budget, "rounds": _round_metrics(result)},
+                       he_round=rounds)
+    config = ConfigRecord(ctx.train_config(name, keys.FROM_ARRAYS, spec.kd_weight,
+                                           ctx.cfg.protocol.local_steps, threads))
+    start = time.perf_counter()
+    result = strategy.start(ctx.messenger.grid(name, Policy(ANY, finite_arrays)),
+                            _initial(ctx), rounds, ctx.cfg.round_timeout, config)
+    seconds = (time.perf_counter() - start) / rounds
+    traffic = [ctx.messenger.round_traffic(f"{name}/train", r) for r in range(1, rounds + 1)]
+    ctx.cost.setdefault("plain", [{"round-seconds": seconds,
+                                   "bytes-up-per-client": t["bytes_up"] / t["messages"]}
+                                  for t in traffic])
+    return Trained(keys.FROM_ARRAYS, {"steps": ctx.budget, "rounds": _round_metrics(result)},
+                   result.arrays)
+
+
+def _initial(ctx: Context) -> ArrayRecord:
+    """The clients' common initial weights, asked once of the evaluator, so round 1 sends a
+    real model like every other round."""
+    if ctx.initial is None:
+        config = {**ctx.base, keys.QUERY_OP: keys.INITIAL_WEIGHTS}
+        ctx.initial = ctx.ask(ctx.evaluator, MessageType.QUERY, config,
+                              "initial-weights")[keys.ARRAYS]
+    return ctx.initial
+
+
+def _round_metrics(result) -> dict:
+    return {int(r): dict(m) for r, m in result.train_metrics_clientapp.items()}
+
+
+def _evaluate(ctx: Context, name: str, trained: Trained) -> dict:
+    """Encode the corpus on the evaluator one bounded piece per message (each reply's work is
+    capped by ``eval_pages_per_message``, so ``round_timeout`` holds on a busy machine), then
+    score. The weights the client evaluated must be the ones the method produced."""
+    config = {**ctx.base, keys.METHOD: name, keys.WEIGHTS: trained.source,
+              he_keys.GLOBAL_ROUND: trained.he_round, keys.SPLITS: ["valid", "test"],
+              keys.TORCH_THREADS: _threads(ctx.cfg, 1),
+              keys.PAGES_PER_MESSAGE: int(ctx.cfg.protocol.eval_pages_per_message)}
+    piece, start = 0, time.perf_counter()
+    while True:
+        piece += 1
+        reply = ctx.ask(ctx.evaluator, MessageType.EVALUATE, {**config, keys.EVAL_OP: keys.ENCODE},
+                        f"eval/{name}/encode", trained.arrays, server_round=piece)
+        left, pieces = (int(reply[keys.METRICS][k]) for k in (keys.REMAINING, keys.PIECES))
+        log.info("[eval %s] corpus pieces %d/%d encoded, %.0f s", name, pieces - left, pieces,
+                 time.perf_counter() - start)
+        if left == 0:
+            break
+        if piece > pieces:
+            raise RuntimeError(f"eval {name}: corpus encoding makes no progress ({left} left)")
+    reply = ctx.ask(ctx.evaluator, MessageType.EVALUATE, {**config, keys.EVAL_OP: keys.SCORE},
+                    f"eval/{name}/score", trained.arrays)
+    evaluated = reply[keys.WEIGHTS_INFO][keys.WEIGHTS_KEY]
+    task = ctx.cfg.task
+    expected = weights_key(task.model, task.lora, None if trained.arrays is None else
+                           {k: v.numpy() for k, v in trained.arrays.items()})
+    if trained.source != keys.FROM_HE and evaluated != expected:
+        raise RuntimeError(f"eval {name}: node evaluated weights {evaluated}, the method "
+                           f"produced {expected}")
+    metrics = reply[keys.METRICS]
+    return {"weights_key": evaluated} | {
+        split: {m: float(metrics[f"{split}/{m}"]) for m in METRICS}
+        | {"questions": int(metrics[f"{split}/questions"]),
+           "corpus_pages": int(metrics[f"{split}/corpus-pages"])}
+        for split in ("valid", "test")}
+
+
+def _cost_summary(rounds: list[dict]) -> dict:
+    n = max(len(rounds), 1)
+    mean = lambda key: sum(r.get(key, 0.0) for r in rounds) / n  # noqa: E731
+    out = {"rounds": len(rounds), "bytes_per_client_round": mean("bytes-up-per-client"),
+           "seconds_per_round": mean("round-seconds")}
+    if rounds and "encrypt-seconds-per-client" in rounds[0]:
+        out |= {"aggregate_seconds_per_round": mean("aggregate-seconds"),
+                "encrypt_seconds_per_client_round": mean("encrypt-seconds-per-client"),
+                "decrypt_seconds_per_client_round": mean("decrypt-seconds-per-client"),
+                "bytes_down_per_client_round": mean("bytes-down-per-client")}
+    return out
+
+
+def discover(messenger: Messenger, base: dict) -> tuple[dict[int, int], dict[int, dict]]:
+    """Every node's partition and data (quorum: all; a method needs every client)."""
+    replies = messenger.exchange("discover", [
+        Message(RecordDict({keys.CONFIG: ConfigRecord(base)}), dst_node_id=n,
+                message_type=MessageType.QUERY) for n in messenger.node_ids()], Policy())
+    nodes, info = {}, {}
+    for msg in replies:
+        record = msg.content[keys.INFO]
+        pid = int(record[keys.PARTITION_ID])
+        nodes[pid] = msg.metadata.src_node_id
+        info[pid] = {keys.NUM_PAIRS: int(record[keys.NUM_PAIRS]),
+                     keys.COMPANIES: list(record[keys.COMPANIES]),
+                     keys.DOCUMENTS: len(record[keys.DOCUMENTS])}
+    return nodes, info
+
+
+def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
+    base = client_config(cfg)
+    nodes, info = discover(messenger, base)
+    p = cfg.protocol
+    budget = int(cfg.num_rounds * p.local_steps * len(nodes))
+    ctx = Context(messenger, cfg, base, nodes, info, budget)
+    log.info("[fede4rag] %d clients %s; budget %d optimizer steps per method", len(nodes),
+             {pid: (i[keys.COMPANIES], i[keys.NUM_PAIRS]) for pid, i in sorted(info.items())},
+             budget)
+    results = {"clients": {str(k): v for k, v in sorted(info.items())}, "budget_steps": budget,
+               "methods": {}, "he": {}}
+    for name, spec in p.methods.items():
+        start = time.perf_counter()
+        trained = get_method(spec.run)(ctx, name, spec)
+        train_s = time.perf_counter() - start
+        scores = _evaluate(ctx, name, trained)
+        results["methods"][name] = {**scores, "train_seconds": train_s,
+                                    "eval_seconds": time.perf_counter() - start - train_s,
+                                    **trained.details}
+        log.info("[fede4rag] %s: valid ndcg@10 %.4f, test ndcg@10 %.4f (%.0f s)", name,
+                 scores["valid"]["ndcg@10"], scores["test"]["ndcg@10"],
+                 time.perf_counter() - start)
+    for kind, rounds in ctx.cost.items():
+        results["he"][kind] = _cost_summary(rounds)
+    return results, _summary(results, out)
+
+
+def _summary(r: dict, out: RunOutput) -> str:
+    columns = ["method", "hit@1", "hit@10", "mrr@10", "map@10", "ndcg@10", "recall@1",
+               "recall@5", "recall@10", "precision@1", "precision@5", "precision@10"]
+    tables = []
+    for split in ("valid", "test"):
+        rows = [{"method": name, **m[split]} for name, m in r["methods"].items()]
+        first = next(iter(r["methods"].values()))[split]
+        tables.append(f"## {split} ({first['questions']} questions, {first['corpus_pages']} "
+                      f"corpus pages)\n" + markdown_table(rows, columns))
+    cost = [{"aggregation": k, **v} for k, v in r["he"].items()]
+    if cost:
+        tables.append("## Round cost (mean per round)\n" + markdown_table(
+            cost, ["aggregation", "bytes_per_client_round", "seconds_per_round",
+                   "aggregate_seconds_per_round", "encrypt_seconds_per_client_round",
+                   "decrypt_seconds_per_client_round"]))
+    _plot(r, out)
+    return (f"# FedE4RAG on FinanceBench\n\nBudget: {r['budget_steps']} optimizer steps per "
+            f"trained method.\n\n" + "\n\n".join(tables) + "\n")
+
+
+def _plot(r: dict, out: RunOutput) -> None:
+    names = list(r["methods"])
+    fig, ax, save = out.figure("retrieval_by_method")
+    width = 0.2
+    for i, (split, metric) in enumerate([("valid", "ndcg@10"), ("test", "ndcg@10"),
+                                         ("valid", "hit@10"), ("test", "hit@10")]):
+        ax.bar([x + (i - 1.5) * width for x in range(len(names))],
+               [r["methods"][n][split][metric] for n in names], width, label=f"{split} {metric}")
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    ax.set_ylabel("score")
+    ax.set_title("FinanceBench retrieval by method")
+    ax.legend(fontsize=7)
+    save()

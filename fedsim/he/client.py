@@ -1,0 +1,137 @@
+"""Client half of HE averaging (server half: ``strategies/he_fedavg.py``): keep the trained
+weights, encrypt them chunk by chunk on request, decrypt the aggregate chunks into this node's
+copy of the global model.
+
+State lives in a per-node folder on the client's own disk (a SuperNode's or, in simulation,
+one per partition under the run's id), since Ray may route a node's messages to any actor.
+A round's aggregate becomes the node's global copy only when every one of its chunks was
+installed (``global-<round>.npy``, created by an atomic rename); a copy that is missing chunks
+is never used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+
+from fedsim.he import ckks
+from fedsim.he import messages as keys
+
+
+class IncompleteGlobal(RuntimeError):
+    """The node does not hold the complete aggregate it was asked to use."""
+
+
+def state_dir(root: str | None, run_id: int, partition_id: int) -> Path:
+    base = Path(root).expanduser() if root else Path(tempfile.gettempdir()) / "fedsim-clients"
+    path = base / f"run-{run_id}" / f"node-{partition_id}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def is_he_operation(msg: Message) -> bool:
+    """Whether a QUERY message is a chunk operation for :meth:`HEClient.handle`."""
+    config = msg.content.config_records.get("config")
+    return config is not None and keys.OP in config
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
+class HEClient:
+    """One node's CKKS state: the shared secret context and its weight files."""
+
+    def __init__(self, params: ckks.CKKSParams, key_dir: str, folder: Path):
+        self.params = params
+        self.key_dir = key_dir
+        self.folder = folder
+        self._ctx = None
+
+    @property
+    def ctx(self):
+        if self._ctx is None:
+            self._ctx = ckks.client_context(self.params, self.key_dir)
+        return self._ctx
+
+    def global_weights(self, server_round: int) -> np.ndarray:
+        """The complete aggregate of ``server_round``; raises when this node lacks it."""
+        path = self.folder / f"global-{server_round}.npy"
+        if not path.is_file():
+            held = sorted(p.stem for p in self.folder.glob("global-*.npy"))
+            partial = self.folder / "global.partial.json"
+            detail = json.loads(partial.read_text()) if partial.is_file() else "none"
+            raise IncompleteGlobal(f"holds no complete HE aggregate of round {server_round} "
+                                   f"(complete: {held or 'none'}; partial: {detail})")
+        return np.load(path)
+
+    def train_reply(self, trained: np.ndarray, metrics: dict) -> RecordDict:
+        """Keep the trained flat weights for the chunk requests; reply without any array."""
+        if not np.all(np.isfinite(trained)):
+            raise ValueError("local update is not finite; refusing to send it")
+        np.save(self.folder / "pending.npy", trained.astype(np.float64))
+        return RecordDict({
+            keys.METRICS: MetricRecord({**metrics, keys.NUM_FLOATS: int(trained.size)}),
+            keys.CONTEXT: ConfigRecord({keys.PUBLIC_CONTEXT: ckks.public_bytes(self.ctx)}),
+        })
+
+    def handle(self, msg: Message) -> RecordDict:
+        """The chunk operation the message names (see :func:`is_he_operation`)."""
+        op = msg.content["config"][keys.OP]
+        if op == keys.ENCRYPT:
+            return self.encrypt(msg)
+        if op == keys.INSTALL:
+            return self.install(msg)
+        raise ValueError(f"unknown HE operation {op!r}")
+
+    def encrypt(self, msg: Message) -> RecordDict:
+        config = msg.content["config"]
+        size, chunk = int(config[keys.CHUNK_FLOATS]), int(config[keys.CHUNK])
+        pending = np.load(self.folder / "pending.npy", mmap_mode="r")
+        start = time.perf_counter()
+        blobs = ckks.encrypt(self.ctx, pending[chunk * size:(chunk + 1) * size], self.params.slots)
+        return RecordDict({keys.CIPHERTEXTS: ckks.blobs_record(blobs),
+                           keys.METRICS: MetricRecord({keys.ENCRYPT_SECONDS:
+                                                       time.perf_counter() - start})})
+
+    def install(self, msg: Message) -> RecordDict:
+        """Decrypt one aggregate chunk into the round's partial copy; the copy becomes the
+        global model when all of the round's chunks are in."""
+        config = msg.content["config"]
+        size, chunk = int(config[keys.CHUNK_FLOATS]), int(config[keys.CHUNK])
+        total, num_chunks = int(config[keys.NUM_FLOATS]), int(config[keys.NUM_CHUNKS])
+        rnd = int(config[keys.SERVER_ROUND])
+        start = time.perf_counter()
+        values = ckks.decrypt(self.ctx, ckks.record_blobs(msg.content[keys.CIPHERTEXTS]))
+        seconds = time.perf_counter() - start
+        n = min(size, total - chunk * size)
+        if not np.all(np.isfinite(values[:n])):
+            raise ValueError(f"decrypted aggregate chunk {chunk} is not finite")
+        state_path, partial = self.folder / "global.partial.json", self.folder / "global.partial.npy"
+        state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+        fresh = state.get("round") != rnd or not partial.is_file()
+        if fresh:  # a new round's copy starts empty, whichever chunk arrives first
+            state = {"round": rnd, "num-chunks": num_chunks, "installed": []}
+        out = np.lib.format.open_memmap(partial, mode="w+" if fresh else "r+", dtype=np.float64,
+                                        shape=(total,))
+        out[chunk * size:chunk * size + n] = values[:n]
+        out.flush()
+        del out
+        state["installed"] = sorted(set(state["installed"]) | {chunk})
+        if len(state["installed"]) == num_chunks:
+            os.replace(partial, self.folder / f"global-{rnd}.npy")
+            state_path.unlink(missing_ok=True)
+            for old in self.folder.glob("global-*.npy"):
+                if old.stem != f"global-{rnd}":
+                    old.unlink()
+        else:
+            _write_json(state_path, state)
+        return RecordDict({keys.METRICS: MetricRecord({keys.DECRYPT_SECONDS: seconds})})

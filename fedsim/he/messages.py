@@ -1,0 +1,19 @@
+"""Keys of HE averaging messages, imported by the server half (``strategies/he_fedavg.py``)
+and the client half (``fedsim/he/client.py``)."""
+
+OP = "he-op"                      # config: QUERY operation of the chunk phase
+ENCRYPT = "encrypt"               # OP value: send chunk `CHUNK` of the pending update, encrypted
+INSTALL = "install"               # OP value: decrypt an aggregate chunk into the global copy
+HE_ROUND = "he"                   # config (train): this round averages under HE
+GLOBAL_ROUND = "he-global-round"  # config: the round whose aggregate to start from / evaluate (0: initial model)
+SERVER_ROUND = "server-round"     # config: the round a chunk belongs to
+CHUNK = "chunk"                   # config: chunk index
+CHUNK_FLOATS = "chunk-floats"     # config: floats per chunk
+NUM_CHUNKS = "num-chunks"         # config: chunks of the update
+NUM_FLOATS = "num-floats"         # config / metrics: floats of the flat update
+CIPHERTEXTS = "ciphertexts"       # ArrayRecord: uint8 ciphertexts ct-0, ct-1, ...
+CONTEXT = "he"                    # ConfigRecord of a train reply
+PUBLIC_CONTEXT = "public-context"  # CONTEXT entry: the serialized public CKKS context
+METRICS = "metrics"               # MetricRecord of replies
+ENCRYPT_SECONDS = "encrypt-seconds"
+DECRYPT_SECONDS = "decrypt-seconds"

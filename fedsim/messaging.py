@@ -1,0 +1,243 @@
+"""The one messaging path of every protocol phase: send, wait with progress, screen, count, meter.
+
+A *phase* is a named exchange (``discover``, ``prior``, ``fedavg/train``,
+``eval/fede4rag/encode``...). Every reply of every phase goes through :meth:`Messenger.exchange`:
+
+- a reply that carries an error (the ClientApp raised) counts as ``failed``, one that did not
+  arrive before the timeout as ``timed_out``, one that the phase's validator rejects as
+  ``malformed``; all three are left out and counted per phase and round in ``faults``
+  (``results.json``);
+- bytes and seconds of each exchange are metered once, here, in ``traffic``;
+- the phase's :class:`Policy` states whether it may go on with fewer replies: a
+  :class:`Quorum` of accepted replies, below which :class:`PhaseFailed` stops the run.
+
+Flower's own round loop (``Strategy.start``) calls ``grid.send_and_receive``; hand it a
+:class:`PhaseGrid` (``messenger.grid(label, policy)``) and its train / evaluate exchanges take the
+same path, as phases ``<label>/train`` and ``<label>/evaluate``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from flwr.app import Message, RecordDict
+from flwr.serverapp import Grid
+from omegaconf import DictConfig, OmegaConf
+
+from fedsim.client_app import TASK_KEY
+from fedsim.faults import FAULTS_KEY
+
+log = logging.getLogger("fedsim")
+
+Validator = Callable[[RecordDict], "str | None"]  # returns why a reply is malformed, or None
+
+
+@dataclass(frozen=True)
+class Quorum:
+    """A phase goes on when at least ``max(min_count, ceil(fraction * sent))`` replies (never
+    more than were sent) are usable; below that the run stops."""
+
+    fraction: float = 1.0
+    min_count: int = 1
+
+    def required(self, sent: int) -> int:
+        return min(sent, max(self.min_count, math.ceil(self.fraction * sent)))
+
+
+ALL = Quorum(1.0, 1)  # every addressed node must answer usefully
+ANY = Quorum(0.0, 1)  # one usable reply is enough; the others are left out and counted
+
+
+@dataclass(frozen=True)
+class Policy:
+    quorum: Quorum = ALL
+    validator: Validator | None = None
+
+
+class PhaseFailed(RuntimeError):
+    """A phase got fewer usable replies than its quorum; the message names phase and counts."""
+
+
+def client_config(cfg: DictConfig) -> dict:
+    """The config entries every client message carries: the resolved task and the fault spec."""
+    task = OmegaConf.to_container(cfg.task, resolve=True)
+    return {TASK_KEY: json.dumps(task), FAULTS_KEY: json.dumps(OmegaConf.to_container(cfg.faults))}
+
+
+def payload_bytes(content: RecordDict) -> int:
+    """Bytes a message carries as data: array buffers and ``bytes`` config values."""
+    arrays = sum(len(a.data) for r in content.array_records.values() for a in r.values())
+    blobs = sum(len(v) for r in content.config_records.values() for v in r.values()
+                if isinstance(v, bytes))
+    return arrays + blobs
+
+
+def _num_examples(content: RecordDict) -> float:
+    """How many clients / examples a reply stands for (FedAvg's weight key; 1 if absent)."""
+    for record in content.metric_records.values():
+        if "num-examples" in record:
+            return float(record["num-examples"])
+    return 1.0
+
+
+def _round_of(messages: list[Message]) -> int:
+    """The server round a strategy's messages belong to (Flower puts it in their config)."""
+    for record in messages[0].content.config_records.values():
+        if "server-round" in record:
+            return int(record["server-round"])
+    return 1
+
+
+class Messenger:
+    """Sends through ``grid``; keeps ``faults`` and ``traffic`` as ``{phase: {round: {...}}}``."""
+
+    def __init__(self, grid: Grid, timeout: float, poll_seconds: float = 0.5,
+                 report_seconds: float = 10.0):
+        self.raw = grid
+        self.timeout = timeout
+        self.poll_seconds = poll_seconds
+        self.report_seconds = report_seconds
+        self.faults: dict[str, dict[int, dict[str, int]]] = {}
+        self.traffic: dict[str, dict[int, dict[str, float]]] = {}
+
+    def node_ids(self) -> list[int]:
+        return list(self.raw.get_node_ids())
+
+    def grid(self, label: str, policy: Policy = Policy(ANY), nodes: Iterable[int] | None = None
+             ) -> PhaseGrid:
+        """A Grid for a Strategy's own round loop: ``nodes`` (default all) are its population."""
+        return PhaseGrid(self, label, policy, None if nodes is None else list(nodes))
+
+    def exchange(self, phase: str, messages: Iterable[Message], policy: Policy = Policy(),
+                 server_round: int = 1, timeout: float | None = None) -> list[Message]:
+        """Send ``messages``, return the usable replies; count the rest; enforce the quorum."""
+        messages = list(messages)
+        if not messages:
+            return []
+        start = time.monotonic()
+        replies = self._send_and_wait(phase, messages, self.timeout if timeout is None else timeout)
+        seconds = time.monotonic() - start
+        good, counts, first_error = self._screen(phase, server_round, len(messages), replies,
+                                                 policy.validator)
+        self._record(self.faults, phase, server_round, counts)
+        self._record(self.traffic, phase, server_round, {
+            "messages": len(messages), "seconds": seconds,
+            "bytes_down": sum(payload_bytes(m.content) for m in messages),
+            "bytes_up": sum(payload_bytes(m.content) for m in replies if not m.has_error())})
+        need = policy.quorum.required(len(messages))
+        if len(good) < need:
+            raise PhaseFailed(f"{phase} round {server_round}: {len(good)} of {len(messages)} "
+                              f"replies usable, {need} needed ({counts})"
+                              + (f"; e.g. {first_error}" if first_error else ""))
+        return good
+
+    def _send_and_wait(self, phase: str, messages: list[Message], timeout: float
+                       ) -> list[Message]:
+        pending = set(self.raw.push_messages(messages))
+        total, replies = len(pending), []
+        start = last = time.monotonic()
+        while pending and time.monotonic() - start < timeout:
+            got = list(self.raw.pull_messages(list(pending)))
+            replies.extend(got)
+            pending.difference_update(m.metadata.reply_to_message_id for m in got)
+            now = time.monotonic()
+            if pending and now - last >= self.report_seconds:
+                log.info("[%s] %d/%d clients done, %.0f s elapsed", phase, total - len(pending),
+                         total, now - start)
+                last = now
+            if pending:
+                time.sleep(self.poll_seconds)
+        log.info("[%s] %d/%d replies in %.1f s%s", phase, len(replies), total,
+                 time.monotonic() - start, f" ({len(pending)} timed out)" if pending else "")
+        return replies
+
+    @staticmethod
+    def _screen(phase: str, server_round: int, sent: int, replies: list[Message],
+                validator: Validator | None):
+        good, counts, first_error = [], {"sent": sent, "failed": 0, "malformed": 0}, ""
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            if msg.has_error():
+                counts["failed"] += 1
+                reason = f"node {node} failed: {msg.error.reason}"
+            elif validator and (why := validator(msg.content)):
+                counts["malformed"] += 1
+                reason = f"node {node} rejected: {why}"
+            else:
+                good.append(msg)
+                continue
+            first_error = first_error or reason
+            log.warning("%s round %d: %s", phase, server_round, reason)
+        counts["timed_out"] = max(0, sent - len(replies))
+        counts["accepted"] = len(good)
+        counts["examples"] = int(sum(_num_examples(m.content) for m in good))
+        if counts["timed_out"]:
+            log.warning("%s round %d: %d node(s) did not reply in time", phase, server_round,
+                        counts["timed_out"])
+            first_error = first_error or f"{counts['timed_out']} node(s) timed out"
+        return good, counts, first_error
+
+    @staticmethod
+    def _record(table: dict, phase: str, server_round: int, values: dict) -> None:
+        """Add ``values`` to the phase's row for the round (a phase may exchange repeatedly)."""
+        row = table.setdefault(phase, {}).setdefault(server_round, {})
+        for key, value in values.items():
+            row[key] = row.get(key, 0) + value
+
+    def round_traffic(self, phase: str, server_round: int) -> dict[str, float]:
+        return dict(self.traffic.get(phase, {}).get(server_round, {}))
+
+
+class PhaseGrid(Grid):
+    """A Grid view for Flower's ``Strategy.start``: ``send_and_receive`` is a
+    :meth:`Messenger.exchange` under ``<label>/<message type>`` with the view's policy, and
+    ``get_node_ids`` is the view's population (e.g. the prior clients of FedTP)."""
+
+    def __init__(self, messenger: Messenger, label: str, policy: Policy,
+                 nodes: list[int] | None):
+        self.messenger, self.label, self.policy, self._nodes = messenger, label, policy, nodes
+
+    def exchange(self, suffix: str, messages: Iterable[Message], policy: Policy,
+                 server_round: int) -> list[Message]:
+        """A sub-phase of this view's label (e.g. HEFedAvg's ``<label>/he-encrypt``)."""
+        return self.messenger.exchange(f"{self.label}/{suffix}", messages, policy, server_round)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
+                         ) -> Iterable[Message]:
+        messages = list(messages)
+        if not messages:
+            return []
+        return self.messenger.exchange(f"{self.label}/{messages[0].metadata.message_type}",
+                                       messages, self.policy, _round_of(messages), timeout)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.messenger.node_ids() if self._nodes is None else list(self._nodes)
+
+    def set_run(self, run) -> None:
+        self.messenger.raw.set_run(run)
+
+    @property
+    def run(self):
+        return self.messenger.raw.run
+
+    def create_message(self, *args, **kwargs) -> Message:
+        return self.messenger.raw.create_message(*args, **kwargs)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        raise NotImplementedError("a PhaseGrid sends through its Messenger (send_and_receive)")
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        raise NotImplementedError("a PhaseGrid sends through its Messenger (send_and_receive)")
+
+
+def phase_grid(grid: Grid, label: str, timeout: float = 3600.0) -> PhaseGrid:
+    """``grid`` itself when it already is a view (inside a protocol), else a view over a new
+    Messenger (a strategy used on a plain Grid, e.g. in tests)."""
+    if isinstance(grid, PhaseGrid):
+        return grid
+    return Messenger(grid, timeout).grid(label)

@@ -1,0 +1,98 @@
+"""Typed schema of the run config, checked before any process starts.
+
+The core keys are Hydra structured configs (a wrong type fails composition, naming the key);
+every experiment's ``protocol`` block is checked against the frozen dataclass its
+``protocol.schema`` names (a subclass of :class:`Protocol`: unknown keys and wrong types are
+refused), and ``protocol.run`` must name a callable. The YAML files under ``conf/`` give each
+key's one-line meaning; these classes give its type and default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.utils import get_class, get_method
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+@dataclass
+class Faults:
+    """Fault injection into replies, by partition id (``fedsim/faults.py``; tests)."""
+    crash: list[int] = field(default_factory=list)         # these clients' ClientApp raises
+    timeout: list[int] = field(default_factory=list)       # these sleep timeout_seconds first
+    nan: list[int] = field(default_factory=list)           # these send NaN
+    wrong_length: list[int] = field(default_factory=list)  # these send one value short
+    negative: list[int] = field(default_factory=list)      # these send negative mass
+    timeout_seconds: float = 30.0                          # sleep of the timeout fault
+    message_types: list[str] = field(default_factory=lambda: ["train"])  # replies affected
+
+
+@dataclass
+class Hardware:
+    """Where the run executes: Ray simulation resources or a deployment."""
+    backend: str = "simulation"          # simulation | deployment
+    num_supernodes: int | None = None    # null: one per client of the task
+    num_cpus: int = 2                    # CPUs Ray may use in all
+    client_cpus: int = 1                 # CPUs per ClientApp actor
+    client_gpus: float = 0.0             # GPU share per ClientApp actor
+    superlink: str | None = None         # deployment: SuperLink address host:port
+    launch_local: bool = False           # deployment: start SuperLink + SuperNodes on loopback
+
+
+@dataclass
+class RunConfig:
+    task: Any = MISSING                  # conf/task/*.yaml: data, client handler, metrics
+    strategy: Any = MISSING              # conf/strategy/*.yaml: a Flower Strategy _target_
+    hardware: Hardware = field(default_factory=Hardware)
+    protocol: Any = MISSING              # conf/experiment/*.yaml: checked by its schema
+    data_root: str | None = None
+    results_dir: str | None = None
+    seed: int = 0
+    num_rounds: int = 1
+    round_timeout: float = 600.0
+    faults: Faults = field(default_factory=Faults)
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """Keys every experiment's ``protocol`` block has."""
+    name: str = MISSING    # results folder name
+    run: str = MISSING     # the server-side protocol function, run(messenger, cfg, out)
+    schema: str = MISSING  # this block's dataclass (a subclass of Protocol)
+
+
+ConfigStore.instance().store(name="fedsim_schema", node=RunConfig)
+
+BACKENDS = ("simulation", "deployment")
+MESSAGE_TYPES = ("train", "evaluate", "query")
+
+
+def check(cfg: DictConfig) -> Protocol:
+    """Refuse what composition cannot see: enums, callables, the protocol block's keys and
+    types. Returns the protocol block as its dataclass."""
+    if cfg.hardware.backend not in BACKENDS:
+        raise ValueError(f"hardware.backend must be one of {BACKENDS}, got "
+                         f"{cfg.hardware.backend!r}")
+    bad = set(cfg.faults.message_types) - set(MESSAGE_TYPES)
+    if bad:
+        raise ValueError(f"faults.message_types: {sorted(bad)} not in {MESSAGE_TYPES}")
+    for key in ("run", "schema"):
+        if key not in cfg.protocol:
+            raise ValueError(f"protocol.{key} is missing")
+    try:
+        get_method(cfg.protocol.run)
+        schema = get_class(cfg.protocol.schema)
+    except Exception as exc:
+        raise ValueError(f"protocol.run / protocol.schema do not resolve: {exc}") from exc
+    if not (dataclasses.is_dataclass(schema) and issubclass(schema, Protocol)):
+        raise ValueError(f"protocol.schema {cfg.protocol.schema} is not a Protocol dataclass")
+    typed = OmegaConf.structured(schema)
+    OmegaConf.set_readonly(typed, False)
+    try:
+        merged = OmegaConf.merge(typed, OmegaConf.to_container(cfg.protocol, resolve=True))
+        return OmegaConf.to_object(merged)
+    except Exception as exc:
+        raise ValueError(f"protocol block does not fit {schema.__name__}: {exc}") from exc

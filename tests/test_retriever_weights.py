@@ -1,0 +1,85 @@
+"""A FedE4RAG node never evaluates or trains other weights than the ones the message names:
+no HE copy, an incomplete HE copy, missing or empty arrays are errors naming method and node;
+the key of the weights evaluated is the key of the weights sent."""
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from omegaconf import OmegaConf
+
+from clients import fede4rag_messages as keys
+from clients.retriever import MissingWeights, RetrieverClient
+from fedsim.config import compose
+from fedsim.he import ckks
+from fedsim.he import messages as he_keys
+from fedsim.inprocess_grid import InProcessGrid
+from tasks.financebench_rag.model import flatten
+from tasks.financebench_rag.retrieval import weights_key
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("retriever")
+    cfg = compose(["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]",
+                   "task.pages_per_client=5", "task.n_valid=2", "task.n_test=2",
+                   "task.corpus_pages_per_doc=2", f"task.embedding_cache={tmp / 'cache'}",
+                   f"task.he.key_dir={tmp / 'keys'}", f"task.state_dir={tmp / 'state'}"])
+    InProcessGrid({})  # this process plays the run (message metadata needs a run id)
+    return RetrieverClient(OmegaConf.to_container(cfg.task, resolve=True), cfg.data_root, 0, 2)
+
+
+def _message(config: dict, message_type=MessageType.EVALUATE, **records) -> Message:
+    content = RecordDict({keys.CONFIG: ConfigRecord({keys.METHOD: "fede4rag", **config})})
+    for name, record in records.items():
+        content[name] = record
+    return Message(content, dst_node_id=1, message_type=message_type)
+
+
+def _evaluate(weights: str, **extra) -> dict:
+    return {keys.WEIGHTS: weights, keys.EVAL_OP: keys.ENCODE, keys.PAGES_PER_MESSAGE: 1000,
+            keys.SPLITS: ["test"], **extra}
+
+
+def test_arrays_missing_or_empty_is_an_error(client):
+    with pytest.raises(MissingWeights, match="fede4rag: node 0 .*carries no arrays"):
+        client.evaluate(_message(_evaluate(keys.FROM_ARRAYS)))
+    with pytest.raises(MissingWeights, match="carries no arrays"):
+        client.evaluate(_message(_evaluate(keys.FROM_ARRAYS), arrays=ArrayRecord()))
+    train = {keys.WEIGHTS: keys.FROM_ARRAYS, keys.LOCAL_STEPS: 1, keys.BATCH_SIZE: 2,
+             keys.LR: 1e-4, keys.TEMPERATURE: 0.05, keys.KD_WEIGHT: 0.0, keys.SEED: 0}
+    with pytest.raises(MissingWeights, match="carries no arrays"):
+        client.train(_message(train, MessageType.TRAIN, arrays=ArrayRecord()))
+
+
+def test_unknown_weight_source_is_an_error(client):
+    with pytest.raises(MissingWeights, match="is not one of"):
+        client.evaluate(_message(_evaluate("latest")))
+
+
+def test_no_he_copy_is_an_error(client):
+    with pytest.raises(MissingWeights, match="node 0 .*no complete HE aggregate of round 3"):
+        client.evaluate(_message(_evaluate(keys.FROM_HE, **{he_keys.GLOBAL_ROUND: 3})))
+
+
+def test_incomplete_he_copy_is_an_error(client):
+    he = client._he(_message({}))
+    flat = flatten(client.initial)
+    size = 4096
+    blobs = ckks.encrypt(he.ctx, flat[:size], he.params.slots)  # chunk 0 of 2 only
+    he.handle(_message({he_keys.OP: he_keys.INSTALL, he_keys.SERVER_ROUND: 1, he_keys.CHUNK: 0,
+                        he_keys.CHUNK_FLOATS: size, he_keys.NUM_CHUNKS: 2,
+                        he_keys.NUM_FLOATS: flat.size}, MessageType.QUERY,
+                       **{he_keys.CIPHERTEXTS: ckks.blobs_record(blobs)}))
+    with pytest.raises(MissingWeights, match=r"round 1 .*'installed': \[0\]"):
+        client.evaluate(_message(_evaluate(keys.FROM_HE, **{he_keys.GLOBAL_ROUND: 1})))
+
+
+def test_evaluated_key_is_the_key_of_the_weights_sent(client):
+    rng = np.random.default_rng(0)
+    sent = {k: (v + rng.normal(scale=1e-3, size=v.shape)).astype(v.dtype)
+            for k, v in client.initial.items()}
+    reply = client.evaluate(_message(_evaluate(keys.FROM_ARRAYS), arrays=ArrayRecord(
+        {k: Array(v) for k, v in sent.items()})))
+    evaluated = reply[keys.WEIGHTS_INFO][keys.WEIGHTS_KEY]
+    assert evaluated == weights_key(client.task["model"], client.task["lora"], sent)
+    assert evaluated != weights_key(client.task["model"], client.task["lora"], None)
