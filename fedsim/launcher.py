@@ -4,7 +4,9 @@
   FLWR_HOME and free loopback ports, so no other checkout's app can be imported or shared;
 - runtime dependency installation off (the venv already has everything);
 - the real outcome read back with ``flwr ls`` (``flwr run --stream`` exits 0 on failure);
-- every process started here is stopped by process group when the run ends, even on Ctrl-C.
+- every process started here is stopped by process group when the run ends; SIGTERM and
+  SIGINT stop the run the same way (``Interrupted``), and a watchdog (``fedsim/watchdog.py``)
+  ends every process of the run when the launcher itself is killed (SIGKILL, OOM killer).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+import uuid
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
@@ -28,6 +31,7 @@ import tomli_w
 from omegaconf import DictConfig
 
 from fedsim.data import REPO_ROOT
+from fedsim.watchdog import ENV_KEY
 
 BIN = Path(sys.executable).parent
 RUN_ID = re.compile(r"Successfully started run (\d+)")
@@ -51,9 +55,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _env(home: Path) -> dict:
+def _env(home: Path, token: str) -> dict:
     env = dict(os.environ)
     env.update({
+        ENV_KEY: token,
         "FLWR_HOME": str(home),
         "FLWR_TELEMETRY_ENABLED": "0",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
@@ -152,6 +157,62 @@ def run_status(run_id: str, env: dict, cwd: Path) -> str:
         raise RunFailed(f"could not read the status of run {run_id}: {res.stdout}{res.stderr}") from exc
 
 
+@contextmanager
+def _signals_interrupt():
+    """SIGTERM / SIGINT raise :class:`Interrupted`, so the ExitStack stops what was started."""
+    def raise_interrupted(signum, frame):
+        for sig in previous:  # a second signal must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
+        raise Interrupted(128 + signum)
+
+    previous = {sig: signal.signal(sig, raise_interrupted) for sig in (signal.SIGTERM,
+                                                                      signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _watchdog(stack: ExitStack, token: str) -> None:
+    """Start the watchdog; on the way out close its pipe and let it sweep stragglers."""
+    dog = subprocess.Popen([sys.executable, "-m", "fedsim.watchdog", token, str(os.getpid())],
+                           stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True,
+                           cwd=str(REPO_ROOT))
+
+    def release():
+        dog.stdin.close()
+        try:
+            dog.wait(30)
+        except subprocess.TimeoutExpired:
+            dog.kill()
+    stack.callback(release)
+
+
+def _stream(cmd: list[str], workdir: Path, env: dict, echo) -> tuple[int, str | None]:
+    """Run ``flwr run --stream`` in its own process group, echo its output, return its exit
+    code and the run id; its group is killed if we leave early (an interrupt)."""
+    proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            start_new_session=True)
+    run_id = None
+    try:
+        for line in proc.stdout:
+            echo(line.rstrip("\n"))
+            if run_id is None and (m := RUN_ID.search(line)):
+                run_id = m.group(1)
+        return proc.wait(), run_id
+    finally:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        proc.stdout.close()
+
+
 def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=print) -> dict:
     """Run ``overrides`` through Flower on the backend of ``cfg.hardware``; return the status."""
     hw = cfg.hardware
@@ -163,9 +224,12 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
     workdir = Path(tempfile.mkdtemp(prefix="fedsim-run-"))
     home = workdir / "flwr_home"
     home.mkdir()
-    env = _env(home)
+    token = os.environ.get(ENV_KEY) or uuid.uuid4().hex  # a caller (a test) may name it
+    env = _env(home, token)
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        _watchdog(stack, token)
+        stack.enter_context(_signals_interrupt())
         if simulation or hw.launch_local:
             link, port = start_superlink(workdir, env, simulation)
             stack.enter_context(link)
@@ -188,15 +252,9 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
                     f"init-args-num-cpus={int(hw.num_cpus)}"]
         echo(f"fedsim: {num_supernodes} SuperNodes, {hw.backend} via SuperLink {address}; "
              f"results -> {results_dir}")
-        run_id = None
-        with subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
-            for line in proc.stdout:
-                echo(line.rstrip("\n"))
-                if run_id is None and (m := RUN_ID.search(line)):
-                    run_id = m.group(1)
-        if proc.returncode != 0 or run_id is None:
-            raise RunFailed(f"`flwr run` could not start the run (exit {proc.returncode})")
+        code, run_id = _stream(cmd, workdir, env, echo)
+        if code != 0 or run_id is None:
+            raise RunFailed(f"`flwr run` could not start the run (exit {code})")
         status = run_status(run_id, env, workdir)
         error = results_dir / "error.txt"
         if status != "finished:completed" or error.exists():
