@@ -3,7 +3,6 @@ centralized, FedAvg, FedE4RAG with and without HE), 2 company clients, 1 round, 
 FinanceBench slice with the offline MiniLM (LoRA); evaluation in several bounded pieces."""
 
 from conftest import fedsim_run, read_results
-
 from tasks.financebench_rag.retrieval import METRICS
 
 

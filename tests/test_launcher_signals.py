@@ -10,8 +10,8 @@ import time
 import uuid
 
 import pytest
-from conftest import FEDSIM, SMALL
 
+from conftest import FEDSIM, SMALL
 from fedsim.watchdog import ENV_KEY, run_processes
 
 
