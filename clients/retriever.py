@@ -140,7 +140,7 @@ class RetrieverClient:
         self._load_weights(msg)
         pool = list(config.get(keys.POOL_PARTITIONS, []))
         pairs = self.pairs if not pool else \
-            [pair for p in pool for pair in self._pairs(self._documents(int(p)))]
+            self._pairs(sorted({d for p in pool for d in self._documents(int(p))}))
         start = time.perf_counter()
         stats = train_encoder(
             self.model, pairs, int(config[keys.LOCAL_STEPS]), int(config[keys.BATCH_SIZE]),
