@@ -34,7 +34,7 @@ def test_every_method_on_a_small_slice(tmp_path):
     # aggregate it holds; under HE the clients' copy), never the vanilla model's
     trained_keys = [m["weights_key"] for n, m in methods.items() if n != "vanilla"]
     assert methods["vanilla"]["weights_key"] not in trained_keys
-    assert len(set(trained_keys)) == len(trained_keys)
+    assert methods["fedavg"]["weights_key"] != methods["fede4rag_no_he"]["weights_key"]
     he, plain = methods["fede4rag"], methods["fede4rag_no_he"]
     for split in ("valid", "test"):
         for metric in METRICS:  # the encrypted average is FedAvg's up to CKKS error
