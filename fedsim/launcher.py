@@ -174,9 +174,10 @@ def _signals_interrupt():
             signal.signal(sig, handler)
 
 
-def _watchdog(stack: ExitStack, token: str) -> None:
+def _watchdog(stack: ExitStack, token: str, workdir: Path) -> None:
     """Start the watchdog; on the way out close its pipe and let it sweep stragglers."""
-    dog = subprocess.Popen([sys.executable, "-m", "fedsim.watchdog", token, str(os.getpid())],
+    argv = [sys.executable, "-m", "fedsim.watchdog", token, str(workdir), str(os.getpid())]
+    dog = subprocess.Popen(argv,
                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, start_new_session=True,
                            cwd=str(REPO_ROOT))
@@ -224,11 +225,11 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
     workdir = Path(tempfile.mkdtemp(prefix="fedsim-run-"))
     home = workdir / "flwr_home"
     home.mkdir()
-    token = os.environ.get(ENV_KEY) or uuid.uuid4().hex  # a caller (a test) may name it
+    token = uuid.uuid4().hex  # fresh per run: two runs never share one (and never end each other)
     env = _env(home, token)
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
-        _watchdog(stack, token)
+        _watchdog(stack, token, workdir)
         stack.enter_context(_signals_interrupt())
         if simulation or hw.launch_local:
             link, port = start_superlink(workdir, env, simulation)
