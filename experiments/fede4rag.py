@@ -13,6 +13,7 @@ Each method is a function named by ``run`` in ``protocol.methods`` (no dispatche
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,14 +70,22 @@ class Context:
                 keys.SEED: self.cfg.seed, keys.TORCH_THREADS: threads}
 
     def ask(self, node: int, message_type: str, config: dict, phase: str,
-            arrays: ArrayRecord | None = None, server_round: int = 1) -> RecordDict:
-        """One node, one message: the phase needs its reply (quorum: all)."""
+            arrays: ArrayRecord | None = None, server_round: int = 1, rounds_of_work: int = 1) -> RecordDict:
+        """One node, one message: the phase needs its reply (quorum: all). A message carrying
+        ``rounds_of_work`` rounds' worth of training waits that many ``round_timeout``s: the
+        timeout follows the size of the work, so a long run alone is not cut short on a busy
+        machine."""
         content = RecordDict({keys.CONFIG: ConfigRecord(config)})
         if arrays is not None:
             content[keys.ARRAYS] = arrays
         message = Message(content, dst_node_id=node, message_type=message_type)
-        return self.messenger.exchange(phase, [message], Policy(),
-                                       server_round)[0].content
+        return self.messenger.exchange(phase, [message], Policy(), server_round,
+                                       timeout=self.cfg.round_timeout * rounds_of_work)[0].content
+
+    @property
+    def budget_rounds(self) -> int:
+        """How many rounds' worth of one client's training the whole budget is."""
+        return math.ceil(self.budget / max(1, int(self.cfg.protocol.local_steps)))
 
     @property
     def evaluator(self) -> int:
@@ -106,7 +115,8 @@ def alone(ctx: Context, name: str, spec: DictConfig) -> Trained:
     sizes = {pid: info[keys.NUM_PAIRS] for pid, info in ctx.info.items()}
     pick = max(sizes, key=sizes.get) if spec.which == "largest" else min(sizes, key=sizes.get)
     config = ctx.train_config(name, keys.FROM_INITIAL, 0.0, ctx.budget, _threads(ctx.cfg, 1))
-    reply = ctx.ask(ctx.nodes[pick], MessageType.TRAIN, config, f"{name}/train")
+    reply = ctx.ask(ctx.nodes[pick], MessageType.TRAIN, config, f"{name}/train",
+                    rounds_of_work=ctx.budget_rounds)
     return Trained(keys.FROM_ARRAYS, {"steps": ctx.budget, "partition": pick,
                                       "pairs": sizes[pick],
                                       "companies": ctx.info[pick][keys.COMPANIES]},
@@ -117,7 +127,8 @@ def centralized(ctx: Context, name: str, spec: DictConfig) -> Trained:
     """The union of every client's pairs on one node: the non-private upper reference."""
     config = {**ctx.train_config(name, keys.FROM_INITIAL, 0.0, ctx.budget, _threads(ctx.cfg, 1)),
               keys.POOL_PARTITIONS: sorted(ctx.nodes)}
-    reply = ctx.ask(ctx.evaluator, MessageType.TRAIN, config, f"{name}/train")
+    reply = ctx.ask(ctx.evaluator, MessageType.TRAIN, config, f"{name}/train",
+                    rounds_of_work=ctx.budget_rounds)
     return Trained(keys.FROM_ARRAYS, {"steps": ctx.budget,
                                       "pairs": int(reply[keys.METRICS][keys.NUM_EXAMPLES])},
                    reply[keys.ARRAYS])
