@@ -23,6 +23,7 @@ from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig
 
 from clients import fede4rag_messages as keys
+from experiments.common import RunContext, discover
 from fedsim.he import messages as he_keys
 from fedsim.messaging import ANY, Messenger, Policy, client_config
 from fedsim.results import RunOutput, markdown_table
@@ -50,13 +51,8 @@ class FedE4RAGProtocol(Protocol):
 
 
 @dataclass
-class Context:
-    """What a method runner needs: messenger, config, nodes by partition and the shared config."""
-    messenger: Messenger
-    cfg: DictConfig
-    base: dict
-    nodes: dict[int, int]  # partition id -> node id
-    info: dict[int, dict]  # partition id -> node info
+class Context(RunContext):
+    """A FedE4RAG runner's context: the shared one, the step budget and the initial weights."""
     budget: int
     initial: ArrayRecord | None = None  # the clients' common initial weights (plain FedAvg)
     cost: dict = field(default_factory=dict)  # he/plain round costs, filled by federated runs
@@ -226,25 +222,15 @@ def _cost_summary(rounds: list[dict]) -> dict:
     return out
 
 
-def discover(messenger: Messenger, base: dict) -> tuple[dict[int, int], dict[int, dict]]:
-    """Every node's partition and data (quorum: all; a method needs every client)."""
-    replies = messenger.exchange("discover", [
-        Message(RecordDict({keys.CONFIG: ConfigRecord(base)}), dst_node_id=n,
-                message_type=MessageType.QUERY) for n in messenger.node_ids()], Policy())
-    nodes, info = {}, {}
-    for msg in replies:
-        record = msg.content[keys.INFO]
-        pid = int(record[keys.PARTITION_ID])
-        nodes[pid] = msg.metadata.src_node_id
-        info[pid] = {keys.NUM_PAIRS: int(record[keys.NUM_PAIRS]),
-                     keys.COMPANIES: list(record[keys.COMPANIES]),
-                     keys.DOCUMENTS: len(record[keys.DOCUMENTS])}
-    return nodes, info
+def _discover(messenger: Messenger, base: dict) -> tuple[dict[int, int], dict[int, dict]]:
+    nodes, records = discover(messenger, base, keys.CONFIG, keys.INFO, keys.PARTITION_ID)
+    return nodes, {pid: {keys.NUM_PAIRS: int(r[keys.NUM_PAIRS]), keys.COMPANIES: list(r[keys.COMPANIES]),
+                         keys.DOCUMENTS: len(r[keys.DOCUMENTS])} for pid, r in records.items()}
 
 
 def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
     base = client_config(cfg)
-    nodes, info = discover(messenger, base)
+    nodes, info = _discover(messenger, base)
     p = cfg.protocol
     budget = int(cfg.num_rounds * p.local_steps * len(nodes))
     ctx = Context(messenger, cfg, base, nodes, info, budget)

@@ -70,6 +70,17 @@ BACKENDS = ("simulation", "deployment")
 MESSAGE_TYPES = ("train", "evaluate", "query")
 
 
+def _writable(node: DictConfig) -> DictConfig:
+    """Lift the read-only flag of a frozen dataclass's node and its nested ones, so the user's
+    values can be merged in (the merge still checks every key and type)."""
+    OmegaConf.set_readonly(node, False)
+    for key in node:
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            _writable(child)
+    return node
+
+
 def check(cfg: DictConfig) -> Protocol:
     """Refuse what composition cannot see: enums, callables, the protocol block's keys and
     types. Returns the protocol block as its dataclass."""
@@ -89,8 +100,7 @@ def check(cfg: DictConfig) -> Protocol:
         raise ValueError(f"protocol.run / protocol.schema do not resolve: {exc}") from exc
     if not (dataclasses.is_dataclass(schema) and issubclass(schema, Protocol)):
         raise ValueError(f"protocol.schema {cfg.protocol.schema} is not a Protocol dataclass")
-    typed = OmegaConf.structured(schema)
-    OmegaConf.set_readonly(typed, False)
+    typed = _writable(OmegaConf.structured(schema))
     try:
         merged = OmegaConf.merge(typed, OmegaConf.to_container(cfg.protocol, resolve=True))
         return OmegaConf.to_object(merged)

@@ -39,7 +39,9 @@ def main(grid: Grid, context: Context) -> None:
     messenger = Messenger(grid, float(cfg.round_timeout))
     try:
         results, summary = get_method(cfg.protocol.run)(messenger, cfg, out)
-        results.update(faults=messenger.faults, communication=messenger.traffic)
+        # traffic per phase and round, beside any per-method summary the protocol made
+        results.update(faults=messenger.faults,
+                       communication={**messenger.traffic, **results.get("communication", {})})
         out.write_results(results, summary)
         print(summary, flush=True)
     except BaseException:

@@ -1,0 +1,289 @@
+"""The policy language model of the FedBis / FedBiscuit RLHF phase (METHODS.md section 4).
+
+A causal LM answers a dialogue prompt; it is trained with SFT (the FedAvg baseline) and with DPO
+on selector-labelled pairs (Rafailov et al. 2023). The DPO loss is written here on purpose: trl
+1.16 silently computes wrong log-probs for the offline BERT decoder (OFFLINE_LMS.md).
+
+Offline, the policy is the warm-started MiniLM decoder (``is_decoder=True``, else BERT attends
+both ways). Its head transform is not in MiniLM and is random on every load, so
+:func:`prepare_base` initialises it once and saves the base every client and adapter share. Any
+other Hugging Face causal LM name is used as is.
+
+Text format. An HH-RLHF dialogue is a list of turns ``("Human", text)`` / ``("Assistant", text)``;
+:func:`format_prompt` writes ``"Human: ...<sep>Assistant: ...<sep>Human: ...<sep>Assistant:"``
+so the model continues with the reply, and the reply ends with the eos token. WordPiece drops
+newlines, so BERT tokenizers separate turns with ``" [SEP] "`` (their eos, which then also marks
+the end of a turn); other tokenizers with HH's own ``"\\n\\n"`` (:func:`turn_separator`). Prompts
+and completions are tokenized apart, without special tokens, and joined as
+``bos + prompt + completion + eos``: a completion is scored exactly as :func:`generate` produced
+it. (Byte-level BPE tokenizers keep spaces: give a reference reply its leading space, " Sure.".)
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from tasks.financebench_rag.model import resolve_model
+
+BERT_HEAD = "cls.predictions.transform"
+log = logging.getLogger("fedsim")
+
+
+def _is_bert(config) -> bool:
+    return config.model_type == "bert"
+
+
+def load_tokenizer(path: str | Path):
+    """The model's tokenizer; a BERT tokenizer has no bos/eos, so [CLS] starts and [SEP] ends a
+    sequence. Padding goes right (positions stay those of the unpadded text)."""
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(str(path)))
+    if tokenizer.eos_token is None and tokenizer.sep_token and tokenizer.cls_token:
+        tokenizer.bos_token, tokenizer.eos_token = tokenizer.cls_token, tokenizer.sep_token
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+def prepare_base(model_name: str, save_dir: str | Path, seed: int) -> Path | str:
+    """The policy base to load: for a BERT model, the decoder with its random head transform
+    drawn once (seeded) and saved to ``save_dir``, so every client and adapter share one base;
+    the name unchanged for any other causal LM. The save goes to a temporary folder renamed into
+    place, so a half-written base is never loaded and concurrent callers keep the first one."""
+    path = resolve_model(model_name)
+    if not _is_bert(AutoConfig.from_pretrained(path)):
+        return model_name
+    save_dir = Path(save_dir)
+    if (save_dir / "config.json").exists():
+        return save_dir
+    save_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{save_dir.name}.", dir=save_dir.parent))
+    try:
+        torch.manual_seed(seed)
+        AutoModelForCausalLM.from_pretrained(path, is_decoder=True).save_pretrained(tmp)
+        load_tokenizer(path).save_pretrained(tmp)
+        try:
+            tmp.rename(save_dir)
+        except OSError:
+            if not (save_dir / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return save_dir
+
+
+def load_policy(path: str | Path, lora: dict | None = None, seed: int = 0):
+    """The causal LM (a BERT base as a causal decoder) with optional LoRA adapters (keys r,
+    alpha, dropout, target_modules: peft's per-architecture default when absent). On BERT the
+    head transform trains too (``modules_to_save``): LoRA on attention cannot fix a random
+    head. Adapter init is seeded so every client starts from the same weights."""
+    path = resolve_model(str(path))
+    bert = _is_bert(AutoConfig.from_pretrained(path))
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(path, **({"is_decoder": True} if bert else {}))
+    if lora:
+        from peft import LoraConfig, TaskType, get_peft_model
+        model = get_peft_model(model, LoraConfig(
+            task_type=TaskType.CAUSAL_LM, r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+            target_modules=list(lora["target_modules"]) if lora.get("target_modules") else None,
+            modules_to_save=[BERT_HEAD] if bert else None))
+    return model
+
+
+def turn_separator(tokenizer) -> str:
+    """``" [SEP] "`` for tokenizers whose separator is their eos (BERT: newlines are lost),
+    HH's ``"\\n\\n"`` otherwise."""
+    sep = tokenizer.sep_token
+    return f" {sep} " if sep and sep == tokenizer.eos_token else "\n\n"
+
+
+def format_prompt(turns: list[tuple[str, str]], sep: str = "\n\n") -> str:
+    """The dialogue as text ending with ``"Assistant:"``, the cue for the model's reply."""
+    return "".join(f"{role}: {text.strip()}{sep}" for role, text in turns) + "Assistant:"
+
+
+def _check_causal(model) -> None:
+    if _is_bert(model.config) and not model.config.is_decoder:
+        raise ValueError("BERT without is_decoder=True attends to later tokens: load it with load_policy")
+
+
+def _encode(tokenizer, prompts: list[str], completions: list[str], max_length: int):
+    """Right-padded ``bos + prompt + completion + eos`` ids, attention mask and completion mask.
+    eos is appended unless the completion already ends with it; the prompt is cut from the left
+    when the whole exceeds ``max_length`` (the completion from the right only if it alone does)."""
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+    bos = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]
+    eos = tokenizer.eos_token_id
+    p_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    c_ids = tokenizer(completions, add_special_tokens=False)["input_ids"]
+    rows = []
+    for p, c in zip(p_ids, c_ids):
+        c = (c if c and c[-1] == eos else c + [eos])[:max(max_length - len(bos) - 1, 1)]
+        keep = max(max_length - len(bos) - len(c), 0)
+        rows.append((bos + p[max(len(p) - keep, 0):], c))
+    width = max(len(p) + len(c) for p, c in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    scored = torch.zeros_like(ids, dtype=torch.bool)
+    for i, (p, c) in enumerate(rows):
+        ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+        attention[i, :len(p) + len(c)] = 1
+        scored[i, len(p):len(p) + len(c)] = True
+    return ids, attention, scored
+
+
+def _completion_logprobs(model, tokenizer, prompts, completions, max_length):
+    """Per-sequence sum of completion-token log-probs and the number of tokens summed."""
+    _check_causal(model)
+    device = next(model.parameters()).device
+    ids, attention, scored = (t.to(device) for t in _encode(tokenizer, prompts, completions, max_length))
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
+    token_logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    mask = scored[:, 1:]
+    return (token_logp * mask).sum(-1), mask.sum(-1)
+
+
+def sequence_logprobs(model, tokenizer, prompts: list[str], completions: list[str],
+                      max_length: int) -> torch.Tensor:
+    """log p(completion + eos | prompt) per pair, differentiable (the DPO and SFT objective)."""
+    return _completion_logprobs(model, tokenizer, prompts, completions, max_length)[0]
+
+
+def dpo_loss(pi_chosen: torch.Tensor, pi_rejected: torch.Tensor, ref_chosen: torch.Tensor,
+             ref_rejected: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """DPO: ``-log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r)))``, averaged, and the mean
+    implicit reward margin ``beta * (...)`` (chosen minus rejected reward; detached)."""
+    margin = beta * ((pi_chosen - ref_chosen) - (pi_rejected - ref_rejected))
+    return -F.logsigmoid(margin).mean(), margin.detach().mean()
+
+
+def _batches(n: int, batch_size: int, steps: int, seed: int):
+    """``steps`` index batches from seeded permutations, cycling through the data."""
+    if n == 0:
+        raise ValueError("no training examples")
+    rng = np.random.default_rng(seed)
+    order, at = rng.permutation(n), 0
+    for _ in range(steps):
+        if at + batch_size > n:
+            order, at = rng.permutation(n), 0
+        yield order[at:at + batch_size].tolist()
+        at += batch_size
+
+
+def _optimizer(model, lr: float):
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+
+
+@torch.no_grad()
+def _reference_logprobs(model, tokenizer, prompts, completions, max_length, batch_size) -> torch.Tensor:
+    """Reference log-probs, once per call: the base under the LoRA adapters (peft's
+    ``disable_adapter``), or the weights as passed for full fine-tuning (they are the frozen copy,
+    since nothing has been updated yet)."""
+    model.eval()
+
+    def run():
+        return torch.cat([sequence_logprobs(model, tokenizer, prompts[i:i + batch_size],
+                                            completions[i:i + batch_size], max_length)
+                          for i in range(0, len(prompts), batch_size)])
+
+    from peft import PeftModel
+    if isinstance(model, PeftModel):
+        with model.disable_adapter():
+            return run()
+    return run()
+
+
+def dpo_train(model, tokenizer, pairs: list[tuple[str, str, str]], *, steps: int, batch_size: int,
+              lr: float, beta: float, max_length: int, seed: int) -> dict:
+    """``steps`` AdamW steps of DPO on (prompt, chosen, rejected) pairs. Dropout stays off (as
+    trl's default) so that policy and reference agree exactly before the first update."""
+    if not pairs:
+        raise ValueError("no preference pairs")
+    prompts, chosen, rejected = (list(x) for x in zip(*pairs))
+    ref = _reference_logprobs(model, tokenizer, prompts + prompts, chosen + rejected, max_length, batch_size)
+    ref_chosen, ref_rejected = ref[:len(pairs)], ref[len(pairs):]
+    opt = _optimizer(model, lr)
+    model.eval()
+    loss = margin = torch.tensor(float("nan"))
+    for idx in _batches(len(pairs), batch_size, steps, seed):
+        batch_prompts = [prompts[i] for i in idx]
+        pi = sequence_logprobs(model, tokenizer, batch_prompts + batch_prompts,
+                               [chosen[i] for i in idx] + [rejected[i] for i in idx], max_length)
+        loss, margin = dpo_loss(pi[:len(idx)], pi[len(idx):], ref_chosen[idx], ref_rejected[idx], beta)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return {"loss": float(loss.detach()), "reward_margin": float(margin), "steps": steps}
+
+
+def sft_train(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, batch_size: int,
+              lr: float, max_length: int, seed: int) -> dict:
+    """``steps`` AdamW steps of SFT: the completion's negative log-likelihood per token given
+    the prompt (the FedAvg baseline trains on preferred responses)."""
+    opt = _optimizer(model, lr)
+    model.train()
+    losses = []
+    for idx in _batches(len(examples), batch_size, steps, seed):
+        logp, count = _completion_logprobs(model, tokenizer, [examples[i][0] for i in idx],
+                                           [examples[i][1] for i in idx], max_length)
+        loss = -logp.sum() / count.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return {"loss": losses[-1] if losses else float("nan"),
+            "mean_loss": float(np.mean(losses)) if losses else float("nan"), "steps": steps}
+
+
+@torch.no_grad()
+def mean_token_nll(model, tokenizer, examples: list[tuple[str, str]], max_length: int,
+                   batch_size: int = 16) -> float:
+    """Held-out negative log-likelihood per completion token (eos included)."""
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(examples), batch_size):
+        chunk = examples[i:i + batch_size]
+        logp, n = _completion_logprobs(model, tokenizer, [p for p, _ in chunk], [c for _, c in chunk], max_length)
+        total, count = total - float(logp.sum()), count + int(n.sum())
+    return total / count if count else float("nan")
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: list[str], *, n: int = 1, max_new_tokens: int = 64,
+             temperature: float = 1.0, top_p: float = 1.0, seed: int = 0) -> list[list[str]]:
+    """``n`` sampled completions per prompt, without the prompt, cut at eos; seeded. Each
+    prompt runs on its own (no padding, so BERT's absolute positions stay right), left-truncated
+    to leave room for the reply; special tokens other than eos ([CLS], [PAD], ...) are never
+    sampled."""
+    _check_causal(model)
+    model.eval()
+    device = next(model.parameters()).device
+    bos = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]
+    eos = tokenizer.eos_token_id
+    room = model.config.max_position_embeddings - max_new_tokens - len(bos)
+    suppress = [i for i in tokenizer.all_special_ids if i != eos]
+    torch.manual_seed(seed)
+    out, start = [], time.perf_counter()
+    for k, ids in enumerate(tokenizer(prompts, add_special_tokens=False)["input_ids"]):
+        if k and k % 25 == 0:
+            log.info("[generate] %d/%d prompts x %d samples, %.0f s", k, len(prompts), n, time.perf_counter() - start)
+        inputs = torch.tensor([bos + ids[max(len(ids) - room, 0):]], device=device)
+        seqs = model.generate(input_ids=inputs, attention_mask=torch.ones_like(inputs), do_sample=True,
+                              temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                              num_return_sequences=n, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
+                              suppress_tokens=suppress)
+        replies = [s[inputs.shape[1]:].tolist() for s in seqs]
+        out.append([tokenizer.decode(r[:r.index(eos)] if eos in r else r, skip_special_tokens=True)
+                    for r in replies])
+    return out

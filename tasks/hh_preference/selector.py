@@ -1,0 +1,173 @@
+"""Binary preference selectors: which of two responses A, B to a prompt x is preferred.
+
+:class:`ScorerSelector` (the offline default) scores each response Bradley-Terry style,
+``s(x, y) = head(mean-pool(MiniLM("last Human turn [SEP] y")))``, and prefers B with probability
+``sigmoid(s(x, B) - s(x, A))``: symmetric in A and B by construction, and both responses stay
+whole in the encoder's input (OFFLINE_LMS.md: a cross-encoder over the truncated pair learned
+nothing). The encoder carries LoRA adapters (peft) or, with ``frozen``, no trainable weights at
+all: then embeddings are computed once per text and only the head trains (a linear
+Bradley-Terry probe, the fast choice on a CPU).
+
+:class:`CausalABSelector` is the paper's form: a causal LM reads x, A and B and its next-token
+logits for " A" and " B" make the choice (Qwen-2-0.5B, Gemma-2B with LoRA; any Hugging Face
+causal LM by name).
+
+Both expose the trainable weights as a name-ordered dict of numpy arrays (what travels).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import numpy as np
+import torch
+from torch import nn
+
+from tasks.financebench_rag.model import build_encoder, load_trainable, resolve_model, trainable_arrays
+from tasks.hh_preference.dataset import ASSISTANT, HUMAN, Example
+
+
+class _Base:
+    """Training, loss and prediction over :class:`Example` lists; subclasses give logits."""
+
+    module: nn.Module
+
+    def logits(self, examples: list[Example]) -> torch.Tensor:
+        """One logit per example: log-odds that B is preferred."""
+        raise NotImplementedError
+
+    def weights(self) -> OrderedDict[str, np.ndarray]:
+        return trainable_arrays(self.module)
+
+    def load(self, arrays: dict[str, np.ndarray]) -> None:
+        load_trainable(self.module, arrays)
+
+    def train(self, examples: list[Example], steps: int, batch_size: int, lr: float, seed: int,
+              weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.95)) -> dict:
+        """``steps`` AdamW steps (the paper's betas) of binary cross-entropy on seeded batches,
+        cycling the data."""
+        if not examples:
+            raise ValueError("no training examples")
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+        rng = np.random.default_rng(seed)
+        order, at, losses = rng.permutation(len(examples)), 0, []
+        self.module.train()
+        for _ in range(steps):
+            if at + batch_size > len(order):
+                order, at = rng.permutation(len(examples)), 0
+            batch = [examples[i] for i in order[at:at + batch_size]]
+            at += batch_size
+            loss = self._bce(batch)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+        self.module.eval()
+        return {"steps": steps, "loss": float(np.mean(losses)) if losses else math.nan}
+
+    def _bce(self, batch: list[Example]) -> torch.Tensor:
+        labels = torch.tensor([float(e.label) for e in batch])
+        return nn.functional.binary_cross_entropy_with_logits(self.logits(batch), labels)
+
+    @torch.no_grad()
+    def prob_b(self, examples: list[Example], batch_size: int = 64) -> np.ndarray:
+        self.module.eval()
+        return np.concatenate([torch.sigmoid(self.logits(examples[i:i + batch_size])).numpy()
+                               for i in range(0, len(examples), batch_size)]) if examples else np.zeros(0)
+
+    def loss(self, examples: list[Example]) -> float:
+        """Mean binary cross-entropy (what clients report for regrouping)."""
+        p = np.clip(self.prob_b(examples), 1e-7, 1 - 1e-7)
+        y = np.array([e.label for e in examples], float)
+        return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+
+    def accuracy(self, examples: list[Example]) -> float:
+        y = np.array([e.label for e in examples])
+        return float(np.mean((self.prob_b(examples) > 0.5) == y))
+
+
+def response_text(prompt: str, response: str, human_words: int) -> str:
+    """What the scorer reads: the response, after the last ``human_words`` words of the last
+    Human turn (0: the response alone), so the response is never the part truncated away."""
+    if human_words <= 0:
+        return response
+    start = prompt.rfind(HUMAN) + len(HUMAN)
+    human = prompt[start:len(prompt) - len(ASSISTANT)].split()[-human_words:]
+    return f"{' '.join(human)} [SEP] {response}"
+
+
+class ScorerSelector(_Base):
+    """Bradley-Terry scorer over MiniLM (LoRA adapters, or ``frozen`` with cached embeddings)."""
+
+    def __init__(self, model: str = "all-MiniLM-L6-v2", max_length: int = 128,
+                 lora: dict | None = None, frozen: bool = False, human_words: int = 0,
+                 seed: int = 0):
+        if frozen and lora:
+            raise ValueError("selector: frozen and lora exclude each other")
+        self.encoder = build_encoder(model, max_length, lora, seed)
+        if frozen:
+            self.encoder.requires_grad_(False)
+        self.frozen, self.human_words = frozen, human_words
+        torch.manual_seed(seed)
+        head = nn.Linear(self.encoder.get_embedding_dimension(), 1)
+        nn.init.zeros_(head.weight)
+        nn.init.zeros_(head.bias)
+        self.module = nn.ModuleDict({"encoder": self.encoder, "head": head})
+        self._cache: dict[str, torch.Tensor] = {}
+
+    def _embed(self, texts: list[str]) -> torch.Tensor:
+        if not self.frozen:
+            features = self.encoder.tokenize(texts)
+            return self.encoder(features)["sentence_embedding"]
+        missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
+        if missing:
+            vectors = self.encoder.encode(missing, batch_size=64, convert_to_tensor=True)
+            self._cache.update(zip(missing, vectors))
+        return torch.stack([self._cache[t] for t in texts])
+
+    def scores(self, prompts: list[str], responses: list[str]) -> torch.Tensor:
+        texts = [response_text(p, r, self.human_words) for p, r in zip(prompts, responses)]
+        return self.module["head"](self._embed(texts)).squeeze(-1)
+
+    def logits(self, examples: list[Example]) -> torch.Tensor:
+        prompts = [e.prompt for e in examples]
+        s = self.scores(prompts + prompts, [e.a for e in examples] + [e.b for e in examples])
+        return s[len(examples):] - s[:len(examples)]
+
+
+class CausalABSelector(_Base):
+    """The paper's selector: a causal LM asked which response is better, answering " A" or " B"
+    (LoRA adapters on ``target_modules``); logit = l(" B") - l(" A") at the answer position."""
+
+    TEMPLATE = "{prompt}\n\nResponse A: {a}\n\nResponse B: {b}\n\nWhich response is better? Answer:"
+
+    def __init__(self, model: str, lora: dict | None = None, max_length: int = 512, seed: int = 0):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        path = resolve_model(model) if isinstance(model, str) else model
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer.truncation_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        torch.manual_seed(seed)
+        lm = AutoModelForCausalLM.from_pretrained(path)
+        if lora:
+            from peft import LoraConfig, get_peft_model
+            lm = get_peft_model(lm, LoraConfig(r=lora["r"], lora_alpha=lora["alpha"],
+                                               lora_dropout=lora["dropout"],
+                                               target_modules=list(lora["target_modules"])))
+        else:
+            lm.requires_grad_(False)  # nothing but adapters would train: say so by training nothing
+        self.module, self.max_length = lm, max_length
+        self.answer_ids = [self.tokenizer.encode(t, add_special_tokens=False)[-1] for t in (" A", " B")]
+
+    def logits(self, examples: list[Example]) -> torch.Tensor:
+        texts = [self.TEMPLATE.format(prompt=e.prompt.strip(), a=e.a, b=e.b) for e in examples]
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
+                             max_length=self.max_length)
+        out = self.module(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+        last = enc["attention_mask"].sum(1) - 1 if self.tokenizer.padding_side == "right" else \
+            torch.full((len(examples),), enc["input_ids"].shape[1] - 1)
+        answer = out[torch.arange(len(examples)), last]
+        return answer[:, self.answer_ids[1]] - answer[:, self.answer_ids[0]]
