@@ -206,8 +206,10 @@ def _summary(r: dict, out: RunOutput) -> str:
 
 
 def _policy_summary(r: dict) -> str:
-    rows = [{"policy": m, "n": n, "win rate vs base": v["win_rate"],
-             "95% CI": "" if v["ci"] is None else f"[{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]",
+    def ci(v, key):
+        return "" if v.get(key) is None else f"[{v[key][0]:.3f}, {v[key][1]:.3f}]"
+    rows = [{"policy": m, "n": n, "win rate vs base": v["win_rate"], "95% CI": ci(v, "ci"),
+             "minority win rate": v.get("win_rate_minority"), "minority CI": ci(v, "ci_minority"),
              "mean judge reward": v["mean_reward"], "DPO pairs": v.get("pairs", "")}
             for m, by_n in r["policy"].items() for n, v in by_n.items()]
     rl = r["rlhf"]
@@ -216,8 +218,8 @@ def _policy_summary(r: dict) -> str:
             f"Judge: reward model trained on the {rl['judge']['pairs']} judge pairs only, test accuracy "
             f"{rl['judge']['accuracy']:.3f}. Base: SFT on {rl['base']['sft']['data']}, held-out nll "
             f"{rl['base']['sft']['heldout_nll_before']:.3f} -> {rl['base']['sft']['heldout_nll']:.3f}.\n\n"
-            + markdown_table(rows, ["policy", "n", "win rate vs base", "95% CI", "mean judge reward",
-                                    "DPO pairs"]) + "\n")
+            + markdown_table(rows, ["policy", "n", "win rate vs base", "95% CI", "minority win rate",
+                                    "minority CI", "mean judge reward", "DPO pairs"]) + "\n")
 
 
 def _plot_accuracy(r: dict, out: RunOutput) -> None:

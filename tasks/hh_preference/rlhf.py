@@ -76,7 +76,9 @@ def completion_pairs(prompts: list[str], completions: list[list[str]],
 
 def win_rate(scores_a: np.ndarray, scores_b: np.ndarray, resamples: int, seed: int) -> dict:
     """How often reply A beats reply B on the same prompt (ties count half), with a paired
-    bootstrap 95% CI over prompts."""
+    bootstrap 95% CI over prompts; and the same for the minority population, whose judge is the
+    reverse of this one exactly as its labels are the reverse of HH's (1 - the win rate)."""
     wins = (scores_a > scores_b) + 0.5 * (scores_a == scores_b)
     lo, hi = paired_bootstrap_ci(wins, resamples, seed)
-    return {"win_rate": float(wins.mean()), "ci": [lo, hi], "prompts": int(wins.size)}
+    return {"win_rate": float(wins.mean()), "ci": [lo, hi], "win_rate_minority": float(1 - wins.mean()),
+            "ci_minority": [1 - hi, 1 - lo], "prompts": int(wins.size)}

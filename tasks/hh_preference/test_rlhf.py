@@ -42,3 +42,5 @@ def test_win_rate_counts_ties_half_with_a_ci():
     out = win_rate(np.array([1.0, 2.0, 3.0, 0.0]), np.array([0.0, 2.0, 1.0, 1.0]), 500, 0)
     assert out["win_rate"] == (1 + 0.5 + 1 + 0) / 4 and out["prompts"] == 4
     assert out["ci"][0] <= out["win_rate"] <= out["ci"][1]
+    assert out["win_rate_minority"] == 1 - out["win_rate"]
+    assert out["ci_minority"] == [1 - out["ci"][1], 1 - out["ci"][0]]
