@@ -17,13 +17,14 @@ import time
 from functools import cached_property
 
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from hydra.utils import instantiate
 
 from clients import fede4rag_messages as keys
 from fedsim.he import messages as he_keys
 from fedsim.he.ckks import CKKSParams
 from fedsim.he.client import HEClient, is_he_operation, state_dir
+from fedsim.records import from_record, to_record
 from tasks.financebench_rag.dataset import client_documents, load_documents, load_pages
 from tasks.financebench_rag.model import (
     build_encoder,
@@ -103,7 +104,7 @@ class RetrieverClient:
             if arrays is None or not len(arrays):
                 raise MissingWeights(f"{where} was asked for weights={source} but the message "
                                      f"carries no arrays")
-            weights = {k: v.numpy() for k, v in arrays.items()}
+            weights = from_record(arrays)
         elif source == keys.FROM_HE:
             rnd = int(config[he_keys.GLOBAL_ROUND])
             try:
@@ -126,8 +127,7 @@ class RetrieverClient:
         if is_he_operation(msg):
             return self._he(msg).handle(msg)
         if msg.content[keys.CONFIG].get(keys.QUERY_OP) == keys.INITIAL_WEIGHTS:
-            return RecordDict({keys.ARRAYS: ArrayRecord({k: Array(v)
-                                                         for k, v in self.initial.items()})})
+            return RecordDict({keys.ARRAYS: to_record(self.initial)})
         return RecordDict({keys.INFO: ConfigRecord({
             keys.PARTITION_ID: self.pid, keys.DOCUMENTS: self.documents,
             keys.COMPANIES: sorted({d["company"] for d in load_documents(self.root)
@@ -152,7 +152,7 @@ class RetrieverClient:
         trained = trainable_arrays(self.model)
         if config.get(he_keys.HE_ROUND, False):
             return self._he(msg).train_reply(flatten(trained), metrics)
-        return RecordDict({keys.ARRAYS: ArrayRecord({k: Array(v) for k, v in trained.items()}),
+        return RecordDict({keys.ARRAYS: to_record(trained),
                            keys.METRICS: MetricRecord(metrics)})
 
     def evaluate(self, msg: Message, context=None) -> RecordDict:

@@ -26,6 +26,7 @@ from clients import fede4rag_messages as keys
 from experiments.common import RunContext, discover
 from fedsim.he import messages as he_keys
 from fedsim.messaging import ANY, Messenger, Policy, client_config
+from fedsim.records import from_record
 from fedsim.results import RunOutput, markdown_table
 from fedsim.schema import Protocol
 from fedsim.validators import finite_arrays
@@ -197,7 +198,7 @@ def _evaluate(ctx: Context, name: str, trained: Trained) -> dict:
     evaluated = reply[keys.WEIGHTS_INFO][keys.WEIGHTS_KEY]
     task = ctx.cfg.task
     expected = weights_key(task.model, task.lora, None if trained.arrays is None else
-                           {k: v.numpy() for k, v in trained.arrays.items()})
+                           from_record(trained.arrays))
     if trained.source != keys.FROM_HE and evaluated != expected:
         raise RuntimeError(f"eval {name}: node evaluated weights {evaluated}, the method "
                            f"produced {expected}")
