@@ -180,6 +180,12 @@ def _batches(n: int, batch_size: int, steps: int, seed: int):
         at += batch_size
 
 
+def _progress(what: str, step: int, steps: int, loss: float, start: float) -> None:
+    """A line every tenth of a long run (>= 50 steps), so a user sees it move."""
+    if steps >= 50 and step % (steps // 10) == 0:
+        log.info("[%s] step %d/%d, loss %.3f, %.0f s", what, step, steps, loss, time.perf_counter() - start)
+
+
 def _optimizer(model, lr: float):
     return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
 
@@ -215,7 +221,8 @@ def dpo_train(model, tokenizer, pairs: list[tuple[str, str, str]], *, steps: int
     opt = _optimizer(model, lr)
     model.eval()
     loss = margin = torch.tensor(float("nan"))
-    for idx in _batches(len(pairs), batch_size, steps, seed):
+    start = time.perf_counter()
+    for step, idx in enumerate(_batches(len(pairs), batch_size, steps, seed), 1):
         batch_prompts = [prompts[i] for i in idx]
         pi = sequence_logprobs(model, tokenizer, batch_prompts + batch_prompts,
                                [chosen[i] for i in idx] + [rejected[i] for i in idx], max_length)
@@ -223,6 +230,7 @@ def dpo_train(model, tokenizer, pairs: list[tuple[str, str, str]], *, steps: int
         opt.zero_grad()
         loss.backward()
         opt.step()
+        _progress("dpo", step, steps, float(loss.detach()), start)
     return {"loss": float(loss.detach()), "reward_margin": float(margin), "steps": steps}
 
 
@@ -232,8 +240,8 @@ def sft_train(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, 
     the prompt (the FedAvg baseline trains on preferred responses)."""
     opt = _optimizer(model, lr)
     model.train()
-    losses = []
-    for idx in _batches(len(examples), batch_size, steps, seed):
+    losses, start = [], time.perf_counter()
+    for step, idx in enumerate(_batches(len(examples), batch_size, steps, seed), 1):
         logp, count = _completion_logprobs(model, tokenizer, [examples[i][0] for i in idx],
                                            [examples[i][1] for i in idx], max_length)
         loss = -logp.sum() / count.sum()
@@ -241,6 +249,7 @@ def sft_train(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, 
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
+        _progress("sft", step, steps, losses[-1], start)
     model.eval()
     return {"loss": losses[-1] if losses else float("nan"),
             "mean_loss": float(np.mean(losses)) if losses else float("nan"), "steps": steps}
