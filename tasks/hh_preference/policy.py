@@ -215,14 +215,21 @@ def dpo_train(model, tokenizer, pairs: list[tuple[str, str, str]], *, steps: int
     trl's default) so that policy and reference agree exactly before the first update."""
     if not pairs:
         raise ValueError("no preference pairs")
+    if steps <= 0:
+        return {"loss": float("nan"), "reward_margin": float("nan"), "steps": 0}
     prompts, chosen, rejected = (list(x) for x in zip(*pairs))
-    ref = _reference_logprobs(model, tokenizer, prompts + prompts, chosen + rejected, max_length, batch_size)
-    ref_chosen, ref_rejected = ref[:len(pairs)], ref[len(pairs):]
+    batches = list(_batches(len(pairs), batch_size, steps, seed))
+    used = sorted({i for idx in batches for i in idx})  # reference log-probs of the pairs trained on only
+    ref = _reference_logprobs(model, tokenizer, [prompts[i] for i in used] * 2,
+                              [chosen[i] for i in used] + [rejected[i] for i in used], max_length, batch_size)
+    ref_chosen = torch.full((len(pairs),), float("nan"))
+    ref_rejected = torch.full((len(pairs),), float("nan"))
+    ref_chosen[used], ref_rejected[used] = ref[:len(used)], ref[len(used):]
     opt = _optimizer(model, lr)
     model.eval()
     loss = margin = torch.tensor(float("nan"))
     start = time.perf_counter()
-    for step, idx in enumerate(_batches(len(pairs), batch_size, steps, seed), 1):
+    for step, idx in enumerate(batches, 1):
         batch_prompts = [prompts[i] for i in idx]
         pi = sequence_logprobs(model, tokenizer, batch_prompts + batch_prompts,
                                [chosen[i] for i in idx] + [rejected[i] for i in idx], max_length)
