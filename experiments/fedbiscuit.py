@@ -208,7 +208,8 @@ def _summary(r: dict, out: RunOutput) -> str:
 def _policy_summary(r: dict) -> str:
     def ci(v, key):
         return "" if v.get(key) is None else f"[{v[key][0]:.3f}, {v[key][1]:.3f}]"
-    rows = [{"policy": m, "n": n, "win rate vs base": v["win_rate"], "95% CI": ci(v, "ci"),
+    rows = [{"policy": m, "n": n, "win rate vs base": "(the base)" if v["win_rate"] is None else v["win_rate"],
+             "95% CI": ci(v, "ci"),
              "minority win rate": v.get("win_rate_minority"), "minority CI": ci(v, "ci_minority"),
              "mean judge reward": v["mean_reward"], "DPO pairs": v.get("pairs", "")}
             for m, by_n in r["policy"].items() for n, v in by_n.items()]
