@@ -24,7 +24,6 @@ LOCAL_STEPS = "local-steps"      # config (train): optimizer steps
 BATCH_SIZE = "batch-size"        # config (train): examples per step
 LR = "lr"                        # config (train): learning rate
 WEIGHT_DECAY = "weight-decay"    # config (train): L2 penalty (selector)
-BETA = "beta"                    # config (train, DPO): DPO temperature
 POLICY_BASE = "policy-base"      # config (SFT / DPO): folder of the shared base policy
 POLICY = "policy"                # config (SFT / DPO): the policy settings (JSON of experiments' RLHF)
 SEED = "seed"                    # config (train): the run's seed

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp.strategy import Result
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from fedsim.messaging import Messenger, Policy
+from fedsim.messaging import ANY, Messenger, Policy
+from fedsim.validators import finite_arrays
 
 
 @dataclass
@@ -22,6 +25,14 @@ class RunContext:
 
     def partition_of(self, node: int) -> int:
         return next(pid for pid, n in self.nodes.items() if n == node)
+
+    def fedavg(self, label: str, initial: ArrayRecord, rounds: int, config: dict,
+               fraction_train: float) -> Result:
+        """The configured weight-averaging strategy (``strategy``) over ``fraction_train`` of the
+        clients per round; replies need finite weights, a round goes on with any of them."""
+        strategy = instantiate(self.cfg.strategy, fraction_train=fraction_train, fraction_evaluate=0.0)
+        return strategy.start(self.messenger.grid(label, Policy(ANY, finite_arrays)), initial, rounds,
+                              self.cfg.round_timeout, ConfigRecord(config))
 
 
 def discover(messenger: Messenger, base: dict, config_key: str, info_key: str, partition_key: str

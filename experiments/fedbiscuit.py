@@ -36,6 +36,7 @@ from fedsim.schema import Protocol
 from fedsim.validators import finite_arrays
 from strategies.selector_groups import SelectorGroups, majority_vote
 from tasks.hh_preference.dataset import Federation
+from tasks.hh_preference.selector import choices
 
 log = logging.getLogger("fedsim")
 
@@ -86,10 +87,8 @@ def central(ctx: Context, name: str, spec: DictConfig) -> dict:
 
 def fedbis(ctx: Context, name: str, spec: DictConfig) -> dict:
     """Flower FedAvg of one selector over sampled clients (``fraction_train`` per round)."""
-    strategy = instantiate(ctx.cfg.strategy, fraction_train=ctx.cfg.protocol.fraction_train,
-                           fraction_evaluate=0.0)
-    result = strategy.start(ctx.messenger.grid(name, Policy(ANY, finite_arrays)), to_record(ctx.initial),
-                            int(ctx.cfg.num_rounds), ctx.cfg.round_timeout, ConfigRecord(ctx.train_config()))
+    result = ctx.fedavg(name, to_record(ctx.initial), int(ctx.cfg.num_rounds), ctx.train_config(),
+                        ctx.cfg.protocol.fraction_train)
     return {"selectors": [from_record(result.arrays)],
             "details": {"rounds": {int(r): dict(m) for r, m in result.train_metrics_clientapp.items()}}}
 
@@ -123,11 +122,7 @@ def evaluate_selectors(selector, weights: list[dict], fed: Federation, minority_
     test = fed.test()
     majority = np.array([e.label for e in test])
     labels = {"majority": majority, "minority": 1 - majority}  # the minority prefers the other one
-    votes = []
-    for w in weights:
-        selector.load(w)
-        votes.append((selector.prob_b(test) > 0.5).astype(int))
-    votes = np.array(votes)
+    votes = choices(selector, weights, test)
 
     def scores(pred: np.ndarray) -> dict:
         acc = {pop: float(np.mean(pred == y)) for pop, y in labels.items()}

@@ -26,14 +26,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from clients import preference_messages as keys
-from fedsim.messaging import ANY, Policy
 from fedsim.records import from_record, to_record
-from fedsim.validators import finite_arrays
 from strategies.selector_groups import majority_vote
 from tasks.financebench_rag.model import load_trainable, trainable_arrays
 from tasks.hh_preference.dataset import both_orders
@@ -48,8 +45,10 @@ from tasks.hh_preference.policy import (
     turn_separator,
 )
 from tasks.hh_preference.rlhf import completion_pairs, persona_chat_examples, policy_prompt, win_rate
+from tasks.hh_preference.selector import choices
 
 log = logging.getLogger("fedsim")
+SFT_RECORD = "fedsim_sft.json"  # how the base was made, beside its weights
 
 
 @dataclass(frozen=True)
@@ -92,9 +91,8 @@ def base_policy(r: RLHF, data_root: str, seed: int) -> tuple[Path | str, dict]:
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     root = Path(os.path.expanduser(r.base_dir))
     done = root / f"sft-{key}"
-    info = root / f"sft-{key}.json"
-    if (done / "config.json").exists() and info.exists():
-        return done, json.loads(info.read_text())
+    if (done / SFT_RECORD).exists():
+        return done, json.loads((done / SFT_RECORD).read_text())
     init = prepare_base(r.policy_model, root / "init", seed)
     model, tokenizer = load_policy(init), load_tokenizer(init)
     sep = turn_separator(tokenizer)
@@ -113,8 +111,8 @@ def base_policy(r: RLHF, data_root: str, seed: int) -> tuple[Path | str, dict]:
     tmp = root / f".sft-{key}.{os.getpid()}"
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    tmp.rename(done)  # write then rename: a half-written base is never loaded
-    info.write_text(json.dumps(result))
+    (tmp / SFT_RECORD).write_text(json.dumps(result))
+    tmp.rename(done)  # write then rename: a half-written base (or one without its record) is never used
     log.info("[rlhf] base policy SFT: held-out nll %.3f -> %.3f", before, result["heldout_nll"])
     return done, result
 
@@ -141,7 +139,8 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
                                           temperature=r.temperature, top_p=r.top_p, seed=seed + 1)]
         return judge.scores(eval_raw, replies).detach().numpy(), replies
 
-    base_scores, base_replies = judged(load_policy(base_path))
+    base_model = load_policy(base_path)
+    base_scores, base_replies = judged(base_model)
     policy = {"raw": {"-": {"win_rate": None, "ci": None, "mean_reward": float(base_scores.mean()),
                             "example": base_replies[0]}}}
 
@@ -152,14 +151,13 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
 
     server_raw = [p.prompt for p in fed.splits["server"]]
     server_prompts = [policy_prompt(p, sep, r.context_turns) for p in server_raw]
-    base_model = load_policy(base_path)
+    as_policy = dict(zip(server_raw, server_prompts))
     for n in r.completions:
         samples = generate(base_model, tokenizer, server_prompts, n=n, max_new_tokens=r.max_new_tokens,
                            temperature=r.temperature, top_p=r.top_p, seed=seed + 100 + n)
         for method in (m for m in r.selector_methods if m in selectors):
             start = time.perf_counter()
             pairs = completion_pairs(server_raw, samples, _labeller(selector, selectors[method]))
-            as_policy = {raw: prompt for raw, prompt in zip(server_raw, server_prompts)}
             model = load_policy(base_path, dict(r.lora), seed)
             stats = dpo_train(model, tokenizer, [(as_policy[x], c, rj) for x, c, rj in pairs], steps=r.dpo_steps,
                               batch_size=r.dpo_batch_size, lr=r.dpo_lr, beta=r.beta, max_length=r.max_length,
@@ -181,13 +179,7 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
 
 def _labeller(selector, weights: list[dict]):
     """prefer_b for completion pairs: the one selector's choice, or the U selectors' majority vote."""
-    def prefer_b(examples):
-        votes = []
-        for w in weights:
-            selector.load(w)
-            votes.append((selector.prob_b(examples) > 0.5).astype(int))
-        return majority_vote(np.array(votes))
-    return prefer_b
+    return lambda examples: majority_vote(choices(selector, weights, examples))
 
 
 def _federated_policy(ctx, name: str, objective: str, base_path, r: RLHF, seed: int) -> dict:
@@ -197,7 +189,6 @@ def _federated_policy(ctx, name: str, objective: str, base_path, r: RLHF, seed: 
               keys.POLICY: json.dumps(asdict(r)),
               keys.LOCAL_STEPS: r.baseline_steps, keys.BATCH_SIZE: r.dpo_batch_size, keys.LR: r.dpo_lr,
               keys.SEED: seed, keys.TORCH_THREADS: 1}
-    strategy = instantiate(ctx.cfg.strategy, fraction_train=ctx.cfg.protocol.fraction_train, fraction_evaluate=0.0)
-    result = strategy.start(ctx.messenger.grid(f"rlhf-{name}", Policy(ANY, finite_arrays)), to_record(initial),
-                            r.baseline_rounds, ctx.cfg.round_timeout, ConfigRecord(config))
+    result = ctx.fedavg(f"rlhf-{name}", to_record(initial), r.baseline_rounds, config,
+                        ctx.cfg.protocol.fraction_train)
     return from_record(result.arrays)

@@ -88,6 +88,15 @@ class _Base:
         return float(np.mean((self.prob_b(examples) > 0.5) == y))
 
 
+def choices(selector: _Base, weights: list[dict[str, np.ndarray]], examples: list[Example]) -> np.ndarray:
+    """(U, N) 0/1: which response of each example every weight set of ``selector`` prefers (B = 1)."""
+    out = []
+    for w in weights:
+        selector.load(w)
+        out.append((selector.prob_b(examples) > 0.5).astype(int))
+    return np.array(out)
+
+
 def response_text(prompt: str, response: str, human_words: int) -> str:
     """What the scorer reads: the response, after the last ``human_words`` words of the last
     Human turn (0: the response alone), so the response is never the part truncated away."""
