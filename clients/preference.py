@@ -19,16 +19,10 @@ from hydra.utils import instantiate
 
 from clients import preference_messages as keys
 from fedsim.records import from_record, to_record
+from tasks.causal_lm import dpo_train, sft_train, shared_policy, turn_separator
 from tasks.financebench_rag.model import load_trainable, trainable_arrays
 from tasks.hh_preference.dataset import Federation
-from tasks.hh_preference.policy import dpo_train, load_policy, load_tokenizer, sft_train, turn_separator
 from tasks.hh_preference.rlhf import policy_prompt
-
-
-@lru_cache(maxsize=1)
-def _policy(base: str, lora: str, seed: int):
-    """The policy with adapters, once per process (each message loads its adapter weights)."""
-    return load_policy(base, json.loads(lora), seed), load_tokenizer(base)
 
 
 @lru_cache(maxsize=2)
@@ -87,7 +81,7 @@ class PreferenceClient:
         """The policy's adapters on this client's pairs: SFT on its preferred responses, or DPO."""
         config = msg.content[keys.CONFIG]
         settings = json.loads(config[keys.POLICY])
-        model, tokenizer = _policy(config[keys.POLICY_BASE], json.dumps(settings["lora"]), self.task["seed"])
+        model, tokenizer = shared_policy(config[keys.POLICY_BASE], json.dumps(settings["lora"]), self.task["seed"])
         load_trainable(model, from_record(msg.content[keys.ARRAYS]))
         sep, length = turn_separator(tokenizer), settings["max_length"]
         pairs = [(policy_prompt(e.prompt, sep, settings["context_turns"]), *((e.a, e.b) if e.label == 0

@@ -16,10 +16,8 @@ selectors are trained.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,23 +30,20 @@ from omegaconf import OmegaConf
 from clients import preference_messages as keys
 from fedsim.records import from_record, to_record
 from strategies.selector_groups import majority_vote
-from tasks.financebench_rag.model import load_trainable, trainable_arrays
-from tasks.hh_preference.dataset import both_orders
-from tasks.hh_preference.policy import (
+from tasks.causal_lm import (
     dpo_train,
     generate,
     load_policy,
     load_tokenizer,
-    mean_token_nll,
-    prepare_base,
-    sft_train,
+    saved_sft_base,
     turn_separator,
 )
+from tasks.financebench_rag.model import load_trainable, trainable_arrays
+from tasks.hh_preference.dataset import both_orders
 from tasks.hh_preference.rlhf import completion_pairs, persona_chat_examples, policy_prompt, win_rate
 from tasks.hh_preference.selector import choices
 
 log = logging.getLogger("fedsim")
-SFT_RECORD = "fedsim_sft.json"  # how the base was made, beside its weights
 
 
 @dataclass(frozen=True)
@@ -84,37 +79,19 @@ class RLHF:
     """selector methods whose labels align a policy (those that ran)"""
 
 
-def base_policy(r: RLHF, data_root: str, seed: int) -> tuple[Path | str, dict]:
+def base_policy(r: RLHF, data_root: str, seed: int) -> tuple[Path, dict]:
     """The SFT'd base, built once per settings (a key of them names its folder) and reused."""
-    settings = {k: getattr(r, k) for k in ("policy_model", "sft_steps", "sft_batch_size", "sft_lr", "sft_heldout",
-                                           "context_turns", "max_length")} | {"seed": seed}
-    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    root = Path(os.path.expanduser(r.base_dir))
-    done = root / f"sft-{key}"
-    if (done / SFT_RECORD).exists():
-        return done, json.loads((done / SFT_RECORD).read_text())
-    init = prepare_base(r.policy_model, root / "init", seed)
-    model, tokenizer = load_policy(init), load_tokenizer(init)
-    sep = turn_separator(tokenizer)
-    train = persona_chat_examples(data_root, "valid", sep, r.context_turns)
-    held_out = persona_chat_examples(data_root, "test", sep, r.context_turns)[:r.sft_heldout]
-    before = mean_token_nll(model, tokenizer, held_out, r.max_length)
-    log.info("[rlhf] base policy: SFT %d steps on %d SPC replies (once; saved under %s)", r.sft_steps,
-             len(train), root)
-    start = time.perf_counter()
-    stats = sft_train(model, tokenizer, train, steps=r.sft_steps, batch_size=r.sft_batch_size, lr=r.sft_lr,
-                      max_length=r.max_length, seed=seed)
-    result = {"data": "Synthetic-Persona-Chat valid (User 2 turns as replies)", "examples": len(train),
-              "heldout": f"Synthetic-Persona-Chat test, {len(held_out)} replies", "heldout_nll_before": before,
-              "heldout_nll": mean_token_nll(model, tokenizer, held_out, r.max_length),
-              "seconds": time.perf_counter() - start, **stats}
-    tmp = root / f".sft-{key}.{os.getpid()}"
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / SFT_RECORD).write_text(json.dumps(result))
-    tmp.rename(done)  # write then rename: a half-written base (or one without its record) is never used
-    log.info("[rlhf] base policy SFT: held-out nll %.3f -> %.3f", before, result["heldout_nll"])
-    return done, result
+    key = {k: getattr(r, k) for k in ("policy_model", "sft_steps", "sft_batch_size", "sft_lr", "sft_heldout",
+                                      "context_turns", "max_length")} | {"seed": seed}
+
+    def data(sep: str):
+        return (persona_chat_examples(data_root, "valid", sep, r.context_turns),
+                persona_chat_examples(data_root, "test", sep, r.context_turns)[:r.sft_heldout],
+                {"data": "Synthetic-Persona-Chat valid (User 2 turns as replies)",
+                 "heldout": f"Synthetic-Persona-Chat test, {r.sft_heldout} replies"})
+
+    return saved_sft_base(r.policy_model, r.base_dir, key, data, steps=r.sft_steps, batch_size=r.sft_batch_size,
+                          lr=r.sft_lr, max_length=r.max_length, seed=seed)
 
 
 def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:

@@ -28,6 +28,15 @@ def resolve_model(name: str) -> str:
     return name
 
 
+def lora_config(lora: dict, **extra):
+    """peft's LoraConfig from a config block (r, alpha, dropout, target_modules: null for peft's
+    per-architecture default) and any further LoraConfig arguments."""
+    from peft import LoraConfig
+    targets = lora.get("target_modules")
+    return LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                      target_modules=list(targets) if targets else None, **extra)
+
+
 def build_encoder(name: str, max_seq_length: int, lora: dict | None, seed: int,
                   device: str = "cpu"):
     """Encoder with (optionally) LoRA adapters; adapter init is seeded so every client starts
@@ -37,11 +46,9 @@ def build_encoder(name: str, max_seq_length: int, lora: dict | None, seed: int,
     model = SentenceTransformer(resolve_model(name), device=device)
     model.max_seq_length = max_seq_length
     if lora:
-        from peft import LoraConfig, TaskType
+        from peft import TaskType
         torch.manual_seed(seed)
-        model.add_adapter(LoraConfig(task_type=TaskType.FEATURE_EXTRACTION, r=lora["r"],
-                                     lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-                                     target_modules=list(lora["target_modules"])))
+        model.add_adapter(lora_config(lora, task_type=TaskType.FEATURE_EXTRACTION))
     return model
 
 

@@ -8,19 +8,15 @@ selectors' labels (or, for the baselines, the clients' pairs).
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Callable
 from itertools import combinations
-from pathlib import Path
 
 import numpy as np
 
-from fedsim.data import require_file
 from fedsim.stats import paired_bootstrap_ci
+from tasks.causal_lm import format_prompt
+from tasks.dialogue.dataset import examples, persona_chat
 from tasks.hh_preference.dataset import ASSISTANT, HUMAN, Example
-from tasks.hh_preference.policy import format_prompt
-
-SPC_UPSTREAM = "github.com/google-research-datasets/Synthetic-Persona-Chat (CC BY 4.0)"
 
 
 def hh_turns(prompt: str) -> list[tuple[str, str]]:
@@ -45,20 +41,8 @@ def policy_prompt(prompt: str, sep: str, context_turns: int) -> str:
 
 def persona_chat_examples(data_root: str, split: str, sep: str, context_turns: int) -> list[tuple[str, str]]:
     """(prompt, reply) for every User 2 turn of Synthetic-Persona-Chat ``split``, User 1 as the
-    Human and User 2 as the Assistant, with up to ``context_turns`` turns of context."""
-    path = require_file(Path(data_root) / "synthetic_persona_chat" / f"{split}.csv", SPC_UPSTREAM)
-    out = []
-    with path.open(newline="", encoding="utf-8") as fh:
-        for row in csv.DictReader(fh):
-            turns = []
-            for line in row["Best Generated Conversation"].splitlines():
-                speaker, _, text = line.partition(":")
-                if speaker.strip() in ("User 1", "User 2") and text.strip():
-                    role = "Human" if speaker.strip() == "User 1" else "Assistant"
-                    if role == "Assistant" and turns and turns[-1][0] == "Human":
-                        out.append((format_prompt(turns[-context_turns:], sep), text.strip()))
-                    turns.append((role, text.strip()))
-    return out
+    Human and User 2 as the Assistant, with up to ``context_turns`` turns of context (no persona)."""
+    return [(e.prompt, e.reply) for e in examples(persona_chat(data_root, split), sep, context_turns, 0, ["User 2"])]
 
 
 def completion_pairs(prompts: list[str], completions: list[list[str]],

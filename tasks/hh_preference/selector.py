@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tasks.financebench_rag.model import build_encoder, load_trainable, resolve_model, trainable_arrays
+from tasks.financebench_rag.model import build_encoder, load_trainable, lora_config, resolve_model, trainable_arrays
 from tasks.hh_preference.dataset import ASSISTANT, HUMAN, Example
 
 
@@ -162,10 +162,8 @@ class CausalABSelector(_Base):
         torch.manual_seed(seed)
         lm = AutoModelForCausalLM.from_pretrained(path)
         if lora:
-            from peft import LoraConfig, get_peft_model
-            lm = get_peft_model(lm, LoraConfig(r=lora["r"], lora_alpha=lora["alpha"],
-                                               lora_dropout=lora["dropout"],
-                                               target_modules=list(lora["target_modules"])))
+            from peft import get_peft_model
+            lm = get_peft_model(lm, lora_config(lora))
         else:
             lm.requires_grad_(False)  # nothing but adapters would train: say so by training nothing
         self.module, self.max_length = lm, max_length

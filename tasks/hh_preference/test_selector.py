@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tasks.causal_lm import load_tokenizer
 from tasks.hh_preference.dataset import Example, both_orders, load_pairs
-from tasks.hh_preference.policy import load_tokenizer
 from tasks.hh_preference.selector import CausalABSelector, ScorerSelector, response_text
 from tasks.hh_preference.test_dataset import ROOT
-from tasks.hh_preference.test_policy import llama_dir, one_thread, save_tiny_llama  # noqa: F401 (fixtures)
+from tasks.test_causal_lm import llama_dir, one_thread, save_tiny_llama  # noqa: F401 (fixtures)
 
 
 def test_response_text_keeps_the_response_whole():

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from tasks.hh_preference.policy import (
+from tasks.causal_lm import (
     dpo_loss,
     dpo_train,
     format_prompt,
@@ -67,10 +67,10 @@ def llama_dir(tmp_path_factory):
     return path
 
 
-def save_tiny_llama(path, tokenizer, max_positions: int) -> None:
+def save_tiny_llama(path, tokenizer, max_positions: int, hidden_size: int = 32) -> None:
     """A 2-layer Llama over ``tokenizer``, seeded, saved to ``path``."""
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
                                  num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
                                  max_position_embeddings=max_positions, bos_token_id=tokenizer.bos_token_id,
                                  eos_token_id=tokenizer.eos_token_id,
@@ -246,3 +246,40 @@ def test_generate_is_seeded(bases, arch):
     assert out != generate(model, tokenizer, prompts, seed=1, **kwargs)
     if arch == "bert":
         assert all(r.strip() for replies in out for r in replies)
+
+
+def test_proximal_term_keeps_adapters_near_their_start(bases):
+    """FedProx: with a large mu the same SFT steps move the adapters far less."""
+    tokenizer = load_tokenizer(bases["llama"])
+    examples = [("Human: hello there\n\nAssistant:", " I am fine, thanks."),
+                ("Human: how are you?\n\nAssistant:", " Fine.")]
+    moved = {}
+    for mu in (0.0, 100.0):
+        model = load_policy(bases["llama"], {**LORA, "target_modules": None}, seed=0)
+        start = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        sft_train(model, tokenizer, examples, steps=10, batch_size=2, lr=1e-2, max_length=32, seed=0, proximal_mu=mu)
+        moved[mu] = sum(float((p.detach() - start[n]).norm()) for n, p in model.named_parameters() if p.requires_grad)
+    assert 0 < moved[100.0] < 0.5 * moved[0.0]
+
+
+def test_qlora_4bit_trains_adapters_on_a_tiny_llama(llama_dir, tmp_path):
+    """QLoRA: the frozen base in 4-bit NF4 (bitsandbytes, CPU here), LoRA adapters in float.
+    bitsandbytes' CPU kernel quantizes blocks of 64 inputs: the model is 64 wide."""
+    pytest.importorskip("bitsandbytes")
+    tokenizer = load_tokenizer(llama_dir)
+    tokenizer.save_pretrained(tmp_path)
+    save_tiny_llama(tmp_path, tokenizer, max_positions=64, hidden_size=64)
+    model = load_policy(tmp_path, {**LORA, "target_modules": ["q_proj", "v_proj"]}, seed=0, quantization="4bit")
+    assert any("Linear4bit" in type(m).__name__ for m in model.modules())
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    examples = [("Human: hello there\n\nAssistant:", " I am fine, thanks.")]
+    sft_train(model, tokenizer, examples, steps=10, batch_size=1, lr=1e-2, max_length=32, seed=0)
+    fresh = load_policy(tmp_path, {**LORA, "target_modules": ["q_proj", "v_proj"]}, seed=0, quantization="4bit")
+    assert mean_token_nll(model, tokenizer, examples, 32) < mean_token_nll(fresh, tokenizer, examples, 32) - 0.1
+    # bitsandbytes' CPU kernels repack the base at the first inference call; training after it
+    # would change nothing, and is refused instead of silently doing nothing
+    with pytest.raises(RuntimeError, match="no gradient"):
+        sft_train(fresh, tokenizer, examples, steps=1, batch_size=1, lr=1e-2, max_length=32, seed=0)
+    with pytest.raises(ValueError, match="quantization"):
+        load_policy(tmp_path, LORA, seed=0, quantization="3bit")

@@ -1,15 +1,15 @@
-"""The policy language model of the FedBis / FedBiscuit RLHF phase (METHODS.md section 4).
+"""A causal language model for dialogue: loading (LoRA / QLoRA), SFT, DPO, sampling, a saved
+SFT'd base. FedBis / FedBiscuit's policy (METHODS.md section 4) and FedDTRE's generator (section 2).
 
-A causal LM answers a dialogue prompt; it is trained with SFT (the FedAvg baseline) and with DPO
-on selector-labelled pairs (Rafailov et al. 2023). The DPO loss is written here on purpose: trl
-1.16 silently computes wrong log-probs for the offline BERT decoder (OFFLINE_LMS.md).
+The DPO loss is written here on purpose: trl 1.16 silently computes wrong log-probs for the
+offline BERT decoder (OFFLINE_LMS.md).
 
-Offline, the policy is the warm-started MiniLM decoder (``is_decoder=True``, else BERT attends
+Offline, the model is the warm-started MiniLM decoder (``is_decoder=True``, else BERT attends
 both ways). Its head transform is not in MiniLM and is random on every load, so
 :func:`prepare_base` initialises it once and saves the base every client and adapter share. Any
 other Hugging Face causal LM name is used as is.
 
-Text format. An HH-RLHF dialogue is a list of turns ``("Human", text)`` / ``("Assistant", text)``;
+Text format. A dialogue is a list of turns ``("Human", text)`` / ``("Assistant", text)``;
 :func:`format_prompt` writes ``"Human: ...<sep>Assistant: ...<sep>Human: ...<sep>Assistant:"``
 so the model continues with the reply, and the reply ends with the eos token. WordPiece drops
 newlines, so BERT tokenizers separate turns with ``" [SEP] "`` (their eos, which then also marks
@@ -21,10 +21,15 @@ it. (Byte-level BPE tokenizers keep spaces: give a reference reply its leading s
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -32,9 +37,10 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from tasks.financebench_rag.model import resolve_model
+from tasks.financebench_rag.model import lora_config, resolve_model
 
 BERT_HEAD = "cls.predictions.transform"
+SFT_RECORD = "fedsim_sft.json"  # how a saved base was made, beside its weights
 log = logging.getLogger("fedsim")
 
 
@@ -81,22 +87,54 @@ def prepare_base(model_name: str, save_dir: str | Path, seed: int) -> Path | str
     return save_dir
 
 
-def load_policy(path: str | Path, lora: dict | None = None, seed: int = 0):
+def load_policy(path: str | Path, lora: dict | None = None, seed: int = 0, quantization: str | None = None):
     """The causal LM (a BERT base as a causal decoder) with optional LoRA adapters (keys r,
     alpha, dropout, target_modules: peft's per-architecture default when absent). On BERT the
     head transform trains too (``modules_to_save``): LoRA on attention cannot fix a random
-    head. Adapter init is seeded so every client starts from the same weights."""
+    head. Adapter init is seeded so every client starts from the same weights.
+
+    ``quantization`` "4bit" (NF4, QLoRA) or "8bit" loads the frozen base through bitsandbytes
+    (GPU; bitsandbytes 0.50 also runs it on CPU, slowly) and prepares it for adapter training."""
     path = resolve_model(str(path))
     bert = _is_bert(AutoConfig.from_pretrained(path))
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(path, **({"is_decoder": True} if bert else {}))
+    kwargs = {"is_decoder": True} if bert else {}
+    if quantization:
+        kwargs["quantization_config"] = _bnb_config(quantization)
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if quantization:
+        from peft import prepare_model_for_kbit_training
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     if lora:
-        from peft import LoraConfig, TaskType, get_peft_model
-        model = get_peft_model(model, LoraConfig(
-            task_type=TaskType.CAUSAL_LM, r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-            target_modules=list(lora["target_modules"]) if lora.get("target_modules") else None,
-            modules_to_save=[BERT_HEAD] if bert else None))
+        from peft import TaskType, get_peft_model
+        model = get_peft_model(model, lora_config(lora, task_type=TaskType.CAUSAL_LM,
+                                                  modules_to_save=[BERT_HEAD] if bert else None))
     return model
+
+
+def shared_policy(path: str, lora_json: str, seed: int, quantization: str | None = None):
+    """The policy with adapters and its tokenizer, loaded once per process: a Ray actor serves
+    many clients, and each message loads its own adapter weights into this one model. A
+    quantized base is loaded fresh each time: bitsandbytes 0.50's CPU kernels repack the weights
+    at the first inference call, after which no gradient reaches the adapters."""
+    if quantization:
+        return load_policy(path, json.loads(lora_json), seed, quantization), load_tokenizer(path)
+    return _cached_policy(path, lora_json, seed)
+
+
+@lru_cache(maxsize=1)
+def _cached_policy(path: str, lora_json: str, seed: int):
+    return load_policy(path, json.loads(lora_json), seed), load_tokenizer(path)
+
+
+def _bnb_config(quantization: str):
+    from transformers import BitsAndBytesConfig
+    if quantization == "4bit":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                  bnb_4bit_compute_dtype=torch.float32)
+    if quantization == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    raise ValueError(f"quantization must be null, '4bit' or '8bit', got {quantization!r}")
 
 
 def turn_separator(tokenizer) -> str:
@@ -167,7 +205,7 @@ def dpo_loss(pi_chosen: torch.Tensor, pi_rejected: torch.Tensor, ref_chosen: tor
     return -F.logsigmoid(margin).mean(), margin.detach().mean()
 
 
-def _batches(n: int, batch_size: int, steps: int, seed: int):
+def index_batches(n: int, batch_size: int, steps: int, seed: int):
     """``steps`` index batches from seeded permutations, cycling through the data."""
     if n == 0:
         raise ValueError("no training examples")
@@ -218,7 +256,7 @@ def dpo_train(model, tokenizer, pairs: list[tuple[str, str, str]], *, steps: int
     if steps <= 0:
         return {"loss": float("nan"), "reward_margin": float("nan"), "steps": 0}
     prompts, chosen, rejected = (list(x) for x in zip(*pairs))
-    batches = list(_batches(len(pairs), batch_size, steps, seed))
+    batches = list(index_batches(len(pairs), batch_size, steps, seed))
     used = sorted({i for idx in batches for i in idx})  # reference log-probs of the pairs trained on only
     ref = _reference_logprobs(model, tokenizer, [prompts[i] for i in used] * 2,
                               [chosen[i] for i in used] + [rejected[i] for i in used], max_length, batch_size)
@@ -242,24 +280,73 @@ def dpo_train(model, tokenizer, pairs: list[tuple[str, str, str]], *, steps: int
 
 
 def sft_train(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, batch_size: int,
-              lr: float, max_length: int, seed: int) -> dict:
+              lr: float, max_length: int, seed: int, proximal_mu: float = 0.0) -> dict:
     """``steps`` AdamW steps of SFT: the completion's negative log-likelihood per token given
-    the prompt (the FedAvg baseline trains on preferred responses)."""
+    the prompt. ``proximal_mu`` > 0 adds FedProx's ``mu/2 ||w - w_start||^2`` over the trainable
+    weights, ``w_start`` being the (global) weights this call starts from."""
     opt = _optimizer(model, lr)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    anchor = [p.detach().clone() for p in trainable] if proximal_mu > 0 else []
     model.train()
     losses, start = [], time.perf_counter()
-    for step, idx in enumerate(_batches(len(examples), batch_size, steps, seed), 1):
+    for step, idx in enumerate(index_batches(len(examples), batch_size, steps, seed), 1):
         logp, count = _completion_logprobs(model, tokenizer, [examples[i][0] for i in idx],
                                            [examples[i][1] for i in idx], max_length)
         loss = -logp.sum() / count.sum()
+        losses.append(float(loss.detach()))
+        if anchor:
+            loss = loss + proximal_mu / 2 * sum(((p - a) ** 2).sum() for p, a in zip(trainable, anchor))
         opt.zero_grad()
         loss.backward()
+        if step == 1:
+            _check_gradients(trainable)
         opt.step()
-        losses.append(float(loss.detach()))
         _progress("sft", step, steps, losses[-1], start)
     model.eval()
     return {"loss": losses[-1] if losses else float("nan"),
             "mean_loss": float(np.mean(losses)) if losses else float("nan"), "steps": steps}
+
+
+def _check_gradients(trainable: list) -> None:
+    """Refuse to train when no gradient reaches the trainable weights (e.g. a quantized kernel
+    without backward): the steps would silently change nothing."""
+    if not any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in trainable):
+        raise RuntimeError("no gradient reaches the trainable weights: training would change nothing "
+                           "(a quantized base after an inference call on CPU? load it fresh)")
+
+
+def saved_sft_base(model_name: str, base_dir: str, key: dict, data: Callable[[str], tuple[list, list, dict]], *,
+                   steps: int, batch_size: int, lr: float, max_length: int, seed: int) -> tuple[Path, dict]:
+    """A base taught to answer by full-fine-tuning SFT, built once per ``key`` (its hash names
+    the folder under ``base_dir``) and reused by every later run, client and adapter.
+
+    ``data(separator)`` gives (train, held_out, description) examples; the record of how the
+    base was made (data, held-out nll before and after) is saved beside its weights, and the
+    folder is written under a temporary name and renamed into place: a half-written base (or one
+    without its record) is never used."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    root = Path(os.path.expanduser(base_dir))
+    done = root / f"sft-{digest}"
+    if (done / SFT_RECORD).exists():
+        return done, json.loads((done / SFT_RECORD).read_text())
+    init = prepare_base(model_name, root / "init", seed)
+    model, tokenizer = load_policy(init), load_tokenizer(init)
+    train, held_out, description = data(turn_separator(tokenizer))
+    before = mean_token_nll(model, tokenizer, held_out, max_length)
+    log.info("base model: SFT %d steps on %d examples (once; saved under %s)", steps, len(train), root)
+    start = time.perf_counter()
+    stats = sft_train(model, tokenizer, train, steps=steps, batch_size=batch_size, lr=lr, max_length=max_length,
+                      seed=seed)
+    result = {**description, "examples": len(train), "heldout_nll_before": before,
+              "heldout_nll": mean_token_nll(model, tokenizer, held_out, max_length),
+              "seconds": time.perf_counter() - start, **stats}
+    tmp = root / f".sft-{digest}.{os.getpid()}"
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / SFT_RECORD).write_text(json.dumps(result))
+    tmp.rename(done)
+    log.info("base model SFT: held-out nll %.3f -> %.3f", before, result["heldout_nll"])
+    return done, result
 
 
 @torch.no_grad()

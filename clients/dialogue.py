@@ -1,0 +1,150 @@
+"""ClientApp side of FedDTRE: a client holding conversations of every dialogue dataset.
+
+query: who the client is (partition, training examples per dataset). train, by objective:
+``evaluator``: the trust evaluator on the client's trust data (true replies against PII-planted
+and off-context ones); ``generator``: the generator's adapters on one dataset's replies
+(FedProx's proximal term when the config carries ``proximal-mu``), then, when the config carries
+a mixing (``strategies/trust_alpha.py``), the reply W = (1 - alpha) W_local + alpha W_global with
+alpha fixed or from the trust scores of the local and global model on the client's held-out
+contexts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from functools import lru_cache
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from hydra.utils import instantiate
+
+from clients import feddtre_messages as keys
+from fedsim.records import from_bytes, from_record, to_record
+from fedsim.trust_mixing import client_alpha, mix
+from tasks.causal_lm import generate, sft_train, shared_policy, turn_separator
+from tasks.dialogue.dataset import load_tasks
+from tasks.dialogue.trust_data import trust_examples
+from tasks.financebench_rag.model import load_trainable, trainable_arrays
+
+
+@lru_cache(maxsize=1)
+def _evaluator(spec: str, seed: int):
+    """One trust evaluator per process (each message loads its weights)."""
+    return instantiate(json.loads(spec), seed=seed)
+
+
+def round_lr(settings: dict, server_round: int) -> float:
+    """The learning rate of round t: linear from ``lr`` (round 1) to ``lr_final`` (the last)."""
+    share = (server_round - 1) / max(settings["rounds"] - 1, 1)
+    return settings["lr"] + (settings["lr_final"] - settings["lr"]) * min(max(share, 0.0), 1.0)
+
+
+class DialogueClient:
+    def __init__(self, task: dict, data_root: str, partition_id: int, num_partitions: int):
+        if num_partitions != task["num_clients"]:
+            raise ValueError(f"{num_partitions} SuperNodes but the task has {task['num_clients']} clients "
+                             "(task.num_clients)")
+        self.task, self.partition_id = task, partition_id
+        self.datasets = load_tasks(task, data_root)
+        self.data = {name: d.client(partition_id) for name, d in self.datasets.items()}
+        empty = [name for name, d in self.data.items() if not d.train or not d.valid]
+        if empty:
+            raise ValueError(f"client {partition_id} holds no training or held-out conversations of {empty}")
+        self._examples: dict = {}
+
+    def examples(self, dataset: str, part: str, sep: str):
+        key = (dataset, part, sep)
+        if key not in self._examples:
+            self._examples[key] = self.datasets[dataset].examples(getattr(self.data[dataset], part), sep)
+        return self._examples[key]
+
+    @property
+    def evaluator(self):
+        return _evaluator(json.dumps(self.task["evaluator"], sort_keys=True), self.task["seed"])
+
+    def query(self, msg: Message, context=None) -> RecordDict:
+        sep = " [SEP] "  # counts only: the separator does not change how many replies there are
+        return RecordDict({keys.INFO: ConfigRecord({
+            keys.PARTITION_ID: self.partition_id,
+            **{keys.EXAMPLES_PREFIX + name: len(self.examples(name, "train", sep)) for name in self.data}})})
+
+    def train(self, msg: Message, context=None) -> RecordDict:
+        config = msg.content[keys.CONFIG]
+        torch.set_num_threads(int(config.get(keys.TORCH_THREADS, 0)) or os.cpu_count() or 1)
+        seed = int(config[keys.SEED]) * 100_003 + int(config.get(keys.SERVER_ROUND, 0)) * 101 + self.partition_id
+        start = time.perf_counter()
+        objective = config.get(keys.OBJECTIVE)
+        if objective == keys.EVALUATOR:
+            weights, metrics = self._train_evaluator(msg, seed)
+        elif objective == keys.GENERATOR:
+            weights, metrics = self._train_generator(msg, seed)
+        else:
+            raise ValueError(f"client {self.partition_id}: unknown objective {objective!r}")
+        metrics["train-seconds"] = time.perf_counter() - start
+        return RecordDict({keys.ARRAYS: to_record(weights), keys.METRICS: MetricRecord(metrics)})
+
+    def trust_data(self) -> list:
+        """This client's trust examples: a sample of its training contexts of every dataset."""
+        trust = self.task["trust"]
+        out = []
+        for i, name in enumerate(sorted(self.data)):
+            examples = self.examples(name, "train", " [SEP] ")
+            out += trust_examples(examples, trust["contexts_per_client"],
+                                  self.task["split_seed"] * 1_000_003 + self.partition_id * 10 + i, trust["labels"])
+        return out
+
+    def _train_evaluator(self, msg: Message, seed: int):
+        config = msg.content[keys.CONFIG]
+        evaluator = self.evaluator
+        evaluator.load(from_record(msg.content[keys.ARRAYS]))
+        data = self.trust_data()
+        stats = evaluator.train(data, int(config[keys.LOCAL_STEPS]), int(config[keys.BATCH_SIZE]),
+                                float(config[keys.LR]), seed)
+        return evaluator.weights(), {keys.NUM_EXAMPLES: len(data), "train-loss": stats["loss"]}
+
+    def _train_generator(self, msg: Message, seed: int):
+        """Local SFT of the adapters on one dataset, then the mix the strategy asks for (none:
+        the local weights as trained)."""
+        config = msg.content[keys.CONFIG]
+        s = json.loads(config[keys.SETTINGS])
+        model, tokenizer = shared_policy(s["base"], json.dumps(s["lora"]), self.task["seed"], s.get("quantization"))
+        global_weights = from_record(msg.content[keys.ARRAYS])
+        load_trainable(model, global_weights)
+        sep, dataset = turn_separator(tokenizer), config[keys.DATASET]
+        train = self.examples(dataset, "train", sep)
+        lr = round_lr(s, int(config.get(keys.SERVER_ROUND, 1)))
+        stats = sft_train(model, tokenizer, [(e.prompt, e.reply) for e in train], steps=int(config[keys.LOCAL_STEPS]),
+                          batch_size=int(config[keys.BATCH_SIZE]), lr=lr, max_length=s["max_length"], seed=seed,
+                          proximal_mu=float(config.get(keys.PROXIMAL_MU, 0.0)))
+        local = trainable_arrays(model)
+        metrics = {keys.NUM_EXAMPLES: len(train), "train-loss": stats["loss"]}
+        if keys.MIXING not in config:
+            return local, metrics
+        weights = {"local": local, "global": global_weights}
+
+        def score(which: str) -> float:
+            load_trainable(model, weights[which])
+            return self._trust_score(model, tokenizer, config, dataset, s, seed)
+
+        alpha, scores = client_alpha(json.loads(config[keys.MIXING]), score)
+        return mix(local, global_weights, alpha), {**metrics, keys.ALPHA: alpha, **scores}
+
+    def _trust_score(self, model, tokenizer, config, dataset: str, s: dict, seed: int) -> float:
+        """Mean trust score of the model's replies to ``eval_contexts`` sampled held-out contexts
+        of this client (the same sample and sampling seed for the local and the global model)."""
+        evaluator = self.evaluator
+        evaluator.load(from_bytes(config[keys.EVALUATOR_WEIGHTS]))
+        held_out = self.examples(dataset, "valid", turn_separator(tokenizer))
+        pick = np.random.default_rng(seed).permutation(len(held_out))[:s["eval_contexts"]]
+        chosen = [held_out[i] for i in sorted(pick)]
+        replies = [r[0] for r in generate(model, tokenizer, [e.prompt for e in chosen], n=1,
+                                          max_new_tokens=s["max_new_tokens"], temperature=s["temperature"],
+                                          top_p=s["top_p"], seed=seed)]
+        return float(np.mean(evaluator.scores([e.context for e in chosen], replies)))
+
+    @staticmethod
+    def population_size(task: dict, data_root: str) -> int:
+        return int(task["num_clients"])

@@ -1,0 +1,290 @@
+"""FedDTRE's experiment protocol (METHODS.md section 2), run inside the ServerApp.
+
+1. A base generator taught to answer: the configured causal LM (offline: the warm-started
+   MiniLM decoder) fine-tuned once on Topical-Chat, a dialogue corpus no client holds (the
+   paper starts from a chat model), saved under ``generator.base_dir``.
+2. The trust evaluator, trained federatedly (Flower FedAvg) on the clients' trust data; its AUC
+   on held-out trust pairs of each dataset before and after.
+3. For each dataset and each method of ``protocol.methods`` (each names its runner and, for the
+   federated ones, its Flower strategy: FedAvg, FedProx, TrustAlpha with a fixed alpha or the
+   trust schedule): the generator's adapters.
+4. Every method's generator answers the dataset's held-out contexts: BLEU-1/4, ROUGE-1/2 against
+   the true replies and the mean trust score of its replies.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord, RecordDict
+from hydra.utils import get_method, instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from clients import feddtre_messages as keys
+from experiments.common import RunContext, discover
+from fedsim.messaging import ANY, Messenger, Policy, client_config
+from fedsim.records import from_record, to_bytes, to_record
+from fedsim.results import RunOutput, markdown_table
+from fedsim.schema import Protocol, check
+from fedsim.validators import finite_arrays
+from tasks.causal_lm import generate, load_policy, load_tokenizer, saved_sft_base, turn_separator
+from tasks.dialogue.dataset import DialogueTask, examples, load_tasks, topical_chat
+from tasks.dialogue.metrics import generation_metrics
+from tasks.dialogue.trust_data import trust_examples
+from tasks.financebench_rag.model import load_trainable, trainable_arrays
+
+log = logging.getLogger("fedsim")
+METRICS = ("bleu1", "bleu4", "rouge1", "rouge2", "trust_bertscore")
+
+
+@dataclass(frozen=True)
+class Generator:
+    """The dialogue generator (``protocol.generator``)."""
+    model: str = "all-MiniLM-L6-v2"     # causal LM; BERT names load as the warm-started decoder
+    quantization: str | None = None     # null | 4bit (QLoRA, bitsandbytes NF4) | 8bit
+    base_dir: str = "~/.cache/fedsim/generator"  # where the base SFT'd on Topical-Chat is saved once
+    base_sft_steps: int = 300           # full fine-tuning steps of the base on Topical-Chat valid
+    base_sft_batch_size: int = 16       # examples per base SFT step
+    base_sft_lr: float = 1.0e-4         # AdamW learning rate of the base SFT
+    base_heldout: int = 300             # Topical-Chat test_freq replies of the base's held-out loss
+    lora: dict = field(default_factory=lambda: {"r": 8, "alpha": 16, "dropout": 0.05,
+                                                "target_modules": ["query", "value"]})
+    """the adapters every client trains (paper: r 8, alpha 16)"""
+    max_length: int = 160               # tokens of context + reply (the context is cut from the left)
+    local_steps: int = 5                # local optimizer steps per client and round (paper: 5)
+    batch_size: int = 16                # examples per step (paper: 16)
+    lr: float = 5.0e-4                  # AdamW learning rate in the first round
+    lr_final: float = 5.0e-4            # ... in the last round (linear in between)
+    eval_contexts: int = 20             # held-out contexts a FedDTRE client scores each model on (paper: 100)
+    max_new_tokens: int = 32            # reply length cap
+    temperature: float = 0.7            # sampling temperature (seeded)
+    top_p: float = 0.9                  # nucleus sampling
+
+
+@dataclass(frozen=True)
+class EvaluatorTraining:
+    """Federated training of the trust evaluator (``protocol.evaluator``)."""
+    rounds: int = 5                     # FedAvg rounds
+    clients_per_round: int = 4          # clients sampled per round
+    local_steps: int = 10               # optimizer steps per client and round
+    batch_size: int = 16                # trust examples per step
+    lr: float = 1.0e-3                  # AdamW learning rate of adapters and calibration
+    heldout_contexts: int = 100         # held-out contexts per dataset (3 trust pairs each) of the AUC
+
+
+@dataclass(frozen=True)
+class FedDTREProtocol(Protocol):
+    """FedDTRE's protocol settings (``conf/experiment/feddtre_paper.yaml``)."""
+    clients_per_round: int = 2          # clients sampled per generator round (paper: 2)
+    test_contexts: int = 100            # held-out contexts per dataset of the final evaluation
+    generator: Generator = field(default_factory=Generator)
+    evaluator: EvaluatorTraining = field(default_factory=EvaluatorTraining)
+    methods: dict[str, Any] = field(default_factory=dict)
+    """name -> {run: runner function, strategy: Flower strategy (federated runners)}, in run order"""
+
+
+@dataclass
+class Context(RunContext):
+    """A FedDTRE runner's context: the shared one, the settings and the base adapters."""
+    protocol: FedDTREProtocol
+    tasks: dict[str, DialogueTask]
+    base_path: str
+    initial: dict                   # the adapters' initial weights (a zero LoRA update: the base)
+    evaluator_blob: bytes = b""     # the trained evaluator's weights, sent with trust mixing
+
+    def generator_config(self, dataset: str) -> dict:
+        g = self.protocol.generator
+        settings = {**asdict(g), "base": self.base_path, "rounds": int(self.cfg.num_rounds)}
+        return {**self.base, keys.OBJECTIVE: keys.GENERATOR, keys.DATASET: dataset,
+                keys.SETTINGS: json.dumps(settings), keys.LOCAL_STEPS: g.local_steps, keys.BATCH_SIZE: g.batch_size,
+                keys.SEED: int(self.cfg.seed), keys.TORCH_THREADS: 1}
+
+
+def base(ctx: Context, name: str, spec: DictConfig, dataset: str) -> dict:
+    """No training: the base generator (its adapters are a zero update)."""
+    return {"weights": ctx.initial}
+
+
+def federated(ctx: Context, name: str, spec: DictConfig, dataset: str) -> dict:
+    """The method's Flower strategy (``spec.strategy``) over ``clients_per_round`` clients per
+    round; replies need finite weights (and, under mixing, an alpha in [0, 1])."""
+    n = ctx.protocol.clients_per_round  # the fraction may round down; min_train_nodes restores n
+    strategy = instantiate(spec.strategy, fraction_train=n / len(ctx.nodes), fraction_evaluate=0.0, min_train_nodes=n,
+                           min_available_nodes=n, weighted_by_key=keys.NUM_EXAMPLES, arrayrecord_key=keys.ARRAYS,
+                           configrecord_key=keys.CONFIG)
+    config = ctx.generator_config(dataset)
+    if getattr(strategy, "scores_trust", False):
+        config[keys.EVALUATOR_WEIGHTS] = ctx.evaluator_blob
+    result = strategy.start(ctx.messenger.grid(f"{dataset}/{name}", Policy(ANY, _generator_reply)),
+                            to_record(ctx.initial), int(ctx.cfg.num_rounds), ctx.cfg.round_timeout,
+                            ConfigRecord(config))
+    out = {"weights": from_record(result.arrays),
+           "rounds": {int(r): dict(m) for r, m in result.train_metrics_clientapp.items()}}
+    if hasattr(strategy, "alphas"):
+        out["alphas"] = {r: rows for r, rows in strategy.alphas.items()}
+    return out
+
+
+def _generator_reply(content: RecordDict) -> str | None:
+    """Finite adapter weights, and an alpha in [0, 1] where the reply carries one."""
+    if why := finite_arrays(content):
+        return why
+    metrics = next(iter(content.metric_records.values()), {})
+    alpha = metrics.get(keys.ALPHA)
+    if alpha is not None and not (np.isfinite(alpha) and 0.0 <= alpha <= 1.0):
+        return f"alpha {alpha} outside [0, 1]"
+    return None
+
+
+def base_generator(g: Generator, data_root: str, seed: int) -> tuple[str, dict]:
+    """The generator's base, taught to answer on Topical-Chat (valid), its held-out loss on
+    Topical-Chat test_freq: built once per settings and reused."""
+    key = {k: getattr(g, k) for k in ("model", "base_sft_steps", "base_sft_batch_size", "base_sft_lr",
+                                      "base_heldout", "max_length")} | {"seed": seed, "corpus": "topical_chat"}
+
+    def data(sep: str):
+        train = [e for split in ("valid_freq", "valid_rare")
+                 for e in examples(topical_chat(data_root, split), sep, 2, 0)]
+        held_out = examples(topical_chat(data_root, "test_freq"), sep, 2, 0)[:g.base_heldout]
+        return ([(e.prompt, e.reply) for e in train], [(e.prompt, e.reply) for e in held_out],
+                {"data": "Topical-Chat valid_freq + valid_rare (every reply, 2 turns of context)",
+                 "heldout": f"Topical-Chat test_freq, {len(held_out)} replies"})
+
+    path, record = saved_sft_base(g.model, g.base_dir, key, data, steps=g.base_sft_steps,
+                                  batch_size=g.base_sft_batch_size, lr=g.base_sft_lr, max_length=g.max_length,
+                                  seed=seed)
+    return str(path), record
+
+
+def train_evaluator(ctx: Context, evaluator) -> dict:
+    """AUC on held-out trust pairs of every dataset, federated fine-tuning (FedAvg), AUC again."""
+    e, task = ctx.protocol.evaluator, ctx.cfg.task
+    held_out = {name: trust_examples(d.examples(d.trust_heldout, " [SEP] "), e.heldout_contexts,
+                                     int(task.split_seed) + 7, dict(task.trust.labels))
+                for name, d in ctx.tasks.items()}
+    held_out["all"] = [x for name in ctx.tasks for x in held_out[name]]
+    before = {name: evaluator.auc(x) for name, x in held_out.items()}
+    log.info("[feddtre] trust evaluator AUC before: %.3f; training %d rounds", before["all"]["auc"], e.rounds)
+    start = time.perf_counter()
+    config = {**ctx.base, keys.OBJECTIVE: keys.EVALUATOR, keys.LOCAL_STEPS: e.local_steps,
+              keys.BATCH_SIZE: e.batch_size, keys.LR: e.lr, keys.SEED: int(ctx.cfg.seed), keys.TORCH_THREADS: 1}
+    result = ctx.fedavg("evaluator", to_record(evaluator.weights()), e.rounds, config,
+                        e.clients_per_round / len(ctx.nodes))
+    evaluator.load(from_record(result.arrays))
+    after = {name: evaluator.auc(x) for name, x in held_out.items()}
+    log.info("[feddtre] trust evaluator AUC after: %.3f", after["all"]["auc"])
+    return {"auc_before": before["all"]["auc"], "auc_after": after["all"]["auc"], "before": before, "after": after,
+            "seconds": time.perf_counter() - start,
+            "rounds": {int(r): dict(m) for r, m in result.train_metrics_clientapp.items()}}
+
+
+def evaluate_generator(ctx: Context, weights: dict, dataset: str, evaluator, model, tokenizer) -> dict:
+    """Replies to the dataset's held-out contexts (seeded sampling): BLEU, ROUGE, trust score."""
+    g, d = ctx.protocol.generator, ctx.tasks[dataset]
+    test = d.examples(d.test, turn_separator(tokenizer))
+    pick = np.random.default_rng(int(ctx.cfg.task.split_seed)).permutation(len(test))[:ctx.protocol.test_contexts]
+    chosen = [test[i] for i in sorted(pick)]
+    load_trainable(model, weights)
+    replies = [r[0] for r in generate(model, tokenizer, [e.prompt for e in chosen], n=1,
+                                      max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p,
+                                      seed=int(ctx.cfg.seed) + 1)]
+    scores = evaluator.scores([e.context for e in chosen], replies)
+    return {**generation_metrics(replies, [e.reply for e in chosen]), "trust_bertscore": float(scores.mean()),
+            "contexts": len(chosen), "example": {"context": chosen[0].prompt, "reply": replies[0],
+                                                 "true": chosen[0].reply}}
+
+
+def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
+    random.seed(cfg.seed)  # Flower's node sampling draws from `random`
+    protocol = check(cfg)  # the protocol block as its typed dataclass
+    base_cfg = client_config(cfg)
+    nodes, info = discover(messenger, base_cfg, keys.CONFIG, keys.INFO, keys.PARTITION_ID)
+    task = OmegaConf.to_container(cfg.task, resolve=True)
+    tasks = load_tasks(task, task["data_root"])
+    g = protocol.generator
+    start = time.perf_counter()
+    base_path, base_record = base_generator(g, task["data_root"], int(cfg.seed))
+    model = load_policy(base_path, dict(g.lora), int(cfg.task.seed), g.quantization)
+    tokenizer = load_tokenizer(base_path)
+    ctx = Context(messenger, cfg, base_cfg, nodes, {p: dict(i) for p, i in info.items()}, protocol, tasks,
+                  base_path, trainable_arrays(model))
+    results = {"clients": {str(p): dict(i) for p, i in sorted(info.items())},
+               "data": {name: {"train": f"{d.spec['train_split']} split ({len(d.train)} conversations)",
+                               "evaluation": f"{d.spec['eval_split']} split: {len(d.trust_heldout)} conversations "
+                                             f"for trust pairs, {len(d.test)} for generation contexts"}
+                        for name, d in tasks.items()},
+               "base": {"path": base_path, "sft": base_record, "seconds": time.perf_counter() - start}}
+    evaluator = instantiate(cfg.task.evaluator, seed=int(cfg.task.seed))
+    results["evaluator"] = train_evaluator(ctx, evaluator)
+    ctx.evaluator_blob = to_bytes(evaluator.weights())
+    results |= {"methods": {}, "alpha": {}, "rounds": {}, "communication": {}}
+    for dataset in tasks:
+        for name, spec in protocol.methods.items():
+            start = time.perf_counter()
+            trained = get_method(spec["run"])(ctx, name, OmegaConf.create(spec), dataset)
+            scores = evaluate_generator(ctx, trained["weights"], dataset, evaluator, model, tokenizer)
+            results["methods"].setdefault(name, {})[dataset] = {**scores, "seconds": time.perf_counter() - start}
+            results["rounds"].setdefault(name, {})[dataset] = trained.get("rounds", {})
+            if "alphas" in trained:
+                results["alpha"].setdefault(name, {})[dataset] = _alpha_rows(trained["alphas"])
+            results["communication"].setdefault(name, {})[dataset] = _communication(messenger, f"{dataset}/{name}")
+            log.info("[feddtre] %s / %s: BLEU-1 %.2f ROUGE-1 %.2f trust %.3f (%.0f s)", dataset, name,
+                     scores["bleu1"], scores["rouge1"], scores["trust_bertscore"], time.perf_counter() - start)
+    return results, _summary(results, out)
+
+
+def _alpha_rows(alphas: dict[int, list[dict]]) -> dict:
+    """Per round: every client's alpha (and trust scores), their mean, min and max."""
+    out = {}
+    for rnd, rows in sorted(alphas.items()):
+        a = [r[keys.ALPHA] for r in rows]
+        out[str(rnd)] = {"mean": float(np.mean(a)), "min": float(np.min(a)), "max": float(np.max(a)), "clients": rows}
+    return out
+
+
+def _communication(messenger: Messenger, phase: str) -> dict:
+    rows = list(messenger.traffic.get(f"{phase}/train", {}).values())
+    if not rows:
+        return {"bytes_per_round": 0.0, "rounds": 0}
+    return {"bytes_per_round": float(np.mean([r["bytes_down"] + r["bytes_up"] for r in rows])),
+            "bytes_down_per_round": float(np.mean([r["bytes_down"] for r in rows])),
+            "bytes_up_per_round": float(np.mean([r["bytes_up"] for r in rows])), "rounds": len(rows)}
+
+
+def _summary(r: dict, out: RunOutput) -> str:
+    ev = r["evaluator"]
+    text = ("# FedDTRE on Synthetic-Persona-Chat and CMU_DoG\n\n"
+            f"Trust evaluator AUC on held-out trust pairs: {ev['auc_before']:.3f} before, "
+            f"{ev['auc_after']:.3f} after federated fine-tuning.\n"
+            f"Base generator: SFT on {r['base']['sft']['data']}, held-out nll "
+            f"{r['base']['sft']['heldout_nll_before']:.3f} -> {r['base']['sft']['heldout_nll']:.3f}.\n")
+    for dataset in r["data"]:
+        rows = [{"method": m, **{k: v[dataset][k] for k in METRICS},
+                 "MB/round": r["communication"][m][dataset]["bytes_per_round"] / 1e6}
+                for m, v in r["methods"].items()]
+        text += (f"\n## {dataset} ({r['data'][dataset]['evaluation']})\n"
+                 + markdown_table(rows, ["method", *METRICS, "MB/round"], digits=3) + "\n")
+    _plot_alpha(r, out)
+    return text
+
+
+def _plot_alpha(r: dict, out: RunOutput) -> None:
+    fig, ax, save = out.figure("alpha_per_round")
+    for name, by_dataset in r["alpha"].items():
+        for dataset, rounds in by_dataset.items():
+            x = [int(k) for k in rounds]
+            mean = [v["mean"] for v in rounds.values()]
+            line, = ax.plot(x, mean, marker="o", label=f"{name} / {dataset}")
+            ax.fill_between(x, [v["min"] for v in rounds.values()], [v["max"] for v in rounds.values()],
+                            color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("round")
+    ax.set_ylabel("alpha (mean, min-max over clients)")
+    ax.set_title("FedDTRE: weight of the global model in each client's mix")
+    ax.legend(fontsize=7)
+    save()
