@@ -147,4 +147,7 @@ class DialogueClient:
 
     @staticmethod
     def population_size(task: dict, data_root: str) -> int:
+        """N clients, once every dataset's clients are built: a missing data file or a
+        partitioner that does not give N clients is refused before any process starts."""
+        load_tasks(task, str(data_root))
         return int(task["num_clients"])

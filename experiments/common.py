@@ -48,3 +48,11 @@ def discover(messenger: Messenger, base: dict, config_key: str, info_key: str, p
         pid = int(record[partition_key])
         nodes[pid], info[pid] = msg.metadata.src_node_id, record
     return nodes, info
+
+
+def base_line(sft: dict) -> str:
+    """One line on how a base language model was made (``tasks.causal_lm.saved_sft_base``)."""
+    if not sft.get("steps"):
+        return "Base: the model as published (no SFT)."
+    return (f"Base: SFT on {sft['data']}, held-out nll {sft['heldout_nll_before']:.3f} -> "
+            f"{sft['heldout_nll']:.3f}.")

@@ -27,7 +27,7 @@ from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from clients import preference_messages as keys
-from experiments.common import RunContext, discover
+from experiments.common import RunContext, base_line, discover
 from experiments.fedbiscuit_rlhf import RLHF, run_rlhf
 from fedsim.messaging import ANY, Messenger, Policy, client_config
 from fedsim.records import from_record, to_record
@@ -212,8 +212,7 @@ def _policy_summary(r: dict) -> str:
     prompts = max(v.get("prompts", 0) for by_n in r["policy"].values() for v in by_n.values())
     return (f"\n## Policy win rate against the base policy ({prompts} held-out prompts)\n"
             f"Judge: reward model trained on the {rl['judge']['pairs']} judge pairs only, test accuracy "
-            f"{rl['judge']['accuracy']:.3f}. Base: SFT on {rl['base']['sft']['data']}, held-out nll "
-            f"{rl['base']['sft']['heldout_nll_before']:.3f} -> {rl['base']['sft']['heldout_nll']:.3f}.\n\n"
+            f"{rl['judge']['accuracy']:.3f}. {base_line(rl['base']['sft'])}\n\n"
             + markdown_table(rows, ["policy", "n", "win rate vs base", "95% CI", "minority win rate",
                                     "minority CI", "mean judge reward", "DPO pairs"]) + "\n")
 

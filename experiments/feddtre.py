@@ -27,7 +27,7 @@ from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from clients import feddtre_messages as keys
-from experiments.common import RunContext, discover
+from experiments.common import RunContext, base_line, discover
 from fedsim.messaging import ANY, Messenger, Policy, client_config
 from fedsim.records import from_record, to_bytes, to_record
 from fedsim.results import RunOutput, markdown_table
@@ -262,8 +262,7 @@ def _summary(r: dict, out: RunOutput) -> str:
     text = ("# FedDTRE on Synthetic-Persona-Chat and CMU_DoG\n\n"
             f"Trust evaluator AUC on held-out trust pairs: {ev['auc_before']:.3f} before, "
             f"{ev['auc_after']:.3f} after federated fine-tuning.\n"
-            f"Base generator: SFT on {r['base']['sft']['data']}, held-out nll "
-            f"{r['base']['sft']['heldout_nll_before']:.3f} -> {r['base']['sft']['heldout_nll']:.3f}.\n")
+            + base_line(r["base"]["sft"]).replace("Base:", "Base generator:", 1) + "\n")
     for dataset in r["data"]:
         rows = [{"method": m, **{k: v[dataset][k] for k in METRICS},
                  "MB/round": r["communication"][m][dataset]["bytes_per_round"] / 1e6}

@@ -101,6 +101,8 @@ def load_policy(path: str | Path, lora: dict | None = None, seed: int = 0, quant
     kwargs = {"is_decoder": True} if bert else {}
     if quantization:
         kwargs["quantization_config"] = _bnb_config(quantization)
+    if torch.cuda.is_available():  # a GPU client (hardware=gpu_1): the model lives there
+        kwargs["device_map"] = {"": torch.cuda.current_device()}
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if quantization:
         from peft import prepare_model_for_kbit_training
@@ -320,12 +322,15 @@ def saved_sft_base(model_name: str, base_dir: str, key: dict, data: Callable[[st
     """A base taught to answer by full-fine-tuning SFT, built once per ``key`` (its hash names
     the folder under ``base_dir``) and reused by every later run, client and adapter.
 
-    ``data(separator)`` gives (train, held_out, description) examples; the record of how the
+    ``steps`` 0 uses the model as published. ``data(separator)`` gives (train, held_out,
+    description) examples; the record of how the
     base was made (data, held-out nll before and after) is saved beside its weights, and the
     folder is written under a temporary name and renamed into place: a half-written base (or one
     without its record) is never used."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     root = Path(os.path.expanduser(base_dir))
+    if steps == 0:  # a model that answers already (a chat LM): used as published
+        return prepare_base(model_name, root / "init", seed), {"data": "none (no SFT)", "steps": 0}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     done = root / f"sft-{digest}"
     if (done / SFT_RECORD).exists():
         return done, json.loads((done / SFT_RECORD).read_text())

@@ -44,3 +44,8 @@ def test_unknown_protocol_callable():
 def test_protocol_block_is_typed():
     code, log = fedsim_run("protocol.dp_seeds=two")
     assert code == 2 and "FedTPProtocol" in log and "dp_seeds" in log
+
+
+def test_feddtre_partitions_that_do_not_give_num_clients_are_refused_before_anything_starts():
+    code, log = fedsim_run("experiment=feddtre_paper", "task.num_clients=7")
+    assert code == 2 and "gives 10 clients but task.num_clients is 7" in log and "SuperLink" not in log

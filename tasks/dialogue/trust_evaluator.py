@@ -63,7 +63,8 @@ class TrustEvaluator:
         if lora:
             from peft import get_peft_model
             encoder = get_peft_model(encoder, lora_config(lora))
-        self.net = _Scorer(encoder, scale, offset)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.net = _Scorer(encoder, scale, offset).to(self.device)
         self.net.eval()
 
     def weights(self) -> dict[str, np.ndarray]:
@@ -79,7 +80,8 @@ class TrustEvaluator:
         enc = self.tokenizer(texts, truncation=True, max_length=max_length, padding=True, return_tensors="pt",
                              return_special_tokens_mask=True)
         mask = enc["attention_mask"].bool() & ~enc.pop("special_tokens_mask").bool()
-        return self.net.encoder(**enc).last_hidden_state, mask
+        enc = {k: v.to(self.device) for k, v in enc.items()}
+        return self.net.encoder(**enc).last_hidden_state, mask.to(self.device)
 
     def _f1(self, contexts: list[str], responses: list[str]) -> torch.Tensor:
         x, x_mask = self._embed(contexts, self.max_length, "left")
@@ -90,7 +92,7 @@ class TrustEvaluator:
     def scores(self, contexts: list[str], responses: list[str], batch_size: int = 32) -> np.ndarray:
         """The trust score (F1) of each response to its context."""
         self.net.eval()
-        return np.concatenate([self._f1(contexts[i:i + batch_size], responses[i:i + batch_size]).numpy()
+        return np.concatenate([self._f1(contexts[i:i + batch_size], responses[i:i + batch_size]).cpu().numpy()
                                for i in range(0, len(contexts), batch_size)]) if contexts else np.zeros(0)
 
     def train(self, examples: list[TrustExample], steps: int, batch_size: int, lr: float, seed: int) -> dict:
@@ -104,7 +106,7 @@ class TrustEvaluator:
             f1 = self._f1([e.context for e in batch], [e.response for e in batch])
             scale, offset = self.net.calibration
             loss = F.binary_cross_entropy_with_logits(scale * (f1 - offset),
-                                                      torch.tensor([e.label for e in batch]))
+                                                      torch.tensor([e.label for e in batch], device=self.device))
             opt.zero_grad()
             loss.backward()
             opt.step()
