@@ -26,12 +26,18 @@ class RunContext:
     def partition_of(self, node: int) -> int:
         return next(pid for pid, n in self.nodes.items() if n == node)
 
+    def grid(self, label: str, policy: Policy | None = None):
+        """A Grid over every client in partition order. Flower samples nodes by position and
+        node ids are random per run, so this order makes the same seed sample the same clients
+        in every run."""
+        return self.messenger.grid(label, policy or Policy(ANY), [self.nodes[p] for p in sorted(self.nodes)])
+
     def fedavg(self, label: str, initial: ArrayRecord, rounds: int, config: dict,
                fraction_train: float) -> Result:
         """The configured weight-averaging strategy (``strategy``) over ``fraction_train`` of the
         clients per round; replies need finite weights, a round goes on with any of them."""
         strategy = instantiate(self.cfg.strategy, fraction_train=fraction_train, fraction_evaluate=0.0)
-        return strategy.start(self.messenger.grid(label, Policy(ANY, finite_arrays)), initial, rounds,
+        return strategy.start(self.grid(label, Policy(ANY, finite_arrays)), initial, rounds,
                               self.cfg.round_timeout, ConfigRecord(config))
 
 

@@ -101,7 +101,7 @@ def fedbiscuit(ctx: Context, name: str, spec: DictConfig) -> dict:
                               group_key=keys.GROUP, fraction_train=p.fraction_train, fraction_evaluate=0.0,
                               min_train_nodes=1, min_available_nodes=1, weighted_by_key=keys.NUM_EXAMPLES,
                               arrayrecord_key=keys.ARRAYS, configrecord_key=keys.CONFIG)
-    result = strategy.start(ctx.messenger.grid(name, Policy(ANY, finite_arrays)), to_record(ctx.initial),
+    result = strategy.start(ctx.grid(name, Policy(ANY, finite_arrays)), to_record(ctx.initial),
                             int(ctx.cfg.num_rounds), ctx.cfg.round_timeout, ConfigRecord(ctx.train_config()))
     minority = {pid for pid, i in ctx.info.items() if i[keys.POPULATION] == "minority"}
     groups = [_group_row(g, ctx, minority, int(spec.num_selectors)) for g in result.groups]
@@ -205,7 +205,7 @@ def _policy_summary(r: dict) -> str:
         return "" if v.get(key) is None else f"[{v[key][0]:.3f}, {v[key][1]:.3f}]"
     rows = [{"policy": m, "n": n, "win rate vs base": "(the base)" if v["win_rate"] is None else v["win_rate"],
              "95% CI": ci(v, "ci"),
-             "minority win rate": v.get("win_rate_minority"), "minority CI": ci(v, "ci_minority"),
+             "minority win rate": v.get("win_rate_minority", ""), "minority CI": ci(v, "ci_minority"),
              "mean judge reward": v["mean_reward"], "DPO pairs": v.get("pairs", "")}
             for m, by_n in r["policy"].items() for n, v in by_n.items()]
     rl = r["rlhf"]

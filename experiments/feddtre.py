@@ -121,7 +121,7 @@ def federated(ctx: Context, name: str, spec: DictConfig, dataset: str) -> dict:
     config = ctx.generator_config(dataset)
     if getattr(strategy, "scores_trust", False):
         config[keys.EVALUATOR_WEIGHTS] = ctx.evaluator_blob
-    result = strategy.start(ctx.messenger.grid(f"{dataset}/{name}", Policy(ANY, _generator_reply)),
+    result = strategy.start(ctx.grid(f"{dataset}/{name}", Policy(ANY, _generator_reply)),
                             to_record(ctx.initial), int(ctx.cfg.num_rounds), ctx.cfg.round_timeout,
                             ConfigRecord(config))
     out = {"weights": from_record(result.arrays),

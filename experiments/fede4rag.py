@@ -140,7 +140,7 @@ def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
         config = ConfigRecord(ctx.train_config(name, keys.FROM_HE, spec.kd_weight,
                                                ctx.cfg.protocol.local_steps, threads))
         wrapper = HEFedAvg(strategy, chunk_floats=ctx.cfg.protocol.he_chunk_floats)
-        result = wrapper.start(ctx.messenger.grid(name), ArrayRecord(), rounds,
+        result = wrapper.start(ctx.grid(name), ArrayRecord(), rounds,
                                ctx.cfg.round_timeout, config)
         ctx.cost["he"] = list(wrapper.rounds.values())
         return Trained(keys.FROM_HE, {"steps": ctx.budget, "rounds": _round_metrics(result)},
@@ -148,7 +148,7 @@ def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
     config = ConfigRecord(ctx.train_config(name, keys.FROM_ARRAYS, spec.kd_weight,
                                            ctx.cfg.protocol.local_steps, threads))
     start = time.perf_counter()
-    result = strategy.start(ctx.messenger.grid(name, Policy(ANY, finite_arrays)),
+    result = strategy.start(ctx.grid(name, Policy(ANY, finite_arrays)),
                             _initial(ctx), rounds, ctx.cfg.round_timeout, config)
     seconds = (time.perf_counter() - start) / rounds
     traffic = [ctx.messenger.round_traffic(f"{name}/train", r) for r in range(1, rounds + 1)]
