@@ -24,8 +24,8 @@ from hydra.utils import instantiate
 from clients import feddtre_messages as keys
 from fedsim.records import from_bytes, from_record, to_record
 from fedsim.trust_mixing import client_alpha, mix
-from tasks.causal_lm import generate, sft_train, shared_policy, turn_separator
-from tasks.dialogue.dataset import load_tasks
+from tasks.causal_lm import sft_train, shared_policy, turn_separator
+from tasks.dialogue.dataset import answer_sample, load_tasks
 from tasks.dialogue.trust_data import trust_examples
 from tasks.financebench_rag.model import load_trainable, trainable_arrays
 
@@ -138,11 +138,8 @@ class DialogueClient:
         evaluator = self.evaluator
         evaluator.load(from_bytes(config[keys.EVALUATOR_WEIGHTS]))
         held_out = self.examples(dataset, "valid", turn_separator(tokenizer))
-        pick = np.random.default_rng(seed).permutation(len(held_out))[:s["eval_contexts"]]
-        chosen = [held_out[i] for i in sorted(pick)]
-        replies = [r[0] for r in generate(model, tokenizer, [e.prompt for e in chosen], n=1,
-                                          max_new_tokens=s["max_new_tokens"], temperature=s["temperature"],
-                                          top_p=s["top_p"], seed=seed)]
+        decoding = {k: s[k] for k in ("max_new_tokens", "temperature", "top_p")}
+        chosen, replies = answer_sample(model, tokenizer, held_out, s["eval_contexts"], seed, decoding, seed)
         return float(np.mean(evaluator.scores([e.context for e in chosen], replies)))
 
     @staticmethod

@@ -33,8 +33,8 @@ from fedsim.records import from_record, to_bytes, to_record
 from fedsim.results import RunOutput, markdown_table
 from fedsim.schema import Protocol, check
 from fedsim.validators import finite_arrays
-from tasks.causal_lm import generate, load_policy, load_tokenizer, saved_sft_base, turn_separator
-from tasks.dialogue.dataset import DialogueTask, examples, load_tasks, topical_chat
+from tasks.causal_lm import load_policy, load_tokenizer, saved_sft_base, turn_separator
+from tasks.dialogue.dataset import DialogueTask, answer_sample, examples, load_tasks, topical_chat
 from tasks.dialogue.metrics import generation_metrics
 from tasks.dialogue.trust_data import trust_examples
 from tasks.financebench_rag.model import load_trainable, trainable_arrays
@@ -187,13 +187,11 @@ def train_evaluator(ctx: Context, evaluator) -> dict:
 def evaluate_generator(ctx: Context, weights: dict, dataset: str, evaluator, model, tokenizer) -> dict:
     """Replies to the dataset's held-out contexts (seeded sampling): BLEU, ROUGE, trust score."""
     g, d = ctx.protocol.generator, ctx.tasks[dataset]
-    test = d.examples(d.test, turn_separator(tokenizer))
-    pick = np.random.default_rng(int(ctx.cfg.task.split_seed)).permutation(len(test))[:ctx.protocol.test_contexts]
-    chosen = [test[i] for i in sorted(pick)]
     load_trainable(model, weights)
-    replies = [r[0] for r in generate(model, tokenizer, [e.prompt for e in chosen], n=1,
-                                      max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p,
-                                      seed=int(ctx.cfg.seed) + 1)]
+    chosen, replies = answer_sample(model, tokenizer, d.examples(d.test, turn_separator(tokenizer)),
+                                    ctx.protocol.test_contexts, int(ctx.cfg.task.split_seed),
+                                    {"max_new_tokens": g.max_new_tokens, "temperature": g.temperature,
+                                     "top_p": g.top_p}, int(ctx.cfg.seed) + 1)
     scores = evaluator.scores([e.context for e in chosen], replies)
     return {**generation_metrics(replies, [e.reply for e in chosen]), "trust_bertscore": float(scores.mean()),
             "contexts": len(chosen), "example": {"context": chosen[0].prompt, "reply": replies[0],

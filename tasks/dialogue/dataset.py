@@ -27,7 +27,7 @@ from datasets import Dataset
 from hydra.utils import get_method, instantiate
 
 from fedsim.data import DataNotFoundError, require_file
-from tasks.causal_lm import format_prompt
+from tasks.causal_lm import format_prompt, generate
 
 SPC_UPSTREAM = "github.com/google-research-datasets/Synthetic-Persona-Chat (CC BY 4.0)"
 CMU_DOG_UPSTREAM = "github.com/festvox/datasets-CMU_DoG"
@@ -148,6 +148,15 @@ def examples(conversations, sep: str, context_turns: int, grounding_words: int,
             out.append(Example(format_prompt(lead + roles, sep), turn.text,
                                " ".join([grounding] + [t.text for t in history]).strip(), conv.conv_id))
     return out
+
+
+def answer_sample(model, tokenizer, examples: list[Example], count: int, pick_seed: int, decoding: dict,
+                  seed: int) -> tuple[list[Example], list[str]]:
+    """``count`` examples drawn with ``pick_seed`` (kept in data order) and the model's sampled
+    reply to each (``decoding``: max_new_tokens, temperature, top_p; sampling seeded by ``seed``)."""
+    pick = np.random.default_rng(pick_seed).permutation(len(examples))[:count]
+    chosen = [examples[i] for i in sorted(pick)]
+    return chosen, [r[0] for r in generate(model, tokenizer, [e.prompt for e in chosen], n=1, seed=seed, **decoding)]
 
 
 @dataclass
