@@ -21,6 +21,7 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from hydra.utils import instantiate
 
 from clients import fede4rag_messages as keys
+from fedsim.client_app import run_key
 from fedsim.he import messages as he_keys
 from fedsim.he.ckks import CKKSParams
 from fedsim.he.client import HEClient, is_he_operation, state_dir
@@ -83,7 +84,7 @@ class RetrieverClient:
     def _he(self, msg: Message) -> HEClient:
         """This node's HE state for the message's run, kept so the secret context is read
         from ``key_dir`` once, not on every chunk."""
-        run_id = msg.metadata.run_id
+        run_id = run_key(msg)
         if run_id not in self._he_clients:
             h = self.task["he"]
             params = CKKSParams(h["poly_modulus_degree"], tuple(h["coeff_mod_bit_sizes"]),
@@ -161,7 +162,7 @@ class RetrieverClient:
         key = self._load_weights(msg)
         questions, corpus = self.evaluation
         folder = self.task.get("embedding_cache") or \
-            state_dir(self.task["state_dir"], msg.metadata.run_id, self.pid) / "embeddings"
+            state_dir(self.task["state_dir"], run_key(msg), self.pid) / "embeddings"
         store = corpus_store(self.model, key, corpus, folder, int(config[keys.PAGES_PER_MESSAGE]))
         start = time.perf_counter()
         if config[keys.EVAL_OP] == keys.ENCODE:

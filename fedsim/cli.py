@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 from hydra.errors import InstantiationException
 from hydra.utils import get_class, instantiate
@@ -12,10 +14,46 @@ from omegaconf import OmegaConf
 from fedsim.config import ConfigError, compose
 from fedsim.launcher import Interrupted, RunFailed, launch
 from fedsim.schema import check
+from fedsim.tls import make_federation
+
+RUN_FILE = Path("checkpoint") / "run.json"
+RESUMABLE = ("hardware", "round_timeout", "data_root", "logging")  # keys a resume may change
+
+
+def resumed(folder: str, overrides: list[str]) -> list[str]:
+    """The killed run's overrides, then ``overrides`` (only keys that cannot change the
+    experiment: where it runs, timeouts, the data's location, sinks), then ``resume=true``."""
+    saved = Path(folder).expanduser().resolve() / RUN_FILE
+    if not saved.is_file():
+        raise ConfigError(f"resume: {saved} not found (no checkpointed run in {folder})")
+    if (saved.parent.parent / "results.json").exists():
+        raise ConfigError(f"resume: the run in {folder} completed; nothing to resume")
+    for item in overrides:
+        key = item.partition("=")[0].lstrip("+~")
+        if key.split(".")[0] not in RESUMABLE:
+            raise ConfigError(f"resume: '{item}' would change the experiment; a resume may only "
+                              f"change {', '.join(RESUMABLE)}")
+    return [*json.loads(saved.read_text())["overrides"], *overrides, "resume=true"]
+
+
+def _resume_folder(overrides: list[str]) -> tuple[str | None, list[str]]:
+    folders = [o.partition("=")[2] for o in overrides if o.startswith("resume=")]
+    rest = [o for o in overrides if not o.startswith("resume=")]
+    return (folders[-1] if folders else None), rest
+
+
+def _save_run(cfg, pinned: list[str]) -> None:
+    if cfg.checkpoint and not cfg.resume:
+        path = Path(cfg.results_dir) / RUN_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"overrides": pinned}, indent=1))
 
 
 def run(overrides: list[str]) -> int:
     try:
+        folder, overrides = _resume_folder(overrides)
+        if folder:
+            overrides = resumed(folder, overrides)
         cfg = compose(overrides)
         check(cfg)
         instantiate(cfg.strategy)  # bad strategy values fail here, before any process starts
@@ -25,8 +63,12 @@ def run(overrides: list[str]) -> int:
     except (ConfigError, InstantiationException, ValueError, FileNotFoundError, ImportError) as exc:
         print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
         return 2
-    # the ServerApp composes again from the same overrides: pin what was resolved here
-    pinned = [*overrides, f"data_root={cfg.data_root}", f"results_dir={cfg.results_dir}"]
+    # the ServerApp composes again from the same overrides: pin what was resolved here (a remote
+    # ServerApp finds its data by its own host's data root and ships its results back)
+    remote = cfg.hardware.backend == "deployment" and not cfg.hardware.launch_local
+    pinned = [*overrides, *([] if remote else [f"data_root={cfg.data_root}"]),
+              f"results_dir={cfg.results_dir}"]
+    _save_run(cfg, [o for o in pinned if o != "resume=true"])
     try:
         outcome = launch(cfg, pinned, int(nodes))
     except RunFailed as exc:
@@ -44,7 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run_p = sub.add_parser("run", help="run an experiment: fedsim run experiment=fedtp_paper ...")
     run_p.add_argument("overrides", nargs="*", help="Hydra overrides KEY=VALUE")
+    certs_p = sub.add_parser("certs", help="make a private CA, a SuperLink certificate and "
+                             "SuperNode keys for a test federation")
+    certs_p.add_argument("folder", help="where to write ca.pem, superlink.pem/.key, node-I.key/.pub")
+    certs_p.add_argument("--hosts", default="127.0.0.1,localhost",
+                         help="comma-separated names / IPs the SuperLink is reached by")
+    certs_p.add_argument("--nodes", type=int, default=2, help="SuperNode key pairs to make")
     args = parser.parse_args(argv)
+    if args.command == "certs":
+        certs = make_federation(args.folder, args.hosts.split(","), args.nodes)
+        print(f"fedsim: CA {certs.ca}, SuperLink certificate for {args.hosts}, "
+              f"{args.nodes} SuperNode keys in {certs.folder}")
+        return 0
     return run(args.overrides)
 
 

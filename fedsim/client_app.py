@@ -10,14 +10,23 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 
-from flwr.app import Context, Message
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from hydra.utils import get_class
 
 from fedsim.data import resolve_data_root
 from fedsim.faults import fault_injection_mod
+from fedsim.journal import PARTITION, WHOAMI
 
 TASK_KEY = "fedsim-task"
+RUN_KEY = "fedsim-run-key"
+
+
+def run_key(msg: Message) -> str:
+    """The key of the run a message belongs to, stable across a resume (``client_config``);
+    Flower's run id where the server sent none."""
+    config = msg.content.config_records.get("config")
+    return str(config[RUN_KEY]) if config is not None and RUN_KEY in config else str(msg.metadata.run_id)
 
 app = ClientApp(mods=[fault_injection_mod])
 
@@ -39,6 +48,9 @@ def _handle(msg: Message, context: Context, method: str) -> Message:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
+    if WHOAMI in msg.content.config_records:  # the Messenger maps node ids to partitions
+        record = ConfigRecord({PARTITION: int(context.node_config["partition-id"])})
+        return Message(RecordDict({WHOAMI: record}), reply_to=msg)
     return _handle(msg, context, "query")
 
 

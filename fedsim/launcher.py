@@ -18,6 +18,7 @@ import shlex
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,8 @@ import tomli_w
 from omegaconf import DictConfig
 
 from fedsim.data import REPO_ROOT
+from fedsim.results import RESULTS_MARKER, unpack_results
+from fedsim.tls import Certificates, make_federation
 from fedsim.watchdog import ENV_KEY
 
 BIN = Path(sys.executable).parent
@@ -105,42 +108,108 @@ class Process:
         self.stop()
 
 
-def _wait_healthy(port: int, proc: Process, timeout: float = 60.0) -> None:
+def superlink_command(port: int, database: Path, certs: Certificates | None, node_auth: bool,
+                      host: str = "127.0.0.1", simulation: bool = False) -> list[str]:
+    """``flower-superlink``'s command line: TLS from ``certs`` (``None``: plain text)."""
+    tls = (["--ssl-ca-certfile", str(certs.ca), "--ssl-certfile", str(certs.superlink_cert),
+            "--ssl-keyfile", str(certs.superlink_key)] if certs else ["--insecure"])
+    return [str(BIN / "flower-superlink"), *tls, "--isolation", "subprocess", "--host", host,
+            "--port", str(port), "--database", str(database),
+            "--disable-runtime-dependency-installation",
+            *(["--enable-supernode-auth"] if node_auth else []),
+            *(["--simulation"] if simulation else [])]
+
+
+def supernode_command(superlink: str, partition: int, partitions: int, data_root: str,
+                      certs: Certificates | None, node_auth: bool, port: int) -> list[str]:
+    """``flower-supernode``'s command line for client ``partition`` of ``partitions``."""
+    node_config = f'partition-id={partition} num-partitions={partitions} data-root="{data_root}"'
+    tls = ["--root-certificates", str(certs.ca)] if certs else ["--insecure"]
+    auth = ["--auth-supernode-private-key", str(certs.node_key(partition))] if node_auth else []
+    return [str(BIN / "flower-supernode"), *tls, *auth, "--superlink", superlink,
+            "--node-config", node_config, "--port", str(port)]
+
+
+def connection(address: str, certs: Certificates | None) -> dict:
+    """The ``config.toml`` entry by which ``flwr`` reaches the SuperLink."""
+    if certs is None:
+        return {"address": address, "insecure": True}
+    return {"address": address, "root-certificates": str(certs.ca)}
+
+
+def write_connection(home: Path, address: str, certs: Certificates | None) -> None:
+    (home / "config.toml").write_text(tomli_w.dumps({"superlink": {
+        "default": "fedsim", "fedsim": connection(address, certs)}}))
+
+
+def _health_client(certs: Certificates | None) -> tuple[str, dict]:
+    if certs is None:
+        return "http", {}
+    return "https", {"verify": ssl.create_default_context(cafile=str(certs.ca))}
+
+
+def wait_healthy(address: str, proc: Process | None, certs: Certificates | None,
+                 timeout: float = 60.0) -> None:
+    """Wait for the SuperLink's ``/health``; fail early when its process died."""
+    scheme, options = _health_client(certs)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not proc.alive():
+        if proc is not None and not proc.alive():
             raise RunFailed(f"{proc.cmd[0]} exited with {proc.proc.returncode}; "
                             f"log: {proc.log}\n{proc.log.read_text()[-3000:]}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).is_success:
+            if httpx.get(f"{scheme}://{address}/health", timeout=0.5, **options).is_success:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.3)
-    raise RunFailed(f"SuperLink not healthy after {timeout:.0f} s; log: {proc.log}")
+    raise RunFailed(f"SuperLink {address} not healthy after {timeout:.0f} s"
+                    + (f"; log: {proc.log}" if proc else ""))
 
 
-def start_superlink(workdir: Path, env: dict, simulation: bool) -> tuple[Process, int]:
+def start_superlink(workdir: Path, env: dict, simulation: bool, certs: Certificates | None = None,
+                    node_auth: bool = False) -> tuple[Process, int]:
     port = free_port()
-    cmd = [str(BIN / "flower-superlink"), "--insecure", "--isolation", "subprocess",
-           "--host", "127.0.0.1", "--port", str(port), "--database", str(workdir / "state.db"),
-           "--disable-runtime-dependency-installation"]
-    proc = Process(cmd + (["--simulation"] if simulation else []), workdir, env,
-                   workdir / "superlink.log")
-    _wait_healthy(port, proc)
+    proc = Process(superlink_command(port, workdir / "state.db", certs, node_auth,
+                                     simulation=simulation),
+                   workdir, env, workdir / "superlink.log")
+    wait_healthy(f"127.0.0.1:{port}", proc, certs)
     return proc, port
 
 
+def register_nodes(certs: Certificates, count: int, env: dict, cwd: Path) -> None:
+    """Register every SuperNode's public key with the SuperLink (``--enable-supernode-auth``
+    refuses any node whose key was not registered)."""
+    for i in range(count):
+        res = _flwr(["supernode", "register", str(certs.node_pub(i)), "fedsim"], env, cwd)
+        if res.returncode != 0:
+            raise RunFailed(f"could not register SuperNode {i}: {res.stdout}{res.stderr}")
+
+
 def start_supernodes(workdir: Path, env: dict, superlink_port: int, count: int,
-                     data_root: str) -> list[Process]:
-    nodes = []
-    for pid in range(count):
-        node_config = f'partition-id={pid} num-partitions={count} data-root="{data_root}"'
-        nodes.append(Process([str(BIN / "flower-supernode"), "--insecure", "--superlink",
-                              f"127.0.0.1:{superlink_port}", "--node-config", node_config,
-                              "--port", str(free_port())], workdir, env,
-                             workdir / f"supernode-{pid}.log"))
-    return nodes
+                     data_root: str, certs: Certificates | None = None,
+                     node_auth: bool = False) -> list[Process]:
+    return [Process(supernode_command(f"127.0.0.1:{superlink_port}", pid, count, data_root,
+                                      certs, node_auth, free_port()),
+                    workdir, env, workdir / f"supernode-{pid}.log") for pid in range(count)]
+
+
+def certificates(hw: DictConfig, workdir: Path, nodes: int, echo) -> Certificates | None:
+    """The run's TLS material: none when ``insecure`` (with a warning), the user's folder, or
+    for a local federation a private CA made for this run."""
+    if hw.insecure:
+        echo("fedsim: WARNING: hardware.insecure=true: traffic to the SuperLink is not "
+             "encrypted and SuperNodes are not authenticated")
+        return None
+    local = bool(hw.launch_local)
+    if hw.certificates:
+        certs = Certificates(Path(str(hw.certificates)).expanduser().resolve())
+        certs.check(nodes if local and hw.node_auth else 0, server=local)
+        return certs
+    if not local:
+        raise RunFailed("hardware.certificates is required for a remote SuperLink (a folder "
+                        "with its CA as ca.pem), or hardware.insecure=true")
+    return make_federation(workdir / "certs", ["127.0.0.1", "localhost"], nodes)
 
 
 def _flwr(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
@@ -214,12 +283,42 @@ def _stream(cmd: list[str], workdir: Path, env: dict, echo) -> tuple[int, str | 
         proc.stdout.close()
 
 
+def _start_local(stack: ExitStack, cfg: DictConfig, workdir: Path, env: dict, simulation: bool,
+                 nodes: int, certs: Certificates | None) -> str:
+    """A private SuperLink (and, for a deployment, its SuperNodes, registered first when node
+    authentication is on); returns its address."""
+    auth = bool(not simulation and certs is not None and cfg.hardware.node_auth)
+    link, port = start_superlink(workdir, env, simulation, certs, auth)
+    stack.enter_context(link)
+    address = f"127.0.0.1:{port}"
+    write_connection(workdir / "flwr_home", address, certs)
+    if not simulation:
+        if auth:
+            register_nodes(certs, nodes, env, workdir)
+        for node in start_supernodes(workdir, env, port, nodes, cfg.data_root, certs, auth):
+            stack.enter_context(node)
+    return address
+
+
+class _Results:
+    """Echoes the run's log and keeps the results a remote ServerApp ships in it."""
+
+    def __init__(self, echo):
+        self.echo, self.lines = echo, []
+
+    def __call__(self, line: str) -> None:
+        if line.startswith(RESULTS_MARKER):
+            self.lines.append(line)
+        else:
+            self.echo(line)
+
+
 def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=print) -> dict:
-    """Run ``overrides`` through Flower on the backend of ``cfg.hardware``; return the status."""
+    """Run ``overrides`` through Flower on the backend of ``cfg.hardware``; return the status.
+    A remote SuperLink's ServerApp ships its results folder back in the run's log."""
     hw = cfg.hardware
     simulation = hw.backend == "simulation"
-    if hw.backend not in ("simulation", "deployment"):
-        raise RunFailed(f"hardware.backend must be simulation or deployment, got {hw.backend!r}")
+    remote = not (simulation or hw.launch_local)
     results_dir = Path(cfg.results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="fedsim-run-"))
@@ -231,19 +330,16 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         _watchdog(stack, token, workdir)
         stack.enter_context(_signals_interrupt())
-        if simulation or hw.launch_local:
-            link, port = start_superlink(workdir, env, simulation)
-            stack.enter_context(link)
-            address = f"127.0.0.1:{port}"
-            if not simulation:
-                for node in start_supernodes(workdir, env, port, num_supernodes, cfg.data_root):
-                    stack.enter_context(node)
-        else:
+        certs = None if simulation else certificates(hw, workdir, num_supernodes, echo)
+        if remote:
             address = str(hw.superlink)
-        (home / "config.toml").write_text(tomli_w.dumps({"superlink": {
-            "default": "fedsim", "fedsim": {"address": address, "insecure": True}}}))
+            write_connection(home, address, certs)
+            wait_healthy(address, None, certs, timeout=30.0)
+        else:
+            address = _start_local(stack, cfg, workdir, env, simulation, num_supernodes, certs)
         run_config = workdir / "run_config.toml"
-        run_config.write_text(tomli_w.dumps({"overrides": shlex.join(overrides)}))
+        run_config.write_text(tomli_w.dumps({"overrides": shlex.join(
+            [*overrides, *(["ship_results=true"] if remote else [])])}))
         cmd = [str(BIN / "flwr"), "run", str(REPO_ROOT), "fedsim", "--stream",
                "--run-config", str(run_config)]
         if simulation:
@@ -251,9 +347,17 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
                     f"num-supernodes={num_supernodes} client-resources-num-cpus={int(hw.client_cpus)} "
                     f"client-resources-num-gpus={float(hw.client_gpus)} "
                     f"init-args-num-cpus={int(hw.num_cpus)}"]
-        echo(f"fedsim: {num_supernodes} SuperNodes, {hw.backend} via SuperLink {address}; "
-             f"results -> {results_dir}")
-        code, run_id = _stream(cmd, workdir, env, echo)
+        security = "plain text" if certs is None else "TLS" + (
+            " + node authentication" if hw.node_auth and not simulation else "")
+        echo(f"fedsim: {num_supernodes} SuperNodes, {hw.backend} via SuperLink {address} "
+             f"({security}); results -> {results_dir}")
+        shipped = _Results(echo)
+        code, run_id = _stream(cmd, workdir, env, shipped)
+        if shipped.lines:
+            try:
+                unpack_results(shipped.lines, results_dir)
+            except (ValueError, OSError) as exc:
+                raise RunFailed(f"the run's results did not arrive whole: {exc}") from exc
         if code != 0 or run_id is None:
             raise RunFailed(f"`flwr run` could not start the run (exit {code})")
         status = run_status(run_id, env, workdir)
@@ -261,8 +365,6 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
         if status != "finished:completed" or error.exists():
             detail = error.read_text() if error.exists() else "(no error.txt; see the log above)"
             raise RunFailed(f"Flower run {run_id} ended as {status}.\n{detail}")
-        if (simulation or hw.launch_local) and not (results_dir / "results.json").exists():
-            raise RunFailed(f"run {run_id} completed but wrote no results.json in {results_dir}")
+        if not (results_dir / "results.json").exists():
+            raise RunFailed(f"run {run_id} completed but no results.json reached {results_dir}")
         return {"run_id": run_id, "status": status, "results_dir": str(results_dir)}
-
-

@@ -8,6 +8,9 @@ A *phase* is a named exchange (``discover``, ``prior``, ``fedavg/train``,
   ``malformed``; all three are left out and counted per phase and round in ``faults``
   (``results.json``);
 - bytes and seconds of each exchange are metered once, here, in ``traffic``;
+- every completed exchange is journaled (``fedsim/journal.py``) and, on resume, replayed;
+- every exchange's row (clients, faults, seconds, bytes, the mean of the replies' metrics) goes
+  to the run's metric sinks (``fedsim/sinks.py``: CSV, TensorBoard) as it completes;
 - the phase's :class:`Policy` states whether it may go on with fewer replies: a
   :class:`Quorum` of accepted replies, below which :class:`PhaseFailed` stops the run.
 
@@ -18,6 +21,7 @@ same path, as phases ``<label>/train`` and ``<label>/evaluate``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -25,12 +29,14 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from flwr.app import Message, RecordDict
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim.client_app import TASK_KEY
+from fedsim.client_app import RUN_KEY, TASK_KEY
 from fedsim.faults import FAULTS_KEY
+from fedsim.journal import PARTITION, WHOAMI, Journal
+from fedsim.sinks import Sinks, reply_metrics
 
 log = logging.getLogger("fedsim")
 
@@ -64,9 +70,12 @@ class PhaseFailed(RuntimeError):
 
 
 def client_config(cfg: DictConfig) -> dict:
-    """The config entries every client message carries: the resolved task and the fault spec."""
+    """The config entries every client message carries: the resolved task, the fault spec and
+    the run's key (its results folder: the same when the run is resumed, unlike Flower's run
+    id), under which clients keep state between rounds."""
     task = OmegaConf.to_container(cfg.task, resolve=True)
-    return {TASK_KEY: json.dumps(task), FAULTS_KEY: json.dumps(OmegaConf.to_container(cfg.faults))}
+    return {TASK_KEY: json.dumps(task), FAULTS_KEY: json.dumps(OmegaConf.to_container(cfg.faults)),
+            RUN_KEY: hashlib.sha256(str(cfg.results_dir).encode()).hexdigest()[:16]}
 
 
 def payload_bytes(content: RecordDict) -> int:
@@ -97,16 +106,46 @@ class Messenger:
     """Sends through ``grid``; keeps ``faults`` and ``traffic`` as ``{phase: {round: {...}}}``."""
 
     def __init__(self, grid: Grid, timeout: float, poll_seconds: float = 0.5,
-                 report_seconds: float = 10.0):
+                 report_seconds: float = 10.0, journal: Journal | None = None,
+                 sinks: Sinks | None = None):
         self.raw = grid
         self.timeout = timeout
         self.poll_seconds = poll_seconds
         self.report_seconds = report_seconds
+        self.journal, self.sinks = journal, sinks or Sinks()
         self.faults: dict[str, dict[int, dict[str, int]]] = {}
         self.traffic: dict[str, dict[int, dict[str, float]]] = {}
+        self._to_new: dict[int, int] = {}  # on resume: the journaled run's node ids -> this run's
+        if journal is not None:
+            self._map_nodes(journal)
+
+    def _map_nodes(self, journal: Journal) -> None:
+        """Ask every node its partition (not journaled, not counted); a resumed run maps the
+        journaled run's node ids to this run's by partition."""
+        nodes = list(self.raw.get_node_ids())
+        replies = self._send_and_wait("whoami", [
+            Message(RecordDict({WHOAMI: ConfigRecord()}), dst_node_id=n, message_type=MessageType.QUERY)
+            for n in nodes], self.timeout)
+        partitions = {m.metadata.src_node_id: int(m.content[WHOAMI][PARTITION])
+                      for m in replies if not m.has_error()}
+        if len(partitions) != len(nodes):
+            raise PhaseFailed(f"whoami: {len(partitions)} of {len(nodes)} nodes told their partition")
+        if journal.resumed_from == 0:
+            journal.save_partitions(partitions)
+            return
+        by_partition = {p: n for n, p in partitions.items()}
+        old = journal.load_partitions()
+        missing = sorted(set(old.values()) - set(by_partition))
+        if missing:
+            raise PhaseFailed(f"resume: partitions {missing} of the journaled run have no node now")
+        self._to_new = {o: by_partition[p] for o, p in old.items()}
 
     def node_ids(self) -> list[int]:
-        return list(self.raw.get_node_ids())
+        nodes = list(self.raw.get_node_ids())
+        if not self._to_new:
+            return nodes
+        to_old = {n: o for o, n in self._to_new.items()}
+        return [to_old[n] for n in nodes if n in to_old]
 
     def grid(self, label: str, policy: Policy = Policy(ANY), nodes: Iterable[int] | None = None
              ) -> PhaseGrid:
@@ -119,22 +158,42 @@ class Messenger:
         messages = list(messages)
         if not messages:
             return []
+        if self.journal is not None and self.journal.replaying:
+            entry = self.journal.replay(phase, server_round)
+            return self._done(phase, server_round, entry["replies"], entry["faults"], entry["traffic"])
         start = time.monotonic()
-        replies = self._send_and_wait(phase, messages, self.timeout if timeout is None else timeout)
+        replies = self._send_and_wait(phase, self._to_this_run(messages),
+                                      self.timeout if timeout is None else timeout)
         seconds = time.monotonic() - start
         good, counts, first_error = self._screen(phase, server_round, len(messages), replies,
                                                  policy.validator)
-        self._record(self.faults, phase, server_round, counts)
-        self._record(self.traffic, phase, server_round, {
-            "messages": len(messages), "seconds": seconds,
-            "bytes_down": sum(payload_bytes(m.content) for m in messages),
-            "bytes_up": sum(payload_bytes(m.content) for m in replies if not m.has_error())})
+        traffic = {"messages": len(messages), "seconds": seconds,
+                   "bytes_down": sum(payload_bytes(m.content) for m in messages),
+                   "bytes_up": sum(payload_bytes(m.content) for m in replies if not m.has_error())}
         need = policy.quorum.required(len(messages))
         if len(good) < need:
+            self._done(phase, server_round, good, counts, traffic)
             raise PhaseFailed(f"{phase} round {server_round}: {len(good)} of {len(messages)} "
                               f"replies usable, {need} needed ({counts})"
                               + (f"; e.g. {first_error}" if first_error else ""))
+        if self.journal is not None:
+            self.journal.record(phase, server_round, good, counts, traffic)
+        return self._done(phase, server_round, good, counts, traffic)
+
+    def _done(self, phase: str, server_round: int, good: list[Message], counts: dict,
+              traffic: dict) -> list[Message]:
+        """Count an exchange (live or replayed) and hand its row to the sinks."""
+        self._record(self.faults, phase, server_round, counts)
+        self._record(self.traffic, phase, server_round, traffic)
+        self.sinks.write(phase, server_round, {**counts, **traffic, **reply_metrics(good)})
         return good
+
+    def _to_this_run(self, messages: list[Message]) -> list[Message]:
+        """On resume, address the journaled run's node ids to this run's nodes (and map the
+        replies back in :meth:`_send_and_wait`)."""
+        for m in messages:
+            m.metadata.dst_node_id = self._to_new.get(m.metadata.dst_node_id, m.metadata.dst_node_id)
+        return messages
 
     def _send_and_wait(self, phase: str, messages: list[Message], timeout: float
                        ) -> list[Message]:
@@ -143,6 +202,8 @@ class Messenger:
         start = last = time.monotonic()
         while pending and time.monotonic() - start < timeout:
             got = list(self.raw.pull_messages(list(pending)))
+            for m in got:  # back to the journaled run's node ids (resume)
+                m.metadata.__dict__["_src_node_id"] = self._to_old(m.metadata.src_node_id)
             replies.extend(got)
             pending.difference_update(m.metadata.reply_to_message_id for m in got)
             now = time.monotonic()
@@ -155,6 +216,9 @@ class Messenger:
         log.info("[%s] %d/%d replies in %.1f s%s", phase, len(replies), total,
                  time.monotonic() - start, f" ({len(pending)} timed out)" if pending else "")
         return replies
+
+    def _to_old(self, node: int) -> int:
+        return next((o for o, n in self._to_new.items() if n == node), node)
 
     @staticmethod
     def _screen(phase: str, server_round: int, sent: int, replies: list[Message],

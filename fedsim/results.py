@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import math
+import tarfile
 from pathlib import Path
 
 import matplotlib
@@ -25,10 +28,47 @@ def _jsonable(value):
     return value
 
 
+RESULTS_MARKER = "FEDSIM-RESULTS "
+CHUNK_CHARS = 4096
+
+
+def ship_results(folder: Path) -> list[str]:
+    """The folder as log lines (a base64 tar.gz in numbered chunks): how the results of a run on a
+    remote SuperLink reach the user's machine through the run's log stream, without shell access
+    to the SuperLink host (Flower's ``flwr pull`` needs an artifact store a self-hosted SuperLink
+    does not have)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for path in sorted(folder.iterdir()):
+            tar.add(path, arcname=path.name)
+    text = base64.b64encode(buffer.getvalue()).decode()
+    chunks = [text[i:i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)]
+    return [f"{RESULTS_MARKER}{i}/{len(chunks)} {chunk}" for i, chunk in enumerate(chunks)]
+
+
+def unpack_results(lines: list[str], folder: Path) -> None:
+    """Write what :func:`ship_results` sent into ``folder``; refuse an incomplete shipment."""
+    chunks = {}
+    for line in lines:
+        head, chunk = line[len(RESULTS_MARKER):].split(" ", 1)
+        index, total = map(int, head.split("/"))
+        chunks[index] = chunk.strip()
+    if sorted(chunks) != list(range(total)):
+        raise ValueError(f"results arrived incomplete: {len(chunks)} of {total} chunks")
+    data = base64.b64decode("".join(chunks[i] for i in range(total)))
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        tar.extractall(folder, filter="data")
+
+
 class RunOutput:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
+
+    def clear_outcome(self) -> None:
+        """A resumed run starts without the killed run's outcome files."""
+        for name in ("results.json", "summary.md", "error.txt"):
+            (self.path / name).unlink(missing_ok=True)
 
     def write_config(self, cfg: DictConfig) -> None:
         (self.path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))

@@ -40,6 +40,16 @@ class Hardware:
     client_gpus: float = 0.0             # GPU share per ClientApp actor
     superlink: str | None = None         # deployment: SuperLink address host:port
     launch_local: bool = False           # deployment: start SuperLink + SuperNodes on loopback
+    insecure: bool = False               # deployment: plain text, no node authentication (warns)
+    certificates: str | None = None      # deployment: folder with ca.pem (+ superlink / node keys)
+    node_auth: bool = True               # launch_local: SuperNodes authenticate with registered keys
+
+
+@dataclass
+class Logging:
+    """Per-exchange metric sinks under results_dir (``fedsim/sinks.py``)."""
+    csv: bool = True                     # metrics.csv, one line per exchange and value
+    tensorboard: bool = False            # TensorBoard event files in results_dir/tensorboard
 
 
 @dataclass
@@ -53,6 +63,10 @@ class RunConfig:
     seed: int = 0
     num_rounds: int = 1
     round_timeout: float = 600.0
+    ship_results: bool = False           # set by the launcher for a remote SuperLink
+    checkpoint: bool = True              # journal every exchange under results_dir/checkpoint
+    resume: bool = False                 # set by `fedsim run resume=DIR`: replay the journal
+    logging: Logging = field(default_factory=Logging)
     faults: Faults = field(default_factory=Faults)
 
 
@@ -87,6 +101,12 @@ def check(cfg: DictConfig) -> Protocol:
     if cfg.hardware.backend not in BACKENDS:
         raise ValueError(f"hardware.backend must be one of {BACKENDS}, got "
                          f"{cfg.hardware.backend!r}")
+    hw = cfg.hardware
+    if hw.backend == "deployment" and not (hw.launch_local or hw.superlink):
+        raise ValueError("hardware.superlink (host:port) is required for a remote deployment")
+    if hw.backend == "deployment" and not (hw.launch_local or hw.insecure or hw.certificates):
+        raise ValueError("hardware.certificates (a folder with the federation's ca.pem) is "
+                         "required for a remote SuperLink; hardware.insecure=true for plain text")
     bad = set(cfg.faults.message_types) - set(MESSAGE_TYPES)
     if bad:
         raise ValueError(f"faults.message_types: {sorted(bad)} not in {MESSAGE_TYPES}")

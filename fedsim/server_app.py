@@ -1,5 +1,8 @@
 """The one ServerApp: compose the Hydra config named by the run config and run its protocol.
 
+With ``ship_results`` (a run on a remote SuperLink) the outputs are written to a temporary
+folder and printed into the run's log, from which ``fedsim run`` unpacks them locally.
+
 ``flwr run .`` passes no overrides and runs the default experiment; ``fedsim run`` passes the
 user's overrides as one string under the run-config key ``overrides``. The protocol sends every
 phase through one :class:`~fedsim.messaging.Messenger`, whose fault counts and traffic go into
@@ -10,15 +13,19 @@ from __future__ import annotations
 
 import logging
 import shlex
+import tempfile
 import traceback
+from pathlib import Path
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from hydra.utils import get_method
 
 from fedsim.config import compose
+from fedsim.journal import Journal
 from fedsim.messaging import Messenger
-from fedsim.results import RunOutput
+from fedsim.results import RunOutput, ship_results
+from fedsim.sinks import Sinks
 
 app = ServerApp()
 
@@ -33,18 +40,41 @@ def main(grid: Grid, context: Context) -> None:
         logger.setLevel(logging.INFO)
         logger.propagate = False
     cfg = compose(shlex.split(str(context.run_config.get("overrides", ""))))
-    out = RunOutput(cfg.results_dir)
+    if cfg.ship_results:  # a remote SuperLink: results go back in the log, not to the user's path
+        with tempfile.TemporaryDirectory(prefix="fedsim-results-") as folder:
+            try:
+                _run(grid, cfg, RunOutput(folder))
+            finally:
+                print("\n".join(ship_results(Path(folder))), flush=True)
+    else:
+        _run(grid, cfg, RunOutput(cfg.results_dir))
+
+
+def _run(grid: Grid, cfg, out: RunOutput) -> None:
+    log = logging.getLogger("fedsim")
+    out.clear_outcome()
     out.write_config(cfg)
-    logging.getLogger("fedsim").info("results -> %s", out.path)
-    messenger = Messenger(grid, float(cfg.round_timeout))
+    log.info("results -> %s", out.path)
+    keep = cfg.checkpoint and not cfg.ship_results  # a remote run's folder is temporary
+    journal = Journal(out.path / "checkpoint" / "journal", bool(cfg.resume)) if keep else None
+    if journal is not None and journal.resumed_from:
+        log.info("resume: replaying %d journaled exchanges", journal.resumed_from)
+    sinks = Sinks(out.path, cfg.logging.csv, cfg.logging.tensorboard)
+    messenger = None
     try:
+        messenger = Messenger(grid, float(cfg.round_timeout), journal=journal, sinks=sinks)
         results, summary = get_method(cfg.protocol.run)(messenger, cfg, out)
         # traffic per phase and round, beside any per-method summary the protocol made
         results.update(faults=messenger.faults,
                        communication={**messenger.traffic, **results.get("communication", {})})
+        if journal is not None:
+            results["checkpoint"] = {"exchanges": len(journal.recorded),
+                                     "replayed": journal.resumed_from}
         out.write_results(results, summary)
         print(summary, flush=True)
     except BaseException:
-        out.write_error(traceback.format_exc()
-                        + f"\nfaults so far: {messenger.faults}\n")
+        faults = messenger.faults if messenger else {}
+        out.write_error(traceback.format_exc() + f"\nfaults so far: {faults}\n")
         raise
+    finally:
+        sinks.close()

@@ -28,7 +28,7 @@ class IncompleteGlobal(RuntimeError):
     """The node does not hold the complete aggregate it was asked to use."""
 
 
-def state_dir(root: str | None, run_id: int, partition_id: int) -> Path:
+def state_dir(root: str | None, run_id: int | str, partition_id: int) -> Path:
     base = Path(root).expanduser() if root else Path(tempfile.gettempdir()) / "fedsim-clients"
     path = base / f"run-{run_id}" / f"node-{partition_id}"
     path.mkdir(parents=True, exist_ok=True)

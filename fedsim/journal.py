@@ -1,0 +1,95 @@
+"""Checkpoint and resume by replay: every completed exchange is journaled, a resumed run replays.
+
+Every phase of every protocol goes through :meth:`fedsim.messaging.Messenger.exchange`, so the
+clients' side of a run is exactly the sequence of its exchanges' usable replies. After each
+exchange (a round's training, a regroup's loss reports, an HE chunk, ...) the Messenger appends
+its replies, fault counts and traffic here, as one file written then renamed (a kill never
+leaves a half-written entry). ``fedsim run resume=<results_dir>`` runs the same protocol code
+with the same seed: the first exchanges are answered from the journal, in order, without
+sending anything, which rebuilds every piece of server state (global models, FedBiscuit's
+selectors and groups, DPMean's privacy accountant, FedDTRE's schedule, the sampling RNG, the
+round metrics and fault counts) exactly as they were; then the run goes on live from the first
+exchange that had not completed. Server-side computation between exchanges is redone; client
+work is not.
+
+Node ids are new in every Flower run, so the journal keeps each node's partition id; a resumed
+run asks every node for its partition (``WHOAMI``) and translates ids both ways, the protocol
+living in the first run's ids throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+
+from flwr.app import Message
+from flwr.common.serde import message_from_proto, message_to_proto
+from flwr.proto.message_pb2 import Message as ProtoMessage
+
+WHOAMI = "fedsim-whoami"        # the core query every ClientApp answers with its partition id
+PARTITION = "partition-id"
+
+
+class ResumeMismatch(RuntimeError):
+    """The resumed run asked for another exchange than the journaled run did at that point."""
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class Journal:
+    """The exchanges of one run, in order, under ``folder``; those already there are replayed."""
+
+    def __init__(self, folder: str | Path, resume: bool):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            for path in self.folder.iterdir():
+                path.unlink()
+        self.recorded = sorted(self.folder.glob("*.exchange"))
+        self.position = 0
+        self.resumed_from = len(self.recorded)  # exchanges the resumed run replays
+
+    @property
+    def replaying(self) -> bool:
+        return self.position < len(self.recorded)
+
+    def replay(self, phase: str, server_round: int) -> dict:
+        """The next journaled exchange; it must be the one the protocol asks for."""
+        entry = pickle.loads(self.recorded[self.position].read_bytes())
+        if (entry["phase"], entry["round"]) != (phase, server_round):
+            raise ResumeMismatch(f"exchange {self.position}: the journal holds {entry['phase']} "
+                                 f"round {entry['round']}, the resumed run asks for {phase} round "
+                                 f"{server_round} (was the code or the config changed?)")
+        self.position += 1
+        entry["replies"] = [message_from_proto(ProtoMessage.FromString(b)) for b in entry["replies"]]
+        return entry
+
+    def record(self, phase: str, server_round: int, replies: list[Message], faults: dict,
+               traffic: dict) -> None:
+        entry = {"phase": phase, "round": server_round, "faults": faults, "traffic": traffic,
+                 "replies": [message_to_proto(m).SerializeToString() for m in replies]}
+        index = len(self.recorded)
+        path = self.folder / f"{index:07d}.exchange"
+        _atomic_write(path, pickle.dumps(entry))
+        self.recorded.append(path)
+        self.position = index + 1
+
+    @property
+    def partitions_path(self) -> Path:
+        return self.folder / "partitions.json"
+
+    def save_partitions(self, partitions: dict[int, int]) -> None:
+        """node id -> partition id of the journaled run's nodes."""
+        _atomic_write(self.partitions_path, json.dumps({str(k): v for k, v in partitions.items()}).encode())
+
+    def load_partitions(self) -> dict[int, int]:
+        return {int(k): int(v) for k, v in json.loads(self.partitions_path.read_text()).items()}

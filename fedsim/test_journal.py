@@ -1,0 +1,86 @@
+"""Checkpoint by journal: a resumed Messenger replays what completed, sends nothing for it, maps
+node ids by partition and goes on live; a different exchange order is refused."""
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+
+from fedsim.inprocess_grid import InProcessGrid
+from fedsim.journal import PARTITION, WHOAMI, Journal, ResumeMismatch
+from fedsim.messaging import Messenger
+from fedsim.sinks import Sinks
+
+
+def _grid(node_ids: list[int], calls: list) -> InProcessGrid:
+    """Node ``node_ids[p]`` is partition p; it replies p * round and counts every call."""
+    def handler(pid):
+        def handle(msg):
+            if WHOAMI in msg.content.config_records:
+                return RecordDict({WHOAMI: ConfigRecord({PARTITION: pid})})
+            rnd = int(msg.content["config"]["round"])
+            calls.append((pid, rnd))
+            return RecordDict({"arrays": ArrayRecord([np.full(3, pid * rnd, dtype=np.float32)]),
+                               "metrics": MetricRecord({"loss": float(pid + rnd)})})
+        return handle
+    return InProcessGrid({node: handler(pid) for pid, node in enumerate(node_ids)})
+
+
+def _rounds(messenger: Messenger, rounds: range) -> list[dict]:
+    """A protocol in the first run's node ids: each round asks every node, in partition order."""
+    nodes = sorted(messenger.node_ids())
+    out = []
+    for rnd in rounds:
+        replies = messenger.exchange("fit/train", [
+            Message(RecordDict({"config": ConfigRecord({"round": rnd})}), dst_node_id=n,
+                    message_type=MessageType.TRAIN) for n in nodes], server_round=rnd)
+        out.append({m.metadata.src_node_id: m.content["arrays"]["0"].numpy().tolist() for m in replies})
+    return out
+
+
+def test_resume_replays_then_goes_on_live_with_new_node_ids(tmp_path):
+    calls = []
+    first = Messenger(_grid([11, 12, 13], calls), timeout=5, journal=Journal(tmp_path, resume=False))
+    done = _rounds(first, range(1, 3))  # killed after round 2
+    assert len(calls) == 6
+    calls.clear()
+    resumed = Messenger(_grid([71, 72, 73], calls), timeout=5, journal=Journal(tmp_path, resume=True))
+    assert resumed.node_ids() == [11, 12, 13]  # the protocol keeps the first run's ids
+    again = _rounds(resumed, range(1, 5))
+    assert again[:2] == done  # replayed, nothing sent for them
+    assert sorted(calls) == [(p, r) for p in range(3) for r in (3, 4)]
+    assert again[3] == {11: [0.0] * 3, 12: [4.0] * 3, 13: [8.0] * 3}  # answered by the new nodes
+    assert [resumed.faults["fit/train"][r] for r in (1, 2)] == [first.faults["fit/train"][r] for r in (1, 2)]
+    assert [resumed.traffic["fit/train"][r] for r in (1, 2)] == [first.traffic["fit/train"][r] for r in (1, 2)]
+    assert all(resumed.faults["fit/train"][r]["accepted"] == 3 for r in (3, 4))
+    assert len(list(tmp_path.glob("*.exchange"))) == 4
+
+
+def test_a_different_exchange_order_is_refused(tmp_path):
+    _rounds(Messenger(_grid([1, 2], []), timeout=5, journal=Journal(tmp_path, resume=False)), range(1, 3))
+    resumed = Messenger(_grid([5, 6], []), timeout=5, journal=Journal(tmp_path, resume=True))
+    with pytest.raises(ResumeMismatch, match="fit/train round 1"):
+        _rounds(resumed, range(2, 3))
+
+
+def test_a_fresh_run_clears_the_journal(tmp_path):
+    _rounds(Messenger(_grid([1, 2], []), timeout=5, journal=Journal(tmp_path, resume=False)), range(1, 3))
+    calls = []
+    _rounds(Messenger(_grid([1, 2], calls), timeout=5, journal=Journal(tmp_path, resume=False)), range(1, 2))
+    assert len(calls) == 2 and len(list(tmp_path.glob("*.exchange"))) == 1
+
+
+def test_no_half_written_entry(tmp_path):
+    journal = Journal(tmp_path, resume=False)
+    _rounds(Messenger(_grid([1], []), timeout=5, journal=journal), range(1, 3))
+    (tmp_path / "0000002.exchange.tmp").write_bytes(b"cut short")  # a kill during the write
+    assert len(Journal(tmp_path, resume=True).recorded) == 2
+
+
+def test_csv_sink_rows(tmp_path):
+    sinks = Sinks(tmp_path, to_csv=True)
+    _rounds(Messenger(_grid([1, 2], []), timeout=5, sinks=sinks), range(1, 3))
+    sinks.close()
+    rows = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert rows[0] == "time,phase,round,name,value"
+    loss = [r.split(",") for r in rows if ",metric/loss," in r]
+    assert [(r[1], r[2], float(r[4])) for r in loss] == [("fit/train", "1", 1.5), ("fit/train", "2", 2.5)]

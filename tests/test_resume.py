@@ -1,0 +1,95 @@
+"""Checkpoint and resume: ``fedsim run`` killed with SIGKILL mid-run, then ``fedsim run
+resume=<results_dir>``, ends with the results of an uninterrupted run of the same seed.
+
+FedTP over 4 rounds of DPMean with client sampling and the RDP accountant (sigma 1): the run is
+deterministic up to the order in which replies arrive (which changes float sums in the last bit,
+as between two uninterrupted runs): the results must agree to 1e-12, timings aside; the DP
+rounds (accountant, clients) and every fault count exactly. Every training reply is
+delayed 1 s (an in-time ``timeout`` fault: the replies are accepted as usual) so the kill lands
+mid-run."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import FEDSIM, SMALL, fedsim_run, private_tmpdir, read_results
+from fedsim.watchdog import run_processes
+
+RUN = [*SMALL, "num_rounds=4", "strategy.fraction_train=0.5", "protocol.dp_sigmas=[1.0]",
+       "faults.timeout=[0,1,2,3,4,5,6,7,8,9]", "faults.timeout_seconds=1"]
+
+
+def _without_timings(value):
+    if isinstance(value, dict):
+        return {k: _without_timings(v) for k, v in value.items()
+                if "seconds" not in k and k not in ("checkpoint", "timings")}
+    if isinstance(value, list):
+        return [_without_timings(v) for v in value]
+    if isinstance(value, float):
+        return pytest.approx(value, rel=1e-12, abs=1e-15)
+    return value
+
+
+def _journaled(out) -> list[dict]:
+    import pickle
+    return [pickle.loads(p.read_bytes()) for p in sorted((out / "checkpoint" / "journal").glob("*.exchange"))]
+
+
+def _kill_after(out, entries: int, root: str) -> None:
+    """Start the run, SIGKILL ``fedsim run`` once ``entries`` exchanges are journaled."""
+    proc = subprocess.Popen([FEDSIM, "run", *RUN, f"results_dir={out}"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": root})
+    journal = out / "checkpoint" / "journal"
+    deadline = time.monotonic() + 300
+    while len(list(journal.glob("*.exchange"))) < entries:
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before the kill"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    deadline = time.monotonic() + 60
+    while run_processes(root) and time.monotonic() < deadline:  # the watchdog ends the rest
+        time.sleep(0.5)
+    assert run_processes(root) == []
+
+
+def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
+    whole = tmp_path / "whole"
+    code, log = fedsim_run(*RUN, f"results_dir={whole}")
+    assert code == 0, log[-3000:]
+    phases = [(e["phase"], e["round"]) for e in _journaled(whole)]
+    kill_at = phases.index(("prior/train", 2)) + 1  # rounds 1 and 2 complete, 3 and 4 not
+    cut = tmp_path / "cut"
+    root = private_tmpdir()
+    _kill_after(cut, kill_at, root)
+    assert not (cut / "results.json").exists()
+    done = len(list((cut / "checkpoint" / "journal").glob("*.exchange")))
+    assert kill_at <= done < len(phases)
+
+    code, log = fedsim_run(f"resume={cut}")
+    assert code == 0, log[-3000:]
+    assert f"resume: replaying {done} journaled exchanges" in log
+    resumed, reference = read_results(cut), read_results(whole)
+    assert resumed["checkpoint"] == {"exchanges": len(phases), "replayed": done}
+    assert _without_timings(resumed) == _without_timings(reference)
+    assert resumed["train_metrics"] == reference["train_metrics"]  # DP rounds, epsilon: exact
+    assert resumed["faults"] == reference["faults"]
+    assert [(e["phase"], e["round"]) for e in _journaled(cut)] == phases
+    rows = (cut / "metrics.csv").read_text().splitlines()  # rewritten whole, nothing repeated
+    assert len(rows) == len((whole / "metrics.csv").read_text().splitlines())
+
+
+def test_resume_refuses_what_would_change_the_experiment(tmp_path):
+    out = tmp_path / "run"
+    (out / "checkpoint").mkdir(parents=True)
+    (out / "checkpoint" / "run.json").write_text(json.dumps({"overrides": [f"results_dir={out}"]}))
+    code, log = fedsim_run(f"resume={out}", "protocol.dp_seeds=3")
+    assert code == 2 and "'protocol.dp_seeds=3' would change the experiment" in log
+    code, log = fedsim_run(f"resume={tmp_path / 'nothing'}")
+    assert code == 2 and "no checkpointed run" in log
+    (out / "results.json").write_text("{}")
+    code, log = fedsim_run(f"resume={out}", "round_timeout=50")
+    assert code == 2 and "completed; nothing to resume" in log
