@@ -144,7 +144,7 @@ def test_fedtp_and_fede4rag_he_across_namespaces(federation, tmp_path):
     hosts, certs = federation
     code, log = _user_run(hosts, certs, tmp_path / "fedtp", *SMALL, "task.max_per_split=2")
     assert code == 0, log[-4000:]
-    assert f"via SuperLink {LINK_IP}:{PORT} (TLS)" in log
+    assert f"via SuperLink {LINK_IP}:{PORT} (TLS + node authentication)" in log
     res = read_results(tmp_path / "fedtp")  # shipped back through the log
     assert res["supernodes"] == 2 and res["prior_clients"]["nodes"] == 2
     print("netns fedtp", json.dumps(_figures(res)))
@@ -154,13 +154,13 @@ def test_fedtp_and_fede4rag_he_across_namespaces(federation, tmp_path):
         "task.companies=[AES Corporation,Boeing]", "task.pages_per_client=30", "task.n_valid=4",
         "task.n_test=6", "task.corpus_pages_per_doc=8", "task.embedding_cache=null",
         f"task.he.key_dir={tmp_path / 'keys'}", f"task.state_dir={tmp_path / 'state'}",
-        "num_rounds=2", "protocol.local_steps=2", "protocol.batch_size=4",
+        "num_rounds=1", "protocol.local_steps=2", "protocol.batch_size=4",
         "protocol.eval_pages_per_message=64", "~protocol.methods",
         "+protocol.methods={fede4rag: {run: experiments.fede4rag.federated, kd_weight: 1.0, he: true}}")
     assert code == 0, log[-4000:]
     res = read_results(tmp_path / "fede4rag")
     he = res["methods"]["fede4rag"]
-    assert he["rounds"]["2"]["clients"] == 2 and he["rounds"]["2"]["chunk-failures"] == 0
+    assert he["rounds"]["1"]["clients"] == 2 and he["rounds"]["1"]["chunk-failures"] == 0
     assert all(c["failed"] == c["timed_out"] == 0 for phase in res["faults"].values()
                for c in phase.values())
     print("netns fede4rag", json.dumps(_figures(res)))
