@@ -12,7 +12,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
 from fedsim.config import ConfigError, compose
-from fedsim.launcher import Interrupted, RunFailed, launch
+from fedsim.launcher import Interrupted, RunFailed, launch, user_certificates
 from fedsim.schema import check
 from fedsim.tls import make_federation
 
@@ -60,6 +60,7 @@ def run(overrides: list[str]) -> int:
         task = OmegaConf.to_container(cfg.task, resolve=True)
         nodes = cfg.hardware.num_supernodes or get_class(task["client"]).population_size(
             task, cfg.data_root)
+        user_certificates(cfg.hardware, int(nodes))  # missing certificate files: refused here
     except (ConfigError, InstantiationException, ValueError, FileNotFoundError, ImportError) as exc:
         print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
         return 2

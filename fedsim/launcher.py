@@ -194,6 +194,17 @@ def start_supernodes(workdir: Path, env: dict, superlink_port: int, count: int,
                     workdir, env, workdir / f"supernode-{pid}.log") for pid in range(count)]
 
 
+def user_certificates(hw: DictConfig, nodes: int) -> Certificates | None:
+    """The user's certificate folder (``hardware.certificates``), its files checked for the
+    roles this machine plays; None when none is given."""
+    if hw.backend != "deployment" or hw.insecure or not hw.certificates:
+        return None
+    certs = Certificates(Path(str(hw.certificates)).expanduser().resolve())
+    local = bool(hw.launch_local)
+    certs.check(nodes if local and hw.node_auth else 0, server=local)
+    return certs
+
+
 def certificates(hw: DictConfig, workdir: Path, nodes: int, echo) -> Certificates | None:
     """The run's TLS material: none when ``insecure`` (with a warning), the user's folder, or
     for a local federation a private CA made for this run."""
@@ -201,12 +212,9 @@ def certificates(hw: DictConfig, workdir: Path, nodes: int, echo) -> Certificate
         echo("fedsim: WARNING: hardware.insecure=true: traffic to the SuperLink is not "
              "encrypted and SuperNodes are not authenticated")
         return None
-    local = bool(hw.launch_local)
     if hw.certificates:
-        certs = Certificates(Path(str(hw.certificates)).expanduser().resolve())
-        certs.check(nodes if local and hw.node_auth else 0, server=local)
-        return certs
-    if not local:
+        return user_certificates(hw, nodes)
+    if not hw.launch_local:
         raise RunFailed("hardware.certificates is required for a remote SuperLink (a folder "
                         "with its CA as ca.pem), or hardware.insecure=true")
     return make_federation(workdir / "certs", ["127.0.0.1", "localhost"], nodes)

@@ -8,7 +8,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from fedsim.inprocess_grid import InProcessGrid
 from fedsim.journal import PARTITION, WHOAMI, Journal, ResumeMismatch
 from fedsim.messaging import Messenger
-from fedsim.sinks import Sinks
 
 
 def _grid(node_ids: list[int], calls: list) -> InProcessGrid:
@@ -74,13 +73,3 @@ def test_no_half_written_entry(tmp_path):
     _rounds(Messenger(_grid([1], []), timeout=5, journal=journal), range(1, 3))
     (tmp_path / "0000002.exchange.tmp").write_bytes(b"cut short")  # a kill during the write
     assert len(Journal(tmp_path, resume=True).recorded) == 2
-
-
-def test_csv_sink_rows(tmp_path):
-    sinks = Sinks(tmp_path, to_csv=True)
-    _rounds(Messenger(_grid([1, 2], []), timeout=5, sinks=sinks), range(1, 3))
-    sinks.close()
-    rows = (tmp_path / "metrics.csv").read_text().splitlines()
-    assert rows[0] == "time,phase,round,name,value"
-    loss = [r.split(",") for r in rows if ",metric/loss," in r]
-    assert [(r[1], r[2], float(r[4])) for r in loss] == [("fit/train", "1", 1.5), ("fit/train", "2", 2.5)]

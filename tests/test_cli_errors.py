@@ -49,3 +49,14 @@ def test_protocol_block_is_typed():
 def test_feddtre_partitions_that_do_not_give_num_clients_are_refused_before_anything_starts():
     code, log = fedsim_run("experiment=feddtre_paper", "task.num_clients=7")
     assert code == 2 and "gives 10 clients but task.num_clients is 7" in log and "SuperLink" not in log
+
+
+def test_remote_superlink_needs_its_ca():
+    code, log = fedsim_run("hardware=deploy_remote", "hardware.superlink=10.0.0.1:9093")
+    assert code == 2 and "hardware.certificates" in log and "SuperLink" in log
+
+
+def test_missing_certificate_files_are_named(tmp_path):
+    (tmp_path / "ca.pem").write_text("x")
+    code, log = fedsim_run("hardware=deploy_local", f"hardware.certificates={tmp_path}")
+    assert code == 2 and str(tmp_path / "superlink.pem") in log and "fedsim certs" in log

@@ -1,4 +1,5 @@
-"""A real SuperLink and two SuperNodes on loopback run a small FedTP experiment, then stop."""
+"""A real SuperLink and two SuperNodes on loopback, over TLS with node authentication (a private
+CA made for the run, each node registered), run a small FedTP experiment, then stop."""
 
 import subprocess
 
@@ -15,7 +16,7 @@ def test_fedtp_through_superlink_and_two_supernodes(run_small):
     before = _flower_processes()
     code, log, out = run_small("hardware=deploy_local", "task.max_per_split=2")
     assert code == 0, log
-    assert "deployment via SuperLink 127.0.0.1:" in log
+    assert "deployment via SuperLink 127.0.0.1:" in log and "(TLS + node authentication)" in log
     res = read_results(out)
     assert res["supernodes"] == 2 and res["conversations"] == 8
     # each SuperNode hosts 2 validation conversations: 4 client vectors in the prior
