@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from fedsim import schema  # noqa: F401  (registers the typed schema with Hydra)
-from fedsim.data import REPO_ROOT, resolve_data_root
+from fedsim.data import REPO_ROOT, DataNotFoundError, resolve_data_root
 
 CONF_DIR = REPO_ROOT / "conf"
 GROUPS = ("task", "strategy", "hardware", "experiment")
@@ -67,7 +67,11 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
             _check_keys(base, overrides)
         raise ConfigError(_explain(overrides, exc)) from exc
     OmegaConf.set_struct(cfg, False)
-    cfg.data_root = str(resolve_data_root(cfg.data_root))
+    try:
+        cfg.data_root = str(resolve_data_root(cfg.data_root))
+    except DataNotFoundError:
+        if cfg.hardware.backend == "simulation" or cfg.hardware.launch_local:
+            raise  # a remote run's data lives on the SuperLink and SuperNode hosts
     if not cfg.results_dir:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         cfg.results_dir = str(Path.cwd() / "outputs" / cfg.protocol.name / stamp)
