@@ -138,6 +138,8 @@ class RetrieverClient:
     def train(self, msg: Message, context=None) -> RecordDict:
         config = msg.content[keys.CONFIG]
         self._threads(config)
+        he_round = config.get(he_keys.HE_ROUND, False)
+        decrypt = self._he(msg).install_carried(msg) if he_round else 0.0  # one-trip HE
         self._load_weights(msg)
         pool = list(config.get(keys.POOL_PARTITIONS, []))
         pairs = self.pairs if not pool else \
@@ -151,8 +153,9 @@ class RetrieverClient:
         metrics = {keys.NUM_EXAMPLES: len(pairs), "train-seconds": time.perf_counter() - start,
                    **{k: float(v) for k, v in stats.items()}}
         trained = trainable_arrays(self.model)
-        if config.get(he_keys.HE_ROUND, False):
-            return self._he(msg).train_reply(flatten(trained), metrics)
+        if he_round:
+            return self._he(msg).train_reply(flatten(trained), {**metrics, he_keys.DECRYPT_SECONDS: decrypt},
+                                             int(config.get(he_keys.INLINE_FLOATS, 0)))
         return RecordDict({keys.ARRAYS: to_record(trained),
                            keys.METRICS: MetricRecord(metrics)})
 

@@ -133,16 +133,18 @@ def centralized(ctx: Context, name: str, spec: DictConfig) -> Trained:
 
 def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
     """The configured strategy for ``num_rounds`` (quorum per round: any client); with ``he``
-    wrapped in HEFedAvg."""
+    wrapped in HEFedAvg (``one_trip``, default true: an update that fits one message travels
+    encrypted in the train reply; false: always the chunk phases)."""
     rounds, threads = int(ctx.cfg.num_rounds), _threads(ctx.cfg, len(ctx.nodes))
     strategy = instantiate(ctx.cfg.strategy)
     if spec.he:
         config = ConfigRecord(ctx.train_config(name, keys.FROM_HE, spec.kd_weight,
                                                ctx.cfg.protocol.local_steps, threads))
-        wrapper = HEFedAvg(strategy, chunk_floats=ctx.cfg.protocol.he_chunk_floats)
+        one_trip = bool(spec.get("one_trip", True))
+        wrapper = HEFedAvg(strategy, chunk_floats=ctx.cfg.protocol.he_chunk_floats, one_trip=one_trip)
         result = wrapper.start(ctx.grid(name), ArrayRecord(), rounds,
                                ctx.cfg.round_timeout, config)
-        ctx.cost["he"] = list(wrapper.rounds.values())
+        ctx.cost["he" if one_trip else "he_chunked"] = list(wrapper.rounds.values())
         return Trained(keys.FROM_HE, {"steps": ctx.budget, "rounds": _round_metrics(result)},
                        he_round=rounds)
     config = ConfigRecord(ctx.train_config(name, keys.FROM_ARRAYS, spec.kd_weight,

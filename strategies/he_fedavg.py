@@ -13,6 +13,13 @@ plaintext averaging. A round, each step a phase of the one messaging path
    ciphertexts; ``<label>/he-install`` (quorum: any): every node decrypts the aggregate chunk
    into its copy, which becomes its global model only when all chunks of the round are in.
 
+**One trip** (``one_trip``, default): when an update fits in one chunk (LoRA adapters: a few MB
+encrypted), step 2 folds into step 1: the train reply carries the update encrypted, the server
+sums the ciphertexts, and the encrypted aggregate rides with the next round's train messages
+(each sampled node installs it, then trains from it); after the last round one
+``<label>/he-install`` gives it to every node. A round is then one exchange, as in plaintext
+FedAvg. Larger updates (full models) take the chunk path above.
+
 The server holds at most one chunk per client plus one aggregate at any time (memory bounded
 for a full model) and never a secret key or a plaintext update. A node that fails during the
 chunk phase is left out of that chunk's weights (the chunk stays a weighted mean of the nodes
@@ -41,8 +48,11 @@ log = logging.getLogger("fedsim")
 class HEFedAvg(Strategy):
     """``strategy``'s sampling and weighting, CKKS-encrypted averaging (TenSEAL)."""
 
-    def __init__(self, strategy: Strategy, chunk_floats: int = 262_144, slots: int = 4096):
+    def __init__(self, strategy: Strategy, chunk_floats: int = 262_144, slots: int = 4096,
+                 one_trip: bool = True):
         self.strategy = strategy
+        self.one_trip = one_trip
+        self.carry = None  # one trip: (round, encrypted aggregate, floats) for the next messages
         self.weight_key = getattr(strategy, "weighted_by_key", "num-examples")
         self.chunk_floats = int(math.ceil(chunk_floats / slots) * slots)
         self.slots = slots
@@ -83,18 +93,39 @@ class HEFedAvg(Strategy):
             result.train_metrics_clientapp[rnd] = MetricRecord(metrics)
             log.info("[he] round %d/%d: %.1f s, %.2f MB up per client", rnd, num_rounds,
                      metrics["round-seconds"], metrics["bytes-up-per-client"] / 1e6)
+        if self.carry is not None:  # the last aggregate goes to every node
+            rnd, aggregate, num_floats = self.carry
+            self._install(view, rnd, 0, 1, num_floats, aggregate, list(view.get_node_ids()), base)
+            self.carry = None
         return result
 
+    def _train_messages(self, grid: PhaseGrid, rnd: int, base: dict) -> list[Message]:
+        """The wrapped strategy's train messages; in one-trip mode with the last aggregate."""
+        config = {**base, keys.HE_ROUND: True, keys.GLOBAL_ROUND: rnd - 1,
+                  keys.INLINE_FLOATS: self.chunk_floats if self.one_trip else 0}
+        if self.carry is not None:
+            config |= {keys.INSTALL_ROUND: self.carry[0], keys.NUM_FLOATS: self.carry[2]}
+        messages = list(self.strategy.configure_train(rnd, ArrayRecord(), ConfigRecord(config), grid))
+        if self.carry is not None:
+            record = ckks.blobs_record(self.carry[1])
+            for msg in messages:
+                msg.content[keys.CIPHERTEXTS] = record
+        return messages
+
     def _round(self, grid: PhaseGrid, rnd: int, base: dict) -> dict:
-        config = ConfigRecord({**base, keys.HE_ROUND: True, keys.GLOBAL_ROUND: rnd - 1})
-        accepted = grid.exchange("train", self.strategy.configure_train(
-            rnd, ArrayRecord(), config, grid), Policy(ANY, self._train_problem), rnd)
+        accepted = grid.exchange("train", self._train_messages(grid, rnd, base),
+                                 Policy(ANY, self._train_problem), rnd)
+        if self.context is None:  # a resumed run's replayed replies skip the validator
+            self._train_problem(accepted[0].content)
+        self.carry = None
         weights = {m.metadata.src_node_id: float(m.content[keys.METRICS][self.weight_key])
                    for m in accepted}
         sizes = {int(m.content[keys.METRICS][keys.NUM_FLOATS]) for m in accepted}
         if len(sizes) != 1:
             raise RuntimeError(f"HE round {rnd}: clients disagree on the model size {sizes}")
         num_floats = sizes.pop()
+        if all(keys.CIPHERTEXTS in m.content.array_records for m in accepted):
+            return self._one_trip_round(grid, rnd, accepted, weights, num_floats)
         num_chunks = math.ceil(num_floats / self.chunk_floats)
         everyone = list(grid.get_node_ids())
         seconds = {"aggregate": 0.0, "encrypt": 0.0, "decrypt": 0.0}
@@ -114,10 +145,33 @@ class HEFedAvg(Strategy):
         return self._round_metrics(grid, rnd, accepted, everyone, num_chunks, chunk_failures,
                                    seconds)
 
+    def _one_trip_round(self, grid: PhaseGrid, rnd: int, accepted: list[Message], weights: dict,
+                        num_floats: int) -> dict:
+        """Sum the ciphertexts the train replies carry; keep the aggregate for the next messages."""
+        start = time.perf_counter()
+        total = sum(weights.values())
+        aggregate = ckks.weighted_sum(
+            self.context, [ckks.record_blobs(m.content[keys.CIPHERTEXTS]) for m in accepted],
+            [weights[m.metadata.src_node_id] / total for m in accepted])
+        self.carry = (rnd, aggregate, num_floats)
+        out = self._train_metrics(accepted)
+        traffic = grid.messenger.round_traffic(f"{grid.label}/train", rnd)
+        n_acc = len(accepted)
+        out.update({"clients": n_acc, "chunks": 1, "chunk-failures": 0, "one-trip": 1,
+                    "bytes-up-per-client": traffic.get("bytes_up", 0) / n_acc,
+                    "bytes-down-per-client": traffic.get("bytes_down", 0) / traffic.get("messages", 1),
+                    "encrypt-seconds-per-client": out.get(keys.ENCRYPT_SECONDS, 0.0),
+                    "aggregate-seconds": time.perf_counter() - start,
+                    "decrypt-seconds-per-client": out.get(keys.DECRYPT_SECONDS, 0.0)})
+        return out
+
+    def _train_metrics(self, accepted: list[Message]) -> dict:
+        train = aggregate_metricrecords([m.content for m in accepted], self.weight_key)
+        return {k: float(v) for k, v in train.items() if isinstance(v, (int, float))}
+
     def _round_metrics(self, grid, rnd, accepted, everyone, num_chunks, chunk_failures,
                        seconds) -> dict:
-        train = aggregate_metricrecords([m.content for m in accepted], self.weight_key)
-        out = {k: float(v) for k, v in train.items() if isinstance(v, (int, float))}
+        out = self._train_metrics(accepted)
         enc = grid.messenger.round_traffic(f"{grid.label}/he-encrypt", rnd)
         inst = grid.messenger.round_traffic(f"{grid.label}/he-install", rnd)
         n_acc = len(accepted)
@@ -141,6 +195,10 @@ class HEFedAvg(Strategy):
             return f"weight {self.weight_key}={weight!r} is not a positive finite number"
         if not isinstance(floats, int) or floats <= 0:
             return f"{keys.NUM_FLOATS}={floats!r} is not a positive integer"
+        inline = content.array_records.get(keys.CIPHERTEXTS)
+        if inline is not None and (len(inline) != math.ceil(floats / self.slots)
+                                   or any(a.dtype != "uint8" for a in inline.values())):
+            return f"expected {math.ceil(floats / self.slots)} uint8 ciphertexts in the train reply"
         public = record[keys.PUBLIC_CONTEXT]
         if self.key_id is None:
             try:

@@ -140,3 +140,49 @@ def test_non_finite_local_update_is_refused_by_the_client(tmp_path):
     client = HEClient(PARAMS, str(tmp_path / "keys"), tmp_path)
     with pytest.raises(ValueError, match="not finite"):
         client.train_reply(np.array([1.0, np.nan]), {"num-examples": 1})
+
+
+class OneTripClient(VectorClient):
+    """Installs the aggregate its train message carries, trains to (that global + its vector)
+    and sends the result encrypted in the reply when it fits."""
+
+    def __call__(self, msg):
+        if msg.metadata.message_type != MessageType.TRAIN:
+            return self.he.handle(msg)
+        config = msg.content["config"]
+        self.he.install_carried(msg)
+        rnd = int(config[keys.GLOBAL_ROUND])
+        start = self.he.global_weights(rnd) if rnd else np.zeros_like(self.vector)
+        return self.he.train_reply(start + self.vector, {"num-examples": self.examples},
+                                   int(config[keys.INLINE_FLOATS]))
+
+
+def test_one_trip_rounds_equal_fedavg_in_one_exchange_each(tmp_path):
+    sizes, dim = [10, 30, 60], 3000  # fits one 4096-float chunk
+    rng = np.random.default_rng(0)
+    vectors = [rng.normal(size=dim) for _ in sizes]
+    clients = {i + 1: OneTripClient(tmp_path / "keys", tmp_path / f"node{i}", v, n)
+               for i, (v, n) in enumerate(zip(vectors, sizes))}
+    messenger = Messenger(InProcessGrid(clients), timeout=5)
+    strategy = HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096)
+    strategy.start(messenger.grid("he"), ArrayRecord(), num_rounds=3, train_config=ConfigRecord())
+    step = sum(n * v for n, v in zip(sizes, vectors)) / sum(sizes)  # FedAvg of the updates
+    for client in clients.values():  # round t's global is t steps; every node holds round 3's
+        np.testing.assert_allclose(client.he.global_weights(3), 3 * step, atol=1e-4)
+    # one exchange per round, the aggregate riding with the next round; one install at the end
+    assert set(messenger.faults) == {"he/train", "he/he-install"}
+    assert sorted(messenger.faults["he/train"]) == [1, 2, 3] and list(messenger.faults["he/he-install"]) == [3]
+    down = [messenger.traffic["he/train"][r]["bytes_down"] for r in (1, 2, 3)]
+    assert down[0] == 0 and down[1] > dim * 8 and down[2] == pytest.approx(down[1], rel=0.01)  # ciphertexts only
+    assert all(strategy.rounds[r]["one-trip"] == 1 for r in (1, 2, 3))
+    assert strategy.context is not None and not strategy.context.is_private()  # no secret key here
+
+
+def test_an_update_too_large_for_one_message_takes_the_chunk_path(tmp_path):
+    rng = np.random.default_rng(1)
+    clients = {i + 1: OneTripClient(tmp_path / "keys", tmp_path / f"node{i}", rng.normal(size=9000), 10)
+               for i in range(2)}
+    messenger = Messenger(InProcessGrid(clients), timeout=5)
+    HEFedAvg(FedAvg(min_available_nodes=2, min_train_nodes=2), chunk_floats=4096).start(
+        messenger.grid("he"), ArrayRecord(), num_rounds=2, train_config=ConfigRecord())
+    assert set(messenger.faults) == {"he/train", "he/he-encrypt", "he/he-install"}

@@ -88,3 +88,32 @@ def test_feddtre_schedule_and_alphas_survive_a_kill(tmp_path):
     strip = lambda alphas: {r: sorted((x["node"], x["alpha"]) for x in rows)  # noqa: E731
                             for r, rows in alphas.items()}
     assert strip(strategy.alphas) == strip(whole_strategy.alphas)  # the same clients each round
+
+
+def test_he_one_trip_survives_a_kill(tmp_path):
+    """Replayed HE train replies rebuild the server's public context and the carried aggregate;
+    the clients keep their installed copies on disk (CKKS noise: compared to 1e-4)."""
+    from flwr.serverapp.strategy import FedAvg
+
+    from strategies.he_fedavg import HEFedAvg
+    from strategies.test_he_fedavg import OneTripClient
+
+    sizes, rng = [10, 30, 60], np.random.default_rng(0)
+    vectors = [rng.normal(size=500) for _ in sizes]
+    clients = [OneTripClient(tmp_path / "keys", tmp_path / f"node{i}", v, n)
+               for i, (v, n) in enumerate(zip(vectors, sizes))]
+
+    def run(ids, journal, kill_at=None):
+        messenger = Messenger(_nodes(clients, ids, kill_at), timeout=5, journal=journal)
+        HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096).start(
+            messenger.grid("he", nodes=sorted(messenger.node_ids())), to_record({}), num_rounds=3,
+            train_config=ConfigRecord())
+
+    try:
+        run([11, 12, 13], Journal(tmp_path / "journal", False), kill_at=("train", 3))
+    except Killed:
+        pass
+    run([91, 92, 93], Journal(tmp_path / "journal", True))
+    step = sum(n * v for n, v in zip(sizes, vectors)) / sum(sizes)
+    for client in clients:
+        np.testing.assert_allclose(client.he.global_weights(3), 3 * step, atol=1e-4)

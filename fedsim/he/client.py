@@ -73,15 +73,30 @@ class HEClient:
                                    f"(complete: {held or 'none'}; partial: {detail})")
         return np.load(path)
 
-    def train_reply(self, trained: np.ndarray, metrics: dict) -> RecordDict:
-        """Keep the trained flat weights for the chunk requests; reply without any array."""
+    def train_reply(self, trained: np.ndarray, metrics: dict, inline_floats: int = 0) -> RecordDict:
+        """An update of at most ``inline_floats`` floats goes encrypted in the reply (one round
+        trip); a larger one is kept for the chunk requests and the reply carries no array."""
         if not np.all(np.isfinite(trained)):
             raise ValueError("local update is not finite; refusing to send it")
-        np.save(self.folder / "pending.npy", trained.astype(np.float64))
-        return RecordDict({
-            keys.METRICS: MetricRecord({**metrics, keys.NUM_FLOATS: int(trained.size)}),
-            keys.CONTEXT: ConfigRecord({keys.PUBLIC_CONTEXT: ckks.public_bytes(self.ctx)}),
-        })
+        content = RecordDict({keys.CONTEXT: ConfigRecord({keys.PUBLIC_CONTEXT: ckks.public_bytes(self.ctx)})})
+        metrics = {**metrics, keys.NUM_FLOATS: int(trained.size)}
+        if 0 < trained.size <= inline_floats:
+            start = time.perf_counter()
+            content[keys.CIPHERTEXTS] = ckks.blobs_record(ckks.encrypt(self.ctx, trained, self.params.slots))
+            metrics[keys.ENCRYPT_SECONDS] = time.perf_counter() - start
+        else:
+            np.save(self.folder / "pending.npy", trained.astype(np.float64))
+        content[keys.METRICS] = MetricRecord(metrics)
+        return content
+
+    def install_carried(self, msg: Message) -> float:
+        """Install the previous round's aggregate that a train message carries (one-trip HE);
+        the decrypt seconds (0 when it carries none)."""
+        if keys.CIPHERTEXTS not in msg.content.array_records:
+            return 0.0
+        config = msg.content["config"]
+        total = int(config[keys.NUM_FLOATS])
+        return self._install(msg.content[keys.CIPHERTEXTS], int(config[keys.INSTALL_ROUND]), 0, 1, total, total)
 
     def handle(self, msg: Message) -> RecordDict:
         """The chunk operation the message names (see :func:`is_he_operation`)."""
@@ -106,11 +121,15 @@ class HEClient:
         """Decrypt one aggregate chunk into the round's partial copy; the copy becomes the
         global model when all of the round's chunks are in."""
         config = msg.content["config"]
-        size, chunk = int(config[keys.CHUNK_FLOATS]), int(config[keys.CHUNK])
-        total, num_chunks = int(config[keys.NUM_FLOATS]), int(config[keys.NUM_CHUNKS])
-        rnd = int(config[keys.SERVER_ROUND])
+        seconds = self._install(msg.content[keys.CIPHERTEXTS], int(config[keys.SERVER_ROUND]),
+                                int(config[keys.CHUNK]), int(config[keys.NUM_CHUNKS]),
+                                int(config[keys.NUM_FLOATS]), int(config[keys.CHUNK_FLOATS]))
+        return RecordDict({keys.METRICS: MetricRecord({keys.DECRYPT_SECONDS: seconds})})
+
+    def _install(self, ciphertexts, rnd: int, chunk: int, num_chunks: int, total: int, size: int) -> float:
+        """Decrypt chunk ``chunk`` of round ``rnd``'s aggregate into the copy; the decrypt seconds."""
         start = time.perf_counter()
-        values = ckks.decrypt(self.ctx, ckks.record_blobs(msg.content[keys.CIPHERTEXTS]))
+        values = ckks.decrypt(self.ctx, ckks.record_blobs(ciphertexts))
         seconds = time.perf_counter() - start
         n = min(size, total - chunk * size)
         if not np.all(np.isfinite(values[:n])):
@@ -134,4 +153,4 @@ class HEClient:
                     old.unlink()
         else:
             _write_json(state_path, state)
-        return RecordDict({keys.METRICS: MetricRecord({keys.DECRYPT_SECONDS: seconds})})
+        return seconds
