@@ -21,6 +21,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, MetricRecord
 from flwr.serverapp.strategy import FedAvg
 
 from fedsim.he import ckks as he
+from fedsim.he import messages as keys
 from fedsim.he.client import HEClient
 from fedsim.inprocess_grid import InProcessGrid
 from strategies.he_fedavg import HEFedAvg
@@ -52,7 +53,7 @@ def plain_round(updates: list[dict]) -> dict:
             "bytes_per_client_round": grid.bytes_up / len(updates)}
 
 
-def he_round(updates: list[dict], chunk_floats: int) -> dict:
+def he_round(updates: list[dict], chunk_floats: int, one_trip: bool) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="he-bench-"))
     params = he.CKKSParams()
 
@@ -63,23 +64,27 @@ def he_round(updates: list[dict], chunk_floats: int) -> dict:
 
         def reply(msg):
             if msg.metadata.message_type == MessageType.TRAIN:
-                return client.train_reply(flat, {"num-examples": 100})
+                return client.train_reply(flat, {"num-examples": 100},
+                                          int(msg.content["config"][keys.INLINE_FLOATS]))
             return client.handle(msg)
         return reply
     grid = InProcessGrid({i + 1: handler(i, u) for i, u in enumerate(updates)},
                          keep_replies=False)
     strategy = HEFedAvg(FedAvg(min_available_nodes=len(updates), min_train_nodes=len(updates)),
-                        chunk_floats=chunk_floats)
+                        chunk_floats=chunk_floats, one_trip=one_trip)
     start = time.perf_counter()
     strategy.start(grid, ArrayRecord(), num_rounds=1, train_config=ConfigRecord())
     seconds = time.perf_counter() - start
     r = strategy.rounds[1]
+    n = len(updates)  # in-process handlers run one after another: client seconds add up
+    crypto = n * (r["encrypt-seconds-per-client"] + r["decrypt-seconds-per-client"]) + r["aggregate-seconds"]
     expected = np.mean([flatten(u) for u in updates], axis=0)
     got = np.load(tmp / "node0" / "global-1.npy")  # node 0's complete round-1 aggregate
     return {"seconds_per_round": seconds, "bytes_per_client_round": grid.bytes_up / len(updates),
             "encrypt_seconds_per_client": r["encrypt-seconds-per-client"],
             "aggregate_seconds": r["aggregate-seconds"],
             "decrypt_seconds_per_client": r["decrypt-seconds-per-client"],
+            "crypto_seconds": crypto, "messaging_seconds": seconds - crypto,
             "max_abs_error_vs_plain_mean": float(np.max(np.abs(got - expected)))}
 
 
@@ -95,8 +100,9 @@ def main() -> None:
         updates = _updates(kind, args.clients)
         floats = sum(v.size for v in updates[0].values())
         plain = plain_round(updates)
-        enc = he_round(updates, args.chunk_floats)
-        rows[kind] = {"floats": floats, "plain": plain, "he": enc,
+        chunked = he_round(updates, args.chunk_floats, one_trip=False)
+        enc = he_round(updates, args.chunk_floats, one_trip=True)
+        rows[kind] = {"floats": floats, "plain": plain, "he": enc, "he_chunked": chunked,
                       "time_ratio": enc["seconds_per_round"] / plain["seconds_per_round"],
                       "bytes_ratio": enc["bytes_per_client_round"] /
                       plain["bytes_per_client_round"]}
@@ -108,6 +114,10 @@ def main() -> None:
               f"s/client) | time x{rows[kind]['time_ratio']:.1f}, bytes "
               f"x{rows[kind]['bytes_ratio']:.1f}, max err {enc['max_abs_error_vs_plain_mean']:.1e}",
               flush=True)
+        for name, row in (("one trip", enc), ("chunk phases", chunked)):
+            print(f"      HE {name:12s}: {row['seconds_per_round']:7.2f} s = crypto {row['crypto_seconds']:.2f} s"
+                  f" + messaging and serialization {row['messaging_seconds']:.2f} s "
+                  f"(x{row['seconds_per_round'] / plain['seconds_per_round']:.1f} plain)", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"clients": args.clients, "updates": rows}, indent=2))
 

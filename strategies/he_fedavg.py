@@ -95,7 +95,9 @@ class HEFedAvg(Strategy):
                      metrics["round-seconds"], metrics["bytes-up-per-client"] / 1e6)
         if self.carry is not None:  # the last aggregate goes to every node
             rnd, aggregate, num_floats = self.carry
-            self._install(view, rnd, 0, 1, num_floats, aggregate, list(view.get_node_ids()), base)
+            nodes = list(view.get_node_ids())
+            seconds = self._install(view, rnd, 0, 1, num_floats, aggregate, nodes, base)
+            self.rounds[rnd]["decrypt-seconds-per-client"] = seconds / len(nodes)  # the last round's
             self.carry = None
         return result
 
