@@ -8,7 +8,8 @@ A *phase* is a named exchange (``discover``, ``prior``, ``fedavg/train``,
   ``malformed``; all three are left out and counted per phase and round in ``faults``
   (``results.json``);
 - bytes and seconds of each exchange are metered once, here, in ``traffic``;
-- every completed exchange is journaled (``fedsim/journal.py``) and, on resume, replayed;
+- every completed exchange is journaled (``fedsim/journal.py``) and, on resume, replayed (its
+  replies pass the phase's validator again);
 - every exchange's row (clients, faults, seconds, bytes, the mean of the replies' metrics) goes
   to the run's metric sinks (``fedsim/sinks.py``: CSV, TensorBoard) as it completes;
 - the phase's :class:`Policy` states whether it may go on with fewer replies: a
@@ -35,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedsim.client_app import RUN_KEY, TASK_KEY
 from fedsim.faults import FAULTS_KEY
-from fedsim.journal import PARTITION, WHOAMI, Journal
+from fedsim.journal import PARTITION, WHOAMI, Journal, ResumeMismatch
 from fedsim.sinks import Sinks, reply_metrics
 
 log = logging.getLogger("fedsim")
@@ -116,6 +117,7 @@ class Messenger:
         self.faults: dict[str, dict[int, dict[str, int]]] = {}
         self.traffic: dict[str, dict[int, dict[str, float]]] = {}
         self._to_new: dict[int, int] = {}  # on resume: the journaled run's node ids -> this run's
+        self._to_old: dict[int, int] = {}  # and back
         if journal is not None:
             self._map_nodes(journal)
 
@@ -139,13 +141,13 @@ class Messenger:
         if missing:
             raise PhaseFailed(f"resume: partitions {missing} of the journaled run have no node now")
         self._to_new = {o: by_partition[p] for o, p in old.items()}
+        self._to_old = {n: o for o, n in self._to_new.items()}
 
     def node_ids(self) -> list[int]:
         nodes = list(self.raw.get_node_ids())
-        if not self._to_new:
+        if not self._to_old:
             return nodes
-        to_old = {n: o for o, n in self._to_new.items()}
-        return [to_old[n] for n in nodes if n in to_old]
+        return [self._to_old[n] for n in nodes if n in self._to_old]
 
     def grid(self, label: str, policy: Policy = Policy(ANY), nodes: Iterable[int] | None = None
              ) -> PhaseGrid:
@@ -160,6 +162,7 @@ class Messenger:
             return []
         if self.journal is not None and self.journal.replaying:
             entry = self.journal.replay(phase, server_round)
+            self._revalidate(phase, server_round, entry["replies"], policy.validator)
             return self._done(phase, server_round, entry["replies"], entry["faults"], entry["traffic"])
         start = time.monotonic()
         replies = self._send_and_wait(phase, self._to_this_run(messages),
@@ -188,6 +191,15 @@ class Messenger:
         self.sinks.write(phase, server_round, {**counts, **traffic, **reply_metrics(good)})
         return good
 
+    @staticmethod
+    def _revalidate(phase: str, server_round: int, replies: list[Message], validator: Validator | None) -> None:
+        """Replayed replies pass the phase's validator again, as they did live: a validator may
+        hold state the strategy needs (HEFedAvg adopts the clients' public context there)."""
+        for msg in replies:
+            if validator and (why := validator(msg.content)):
+                raise ResumeMismatch(f"{phase} round {server_round}: a journaled reply is now "
+                                     f"rejected ({why}); was the code or the config changed?")
+
     def _to_this_run(self, messages: list[Message]) -> list[Message]:
         """On resume, address the journaled run's node ids to this run's nodes (and map the
         replies back in :meth:`_send_and_wait`)."""
@@ -202,8 +214,8 @@ class Messenger:
         start = last = time.monotonic()
         while pending and time.monotonic() - start < timeout:
             got = list(self.raw.pull_messages(list(pending)))
-            for m in got:  # back to the journaled run's node ids (resume)
-                m.metadata.__dict__["_src_node_id"] = self._to_old(m.metadata.src_node_id)
+            for m in got if self._to_old else ():  # back to the journaled run's node ids (resume)
+                m.metadata.__dict__["_src_node_id"] = self._to_old[m.metadata.src_node_id]
             replies.extend(got)
             pending.difference_update(m.metadata.reply_to_message_id for m in got)
             now = time.monotonic()
@@ -216,9 +228,6 @@ class Messenger:
         log.info("[%s] %d/%d replies in %.1f s%s", phase, len(replies), total,
                  time.monotonic() - start, f" ({len(pending)} timed out)" if pending else "")
         return replies
-
-    def _to_old(self, node: int) -> int:
-        return next((o for o, n in self._to_new.items() if n == node), node)
 
     @staticmethod
     def _screen(phase: str, server_round: int, sent: int, replies: list[Message],

@@ -7,7 +7,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 
 from fedsim.inprocess_grid import InProcessGrid
 from fedsim.journal import PARTITION, WHOAMI, Journal, ResumeMismatch
-from fedsim.messaging import Messenger
+from fedsim.messaging import Messenger, Policy
 
 
 def _grid(node_ids: list[int], calls: list) -> InProcessGrid:
@@ -73,3 +73,16 @@ def test_no_half_written_entry(tmp_path):
     _rounds(Messenger(_grid([1], []), timeout=5, journal=journal), range(1, 3))
     (tmp_path / "0000002.exchange.tmp").write_bytes(b"cut short")  # a kill during the write
     assert len(Journal(tmp_path, resume=True).recorded) == 2
+
+
+def test_replayed_replies_pass_the_validator_again(tmp_path):
+    _rounds(Messenger(_grid([1, 2], []), timeout=5, journal=Journal(tmp_path, resume=False)), range(1, 2))
+    resumed = Messenger(_grid([5, 6], []), timeout=5, journal=Journal(tmp_path, resume=True))
+    seen = []
+    message = Message(RecordDict({"config": ConfigRecord({"round": 1})}), dst_node_id=1,
+                      message_type=MessageType.TRAIN)
+    resumed.exchange("fit/train", [message], Policy(validator=lambda c: seen.append(c) or None))
+    assert len(seen) == 2  # both journaled replies
+    resumed = Messenger(_grid([5, 6], []), timeout=5, journal=Journal(tmp_path, resume=True))
+    with pytest.raises(ResumeMismatch, match="now rejected"):
+        resumed.exchange("fit/train", [message], Policy(validator=lambda c: "changed rule"))

@@ -117,8 +117,6 @@ class HEFedAvg(Strategy):
     def _round(self, grid: PhaseGrid, rnd: int, base: dict) -> dict:
         accepted = grid.exchange("train", self._train_messages(grid, rnd, base),
                                  Policy(ANY, self._train_problem), rnd)
-        if self.context is None:  # a resumed run's replayed replies skip the validator
-            self._train_problem(accepted[0].content)
         self.carry = None
         weights = {m.metadata.src_node_id: float(m.content[keys.METRICS][self.weight_key])
                    for m in accepted}
