@@ -1,12 +1,19 @@
-"""FedTP one-shot aggregation at scale: DPMean vs Flower's FedAvg vs plain numpy.
+"""FedTP one-shot aggregation at scale: one SuperNode per client vs many clients per SuperNode.
 
-One go, one process tree: for each N, ``fedsim run experiment=fedtp_aggregate`` through Flower's
-Ray simulation with N SuperNodes (real Topical-Chat conversations, resampled to N) for DPMean and
-for FedAvg over the same client vectors, then the same aggregation in numpy (the floor). Prints
-wall seconds, strategy seconds and ms per client-round, and the ratios within each N.
+One go, one process tree at a time: for each N, ``fedsim run experiment=fedtp_aggregate``
+through Flower's Ray simulation (real Topical-Chat conversations, resampled to N clients) with
 
-    .venv/bin/python bench/fedtp_scale.py            # N = 100, 1000, 8628
-    .venv/bin/python bench/fedtp_scale.py --n 100    # quick
+- one SuperNode per client, for DPMean and for Flower's FedAvg over the same client vectors;
+- N logical clients over K SuperNodes (``hardware.clients_per_supernode``), DPMean;
+
+then the same aggregation in numpy (the floor). DPMean runs at sigma = 0, so every layout must
+release the same prior (client-level clipping is per logical client either way). Prints wall
+seconds, strategy seconds, ms per client-round, peak memory of the run's whole process tree,
+the ratios to one SuperNode per client within the same N, and the largest difference between
+the released priors.
+
+    .venv/bin/python bench/fedtp_scale.py                       # N = 1000, 8628; K = 2, 8, 64
+    .venv/bin/python bench/fedtp_scale.py --n 100 --k 2 8       # quick
 """
 
 from __future__ import annotations
@@ -16,42 +23,77 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from fedsim.data import resolve_data_root
 from fedsim.privacy import gaussian_mean
 from tasks.topical_chat.dataset import SPLITS, load_conversations, load_topics, local_preference
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")
-STRATEGIES = ("dp_mean", "fedavg")
 
 
 def per_split(n: int, total: int) -> int | None:
-    """Conversations kept per split so that N nodes get one each (None: all, resampled)."""
+    """Conversations kept per split so that N clients get one each (None: all, resampled)."""
     return None if n >= total else -(-n // len(SPLITS))
 
 
-def flower(n: int, keep: int | None, strategy: str, out: Path) -> dict:
+class PeakMemory:
+    """Peak summed RSS of a process and all its descendants, sampled every ``period`` s."""
+
+    def __init__(self, pid: int, period: float = 0.2):
+        self.root, self.period, self.peak = psutil.Process(pid), period, 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._done.is_set():
+            try:
+                procs = [self.root, *self.root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return
+            total = 0
+            for p in procs:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            self._done.wait(self.period)
+
+    def stop(self) -> float:
+        self._done.set()
+        self._thread.join()
+        return self.peak / 2**30
+
+
+def flower(n: int, keep: int | None, strategy: str, per_node: int, supernodes: int, out: Path) -> dict:
+    cmd = [FEDSIM, "run", "experiment=fedtp_aggregate", f"strategy={strategy}",
+           "strategy.noise_multiplier=0" if strategy == "dp_mean" else "seed=0",
+           f"hardware.num_clients={n}", f"hardware.num_supernodes={supernodes}",
+           f"hardware.clients_per_supernode={per_node}", f"task.max_per_split={keep or 'null'}",
+           f"results_dir={out}"]
     t0 = time.monotonic()
-    proc = subprocess.run([FEDSIM, "run", "experiment=fedtp_aggregate", f"strategy={strategy}",
-                           f"hardware.num_supernodes={n}", f"task.max_per_split={keep or 'null'}",
-                           f"results_dir={out}"],
-                          capture_output=True, text=True)
-    wall = time.monotonic() - t0
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    memory = PeakMemory(proc.pid)
+    log, _ = proc.communicate()
+    wall, peak = time.monotonic() - t0, memory.stop()
     if proc.returncode != 0:
-        raise SystemExit(f"{strategy} N={n} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+        raise SystemExit(f"{strategy} N={n} K={supernodes} failed:\n{log[-4000:]}")
     res = json.loads((out / "results.json").read_text())
-    return {"wall_s": wall, "strategy_s": res["strategy_seconds"],
-            "ms_per_client_round": res["ms_per_client_round"]}
+    return {"wall_s": wall, "strategy_s": res["strategy_seconds"], "peak_gb": peak,
+            "ms_per_client_round": res["ms_per_client_round"], "supernodes": res["supernodes"],
+            "released": np.asarray(res["released"])}
 
 
 def numpy_floor(vectors: np.ndarray, repeats: int = 20) -> dict:
     times = {}
-    for name, fn in (("dp_mean", lambda: gaussian_mean(vectors, 1.0, 1.0,
-                                                       np.random.default_rng(0), True)),
+    for name, fn in (("dp_mean", lambda: gaussian_mean(vectors, 1.0, 0.0, np.random.default_rng(0), True)),
                      ("fedavg", lambda: vectors.mean(axis=0))):
         t0 = time.perf_counter()
         for _ in range(repeats):
@@ -60,9 +102,19 @@ def numpy_floor(vectors: np.ndarray, repeats: int = 20) -> dict:
     return times
 
 
+def layouts(n: int, ks: list[int]) -> list[tuple[str, int, int]]:
+    """(strategy, clients per SuperNode, SuperNodes): one per client first (the baseline)."""
+    rows = [("dp_mean", 1, n), ("fedavg", 1, n)]
+    for k in sorted(set(ks), reverse=True):
+        if k < n:
+            rows.append(("dp_mean", -(-n // k), k))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--n", type=int, nargs="+", default=[100, 1000, 8628])
+    parser.add_argument("--n", type=int, nargs="+", default=[1000, 8628])
+    parser.add_argument("--k", type=int, nargs="+", default=[2, 8, 64], help="SuperNodes (sharded)")
     args = parser.parse_args()
     root = str(resolve_data_root())
     dim = len(load_topics(root))
@@ -73,20 +125,28 @@ def main() -> None:
             keep = per_split(n, total)
             convs = load_conversations(root, SPLITS, keep)
             base = np.stack([local_preference(c, dim) for c in convs])
-            vectors = base[np.arange(n) % len(base)]  # the same resampling as the partitioner
-            run = {s: flower(n, keep, s, Path(tmp) / f"{s}-{n}") for s in STRATEGIES}
-            floor = numpy_floor(vectors)
-            for s in STRATEGIES:
-                rows.append({"N": n, "strategy": s, **run[s], "numpy_ms": 1000 * floor[s]})
-            ratio = run["dp_mean"]["strategy_s"] / run["fedavg"]["strategy_s"]
-            print(f"N={n}: DPMean/FedAvg strategy-time ratio {ratio:.3f}, wall ratio "
-                  f"{run['dp_mean']['wall_s'] / run['fedavg']['wall_s']:.3f}; Flower DPMean / "
-                  f"numpy floor {run['dp_mean']['strategy_s'] / floor['dp_mean']:.0f}x", flush=True)
-    print("\n| N | strategy | wall s | strategy s | ms / client-round | numpy floor ms |")
-    print("|---|---|---|---|---|---|")
+            floor = numpy_floor(base[np.arange(n) % len(base)])  # the partitioner's resampling
+            baseline = None
+            for strategy, per_node, k in layouts(n, args.k):
+                r = flower(n, keep, strategy, per_node, k, Path(tmp) / f"{strategy}-{n}-{k}")
+                baseline = baseline or r
+                diff = float(np.abs(r["released"] - baseline["released"]).max()) if strategy == "dp_mean" else None
+                rows.append({"N": n, "strategy": strategy, "per_node": per_node, **r,
+                             "numpy_ms": 1000 * floor[strategy], "diff": diff,
+                             "wall_x": baseline["wall_s"] / r["wall_s"],
+                             "strategy_x": baseline["strategy_s"] / r["strategy_s"]})
+                print(f"N={n} {strategy} K={r['supernodes']} ({per_node}/node): wall {r['wall_s']:.1f} s, "
+                      f"strategy {r['strategy_s']:.2f} s ({rows[-1]['strategy_x']:.1f}x), peak "
+                      f"{r['peak_gb']:.2f} GB, prior max|diff| {diff}", flush=True)
+    print("\n| N | strategy | SuperNodes | clients / SuperNode | wall s | strategy s | ms / client-round | "
+          "peak GB (process tree) | speed-up vs 1 per client (wall / strategy) | max abs diff of the prior "
+          "| numpy floor ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['N']} | {r['strategy']} | {r['wall_s']:.1f} | {r['strategy_s']:.1f} | "
-              f"{r['ms_per_client_round']:.2f} | {r['numpy_ms']:.3f} |")
+        diff = "" if r["diff"] is None else f"{r['diff']:.1e}"
+        print(f"| {r['N']} | {r['strategy']} | {r['supernodes']} | {r['per_node']} | {r['wall_s']:.1f} | "
+              f"{r['strategy_s']:.2f} | {r['ms_per_client_round']:.3f} | {r['peak_gb']:.2f} | "
+              f"{r['wall_x']:.1f}x / {r['strategy_x']:.1f}x | {diff} | {r['numpy_ms']:.3f} |")
 
 
 if __name__ == "__main__":

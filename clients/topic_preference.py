@@ -8,6 +8,8 @@ turn-level outcomes the paired analyses need.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from datasets import Dataset
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -20,12 +22,19 @@ from tasks.topical_chat.router import RouterVariant, router_for
 METRICS = ("err", "support")
 
 
+@lru_cache(maxsize=4)
+def _partitioner(population: int, num_partitions: int) -> RoundRobinResamplingPartitioner:
+    """One per population and client count: a SuperNode hosting thousands of logical clients
+    (``hardware.clients_per_supernode``) builds the row table once, not once per client."""
+    partitioner = RoundRobinResamplingPartitioner(num_partitions)
+    partitioner.dataset = Dataset.from_dict({"row": list(range(population))})
+    return partitioner
+
+
 class TopicPreferenceClient:
     def __init__(self, task: dict, data_root: str, partition_id: int, num_partitions: int):
         population = load_conversations(data_root, tuple(task["splits"]), task.get("max_per_split"))
-        partitioner = RoundRobinResamplingPartitioner(num_partitions)
-        partitioner.dataset = Dataset.from_dict({"row": list(range(len(population)))})
-        self.rows = partitioner.partition_indices(partition_id)
+        self.rows = _partitioner(len(population), num_partitions).partition_indices(partition_id)
         self.conversations = [population[i] for i in self.rows]
         self.data_root = data_root
         self.num_topics = len(load_topics(data_root))

@@ -17,6 +17,7 @@ from clients import fedtp_messages as keys
 from experiments.fedtp import prior_policy
 from fedsim.messaging import Messenger, client_config
 from fedsim.results import RunOutput, markdown_table
+from fedsim.schema import layout
 from tasks.topical_chat.dataset import load_topics
 
 
@@ -33,10 +34,11 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     released = result.arrays[keys.VECTORS].numpy().reshape(-1)
     results = {
         "experiment": cfg.protocol.name, "strategy": cfg.strategy._target_,
-        "supernodes": len(nodes), "rounds": rounds, "dim": dim, "strategy_seconds": seconds,
+        "clients": len(nodes), "supernodes": layout(cfg.hardware, len(nodes))[1], "rounds": rounds,
+        "dim": dim, "strategy_seconds": seconds,
         "ms_per_client_round": 1000.0 * seconds / (len(nodes) * rounds),
-        "released_sum": float(released.sum()),
+        "released": released.tolist(),
     }
-    table = markdown_table([results], ["strategy", "supernodes", "rounds", "strategy_seconds",
+    table = markdown_table([results], ["strategy", "clients", "supernodes", "rounds", "strategy_seconds",
                                        "ms_per_client_round"])
     return results, f"# {cfg.protocol.name}\n\n{table}\n"

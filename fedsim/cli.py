@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from fedsim.config import ConfigError, compose
 from fedsim.launcher import Interrupted, RunFailed, launch, user_certificates
-from fedsim.schema import check
+from fedsim.schema import check, layout
 from fedsim.tls import make_federation
 
 RUN_FILE = Path("checkpoint") / "run.json"
@@ -58,9 +58,10 @@ def run(overrides: list[str]) -> int:
         check(cfg)
         instantiate(cfg.strategy)  # bad strategy values fail here, before any process starts
         task = OmegaConf.to_container(cfg.task, resolve=True)
-        nodes = cfg.hardware.num_supernodes or get_class(task["client"]).population_size(
-            task, cfg.data_root)
-        user_certificates(cfg.hardware, int(nodes))  # missing certificate files: refused here
+        population = 0 if cfg.hardware.num_clients or cfg.hardware.num_supernodes else \
+            get_class(task["client"]).population_size(task, cfg.data_root)
+        clients, nodes = layout(cfg.hardware, population)
+        user_certificates(cfg.hardware, nodes)  # missing certificate files: refused here
     except (ConfigError, InstantiationException, ValueError, FileNotFoundError, ImportError) as exc:
         print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
         return 2
@@ -68,10 +69,10 @@ def run(overrides: list[str]) -> int:
     # ServerApp finds its data by its own host's data root and ships its results back)
     remote = cfg.hardware.backend == "deployment" and not cfg.hardware.launch_local
     pinned = [*overrides, *([] if remote else [f"data_root={cfg.data_root}"]),
-              f"results_dir={cfg.results_dir}"]
+              f"results_dir={cfg.results_dir}", f"hardware.num_clients={clients}"]
     _save_run(cfg, [o for o in pinned if o != "resume=true"])
     try:
-        outcome = launch(cfg, pinned, int(nodes))
+        outcome = launch(cfg, pinned, nodes)
     except RunFailed as exc:
         print(f"fedsim: run failed:\n{exc}", file=sys.stderr)
         return 1

@@ -2,7 +2,9 @@
 
 The server sends the resolved task config (JSON under ``fedsim-task``) with every message, so a
 client process never composes Hydra and any strategy that forwards its config record works.
-The client object is cached per process: Ray actors serve many nodes and messages.
+The client object is cached per process: Ray actors serve many nodes and messages. A message
+for several logical clients of one SuperNode (``hardware.clients_per_supernode``) is served
+client by client, each with its own partition id and the mods (``fedsim/sharded_grid.py``).
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ import json
 from functools import lru_cache
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.client.mod.utils import make_ffn
 from flwr.clientapp import ClientApp
 from hydra.utils import get_class
 
 from fedsim.data import resolve_data_root
 from fedsim.faults import fault_injection_mod
 from fedsim.journal import PARTITION, WHOAMI
+from fedsim.sharded_grid import SHARD, serve_batch
 
 TASK_KEY = "fedsim-task"
 RUN_KEY = "fedsim-run-key"
@@ -28,7 +32,8 @@ def run_key(msg: Message) -> str:
     config = msg.content.config_records.get("config")
     return str(config[RUN_KEY]) if config is not None and RUN_KEY in config else str(msg.metadata.run_id)
 
-app = ClientApp(mods=[fault_injection_mod])
+MODS = [fault_injection_mod]
+app = ClientApp(mods=MODS)
 
 
 @lru_cache(maxsize=64)
@@ -37,20 +42,32 @@ def _client(task_json: str, data_root: str, partition_id: int, num_partitions: i
     return get_class(task["client"])(task, data_root, partition_id, num_partitions)
 
 
-def _handle(msg: Message, context: Context, method: str) -> Message:
+@lru_cache(maxsize=16)
+def _data_root(task_json: str, node_root: str | None) -> str:
+    """The node's data root, else the task's (once per task: a SuperNode hosting many logical
+    clients answers thousands of messages)."""
+    return str(resolve_data_root(node_root or json.loads(task_json).get("data_root")))
+
+
+def _client_reply(msg: Message, context: Context, method: str) -> Message:
+    if WHOAMI in msg.content.config_records:  # the Messenger maps node ids to partitions
+        record = ConfigRecord({PARTITION: int(context.node_config["partition-id"])})
+        return Message(RecordDict({WHOAMI: record}), reply_to=msg)
     task_json = msg.content["config"][TASK_KEY]
-    explicit = context.node_config.get("data-root") or json.loads(task_json).get("data_root")
-    client = _client(task_json, str(resolve_data_root(explicit)),
+    client = _client(task_json, _data_root(task_json, context.node_config.get("data-root")),
                      int(context.node_config["partition-id"]),
                      int(context.node_config["num-partitions"]))
     return Message(getattr(client, method)(msg), reply_to=msg)
 
 
+def _handle(msg: Message, context: Context, method: str) -> Message:
+    if SHARD in msg.content.config_records:  # several logical clients: each through the mods
+        return serve_batch(msg, context, make_ffn(lambda m, c: _client_reply(m, c, method), MODS))
+    return _client_reply(msg, context, method)
+
+
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    if WHOAMI in msg.content.config_records:  # the Messenger maps node ids to partitions
-        record = ConfigRecord({PARTITION: int(context.node_config["partition-id"])})
-        return Message(RecordDict({WHOAMI: record}), reply_to=msg)
     return _handle(msg, context, "query")
 
 

@@ -131,7 +131,9 @@ class Messenger:
         partitions = {m.metadata.src_node_id: int(m.content[WHOAMI][PARTITION])
                       for m in replies if not m.has_error()}
         if len(partitions) != len(nodes):
-            raise PhaseFailed(f"whoami: {len(partitions)} of {len(nodes)} nodes told their partition")
+            errors = [m.error.reason for m in replies if m.has_error()]
+            raise PhaseFailed(f"whoami: {len(partitions)} of {len(nodes)} nodes told their partition"
+                              + (f"; e.g. {errors[0]}" if errors else ""))
         if journal.resumed_from == 0:
             journal.save_partitions(partitions)
             return

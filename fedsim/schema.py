@@ -34,7 +34,9 @@ class Faults:
 class Hardware:
     """Where the run executes: Ray simulation resources or a deployment."""
     backend: str = "simulation"          # simulation | deployment
-    num_supernodes: int | None = None    # null: one per client of the task
+    num_supernodes: int | None = None    # null: ceil(num_clients / clients_per_supernode)
+    num_clients: int | None = None       # logical clients; null: num_supernodes x per node, else the population
+    clients_per_supernode: int = 1       # logical clients a SuperNode hosts (at most); >1: one message per SuperNode
     num_cpus: int = 2                    # CPUs Ray may use in all
     client_cpus: int = 1                 # CPUs per ClientApp actor
     client_gpus: float = 0.0             # GPU share per ClientApp actor
@@ -95,6 +97,21 @@ def _writable(node: DictConfig) -> DictConfig:
     return node
 
 
+def layout(hw, population: int) -> tuple[int, int]:
+    """(logical clients N, SuperNodes K) of ``hardware``; client ``l`` runs on SuperNode
+    ``l mod K`` (``fedsim/sharded_grid.py``). Refuses counts that leave a SuperNode empty or a
+    client without one."""
+    per = int(hw.clients_per_supernode)
+    if per < 1:
+        raise ValueError(f"hardware.clients_per_supernode must be >= 1, got {per}")
+    clients = hw.num_clients or (hw.num_supernodes * per if hw.num_supernodes else population)
+    supernodes = hw.num_supernodes or -(-clients // per)
+    if clients < 1 or not supernodes <= clients <= supernodes * per:
+        raise ValueError(f"hardware: {clients} clients do not fit {supernodes} SuperNodes x "
+                         f"{per} clients_per_supernode (every SuperNode hosts 1..{per} clients)")
+    return int(clients), int(supernodes)
+
+
 def check(cfg: DictConfig) -> Protocol:
     """Refuse what composition cannot see: enums, callables, the protocol block's keys and
     types. Returns the protocol block as its dataclass."""
@@ -107,6 +124,7 @@ def check(cfg: DictConfig) -> Protocol:
     if hw.backend == "deployment" and not (hw.launch_local or hw.insecure or hw.certificates):
         raise ValueError("hardware.certificates (a folder with the federation's ca.pem) is "
                          "required for a remote SuperLink; hardware.insecure=true for plain text")
+    layout(hw, 1)  # the client / SuperNode counts fit (the population is checked by the CLI)
     bad = set(cfg.faults.message_types) - set(MESSAGE_TYPES)
     if bad:
         raise ValueError(f"faults.message_types: {sorted(bad)} not in {MESSAGE_TYPES}")

@@ -25,6 +25,7 @@ from fedsim.config import compose
 from fedsim.journal import Journal
 from fedsim.messaging import Messenger
 from fedsim.results import RunOutput, ship_results
+from fedsim.sharded_grid import ShardedGrid
 from fedsim.sinks import Sinks
 
 app = ServerApp()
@@ -62,6 +63,8 @@ def _run(grid: Grid, cfg, out: RunOutput) -> None:
     sinks = Sinks(out.path, cfg.logging.csv, cfg.logging.tensorboard)
     messenger = None
     try:
+        if cfg.hardware.clients_per_supernode > 1:  # the protocol sees one node per logical client
+            grid = ShardedGrid(grid, int(cfg.hardware.num_clients), float(cfg.round_timeout))
         messenger = Messenger(grid, float(cfg.round_timeout), journal=journal, sinks=sinks)
         results, summary = get_method(cfg.protocol.run)(messenger, cfg, out)
         # traffic per phase and round, beside any per-method summary the protocol made

@@ -60,3 +60,10 @@ def test_missing_certificate_files_are_named(tmp_path):
     (tmp_path / "ca.pem").write_text("x")
     code, log = fedsim_run("hardware=deploy_local", f"hardware.certificates={tmp_path}")
     assert code == 2 and str(tmp_path / "superlink.pem") in log and "fedsim certs" in log
+
+
+def test_a_client_layout_that_leaves_a_supernode_empty_is_refused():
+    code, log = fedsim_run("hardware.num_clients=5", "hardware.num_supernodes=10")
+    assert code == 2 and "5 clients do not fit 10 SuperNodes" in log and "SuperLink" not in log
+    code, log = fedsim_run("hardware.clients_per_supernode=0")
+    assert code == 2 and "clients_per_supernode must be >= 1" in log

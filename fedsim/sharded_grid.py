@@ -1,0 +1,194 @@
+"""Many logical clients per SuperNode (``hardware.clients_per_supernode``), for every task.
+
+Flower costs ~12 ms per message and node, whatever the message carries; a FedTP client's whole
+work is a fraction of that. :class:`ShardedGrid` sits under the :class:`~fedsim.messaging.Messenger`
+and shows the protocol and its strategies N logical clients (node ids ``1..N``, client ``l`` on
+node id ``l + 1``), while Flower carries one message per SuperNode: client ``l`` lives on the
+SuperNode whose partition is ``l mod K``. The messages a strategy sends to one SuperNode's
+clients travel as one message (a record sent to several clients, such as FedAvg's global
+model, only once), the ClientApp runs each client with its own partition id and the task's
+client count (:func:`serve_batch`, the ClientApp's mods included), and its replies come back in
+one message that this grid splits into one reply per client. Everything above sees one message
+and one reply per client, so client-level semantics are unchanged: DPMean clips each client's
+row, FedAvg weights each client's update, a client that raises is one ``failed`` reply; a
+SuperNode that fails or times out counts once for each of its clients.
+
+Flower Datasets' partitioners, the tasks' clients and their state are per logical client: the
+ClientApp builds client ``l`` exactly as a SuperNode of its own would (``partition-id`` = ``l``,
+``num-partitions`` = N).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from copy import copy
+from dataclasses import replace
+from uuid import uuid4
+
+from flwr.app import ConfigRecord, Context, Error, Message, MessageType, RecordDict
+from flwr.app.message import make_message
+from flwr.serverapp import Grid
+
+from fedsim.journal import PARTITION, WHOAMI
+
+SHARD = "fedsim-shard"      # the batch's manifest record
+CLIENTS = "clients"         # logical partition ids in the batch, in order
+NUM_CLIENTS = "num-clients"
+ERROR_CODE = 0              # Flower's "unknown" error code for a logical client that raised
+
+
+def _manifest(clients: list[int], num_clients: int) -> ConfigRecord:
+    return ConfigRecord({CLIENTS: clients, NUM_CLIENTS: num_clients})
+
+
+def pack(contents: list[RecordDict], manifest: ConfigRecord) -> RecordDict:
+    """One RecordDict for several clients' contents; a record object shared by several of them
+    (a broadcast) is packed once. ``manifest`` gets, per client ``i``, ``names/i`` (the
+    record names it had) and ``packed/i`` (where they are)."""
+    packed, where = RecordDict({SHARD: manifest}), {}
+    for i, content in enumerate(contents):
+        names = list(content.keys())
+        for name in names:
+            record = content[name]
+            if id(record) not in where:
+                where[id(record)] = f"r{len(where)}"
+                packed[where[id(record)]] = record
+        manifest[f"names/{i}"] = names
+        manifest[f"packed/{i}"] = [where[id(content[n])] for n in names]
+    return packed
+
+
+def unpack(packed: RecordDict, i: int) -> RecordDict:
+    """Client ``i``'s content of a :func:`pack`-ed RecordDict."""
+    manifest = packed[SHARD]
+    return RecordDict({name: packed[where] for name, where in
+                       zip(manifest.get(f"names/{i}", []), manifest.get(f"packed/{i}", []))})
+
+
+def _set(msg: Message, **fields) -> Message:
+    """Metadata a Grid sets (message id, source): Flower keeps it in ``_<field>`` slots."""
+    for key, value in fields.items():
+        msg.metadata.__dict__[f"_{key}"] = value
+    return msg
+
+
+def serve_batch(msg: Message, context: Context, handler: Callable[[Message, Context], Message]
+                ) -> Message:
+    """ClientApp side: run ``handler`` (mods included) once per logical client of a batch, each
+    with its own partition id, and pack the replies; a client that raises becomes an
+    ``error/i`` entry (its own ``failed`` reply on the server), not the batch's failure."""
+    manifest = msg.content[SHARD]
+    clients, num_clients = list(manifest[CLIENTS]), int(manifest[NUM_CLIENTS])
+    replies, errors = [], {}
+    for i, client in enumerate(clients):
+        sub = make_message(copy(msg.metadata), unpack(msg.content, i))  # as if sent on its own
+        _set(sub, message_id=f"{msg.metadata.message_id}/{i}")
+        sub_context = replace(context, node_config={**context.node_config, "partition-id": client,
+                                                    "num-partitions": num_clients})
+        try:
+            replies.append(handler(sub, sub_context).content)
+        except Exception as exc:  # noqa: BLE001 - one client's crash is its own failed reply
+            errors[i] = f"{type(exc).__name__}: {exc}"
+            replies.append(RecordDict())
+    out = _manifest(clients, num_clients)
+    for i, reason in errors.items():
+        out[f"error/{i}"] = reason
+    return Message(pack(replies, out), reply_to=msg)
+
+
+def logical_node_id(partition: int) -> int:
+    return partition + 1
+
+
+class ShardedGrid(Grid):
+    """``num_clients`` logical clients over the SuperNodes of ``grid`` (see the module doc)."""
+
+    def __init__(self, grid: Grid, num_clients: int, timeout: float = 600.0, poll: float = 0.2):
+        self.raw, self.num_clients = grid, num_clients
+        hosts = self._hosts(timeout, poll)
+        if len(hosts) > num_clients:
+            raise ValueError(f"{len(hosts)} SuperNodes for {num_clients} clients: some would host none")
+        self.host = {logical_node_id(p): hosts[p % len(hosts)] for p in range(num_clients)}
+        self._sent: dict[str, Message] = {}           # logical message id -> the message
+        self._batch_of: dict[str, str] = {}           # logical message id -> its batch's id
+        self._batches: dict[str, list[str]] = {}      # batch id -> its logical message ids
+        self._replies: dict[str, Message] = {}        # logical message id -> its reply
+
+    def _hosts(self, timeout: float, poll: float) -> list[int]:
+        """The SuperNodes' node ids in partition order (asked once with ``WHOAMI``)."""
+        nodes = list(self.raw.get_node_ids())
+        ids = set(self.raw.push_messages([
+            Message(RecordDict({WHOAMI: ConfigRecord()}), dst_node_id=n, message_type=MessageType.QUERY)
+            for n in nodes]))
+        by_partition, start = {}, time.monotonic()
+        while ids and time.monotonic() - start < timeout:
+            for reply in self.raw.pull_messages(list(ids)):
+                ids.discard(reply.metadata.reply_to_message_id)
+                if reply.has_error():
+                    raise RuntimeError(f"SuperNode {reply.metadata.src_node_id} did not tell its "
+                                       f"partition: {reply.error.reason}")
+                by_partition[int(reply.content[WHOAMI][PARTITION])] = reply.metadata.src_node_id
+            if ids:
+                time.sleep(poll)
+        if ids:
+            raise RuntimeError(f"{len(ids)} of {len(nodes)} SuperNodes did not tell their partition")
+        return [by_partition[p] for p in sorted(by_partition)]
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.host)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        groups: dict[tuple[int, str], list[Message]] = {}
+        ids = []
+        for msg in messages:
+            _set(msg, message_id=uuid4().hex)
+            self._sent[msg.metadata.message_id] = msg
+            groups.setdefault((self.host[msg.metadata.dst_node_id], msg.metadata.message_type), []).append(msg)
+            ids.append(msg.metadata.message_id)
+        batches, members = [], []
+        for (host, message_type), group in groups.items():
+            manifest = _manifest([m.metadata.dst_node_id - 1 for m in group], self.num_clients)
+            batches.append(Message(pack([m.content for m in group], manifest), dst_node_id=host,
+                                   message_type=message_type))
+            members.append([m.metadata.message_id for m in group])
+        for batch_id, group_ids in zip(self.raw.push_messages(batches), members):
+            self._batches[batch_id] = group_ids
+            self._batch_of.update((i, batch_id) for i in group_ids)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        wanted = list(message_ids)
+        batches = {self._batch_of[i] for i in wanted if i not in self._replies and i in self._batch_of}
+        for reply in self.raw.pull_messages(list(batches)) if batches else ():
+            self._split(reply)
+        return [self._replies.pop(i) for i in wanted if i in self._replies]
+
+    def _split(self, reply: Message) -> None:
+        """One reply per logical client of a batch reply (errors stay each client's own)."""
+        group = self._batches.pop(reply.metadata.reply_to_message_id)
+        for i, message_id in enumerate(group):
+            sent = self._sent.pop(message_id)
+            del self._batch_of[message_id]
+            if reply.has_error():
+                out = Message(Error(reply.error.code, f"its SuperNode failed: {reply.error.reason}"),
+                              reply_to=sent)
+            elif f"error/{i}" in reply.content[SHARD]:
+                out = Message(Error(ERROR_CODE, str(reply.content[SHARD][f"error/{i}"])), reply_to=sent)
+            else:
+                out = Message(unpack(reply.content, i), reply_to=sent)
+            self._replies[message_id] = out
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
+                         ) -> Iterable[Message]:
+        raise NotImplementedError("a ShardedGrid is driven by its Messenger (push / pull)")
+
+    def set_run(self, run) -> None:
+        self.raw.set_run(run)
+
+    @property
+    def run(self):
+        return self.raw.run
+
+    def create_message(self, *args, **kwargs) -> Message:
+        return self.raw.create_message(*args, **kwargs)

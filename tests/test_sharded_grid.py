@@ -1,0 +1,90 @@
+"""Many logical clients per SuperNode, in process: real FedTP clients behind the real ClientApp
+handler (mods included), Flower's wire format between them, the ShardedGrid in between."""
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+
+from clients import fedtp_messages as keys
+from fedsim import client_app
+from fedsim.config import compose
+from fedsim.inprocess_grid import InProcessGrid
+from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
+from fedsim.sharded_grid import SHARD, ShardedGrid, pack, unpack
+from fedsim.validators import finite_arrays
+from strategies.dp_mean import DPMean
+from tasks.topical_chat.dataset import load_topics
+
+SLICE = ["task.max_per_split=3", "data_root=../shared/data"]
+
+
+def supernodes(k: int, crash_batches: bool = False) -> InProcessGrid:
+    """K SuperNodes (node ids 100+p) serving the real ClientApp handler."""
+    def node(p):
+        def handle(msg: Message) -> RecordDict:
+            if crash_batches and SHARD in msg.content.config_records:
+                raise RuntimeError("the SuperNode's process died")
+            context = Context(run_id=1, node_id=100 + p, state=RecordDict(), run_config={},
+                              node_config={"partition-id": p, "num-partitions": k})
+            return client_app._handle(msg, context, msg.metadata.message_type).content
+        return handle
+    return InProcessGrid({100 + p: node(p) for p in range(k)})
+
+
+def fedtp_round(grid, cfg) -> tuple[np.ndarray, dict]:
+    """DPMean at sigma 0 over every client's topic vector; the release and the fault counts."""
+    messenger = Messenger(grid, 60.0, poll_seconds=0.0)
+    dim = len(load_topics(cfg.data_root))
+    train = ConfigRecord({**client_config(cfg), keys.SPLITS: list(cfg.task.splits)})
+    result = DPMean(clip_norm=1.0, noise_multiplier=0.0, seed=0).start(
+        messenger.grid("aggregate", Policy(ANY, finite_arrays)),
+        initial_arrays=ArrayRecord({keys.VECTORS: Array(np.full(dim, 1.0 / dim))}),
+        num_rounds=1, timeout=60.0, train_config=train)
+    return result.arrays[keys.VECTORS].numpy().reshape(-1), messenger.faults["aggregate/train"][1]
+
+
+def test_pack_sends_a_shared_record_once():
+    shared = ArrayRecord({"w": Array(np.arange(1000.0))})
+    contents = [RecordDict({"arrays": shared, "config": ConfigRecord({"i": i})}) for i in range(3)]
+    packed = pack(contents, ConfigRecord())
+    assert len(packed.array_records) == 1 and len(packed.config_records) == 1 + 3
+    for i in range(3):
+        got = unpack(packed, i)
+        assert got["config"]["i"] == i and np.array_equal(got["arrays"]["w"].numpy(), np.arange(1000.0))
+
+
+def test_logical_clients_release_the_same_prior_as_one_supernode_each():
+    cfg = compose(SLICE)
+    n = 12
+    one_each, faults_one = fedtp_round(supernodes(n), cfg)
+    sharded_grid = supernodes(3)
+    sharded = ShardedGrid(sharded_grid, n, timeout=60.0, poll=0.0)
+    assert list(sharded.get_node_ids()) == list(range(1, n + 1))
+    released, faults = fedtp_round(sharded, cfg)
+    np.testing.assert_allclose(released, one_each, rtol=0, atol=1e-12)
+    assert faults == faults_one == {"sent": n, "failed": 0, "malformed": 0, "timed_out": 0,
+                                    "accepted": n, "examples": n}
+    # 3 SuperNodes got one message per exchange each (whoami x2, train), not one per client
+    train_batches = [m for m in sharded_grid.received if m.metadata.message_type == MessageType.TRAIN]
+    assert len(train_batches) == 3
+
+
+def test_a_failing_logical_client_is_its_own_failed_reply():
+    cfg = compose([*SLICE, "faults.crash=[4]", "faults.nan=[7]"])
+    released, faults = fedtp_round(ShardedGrid(supernodes(3), 12, timeout=60.0, poll=0.0), cfg)
+    assert faults == {"sent": 12, "failed": 1, "malformed": 1, "timed_out": 0, "accepted": 10,
+                      "examples": 10}
+    assert np.isfinite(released).all()
+
+
+def test_a_failing_supernode_fails_each_of_its_clients():
+    cfg = compose(SLICE)
+    grid = ShardedGrid(supernodes(3, crash_batches=True), 12, timeout=60.0, poll=0.0)
+    messenger = Messenger(grid, 60.0, poll_seconds=0.0)
+    config = ConfigRecord(client_config(cfg))
+    with pytest.raises(PhaseFailed, match="its SuperNode failed"):
+        messenger.exchange("probe", [
+            Message(RecordDict({"config": config}), dst_node_id=n, message_type=MessageType.QUERY)
+            for n in grid.get_node_ids()], Policy(ANY))
+    assert messenger.faults["probe"][1] == {"sent": 12, "failed": 12, "malformed": 0, "timed_out": 0,
+                                            "accepted": 0, "examples": 0}
