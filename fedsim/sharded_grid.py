@@ -20,6 +20,7 @@ ClientApp builds client ``l`` exactly as a SuperNode of its own would (``partiti
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable
 from copy import copy
@@ -35,35 +36,37 @@ from fedsim.journal import PARTITION, WHOAMI
 SHARD = "fedsim-shard"      # the batch's manifest record
 CLIENTS = "clients"         # logical partition ids in the batch, in order
 NUM_CLIENTS = "num-clients"
+LAYOUT = "layout"           # JSON: per client, its record names -> packed names; errors by index
 ERROR_CODE = 0              # Flower's "unknown" error code for a logical client that raised
 
 
-def _manifest(clients: list[int], num_clients: int) -> ConfigRecord:
-    return ConfigRecord({CLIENTS: clients, NUM_CLIENTS: num_clients})
-
-
-def pack(contents: list[RecordDict], manifest: ConfigRecord) -> RecordDict:
+def pack(contents: list[RecordDict], clients: list[int], num_clients: int,
+         errors: dict[int, str] | None = None) -> RecordDict:
     """One RecordDict for several clients' contents; a record object shared by several of them
-    (a broadcast) is packed once. ``manifest`` gets, per client ``i``, ``names/i`` (the
-    record names it had) and ``packed/i`` (where they are)."""
-    packed, where = RecordDict({SHARD: manifest}), {}
-    for i, content in enumerate(contents):
+    (a broadcast) is packed once. The manifest (``SHARD``) names the clients and, as one JSON
+    string (thousands of per-client entries would cost more to check than to send), each
+    client's record names and where they are packed, or its error."""
+    packed, where, layout = RecordDict(), {}, []
+    for content in contents:
         names = list(content.keys())
         for name in names:
             record = content[name]
             if id(record) not in where:
                 where[id(record)] = f"r{len(where)}"
                 packed[where[id(record)]] = record
-        manifest[f"names/{i}"] = names
-        manifest[f"packed/{i}"] = [where[id(content[n])] for n in names]
+        layout.append({name: where[id(content[name])] for name in names})
+    packed[SHARD] = ConfigRecord({CLIENTS: clients, NUM_CLIENTS: num_clients, LAYOUT: json.dumps(
+        {"records": layout, "errors": errors or {}})})
     return packed
 
 
-def unpack(packed: RecordDict, i: int) -> RecordDict:
-    """Client ``i``'s content of a :func:`pack`-ed RecordDict."""
-    manifest = packed[SHARD]
-    return RecordDict({name: packed[where] for name, where in
-                       zip(manifest.get(f"names/{i}", []), manifest.get(f"packed/{i}", []))})
+def _layout(packed: RecordDict) -> dict:
+    return json.loads(str(packed[SHARD][LAYOUT]))
+
+
+def unpack(packed: RecordDict, layout: dict, i: int) -> RecordDict:
+    """Client ``i``'s content of a :func:`pack`-ed RecordDict (``layout``: its manifest)."""
+    return RecordDict({name: packed[where] for name, where in layout["records"][i].items()})
 
 
 def _set(msg: Message, **fields) -> Message:
@@ -78,11 +81,11 @@ def serve_batch(msg: Message, context: Context, handler: Callable[[Message, Cont
     """ClientApp side: run ``handler`` (mods included) once per logical client of a batch, each
     with its own partition id, and pack the replies; a client that raises becomes an
     ``error/i`` entry (its own ``failed`` reply on the server), not the batch's failure."""
-    manifest = msg.content[SHARD]
+    manifest, layout = msg.content[SHARD], _layout(msg.content)
     clients, num_clients = list(manifest[CLIENTS]), int(manifest[NUM_CLIENTS])
     replies, errors = [], {}
     for i, client in enumerate(clients):
-        sub = make_message(copy(msg.metadata), unpack(msg.content, i))  # as if sent on its own
+        sub = make_message(copy(msg.metadata), unpack(msg.content, layout, i))  # as if sent on its own
         _set(sub, message_id=f"{msg.metadata.message_id}/{i}")
         sub_context = replace(context, node_config={**context.node_config, "partition-id": client,
                                                     "num-partitions": num_clients})
@@ -91,10 +94,7 @@ def serve_batch(msg: Message, context: Context, handler: Callable[[Message, Cont
         except Exception as exc:  # noqa: BLE001 - one client's crash is its own failed reply
             errors[i] = f"{type(exc).__name__}: {exc}"
             replies.append(RecordDict())
-    out = _manifest(clients, num_clients)
-    for i, reason in errors.items():
-        out[f"error/{i}"] = reason
-    return Message(pack(replies, out), reply_to=msg)
+    return Message(pack(replies, clients, num_clients, errors), reply_to=msg)
 
 
 def logical_node_id(partition: int) -> int:
@@ -148,9 +148,9 @@ class ShardedGrid(Grid):
             ids.append(msg.metadata.message_id)
         batches, members = [], []
         for (host, message_type), group in groups.items():
-            manifest = _manifest([m.metadata.dst_node_id - 1 for m in group], self.num_clients)
-            batches.append(Message(pack([m.content for m in group], manifest), dst_node_id=host,
-                                   message_type=message_type))
+            content = pack([m.content for m in group], [m.metadata.dst_node_id - 1 for m in group],
+                           self.num_clients)
+            batches.append(Message(content, dst_node_id=host, message_type=message_type))
             members.append([m.metadata.message_id for m in group])
         for batch_id, group_ids in zip(self.raw.push_messages(batches), members):
             self._batches[batch_id] = group_ids
@@ -167,16 +167,17 @@ class ShardedGrid(Grid):
     def _split(self, reply: Message) -> None:
         """One reply per logical client of a batch reply (errors stay each client's own)."""
         group = self._batches.pop(reply.metadata.reply_to_message_id)
+        layout = None if reply.has_error() else _layout(reply.content)
         for i, message_id in enumerate(group):
             sent = self._sent.pop(message_id)
             del self._batch_of[message_id]
             if reply.has_error():
                 out = Message(Error(reply.error.code, f"its SuperNode failed: {reply.error.reason}"),
                               reply_to=sent)
-            elif f"error/{i}" in reply.content[SHARD]:
-                out = Message(Error(ERROR_CODE, str(reply.content[SHARD][f"error/{i}"])), reply_to=sent)
+            elif str(i) in layout["errors"]:
+                out = Message(Error(ERROR_CODE, layout["errors"][str(i)]), reply_to=sent)
             else:
-                out = Message(unpack(reply.content, i), reply_to=sent)
+                out = Message(unpack(reply.content, layout, i), reply_to=sent)
             self._replies[message_id] = out
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None

@@ -1,6 +1,8 @@
 """Many logical clients per SuperNode, in process: real FedTP clients behind the real ClientApp
 handler (mods included), Flower's wire format between them, the ShardedGrid in between."""
 
+import json
+
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
@@ -10,7 +12,7 @@ from fedsim import client_app
 from fedsim.config import compose
 from fedsim.inprocess_grid import InProcessGrid
 from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
-from fedsim.sharded_grid import SHARD, ShardedGrid, pack, unpack
+from fedsim.sharded_grid import LAYOUT, SHARD, ShardedGrid, pack, unpack
 from fedsim.validators import finite_arrays
 from strategies.dp_mean import DPMean
 from tasks.topical_chat.dataset import load_topics
@@ -46,10 +48,11 @@ def fedtp_round(grid, cfg) -> tuple[np.ndarray, dict]:
 def test_pack_sends_a_shared_record_once():
     shared = ArrayRecord({"w": Array(np.arange(1000.0))})
     contents = [RecordDict({"arrays": shared, "config": ConfigRecord({"i": i})}) for i in range(3)]
-    packed = pack(contents, ConfigRecord())
+    packed = pack(contents, [5, 6, 7], 10)
     assert len(packed.array_records) == 1 and len(packed.config_records) == 1 + 3
+    layout = json.loads(packed[SHARD][LAYOUT])
     for i in range(3):
-        got = unpack(packed, i)
+        got = unpack(packed, layout, i)
         assert got["config"]["i"] == i and np.array_equal(got["arrays"]["w"].numpy(), np.arange(1000.0))
 
 
