@@ -1,18 +1,18 @@
 """FedE4RAG evaluation cost: the torch corpus encoder against the compiled ones, in one run.
 
-``encode`` (default): the evaluator's work for one model, in this process: the offline MiniLM
+Default: the evaluator's work for one model, in this process: the offline MiniLM
 with LoRA adapters moved off their init (as after training), the ``fede4rag_paper`` corpora
 (valid + test questions; ``task.corpus_pages_per_doc=N`` for a slice), encoded in pieces of
 ``eval_pages_per_message`` by each backend in turn, then scored. Prints seconds (build =
 merge + convert + compile), pages/s, the ratio against torch, the max |difference| of every
 metric and the min cosine between each page's embeddings on the two paths.
 
-``experiment``: ``fedsim run experiment=fede4rag_paper`` once per backend, one after the other
+``--experiment``: ``fedsim run experiment=fede4rag_paper`` once per backend, one after the other
 (the methods of ``--methods``, full training and corpora unless overridden); prints each
 method's training and evaluation seconds from results.json and the ratios.
 
     .venv/bin/python bench/fede4rag_eval.py [--backends torch openvino onnx] [task.corpus_pages_per_doc=20]
-    .venv/bin/python bench/fede4rag_eval.py experiment --backends torch openvino [--methods vanilla fede4rag]
+    .venv/bin/python bench/fede4rag_eval.py --experiment --backends torch openvino [--methods vanilla fede4rag]
 """
 
 from __future__ import annotations
@@ -104,17 +104,17 @@ def experiment(backends: list[str], methods: list[str], overrides: list[str]) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", nargs="?", choices=["encode", "experiment"], default="encode")
+    parser.add_argument("--experiment", action="store_true", help="whole fedsim runs, one per backend")
     parser.add_argument("--backends", nargs="+", default=["torch", "openvino", "onnx"], choices=sorted(BACKENDS),
                         help="the first is the reference")
     parser.add_argument("--methods", nargs="+", default=["vanilla", "fede4rag"],
                         help="experiment: methods of fede4rag_paper to run")
     parser.add_argument("overrides", nargs="*", help="fedsim overrides, e.g. task.corpus_pages_per_doc=20")
     args = parser.parse_args()
-    if args.part == "encode":
-        encode(args.backends, args.overrides)
-    else:
+    if args.experiment:
         experiment(args.backends, args.methods, args.overrides)
+    else:
+        encode(args.backends, args.overrides)
 
 
 if __name__ == "__main__":
