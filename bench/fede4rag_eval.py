@@ -11,8 +11,8 @@ metric and the min cosine between each page's embeddings on the two paths.
 (the methods of ``--methods``, full training and corpora unless overridden); prints each
 method's training and evaluation seconds from results.json and the ratios.
 
-    .venv/bin/python bench/fede4rag_eval.py [--backends torch openvino onnx] [task.corpus_pages_per_doc=20]
-    .venv/bin/python bench/fede4rag_eval.py --experiment --backends torch openvino [--methods vanilla fede4rag]
+    .venv/bin/python bench/fede4rag_eval.py [--backends torch,openvino,onnx] [task.corpus_pages_per_doc=20]
+    .venv/bin/python bench/fede4rag_eval.py --experiment --backends torch,openvino [--methods vanilla,fede4rag]
 """
 
 from __future__ import annotations
@@ -105,16 +105,19 @@ def experiment(backends: list[str], methods: list[str], overrides: list[str]) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", action="store_true", help="whole fedsim runs, one per backend")
-    parser.add_argument("--backends", nargs="+", default=["torch", "openvino", "onnx"], choices=sorted(BACKENDS),
-                        help="the first is the reference")
-    parser.add_argument("--methods", nargs="+", default=["vanilla", "fede4rag"],
-                        help="experiment: methods of fede4rag_paper to run")
+    parser.add_argument("--backends", default="torch,openvino,onnx",
+                        help=f"comma-separated, of {sorted(BACKENDS)}; the first is the reference")
+    parser.add_argument("--methods", default="vanilla,fede4rag",
+                        help="--experiment: comma-separated methods of fede4rag_paper to run")
     parser.add_argument("overrides", nargs="*", help="fedsim overrides, e.g. task.corpus_pages_per_doc=20")
     args = parser.parse_args()
+    backends = args.backends.split(",")
+    if unknown := set(backends) - set(BACKENDS):
+        parser.error(f"--backends: {sorted(unknown)} not in {sorted(BACKENDS)}")
     if args.experiment:
-        experiment(args.backends, args.methods, args.overrides)
+        experiment(backends, args.methods.split(","), args.overrides)
     else:
-        encode(args.backends, args.overrides)
+        encode(backends, args.overrides)
 
 
 if __name__ == "__main__":
