@@ -35,6 +35,7 @@ EVAL_OP = "eval-op"              # config (evaluate): ENCODE or SCORE
 ENCODE = "encode"                # encode the next piece of the corpus under the weights
 SCORE = "score"                  # retrieve and score with the fully encoded corpus
 PAGES_PER_MESSAGE = "pages-per-message"  # config (evaluate): pages of one ENCODE piece
+EVAL_BACKEND = "eval-backend"    # config (evaluate): corpus encoder, a key of inference.BACKENDS
 SPLITS = "splits"                # config (evaluate): question splits to score
 REMAINING = "remaining-pieces"   # METRICS (encode): pieces still to encode
 PIECES = "pieces"                # METRICS (encode): pieces of the corpus in all

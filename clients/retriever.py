@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import os
 import time
-from functools import cached_property
+from functools import cached_property, partial
 
+import numpy as np
 import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from hydra.utils import instantiate
@@ -27,6 +28,7 @@ from fedsim.he.ckks import CKKSParams
 from fedsim.he.client import HEClient, is_he_operation, state_dir
 from fedsim.records import from_record, to_record
 from tasks.financebench_rag.dataset import client_documents, load_documents, load_pages
+from tasks.financebench_rag.inference import Encode, corpus_encoder
 from tasks.financebench_rag.model import (
     build_encoder,
     flatten,
@@ -56,6 +58,7 @@ class RetrieverClient:
                                    task["seed"])
         self.initial = trainable_arrays(self.model)
         self._he_clients: dict[int, HEClient] = {}
+        self._encoder: tuple[tuple, Encode] | None = None  # (weights key, backend, threads), encoder
 
     def _documents(self, partition_id: int) -> list[str]:
         return client_documents(self.root, self.task["companies"],
@@ -120,9 +123,10 @@ class RetrieverClient:
         return weights_key(self.task["model"], self.task["lora"], weights)
 
     @staticmethod
-    def _threads(config: ConfigRecord) -> None:
+    def _threads(config: ConfigRecord) -> int:
         threads = int(config.get(keys.TORCH_THREADS, 0)) or os.cpu_count() or 1
         torch.set_num_threads(threads)
+        return threads
 
     def query(self, msg: Message, context=None) -> RecordDict:
         if is_he_operation(msg):
@@ -159,17 +163,26 @@ class RetrieverClient:
         return RecordDict({keys.ARRAYS: to_record(trained),
                            keys.METRICS: MetricRecord(metrics)})
 
+    def _encode(self, key: str, backend: str, threads: int, texts: list[str]) -> np.ndarray:
+        """Encode with the backend's encoder of the weights ``key``, built when first needed and
+        kept across the pieces of one evaluation (a compiled backend: once per weights)."""
+        if self._encoder is None or self._encoder[0] != (key, backend, threads):
+            self._encoder = (key, backend, threads), corpus_encoder(self.model, backend, threads)
+        return self._encoder[1](texts)
+
     def evaluate(self, msg: Message, context=None) -> RecordDict:
         config = msg.content[keys.CONFIG]
-        self._threads(config)
+        threads = self._threads(config)
         key = self._load_weights(msg)
         questions, corpus = self.evaluation
         folder = self.task.get("embedding_cache") or \
             state_dir(self.task["state_dir"], run_key(msg), self.pid) / "embeddings"
-        store = corpus_store(self.model, key, corpus, folder, int(config[keys.PAGES_PER_MESSAGE]))
+        backend = str(config[keys.EVAL_BACKEND])
+        store = corpus_store(self.model, key, corpus, folder, int(config[keys.PAGES_PER_MESSAGE]), backend)
         start = time.perf_counter()
         if config[keys.EVAL_OP] == keys.ENCODE:
-            metrics = {keys.REMAINING: store.encode_next(self.model, list(corpus.values())),
+            encode = partial(self._encode, key, backend, threads)
+            metrics = {keys.REMAINING: store.encode_next(encode, list(corpus.values())),
                        keys.PIECES: store.pieces, keys.CORPUS_PAGES: len(corpus)}
         else:
             metrics = score_splits(self.model, self.root, questions, list(corpus), store.load(),

@@ -31,6 +31,7 @@ from fedsim.results import RunOutput, markdown_table
 from fedsim.schema import Protocol
 from fedsim.validators import finite_arrays
 from strategies.he_fedavg import HEFedAvg
+from tasks.financebench_rag.inference import BACKENDS
 from tasks.financebench_rag.retrieval import METRICS, weights_key
 
 log = logging.getLogger("fedsim")
@@ -47,8 +48,13 @@ class FedE4RAGProtocol(Protocol):
     evaluator_partition: int = 0      # the client that evaluates (under HE only clients hold the model)
     he_chunk_floats: int = 262144     # floats per encrypted chunk
     eval_pages_per_message: int = 512  # corpus pages one evaluation message encodes
+    eval_backend: str = "openvino"    # corpus encoder: torch | openvino | onnx (float32, bench/fede4rag_eval.py)
     methods: dict[str, Any] = field(default_factory=dict)
     """name -> {run: runner function, ...its settings}, in run order"""
+
+    def __post_init__(self):
+        if self.eval_backend not in BACKENDS:
+            raise ValueError(f"protocol.eval_backend={self.eval_backend!r} is not one of {sorted(BACKENDS)}")
 
 
 @dataclass
@@ -182,7 +188,8 @@ def _evaluate(ctx: Context, name: str, trained: Trained) -> dict:
     config = {**ctx.base, keys.METHOD: name, keys.WEIGHTS: trained.source,
               he_keys.GLOBAL_ROUND: trained.he_round, keys.SPLITS: ["valid", "test"],
               keys.TORCH_THREADS: _threads(ctx.cfg, 1),
-              keys.PAGES_PER_MESSAGE: int(ctx.cfg.protocol.eval_pages_per_message)}
+              keys.PAGES_PER_MESSAGE: int(ctx.cfg.protocol.eval_pages_per_message),
+              keys.EVAL_BACKEND: str(ctx.cfg.protocol.eval_backend)}
     piece, start = 0, time.perf_counter()
     while True:
         piece += 1

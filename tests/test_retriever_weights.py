@@ -37,7 +37,7 @@ def _message(config: dict, message_type=MessageType.EVALUATE, **records) -> Mess
 
 def _evaluate(weights: str, **extra) -> dict:
     return {keys.WEIGHTS: weights, keys.EVAL_OP: keys.ENCODE, keys.PAGES_PER_MESSAGE: 1000,
-            keys.SPLITS: ["test"], **extra}
+            keys.EVAL_BACKEND: "torch", keys.SPLITS: ["test"], **extra}
 
 
 def test_arrays_missing_or_empty_is_an_error(client):

@@ -58,16 +58,15 @@ class EmbeddingStore:
             return []
         return [i for i in range(self.pieces) if not self._piece(i).is_file()]
 
-    def encode_next(self, model, texts: list[str], batch_size: int = 32) -> int:
-        """Encode the first missing piece of ``texts``; return the pieces still missing."""
+    def encode_next(self, encode, texts: list[str]) -> int:
+        """Encode the first missing piece of ``texts`` with ``encode`` (texts -> normalized
+        embeddings, ``inference.corpus_encoder``); return the pieces still missing."""
         missing = self.missing()
         if missing:
             i = missing[0]
             start = time.perf_counter()
             chunk = texts[i * self.piece_pages:(i + 1) * self.piece_pages]
-            emb = model.encode(chunk, batch_size=batch_size, convert_to_numpy=True,
-                               normalize_embeddings=True, show_progress_bar=False)
-            _save(self._piece(i), emb.astype(np.float32))
+            _save(self._piece(i), encode(chunk).astype(np.float32))
             log.info("encoded corpus piece %d/%d (%d pages) in %.0f s", i + 1, self.pieces,
                      len(chunk), time.perf_counter() - start)
             missing = missing[1:]
@@ -158,8 +157,10 @@ def evaluation_data(root: str, task: dict) -> tuple[dict, dict[str, str]]:
 
 
 def corpus_store(model, model_key: str, corpus: dict[str, str], folder: str | Path,
-                 piece_pages: int) -> EmbeddingStore:
-    return EmbeddingStore(folder, fingerprint(model_key, model.max_seq_length, list(corpus)),
+                 piece_pages: int, backend: str) -> EmbeddingStore:
+    """The store of this corpus under these weights, encoded by ``backend`` (in the key: the
+    backends agree only to float precision)."""
+    return EmbeddingStore(folder, fingerprint(model_key, model.max_seq_length, list(corpus), backend),
                           len(corpus), piece_pages)
 
 
