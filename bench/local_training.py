@@ -9,8 +9,9 @@ round's seconds as the server saw them.
 by the same class), rounds, seeds, steps, batch and torch threads (those the actor reported),
 calling ``train_encoder`` directly, the weights averaged in numpy between rounds as FedAvg does.
 
-Prints optimizer steps/s for both and their ratio, the seconds of each part per train message,
-and the largest difference of the mean training loss per round (the same work: ~0).
+Prints optimizer steps/s for both and their ratio; each side's time against its own steps (robust
+to load that changes between the halves on a shared machine); the seconds of each part per train
+message; and the mean training loss per round on both sides (the same work: equal).
 
     .venv/bin/python bench/local_training.py [--rounds 3] [--kd-weight 1.0] [overrides ...]
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -105,7 +107,9 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="more fedsim overrides, e.g. protocol.local_steps=12")
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="local-training-"))
+    load = [os.getloadavg()[0]]  # others' work on the machine: the two halves may see different load
     results = flower(out, args.rounds, args.kd_weight, args.overrides)
+    load.append(os.getloadavg()[0])
     fl, exchanges = flower_rows(results)
     cfg = OmegaConf.load(results / "config.yaml")
     clients = len(json.loads((results / "results.json").read_text())["clients"])
@@ -113,6 +117,7 @@ def main() -> None:
     if len(threads) != 1:
         raise SystemExit(f"the actor's torch threads changed between rounds: {threads}")
     pl = plain(cfg, args.rounds, args.kd_weight, threads.pop(), clients)
+    load.append(os.getloadavg()[0])
 
     steps = int(cfg.protocol.local_steps)
     pl_msgs = [m for r in pl["rounds"].values() for m in r.values()]
@@ -134,10 +139,13 @@ def main() -> None:
     }
     print(f"\n{clients} clients x {args.rounds} rounds x {steps} steps, batch {cfg.protocol.batch_size}, "
           f"kd_weight {args.kd_weight}, torch threads {torch.get_num_threads()} (plain) = actor's\n")
-    print("| measured over | plain steps/s | Flower steps/s | plain / Flower |")
-    print("|---|---|---|---|")
+    print("| measured over | plain steps/s | Flower steps/s | plain / Flower | plain: steps only / this | "
+          "Flower: steps only / this |")
+    print("|---|---|---|---|---|---|")
+    only = rate["steps only"]
     for what, (a, b) in rate.items():
-        print(f"| {what} | {a:.3f} | {b:.3f} | {a / b:.3f} |")
+        print(f"| {what} | {a:.3f} | {b:.3f} | {a / b:.3f} | {only[0] / a:.3f} | {only[1] / b:.3f} |")
+    print(f"\nload average (1 min): {load[0]:.1f} at start, {load[1]:.1f} after Flower, {load[2]:.1f} after plain")
     print("\nSeconds per train message (mean over clients and rounds)\n")
     print("| part | plain | Flower |")
     print("|---|---|---|")

@@ -9,9 +9,11 @@ the loop is sentence-transformers' trainer.
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import tempfile
 import time
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -68,6 +70,20 @@ class StepClock(TrainerCallback):
         self.end = time.perf_counter()
 
 
+@contextmanager
+def collect_only_new_objects():
+    """The trainer calls ``gc.collect()`` on entry (accelerate's ``free_memory``, meant for GPU
+    memory). A full collection rescans every object the process holds, ~0.7M once torch,
+    transformers, datasets (and in a Ray actor Ray and Flower) are imported: 0.3-0.9 s per
+    training call here. Freezing what exists leaves it the objects the call makes; unfreezing
+    afterwards hands everything back to the normal collections (nothing stays frozen)."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def frozen_copy(model):
     teacher = copy.deepcopy(model)
     teacher.eval()
@@ -109,7 +125,8 @@ def train_encoder(model, pairs: list[tuple[str, str]], steps: int, batch_size: i
             batch_sampler="no_duplicates", dataloader_drop_last=True)
         trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data,
                                              loss=loss, callbacks=[clock])
-        out = trainer.train()
+        with collect_only_new_objects():
+            out = trainer.train()
     model.eval()
     return {"steps": steps, "loss": float(out.training_loss), **loss.last,
             "setup-seconds": clock.begin - clock.start, "step-seconds": clock.end - clock.begin}
