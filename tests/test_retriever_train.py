@@ -13,12 +13,14 @@ from omegaconf import OmegaConf
 from clients import fede4rag_messages as keys
 from clients.retriever import RetrieverClient
 from fedsim.config import compose
+from fedsim.inprocess_grid import InProcessGrid
 from fedsim.records import from_record, to_record
 
 
 @pytest.fixture(scope="module")
 def cfg(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("retriever-train")
+    InProcessGrid({})  # this process plays the run (message metadata needs a run id)
     return compose(["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]",
                     "task.pages_per_client=8", "task.max_seq_length=32",
                     f"task.he.key_dir={tmp / 'keys'}", f"task.state_dir={tmp / 'state'}"])
