@@ -43,7 +43,7 @@ from tasks.financebench_rag.retrieval import (
     score_splits,
     weights_key,
 )
-from tasks.financebench_rag.train import train_encoder
+from tasks.financebench_rag.train import local_seed, train_encoder
 
 
 class MissingWeights(RuntimeError):
@@ -140,11 +140,15 @@ class RetrieverClient:
             keys.NUM_PAIRS: len(self.pairs)})})
 
     def train(self, msg: Message, context=None) -> RecordDict:
+        """Train from the message's weights; the reply's metrics time each part of the handler
+        (``bench/local_training.py`` compares them with a plain loop)."""
+        begin = time.perf_counter()
         config = msg.content[keys.CONFIG]
         self._threads(config)
         he_round = config.get(he_keys.HE_ROUND, False)
         decrypt = self._he(msg).install_carried(msg) if he_round else 0.0  # one-trip HE
         self._load_weights(msg)
+        loaded = time.perf_counter()
         pool = list(config.get(keys.POOL_PARTITIONS, []))
         pairs = self.pairs if not pool else \
             self._pairs(sorted({d for p in pool for d in self._documents(int(p))}))
@@ -152,16 +156,19 @@ class RetrieverClient:
         stats = train_encoder(
             self.model, pairs, int(config[keys.LOCAL_STEPS]), int(config[keys.BATCH_SIZE]),
             float(config[keys.LR]), float(config[keys.TEMPERATURE]), float(config[keys.KD_WEIGHT]),
-            seed=int(config[keys.SEED]) * 1000 + int(config.get(keys.SERVER_ROUND, 0)) * 10
-            + self.pid)
-        metrics = {keys.NUM_EXAMPLES: len(pairs), "train-seconds": time.perf_counter() - start,
-                   **{k: float(v) for k, v in stats.items()}}
+            seed=local_seed(int(config[keys.SEED]), int(config.get(keys.SERVER_ROUND, 0)), self.pid))
+        end = time.perf_counter()
+        metrics = {keys.NUM_EXAMPLES: len(pairs), "train-seconds": end - start,
+                   "weights-seconds": loaded - begin, "pairs-seconds": start - loaded,
+                   "torch-threads": torch.get_num_threads(), **{k: float(v) for k, v in stats.items()}}
         trained = trainable_arrays(self.model)
         if he_round:
             return self._he(msg).train_reply(flatten(trained), {**metrics, he_keys.DECRYPT_SECONDS: decrypt},
                                              int(config.get(he_keys.INLINE_FLOATS, 0)))
-        return RecordDict({keys.ARRAYS: to_record(trained),
-                           keys.METRICS: MetricRecord(metrics)})
+        reply = RecordDict({keys.ARRAYS: to_record(trained), keys.METRICS: MetricRecord(metrics)})
+        reply[keys.METRICS]["reply-seconds"] = time.perf_counter() - end
+        reply[keys.METRICS]["handler-seconds"] = time.perf_counter() - begin
+        return reply
 
     def _encode(self, key: str, backend: str, threads: int, texts: list[str]) -> np.ndarray:
         """Encode with the backend's encoder of the weights ``key``, built when first needed and

@@ -1,0 +1,74 @@
+"""A FedE4RAG node serves many train messages with one client object (a Ray actor keeps it):
+the model and the pairs are built once, and each message trains from the weights it names (the
+KD-GLE teacher too), exactly as a fresh client would. The trainer's gc pass on entry sees only
+what the call creates, and nothing stays frozen after it (bench/local_training.py)."""
+
+import gc
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from omegaconf import OmegaConf
+
+from clients import fede4rag_messages as keys
+from clients.retriever import RetrieverClient
+from fedsim.config import compose
+from fedsim.inprocess_grid import InProcessGrid
+from fedsim.records import from_record, to_record
+
+
+@pytest.fixture(scope="module")
+def cfg(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("retriever-train")
+    InProcessGrid({})  # this process plays the run (message metadata needs a run id)
+    return compose(["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]",
+                    "task.pages_per_client=8", "task.max_seq_length=32",
+                    f"task.he.key_dir={tmp / 'keys'}", f"task.state_dir={tmp / 'state'}"])
+
+
+def _client(cfg) -> RetrieverClient:
+    return RetrieverClient(OmegaConf.to_container(cfg.task, resolve=True), cfg.data_root, 0, 2)
+
+
+def _train(client: RetrieverClient, weights: dict, server_round: int) -> tuple[dict, dict]:
+    config = {keys.METHOD: "fede4rag", keys.WEIGHTS: keys.FROM_ARRAYS, keys.LOCAL_STEPS: 2,
+              keys.BATCH_SIZE: 4, keys.LR: 1e-3, keys.TEMPERATURE: 0.05, keys.KD_WEIGHT: 1.0,
+              keys.SEED: 0, keys.SERVER_ROUND: server_round, keys.TORCH_THREADS: 1}
+    msg = Message(RecordDict({keys.CONFIG: ConfigRecord(config), keys.ARRAYS: to_record(weights)}),
+                  dst_node_id=1, message_type=MessageType.TRAIN)
+    reply = client.train(msg)
+    return from_record(reply[keys.ARRAYS]), dict(reply[keys.METRICS])
+
+
+def _same(a: dict, b: dict) -> None:
+    assert list(a) == list(b)
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=0, atol=1e-7, err_msg=name)
+
+
+def test_messages_on_one_client_train_as_fresh_clients(cfg, monkeypatch):
+    seen = []  # at each gc.collect(): (objects frozen, objects it scans)
+    collect = gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *a: seen.append(
+        (gc.get_freeze_count(), len(gc.get_objects()))) or collect(*a))
+    node = _client(cfg)
+    model, pairs = node.model, node.pairs
+    rng = np.random.default_rng(0)
+    other = {k: (v + rng.normal(scale=0.05, size=v.shape)).astype(v.dtype) for k, v in node.initial.items()}
+
+    first, m1 = _train(node, node.initial, 1)
+    second, m2 = _train(node, other, 2)   # other weights, other round
+    again, m3 = _train(node, node.initial, 1)   # back to the first message's input
+    assert node.model is model and node.pairs is pairs  # not rebuilt, not re-derived
+    assert m2["steps"] == 2 and m2["kd"] > 0 and m2["num-examples"] == len(pairs)
+    _same(again, first)  # nothing of message 1 or 2 (teacher, optimizer, weights) leaks
+    assert (m3["loss"], m3["kd"]) == (m1["loss"], m1["kd"])
+    fresh, f2 = _train(_client(cfg), other, 2)
+    _same(second, fresh)
+    assert (m2["loss"], m2["kd"]) == (f2["loss"], f2["kd"])
+    assert not np.allclose(first[next(iter(first))], second[next(iter(second))])
+
+    trainer_passes = [s for s in seen if s[0]]  # the trainer's collect inside train_encoder
+    assert len(trainer_passes) == 4  # one per message
+    assert all(frozen > 10 * scanned for frozen, scanned in trainer_passes), trainer_passes
+    assert gc.get_freeze_count() == 0
