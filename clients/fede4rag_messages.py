@@ -36,6 +36,7 @@ ENCODE = "encode"                # encode the next piece of the corpus under the
 SCORE = "score"                  # retrieve and score with the fully encoded corpus
 PAGES_PER_MESSAGE = "pages-per-message"  # config (evaluate): pages of one ENCODE piece
 SPLITS = "splits"                # config (evaluate): question splits to score
+PER_FILING = "per-filing"        # config (evaluate): also score within each question's filing
 REMAINING = "remaining-pieces"   # METRICS (encode): pieces still to encode
 PIECES = "pieces"                # METRICS (encode): pieces of the corpus in all
 CORPUS_PAGES = "corpus-pages"    # METRICS (encode): pages of the corpus

@@ -33,6 +33,7 @@ class KDInfoNCELoss(nn.Module):
         if kd_weight and teacher is None:
             raise ValueError("KD needs the frozen global model (teacher)")
         self.last = {}
+        self.history: list[dict] = []  # every step's terms, for the means a client reports
 
     def forward(self, sentence_features, labels=None):
         features = list(sentence_features)
@@ -43,6 +44,7 @@ class KDInfoNCELoss(nn.Module):
             kd = self.kd_term(embeddings, features)
             self.last["kd"] = float(kd.detach())
             loss = loss + self.kd_weight * kd
+        self.history.append(self.last)
         return loss
 
     def kd_term(self, embeddings, features) -> torch.Tensor:
@@ -63,7 +65,9 @@ def frozen_copy(model):
 def train_encoder(model, pairs: list[tuple[str, str]], steps: int, batch_size: int, lr: float,
                   temperature: float, kd_weight: float, seed: int) -> dict:
     """``steps`` optimizer steps on ``pairs`` (cycled, seeded shuffle); the teacher of KD-GLE is
-    a frozen copy of ``model`` as it is on entry (the global model)."""
+    a frozen copy of ``model`` as it is on entry (the global model). Reports each term's mean
+    over the steps and the first step's KD term (same weights as the teacher: what dropout
+    alone contributes)."""
     from datasets import Dataset
     from sentence_transformers import (
         SentenceTransformerTrainer,
@@ -89,4 +93,6 @@ def train_encoder(model, pairs: list[tuple[str, str]], steps: int, batch_size: i
                                              loss=loss)
         out = trainer.train()
     model.eval()
-    return {"steps": steps, "loss": float(out.training_loss), **loss.last}
+    terms = {k: sum(h[k] for h in loss.history) / len(loss.history) for k in loss.last}
+    first = {"kd-first": loss.history[0]["kd"]} if kd_weight else {}
+    return {"steps": steps, "loss": float(out.training_loss), **terms, **first}
