@@ -252,6 +252,18 @@ def _discover(messenger: Messenger, base: dict) -> tuple[dict[int, int], dict[in
                          keys.DOCUMENTS: len(r[keys.DOCUMENTS])} for pid, r in records.items()}
 
 
+def train_and_evaluate(ctx: Context, name: str, spec: DictConfig) -> dict:
+    """One method: its runner (``spec.run``), then the evaluation of what it produced."""
+    start = time.perf_counter()
+    trained = get_method(spec.run)(ctx, name, spec)
+    train_s = time.perf_counter() - start
+    scores = _evaluate(ctx, name, trained)
+    log.info("[fede4rag] %s: %s (%.0f s)", name, ", ".join(
+        f"{s} ndcg@10 {scores[s]['ndcg@10']:.4f}" for s in scored(ctx.cfg)), time.perf_counter() - start)
+    return {**scores, "train_seconds": train_s, "eval_seconds": time.perf_counter() - start - train_s,
+            **trained.details}
+
+
 def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
     base = client_config(cfg)
     nodes, info = _discover(messenger, base)
@@ -264,15 +276,7 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     results = {"clients": {str(k): v for k, v in sorted(info.items())}, "budget_steps": budget,
                "methods": {}, "he": {}}
     for name, spec in p.methods.items():
-        start = time.perf_counter()
-        trained = get_method(spec.run)(ctx, name, spec)
-        train_s = time.perf_counter() - start
-        scores = _evaluate(ctx, name, trained)
-        results["methods"][name] = {**scores, "train_seconds": train_s,
-                                    "eval_seconds": time.perf_counter() - start - train_s,
-                                    **trained.details}
-        log.info("[fede4rag] %s: %s (%.0f s)", name, ", ".join(
-            f"{s} ndcg@10 {scores[s]['ndcg@10']:.4f}" for s in scored(cfg)), time.perf_counter() - start)
+        results["methods"][name] = train_and_evaluate(ctx, name, spec)
     for kind, rounds in ctx.cost.items():
         results["he"][kind] = _cost_summary(rounds)
     return results, _summary(results, out)

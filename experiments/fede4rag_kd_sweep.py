@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from dataclasses import dataclass, field
 
-from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
 from experiments import fede4rag
@@ -68,7 +66,7 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     initial = None
     for name, spec in p.methods.items():  # references (vanilla)
         ctx = fede4rag.Context(messenger, cfg, base, nodes, info, budget, initial)
-        results["methods"][name] = _train_and_evaluate(ctx, name, OmegaConf.to_container(spec))
+        results["methods"][name] = fede4rag.train_and_evaluate(ctx, name, spec)
         initial = ctx.initial
     for steps, kd in itertools.product(p.local_steps_grid, p.kd_weights):
         rounds = int(p.budget_steps) // int(steps)
@@ -76,23 +74,11 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
         ctx = fede4rag.Context(messenger, cell_cfg, base, nodes, info, budget, initial)
         name = cell_name(steps, kd)
         spec = {"run": "experiments.fede4rag.federated", "kd_weight": float(kd), "he": bool(p.he)}
-        cell = _train_and_evaluate(ctx, name, spec)
+        cell = fede4rag.train_and_evaluate(ctx, name, OmegaConf.create(spec))
         results["cells"][name] = {"local_steps": int(steps), "num_rounds": rounds,
                                   "kd_weight": float(kd), **cell}
         initial = ctx.initial
     return results, _summary(results, out)
-
-
-def _train_and_evaluate(ctx: fede4rag.Context, name: str, spec: dict) -> dict:
-    start = time.perf_counter()
-    trained = get_method(spec["run"])(ctx, name, OmegaConf.create(spec))
-    train_s = time.perf_counter() - start
-    scores = fede4rag._evaluate(ctx, name, trained)
-    log.info("[kd-sweep] %s: %s (%.0f s)", name, ", ".join(
-        f"{s} ndcg@10 {scores[s]['ndcg@10']:.4f}" for s in fede4rag.scored_in(scores)),
-        time.perf_counter() - start)
-    return {**scores, "train_seconds": train_s,
-            "eval_seconds": time.perf_counter() - start - train_s, **trained.details}
 
 
 TERMS = ("infonce", "kd", "kd-first", "client-distance", "update-norm", "relative-distance")

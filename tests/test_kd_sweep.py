@@ -1,8 +1,29 @@
-"""The KD sweep end to end through the real simulation: 2 company clients, a 2 x 2 grid at one
-budget per client, validation on the shared corpus and per filing, on a small FinanceBench
-slice with the offline MiniLM (LoRA)."""
+"""The KD sweep: its config is refused before the run when wrong, and end to end through the
+real simulation (2 company clients, a 2 x 2 grid at one budget per client, validation on the
+shared corpus and per filing, a small FinanceBench slice, the offline MiniLM with LoRA)."""
+
+import pytest
 
 from conftest import fedsim_run, read_results
+from fedsim.config import compose
+from fedsim.schema import check
+
+
+@pytest.mark.parametrize("override, refusal", [
+    ("protocol.local_steps_grid=[96,25]", "each must be >= 1 and divide budget_steps=96"),
+    ("protocol.local_steps_grid=[0]", "each must be >= 1"),
+    ("protocol.local_steps_grid=[]", "must name at least one value"),
+    ("protocol.kd_weights=[0,-1]", "kd_weights must be >= 0"),
+    ("protocol.kd_weights=[1,1]", "must not repeat a value"),
+    ("protocol.budget_steps=0", "budget_steps must be >= 1"),
+    ("protocol.kd_weights=[heavy]", "heavy"),
+    ("protocol.eval_per_filing=maybe", "eval_per_filing"),
+    ("protocol.he=sometimes", "he"),
+])
+def test_sweep_config_is_refused_when_wrong(override, refusal):
+    assert check(compose(["experiment=fede4rag_kd_sweep"])).local_steps_grid == [96, 24, 6]
+    with pytest.raises(ValueError, match=refusal):
+        check(compose(["experiment=fede4rag_kd_sweep", override]))
 
 
 def test_sweep_cells_share_the_budget_and_record_kd_and_distance(tmp_path):
