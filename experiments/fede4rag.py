@@ -305,10 +305,11 @@ def _summary(r: dict, out: RunOutput) -> str:
 def _plot(r: dict, out: RunOutput) -> None:
     names = list(r["methods"])
     fig, ax, save = out.figure("retrieval_by_method")
-    width = 0.2
-    for i, (split, metric) in enumerate([("valid", "ndcg@10"), ("test", "ndcg@10"),
-                                         ("valid", "hit@10"), ("test", "hit@10")]):
-        ax.bar([x + (i - 1.5) * width for x in range(len(names))],
+    bars = [(split, metric) for metric in ("ndcg@10", "hit@10")
+            for split in scored_in(r["methods"][names[0]])]
+    width = 0.8 / len(bars)
+    for i, (split, metric) in enumerate(bars):
+        ax.bar([x + (i - (len(bars) - 1) / 2) * width for x in range(len(names))],
                [r["methods"][n][split][metric] for n in names], width, label=f"{split} {metric}")
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
     ax.set_ylabel("score")
