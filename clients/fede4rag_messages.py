@@ -37,6 +37,7 @@ SCORE = "score"                  # retrieve and score with the fully encoded cor
 PAGES_PER_MESSAGE = "pages-per-message"  # config (evaluate): pages of one ENCODE piece
 EVAL_BACKEND = "eval-backend"    # config (evaluate): corpus encoder, a key of inference.BACKENDS
 SPLITS = "splits"                # config (evaluate): question splits to score
+PER_FILING = "per-filing"        # config (evaluate): also score within each question's filing
 REMAINING = "remaining-pieces"   # METRICS (encode): pieces still to encode
 PIECES = "pieces"                # METRICS (encode): pieces of the corpus in all
 CORPUS_PAGES = "corpus-pages"    # METRICS (encode): pages of the corpus

@@ -193,7 +193,8 @@ class RetrieverClient:
                        keys.PIECES: store.pieces, keys.CORPUS_PAGES: len(corpus)}
         else:
             metrics = score_splits(self.model, self.root, questions, list(corpus), store.load(),
-                                   self.task, list(config[keys.SPLITS]))
+                                   self.task, list(config[keys.SPLITS]),
+                                   bool(config.get(keys.PER_FILING, False)))
         metrics["eval-seconds"] = time.perf_counter() - start
         return RecordDict({keys.METRICS: MetricRecord(metrics),
                            keys.WEIGHTS_INFO: ConfigRecord({keys.WEIGHTS_KEY: key})})

@@ -30,6 +30,7 @@ from fedsim.records import from_record
 from fedsim.results import RunOutput, markdown_table
 from fedsim.schema import Protocol
 from fedsim.validators import finite_arrays
+from strategies.client_spread import ClientSpread
 from strategies.he_fedavg import HEFedAvg
 from tasks.financebench_rag.inference import BACKENDS
 from tasks.financebench_rag.retrieval import METRICS, weights_key
@@ -49,6 +50,7 @@ class FedE4RAGProtocol(Protocol):
     he_chunk_floats: int = 262144     # floats per encrypted chunk
     eval_pages_per_message: int = 512  # corpus pages one evaluation message encodes
     eval_backend: str = "openvino"    # corpus encoder: torch | openvino | onnx (float32, bench/fede4rag_eval.py)
+    eval_per_filing: bool = False     # also score each question within its own filing's pages
     methods: dict[str, Any] = field(default_factory=dict)
     """name -> {run: runner function, ...its settings}, in run order"""
 
@@ -140,7 +142,8 @@ def centralized(ctx: Context, name: str, spec: DictConfig) -> Trained:
 def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
     """The configured strategy for ``num_rounds`` (quorum per round: any client); with ``he``
     wrapped in HEFedAvg (``one_trip``, default true: an update that fits one message travels
-    encrypted in the train reply; false: always the chunk phases)."""
+    encrypted in the train reply; false: always the chunk phases). In plaintext the rounds'
+    metrics include how far apart the client models are (``ClientSpread``)."""
     rounds, threads = int(ctx.cfg.num_rounds), _threads(ctx.cfg, len(ctx.nodes))
     strategy = instantiate(ctx.cfg.strategy)
     if spec.he:
@@ -156,7 +159,7 @@ def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
     config = ConfigRecord(ctx.train_config(name, keys.FROM_ARRAYS, spec.kd_weight,
                                            ctx.cfg.protocol.local_steps, threads))
     start = time.perf_counter()
-    result = strategy.start(ctx.grid(name, Policy(ANY, finite_arrays)),
+    result = ClientSpread(strategy).start(ctx.grid(name, Policy(ANY, finite_arrays)),
                             _initial(ctx), rounds, ctx.cfg.round_timeout, config)
     seconds = (time.perf_counter() - start) / rounds
     traffic = [ctx.messenger.round_traffic(f"{name}/train", r) for r in range(1, rounds + 1)]
@@ -186,7 +189,8 @@ def _evaluate(ctx: Context, name: str, trained: Trained) -> dict:
     capped by ``eval_pages_per_message``, so ``round_timeout`` holds on a busy machine), then
     score. The weights the client evaluated must be the ones the method produced."""
     config = {**ctx.base, keys.METHOD: name, keys.WEIGHTS: trained.source,
-              he_keys.GLOBAL_ROUND: trained.he_round, keys.SPLITS: ["valid", "test"],
+              he_keys.GLOBAL_ROUND: trained.he_round, keys.SPLITS: splits(ctx.cfg),
+              keys.PER_FILING: bool(ctx.cfg.protocol.eval_per_filing),
               keys.TORCH_THREADS: _threads(ctx.cfg, 1),
               keys.PAGES_PER_MESSAGE: int(ctx.cfg.protocol.eval_pages_per_message),
               keys.EVAL_BACKEND: str(ctx.cfg.protocol.eval_backend)}
@@ -216,7 +220,24 @@ def _evaluate(ctx: Context, name: str, trained: Trained) -> dict:
         split: {m: float(metrics[f"{split}/{m}"]) for m in METRICS}
         | {"questions": int(metrics[f"{split}/questions"]),
            "corpus_pages": int(metrics[f"{split}/corpus-pages"])}
-        for split in ("valid", "test")}
+        for split in scored(ctx.cfg)}
+
+
+def splits(cfg: DictConfig) -> list[str]:
+    """The question splits the task holds (``task.n_test=0``: validation only)."""
+    return [s for s in ("valid", "test") if int(cfg.task[f"n_{s}"])]
+
+
+def scored(cfg: DictConfig) -> list[str]:
+    """What an evaluation reports: each split on the shared corpus (``valid``), and with
+    ``eval_per_filing`` within each question's own filing (``valid-filing``)."""
+    corpora = ["", "-filing"] if cfg.protocol.eval_per_filing else [""]
+    return [f"{s}{corpus}" for corpus in corpora for s in splits(cfg)]
+
+
+def scored_in(method: dict) -> list[str]:
+    """The evaluation labels in one method's results, in the order scored."""
+    return [k for k, v in method.items() if isinstance(v, dict) and "questions" in v]
 
 
 def _cost_summary(rounds: list[dict]) -> dict:
@@ -238,6 +259,18 @@ def _discover(messenger: Messenger, base: dict) -> tuple[dict[int, int], dict[in
                          keys.DOCUMENTS: len(r[keys.DOCUMENTS])} for pid, r in records.items()}
 
 
+def train_and_evaluate(ctx: Context, name: str, spec: DictConfig) -> dict:
+    """One method: its runner (``spec.run``), then the evaluation of what it produced."""
+    start = time.perf_counter()
+    trained = get_method(spec.run)(ctx, name, spec)
+    train_s = time.perf_counter() - start
+    scores = _evaluate(ctx, name, trained)
+    log.info("[fede4rag] %s: %s (%.0f s)", name, ", ".join(
+        f"{s} ndcg@10 {scores[s]['ndcg@10']:.4f}" for s in scored(ctx.cfg)), time.perf_counter() - start)
+    return {**scores, "train_seconds": train_s, "eval_seconds": time.perf_counter() - start - train_s,
+            **trained.details}
+
+
 def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
     base = client_config(cfg)
     nodes, info = _discover(messenger, base)
@@ -250,16 +283,7 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     results = {"clients": {str(k): v for k, v in sorted(info.items())}, "budget_steps": budget,
                "methods": {}, "he": {}}
     for name, spec in p.methods.items():
-        start = time.perf_counter()
-        trained = get_method(spec.run)(ctx, name, spec)
-        train_s = time.perf_counter() - start
-        scores = _evaluate(ctx, name, trained)
-        results["methods"][name] = {**scores, "train_seconds": train_s,
-                                    "eval_seconds": time.perf_counter() - start - train_s,
-                                    **trained.details}
-        log.info("[fede4rag] %s: valid ndcg@10 %.4f, test ndcg@10 %.4f (%.0f s)", name,
-                 scores["valid"]["ndcg@10"], scores["test"]["ndcg@10"],
-                 time.perf_counter() - start)
+        results["methods"][name] = train_and_evaluate(ctx, name, spec)
     for kind, rounds in ctx.cost.items():
         results["he"][kind] = _cost_summary(rounds)
     return results, _summary(results, out)
@@ -269,7 +293,7 @@ def _summary(r: dict, out: RunOutput) -> str:
     columns = ["method", "hit@1", "hit@10", "mrr@10", "map@10", "ndcg@10", "recall@1",
                "recall@5", "recall@10", "precision@1", "precision@5", "precision@10"]
     tables = []
-    for split in ("valid", "test"):
+    for split in scored_in(next(iter(r["methods"].values()))):
         rows = [{"method": name, **m[split]} for name, m in r["methods"].items()]
         first = next(iter(r["methods"].values()))[split]
         tables.append(f"## {split} ({first['questions']} questions, {first['corpus_pages']} "
@@ -288,10 +312,11 @@ def _summary(r: dict, out: RunOutput) -> str:
 def _plot(r: dict, out: RunOutput) -> None:
     names = list(r["methods"])
     fig, ax, save = out.figure("retrieval_by_method")
-    width = 0.2
-    for i, (split, metric) in enumerate([("valid", "ndcg@10"), ("test", "ndcg@10"),
-                                         ("valid", "hit@10"), ("test", "hit@10")]):
-        ax.bar([x + (i - 1.5) * width for x in range(len(names))],
+    bars = [(split, metric) for metric in ("ndcg@10", "hit@10")
+            for split in scored_in(r["methods"][names[0]])]
+    width = 0.8 / len(bars)
+    for i, (split, metric) in enumerate(bars):
+        ax.bar([x + (i - (len(bars) - 1) / 2) * width for x in range(len(names))],
                [r["methods"][n][split][metric] for n in names], width, label=f"{split} {metric}")
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
     ax.set_ylabel("score")

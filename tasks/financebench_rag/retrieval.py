@@ -145,6 +145,30 @@ def evaluate(model, questions, corpus_ids: list[str], corpus_emb: np.ndarray,
     return retrieval_metrics(ranked, {q.qid: set(q.evidence) for q in questions})
 
 
+def evaluate_per_filing(model, questions, corpus_ids: list[str], corpus_emb: np.ndarray,
+                        k: int = 10) -> dict[str, float]:
+    """Each question retrieves only among the pages of its own filing (FinanceBench's
+    per-document store): one exact index per document, over the corpus rows of that document."""
+    rows: dict[str, list[int]] = {}
+    for i, cid in enumerate(corpus_ids):
+        rows.setdefault(cid.split("#")[0], []).append(i)
+    q_emb = model.encode([q.text for q in questions], batch_size=32, convert_to_numpy=True,
+                         normalize_embeddings=True, show_progress_bar=False)
+    ranked = {}
+    for doc in sorted({q.doc_name for q in questions}):
+        asked = [i for i, q in enumerate(questions) if q.doc_name == doc]
+        filing = [corpus_ids[r] for r in rows.get(doc, [])]
+        missing = [e for i in asked for e in questions[i].evidence if e not in set(filing)]
+        if missing:
+            raise ValueError(f"{len(missing)} evidence pages are not in their filing {doc}, "
+                             f"e.g. {missing[0]}")
+        scores, found = search(build_index(corpus_emb[rows[doc]], "Flat"), q_emb[asked],
+                               min(k, len(filing)))
+        ranked.update({questions[i].qid: [(filing[r], s) for r, s in zip(row, score) if r >= 0]
+                       for i, row, score in zip(asked, found, scores)})
+    return retrieval_metrics(ranked, {q.qid: set(q.evidence) for q in questions})
+
+
 def evaluation_data(root: str, task: dict) -> tuple[dict, dict[str, str]]:
     """The question splits and the test corpus (scope ``task.test_corpus``; page id -> text)."""
     from tasks.financebench_rag.dataset import build_corpus, corpus_documents, split_questions
@@ -165,11 +189,13 @@ def corpus_store(model, model_key: str, corpus: dict[str, str], folder: str | Pa
 
 
 def score_splits(model, root: str, questions: dict, corpus_ids: list[str], emb: np.ndarray,
-                 task: dict, splits: list[str]) -> dict[str, float]:
+                 task: dict, splits: list[str], per_filing: bool = False) -> dict[str, float]:
     """``<split>/<metric>`` for the question splits asked. The validation corpus (the documents
     the validation questions cite) is a subset of the test corpus, searched through its own
-    index."""
-    from tasks.financebench_rag.dataset import corpus_documents
+    index. ``per_filing`` adds ``<split>-filing/<metric>``: each question searches its own
+    filing only, for the questions whose filing has page text (a filing without it would be its
+    evidence pages alone)."""
+    from tasks.financebench_rag.dataset import corpus_documents, load_documents
     out = {}
     for split in splits:
         if split == "valid":
@@ -182,4 +208,12 @@ def score_splits(model, root: str, questions: dict, corpus_ids: list[str], emb: 
         out.update({f"{split}/{k}": v for k, v in metrics.items()})
         out[f"{split}/corpus-pages"] = len(rows)
         out[f"{split}/questions"] = len(questions[split])
+    have = {d["doc_name"] for d in load_documents(root) if d["has_pages"]}
+    for split in splits if per_filing else []:
+        asked = [q for q in questions[split] if q.doc_name in have]
+        out.update({f"{split}-filing/{k}": v
+                    for k, v in evaluate_per_filing(model, asked, corpus_ids, emb).items()})
+        out[f"{split}-filing/corpus-pages"] = sum(cid.split("#")[0] in {q.doc_name for q in asked}
+                                                  for cid in corpus_ids)
+        out[f"{split}-filing/questions"] = len(asked)
     return out

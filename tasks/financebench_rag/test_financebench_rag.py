@@ -167,3 +167,71 @@ def test_training_moves_only_trainable_weights_and_lowers_the_loss(tiny_encoder)
     assert any(not np.allclose(before[k], after[k]) for k in before)
     flat = flatten(after)
     assert all(np.array_equal(a, b) for a, b in zip(unflatten(flat, after).values(), after.values()))
+
+
+def test_train_reports_mean_terms_and_the_kd_of_its_first_step(tiny_encoder):
+    """kd-first: the student still equals its teacher, so only dropout can make it non-zero."""
+    from tasks.financebench_rag.train import frozen_copy, train_encoder
+    model = frozen_copy(tiny_encoder)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    pairs = [(f"item {i} value {i * 7}", f"the value of item {i} is {i * 7}") for i in range(32)]
+    plain = train_encoder(model, pairs, steps=2, batch_size=8, lr=1e-3, temperature=0.1,
+                          kd_weight=0.0, seed=0)
+    assert {"infonce", "loss"} <= set(plain) and "kd" not in plain and "kd-first" not in plain
+    noisy = train_encoder(frozen_copy(model).requires_grad_(True), pairs, steps=1, batch_size=8,
+                          lr=1e-3, temperature=0.1, kd_weight=1.0, seed=0)
+    assert noisy["kd-first"] > 0  # the student trains with dropout (p=0.1), the teacher without
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    kd = train_encoder(model, pairs, steps=4, batch_size=8, lr=1e-2, temperature=0.1,
+                       kd_weight=1.0, seed=0)
+    assert kd["kd-first"] == pytest.approx(0.0, abs=1e-12)
+    assert kd["kd"] > 1e-8  # the mean over 4 steps includes steps after the weights moved
+    assert kd["loss"] == pytest.approx(kd["infonce"] + kd["kd"], rel=1e-4)  # loss: mean of sums
+
+
+def test_per_filing_retrieval_searches_only_the_questions_own_filing():
+    from tasks.financebench_rag.retrieval import evaluate, evaluate_per_filing
+
+    class Fixed:  # question embeddings by text
+        def encode(self, texts, **kwargs):
+            return np.array([QUESTIONS[t] for t in texts], dtype=np.float32)
+
+    QUESTIONS = {"qa": [1, 0, 0], "qb": [0, 0, 1]}
+    ids = ["A#0", "A#1", "A#2", "B#0", "B#1"]
+    emb = np.array([[.6, .8, 0], [.8, .6, 0], [0, 0, 1], [1, 0, 0], [0, .6, .8]], dtype=np.float32)
+    questions = [fb.Question("1", "qa", "c", "A", ("A#1",)), fb.Question("2", "qb", "c", "B", ("B#1",))]
+    # shared corpus: qa ranks B#0 (1.0) over A#1 (0.8); qb ranks A#2 (1.0) over B#1 (0.8)
+    shared = evaluate(Fixed(), questions, ids, emb)
+    assert shared["hit@1"] == 0.0 and shared["mrr@10"] == pytest.approx(0.5)
+    # own filing: A holds 3 pages, B 2; each evidence page ranks first there
+    own = evaluate_per_filing(Fixed(), questions, ids, emb)
+    assert own["hit@1"] == 1.0 and own["mrr@10"] == 1.0
+    assert own["precision@5"] == pytest.approx(0.2)  # 1 relevant in the top 5 (of 3 and 2 pages)
+    with pytest.raises(ValueError, match="not in their filing B"):
+        evaluate_per_filing(Fixed(), [fb.Question("3", "qb", "c", "B", ("A#1",))], ids, emb)
+
+
+def test_per_filing_corpus_is_exactly_each_filings_pages():
+    from tasks.financebench_rag.retrieval import score_splits
+
+    class Seeded:
+        def encode(self, texts, **kwargs):
+            return np.random.default_rng(len(texts)).normal(size=(len(texts), 4)).astype(np.float32)
+
+    questions = fb.split_questions(ROOT, 12, 0, seed=0)
+    corpus = fb.build_corpus(ROOT, fb.corpus_documents(ROOT, questions["valid"], "cited"))
+    emb = Seeded().encode(list(corpus))
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    got = score_splits(Seeded(), ROOT, questions, list(corpus), emb, {}, ["valid"], per_filing=True)
+    have = {d["doc_name"] for d in fb.load_documents(ROOT) if d["has_pages"]}
+    asked = [q for q in questions["valid"] if q.doc_name in have]
+    assert 0 < len(asked) == got["valid-filing/questions"] <= got["valid/questions"] == 12
+    # each filing is all its PDF's pages, and nothing else
+    assert got["valid-filing/corpus-pages"] == sum(len(fb.load_pages(ROOT, d))
+                                                   for d in {q.doc_name for q in asked})
+    assert got["valid/corpus-pages"] == len(corpus)
+    assert "valid-filing/ndcg@10" in got and "valid-filing/ndcg@10" not in score_splits(
+        Seeded(), ROOT, questions, list(corpus), emb, {}, ["valid"])

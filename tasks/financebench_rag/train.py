@@ -37,6 +37,7 @@ class KDInfoNCELoss(nn.Module):
         if kd_weight and teacher is None:
             raise ValueError("KD needs the frozen global model (teacher)")
         self.last = {}
+        self.history: list[dict] = []  # every step's terms, for the means a client reports
 
     def forward(self, sentence_features, labels=None):
         features = list(sentence_features)
@@ -47,6 +48,7 @@ class KDInfoNCELoss(nn.Module):
             kd = self.kd_term(embeddings, features)
             self.last["kd"] = float(kd.detach())
             loss = loss + self.kd_weight * kd
+        self.history.append(self.last)
         return loss
 
     def kd_term(self, embeddings, features) -> torch.Tensor:
@@ -100,7 +102,9 @@ def local_seed(seed: int, server_round: int, partition: int) -> int:
 def train_encoder(model, pairs: list[tuple[str, str]], steps: int, batch_size: int, lr: float,
                   temperature: float, kd_weight: float, seed: int) -> dict:
     """``steps`` optimizer steps on ``pairs`` (cycled, seeded shuffle); the teacher of KD-GLE is
-    a frozen copy of ``model`` as it is on entry (the global model)."""
+    a frozen copy of ``model`` as it is on entry (the global model). Reports each term's mean
+    over the steps and the first step's KD term (same weights as the teacher: what dropout
+    alone contributes)."""
     from datasets import Dataset
     from sentence_transformers import (
         SentenceTransformerTrainer,
@@ -128,5 +132,7 @@ def train_encoder(model, pairs: list[tuple[str, str]], steps: int, batch_size: i
         with collect_only_new_objects():
             out = trainer.train()
     model.eval()
-    return {"steps": steps, "loss": float(out.training_loss), **loss.last,
+    terms = {k: sum(h[k] for h in loss.history) / len(loss.history) for k in loss.last}
+    first = {"kd-first": loss.history[0]["kd"]} if kd_weight else {}
+    return {"steps": steps, "loss": float(out.training_loss), **terms, **first,
             "setup-seconds": clock.begin - clock.start, "step-seconds": clock.end - clock.begin}
