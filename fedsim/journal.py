@@ -20,16 +20,44 @@ living in the first run's ids throughout.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
+import time
 from pathlib import Path
 
-from flwr.app import Message
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.serde import message_from_proto, message_to_proto
 from flwr.proto.message_pb2 import Message as ProtoMessage
 
 WHOAMI = "fedsim-whoami"        # the core query every ClientApp answers with its partition id
 PARTITION = "partition-id"
+
+
+def ask_partitions(grid, timeout: float, poll: float) -> dict[int, int]:
+    """Every node's partition id (node id -> partition), asked with ``WHOAMI`` and not counted
+    as a phase: the Messenger maps node ids across a resume, the ShardedGrid places logical
+    clients. Raises naming the first error when a node does not tell."""
+    nodes = list(grid.get_node_ids())
+    pending = set(grid.push_messages([
+        Message(RecordDict({WHOAMI: ConfigRecord()}), dst_node_id=n, message_type=MessageType.QUERY)
+        for n in nodes]))
+    partitions, errors, start = {}, [], time.monotonic()
+    while pending and time.monotonic() - start < timeout:
+        for reply in grid.pull_messages(list(pending)):
+            pending.discard(reply.metadata.reply_to_message_id)
+            if reply.has_error():
+                errors.append(reply.error.reason)
+            else:
+                partitions[reply.metadata.src_node_id] = int(reply.content[WHOAMI][PARTITION])
+        if pending:
+            time.sleep(poll)
+    logging.getLogger("fedsim").info("[whoami] %d/%d nodes told their partition in %.1f s",
+                                     len(partitions), len(nodes), time.monotonic() - start)
+    if len(partitions) != len(nodes):
+        raise RuntimeError(f"whoami: {len(partitions)} of {len(nodes)} nodes told their partition"
+                           + (f"; e.g. {errors[0]}" if errors else ""))
+    return partitions
 
 
 class ResumeMismatch(RuntimeError):

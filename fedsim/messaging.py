@@ -30,13 +30,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from omegaconf import DictConfig, OmegaConf
 
 from fedsim.client_app import RUN_KEY, TASK_KEY
 from fedsim.faults import FAULTS_KEY
-from fedsim.journal import PARTITION, WHOAMI, Journal, ResumeMismatch
+from fedsim.journal import Journal, ResumeMismatch, ask_partitions
 from fedsim.sinks import Sinks, reply_metrics
 
 log = logging.getLogger("fedsim")
@@ -124,16 +124,7 @@ class Messenger:
     def _map_nodes(self, journal: Journal) -> None:
         """Ask every node its partition (not journaled, not counted); a resumed run maps the
         journaled run's node ids to this run's by partition."""
-        nodes = list(self.raw.get_node_ids())
-        replies = self._send_and_wait("whoami", [
-            Message(RecordDict({WHOAMI: ConfigRecord()}), dst_node_id=n, message_type=MessageType.QUERY)
-            for n in nodes], self.timeout)
-        partitions = {m.metadata.src_node_id: int(m.content[WHOAMI][PARTITION])
-                      for m in replies if not m.has_error()}
-        if len(partitions) != len(nodes):
-            errors = [m.error.reason for m in replies if m.has_error()]
-            raise PhaseFailed(f"whoami: {len(partitions)} of {len(nodes)} nodes told their partition"
-                              + (f"; e.g. {errors[0]}" if errors else ""))
+        partitions = ask_partitions(self.raw, self.timeout, self.poll_seconds)
         if journal.resumed_from == 0:
             journal.save_partitions(partitions)
             return

@@ -21,17 +21,16 @@ ClientApp builds client ``l`` exactly as a SuperNode of its own would (``partiti
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterable
 from copy import copy
 from dataclasses import replace
 from uuid import uuid4
 
-from flwr.app import ConfigRecord, Context, Error, Message, MessageType, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.app.message import make_message
 from flwr.serverapp import Grid
 
-from fedsim.journal import PARTITION, WHOAMI
+from fedsim.journal import ask_partitions
 
 SHARD = "fedsim-shard"      # the batch's manifest record
 CLIENTS = "clients"         # logical partition ids in the batch, in order
@@ -101,12 +100,17 @@ def logical_node_id(partition: int) -> int:
     return partition + 1
 
 
+def logical_partition(node_id: int) -> int:
+    return node_id - 1
+
+
 class ShardedGrid(Grid):
     """``num_clients`` logical clients over the SuperNodes of ``grid`` (see the module doc)."""
 
     def __init__(self, grid: Grid, num_clients: int, timeout: float = 600.0, poll: float = 0.2):
         self.raw, self.num_clients = grid, num_clients
-        hosts = self._hosts(timeout, poll)
+        partitions = ask_partitions(grid, timeout, poll)
+        hosts = sorted(partitions, key=partitions.get)  # the SuperNodes in partition order
         if len(hosts) > num_clients:
             raise ValueError(f"{len(hosts)} SuperNodes for {num_clients} clients: some would host none")
         self.host = {logical_node_id(p): hosts[p % len(hosts)] for p in range(num_clients)}
@@ -114,26 +118,6 @@ class ShardedGrid(Grid):
         self._batch_of: dict[str, str] = {}           # logical message id -> its batch's id
         self._batches: dict[str, list[str]] = {}      # batch id -> its logical message ids
         self._replies: dict[str, Message] = {}        # logical message id -> its reply
-
-    def _hosts(self, timeout: float, poll: float) -> list[int]:
-        """The SuperNodes' node ids in partition order (asked once with ``WHOAMI``)."""
-        nodes = list(self.raw.get_node_ids())
-        ids = set(self.raw.push_messages([
-            Message(RecordDict({WHOAMI: ConfigRecord()}), dst_node_id=n, message_type=MessageType.QUERY)
-            for n in nodes]))
-        by_partition, start = {}, time.monotonic()
-        while ids and time.monotonic() - start < timeout:
-            for reply in self.raw.pull_messages(list(ids)):
-                ids.discard(reply.metadata.reply_to_message_id)
-                if reply.has_error():
-                    raise RuntimeError(f"SuperNode {reply.metadata.src_node_id} did not tell its "
-                                       f"partition: {reply.error.reason}")
-                by_partition[int(reply.content[WHOAMI][PARTITION])] = reply.metadata.src_node_id
-            if ids:
-                time.sleep(poll)
-        if ids:
-            raise RuntimeError(f"{len(ids)} of {len(nodes)} SuperNodes did not tell their partition")
-        return [by_partition[p] for p in sorted(by_partition)]
 
     def get_node_ids(self) -> Iterable[int]:
         return list(self.host)
@@ -148,7 +132,7 @@ class ShardedGrid(Grid):
             ids.append(msg.metadata.message_id)
         batches, members = [], []
         for (host, message_type), group in groups.items():
-            content = pack([m.content for m in group], [m.metadata.dst_node_id - 1 for m in group],
+            content = pack([m.content for m in group], [logical_partition(m.metadata.dst_node_id) for m in group],
                            self.num_clients)
             batches.append(Message(content, dst_node_id=host, message_type=message_type))
             members.append([m.metadata.message_id for m in group])
