@@ -158,7 +158,8 @@ def evaluate_per_filing(model, questions, corpus_ids: list[str], corpus_emb: np.
     for doc in sorted({q.doc_name for q in questions}):
         asked = [i for i, q in enumerate(questions) if q.doc_name == doc]
         filing = [corpus_ids[r] for r in rows.get(doc, [])]
-        missing = [e for i in asked for e in questions[i].evidence if e not in set(filing)]
+        pages = set(filing)
+        missing = [e for i in asked for e in questions[i].evidence if e not in pages]
         if missing:
             raise ValueError(f"{len(missing)} evidence pages are not in their filing {doc}, "
                              f"e.g. {missing[0]}")
@@ -208,12 +209,12 @@ def score_splits(model, root: str, questions: dict, corpus_ids: list[str], emb: 
         out.update({f"{split}/{k}": v for k, v in metrics.items()})
         out[f"{split}/corpus-pages"] = len(rows)
         out[f"{split}/questions"] = len(questions[split])
-    have = {d["doc_name"] for d in load_documents(root) if d["has_pages"]}
+    have = {d["doc_name"] for d in load_documents(root) if d["has_pages"]} if per_filing else set()
     for split in splits if per_filing else []:
         asked = [q for q in questions[split] if q.doc_name in have]
         out.update({f"{split}-filing/{k}": v
                     for k, v in evaluate_per_filing(model, asked, corpus_ids, emb).items()})
-        out[f"{split}-filing/corpus-pages"] = sum(cid.split("#")[0] in {q.doc_name for q in asked}
-                                                  for cid in corpus_ids)
+        filings = {q.doc_name for q in asked}
+        out[f"{split}-filing/corpus-pages"] = sum(cid.split("#")[0] in filings for cid in corpus_ids)
         out[f"{split}-filing/questions"] = len(asked)
     return out
