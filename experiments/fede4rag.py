@@ -49,7 +49,7 @@ class FedE4RAGProtocol(Protocol):
     evaluator_partition: int = 0      # the client that evaluates (under HE only clients hold the model)
     he_chunk_floats: int = 262144     # floats per encrypted chunk
     eval_pages_per_message: int = 512  # corpus pages one evaluation message encodes
-    eval_backend: str = "openvino"    # corpus encoder: torch | openvino | onnx (float32, bench/fede4rag_eval.py)
+    eval_backend: str = "openvino"    # corpus encoder: torch | openvino | onnx (float32) | openvino_bf16
     eval_per_filing: bool = False     # also score each question within its own filing's pages
     methods: dict[str, Any] = field(default_factory=dict)
     """name -> {run: runner function, ...its settings}, in run order"""

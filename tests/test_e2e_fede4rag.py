@@ -1,6 +1,8 @@
 """FedE4RAG end to end through the real simulation: every method runner (vanilla, alone,
-centralized, FedAvg, FedE4RAG with and without HE), 2 company clients, 1 round, on a small
-FinanceBench slice with the offline MiniLM (LoRA); evaluation in several bounded pieces."""
+centralized, FedAvg, FedE4RAG with and without HE), 2 company clients as two logical clients
+of one SuperNode (``hardware.clients_per_supernode``: HE state kept per client across rounds),
+2 rounds, on a small FinanceBench slice with the offline MiniLM (LoRA); evaluation in several
+bounded pieces."""
 
 from conftest import fedsim_run, read_results
 from tasks.financebench_rag.retrieval import METRICS
@@ -13,9 +15,11 @@ def test_every_method_on_a_small_slice(tmp_path):
         "task.companies=[AES Corporation,Boeing]", "task.pages_per_client=30",
         "task.n_valid=4", "task.n_test=6", "task.corpus_pages_per_doc=8",
         f"task.embedding_cache={tmp_path / 'cache'}", f"task.he.key_dir={tmp_path / 'keys'}",
-        f"task.state_dir={tmp_path / 'state'}", "num_rounds=1", "protocol.local_steps=2",
-        "protocol.batch_size=4", "protocol.eval_pages_per_message=64", timeout=900)
+        f"task.state_dir={tmp_path / 'state'}", "num_rounds=2", "protocol.local_steps=1",
+        "protocol.batch_size=4", "protocol.eval_pages_per_message=64",
+        "hardware.clients_per_supernode=2", timeout=900)
     assert code == 0, log[-3000:]
+    assert "fedsim: 1 SuperNodes" in log
     r = read_results(out)
     assert r["budget_steps"] == 4 and set(r["clients"]) == {"0", "1"}
     assert [c["companies"] for c in r["clients"].values()] == [["AES Corporation"], ["Boeing"]]
@@ -39,9 +43,10 @@ def test_every_method_on_a_small_slice(tmp_path):
     for split in ("valid", "test"):
         for metric in METRICS:  # the encrypted average is FedAvg's up to CKKS error
             assert abs(he[split][metric] - plain[split][metric]) < 1e-3
-    assert he["rounds"]["1"]["clients"] == 2
-    # the LoRA update fits one message: encrypted in the train reply, no chunk exchanges
-    assert he["rounds"]["1"]["one-trip"] == 1 and "fede4rag/he-encrypt" not in r["faults"]
+    assert [he["rounds"][k]["clients"] for k in ("1", "2")] == [2, 2]
+    # the LoRA update fits one message: encrypted in the train reply (round 1's aggregate
+    # carried in round 2's train message), no chunk exchanges
+    assert he["rounds"]["2"]["one-trip"] == 1 and "fede4rag/he-encrypt" not in r["faults"]
     cost = r["he"]
     assert cost["he"]["bytes_per_client_round"] > 10 * cost["plain"]["bytes_per_client_round"]
     assert cost["he"]["encrypt_seconds_per_client_round"] > 0

@@ -33,12 +33,14 @@ def supernodes(k: int, crash_batches: bool = False) -> InProcessGrid:
     return InProcessGrid({100 + p: node(p) for p in range(k)})
 
 
-def fedtp_round(grid, cfg) -> tuple[np.ndarray, dict]:
-    """DPMean at sigma 0 over every client's topic vector; the release and the fault counts."""
+def fedtp_round(grid, cfg, strategy=None) -> tuple[np.ndarray, dict]:
+    """One round of ``strategy`` (default DPMean at sigma 0) over every client's topic vector;
+    the release and the fault counts."""
     messenger = Messenger(grid, 60.0, poll_seconds=0.0)
     dim = len(load_topics(cfg.data_root))
     train = ConfigRecord({**client_config(cfg), keys.SPLITS: list(cfg.task.splits)})
-    result = DPMean(clip_norm=1.0, noise_multiplier=0.0, seed=0).start(
+    strategy = strategy or DPMean(clip_norm=1.0, noise_multiplier=0.0, seed=0)
+    result = strategy.start(
         messenger.grid("aggregate", Policy(ANY, finite_arrays)),
         initial_arrays=ArrayRecord({keys.VECTORS: Array(np.full(dim, 1.0 / dim))}),
         num_rounds=1, timeout=60.0, train_config=train)

@@ -11,6 +11,7 @@ the runtimes' own converters. LoRA adapters are merged into a copy's base weight
 from __future__ import annotations
 
 import copy
+import functools
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -72,12 +73,12 @@ def _example(model) -> dict[str, torch.Tensor]:
     return {k: features[k] for k in _INPUTS if k in features}
 
 
-def _openvino(model, threads: int) -> Encode:
+def _openvino(model, threads: int, precision: str = "f32") -> Encode:
     import openvino as ov
     with torch.no_grad():
         graph = ov.convert_model(_Embedder(model), example_input=_example(model))
-    # f32 explicitly: on CPUs with bf16 units OpenVINO would otherwise compute in bf16
-    compiled = ov.Core().compile_model(graph, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+    # the precision explicitly: on CPUs with bf16 units OpenVINO would otherwise compute in bf16
+    compiled = ov.Core().compile_model(graph, "CPU", {"INFERENCE_PRECISION_HINT": precision,
                                                       "INFERENCE_NUM_THREADS": threads,
                                                       "PERFORMANCE_HINT": "LATENCY"})
     request = compiled.create_infer_request()
@@ -100,8 +101,11 @@ def _onnx(model, threads: int) -> Encode:
 
 
 BACKENDS: dict[str, Callable[[object, int], Encode]] = {
-    "torch": _torch, "openvino": _openvino, "onnx": _onnx}
-"""``protocol.eval_backend`` name -> builder(model, threads) of the corpus encoder."""
+    "torch": _torch, "openvino": _openvino, "onnx": _onnx,
+    "openvino_bf16": functools.partial(_openvino, precision="bf16")}
+"""``protocol.eval_backend`` name -> builder(model, threads) of the corpus encoder.
+``openvino_bf16`` computes in bfloat16 (CPUs with avx512_bf16 / AMX; emulated, slower, elsewhere):
+not float32 noise, so opt-in, its metric differences measured by bench/fede4rag_eval.py."""
 
 
 def corpus_encoder(model, backend: str, threads: int) -> Encode:

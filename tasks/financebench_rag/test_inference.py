@@ -54,6 +54,16 @@ def test_compiled_backend_matches_torch(backend, trained, slice_, reference):
     assert all(metrics[k] == pytest.approx(ref_metrics[k], abs=1e-9) for k in metrics)
 
 
+def test_bf16_backend_is_close_but_opt_in(trained, slice_, reference):
+    """``openvino_bf16`` keeps the adapters and the embedding's direction (cosine > 0.999) but
+    not float32 precision; the default stays float32."""
+    emb = corpus_encoder(trained, "openvino_bf16", 2)(slice_[2])
+    assert emb.shape == reference[0].shape and emb.dtype == np.float32
+    assert (emb * reference[0]).sum(axis=1).min() > 0.999
+    assert check(compose(["experiment=fede4rag_paper", "protocol.eval_backend=openvino_bf16"])).eval_backend \
+        == "openvino_bf16"
+
+
 def test_tolerance_sees_the_adapters(trained, slice_, reference):
     """A backend that lost the LoRA update (the base model's embeddings) would fail above."""
     base = corpus_encoder(build_encoder("all-MiniLM-L6-v2", 128, None, seed=0), "torch", 2)(slice_[2])
@@ -61,7 +71,8 @@ def test_tolerance_sees_the_adapters(trained, slice_, reference):
 
 
 def test_wrong_backend_is_refused(trained):
-    with pytest.raises(ValueError, match=r"eval_backend='tensorrt' is not one of \['onnx', 'openvino', 'torch'\]"):
+    with pytest.raises(ValueError, match=r"eval_backend='tensorrt' is not one of \['onnx', 'openvino', "
+                                         r"'openvino_bf16', 'torch'\]"):
         check(compose(["experiment=fede4rag_paper", "protocol.eval_backend=tensorrt"]))
     assert check(compose(["experiment=fede4rag_paper"])).eval_backend == "openvino"
     with pytest.raises(ValueError, match="not one of"):
