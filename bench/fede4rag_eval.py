@@ -7,12 +7,14 @@ with LoRA adapters moved off their init (as after training), the ``fede4rag_pape
 merge + convert + compile), pages/s, the ratio against torch, the max |difference| of every
 metric and the min cosine between each page's embeddings on the two paths.
 
-``--experiment``: ``fedsim run experiment=fede4rag_paper`` once per backend, one after the other
-(the methods of ``--methods``, full training and corpora unless overridden); prints each
-method's training and evaluation seconds from results.json and the ratios.
+``--experiment``: ``fedsim run experiment=fede4rag_paper`` once per backend and number of
+encoding nodes (``--eval-nodes``, ``protocol.eval_nodes``), one after the other (the methods of
+``--methods``, full training and corpora unless overridden); prints each method's training and
+evaluation seconds from results.json and the ratios against the first run.
 
     .venv/bin/python bench/fede4rag_eval.py [--backends torch,openvino,onnx] [task.corpus_pages_per_doc=20]
     .venv/bin/python bench/fede4rag_eval.py --experiment --backends torch,openvino [--methods vanilla,fede4rag]
+    .venv/bin/python bench/fede4rag_eval.py --experiment --backends openvino --eval-nodes 1,2
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def encode(backends: list[str], overrides: list[str]) -> None:
               f"{np.abs(emb - ref_emb).max():.1e} |")
 
 
-def experiment(backends: list[str], methods: list[str], overrides: list[str]) -> None:
+def experiment(backends: list[str], nodes: list[int], methods: list[str], overrides: list[str]) -> None:
     every = OmegaConf.to_container(compose(["experiment=fede4rag_paper", *overrides]).protocol.methods,
                                    resolve=True)
     spec = "{" + ", ".join(f"{m}: {{" + ", ".join(f"{k}: {v if isinstance(v, str) else json.dumps(v)}"
@@ -79,26 +81,29 @@ def experiment(backends: list[str], methods: list[str], overrides: list[str]) ->
     out = Path(tempfile.mkdtemp(prefix="fede4rag-eval-"))
     runs = {}
     for backend in backends:
-        start = time.perf_counter()
-        subprocess.run([FEDSIM, "run", "experiment=fede4rag_paper", f"protocol.eval_backend={backend}",
-                        f"task.embedding_cache={out / 'cache'}", f"task.he.key_dir={out / 'keys'}",
-                        f"task.state_dir={out / backend / 'state'}", f"results_dir={out / backend}",
-                        "~protocol.methods", f"+protocol.methods={spec}", *overrides], check=True)
-        runs[backend] = (time.perf_counter() - start,
-                         json.loads((out / backend / "results.json").read_text())["methods"])
-    ref_wall, ref = runs[backends[0]]
-    print(f"\n| backend | method | train s | eval s | eval {backends[0]} / eval backend | "
-          "max abs metric diff |")
+        for n in nodes:
+            label = f"{backend} x{n}"
+            folder = out / f"{backend}-{n}"
+            start = time.perf_counter()
+            subprocess.run([FEDSIM, "run", "experiment=fede4rag_paper", f"protocol.eval_backend={backend}",
+                            f"protocol.eval_nodes={n}", f"task.embedding_cache={folder / 'cache'}",
+                            f"task.he.key_dir={out / 'keys'}", f"task.state_dir={folder / 'state'}",
+                            f"results_dir={folder}", "~protocol.methods", f"+protocol.methods={spec}",
+                            *overrides], check=True)
+            runs[label] = (time.perf_counter() - start, json.loads((folder / "results.json").read_text())["methods"])
+    first = next(iter(runs))
+    ref_wall, ref = runs[first]
+    print(f"\n| backend x encoding nodes | method | train s | eval s | eval {first} / eval | max abs metric diff |")
     print("|---|---|---|---|---|---|")
-    for backend, (_, result) in runs.items():
+    for label, (_, result) in runs.items():
         for name, m in result.items():
             diff = max(abs(m[s][k] - ref[name][s][k]) for s in SPLITS for k in m[s])
-            print(f"| {backend} | {name} | {m['train_seconds']:.0f} | {m['eval_seconds']:.0f} | "
+            print(f"| {label} | {name} | {m['train_seconds']:.0f} | {m['eval_seconds']:.0f} | "
                   f"{ref[name]['eval_seconds'] / m['eval_seconds']:.2f} | {diff:.1e} |")
-    print(f"\n| backend | wall s (fedsim run) | train s | eval s | {backends[0]} wall / backend wall |")
+    print(f"\n| backend x encoding nodes | wall s (fedsim run) | train s | eval s | {first} wall / wall |")
     print("|---|---|---|---|---|")
-    for backend, (wall, result) in runs.items():
-        print(f"| {backend} | {wall:.0f} | {sum(m['train_seconds'] for m in result.values()):.0f} | "
+    for label, (wall, result) in runs.items():
+        print(f"| {label} | {wall:.0f} | {sum(m['train_seconds'] for m in result.values()):.0f} | "
               f"{sum(m['eval_seconds'] for m in result.values()):.0f} | {ref_wall / wall:.2f} |")
 
 
@@ -107,6 +112,8 @@ def main() -> None:
     parser.add_argument("--experiment", action="store_true", help="whole fedsim runs, one per backend")
     parser.add_argument("--backends", default="torch,openvino,onnx",
                         help=f"comma-separated, of {sorted(BACKENDS)}; the first is the reference")
+    parser.add_argument("--eval-nodes", default="1",
+                        help="--experiment: comma-separated protocol.eval_nodes values, each run per backend")
     parser.add_argument("--methods", default="vanilla,fede4rag",
                         help="--experiment: comma-separated methods of fede4rag_paper to run")
     parser.add_argument("overrides", nargs="*", help="fedsim overrides, e.g. task.corpus_pages_per_doc=20")
@@ -115,7 +122,7 @@ def main() -> None:
     if unknown := set(backends) - set(BACKENDS):
         parser.error(f"--backends: {sorted(unknown)} not in {sorted(BACKENDS)}")
     if args.experiment:
-        experiment(backends, args.methods.split(","), args.overrides)
+        experiment(backends, [int(n) for n in args.eval_nodes.split(",")], args.methods.split(","), args.overrides)
     else:
         encode(backends, args.overrides)
 

@@ -32,13 +32,14 @@ TORCH_THREADS = "torch-threads"  # config: torch threads for this message's work
 NUM_EXAMPLES = "num-examples"    # METRICS (train): pairs, FedAvg's weight
 
 EVAL_OP = "eval-op"              # config (evaluate): ENCODE or SCORE
-ENCODE = "encode"                # encode the next piece of the corpus under the weights
+ENCODE = "encode"                # encode one piece of the corpus (PIECE) under the weights
 SCORE = "score"                  # retrieve and score with the fully encoded corpus
 PAGES_PER_MESSAGE = "pages-per-message"  # config (evaluate): pages of one ENCODE piece
+PIECE = "piece"                  # config (encode): index of the piece to encode (skipped if present)
 EVAL_BACKEND = "eval-backend"    # config (evaluate): corpus encoder, a key of inference.BACKENDS
 SPLITS = "splits"                # config (evaluate): question splits to score
 PER_FILING = "per-filing"        # config (evaluate): also score within each question's filing
-REMAINING = "remaining-pieces"   # METRICS (encode): pieces still to encode
+MISSING = "missing-pieces"       # METRICS (encode): indices of the pieces still missing after this one
 PIECES = "pieces"                # METRICS (encode): pieces of the corpus in all
 CORPUS_PAGES = "corpus-pages"    # METRICS (encode): pages of the corpus
 WEIGHTS_INFO = "weights-info"    # ConfigRecord of evaluate replies ...

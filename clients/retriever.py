@@ -182,14 +182,16 @@ class RetrieverClient:
         threads = self._threads(config)
         key = self._load_weights(msg)
         questions, corpus = self.evaluation
+        # without a cache, the run's folder (not this client's): the evaluating nodes of one
+        # machine fill one store (protocol.eval_nodes)
         folder = self.task.get("embedding_cache") or \
-            state_dir(self.task["state_dir"], run_key(msg), self.pid) / "embeddings"
+            state_dir(self.task["state_dir"], run_key(msg), self.pid).parent / "embeddings"
         backend = str(config[keys.EVAL_BACKEND])
         store = corpus_store(self.model, key, corpus, folder, int(config[keys.PAGES_PER_MESSAGE]), backend)
         start = time.perf_counter()
         if config[keys.EVAL_OP] == keys.ENCODE:
             encode = partial(self._encode, key, backend, threads)
-            metrics = {keys.REMAINING: store.encode_next(encode, list(corpus.values())),
+            metrics = {keys.MISSING: store.encode_piece(int(config[keys.PIECE]), encode, list(corpus.values())),
                        keys.PIECES: store.pieces, keys.CORPUS_PAGES: len(corpus)}
         else:
             metrics = score_splits(self.model, self.root, questions, list(corpus), store.load(),

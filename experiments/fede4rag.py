@@ -50,6 +50,7 @@ class FedE4RAGProtocol(Protocol):
     he_chunk_floats: int = 262144     # floats per encrypted chunk
     eval_pages_per_message: int = 512  # corpus pages one evaluation message encodes
     eval_backend: str = "openvino"    # corpus encoder: torch | openvino | onnx (float32) | openvino_bf16
+    eval_nodes: int = 1               # clients that encode corpus pieces side by side (a shared store)
     eval_per_filing: bool = False     # also score each question within its own filing's pages
     methods: dict[str, Any] = field(default_factory=dict)
     """name -> {run: runner function, ...its settings}, in run order"""
@@ -57,6 +58,8 @@ class FedE4RAGProtocol(Protocol):
     def __post_init__(self):
         if self.eval_backend not in BACKENDS:
             raise ValueError(f"protocol.eval_backend={self.eval_backend!r} is not one of {sorted(BACKENDS)}")
+        if self.eval_nodes < 1:
+            raise ValueError(f"protocol.eval_nodes={self.eval_nodes} must be >= 1")
 
 
 @dataclass
@@ -80,12 +83,22 @@ class Context(RunContext):
         ``rounds_of_work`` rounds' worth of training waits that many ``round_timeout``s: the
         timeout follows the size of the work, so a long run alone is not cut short on a busy
         machine."""
-        content = RecordDict({keys.CONFIG: ConfigRecord(config)})
-        if arrays is not None:
-            content[keys.ARRAYS] = arrays
-        message = Message(content, dst_node_id=node, message_type=message_type)
-        return self.messenger.exchange(phase, [message], Policy(), server_round,
-                                       timeout=self.cfg.round_timeout * rounds_of_work)[0].content
+        return self.ask_each({node: config}, message_type, phase, arrays, server_round, rounds_of_work)[0]
+
+    def ask_each(self, configs: dict[int, dict], message_type: str, phase: str,
+                 arrays: ArrayRecord | None = None, server_round: int = 1,
+                 rounds_of_work: int = 1) -> list[RecordDict]:
+        """One message per node (node -> its config) in one exchange, as ``ask``; the replies'
+        contents."""
+        messages = []
+        for node, config in configs.items():
+            content = RecordDict({keys.CONFIG: ConfigRecord(config)})
+            if arrays is not None:
+                content[keys.ARRAYS] = arrays
+            messages.append(Message(content, dst_node_id=node, message_type=message_type))
+        replies = self.messenger.exchange(phase, messages, Policy(), server_round,
+                                          timeout=self.cfg.round_timeout * rounds_of_work)
+        return [reply.content for reply in replies]
 
     @property
     def budget_rounds(self) -> int:
@@ -95,6 +108,17 @@ class Context(RunContext):
     @property
     def evaluator(self) -> int:
         return self.nodes[int(self.cfg.protocol.evaluator_partition)]
+
+    @property
+    def encoders(self) -> list[int]:
+        """The nodes that encode the corpus: the evaluator and the ``eval_nodes - 1`` after it."""
+        first = int(self.cfg.protocol.evaluator_partition)
+        return [self.nodes[(first + j) % len(self.nodes)] for j in range(int(self.cfg.protocol.eval_nodes))]
+
+    def __post_init__(self):
+        if int(self.cfg.protocol.eval_nodes) > len(self.nodes):  # refused before any method runs
+            raise ValueError(f"protocol.eval_nodes={self.cfg.protocol.eval_nodes} but the federation "
+                             f"has {len(self.nodes)} clients")
 
 
 def _threads(cfg: DictConfig, parallel: int) -> int:
@@ -184,28 +208,36 @@ def _round_metrics(result) -> dict:
     return {int(r): dict(m) for r, m in result.train_metrics_clientapp.items()}
 
 
+def _encode_corpus(ctx: Context, name: str, trained: Trained, config: dict) -> None:
+    """Encode the corpus one bounded piece per message (each reply's work is capped by
+    ``eval_pages_per_message``, so ``round_timeout`` holds on a busy machine), on the
+    ``eval_nodes`` encoders side by side: each wave gives each encoder one missing piece. A
+    piece is missing after a wave only if every encoder saw it missing after its own."""
+    encoders, start = ctx.encoders, time.perf_counter()
+    config = {**config, keys.EVAL_OP: keys.ENCODE, keys.TORCH_THREADS: _threads(ctx.cfg, len(encoders))}
+    todo, wave = list(range(len(encoders))), 0  # the number of pieces is known after wave 1
+    while todo:
+        wave += 1
+        replies = ctx.ask_each({node: {**config, keys.PIECE: i} for node, i in zip(encoders, todo)},
+                               MessageType.EVALUATE, f"eval/{name}/encode", trained.arrays, server_round=wave)
+        pieces = int(replies[0][keys.METRICS][keys.PIECES])
+        todo = sorted(set.intersection(*(set(r[keys.METRICS][keys.MISSING]) for r in replies)))
+        log.info("[eval %s] corpus pieces %d/%d encoded on %d node(s), %.0f s", name, pieces - len(todo),
+                 pieces, len(encoders), time.perf_counter() - start)
+        if todo and wave > pieces:
+            raise RuntimeError(f"eval {name}: corpus encoding makes no progress ({len(todo)} left)")
+
+
 def _evaluate(ctx: Context, name: str, trained: Trained) -> dict:
-    """Encode the corpus on the evaluator one bounded piece per message (each reply's work is
-    capped by ``eval_pages_per_message``, so ``round_timeout`` holds on a busy machine), then
-    score. The weights the client evaluated must be the ones the method produced."""
+    """Encode the corpus, then score on the evaluator. The weights the client evaluated must be
+    the ones the method produced."""
     config = {**ctx.base, keys.METHOD: name, keys.WEIGHTS: trained.source,
               he_keys.GLOBAL_ROUND: trained.he_round, keys.SPLITS: splits(ctx.cfg),
               keys.PER_FILING: bool(ctx.cfg.protocol.eval_per_filing),
               keys.TORCH_THREADS: _threads(ctx.cfg, 1),
               keys.PAGES_PER_MESSAGE: int(ctx.cfg.protocol.eval_pages_per_message),
               keys.EVAL_BACKEND: str(ctx.cfg.protocol.eval_backend)}
-    piece, start = 0, time.perf_counter()
-    while True:
-        piece += 1
-        reply = ctx.ask(ctx.evaluator, MessageType.EVALUATE, {**config, keys.EVAL_OP: keys.ENCODE},
-                        f"eval/{name}/encode", trained.arrays, server_round=piece)
-        left, pieces = (int(reply[keys.METRICS][k]) for k in (keys.REMAINING, keys.PIECES))
-        log.info("[eval %s] corpus pieces %d/%d encoded, %.0f s", name, pieces - left, pieces,
-                 time.perf_counter() - start)
-        if left == 0:
-            break
-        if piece > pieces:
-            raise RuntimeError(f"eval {name}: corpus encoding makes no progress ({left} left)")
+    _encode_corpus(ctx, name, trained, config)
     reply = ctx.ask(ctx.evaluator, MessageType.EVALUATE, {**config, keys.EVAL_OP: keys.SCORE},
                     f"eval/{name}/score", trained.arrays)
     evaluated = reply[keys.WEIGHTS_INFO][keys.WEIGHTS_KEY]

@@ -1,22 +1,39 @@
 """FedE4RAG end to end through the real simulation: every method runner (vanilla, alone,
 centralized, FedAvg, FedE4RAG with and without HE), 2 company clients as two logical clients
 of one SuperNode (``hardware.clients_per_supernode``: HE state kept per client across rounds),
-2 rounds, on a small FinanceBench slice with the offline MiniLM (LoRA); evaluation in several
-bounded pieces."""
+2 rounds, on a small FinanceBench slice with the offline MiniLM (LoRA); the corpus encoded in
+bounded pieces by both clients (``protocol.eval_nodes=2``)."""
+
+import pytest
+from omegaconf import OmegaConf
 
 from conftest import fedsim_run, read_results
-from tasks.financebench_rag.retrieval import METRICS
+from fedsim.config import compose
+from tasks.financebench_rag.inference import corpus_encoder
+from tasks.financebench_rag.model import build_encoder
+from tasks.financebench_rag.retrieval import METRICS, evaluation_data, score_splits
+
+SLICE = ["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]", "task.pages_per_client=30",
+         "task.n_valid=4", "task.n_test=6", "task.corpus_pages_per_doc=8"]
+
+
+def vanilla_metrics() -> dict:
+    """The vanilla model's metrics on the slice, encoded in this process in one go (torch)."""
+    cfg = compose([*SLICE, "data_root=../shared/data"])
+    task = OmegaConf.to_container(cfg.task, resolve=True)
+    model = build_encoder(task["model"], task["max_seq_length"], task["lora"], task["seed"])
+    questions, corpus = evaluation_data(cfg.data_root, task)
+    emb = corpus_encoder(model, "torch", 2)(list(corpus.values()))
+    return score_splits(model, cfg.data_root, questions, list(corpus), emb, task, ["valid", "test"])
 
 
 def test_every_method_on_a_small_slice(tmp_path):
     out = tmp_path / "results"
     code, log = fedsim_run(
-        "experiment=fede4rag_paper", f"results_dir={out}",
-        "task.companies=[AES Corporation,Boeing]", "task.pages_per_client=30",
-        "task.n_valid=4", "task.n_test=6", "task.corpus_pages_per_doc=8",
-        f"task.embedding_cache={tmp_path / 'cache'}", f"task.he.key_dir={tmp_path / 'keys'}",
+        *SLICE, f"results_dir={out}",
+        "task.embedding_cache=null", f"task.he.key_dir={tmp_path / 'keys'}",  # the run's own store
         f"task.state_dir={tmp_path / 'state'}", "num_rounds=2", "protocol.local_steps=1",
-        "protocol.batch_size=4", "protocol.eval_pages_per_message=64",
+        "protocol.batch_size=4", "protocol.eval_pages_per_message=24", "protocol.eval_nodes=2",
         "hardware.clients_per_supernode=2", timeout=900)
     assert code == 0, log[-3000:]
     assert "fedsim: 1 SuperNodes" in log
@@ -56,9 +73,18 @@ def test_every_method_on_a_small_slice(tmp_path):
                   "fede4rag/train", "fede4rag/he-install", "eval/fede4rag/encode", "eval/fede4rag/score"):
         assert all(c["failed"] == c["malformed"] == c["timed_out"] == 0
                    for c in faults[phase].values()), (phase, faults[phase])
-    pieces = traffic["eval/vanilla/encode"]
-    assert len(pieces) > 1 and all(row["messages"] == 1 for row in pieces.values())
-    assert "corpus pieces" in log
+    # pieces encoded two at a time, one per client, into one store: the vanilla metrics are those
+    # of the whole corpus encoded at once
+    waves = faults["eval/vanilla/encode"]
+    assert len(waves) > 1 and waves["1"]["sent"] == 2 and all(w["sent"] == w["accepted"] for w in waves.values())
+    assert traffic["eval/vanilla/encode"]["1"]["messages"] == 2
+    assert "encoded on 2 node(s)" in log
+    reference = vanilla_metrics()
+    for split in ("valid", "test"):
+        assert methods["vanilla"][split] == pytest.approx(
+            {m: reference[f"{split}/{m}"] for m in METRICS} | {
+                "questions": reference[f"{split}/questions"], "corpus_pages": reference[f"{split}/corpus-pages"]},
+            abs=1e-6)
     assert (out / "summary.md").read_text().count("| fede4rag |") == 2
     assert (out / "retrieval_by_method.png").is_file()
     keys = list((tmp_path / "keys").iterdir())

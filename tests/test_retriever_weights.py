@@ -36,7 +36,7 @@ def _message(config: dict, message_type=MessageType.EVALUATE, **records) -> Mess
 
 
 def _evaluate(weights: str, **extra) -> dict:
-    return {keys.WEIGHTS: weights, keys.EVAL_OP: keys.ENCODE, keys.PAGES_PER_MESSAGE: 1000,
+    return {keys.WEIGHTS: weights, keys.EVAL_OP: keys.ENCODE, keys.PIECE: 0, keys.PAGES_PER_MESSAGE: 1000,
             keys.EVAL_BACKEND: "torch", keys.SPLITS: ["test"], **extra}
 
 

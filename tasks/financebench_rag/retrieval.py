@@ -58,19 +58,19 @@ class EmbeddingStore:
             return []
         return [i for i in range(self.pieces) if not self._piece(i).is_file()]
 
-    def encode_next(self, encode, texts: list[str]) -> int:
-        """Encode the first missing piece of ``texts`` with ``encode`` (texts -> normalized
-        embeddings, ``inference.corpus_encoder``); return the pieces still missing."""
+    def encode_piece(self, i: int, encode, texts: list[str]) -> list[int]:
+        """Encode piece ``i`` of ``texts`` with ``encode`` (texts -> normalized embeddings,
+        ``inference.corpus_encoder``) unless it is in already (or past the end); return the
+        pieces still missing. Several nodes may fill one store, each its own pieces."""
         missing = self.missing()
-        if missing:
-            i = missing[0]
+        if i in missing:
             start = time.perf_counter()
             chunk = texts[i * self.piece_pages:(i + 1) * self.piece_pages]
             _save(self._piece(i), encode(chunk).astype(np.float32))
             log.info("encoded corpus piece %d/%d (%d pages) in %.0f s", i + 1, self.pieces,
                      len(chunk), time.perf_counter() - start)
-            missing = missing[1:]
-        return len(missing)
+            missing.remove(i)
+        return missing
 
     def load(self) -> np.ndarray:
         """The whole corpus's embeddings; assembles (and keeps) them once every piece is in."""

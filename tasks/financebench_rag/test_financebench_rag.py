@@ -15,7 +15,7 @@ from tasks.financebench_rag.pseudo_queries import (
     inverse_cloze_pair,
     inverse_cloze_pairs,
 )
-from tasks.financebench_rag.retrieval import build_index, retrieval_metrics, search
+from tasks.financebench_rag.retrieval import EmbeddingStore, build_index, retrieval_metrics, search
 
 ROOT = str(resolve_data_root())
 
@@ -32,6 +32,27 @@ def test_metrics_on_hand_checked_rankings():
     assert got["recall@1"] == 0.5 and got["recall@5"] == pytest.approx((0.5 + 1) / 2)
     assert got["precision@1"] == 0.5 and got["precision@5"] == pytest.approx(0.2)
     assert got["precision@10"] == pytest.approx(0.1)
+
+
+def test_embedding_store_is_filled_piece_by_piece_by_several_nodes(tmp_path):
+    """Two stores over one folder (two evaluating nodes): each encodes the pieces it is given,
+    skips one already in, and the corpus assembles in page order once every piece is."""
+    texts = [f"page {i}" for i in range(10)]
+    calls = []
+
+    def encode(chunk):
+        calls.append(len(chunk))
+        return np.array([[float(t.split()[1]), 1.0] for t in chunk], np.float32)
+
+    a, b = (EmbeddingStore(tmp_path, "weights", 10, 4) for _ in range(2))  # pieces of 4, 4, 2
+    assert a.encode_piece(1, encode, texts) == [0, 2]
+    assert b.encode_piece(0, encode, texts) == [2]
+    assert b.encode_piece(0, encode, texts) == [2] and a.encode_piece(3, encode, texts) == [2]
+    assert calls == [4, 4]  # present / past the end: nothing encoded
+    with pytest.raises(RuntimeError, match=r"miss pieces \[2\]"):
+        a.load()
+    assert b.encode_piece(2, encode, texts) == []
+    assert np.array_equal(a.load()[:, 0], np.arange(10)) and b.missing() == []
 
 
 def test_faiss_index_ranks_by_inner_product():
