@@ -37,9 +37,9 @@ def main() -> None:
                     "task.embedding_cache=null", f"task.he.key_dir={out / 'keys'}",
                     f"task.state_dir={out / 'state'}", "~protocol.methods", f"+protocol.methods={METHODS}",
                     f"results_dir={out / 'results'}", *args.overrides], check=True)
-    cost = json.loads((out / "results" / "results.json").read_text())["he"]
-    plain = cost["plain"]
-    print("| aggregation | s / round | MB up / client | MB down / client | round / plaintext round |")
+    cost = json.loads((out / "results" / "results.json").read_text())["round_cost"]
+    plain = cost["fede4rag_no_he"]
+    print("| method | s / round | MB up / client | MB down / client | round / plaintext round |")
     print("|---|---|---|---|---|")
     for name, row in cost.items():
         print(f"| {name} | {row['seconds_per_round']:.1f} | {row['bytes_per_client_round'] / 1e6:.2f} | "

@@ -67,7 +67,7 @@ class Context(RunContext):
     """A FedE4RAG runner's context: the shared one, the step budget and the initial weights."""
     budget: int
     initial: ArrayRecord | None = None  # the clients' common initial weights (plain FedAvg)
-    cost: dict = field(default_factory=dict)  # he/plain round costs, filled by federated runs
+    cost: dict = field(default_factory=dict)  # method -> its rounds' costs, filled by federated runs
 
     def train_config(self, method: str, weights: str, kd_weight: float, steps: int,
                      threads: int) -> dict:
@@ -177,7 +177,7 @@ def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
         wrapper = HEFedAvg(strategy, chunk_floats=ctx.cfg.protocol.he_chunk_floats, one_trip=one_trip)
         result = wrapper.start(ctx.grid(name), ArrayRecord(), rounds,
                                ctx.cfg.round_timeout, config)
-        ctx.cost["he" if one_trip else "he_chunked"] = list(wrapper.rounds.values())
+        ctx.cost[name] = list(wrapper.rounds.values())
         return Trained(keys.FROM_HE, {"steps": ctx.budget, "rounds": _round_metrics(result)},
                        he_round=rounds)
     config = ConfigRecord(ctx.train_config(name, keys.FROM_ARRAYS, spec.kd_weight,
@@ -187,9 +187,8 @@ def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
                             _initial(ctx), rounds, ctx.cfg.round_timeout, config)
     seconds = (time.perf_counter() - start) / rounds
     traffic = [ctx.messenger.round_traffic(f"{name}/train", r) for r in range(1, rounds + 1)]
-    ctx.cost.setdefault("plain", [{"round-seconds": seconds,
-                                   "bytes-up-per-client": t["bytes_up"] / t["messages"]}
-                                  for t in traffic])
+    ctx.cost[name] = [{"round-seconds": seconds, "bytes-up-per-client": t["bytes_up"] / t["messages"]}
+                      for t in traffic]
     return Trained(keys.FROM_ARRAYS, {"steps": ctx.budget, "rounds": _round_metrics(result)},
                    result.arrays)
 
@@ -313,11 +312,11 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
              {pid: (i[keys.COMPANIES], i[keys.NUM_PAIRS]) for pid, i in sorted(info.items())},
              budget)
     results = {"clients": {str(k): v for k, v in sorted(info.items())}, "budget_steps": budget,
-               "methods": {}, "he": {}}
+               "methods": {}, "round_cost": {}}
     for name, spec in p.methods.items():
         results["methods"][name] = train_and_evaluate(ctx, name, spec)
-    for kind, rounds in ctx.cost.items():
-        results["he"][kind] = _cost_summary(rounds)
+    for name, rounds in ctx.cost.items():  # per method: compare HE with the plaintext run of equal KD
+        results["round_cost"][name] = _cost_summary(rounds)
     return results, _summary(results, out)
 
 
@@ -330,10 +329,10 @@ def _summary(r: dict, out: RunOutput) -> str:
         first = next(iter(r["methods"].values()))[split]
         tables.append(f"## {split} ({first['questions']} questions, {first['corpus_pages']} "
                       f"corpus pages)\n" + markdown_table(rows, columns))
-    cost = [{"aggregation": k, **v} for k, v in r["he"].items()]
+    cost = [{"method": k, **v} for k, v in r["round_cost"].items()]
     if cost:
         tables.append("## Round cost (mean per round)\n" + markdown_table(
-            cost, ["aggregation", "bytes_per_client_round", "seconds_per_round",
+            cost, ["method", "bytes_per_client_round", "seconds_per_round",
                    "aggregate_seconds_per_round", "encrypt_seconds_per_client_round",
                    "decrypt_seconds_per_client_round"]))
     _plot(r, out)
