@@ -35,6 +35,7 @@ class KDSweepProtocol(fede4rag.FedE4RAGProtocol):
     he: bool = False                  # aggregate the cells under CKKS (HEFedAvg): no client distance then
 
     def __post_init__(self):
+        super().__post_init__()  # eval_backend, eval_nodes
         if self.budget_steps < 1:
             raise ValueError(f"budget_steps must be >= 1, got {self.budget_steps}")
         if not self.local_steps_grid or not self.kd_weights:

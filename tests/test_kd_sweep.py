@@ -19,6 +19,8 @@ from fedsim.schema import check
     ("protocol.kd_weights=[heavy]", "heavy"),
     ("protocol.eval_per_filing=maybe", "eval_per_filing"),
     ("protocol.he=sometimes", "he"),
+    ("protocol.eval_backend=tensorrt", "is not one of"),
+    ("protocol.eval_nodes=0", "eval_nodes=0 must be >= 1"),
 ])
 def test_sweep_config_is_refused_when_wrong(override, refusal):
     assert check(compose(["experiment=fede4rag_kd_sweep"])).local_steps_grid == [96, 24, 6]
