@@ -25,7 +25,7 @@ from clients import fede4rag_messages as keys
 from fedsim.client_app import run_key
 from fedsim.he import messages as he_keys
 from fedsim.he.ckks import CKKSParams
-from fedsim.he.client import HEClient, is_he_operation, state_dir
+from fedsim.he.client import HEClient, is_he_operation, run_dir, state_dir
 from fedsim.records import from_record, to_record
 from tasks.financebench_rag.dataset import client_documents, load_documents, load_pages
 from tasks.financebench_rag.inference import Encode, corpus_encoder
@@ -185,7 +185,7 @@ class RetrieverClient:
         # without a cache, the run's folder (not this client's): the evaluating nodes of one
         # machine fill one store (protocol.eval_nodes)
         folder = self.task.get("embedding_cache") or \
-            state_dir(self.task["state_dir"], run_key(msg), self.pid).parent / "embeddings"
+            run_dir(self.task["state_dir"], run_key(msg)) / "embeddings"
         backend = str(config[keys.EVAL_BACKEND])
         store = corpus_store(self.model, key, corpus, folder, int(config[keys.PAGES_PER_MESSAGE]), backend)
         start = time.perf_counter()
