@@ -73,7 +73,8 @@ class PreferenceClient:
             trained = model.weights()
         else:
             trained, stats = self._train_policy(msg, objective, steps, batch, lr, seed)
-        metrics = {keys.NUM_EXAMPLES: len(self.data.train), "train-seconds": time.perf_counter() - start,
+        metrics = {keys.NUM_EXAMPLES: len(self.data.train), keys.UNIT_WEIGHT: 1.0,
+                   "train-seconds": time.perf_counter() - start,
                    "train-loss": stats["loss"]}
         return RecordDict({keys.ARRAYS: to_record(trained), keys.METRICS: MetricRecord(metrics)})
 
@@ -106,7 +107,8 @@ class PreferenceClient:
         if not losses:
             raise ValueError(f"client {self.data.partition_id}: regroup message carries no "
                              f"{keys.MODEL_PREFIX}<u> selectors")
-        return RecordDict({keys.METRICS: MetricRecord({**losses, keys.NUM_EXAMPLES: len(self.data.train)})})
+        return RecordDict({keys.METRICS: MetricRecord({**losses, keys.NUM_EXAMPLES: len(self.data.train),
+                                                       keys.UNIT_WEIGHT: 1.0})})
 
     @staticmethod
     def population_size(task: dict, data_root: str) -> int:

@@ -6,7 +6,8 @@ exchange."""
 CONFIG = "config"                # ConfigRecord of every message
 ARRAYS = "arrays"                # ArrayRecord: the weights to train (train) / trained (reply)
 METRICS = "metrics"              # MetricRecord of replies
-NUM_EXAMPLES = "num-examples"    # METRICS: the client's training examples (FedAvg / eq. 6 weight)
+NUM_EXAMPLES = "num-examples"    # METRICS: the client's training examples (data-share FedAvg / eq. 6 weight)
+UNIT_WEIGHT = "unit-weight"      # METRICS: 1 in every reply (uniform p_m = 1/M: the public code's ignore_weight)
 MODEL_PREFIX = "model-"          # ArrayRecords "model-<u>" of a regroup request: every selector
 LOSS_PREFIX = "loss-"            # METRICS "loss-<u>" of a regroup reply: validation loss on selector u
 GROUP = "group"                  # config (train): the selector the client trains (FedBiscuit)

@@ -33,10 +33,12 @@ class RunContext:
         return self.messenger.grid(label, policy or Policy(ANY), [self.nodes[p] for p in sorted(self.nodes)])
 
     def fedavg(self, label: str, initial: ArrayRecord, rounds: int, config: dict,
-               fraction_train: float) -> Result:
-        """The configured weight-averaging strategy (``strategy``) over ``fraction_train`` of the
-        clients per round; replies need finite weights, a round goes on with any of them."""
-        strategy = instantiate(self.cfg.strategy, fraction_train=fraction_train, fraction_evaluate=0.0)
+               fraction_train: float, **strategy_args) -> Result:
+        """The configured weight-averaging strategy (``strategy``, with ``strategy_args``) over
+        ``fraction_train`` of the clients per round; replies need finite weights, a round goes on
+        with any of them."""
+        strategy = instantiate(self.cfg.strategy, fraction_train=fraction_train, fraction_evaluate=0.0,
+                               **strategy_args)
         return strategy.start(self.grid(label, Policy(ANY, finite_arrays)), initial, rounds,
                               self.cfg.round_timeout, ConfigRecord(config))
 

@@ -53,10 +53,19 @@ class FedBiscuitProtocol(Protocol):
     regroup_every: int = 10        # FedBiscuit: rounds between regroups (paper: 100)
     regroup_quorum: float = 0.5    # share of clients whose loss reports a regroup needs
     central_steps: int = 300       # optimizer steps of the central references
+    client_weights: str = "data_share"  # p_m of FedBis and eq. 6: data_share (the paper) | uniform (public code, 1/M)
     methods: dict[str, Any] = field(default_factory=dict)
     """name -> {run: runner function, ...its settings}, in run order"""
     rlhf: RLHF = field(default_factory=RLHF)
     """the policy phase (``experiments/fedbiscuit_rlhf.py``)"""
+
+    def __post_init__(self):
+        if self.client_weights not in WEIGHT_KEYS:
+            raise ValueError(f"protocol.client_weights={self.client_weights!r} is not one of {sorted(WEIGHT_KEYS)}")
+
+
+WEIGHT_KEYS = {"data_share": keys.NUM_EXAMPLES, "uniform": keys.UNIT_WEIGHT}
+"""p_m's numerator per client: its training examples, or 1 (the reply metric each names)"""
 
 
 @dataclass
@@ -65,6 +74,10 @@ class Context(RunContext):
     the selector's initial weights."""
     federation: Federation     # held-out pairs, and (for the central references only) clients' pairs
     initial: dict              # the selector's initial weights
+
+    @property
+    def weight_key(self) -> str:
+        return WEIGHT_KEYS[self.cfg.protocol.client_weights]
 
     def train_config(self) -> dict:
         p = self.cfg.protocol
@@ -88,7 +101,7 @@ def central(ctx: Context, name: str, spec: DictConfig) -> dict:
 def fedbis(ctx: Context, name: str, spec: DictConfig) -> dict:
     """Flower FedAvg of one selector over sampled clients (``fraction_train`` per round)."""
     result = ctx.fedavg(name, to_record(ctx.initial), int(ctx.cfg.num_rounds), ctx.train_config(),
-                        ctx.cfg.protocol.fraction_train)
+                        ctx.cfg.protocol.fraction_train, weighted_by_key=ctx.weight_key)
     return {"selectors": [from_record(result.arrays)],
             "details": {"rounds": {int(r): dict(m) for r, m in result.train_metrics_clientapp.items()}}}
 
@@ -96,17 +109,45 @@ def fedbis(ctx: Context, name: str, spec: DictConfig) -> dict:
 def fedbiscuit(ctx: Context, name: str, spec: DictConfig) -> dict:
     """SelectorGroups with ``spec.num_selectors`` selectors."""
     p = ctx.cfg.protocol
-    strategy = SelectorGroups(int(spec.num_selectors), p.warmup_rounds, p.regroup_every, p.regroup_quorum,
-                              model_prefix=keys.MODEL_PREFIX, loss_prefix=keys.LOSS_PREFIX,
-                              group_key=keys.GROUP, fraction_train=p.fraction_train, fraction_evaluate=0.0,
-                              min_train_nodes=1, min_available_nodes=1, weighted_by_key=keys.NUM_EXAMPLES,
-                              arrayrecord_key=keys.ARRAYS, configrecord_key=keys.CONFIG)
+    return _selector_groups(ctx, name, int(spec.num_selectors), SelectorGroups(
+        int(spec.num_selectors), p.warmup_rounds, p.regroup_every, p.regroup_quorum, **_group_args(ctx)))
+
+
+def oracle_groups(ctx: Context, name: str, spec: DictConfig) -> dict:
+    """SelectorGroups over the true populations, fixed for the whole run (non-private: the server
+    is told who is in the minority): the minority clients train selector 0, the majority clients
+    are dealt in partition order over the other ``spec.num_selectors - 1``. It separates "the
+    grouping failed" from "grouped selectors cannot win here"."""
+    u = int(spec.num_selectors)
+    if u < 3:
+        raise ValueError(f"{name}: num_selectors must be >= 3 (one minority group, majority groups)")
+    majority = sorted(pid for pid, i in ctx.info.items() if i[keys.POPULATION] != "minority")
+    groups = {ctx.nodes[pid]: 0 for pid, i in ctx.info.items() if i[keys.POPULATION] == "minority"}
+    groups |= {ctx.nodes[pid]: 1 + k % (u - 1) for k, pid in enumerate(majority)}
+    weights = {ctx.nodes[pid]: 1.0 if ctx.weight_key == keys.UNIT_WEIGHT else float(i[keys.NUM_EXAMPLES])
+               for pid, i in ctx.info.items()}
+    return _selector_groups(ctx, name, u, SelectorGroups(u, 0, 0, fixed_groups=groups, fixed_weights=weights,
+                                                         **_group_args(ctx)))
+
+
+def _group_args(ctx: Context) -> dict:
+    p = ctx.cfg.protocol
+    return dict(model_prefix=keys.MODEL_PREFIX, loss_prefix=keys.LOSS_PREFIX, group_key=keys.GROUP,
+                fraction_train=p.fraction_train, fraction_evaluate=0.0, min_train_nodes=1, min_available_nodes=1,
+                weighted_by_key=ctx.weight_key, arrayrecord_key=keys.ARRAYS, configrecord_key=keys.CONFIG)
+
+
+def _selector_groups(ctx: Context, name: str, num_selectors: int, strategy: SelectorGroups) -> dict:
     result = strategy.start(ctx.grid(name, Policy(ANY, finite_arrays)), to_record(ctx.initial),
                             int(ctx.cfg.num_rounds), ctx.cfg.round_timeout, ConfigRecord(ctx.train_config()))
     minority = {pid for pid, i in ctx.info.items() if i[keys.POPULATION] == "minority"}
-    groups = [_group_row(g, ctx, minority, int(spec.num_selectors)) for g in result.groups]
+    groups = [_group_row(g, ctx, minority, num_selectors) for g in result.groups]
+    if strategy.fixed:
+        groups = [_group_row({"round": 1, "groups": strategy.groups, "sizes": np.bincount(
+            list(strategy.groups.values()), minlength=num_selectors).tolist(), "reported": 0, "kept": 0,
+            "joined": 0, "mean_loss": None}, ctx, minority, num_selectors)]
     return {"selectors": [from_record(s) for s in result.selectors], "groups": groups,
-            "details": {"rounds": result.train_metrics}}
+            "warmup": [from_record(s) for s in result.warmup], "details": {"rounds": result.train_metrics}}
 
 
 def _group_row(g: dict, ctx: Context, minority: set[int], num_selectors: int) -> dict:
@@ -145,10 +186,15 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     selector = instantiate(cfg.task.selector, seed=cfg.task.seed)
     ctx = Context(messenger, cfg, base, nodes, info, federation, selector.weights())
     share = len(federation.minority) / federation.num_clients
-    log.info("[fedbiscuit] %d clients, minority %s; %d test pairs", len(nodes), federation.minority,
-             len(federation.splits["test"]))
+    pairs = {pid: i[keys.NUM_EXAMPLES] for pid, i in info.items()}
+    pair_share = sum(pairs[pid] for pid in federation.minority) / sum(pairs.values())
+    log.info("[fedbiscuit] %d clients, minority %s (%.0f%% of clients, %.0f%% of training pairs); %d test "
+             "pairs; p_m: %s", len(nodes), federation.minority, 100 * share, 100 * pair_share,
+             len(federation.splits["test"]), cfg.protocol.client_weights)
     results = {"clients": {str(k): v for k, v in sorted(info.items())}, "minority": federation.minority,
-               "selectors": {}, "groups": {}, "regroup_faults": {}, "communication": {}, "methods": {}}
+               "minority_share": {"clients": share, "training_pairs": pair_share},
+               "client_weights": cfg.protocol.client_weights, "selectors": {}, "warmup": {}, "groups": {},
+               "regroup_faults": {}, "communication": {}, "methods": {}}
     weights = {}
     for name, spec in cfg.protocol.methods.items():
         start = time.perf_counter()
@@ -159,6 +205,12 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
         if "groups" in trained:
             results["groups"][name] = trained["groups"]
             results["regroup_faults"][name] = messenger.faults.get(f"{name}/regroup", {})
+            _log_first_grouping(name, trained["groups"])
+        if trained.get("warmup"):
+            results["warmup"][name] = [evaluate_selectors(selector, [w], federation, share)
+                                       for w in trained["warmup"]]
+            log.info("[fedbiscuit] %s warm-up selectors, accuracy majority / minority: %s", name, ", ".join(
+                f"{w['accuracy_majority']:.3f} / {w['accuracy_minority']:.3f}" for w in results["warmup"][name]))
         results["communication"][name] = _communication(messenger, name)
         log.info("[fedbiscuit] %s: accuracy majority %.3f minority %.3f (%.0f s)", name,
                  results["selectors"][name]["accuracy_majority"], results["selectors"][name]["accuracy_minority"],
@@ -166,9 +218,16 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     if cfg.protocol.rlhf.enabled:
         results["rlhf"] = run_rlhf(ctx, weights, selector)
         results["policy"] = results["rlhf"].pop("policy")
+        results["rlhf_reference"] = cfg.protocol.rlhf.reference_method
         for name in ("fedavg", "feddpo"):
             results["communication"][f"policy_{name}"] = _communication(messenger, f"rlhf-{name}")
     return results, _summary(results, out)
+
+
+def _log_first_grouping(name: str, groups: list[dict]) -> None:
+    if groups:
+        log.info("[fedbiscuit] %s first grouping (round %d): sizes %s, minority share %s", name, groups[0]["round"],
+                 groups[0]["sizes"], [None if x is None else round(x, 2) for x in groups[0]["minority_share"]])
 
 
 def _communication(messenger: Messenger, name: str) -> dict:
@@ -191,10 +250,18 @@ def _summary(r: dict, out: RunOutput) -> str:
                "minority share": [None if x is None else round(x, 2) for x in g["minority_share"]],
                "reported": g["reported"], "kept": g["kept"], "joined": g["joined"]}
               for m, gs in r["groups"].items() for g in gs]
+    warmup = [{"method": f"{m} warm-up selector {u}", **w} for m, ws in r["warmup"].items() for u, w in enumerate(ws)]
     _plot_accuracy(r, out)
     _plot_purity(r, out)
-    text = ("# FedBis / FedBiscuit on HH-RLHF harmless-base\n\n## Selector accuracy on held-out test pairs\n"
-            + table + "\n\n## Groups after each regroup\n"
+    m = r["minority_share"]
+    text = ("# FedBis / FedBiscuit on HH-RLHF harmless-base\n\n"
+            f"Minority: {m['clients']:.0%} of the clients, {m['training_pairs']:.0%} of the training pairs; "
+            f"p_m: {r['client_weights']}.\n\n## Selector accuracy on held-out test pairs\n"
+            "accuracy_minority is 1 - accuracy_majority by construction (an antisymmetric scorer, both orders "
+            "of every test pair, the minority's label the reverse): derived, not measured.\n\n"
+            + table + "\n\n## Warm-up selectors (before the first grouping)\n"
+            + markdown_table(warmup, ["method", "accuracy_majority", "accuracy_minority"])
+            + "\n\n## Groups after each regroup (oracle: the fixed groups)\n"
             + markdown_table(groups, ["method", "round", "sizes", "minority share", "reported", "kept", "joined"])
             + "\n")
     return text + (_policy_summary(r) if "policy" in r else "")
@@ -210,11 +277,17 @@ def _policy_summary(r: dict) -> str:
             for m, by_n in r["policy"].items() for n, v in by_n.items()]
     rl = r["rlhf"]
     prompts = max(v.get("prompts", 0) for by_n in r["policy"].values() for v in by_n.values())
+    h2h = [{"policy": m, "n": n, "win rate": v["win_rate"], "95% CI": ci(v, "ci"),
+            "reward diff": v["reward_diff"], "reward diff CI": ci(v, "reward_diff_ci")}
+           for m, by_n in rl["head_to_head"].items() for n, v in by_n.items()]
+    reference = r["rlhf_reference"]
     return (f"\n## Policy win rate against the base policy ({prompts} held-out prompts)\n"
             f"Judge: reward model trained on the {rl['judge']['pairs']} judge pairs only, test accuracy "
             f"{rl['judge']['accuracy']:.3f}. {base_line(rl['base']['sft'])}\n\n"
             + markdown_table(rows, ["policy", "n", "win rate vs base", "95% CI", "minority win rate",
-                                    "minority CI", "mean judge reward", "DPO pairs"]) + "\n")
+                                    "minority CI", "mean judge reward", "DPO pairs"])
+            + f"\n\n## Policies against {reference}'s, on the same prompts (paired bootstrap)\n"
+            + markdown_table(h2h, ["policy", "n", "win rate", "95% CI", "reward diff", "reward diff CI"]) + "\n")
 
 
 def _plot_accuracy(r: dict, out: RunOutput) -> None:

@@ -29,6 +29,7 @@ from omegaconf import OmegaConf
 
 from clients import preference_messages as keys
 from fedsim.records import from_record, to_record
+from fedsim.stats import paired_bootstrap_ci
 from strategies.selector_groups import majority_vote
 from tasks.causal_lm import (
     dpo_train,
@@ -77,6 +78,7 @@ class RLHF:
     baseline_steps: int = 10            # local steps per client and round of the baselines
     selector_methods: list[str] = field(default_factory=lambda: ["fedbis", "fedbiscuit_u3", "fedbiscuit_u5"])
     """selector methods whose labels align a policy (those that ran)"""
+    reference_method: str = "fedbis"    # the other policies are compared with this one, prompt by prompt
 
 
 def base_policy(r: RLHF, data_root: str, seed: int) -> tuple[Path, dict]:
@@ -121,8 +123,11 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
     policy = {"raw": {"-": {"win_rate": None, "ci": None, "mean_reward": float(base_scores.mean()),
                             "example": base_replies[0]}}}
 
-    def compare(model) -> dict:
+    scored: dict[tuple[str, str], np.ndarray] = {}
+
+    def compare(model, method: str, n: str) -> dict:
         scores, replies = judged(model)
+        scored[method, n] = scores
         return {**win_rate(scores, base_scores, r.bootstrap, seed), "mean_reward": float(scores.mean()),
                 "example": replies[0]}
 
@@ -139,8 +144,8 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
             stats = dpo_train(model, tokenizer, [(as_policy[x], c, rj) for x, c, rj in pairs], steps=r.dpo_steps,
                               batch_size=r.dpo_batch_size, lr=r.dpo_lr, beta=r.beta, max_length=r.max_length,
                               seed=seed)
-            policy.setdefault(method, {})[str(n)] = {**compare(model), "pairs": len(pairs), "dpo": stats,
-                                                     "seconds": time.perf_counter() - start}
+            policy.setdefault(method, {})[str(n)] = {**compare(model, method, str(n)), "pairs": len(pairs),
+                                                     "dpo": stats, "seconds": time.perf_counter() - start}
             log.info("[rlhf] %s n=%d: %d pairs, win rate %.3f vs base", method, n, len(pairs),
                      policy[method][str(n)]["win_rate"])
     for name, objective in (("fedavg", keys.SFT), ("feddpo", keys.DPO)):
@@ -148,9 +153,25 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
         weights = _federated_policy(ctx, name, objective, base_path, r, seed)
         model = load_policy(base_path, dict(r.lora), seed)
         load_trainable(model, weights)
-        policy[name] = {"clients": {**compare(model), "seconds": time.perf_counter() - start}}
+        policy[name] = {"clients": {**compare(model, name, "clients"), "seconds": time.perf_counter() - start}}
         log.info("[rlhf] %s: win rate %.3f vs base", name, policy[name]["clients"]["win_rate"])
     out["policy"] = policy
+    out["head_to_head"] = head_to_head(scored, r.reference_method, r.bootstrap, seed)
+    return out
+
+
+def head_to_head(scored: dict[tuple[str, str], np.ndarray], reference: str, resamples: int, seed: int) -> dict:
+    """Each policy against ``reference``'s policy with the same n, on the same prompts: how often
+    its reply wins, and the mean judge-reward difference, each with a paired bootstrap CI over
+    prompts (a direct comparison; two win rates against the base do not make one)."""
+    out = {}
+    for (method, n), scores in scored.items():
+        ref = scored.get((reference, n))
+        if method == reference or ref is None:
+            continue
+        diff = scores - ref
+        out.setdefault(method, {})[n] = {**win_rate(scores, ref, resamples, seed), "reward_diff": float(diff.mean()),
+                                         "reward_diff_ci": list(paired_bootstrap_ci(diff, resamples, seed))}
     return out
 
 

@@ -9,14 +9,18 @@ from pathlib import Path
 
 from hydra.errors import InstantiationException
 from hydra.utils import get_class, instantiate
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
+from fedsim.comparison import POINT_FILE, Settings
+from fedsim.comparison import write as write_comparison
 from fedsim.config import ConfigError, compose
 from fedsim.launcher import Interrupted, RunFailed, launch, user_certificates
-from fedsim.schema import check, layout
+from fedsim.schema import check, layout, sweep_settings
+from fedsim.sweep import Sweep
 from fedsim.tls import make_federation
 
 RUN_FILE = Path("checkpoint") / "run.json"
+REFUSED = (ConfigError, InstantiationException, ValueError, FileNotFoundError, ImportError)
 RESUMABLE = ("hardware", "round_timeout", "data_root", "logging")  # keys a resume may change
 
 
@@ -49,20 +53,27 @@ def _save_run(cfg, pinned: list[str]) -> None:
         path.write_text(json.dumps({"overrides": pinned}, indent=1))
 
 
+def prepare(overrides: list[str]) -> tuple[DictConfig, list[str], int, int]:
+    """Compose and check a run before any process starts: the config, the overrides after a
+    resume's, and the layout (logical clients, SuperNodes). Raises :data:`REFUSED` errors."""
+    folder, overrides = _resume_folder(overrides)
+    if folder:
+        overrides = resumed(folder, overrides)
+    cfg = compose(overrides)
+    check(cfg)
+    instantiate(cfg.strategy)  # bad strategy values fail here, before any process starts
+    task = OmegaConf.to_container(cfg.task, resolve=True)
+    population = 0 if cfg.hardware.num_clients or cfg.hardware.num_supernodes else \
+        get_class(task["client"]).population_size(task, cfg.data_root)
+    clients, nodes = layout(cfg.hardware, population)
+    user_certificates(cfg.hardware, nodes)  # missing certificate files: refused here
+    return cfg, overrides, clients, nodes
+
+
 def run(overrides: list[str]) -> int:
     try:
-        folder, overrides = _resume_folder(overrides)
-        if folder:
-            overrides = resumed(folder, overrides)
-        cfg = compose(overrides)
-        check(cfg)
-        instantiate(cfg.strategy)  # bad strategy values fail here, before any process starts
-        task = OmegaConf.to_container(cfg.task, resolve=True)
-        population = 0 if cfg.hardware.num_clients or cfg.hardware.num_supernodes else \
-            get_class(task["client"]).population_size(task, cfg.data_root)
-        clients, nodes = layout(cfg.hardware, population)
-        user_certificates(cfg.hardware, nodes)  # missing certificate files: refused here
-    except (ConfigError, InstantiationException, ValueError, FileNotFoundError, ImportError) as exc:
+        cfg, overrides, clients, nodes = prepare(overrides)
+    except REFUSED as exc:
         print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
         return 2
     # the ServerApp composes again from the same overrides: pin what was resolved here (a remote
@@ -83,11 +94,49 @@ def run(overrides: list[str]) -> int:
     return 0
 
 
+def multirun(overrides: list[str]) -> int:
+    try:
+        sweep = Sweep(overrides, prepare)
+    except REFUSED as exc:
+        print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    return sweep.run()
+
+
+def compare(folder: str, overrides: list[str], output: str | None = None) -> int:
+    """The sweep settings of the first run found under ``folder`` (its resolved config.yaml, so
+    neither the data nor this checkout's defaults are needed), then ``overrides``, applied to
+    every run found there."""
+    try:
+        if any(not o.startswith("sweep.") for o in overrides):
+            raise ConfigError(f"compare takes sweep.* overrides only, got {overrides}")
+        first = next((p.parent / "config.yaml" for p in sorted(Path(folder).rglob(POINT_FILE))
+                      if (p.parent / "config.yaml").is_file()), None)
+        if first is None:
+            raise ConfigError(f"no sweep run (a {POINT_FILE} beside a config.yaml) under {folder}")
+        sweep = sweep_settings(OmegaConf.load(first).get("sweep", {}),
+                               OmegaConf.from_dotlist([o.removeprefix("sweep.") for o in overrides]))
+        write_comparison(folder, Settings.of(sweep), output)
+    except REFUSED as exc:
+        print(f"fedsim: compare: {exc}", file=sys.stderr)
+        return 2
+    print(f"fedsim: comparison in {Path(output or folder) / 'summary.md'} and comparison.json")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fedsim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run_p = sub.add_parser("run", help="run an experiment: fedsim run experiment=fedtp_paper ...")
     run_p.add_argument("overrides", nargs="*", help="Hydra overrides KEY=VALUE")
+    run_p.add_argument("-m", "--multirun", action="store_true",
+                       help="sweep: KEY=a,b / KEY=range(0,5) run the cartesian product into one folder "
+                       "(resume=<sweep folder> re-runs what did not complete)")
+    cmp_p = sub.add_parser("compare", help="rebuild a sweep's comparison (summary.md, comparison.json) "
+                           "from its run folders")
+    cmp_p.add_argument("folder", help="a sweep folder, or any folder holding sweep runs")
+    cmp_p.add_argument("overrides", nargs="*", help="sweep.* overrides, e.g. sweep.baseline=fedbis")
+    cmp_p.add_argument("--output", help="where to write it (default: the folder itself)")
     certs_p = sub.add_parser("certs", help="make a private CA, a SuperLink certificate and "
                              "SuperNode keys for a test federation")
     certs_p.add_argument("folder", help="where to write ca.pem, superlink.pem/.key, node-I.key/.pub")
@@ -100,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedsim: CA {certs.ca}, SuperLink certificate for {args.hosts}, "
               f"{args.nodes} SuperNode keys in {certs.folder}")
         return 0
-    return run(args.overrides)
+    if args.command == "compare":
+        return compare(args.folder, args.overrides, args.output)
+    return multirun(args.overrides) if args.multirun else run(args.overrides)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,16 @@ class Logging:
 
 
 @dataclass
+class Sweep:
+    """How ``fedsim run -m`` / ``fedsim compare`` summarize a sweep (``fedsim/comparison.py``)."""
+    seed_keys: list[str] = field(default_factory=lambda: ["seed", "task.split_seed"])  # overrides that are replicates
+    baseline: str | None = None          # a method name inside results, or KEY=VALUE of a swept override
+    metrics: list[str] = field(default_factory=list)  # glob patterns of results.json paths; [] = every number
+    interval: str = "t"                  # t (Student t over seeds) | bootstrap (scipy.stats.bootstrap, BCa)
+    level: float = 0.95                  # confidence level of every interval
+
+
+@dataclass
 class RunConfig:
     task: Any = MISSING                  # conf/task/*.yaml: data, client handler, metrics
     strategy: Any = MISSING              # conf/strategy/*.yaml: a Flower Strategy _target_
@@ -70,6 +80,7 @@ class RunConfig:
     resume: bool = False                 # set by `fedsim run resume=DIR`: replay the journal
     logging: Logging = field(default_factory=Logging)
     faults: Faults = field(default_factory=Faults)
+    sweep: Sweep = field(default_factory=Sweep)
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,7 @@ ConfigStore.instance().store(name="fedsim_schema", node=RunConfig)
 
 BACKENDS = ("simulation", "deployment")
 MESSAGE_TYPES = ("train", "evaluate", "query")
+INTERVALS = ("t", "bootstrap")
 
 
 def _writable(node: DictConfig) -> DictConfig:
@@ -112,6 +124,19 @@ def layout(hw, population: int) -> tuple[int, int]:
     return int(clients), int(supernodes)
 
 
+def sweep_settings(*layers) -> DictConfig:
+    """The ``sweep`` block from ``layers`` (dicts, configs, dot-lists' configs) merged onto its
+    schema: a wrong key or type is refused, and so are an unknown interval or a level outside (0, 1)."""
+    try:
+        sweep = OmegaConf.merge(OmegaConf.structured(Sweep), *layers)
+    except Exception as exc:
+        raise ValueError(f"sweep: {exc}") from exc
+    if sweep.interval not in INTERVALS or not 0.0 < sweep.level < 1.0:
+        raise ValueError(f"sweep.interval must be one of {INTERVALS} and 0 < sweep.level < 1, got "
+                         f"{sweep.interval!r}, {sweep.level}")
+    return sweep
+
+
 def check(cfg: DictConfig) -> Protocol:
     """Refuse what composition cannot see: enums, callables, the protocol block's keys and
     types. Returns the protocol block as its dataclass."""
@@ -128,6 +153,7 @@ def check(cfg: DictConfig) -> Protocol:
     bad = set(cfg.faults.message_types) - set(MESSAGE_TYPES)
     if bad:
         raise ValueError(f"faults.message_types: {sorted(bad)} not in {MESSAGE_TYPES}")
+    sweep_settings(cfg.sweep)
     for key in ("run", "schema"):
         if key not in cfg.protocol:
             raise ValueError(f"protocol.{key} is missing")

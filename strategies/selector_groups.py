@@ -159,11 +159,13 @@ def majority_vote(votes: np.ndarray) -> np.ndarray:
 
 @dataclass
 class GroupsResult:
-    """What a FedBiscuit run produced: the U selectors, the groups after every regroup, and the
-    aggregated train metrics per round."""
+    """What a FedBiscuit run produced: the U selectors, the groups after every regroup, the
+    aggregated train metrics per round, and the selectors as the warm-up left them (where the
+    first grouping's lean comes from)."""
     selectors: list[ArrayRecord]
     groups: list[dict] = field(default_factory=list)
     train_metrics: dict[int, dict] = field(default_factory=dict)
+    warmup: list[ArrayRecord] = field(default_factory=list)
 
 
 class SelectorGroups(FedAvg):
@@ -177,28 +179,40 @@ class SelectorGroups(FedAvg):
     its group (never grouped: joins the smallest), counted in ``groups[i]["kept"]`` / ``"joined"``.
     Each round's sampled clients train their group's selector (``group_key`` in the config) and
     selector u becomes eq. 6 of its group's replies, p_m = the client's share of all clients'
-    examples (from the regroup reports).
+    ``weighted_by_key`` (from the regroup reports: examples for data-share weights, or a metric
+    that is 1 in every reply for the public code's uniform p_m = 1/M).
+
+    ``fixed_groups`` (node id -> selector) with ``fixed_weights`` (node id -> p_m's numerator)
+    skips the warm-up and the regroups: every round trains the given groups (an oracle grouping
+    that knows the populations, to tell a failed grouping from a method that cannot win).
 
     Record and config keys are arguments, as in Flower's FedAvg: the strategy knows no task.
     """
 
     def __init__(self, num_selectors: int, warmup_rounds: int, regroup_every: int,
                  regroup_quorum: float = 0.5, model_prefix: str = "model-",
-                 loss_prefix: str = "loss-", group_key: str = "group", **fedavg):
+                 loss_prefix: str = "loss-", group_key: str = "group",
+                 fixed_groups: dict[int, int] | None = None, fixed_weights: dict[int, float] | None = None,
+                 **fedavg):
         super().__init__(**fedavg)
         if num_selectors < 1 or num_selectors % 2 == 0:
             raise ValueError(f"num_selectors must be odd (majority vote), got {num_selectors}")
-        if warmup_rounds < 1 or regroup_every < 1:
+        if (warmup_rounds < 1 or regroup_every < 1) and fixed_groups is None:
             raise ValueError("warmup_rounds and regroup_every must be >= 1")
+        if fixed_groups is not None and (fixed_weights is None or set(fixed_weights) != set(fixed_groups)
+                                         or set(fixed_groups.values()) - set(range(num_selectors))):
+            raise ValueError("fixed_groups needs fixed_weights for the same nodes and selectors in "
+                             f"0..{num_selectors - 1}")
         self.num_selectors, self.warmup_rounds, self.regroup_every = num_selectors, warmup_rounds, regroup_every
         self.regroup_quorum = regroup_quorum
         self.model_prefix, self.loss_prefix, self.group_key = model_prefix, loss_prefix, group_key
-        self.groups: dict[int, int] = {}      # node id -> selector
-        self.examples: dict[int, float] = {}  # node id -> training examples (p_m's numerator)
+        self.fixed = fixed_groups is not None
+        self.groups: dict[int, int] = dict(fixed_groups or {})       # node id -> selector
+        self.examples: dict[int, float] = dict(fixed_weights or {})  # node id -> p_m's numerator
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
               train_config: ConfigRecord | None = None, evaluate_config=None, evaluate_fn=None) -> GroupsResult:
-        warmup = self.num_selectors * self.warmup_rounds
+        warmup = 0 if self.fixed else self.num_selectors * self.warmup_rounds
         if num_rounds <= warmup:
             raise ValueError(f"num_rounds ({num_rounds}) must exceed the warm-up, {self.num_selectors} "
                              f"selectors x {self.warmup_rounds} rounds")
@@ -209,8 +223,10 @@ class SelectorGroups(FedAvg):
             start = time.perf_counter()
             if rnd <= warmup:
                 self._warmup_round(rnd, (rnd - 1) // self.warmup_rounds, result, config, grid)
+                if rnd == warmup:
+                    result.warmup = [ArrayRecord(dict(s.items())) for s in result.selectors]
             else:
-                if (rnd - warmup - 1) % self.regroup_every == 0:
+                if not self.fixed and (rnd - warmup - 1) % self.regroup_every == 0:
                     result.groups.append(self._regroup(rnd, result.selectors, config, grid))
                 self._group_round(rnd, result, config, grid)
             log.info("[%s] round %d/%d done in %.1f s", grid.label, rnd, num_rounds, time.perf_counter() - start)

@@ -224,3 +224,46 @@ def test_a_crashed_report_keeps_the_clients_group_and_is_counted():
     group = strategy._regroup(5, selectors, ConfigRecord(), messenger.grid("t"))
     assert group["groups"][4] == 2 and group["kept"] == 1 and group["reported"] == 3
     assert messenger.faults["t/regroup"][5]["failed"] == 1
+
+
+def _weighted_client(target: float, examples: int):
+    def handle(msg):
+        metrics = {"num-examples": examples, "unit-weight": 1.0}
+        if msg.metadata.message_type == "train":
+            return RecordDict({"arrays": to_record({"w": np.array([target], np.float32)}),
+                               "metrics": MetricRecord(metrics)})
+        losses = {f"loss-{name.split('-')[1]}": float((from_record(r)["w"][0] - target) ** 2)
+                  for name, r in msg.content.array_records.items()}
+        return RecordDict({"metrics": MetricRecord({**losses, **metrics})})
+    return handle
+
+
+@pytest.mark.parametrize("key, expected", [("num-examples", 0.75 * 4.0), ("unit-weight", 0.5 * 4.0)])
+def test_p_m_follows_the_weighting_key_data_share_or_uniform(key, expected):
+    # node 1 holds 3 of 4 examples: data-share p_m = 3/4 for it, uniform p_m = 1/2
+    grid = Messenger(InProcessGrid({1: _weighted_client(4.0, 3), 2: _weighted_client(0.0, 1)}), timeout=5).grid("t")
+    strategy = SelectorGroups(1, warmup_rounds=1, regroup_every=1, fraction_train=1.0, fraction_evaluate=0.0,
+                              min_train_nodes=1, min_available_nodes=1, weighted_by_key=key)
+    result = strategy.start(grid, to_record({"w": np.array([0.0], np.float32)}), num_rounds=2, timeout=5)
+    assert float(from_record(result.warmup[0])["w"][0]) == pytest.approx(expected)  # FedAvg warm-up, same weights
+    assert float(from_record(result.selectors[0])["w"][0]) == pytest.approx(expected)  # eq. 6 after the regroup
+
+
+def test_fixed_groups_skip_warmup_and_regroups_and_train_only_their_group():
+    handlers = {n: _weighted_client(t, 1) for n, t in ((1, 1.0), (2, 2.0), (3, 3.0))}
+    messenger = Messenger(InProcessGrid(handlers), timeout=5)
+    strategy = SelectorGroups(3, 0, 0, fixed_groups={1: 0, 2: 1, 3: 2}, fixed_weights={1: 1.0, 2: 1.0, 3: 1.0},
+                              fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=1, min_available_nodes=1)
+    result = strategy.start(messenger.grid("t"), to_record({"w": np.array([0.0], np.float32)}), num_rounds=2,
+                            timeout=5)
+    assert result.groups == [] and result.warmup == [] and "t/regroup" not in messenger.faults
+    # two rounds of eq. 6 with p_m = 1/3 toward each client's own target
+    assert [float(from_record(s)["w"][0]) for s in result.selectors] == pytest.approx(
+        [t * (1 - (2 / 3) ** 2) for t in (1.0, 2.0, 3.0)])
+
+
+def test_fixed_groups_need_weights_for_the_same_nodes():
+    with pytest.raises(ValueError, match="fixed_weights"):
+        SelectorGroups(3, 0, 0, fixed_groups={1: 0}, fixed_weights={2: 1.0})
+    with pytest.raises(ValueError, match="fixed_weights"):
+        SelectorGroups(3, 0, 0, fixed_groups={1: 3}, fixed_weights={1: 1.0})

@@ -1,0 +1,65 @@
+"""`fedsim run -m`: the multirun expansion, refusal before any run, a failed point recorded and
+skipped, a resume that runs only what did not complete, and `fedsim compare`."""
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import FEDSIM, SMALL, fedsim_run
+from fedsim.cli import prepare
+from fedsim.config import ConfigError
+from fedsim.sweep import MANIFEST, Sweep, expand, point_name
+
+
+def test_expansion_is_the_cartesian_product_with_ranges_and_constants():
+    points, swept = expand(["a=1,2", "seed=range(0,3)", "b=x", "c=${seed}"])
+    assert swept == ["a", "seed"] and len(points) == 6
+    assert points[0] == ["a=1", "seed=0", "b=x", "c=${seed}"]
+    assert points[-1] == ["a=2", "seed=2", "b=x", "c=${seed}"]
+    assert point_name(points[4], swept) == "a-2__seed-1"
+    assert point_name(["f=[0,1]", "g=x"], ["f"]) == "f-_0_1_"
+
+
+def test_a_bad_point_is_refused_before_anything_runs(tmp_path):
+    out = tmp_path / "sweep"
+    with pytest.raises(ConfigError, match="num_rounds=x"):
+        Sweep(["hardware.num_clients=2", "num_rounds=1,x", f"results_dir={out}"], prepare)
+    with pytest.raises(ConfigError, match="protocol.nonexistent"):
+        Sweep(["seed=0,1", "protocol.nonexistent=3", f"results_dir={out}"], prepare)
+    assert not out.exists()
+    code = subprocess.run([FEDSIM, "run", "-m", "seed=0,1", "strategy=fedavg,nope", f"results_dir={out}"],
+                          capture_output=True, text=True)
+    assert code.returncode == 2 and "'nope' is not a strategy" in code.stderr and not out.exists()
+
+
+def test_failed_point_is_recorded_and_resume_reruns_only_what_did_not_complete(tmp_path):
+    # the second point's exchanges time out at once: a real run that fails after it started
+    sweep = [*SMALL, "round_timeout=600,0.01"]
+    out = tmp_path / "sweep"
+    code, log = fedsim_run("-m", *sweep, f"results_dir={out}", timeout=600)
+    assert code == 1, log
+    runs = json.loads((out / MANIFEST).read_text())["runs"]
+    assert [r["status"] for r in runs] == ["completed", "failed"] and runs[1]["error"]
+    assert "sweep run 2/2" in log and "min left" in log and "1 runs failed" in log
+    ok = out / runs[0]["name"]
+    assert json.loads((ok / "point.json").read_text())["swept"] == {"round_timeout": "600"}
+    ok_log = (ok / "fedsim.log").read_text()
+    assert (out / "summary.md").is_file() and (out / "comparison.json").is_file()
+
+    code, log = fedsim_run("-m", *sweep, f"resume={out}", timeout=600)
+    assert code == 1 and "1 already completed" in log and "sweep run 1/2" not in log, log
+    assert (ok / "fedsim.log").read_text() == ok_log  # the completed point did not run again
+    assert (out / runs[1]["name"] / "fedsim.log").read_text().count("fedsim: run failed") == 2
+
+    code, log = fedsim_run("-m", *SMALL, "round_timeout=600,1,2", f"resume={out}")
+    assert code == 2 and "other points" in log
+
+    compared = subprocess.run([FEDSIM, "compare", str(out), "sweep.metrics=[routers.*.overall.ehr]",
+                               "--output", str(tmp_path / "cmp")], capture_output=True, text=True)
+    assert compared.returncode == 0, compared.stderr
+    groups = json.loads((tmp_path / "cmp" / "comparison.json").read_text())["groups"]
+    assert set(groups[0]["metrics"]) == {f"routers.{r}.overall.ehr" for r in ("tfidf", "global", "local", "fedmix")}
+    for bad in ("sweep.interval=nope", "sweep.nokey=1", "seed=1"):
+        refused = subprocess.run([FEDSIM, "compare", str(out), bad], capture_output=True, text=True)
+        assert refused.returncode == 2 and "fedsim: compare:" in refused.stderr, bad
