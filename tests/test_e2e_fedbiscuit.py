@@ -25,7 +25,7 @@ def test_fedbis_and_fedbiscuit_survive_faulty_regroups(tmp_path):
     assert code == 0, log[-3000:]
     r = read_results(out)
     assert list(r["selectors"]) == ["central_majority", "fedbis", "fedbiscuit_u3", "oracle_groups"]
-    for name, s in r["selectors"].items():
+    for s in r["selectors"].values():
         assert 0.0 <= s["accuracy_majority"] <= 1.0
         assert abs(s["accuracy_majority"] + s["accuracy_minority"] - 1.0) < 1e-9 or "each" in s
     assert len(r["selectors"]["fedbiscuit_u3"]["each"]) == 3
