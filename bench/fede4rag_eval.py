@@ -87,7 +87,7 @@ def experiment(backends: list[str], nodes: list[int], methods: list[str], overri
             start = time.perf_counter()
             subprocess.run([FEDSIM, "run", "experiment=fede4rag_paper", f"protocol.eval_backend={backend}",
                             f"protocol.eval_nodes={n}", f"task.embedding_cache={folder / 'cache'}",
-                            f"task.he.key_dir={out / 'keys'}", f"task.state_dir={folder / 'state'}",
+                            f"task.he.key_dir={out / 'keys'}", f"client_state.dir={folder / 'state'}",
                             f"results_dir={folder}", "~protocol.methods", f"+protocol.methods={spec}",
                             *overrides], check=True)
             runs[label] = (time.perf_counter() - start, json.loads((folder / "results.json").read_text())["methods"])

@@ -35,7 +35,7 @@ def main() -> None:
     subprocess.run([FEDSIM, "run", "experiment=fede4rag_paper", f"num_rounds={args.rounds}",
                     "task.n_valid=4", "task.n_test=6", "task.corpus_pages_per_doc=8",
                     "task.embedding_cache=null", f"task.he.key_dir={out / 'keys'}",
-                    f"task.state_dir={out / 'state'}", "~protocol.methods", f"+protocol.methods={METHODS}",
+                    f"client_state.dir={out / 'state'}", "~protocol.methods", f"+protocol.methods={METHODS}",
                     f"results_dir={out / 'results'}", *args.overrides], check=True)
     cost = json.loads((out / "results" / "results.json").read_text())["round_cost"]
     plain = cost["fede4rag_no_he"]

@@ -47,7 +47,7 @@ def flower(out: Path, rounds: int, kd_weight: float, overrides: list[str]) -> Pa
     subprocess.run([FEDSIM, "run", "experiment=fede4rag_paper", f"num_rounds={rounds}",
                     "hardware.num_cpus=1", "task.n_valid=4", "task.n_test=6",
                     "task.corpus_pages_per_doc=8", "task.embedding_cache=null",
-                    f"task.he.key_dir={out / 'keys'}", f"task.state_dir={out / 'state'}",
+                    f"task.he.key_dir={out / 'keys'}", f"client_state.dir={out / 'state'}",
                     "~protocol.methods", f"+protocol.methods={method}", f"results_dir={out / 'results'}",
                     *overrides], check=True)
     return out / "results"

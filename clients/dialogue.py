@@ -3,10 +3,12 @@
 query: who the client is (partition, training examples per dataset). train, by objective:
 ``evaluator``: the trust evaluator on the client's trust data (true replies against PII-planted
 and off-context ones); ``generator``: the generator's adapters on one dataset's replies
-(FedProx's proximal term when the config carries ``proximal-mu``), then, when the config carries
-a mixing (``strategies/trust_alpha.py``), the reply W = (1 - alpha) W_local + alpha W_global with
-alpha fixed or from the trust scores of the local and global model on the client's held-out
-contexts.
+(FedProx's proximal term when the config carries ``proximal-mu``). Without a mixing the client
+starts from the global model (FedAvg, FedProx). With a mixing (``strategies/trust_alpha.py``)
+it keeps its own W_local across rounds (``fedsim/client_state.py``; the global model before its
+first round), continues training it, and keeps and sends W = (1 - alpha) W_local +
+alpha W_global, alpha fixed or from the trust scores of the local and the global model (greedy
+replies to the same held-out contexts, so the difference is not sampling noise).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from hydra.utils import instantiate
 
 from clients import feddtre_messages as keys
+from fedsim import client_state
 from fedsim.records import from_bytes, from_record, to_record
 from fedsim.trust_mixing import client_alpha, mix
 from tasks.causal_lm import sft_train, shared_policy, turn_separator
@@ -106,22 +109,24 @@ class DialogueClient:
         return evaluator.weights(), {keys.NUM_EXAMPLES: len(data), "train-loss": stats["loss"]}
 
     def _train_generator(self, msg: Message, seed: int):
-        """Local SFT of the adapters on one dataset, then the mix the strategy asks for (none:
-        the local weights as trained)."""
+        """Local SFT of the adapters on one dataset, from the global model or (under a mixing)
+        the client's own; then the mix the strategy asks for (none: the weights as trained)."""
         config = msg.content[keys.CONFIG]
         s = json.loads(config[keys.SETTINGS])
         model, tokenizer = shared_policy(s["base"], json.dumps(s["lora"]), self.task["seed"], s.get("quantization"))
         global_weights = from_record(msg.content[keys.ARRAYS])
-        load_trainable(model, global_weights)
+        rnd = int(config.get(keys.SERVER_ROUND, 1))
+        state = client_state.of(msg, self.partition_id) if keys.MIXING in config else None
+        own = state.load(config[keys.LOCAL_MODEL], rnd) if state else None
+        load_trainable(model, global_weights if own is None else own)
         sep, dataset = turn_separator(tokenizer), config[keys.DATASET]
         train = self.examples(dataset, "train", sep)
-        lr = round_lr(s, int(config.get(keys.SERVER_ROUND, 1)))
         stats = sft_train(model, tokenizer, [(e.prompt, e.reply) for e in train], steps=int(config[keys.LOCAL_STEPS]),
-                          batch_size=int(config[keys.BATCH_SIZE]), lr=lr, max_length=s["max_length"], seed=seed,
-                          proximal_mu=float(config.get(keys.PROXIMAL_MU, 0.0)))
+                          batch_size=int(config[keys.BATCH_SIZE]), lr=round_lr(s, rnd), max_length=s["max_length"],
+                          seed=seed, proximal_mu=float(config.get(keys.PROXIMAL_MU, 0.0)))
         local = trainable_arrays(model)
         metrics = {keys.NUM_EXAMPLES: len(train), "train-loss": stats["loss"]}
-        if keys.MIXING not in config:
+        if state is None:
             return local, metrics
         weights = {"local": local, "global": global_weights}
 
@@ -130,15 +135,17 @@ class DialogueClient:
             return self._trust_score(model, tokenizer, config, dataset, s, seed)
 
         alpha, scores = client_alpha(json.loads(config[keys.MIXING]), score)
-        return mix(local, global_weights, alpha), {**metrics, keys.ALPHA: alpha, **scores}
+        mixed = mix(local, global_weights, alpha)
+        state.save(config[keys.LOCAL_MODEL], rnd, mixed)
+        return mixed, {**metrics, keys.ALPHA: alpha, **scores, keys.STATE_BYTES: state.bytes()}
 
     def _trust_score(self, model, tokenizer, config, dataset: str, s: dict, seed: int) -> float:
-        """Mean trust score of the model's replies to ``eval_contexts`` sampled held-out contexts
-        of this client (the same sample and sampling seed for the local and the global model)."""
+        """Mean trust score of the model's greedy replies to ``eval_contexts`` sampled held-out
+        contexts of this client (the same sample for the local and the global model)."""
         evaluator = self.evaluator
         evaluator.load(from_bytes(config[keys.EVALUATOR_WEIGHTS]))
         held_out = self.examples(dataset, "valid", turn_separator(tokenizer))
-        decoding = {k: s[k] for k in ("max_new_tokens", "temperature", "top_p")}
+        decoding = {"max_new_tokens": s["max_new_tokens"], "temperature": 0.0}
         chosen, replies = answer_sample(model, tokenizer, held_out, s["eval_contexts"], seed, decoding, seed)
         return float(np.mean(evaluator.scores([e.context for e in chosen], replies)))
 

@@ -22,10 +22,10 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from hydra.utils import instantiate
 
 from clients import fede4rag_messages as keys
-from fedsim.client_app import run_key
+from fedsim.client_state import client_dir, run_dir, run_key, settings
 from fedsim.he import messages as he_keys
 from fedsim.he.ckks import CKKSParams
-from fedsim.he.client import HEClient, is_he_operation, run_dir, state_dir
+from fedsim.he.client import HEClient, is_he_operation
 from fedsim.records import from_record, to_record
 from tasks.financebench_rag.dataset import client_documents, load_documents, load_pages
 from tasks.financebench_rag.inference import Encode, corpus_encoder
@@ -93,7 +93,7 @@ class RetrieverClient:
             params = CKKSParams(h["poly_modulus_degree"], tuple(h["coeff_mod_bit_sizes"]),
                                 h["global_scale_bits"])
             self._he_clients[run_id] = HEClient(
-                params, h["key_dir"], state_dir(self.task["state_dir"], run_id, self.pid))
+                params, h["key_dir"], client_dir(settings(msg)["dir"], run_id, self.pid))
         return self._he_clients[run_id]
 
     def _load_weights(self, msg: Message) -> str:
@@ -185,7 +185,7 @@ class RetrieverClient:
         # without a cache, the run's folder (not this client's): the evaluating nodes of one
         # machine fill one store (protocol.eval_nodes)
         folder = self.task.get("embedding_cache") or \
-            run_dir(self.task["state_dir"], run_key(msg)) / "embeddings"
+            run_dir(settings(msg)["dir"], run_key(msg)) / "embeddings"
         backend = str(config[keys.EVAL_BACKEND])
         store = corpus_store(self.model, key, corpus, folder, int(config[keys.PAGES_PER_MESSAGE]), backend)
         start = time.perf_counter()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -98,10 +99,11 @@ class Context(RunContext):
     initial: dict                   # the adapters' initial weights (a zero LoRA update: the base)
     evaluator_blob: bytes = b""     # the trained evaluator's weights, sent with trust mixing
 
-    def generator_config(self, dataset: str) -> dict:
+    def generator_config(self, dataset: str, method: str) -> dict:
         g = self.protocol.generator
         settings = {**asdict(g), "base": self.base_path, "rounds": int(self.cfg.num_rounds)}
         return {**self.base, keys.OBJECTIVE: keys.GENERATOR, keys.DATASET: dataset,
+                keys.LOCAL_MODEL: re.sub(r"[^A-Za-z0-9._-]", "_", f"generator-{dataset}-{method}"),
                 keys.SETTINGS: json.dumps(settings), keys.LOCAL_STEPS: g.local_steps, keys.BATCH_SIZE: g.batch_size,
                 keys.SEED: int(self.cfg.seed), keys.TORCH_THREADS: 1}
 
@@ -118,7 +120,7 @@ def federated(ctx: Context, name: str, spec: DictConfig, dataset: str) -> dict:
     strategy = instantiate(spec.strategy, fraction_train=n / len(ctx.nodes), fraction_evaluate=0.0, min_train_nodes=n,
                            min_available_nodes=n, weighted_by_key=keys.NUM_EXAMPLES, arrayrecord_key=keys.ARRAYS,
                            configrecord_key=keys.CONFIG)
-    config = ctx.generator_config(dataset)
+    config = ctx.generator_config(dataset, name)
     if getattr(strategy, "scores_trust", False):
         config[keys.EVALUATOR_WEIGHTS] = ctx.evaluator_blob
     result = strategy.start(ctx.grid(f"{dataset}/{name}", Policy(ANY, _generator_reply)),

@@ -17,20 +17,13 @@ from flwr.client.mod.utils import make_ffn
 from flwr.clientapp import ClientApp
 from hydra.utils import get_class
 
+from fedsim import client_state
 from fedsim.data import resolve_data_root
 from fedsim.faults import fault_injection_mod
 from fedsim.journal import PARTITION, WHOAMI
 from fedsim.sharded_grid import SHARD, serve_batch
 
 TASK_KEY = "fedsim-task"
-RUN_KEY = "fedsim-run-key"
-
-
-def run_key(msg: Message) -> str:
-    """The key of the run a message belongs to, stable across a resume (``client_config``);
-    Flower's run id where the server sent none."""
-    config = msg.content.config_records.get("config")
-    return str(config[RUN_KEY]) if config is not None and RUN_KEY in config else str(msg.metadata.run_id)
 
 MODS = [fault_injection_mod]
 app = ClientApp(mods=MODS)
@@ -53,6 +46,10 @@ def _client_reply(msg: Message, context: Context, method: str) -> Message:
     if WHOAMI in msg.content.config_records:  # the Messenger maps node ids to partitions
         record = ConfigRecord({PARTITION: int(context.node_config["partition-id"])})
         return Message(RecordDict({WHOAMI: record}), reply_to=msg)
+    client_state.with_node_root(msg, context.node_config.get("state-dir"))
+    if client_state.FORGET in msg.content.config_records:  # the run ended: its client state goes
+        removed = client_state.forget(msg)
+        return Message(RecordDict({client_state.FORGET: ConfigRecord({"removed": removed})}), reply_to=msg)
     task_json = msg.content["config"][TASK_KEY]
     client = _client(task_json, _data_root(task_json, context.node_config.get("data-root")),
                      int(context.node_config["partition-id"]),

@@ -34,7 +34,8 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim.client_app import RUN_KEY, TASK_KEY
+from fedsim.client_app import TASK_KEY
+from fedsim.client_state import RUN_KEY, STATE_KEY
 from fedsim.faults import FAULTS_KEY
 from fedsim.journal import Journal, ResumeMismatch, ask_partitions
 from fedsim.sinks import Sinks, reply_metrics
@@ -71,12 +72,17 @@ class PhaseFailed(RuntimeError):
 
 
 def client_config(cfg: DictConfig) -> dict:
-    """The config entries every client message carries: the resolved task, the fault spec and
-    the run's key (its results folder: the same when the run is resumed, unlike Flower's run
-    id), under which clients keep state between rounds."""
+    """The config entries every client message carries: the resolved task, the fault spec, the
+    run's key (its results folder: the same when the run is resumed, unlike Flower's run id),
+    under which clients keep state between rounds, and where they keep it
+    (``fedsim/client_state.py``)."""
     task = OmegaConf.to_container(cfg.task, resolve=True)
     return {TASK_KEY: json.dumps(task), FAULTS_KEY: json.dumps(OmegaConf.to_container(cfg.faults)),
-            RUN_KEY: hashlib.sha256(str(cfg.results_dir).encode()).hexdigest()[:16]}
+            RUN_KEY: run_key_of(cfg), STATE_KEY: json.dumps(OmegaConf.to_container(cfg.client_state, resolve=True))}
+
+
+def run_key_of(cfg: DictConfig) -> str:
+    return hashlib.sha256(str(cfg.results_dir).encode()).hexdigest()[:16]
 
 
 def payload_bytes(content: RecordDict) -> int:

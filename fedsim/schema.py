@@ -55,6 +55,13 @@ class Logging:
 
 
 @dataclass
+class ClientStateSettings:
+    """Where clients keep state across rounds (``fedsim/client_state.py``)."""
+    dir: str | None = None               # node-local root; null: <tmp>/fedsim-clients (a SuperNode's state-dir wins)
+    keep: bool = False                   # keep the run's client state after it completes
+
+
+@dataclass
 class Sweep:
     """How ``fedsim run -m`` / ``fedsim compare`` summarize a sweep (``fedsim/comparison.py``)."""
     seed_keys: list[str] = field(default_factory=lambda: ["seed", "task.split_seed"])  # overrides that are replicates
@@ -81,6 +88,7 @@ class RunConfig:
     logging: Logging = field(default_factory=Logging)
     faults: Faults = field(default_factory=Faults)
     sweep: Sweep = field(default_factory=Sweep)
+    client_state: ClientStateSettings = field(default_factory=ClientStateSettings)
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,14 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from flwr.app import Context
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from hydra.utils import get_method
 
+from fedsim.client_state import FORGET, RUN_KEY, STATE_KEY, forget_request
 from fedsim.config import compose
 from fedsim.journal import Journal
-from fedsim.messaging import Messenger
+from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
 from fedsim.results import RunOutput, ship_results
 from fedsim.sharded_grid import ShardedGrid
 from fedsim.sinks import Sinks
@@ -51,6 +52,18 @@ def main(grid: Grid, context: Context) -> None:
         _run(grid, cfg, RunOutput(cfg.results_dir))
 
 
+def _forget_client_state(messenger: Messenger, cfg) -> None:
+    """The run completed: every node removes the run's client state (unless
+    ``client_state.keep``). A node that does not answer keeps it, which loses no result."""
+    config = ConfigRecord({k: v for k, v in client_config(cfg).items() if k in (RUN_KEY, STATE_KEY)})
+    messages = [Message(RecordDict({"config": config, FORGET: forget_request(str(config[RUN_KEY]))}),
+                        dst_node_id=n, message_type=MessageType.QUERY) for n in messenger.node_ids()]
+    try:
+        messenger.exchange("forget", messages, Policy(ANY))
+    except PhaseFailed as exc:
+        logging.getLogger("fedsim").warning("client state not removed: %s", exc)
+
+
 def _run(grid: Grid, cfg, out: RunOutput) -> None:
     log = logging.getLogger("fedsim")
     out.clear_outcome()
@@ -75,6 +88,7 @@ def _run(grid: Grid, cfg, out: RunOutput) -> None:
                                      "replayed": journal.resumed_from}
         out.write_results(results, summary)
         print(summary, flush=True)
+        _forget_client_state(messenger, cfg)
     except BaseException:
         faults = messenger.faults if messenger else {}
         out.write_error(traceback.format_exc() + f"\nfaults so far: {faults}\n")

@@ -375,10 +375,10 @@ def mean_token_nll(model, tokenizer, examples: list[tuple[str, str]], max_length
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], *, n: int = 1, max_new_tokens: int = 64,
              temperature: float = 1.0, top_p: float = 1.0, seed: int = 0) -> list[list[str]]:
-    """``n`` sampled completions per prompt, without the prompt, cut at eos; seeded. Each
-    prompt runs on its own (no padding, so BERT's absolute positions stay right), left-truncated
-    to leave room for the reply; special tokens other than eos ([CLS], [PAD], ...) are never
-    sampled."""
+    """``n`` sampled completions per prompt (``temperature`` 0: the greedy one), without the
+    prompt, cut at eos; seeded. Each prompt runs on its own (no padding, so BERT's absolute
+    positions stay right), left-truncated to leave room for the reply; special tokens other
+    than eos ([CLS], [PAD], ...) are never produced."""
     _check_causal(model)
     model.eval()
     device = next(model.parameters()).device
@@ -392,8 +392,10 @@ def generate(model, tokenizer, prompts: list[str], *, n: int = 1, max_new_tokens
         if k and k % 25 == 0:
             log.info("[generate] %d/%d prompts x %d samples, %.0f s", k, len(prompts), n, time.perf_counter() - start)
         inputs = torch.tensor([bos + ids[max(len(ids) - room, 0):]], device=device)
-        seqs = model.generate(input_ids=inputs, attention_mask=torch.ones_like(inputs), do_sample=True,
-                              temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else \
+            {"do_sample": False}
+        seqs = model.generate(input_ids=inputs, attention_mask=torch.ones_like(inputs), **sampling,
+                              max_new_tokens=max_new_tokens,
                               num_return_sequences=n, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
                               suppress_tokens=suppress)
         replies = [s[inputs.shape[1]:].tolist() for s in seqs]

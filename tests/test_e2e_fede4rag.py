@@ -32,7 +32,7 @@ def test_every_method_on_a_small_slice(tmp_path):
     code, log = fedsim_run(
         *SLICE, f"results_dir={out}",
         "task.embedding_cache=null", f"task.he.key_dir={tmp_path / 'keys'}",  # the run's own store
-        f"task.state_dir={tmp_path / 'state'}", "num_rounds=2", "protocol.local_steps=1",
+        f"client_state.dir={tmp_path / 'state'}", "num_rounds=2", "protocol.local_steps=1",
         "protocol.batch_size=4", "protocol.eval_pages_per_message=24", "protocol.eval_nodes=2",
         "hardware.clients_per_supernode=2", timeout=900)
     assert code == 0, log[-3000:]

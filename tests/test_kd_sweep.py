@@ -34,7 +34,7 @@ def test_sweep_cells_share_the_budget_and_record_kd_and_distance(tmp_path):
         "experiment=fede4rag_kd_sweep", f"results_dir={out}",
         "task.companies=[AES Corporation,Boeing]", "task.pages_per_client=30", "task.n_valid=4",
         "task.corpus_pages_per_doc=8", f"task.embedding_cache={tmp_path / 'cache'}",
-        f"task.he.key_dir={tmp_path / 'keys'}", f"task.state_dir={tmp_path / 'state'}",
+        f"task.he.key_dir={tmp_path / 'keys'}", f"client_state.dir={tmp_path / 'state'}",
         "protocol.budget_steps=4", "protocol.local_steps_grid=[4,2]", "protocol.kd_weights=[0,1]",
         "protocol.batch_size=4", "protocol.eval_pages_per_message=64",
         "protocol.eval_backend=torch", timeout=900)  # tiny corpus: a compiled backend's build outweighs it

@@ -153,7 +153,7 @@ def test_fedtp_and_fede4rag_he_across_namespaces(federation, tmp_path):
         hosts, certs, tmp_path / "fede4rag", "experiment=fede4rag_paper",
         "task.companies=[AES Corporation,Boeing]", "task.pages_per_client=30", "task.n_valid=4",
         "task.n_test=6", "task.corpus_pages_per_doc=8", "task.embedding_cache=null",
-        f"task.he.key_dir={tmp_path / 'keys'}", f"task.state_dir={tmp_path / 'state'}",
+        f"task.he.key_dir={tmp_path / 'keys'}", f"client_state.dir={tmp_path / 'state'}",
         "num_rounds=1", "protocol.local_steps=2", "protocol.batch_size=4",
         "protocol.eval_pages_per_message=64", "~protocol.methods",
         "+protocol.methods={fede4rag: {run: experiments.fede4rag.federated, kd_weight: 1.0, he: true}}")

@@ -23,7 +23,7 @@ def cfg(tmp_path_factory):
     InProcessGrid({})  # this process plays the run (message metadata needs a run id)
     return compose(["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]",
                     "task.pages_per_client=8", "task.max_seq_length=32",
-                    f"task.he.key_dir={tmp / 'keys'}", f"task.state_dir={tmp / 'state'}"])
+                    f"task.he.key_dir={tmp / 'keys'}", f"client_state.dir={tmp / 'state'}"])
 
 
 def _client(cfg) -> RetrieverClient:

@@ -23,7 +23,7 @@ def client(tmp_path_factory):
     cfg = compose(["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]",
                    "task.pages_per_client=5", "task.n_valid=2", "task.n_test=2",
                    "task.corpus_pages_per_doc=2", f"task.embedding_cache={tmp / 'cache'}",
-                   f"task.he.key_dir={tmp / 'keys'}", f"task.state_dir={tmp / 'state'}"])
+                   f"task.he.key_dir={tmp / 'keys'}", f"client_state.dir={tmp / 'state'}"])
     InProcessGrid({})  # this process plays the run (message metadata needs a run id)
     return RetrieverClient(OmegaConf.to_container(cfg.task, resolve=True), cfg.data_root, 0, 2)
 

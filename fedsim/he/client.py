@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,21 +25,6 @@ from fedsim.he import messages as keys
 
 class IncompleteGlobal(RuntimeError):
     """The node does not hold the complete aggregate it was asked to use."""
-
-
-def run_dir(root: str | None, run_id: int | str) -> Path:
-    """One run's folder of client state, shared by the clients of one machine."""
-    base = Path(root).expanduser() if root else Path(tempfile.gettempdir()) / "fedsim-clients"
-    path = base / f"run-{run_id}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def state_dir(root: str | None, run_id: int | str, partition_id: int) -> Path:
-    """One client's private state folder within its run's."""
-    path = run_dir(root, run_id) / f"node-{partition_id}"
-    path.mkdir(exist_ok=True)
-    return path
 
 
 def is_he_operation(msg: Message) -> bool:
