@@ -11,8 +11,9 @@ from flwr.app import RecordDict
 from fedsim.messaging import Validator
 
 
-def vector_rows(key: str, dim: int, nonnegative: bool) -> Validator:
-    """Accept a reply whose one ArrayRecord holds ``key``: a finite (rows, dim) matrix."""
+def vector_rows(key: str, dim: int, nonnegative: bool, max_rows: int | None = None) -> Validator:
+    """Accept a reply whose one ArrayRecord holds ``key``: a finite (rows, dim) matrix of at most
+    ``max_rows`` rows."""
 
     def check(content: RecordDict) -> str | None:
         records = list(content.array_records.values())
@@ -24,6 +25,8 @@ def vector_rows(key: str, dim: int, nonnegative: bool) -> Validator:
             return f"undecodable array: {exc}"
         if rows.ndim != 2 or rows.shape[1] != dim or rows.shape[0] == 0:
             return f"wrong shape {rows.shape}, expected (n>=1, {dim})"
+        if max_rows is not None and rows.shape[0] > max_rows:
+            return f"{rows.shape[0]} rows, at most {max_rows} allowed"
         if not np.all(np.isfinite(rows)):
             return "non-finite values (NaN/Inf)"
         if nonnegative and np.any(rows < 0):
