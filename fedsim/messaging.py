@@ -234,10 +234,10 @@ class Messenger:
             node = msg.metadata.src_node_id
             if msg.has_error():
                 counts["failed"] += 1
-                reason = f"node {node} failed: {msg.error.reason}"
+                reason = f"node {node} failed: {msg.error.reason!r}"  # repr: one line, whatever it holds
             elif validator and (why := validator(msg.content)):
                 counts["malformed"] += 1
-                reason = f"node {node} rejected: {why}"
+                reason = f"node {node} rejected: {why!r}"
             else:
                 good.append(msg)
                 continue

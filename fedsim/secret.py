@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import secrets
 import stat
@@ -59,3 +60,30 @@ def run_secret(path: Path | None, resume: bool) -> bytes:
     create_private_file(path, secret)
     return secret
 
+
+class Tampered(ValueError):
+    """A sealed file is unreadable or its MAC does not hold: not written under this key."""
+
+
+def _mac(key: bytes, name: str, text: str) -> str:
+    return hmac.new(key, f"{name}\n{text}".encode(), hashlib.sha256).hexdigest()
+
+
+def seal(key: bytes, name: str, body) -> bytes:
+    """``body`` as JSON with an HMAC bound to the file ``name`` it is written to (so a sealed
+    file moved to another name, e.g. a journal entry reordered, no longer opens)."""
+    text = json.dumps(body, sort_keys=True)
+    return json.dumps({"body": text, "mac": _mac(key, name, text)}).encode()
+
+
+def open_sealed(key: bytes, path: Path):
+    """The body of the sealed file ``path``; :class:`Tampered` unless its MAC holds."""
+    try:
+        sealed = json.loads(path.read_bytes())
+        text, mac = sealed["body"], sealed["mac"]
+        if isinstance(text, str) and isinstance(mac, str) and \
+                hmac.compare_digest(mac, _mac(key, path.name, text)):
+            return json.loads(text)
+    except (ValueError, TypeError, KeyError, OSError):
+        pass
+    raise Tampered(f"{path}: unreadable or not authenticated by this run's key")

@@ -60,7 +60,8 @@ def _run(grid: Grid, cfg, out: RunOutput) -> None:
     log.info("results -> %s", out.path)
     keep = cfg.checkpoint and not cfg.ship_results  # a remote run's folder is temporary
     secret = run_secret(out.path / "checkpoint" / "run.key" if keep else None, bool(cfg.resume))
-    journal = Journal(out.path / "checkpoint" / "journal", bool(cfg.resume)) if keep else None
+    journal = Journal(out.path / "checkpoint" / "journal", bool(cfg.resume),
+                      derive(secret, b"journal")) if keep else None
     if journal is not None and journal.resumed_from:
         log.info("resume: replaying %d journaled exchanges", journal.resumed_from)
     noise = noise_source(cfg, secret)

@@ -19,6 +19,7 @@ import time
 import pytest
 
 from conftest import FEDSIM, SMALL, fedsim_run, private_tmpdir, read_results
+from fedsim.secret import derive, open_sealed, run_secret
 from fedsim.watchdog import run_processes
 
 RUN = [*SMALL, "privacy.reproducible_noise=true", "num_rounds=4", "strategy.fraction_train=0.5",
@@ -38,8 +39,9 @@ def _without_timings(value):
 
 
 def _journaled(out) -> list[dict]:
-    import pickle
-    return [pickle.loads(p.read_bytes()) for p in sorted((out / "checkpoint" / "journal").glob("*.exchange"))]
+    """The journal's entries, opened with the run's own key (each is authenticated)."""
+    key = derive(run_secret(out / "checkpoint" / "run.key", resume=True), b"journal")
+    return [open_sealed(key, p) for p in sorted((out / "checkpoint" / "journal").glob("*.exchange"))]
 
 
 def _kill_after(out, entries: int, root: str) -> None:
