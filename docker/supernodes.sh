@@ -20,7 +20,8 @@ while [ "$i" -lt "$n" ]; do
     build: $build
     network_mode: host
     user: "\${FEDSIM_UID:-1000}:\${FEDSIM_GID:-1000}"
-    volumes: ["\${FEDSIM_CERTS:-./certs}:/certs:ro", "\${FEDSIM_DATA:-../../shared/data}:/data:ro"]
+    volumes: ["\${FEDSIM_CERTS:-./certs}/ca.pem:/certs/ca.pem:ro", "\${FEDSIM_CERTS:-./certs}/node-$i.key:/certs/node-$i.key:ro",
+              "\${FEDSIM_DATA:-../../shared/data}:/data:ro"]
     depends_on: [superlink]
     restart: on-failure
     command: ["--root-certificates", "/certs/ca.pem", "--superlink", "\${FEDSIM_SUPERLINK:-127.0.0.1:9093}",
@@ -32,3 +33,17 @@ YAML
     fi
     i=$((i + 1))
 done
+# registration mounts the N public keys (and nothing else)
+printf '  register:\n    volumes: ['
+i=0
+while [ "$i" -lt "$n" ]; do
+    printf '"${FEDSIM_CERTS:-./certs}/node-%s.pub:/certs/node-%s.pub:ro"%s' "$i" "$i" "$([ $((i + 1)) -lt "$n" ] && echo ', ')"
+    i=$((i + 1))
+done
+printf ']\n    command: ['
+i=0
+while [ "$i" -lt "$n" ]; do
+    printf '"/certs/node-%s.pub"%s' "$i" "$([ $((i + 1)) -lt "$n" ] && echo ', ')"
+    i=$((i + 1))
+done
+printf ']\n'

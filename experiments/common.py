@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from fedsim.messaging import ANY, Messenger, Policy
-from fedsim.validators import finite_arrays
+from fedsim.validators import model_reply
 
 
 @dataclass
@@ -35,11 +35,11 @@ class RunContext:
     def fedavg(self, label: str, initial: ArrayRecord, rounds: int, config: dict,
                fraction_train: float, **strategy_args) -> Result:
         """The configured weight-averaging strategy (``strategy``, with ``strategy_args``) over
-        ``fraction_train`` of the clients per round; replies need finite weights, a round goes on
-        with any of them."""
+        ``fraction_train`` of the clients per round; replies need finite weights shaped as the
+        model sent and a plausible weight, a round goes on with any of them."""
         strategy = instantiate(self.cfg.strategy, fraction_train=fraction_train, fraction_evaluate=0.0,
                                **strategy_args)
-        return strategy.start(self.grid(label, Policy(ANY, finite_arrays)), initial, rounds,
+        return strategy.start(self.grid(label, Policy(ANY, model_reply(initial))), initial, rounds,
                               self.cfg.round_timeout, ConfigRecord(config))
 
 

@@ -29,7 +29,7 @@ from fedsim.messaging import ANY, Messenger, Policy, client_config
 from fedsim.records import from_record
 from fedsim.results import RunOutput, markdown_table
 from fedsim.schema import Protocol
-from fedsim.validators import finite_arrays
+from fedsim.validators import model_reply
 from strategies.client_spread import ClientSpread
 from strategies.he_fedavg import HEFedAvg
 from tasks.financebench_rag.inference import BACKENDS
@@ -183,7 +183,7 @@ def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
     config = ConfigRecord(ctx.train_config(name, keys.FROM_ARRAYS, spec.kd_weight,
                                            ctx.cfg.protocol.local_steps, threads))
     start = time.perf_counter()
-    result = ClientSpread(strategy).start(ctx.grid(name, Policy(ANY, finite_arrays)),
+    result = ClientSpread(strategy).start(ctx.grid(name, Policy(ANY, model_reply(_initial(ctx)))),
                             _initial(ctx), rounds, ctx.cfg.round_timeout, config)
     seconds = (time.perf_counter() - start) / rounds
     traffic = [ctx.messenger.round_traffic(f"{name}/train", r) for r in range(1, rounds + 1)]

@@ -8,7 +8,8 @@
 
 The DP sweep re-releases the rows the server received in step 2 under each (sigma, seed):
 the server is trusted with raw p_c in this central-DP model, clients are deterministic, and each
-sweep point is its own independent release (its epsilon is reported per point, not composed).
+sweep point is its own independent release (its epsilon is reported per point, not composed)
+with noise of its own: two points sharing one draw would give the exact mean by subtraction.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from clients import fedtp_messages as keys
 from fedsim.messaging import ANY, Messenger, Policy, client_config
-from fedsim.privacy import one_shot_epsilon
+from fedsim.privacy import SWEEP, one_shot_epsilon
 from fedsim.results import RunOutput, markdown_table
 from fedsim.schema import Protocol
 from fedsim.stats import gain_distribution, group_gains, paired_bootstrap_ci
@@ -53,9 +54,47 @@ SCORE_COLUMNS = ["turns", "ehr", "err", "support_ratio"]
 POLICY = Policy(ANY)
 
 
-def prior_policy(dim: int) -> Policy:
-    """Train replies must be finite, non-negative (rows, dim) preference matrices."""
-    return Policy(ANY, vector_rows(keys.VECTORS, dim, nonnegative=True))
+def prior_policy(dim: int, max_rows: int | None = None) -> Policy:
+    """Train replies must be finite, non-negative (rows, dim) preference matrices of at most
+    ``max_rows`` rows (a DP strategy's bound, e.g. one row per reply under sampling)."""
+    return Policy(ANY, vector_rows(keys.VECTORS, dim, nonnegative=True, max_rows=max_rows))
+
+
+def dp_strategy(cfg: DictConfig, messenger: Messenger):
+    """The configured strategy; a DP one (it has ``release``) draws its noise and its sample
+    from the run's noise source, never from the public seed unless the run asked for that."""
+    strategy = instantiate(cfg.strategy)
+    if hasattr(strategy, "release"):
+        strategy.noise = messenger.noise
+    return strategy
+
+
+def check_records(hosted: dict[int, ConfigRecord], splits: list[str], strategy) -> None:
+    """Refuse a DP release whose bound does not hold: a conversation held by several clients
+    (more partitions than conversations resamples them) moves the sum by more than C, and under
+    sampling a client holding several conversations is sampled with all of them at once."""
+    if not getattr(strategy, "noise_multiplier", 0):
+        return
+    held = [[r for r, s in zip(info[keys.INFO_ROWS], info[keys.INFO_SPLITS]) if s in splits]
+            for info in hosted.values()]
+    rows = [r for node in held for r in node]
+    if len(rows) != len(set(rows)):
+        raise ValueError(f"DP: {len(rows) - len(set(rows))} conversation(s) reach several clients "
+                         "(more partitions than conversations); a record's influence would exceed "
+                         "the clip norm. Use at most one client per conversation.")
+    most, limit = max(map(len, held), default=0), strategy.max_rows_per_reply
+    if limit is not None and most > limit:
+        raise ValueError(f"DP: a client holds {most} conversations, at most {limit} allowed "
+                         "under client sampling (fraction_train < 1): give each conversation a "
+                         "client of its own (hardware.num_supernodes or clients_per_supernode)")
+
+
+def sweep_priors(strategy, sigmas: list[float], seeds: int) -> dict[str, tuple[float, np.ndarray]]:
+    """The DP sweep: ``seeds`` releases of the received rows per sigma, each with a noise stream
+    of its own (``SWEEP, sigma index, seed index``): name -> (sigma, released prior)."""
+    return {f"dp/{float(sigma)}/{k}": (float(sigma), strategy.release(
+                strategy.received, float(sigma), strategy.noise.rng(SWEEP, i, k)).mean)
+            for i, sigma in enumerate(sigmas) for k in range(seeds)}
 
 
 def _broadcast(messenger: Messenger, phase: str, nodes: list[int], message_type: str,
@@ -119,7 +158,7 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     num_topics = len(load_topics(cfg.data_root))
     task = OmegaConf.to_container(cfg.task, resolve=True)
     base = client_config(cfg)
-    strategy = instantiate(cfg.strategy)
+    strategy = dp_strategy(cfg, messenger)
 
     # 1. discovery
     t0 = time.monotonic()
@@ -139,8 +178,10 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     prior_nodes = holders(task["prior_splits"])
     if not prior_nodes:
         raise RuntimeError(f"no SuperNode hosts a prior split {task['prior_splits']}")
+    check_records(hosted, task["prior_splits"], strategy)
     uniform = np.full(num_topics, 1.0 / num_topics)
-    result = strategy.start(messenger.grid("prior", prior_policy(num_topics), prior_nodes),
+    policy = prior_policy(num_topics, getattr(strategy, "max_rows_per_reply", None))
+    result = strategy.start(messenger.grid("prior", policy, prior_nodes),
                             initial_arrays=ArrayRecord({keys.VECTORS: Array(uniform)}),
                             num_rounds=int(cfg.num_rounds), timeout=timeout,
                             train_config=ConfigRecord({**base, keys.SPLITS: task["prior_splits"]}))
@@ -170,13 +211,11 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
                 ("local", "", 0.0, best), ("fedmix", "main", alpha, best)]
     sweep_keys = {}
     releasable = hasattr(strategy, "release") and strategy.received is not None
-    for sigma in (proto.dp_sigmas if releasable else []):
-        for k in range(int(proto.dp_seeds)):
-            name = f"dp/{float(sigma)}/{k}"
-            priors[name] = strategy.release(strategy.received, float(sigma),
-                                            int(cfg.seed) * 1000 + 100 + k).mean
-            variants.append((name, name, alpha, best))
-            sweep_keys.setdefault(float(sigma), []).append(name)
+    sweep = sweep_priors(strategy, list(proto.dp_sigmas), int(proto.dp_seeds)) if releasable else {}
+    for name, (sigma, released) in sweep.items():
+        priors[name] = released
+        variants.append((name, name, alpha, best))
+        sweep_keys.setdefault(sigma, []).append(name)
     test = task["test_splits"]
     sums, turns = _sum_metrics(_broadcast(messenger, "test", holders(test), MessageType.EVALUATE,
                                           _evaluate_content(priors, variants, test, base, True)))

@@ -10,11 +10,10 @@ import time
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from clients import fedtp_messages as keys
-from experiments.fedtp import prior_policy
+from experiments.fedtp import dp_strategy, prior_policy
 from fedsim.messaging import Messenger, client_config
 from fedsim.results import RunOutput, markdown_table
 from fedsim.schema import layout
@@ -25,8 +24,9 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     dim, rounds = len(load_topics(cfg.data_root)), int(cfg.num_rounds)
     nodes = messenger.node_ids()
     t0 = time.monotonic()
-    result = instantiate(cfg.strategy).start(
-        messenger.grid("aggregate", prior_policy(dim)),
+    strategy = dp_strategy(cfg, messenger)
+    result = strategy.start(
+        messenger.grid("aggregate", prior_policy(dim, getattr(strategy, "max_rows_per_reply", None))),
         initial_arrays=ArrayRecord({keys.VECTORS: Array(np.full(dim, 1.0 / dim))}),
         num_rounds=rounds, timeout=float(cfg.round_timeout),
         train_config=ConfigRecord({**client_config(cfg), keys.SPLITS: list(cfg.task.splits)}))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -16,10 +15,14 @@ from fedsim.comparison import write as write_comparison
 from fedsim.config import ConfigError, compose
 from fedsim.launcher import Interrupted, RunFailed, launch, user_certificates
 from fedsim.schema import check, layout, sweep_settings
+from fedsim.secret import Tampered, derive, open_sealed, run_secret, seal
 from fedsim.sweep import Sweep
 from fedsim.tls import make_federation
 
 RUN_FILE = Path("checkpoint") / "run.json"
+# authenticates run.json: a resume runs its overrides (any _target_), so only ones this machine
+# wrote may be resumed (the ServerApp's checkpoint/run.key is the journal's, made later)
+RUN_KEY = Path("checkpoint") / "resume.key"
 REFUSED = (ConfigError, InstantiationException, ValueError, FileNotFoundError, ImportError)
 RESUMABLE = ("hardware", "round_timeout", "data_root", "logging")  # keys a resume may change
 
@@ -37,7 +40,12 @@ def resumed(folder: str, overrides: list[str]) -> list[str]:
         if key.split(".")[0] not in RESUMABLE:
             raise ConfigError(f"resume: '{item}' would change the experiment; a resume may only "
                               f"change {', '.join(RESUMABLE)}")
-    return [*json.loads(saved.read_text())["overrides"], *overrides, "resume=true"]
+    try:
+        key = derive(run_secret(saved.parent.parent / RUN_KEY, resume=True), b"run.json")
+        pinned = open_sealed(key, saved)["overrides"]
+    except (Tampered, OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"resume: {saved} was not written by `fedsim run` here ({exc})") from exc
+    return [*pinned, *overrides, "resume=true"]
 
 
 def _resume_folder(overrides: list[str]) -> tuple[str | None, list[str]]:
@@ -49,8 +57,8 @@ def _resume_folder(overrides: list[str]) -> tuple[str | None, list[str]]:
 def _save_run(cfg, pinned: list[str]) -> None:
     if cfg.checkpoint and not cfg.resume:
         path = Path(cfg.results_dir) / RUN_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"overrides": pinned}, indent=1))
+        key = derive(run_secret(Path(cfg.results_dir) / RUN_KEY, resume=False), b"run.json")
+        path.write_bytes(seal(key, path.name, {"overrides": pinned}))
 
 
 def prepare(overrides: list[str]) -> tuple[DictConfig, list[str], int, int]:

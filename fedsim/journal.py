@@ -15,20 +15,26 @@ work is not.
 Node ids are new in every Flower run, so the journal keeps each node's partition id; a resumed
 run asks every node for its partition (``WHOAMI``) and translates ids both ways, the protocol
 living in the first run's ids throughout.
+
+An entry is JSON (replies in Flower's own wire format, base64), never a pickle: reading it runs
+no code. Each file is authenticated with an HMAC under a key derived from the run's secret
+(``fedsim/secret.py``) and bound to its name, so a planted, altered, renamed or reordered entry
+is refused on resume (:class:`JournalTampered`) instead of steering the resumed server.
 """
 
 from __future__ import annotations
 
-import json
+import base64
 import logging
 import os
-import pickle
 import time
 from pathlib import Path
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.serde import message_from_proto, message_to_proto
 from flwr.proto.message_pb2 import Message as ProtoMessage
+
+from fedsim.secret import Tampered, open_sealed, seal
 
 WHOAMI = "fedsim-whoami"        # the core query every ClientApp answers with its partition id
 PARTITION = "partition-id"
@@ -56,12 +62,23 @@ def ask_partitions(grid, timeout: float, poll: float) -> dict[int, int]:
                                      len(partitions), len(nodes), time.monotonic() - start)
     if len(partitions) != len(nodes):
         raise RuntimeError(f"whoami: {len(partitions)} of {len(nodes)} nodes told their partition"
-                           + (f"; e.g. {errors[0]}" if errors else ""))
+                           + (f"; e.g. {errors[0]!r}" if errors else ""))
     return partitions
 
 
 class ResumeMismatch(RuntimeError):
     """The resumed run asked for another exchange than the journaled run did at that point."""
+
+
+class JournalTampered(ResumeMismatch):
+    """A journal file was not written by this run (planted, altered, renamed): refused."""
+
+
+def _open_sealed(key: bytes, path: Path) -> dict:
+    try:
+        return open_sealed(key, path)
+    except Tampered as exc:
+        raise JournalTampered(f"{exc}; refusing to resume from it") from exc
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -74,11 +91,12 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 class Journal:
-    """The exchanges of one run, in order, under ``folder``; those already there are replayed."""
+    """The exchanges of one run, in order, under ``folder``; those already there are replayed.
+    ``key`` authenticates every file (a key derived from the run's secret)."""
 
-    def __init__(self, folder: str | Path, resume: bool):
-        self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+    def __init__(self, folder: str | Path, resume: bool, key: bytes):
+        self.folder, self.key = Path(folder), key
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not resume:
             for path in self.folder.iterdir():
                 path.unlink()
@@ -92,22 +110,25 @@ class Journal:
 
     def replay(self, phase: str, server_round: int) -> dict:
         """The next journaled exchange; it must be the one the protocol asks for."""
-        entry = pickle.loads(self.recorded[self.position].read_bytes())
+        entry = _open_sealed(self.key, self.recorded[self.position])
         if (entry["phase"], entry["round"]) != (phase, server_round):
             raise ResumeMismatch(f"exchange {self.position}: the journal holds {entry['phase']} "
                                  f"round {entry['round']}, the resumed run asks for {phase} round "
                                  f"{server_round} (was the code or the config changed?)")
         self.position += 1
-        entry["replies"] = [message_from_proto(ProtoMessage.FromString(b)) for b in entry["replies"]]
+        entry["replies"] = [message_from_proto(ProtoMessage.FromString(base64.b64decode(b)))
+                            for b in entry["replies"]]
+        entry["faults"], entry["traffic"] = entry["counts"]
         return entry
 
     def record(self, phase: str, server_round: int, replies: list[Message], faults: dict,
                traffic: dict) -> None:
-        entry = {"phase": phase, "round": server_round, "faults": faults, "traffic": traffic,
-                 "replies": [message_to_proto(m).SerializeToString() for m in replies]}
+        entry = {"phase": phase, "round": server_round, "counts": [faults, traffic],
+                 "replies": [base64.b64encode(message_to_proto(m).SerializeToString()).decode()
+                             for m in replies]}
         index = len(self.recorded)
         path = self.folder / f"{index:07d}.exchange"
-        _atomic_write(path, pickle.dumps(entry))
+        _atomic_write(path, seal(self.key, path.name, entry))
         self.recorded.append(path)
         self.position = index + 1
 
@@ -117,7 +138,8 @@ class Journal:
 
     def save_partitions(self, partitions: dict[int, int]) -> None:
         """node id -> partition id of the journaled run's nodes."""
-        _atomic_write(self.partitions_path, json.dumps({str(k): v for k, v in partitions.items()}).encode())
+        body = {str(k): v for k, v in partitions.items()}
+        _atomic_write(self.partitions_path, seal(self.key, self.partitions_path.name, body))
 
     def load_partitions(self) -> dict[int, int]:
-        return {int(k): int(v) for k, v in json.loads(self.partitions_path.read_text()).items()}
+        return {int(k): int(v) for k, v in _open_sealed(self.key, self.partitions_path).items()}

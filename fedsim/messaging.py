@@ -38,6 +38,7 @@ from fedsim.client_app import TASK_KEY
 from fedsim.client_state import RUN_KEY, STATE_KEY
 from fedsim.faults import FAULTS_KEY
 from fedsim.journal import Journal, ResumeMismatch, ask_partitions
+from fedsim.privacy import NoiseSource
 from fedsim.sinks import Sinks, reply_metrics
 
 log = logging.getLogger("fedsim")
@@ -110,12 +111,15 @@ def _round_of(messages: list[Message]) -> int:
 
 
 class Messenger:
-    """Sends through ``grid``; keeps ``faults`` and ``traffic`` as ``{phase: {round: {...}}}``."""
+    """Sends through ``grid``; keeps ``faults`` and ``traffic`` as ``{phase: {round: {...}}}``.
+    ``noise`` is the run's source of DP noise and DP sampling, handed to the protocol's DP
+    strategies (private unless the run asked for reproducible noise)."""
 
     def __init__(self, grid: Grid, timeout: float, poll_seconds: float = 0.5,
                  report_seconds: float = 10.0, journal: Journal | None = None,
-                 sinks: Sinks | None = None):
+                 sinks: Sinks | None = None, noise: NoiseSource | None = None):
         self.raw = grid
+        self.noise = noise or NoiseSource.fresh()
         self.timeout = timeout
         self.poll_seconds = poll_seconds
         self.report_seconds = report_seconds
@@ -236,10 +240,10 @@ class Messenger:
             node = msg.metadata.src_node_id
             if msg.has_error():
                 counts["failed"] += 1
-                reason = f"node {node} failed: {msg.error.reason}"
+                reason = f"node {node} failed: {msg.error.reason!r}"  # repr: one line, whatever it holds
             elif validator and (why := validator(msg.content)):
                 counts["malformed"] += 1
-                reason = f"node {node} rejected: {why}"
+                reason = f"node {node} rejected: {why!r}"
             else:
                 good.append(msg)
                 continue

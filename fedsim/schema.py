@@ -72,6 +72,12 @@ class Sweep:
 
 
 @dataclass
+class Privacy:
+    """How private the run's DP releases are (``fedsim/privacy.py``)."""
+    reproducible_noise: bool = False     # noise from the public seed: reproducible, not private
+
+
+@dataclass
 class RunConfig:
     task: Any = MISSING                  # conf/task/*.yaml: data, client handler, metrics
     strategy: Any = MISSING              # conf/strategy/*.yaml: a Flower Strategy _target_
@@ -85,6 +91,7 @@ class RunConfig:
     ship_results: bool = False           # set by the launcher for a remote SuperLink
     checkpoint: bool = True              # journal every exchange under results_dir/checkpoint
     resume: bool = False                 # set by `fedsim run resume=DIR`: replay the journal
+    privacy: Privacy = field(default_factory=Privacy)
     logging: Logging = field(default_factory=Logging)
     faults: Faults = field(default_factory=Faults)
     sweep: Sweep = field(default_factory=Sweep)
@@ -157,6 +164,9 @@ def check(cfg: DictConfig) -> Protocol:
     if hw.backend == "deployment" and not (hw.launch_local or hw.insecure or hw.certificates):
         raise ValueError("hardware.certificates (a folder with the federation's ca.pem) is "
                          "required for a remote SuperLink; hardware.insecure=true for plain text")
+    if hw.backend == "deployment" and cfg.privacy.reproducible_noise:
+        raise ValueError("privacy.reproducible_noise=true draws DP noise from the public seed "
+                         "(not private): allowed in simulation only, refused for deployments")
     layout(hw, 1)  # the client / SuperNode counts fit (the population is checked by the CLI)
     bad = set(cfg.faults.message_types) - set(MESSAGE_TYPES)
     if bad:

@@ -25,7 +25,9 @@ from fedsim.client_state import FORGET, RUN_KEY, STATE_KEY, forget_request
 from fedsim.config import compose
 from fedsim.journal import Journal
 from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
+from fedsim.privacy import NOT_PRIVATE, NoiseSource
 from fedsim.results import RunOutput, ship_results
+from fedsim.secret import derive, run_secret
 from fedsim.sharded_grid import ShardedGrid
 from fedsim.sinks import Sinks
 
@@ -70,16 +72,23 @@ def _run(grid: Grid, cfg, out: RunOutput) -> None:
     out.write_config(cfg)
     log.info("results -> %s", out.path)
     keep = cfg.checkpoint and not cfg.ship_results  # a remote run's folder is temporary
-    journal = Journal(out.path / "checkpoint" / "journal", bool(cfg.resume)) if keep else None
+    secret = run_secret(out.path / "checkpoint" / "run.key" if keep else None, bool(cfg.resume))
+    journal = Journal(out.path / "checkpoint" / "journal", bool(cfg.resume),
+                      derive(secret, b"journal")) if keep else None
     if journal is not None and journal.resumed_from:
         log.info("resume: replaying %d journaled exchanges", journal.resumed_from)
+    noise = noise_source(cfg, secret)
     sinks = Sinks(out.path, cfg.logging.csv, cfg.logging.tensorboard)
     messenger = None
     try:
         if cfg.hardware.clients_per_supernode > 1:  # the protocol sees one node per logical client
             grid = ShardedGrid(grid, int(cfg.hardware.num_clients), float(cfg.round_timeout))
-        messenger = Messenger(grid, float(cfg.round_timeout), journal=journal, sinks=sinks)
+        messenger = Messenger(grid, float(cfg.round_timeout), journal=journal, sinks=sinks,
+                              noise=noise)
         results, summary = get_method(cfg.protocol.run)(messenger, cfg, out)
+        results["privacy"] = {"private_noise": noise.private,
+                              **({} if noise.private else {"warning": NOT_PRIVATE})}
+        summary = summary if noise.private else f"**Warning: {NOT_PRIVATE}.**\n\n{summary}"
         # traffic per phase and round, beside any per-method summary the protocol made
         results.update(faults=messenger.faults,
                        communication={**messenger.traffic, **results.get("communication", {})})
@@ -95,3 +104,14 @@ def _run(grid: Grid, cfg, out: RunOutput) -> None:
         raise
     finally:
         sinks.close()
+
+
+def noise_source(cfg, secret: bytes) -> NoiseSource:
+    """The run's DP noise: a key derived from the run's secret, or (asked for, simulation only)
+    the public seed, which makes every release reproducible and therefore not private."""
+    if not cfg.privacy.reproducible_noise:
+        return NoiseSource.from_key(derive(secret, b"dp-noise"))
+    if cfg.hardware.backend != "simulation":
+        raise ValueError("privacy.reproducible_noise=true is refused for deployments")
+    logging.getLogger("fedsim").warning("%s", NOT_PRIVATE)
+    return NoiseSource.public(int(cfg.seed))

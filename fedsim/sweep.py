@@ -13,9 +13,11 @@ import itertools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -146,8 +148,10 @@ class Sweep:
             {"overrides": entry["overrides"], "swept": _swept_values(entry["overrides"], self.swept)}, indent=1))
         began = time.monotonic()
         with open(folder / "fedsim.log", "a") as log:
-            code = subprocess.call([sys.executable, "-m", "fedsim.cli", "run", *args],
-                                   stdout=log, stderr=subprocess.STDOUT)
+            child = subprocess.Popen([sys.executable, "-m", "fedsim.cli", "run", *args], stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+            with _forwarding(child):
+                code = child.wait()
         entry["seconds"] = time.monotonic() - began
         entry["status"] = "completed" if code == 0 else "interrupted" if code in INTERRUPTED else "failed"
         entry["exit_code"] = code
@@ -160,6 +164,22 @@ class Sweep:
             return
         comparison.write(self.folder, self.settings)
         print(f"fedsim: sweep comparison in {self.folder / 'summary.md'} and comparison.json", flush=True)
+
+
+@contextmanager
+def _forwarding(child: subprocess.Popen):
+    """SIGINT / SIGTERM to the sweep go to the running point (its own session, so a terminal's
+    Ctrl-C reaches it once), which stops its run cleanly and exits 130 / 143; the sweep then
+    stops too. Nothing is left running, and the point can be resumed."""
+    def forward(signum, frame):
+        child.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 def _tail(path: Path, lines: int = 20) -> str:

@@ -1,6 +1,9 @@
 """The test federation's certificates verify as Flower needs them; results survive shipping."""
 
+import os
 import random
+import ssl
+import stat
 
 import pytest
 from cryptography import x509
@@ -54,3 +57,53 @@ def test_results_survive_the_log_and_a_lost_chunk_is_refused(tmp_path):
     assert {p.name: p.read_bytes() for p in dst.iterdir()} == {p.name: p.read_bytes() for p in src.iterdir()}
     with pytest.raises(ValueError, match="incomplete"):
         unpack_results(lines[:-1], tmp_path / "lost")
+
+
+def _handshake(certs: Certificates, host: str, strict: bool) -> None:
+    """A TLS handshake in memory: a client trusting only the CA against the SuperLink's
+    certificate. ``strict`` is Python 3.13's default verification (VERIFY_X509_STRICT)."""
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(certs.superlink_cert, certs.superlink_key)
+    client = ssl.create_default_context(cafile=str(certs.ca))
+    if strict:
+        client.verify_flags |= ssl.VERIFY_X509_STRICT
+    bios = [ssl.MemoryBIO() for _ in range(4)]
+    s_side = server.wrap_bio(bios[0], bios[1], server_side=True)
+    c_side = client.wrap_bio(bios[2], bios[3], server_hostname=host)
+    for _ in range(10):
+        for side, out, into in ((c_side, bios[3], bios[0]), (s_side, bios[1], bios[2])):
+            try:
+                side.do_handshake()
+            except ssl.SSLWantReadError:
+                pass
+            into.write(out.read())
+        if c_side.version() and s_side.version():
+            return
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_the_chain_verifies_under_strict_x509(tmp_path, strict):
+    """Python 3.13 verifies strictly by default: a CA without key usage / key identifiers fails."""
+    certs = make_federation(tmp_path / "certs", ["127.0.0.1", "superlink"], nodes=0)
+    _handshake(certs, "superlink", strict)
+    ca = x509.load_pem_x509_certificate(certs.ca.read_bytes())
+    assert ca.extensions.get_extension_for_class(x509.KeyUsage).value.key_cert_sign
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _handshake(certs, "elsewhere", strict)  # the name is still checked
+
+
+def test_private_keys_are_never_readable_by_others(tmp_path):
+    """Created 0600 in a 0700 folder, even under a permissive umask (no chmod window)."""
+    old = os.umask(0)
+    try:
+        certs = make_federation(tmp_path / "certs", ["127.0.0.1"], nodes=1)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(certs.folder.stat().st_mode) == 0o700
+    for key in (certs.superlink_key, certs.node_key(0)):
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    open_folder = tmp_path / "shared"
+    open_folder.mkdir(mode=0o755)
+    open_folder.chmod(0o755)
+    with pytest.raises(PermissionError):
+        make_federation(open_folder, ["127.0.0.1"], nodes=0)

@@ -5,6 +5,11 @@ deploy_local``, the namespace and Docker tests, ``fedsim certs``) gets a private
 with ``cryptography``: a SuperLink certificate signed by it for the given host names / IPs, and
 one NIST P-384 key pair per SuperNode in OpenSSH format, which is what Flower 1.41's
 ``--auth-supernode-private-key`` and ``flwr supernode register`` read.
+
+Private keys are created owner-only from their first byte (``O_EXCL``, mode 0600: no window in
+which another user could open them) in a folder of mode 0700. Certificates carry subject and
+authority key identifiers and key usage: Python 3.13 verifies with ``VERIFY_X509_STRICT`` by
+default and refuses a chain without them.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from fedsim.secret import create_private_file
 
 VALID_DAYS = 30
 
@@ -68,6 +75,13 @@ def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
     return x509.SubjectAlternativeName([entry(h) for h in hosts])
 
 
+def _key_usage(ca: bool) -> x509.KeyUsage:
+    """A CA signs certificates (and CRLs); a server certificate signs its TLS handshake."""
+    return x509.KeyUsage(digital_signature=not ca, content_commitment=False, key_encipherment=False,
+                         data_encipherment=False, key_agreement=False, key_cert_sign=ca,
+                         crl_sign=ca, encipher_only=False, decipher_only=False)
+
+
 def _certificate(subject: str, key, issuer: str, signer, days: int, ca: bool,
                  hosts: list[str] = ()) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
@@ -75,7 +89,12 @@ def _certificate(subject: str, key, issuer: str, signer, days: int, ca: bool,
                .public_key(key.public_key()).serial_number(x509.random_serial_number())
                .not_valid_before(now - datetime.timedelta(minutes=5))
                .not_valid_after(now + datetime.timedelta(days=days))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+               .add_extension(_key_usage(ca), critical=True)
+               .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                              critical=False)
+               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                   signer.public_key()), critical=False))
     if hosts:
         builder = (builder.add_extension(_san(list(hosts)), critical=False)
                    .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
@@ -84,9 +103,13 @@ def _certificate(subject: str, key, issuer: str, signer, days: int, ca: bool,
 
 
 def _write(path: Path, data: bytes, private: bool = False) -> None:
-    path.write_bytes(data)
-    if private:
-        path.chmod(0o600)
+    """A public file as usual; a private key as a new file of mode 0600 from its creation
+    (never written through a link, never widened afterwards)."""
+    if not private:
+        path.write_bytes(data)
+        return
+    path.unlink(missing_ok=True)  # a key made again replaces the old one (a link: only the link)
+    create_private_file(path, data)
 
 
 def _pem_key(key) -> bytes:
@@ -108,7 +131,10 @@ def make_federation(folder: str | Path, hosts: list[str], nodes: int,
                     days: int = VALID_DAYS) -> Certificates:
     """A private CA, a SuperLink certificate for ``hosts`` and ``nodes`` node key pairs."""
     certs = Certificates(Path(folder))
-    certs.folder.mkdir(parents=True, exist_ok=True)
+    certs.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if certs.folder.stat().st_mode & 0o077:
+        raise PermissionError(f"{certs.folder} is open to other users; private keys go into a "
+                              "folder of mode 0700 (a new folder, or chmod 700 it)")
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca = _certificate("fedsim test CA", ca_key, "fedsim test CA", ca_key, days, ca=True)
     server_key = ec.generate_private_key(ec.SECP384R1())

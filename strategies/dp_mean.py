@@ -5,6 +5,12 @@ N(0, sigma^2 C^2 I) to the sum, divides by the number of contributing rows and, 
 clamps the mean back onto the simplex. One round is FedTP's one-shot release; more rounds
 re-sample clients and release again, and the RDP accountant composes them.
 
+Noise and sampling come from a :class:`~fedsim.privacy.NoiseSource`, private unless the run
+asked for reproducible noise: with noise drawn from the public seed anyone could subtract it.
+A sampled round (fraction_train < 1) is Poisson sampling at rate k / N with the release divided
+by the expected count k, which is what the accountant's amplification assumes; a fixed-size
+sample or a divisor equal to the realized count would be another mechanism.
+
 Each reply carries an ArrayRecord with ``array_key``: a (rows, dim) matrix, one row per client
 the node hosts (normally one). Validation of malformed replies is ReplyGuard's job.
 """
@@ -12,7 +18,6 @@ the node hosts (normally one). Validation of malformed replies is ReplyGuard's j
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Iterable
 
 import numpy as np
@@ -28,7 +33,16 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fedsim.privacy import Release, gaussian_mean, one_shot_epsilon, rdp_epsilon
+from fedsim.privacy import (
+    RELEASE,
+    SAMPLE,
+    NoiseSource,
+    Release,
+    gaussian_mean,
+    one_shot_epsilon,
+    poisson_sample,
+    rdp_epsilon_rounds,
+)
 
 log = logging.getLogger("fedsim")
 
@@ -42,8 +56,8 @@ class DPMean(Strategy):
         fraction_train: float = 1.0,
         min_train_nodes: int = 1,
         simplex: bool = True,
-        seed: int = 0,
         array_key: str = "vectors",
+        noise: NoiseSource | None = None,
     ):
         if clip_norm <= 0:
             raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
@@ -57,15 +71,23 @@ class DPMean(Strategy):
         self.fraction_train = fraction_train
         self.min_train_nodes = min_train_nodes
         self.simplex = simplex
-        self.seed = seed
         self.array_key = array_key
+        self.noise = noise or NoiseSource.fresh()  # the protocol hands in the run's source
         self.received: np.ndarray | None = None  # last round's validated rows (central-DP server)
-        self._sampling: list[tuple[int, int]] = []  # (sample size, population) per round
+        self.denominator: float | None = None  # last round's divisor (None: the row count)
+        self._sampling: list[tuple[int, int]] = []  # (expected sample size, population) per round
+        self._dim: int | None = None  # length of the released vector (a noise-only release)
+
+    @property
+    def max_rows_per_reply(self) -> int | None:
+        """Rows one reply may carry. Sampled rounds sample replies, and the accountant assumes
+        each record is sampled on its own: one row per reply. Unsampled: any (each row is clipped)."""
+        return 1 if self.fraction_train < 1 else None
 
     def summary(self) -> None:
-        log.info("DPMean: C=%g sigma=%g delta=%g fraction=%g simplex=%s seed=%d",
+        log.info("DPMean: C=%g sigma=%g delta=%g fraction=%g simplex=%s private noise=%s",
                  self.clip_norm, self.noise_multiplier, self.delta, self.fraction_train,
-                 self.simplex, self.seed)
+                 self.simplex, self.noise.private)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -73,23 +95,30 @@ class DPMean(Strategy):
         if not nodes:
             raise RuntimeError("DPMean: no client nodes are connected")
         size = min(len(nodes), max(self.min_train_nodes, int(len(nodes) * self.fraction_train)))
-        sampled = random.Random(f"{self.seed}/{server_round}").sample(nodes, size)
+        sampled = nodes if size == len(nodes) else poisson_sample(
+            nodes, size / len(nodes), self.noise.rng(SAMPLE, server_round))
         self._sampling.append((size, len(nodes)))
+        if self.array_key in arrays:
+            self._dim = arrays[self.array_key].numpy().size
         # one shared RecordDict, as FedAvg does: Flower stores identical content once
         content = RecordDict({"arrays": arrays,
                               "config": ConfigRecord({**config, "server-round": server_round})})
-        log.info("DPMean round %d: %d of %d nodes sampled", server_round, size, len(nodes))
+        log.info("DPMean round %d: %d of %d nodes sampled (expected %d)", server_round,
+                 len(sampled), len(nodes), size)
         return [Message(content, dst_node_id=node, message_type=MessageType.TRAIN)
                 for node in sampled]
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         rows = [msg.content.array_records[next(iter(msg.content.array_records))][self.array_key]
                 .numpy() for msg in replies if not msg.has_error()]
-        if not rows:
+        size, population = self._sampling[-1] if self._sampling else (0, 0)
+        self.denominator = float(size) if size < population else None
+        if not rows and (self.denominator is None or self._dim is None):
             log.warning("DPMean round %d: no usable client vectors, nothing released", server_round)
             return None, None
-        self.received = np.concatenate(rows, axis=0)
-        release = self.release(self.received, self.noise_multiplier, self.seed + server_round)
+        self.received = np.concatenate(rows, axis=0) if rows else np.zeros((0, self._dim))
+        release = self.release(self.received, self.noise_multiplier,
+                               self.noise.rng(RELEASE, server_round))
         metrics = MetricRecord({
             "clients": release.num_clients,
             "noise-std": release.noise_std,
@@ -98,19 +127,18 @@ class DPMean(Strategy):
         })
         return ArrayRecord({self.array_key: Array(release.mean)}), metrics
 
-    def release(self, vectors: np.ndarray, noise_multiplier: float, seed: int) -> Release:
-        """One Gaussian-mechanism release of the mean of ``vectors`` (noise seeded by ``seed``)."""
-        return gaussian_mean(vectors, self.clip_norm, noise_multiplier,
-                             np.random.default_rng(seed), self.simplex)
+    def release(self, vectors: np.ndarray, noise_multiplier: float, rng: np.random.Generator
+                ) -> Release:
+        """One Gaussian-mechanism release of the mean of ``vectors`` with noise from ``rng``
+        (a stream of :attr:`noise` no other release uses), divided as the last round was."""
+        return gaussian_mean(vectors, self.clip_norm, noise_multiplier, rng, self.simplex,
+                             self.denominator)
 
     def epsilon_rdp(self, noise_multiplier: float | None = None) -> float:
         """Cumulative epsilon of the rounds run so far (RDP accountant), at this strategy's
         sigma or at ``noise_multiplier`` (what the same rounds would cost under another sigma)."""
-        if not self._sampling:
-            return 0.0
         sigma = self.noise_multiplier if noise_multiplier is None else noise_multiplier
-        size, population = self._sampling[-1]
-        return rdp_epsilon(sigma, self.delta, len(self._sampling), size, population)
+        return rdp_epsilon_rounds(sigma, self.delta, self._sampling)
 
     def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:
         return []  # the task's protocol evaluates the release

@@ -5,7 +5,15 @@ import math
 import numpy as np
 import pytest
 
-from fedsim.privacy import clamp_to_simplex, clip_rows, gaussian_mean, one_shot_epsilon, rdp_epsilon
+from fedsim.privacy import (
+    NoiseSource,
+    clamp_to_simplex,
+    clip_rows,
+    gaussian_mean,
+    one_shot_epsilon,
+    rdp_epsilon,
+    rdp_epsilon_rounds,
+)
 from strategies.dp_mean import DPMean
 
 
@@ -34,13 +42,16 @@ def test_noise_std_is_sigma_times_c_over_n():
     assert abs(np.mean(rel.mean)) < 4 * sigma * c / n / math.sqrt(d)
 
 
-def test_noise_is_seeded():
+def test_noise_streams_are_per_use_and_private_by_default():
     rows = np.eye(4)
-    a = gaussian_mean(rows, 1.0, 1.0, np.random.default_rng(7), True).mean
-    b = gaussian_mean(rows, 1.0, 1.0, np.random.default_rng(7), True).mean
-    c = gaussian_mean(rows, 1.0, 1.0, np.random.default_rng(8), True).mean
+    source = NoiseSource.fresh()
+    a = gaussian_mean(rows, 1.0, 1.0, source.rng(1, 1), True).mean
+    b = gaussian_mean(rows, 1.0, 1.0, source.rng(1, 1), True).mean  # a resumed run: the same
+    c = gaussian_mean(rows, 1.0, 1.0, source.rng(1, 2), True).mean  # another release: fresh
+    d = gaussian_mean(rows, 1.0, 1.0, NoiseSource.fresh().rng(1, 1), True).mean
     np.testing.assert_array_equal(a, b)
-    assert not np.allclose(a, c)
+    assert not np.allclose(a, c) and not np.allclose(a, d)
+    assert source.private and not NoiseSource.public(0).private
 
 
 def test_clamp_to_simplex():
@@ -96,12 +107,13 @@ def _reply(rows):
 
 def test_strategy_samples_releases_and_composes_epsilon_over_rounds():
     from flwr.app import ArrayRecord, ConfigRecord
-    s = DPMean(noise_multiplier=1.0, fraction_train=0.1, seed=3)
+    source = NoiseSource.fresh()
+    s = DPMean(noise_multiplier=1.0, fraction_train=0.1, noise=source)
     first = list(s.configure_train(1, ArrayRecord(), ConfigRecord({"k": 1}), _Grid()))
-    assert len(first) == 10 and first[0].content["config"]["server-round"] == 1
-    again = DPMean(noise_multiplier=1.0, fraction_train=0.1, seed=3)
+    assert 0 < len(first) < 30 and first[0].content["config"]["server-round"] == 1
+    again = DPMean(noise_multiplier=1.0, fraction_train=0.1, noise=source)
     assert [m.metadata.dst_node_id for m in again.configure_train(1, ArrayRecord(), ConfigRecord(), _Grid())] \
-        == [m.metadata.dst_node_id for m in first]  # seeded sampling
+        == [m.metadata.dst_node_id for m in first]  # the same source (a resumed run): the same sample
     arrays, metrics = s.aggregate_train(1, [_reply([[3.0, 4.0]]), _reply([[0.0, 1.0], [1.0, 0.0]])])
     assert metrics["clients"] == 3
     assert metrics["epsilon-rdp"] == pytest.approx(rdp_epsilon(1.0, 1e-5, 1, 10, 100))
@@ -109,6 +121,46 @@ def test_strategy_samples_releases_and_composes_epsilon_over_rounds():
     s.configure_train(2, ArrayRecord(), ConfigRecord(), _Grid())
     assert s.epsilon_rdp() == pytest.approx(rdp_epsilon(1.0, 1e-5, 2, 10, 100))
     assert s.epsilon_rdp() > metrics["epsilon-rdp"]
+
+
+def test_sampling_is_poisson_at_the_accounted_rate():
+    """The accountant amplifies by Poisson sampling at rate k / N: the sample size must vary
+    (a fixed-size sample is another mechanism), around k, and no sample repeats the seed's."""
+    from flwr.app import ArrayRecord, ConfigRecord
+    s = DPMean(noise_multiplier=1.0, fraction_train=0.1, noise=NoiseSource(2024))  # deterministic
+    sizes = [len(list(s.configure_train(r, ArrayRecord(), ConfigRecord(), _Grid()))) for r in range(1, 201)]
+    assert len(set(sizes)) > 3 and np.mean(sizes) == pytest.approx(10, rel=0.15)
+    assert s.epsilon_rdp() == pytest.approx(rdp_epsilon(1.0, 1e-5, 200, 10, 100))
+
+
+def test_epsilon_accounts_each_round_at_its_own_rate():
+    """Rounds at different rates: each is composed at its own, not all at the last one's."""
+    mixed = rdp_epsilon_rounds(1.0, 1e-5, [(100, 100), (10, 100)])
+    assert mixed == pytest.approx(rdp_epsilon_rounds(1.0, 1e-5, [(10, 100), (100, 100)]))
+    assert mixed > rdp_epsilon(1.0, 1e-5, 2, 10, 100)  # the full round costs more than a sampled one
+
+
+def test_a_sampled_round_divides_by_the_expected_count():
+    """Under Poisson sampling the realized count is secret: the divisor is the expected k."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord
+    s = DPMean(noise_multiplier=0.0, fraction_train=0.1, simplex=False)
+    s.configure_train(1, ArrayRecord({"vectors": Array(np.zeros(2))}), ConfigRecord(), _Grid())
+    arrays, _ = s.aggregate_train(1, [_reply([[0.6, 0.8]]), _reply([[0.0, 1.0]])])
+    np.testing.assert_allclose(arrays["vectors"].numpy(), [0.06, 0.18])  # sum / 10, not / 2
+
+
+def test_the_public_seed_does_not_regenerate_the_noise():
+    """The attack: the seed is public (config.yaml, results.json); before, the noise of round r
+    was default_rng(seed + r), so anyone could subtract it and recover the exact mean."""
+    rows = np.random.default_rng(5).random((40, 6)) / 4
+    exact = clip_rows(rows, 1.0).mean(axis=0)
+    s = DPMean(noise_multiplier=1.0, simplex=False)  # as the config builds it (seed 0)
+    arrays, _ = s.aggregate_train(1, [_reply(rows)])
+    released = arrays["vectors"].numpy()
+    for seed in (0, 1):  # seed + round, and the seed itself
+        guess = np.random.default_rng(seed).normal(0.0, 1.0, size=6) / len(rows)
+        assert not np.allclose(released - guess, exact, atol=1e-6)
+    assert np.abs(released - exact).max() > 1e-4  # there is noise to remove
 
 
 def test_noiseless_release_is_the_clipped_mean():

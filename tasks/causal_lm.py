@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from tasks.financebench_rag.model import lora_config, resolve_model
+from tasks.financebench_rag.model import default_device, lora_config, resolve_model
 
 BERT_HEAD = "cls.predictions.transform"
 SFT_RECORD = "fedsim_sft.json"  # how a saved base was made, beside its weights
@@ -87,11 +87,14 @@ def prepare_base(model_name: str, save_dir: str | Path, seed: int) -> Path | str
     return save_dir
 
 
-def load_policy(path: str | Path, lora: dict | None = None, seed: int = 0, quantization: str | None = None):
+def load_policy(path: str | Path, lora: dict | None = None, seed: int = 0, quantization: str | None = None,
+                device: str | None = None):
     """The causal LM (a BERT base as a causal decoder) with optional LoRA adapters (keys r,
     alpha, dropout, target_modules: peft's per-architecture default when absent). On BERT the
     head transform trains too (``modules_to_save``): LoRA on attention cannot fix a random
-    head. Adapter init is seeded so every client starts from the same weights.
+    head. Adapter init is seeded so every client starts from the same weights. The model lives
+    on ``device`` (default: the GPU where this process sees one, as a GPU client of
+    ``hardware=gpu_1`` does).
 
     ``quantization`` "4bit" (NF4, QLoRA) or "8bit" loads the frozen base through bitsandbytes
     (GPU; bitsandbytes 0.50 also runs it on CPU, slowly) and prepares it for adapter training."""
@@ -101,9 +104,12 @@ def load_policy(path: str | Path, lora: dict | None = None, seed: int = 0, quant
     kwargs = {"is_decoder": True} if bert else {}
     if quantization:
         kwargs["quantization_config"] = _bnb_config(quantization)
-    if torch.cuda.is_available():  # a GPU client (hardware=gpu_1): the model lives there
-        kwargs["device_map"] = {"": torch.cuda.current_device()}
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    device = torch.device(default_device(device))
+    if device.type == "cuda":
+        kwargs["device_map"] = {"": device.index if device.index is not None else torch.cuda.current_device()}
+    elif quantization:  # else transformers puts a quantized model on the GPU wherever it sees one
+        kwargs["device_map"] = {"": "cpu"}
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)  # no device_map: on the CPU
     if quantization:
         from peft import prepare_model_for_kbit_training
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
@@ -267,8 +273,8 @@ def dpo_train(model, tokenizer, pairs: list[tuple[str, str, str]], *, steps: int
     used = sorted({i for idx in batches for i in idx})  # reference log-probs of the pairs trained on only
     ref = _reference_logprobs(model, tokenizer, [prompts[i] for i in used] * 2,
                               [chosen[i] for i in used] + [rejected[i] for i in used], max_length, batch_size)
-    ref_chosen = torch.full((len(pairs),), float("nan"))
-    ref_rejected = torch.full((len(pairs),), float("nan"))
+    ref_chosen = torch.full((len(pairs),), float("nan"), device=ref.device)  # where the policy's log-probs are
+    ref_rejected = torch.full((len(pairs),), float("nan"), device=ref.device)
     ref_chosen[used], ref_rejected[used] = ref[:len(used)], ref[len(used):]
     opt = _optimizer(model, lr)
     model.eval()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -25,6 +26,7 @@ from tasks.causal_lm import (
     sft_train,
     turn_separator,
 )
+from tasks.financebench_rag.model import trainable_arrays
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["query", "value"]}
 TURNS = [("Human", "Hi there "), ("Assistant", "Hello."), ("Human", "How are you?")]
@@ -99,7 +101,7 @@ def test_tokenizers_and_prompt_format(bases):
 def test_bert_decoder_is_causal(bases, lora):
     model = load_policy(bases["bert"], lora, seed=0).eval()
     assert model.config.is_decoder
-    ids = torch.tensor([[101, 2529, 1024, 7632, 2045, 102, 3353, 1024]])
+    ids = torch.tensor([[101, 2529, 1024, 7632, 2045, 102, 3353, 1024]], device=model.device)  # CUDA where there is one
     changed = ids.clone()
     changed[0, 5] = 2000
     with torch.no_grad():
@@ -117,7 +119,7 @@ def test_bidirectional_bert_is_refused(encoder_dir):
 
 def _by_hand(model, ids: list[int], n_completion: int) -> torch.Tensor:
     """Sum over completion positions t of log_softmax(logits[t - 1])[ids[t]], one unpadded row."""
-    logits = model(input_ids=torch.tensor([ids])).logits[0]
+    logits = model(input_ids=torch.tensor([ids], device=model.device)).logits[0]
     return sum(torch.log_softmax(logits[t - 1], dim=-1)[ids[t]] for t in range(len(ids) - n_completion, len(ids)))
 
 
@@ -237,7 +239,7 @@ def test_generate_is_seeded(bases, arch):
     if arch == "bert":  # make [CLS] / [PAD] the likeliest tokens: they must still never be sampled
         with torch.no_grad():
             model.cls.predictions.decoder.bias[[tokenizer.cls_token_id, tokenizer.pad_token_id]] = 50.0
-            ids = tokenizer(prompts[0], return_tensors="pt")["input_ids"]
+            ids = tokenizer(prompts[0], return_tensors="pt")["input_ids"].to(model.device)
             assert model(input_ids=ids).logits[0, -1].argmax() in (tokenizer.cls_token_id, tokenizer.pad_token_id)
     kwargs = dict(n=3, max_new_tokens=6, temperature=1.0, top_p=0.95)
     out = generate(model, tokenizer, prompts, seed=0, **kwargs)
@@ -263,23 +265,56 @@ def test_proximal_term_keeps_adapters_near_their_start(bases):
 
 
 def test_qlora_4bit_trains_adapters_on_a_tiny_llama(llama_dir, tmp_path):
-    """QLoRA: the frozen base in 4-bit NF4 (bitsandbytes, CPU here), LoRA adapters in float.
+    """QLoRA: the frozen base in 4-bit NF4 (bitsandbytes' CPU kernels), LoRA adapters in float.
     bitsandbytes' CPU kernel quantizes blocks of 64 inputs: the model is 64 wide."""
     pytest.importorskip("bitsandbytes")
     tokenizer = load_tokenizer(llama_dir)
     tokenizer.save_pretrained(tmp_path)
     save_tiny_llama(tmp_path, tokenizer, max_positions=64, hidden_size=64)
-    model = load_policy(tmp_path, {**LORA, "target_modules": ["q_proj", "v_proj"]}, seed=0, quantization="4bit")
+    lora = {**LORA, "target_modules": ["q_proj", "v_proj"]}
+    model = load_policy(tmp_path, lora, seed=0, quantization="4bit", device="cpu")  # CUDA: tests/test_gpu.py
     assert any("Linear4bit" in type(m).__name__ for m in model.modules())
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
     examples = [("Human: hello there\n\nAssistant:", " I am fine, thanks.")]
     sft_train(model, tokenizer, examples, steps=10, batch_size=1, lr=1e-2, max_length=32, seed=0)
-    fresh = load_policy(tmp_path, {**LORA, "target_modules": ["q_proj", "v_proj"]}, seed=0, quantization="4bit")
+    fresh = load_policy(tmp_path, lora, seed=0, quantization="4bit", device="cpu")
     assert mean_token_nll(model, tokenizer, examples, 32) < mean_token_nll(fresh, tokenizer, examples, 32) - 0.1
-    # bitsandbytes' CPU kernels repack the base at the first inference call; training after it
-    # would change nothing, and is refused instead of silently doing nothing
-    with pytest.raises(RuntimeError, match="no gradient"):
+    # bitsandbytes' CPU kernels may repack the base at the first inference call (on this 2-core
+    # machine they do; on the H100 machine's CPU they did not): training after it reaches no
+    # adapter, and is then refused instead of silently changing nothing
+    start = trainable_arrays(fresh)
+    try:
         sft_train(fresh, tokenizer, examples, steps=1, batch_size=1, lr=1e-2, max_length=32, seed=0)
+    except RuntimeError as exc:
+        assert "no gradient" in str(exc)
+    else:
+        assert any(not np.array_equal(start[k], v) for k, v in trainable_arrays(fresh).items())
     with pytest.raises(ValueError, match="quantization"):
         load_policy(tmp_path, LORA, seed=0, quantization="3bit")
+
+
+class _Loaded(Exception):
+    """Stops load_policy right after from_pretrained, carrying its keyword arguments."""
+
+
+@pytest.mark.parametrize("device,quantization,device_map", [
+    (None, None, {"": 0}),           # a GPU client: the model on its GPU
+    ("cpu", None, None),             # asked for the CPU: loaded there (no device map)
+    ("cpu", "4bit", {"": "cpu"}),    # quantized: transformers would otherwise put it on the GPU (seen on an H100)
+    ("cuda:1", "4bit", {"": 1}),
+])
+def test_load_policy_places_the_model_where_asked_on_a_gpu_machine(bases, monkeypatch, device, quantization,
+                                                                   device_map):
+    """Where the model goes on a machine with a GPU (CUDA mocked; tests/test_gpu.py runs it for real)."""
+    from transformers import AutoModelForCausalLM
+
+    def loaded(path, **kwargs):
+        raise _Loaded(kwargs)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", loaded)
+    monkeypatch.setattr("tasks.causal_lm._bnb_config", lambda q: "bnb")
+    with pytest.raises(_Loaded) as got:
+        load_policy(bases["llama"], None, seed=0, quantization=quantization, device=device)
+    assert got.value.args[0].get("device_map") == device_map

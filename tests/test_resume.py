@@ -4,7 +4,9 @@ resume=<results_dir>``, ends with the results of an uninterrupted run of the sam
 FedTP over 4 rounds of DPMean with client sampling and the RDP accountant (sigma 1): the run is
 deterministic up to the order in which replies arrive (which changes float sums in the last bit,
 as between two uninterrupted runs): the results must agree to 1e-12, timings aside; the DP
-rounds (accountant, clients) and every fault count exactly. Every training reply is
+rounds (accountant, clients) and every fault count exactly. The two runs draw the same noise only
+because they ask for it (``privacy.reproducible_noise``, public noise: the results say they are
+not private); by default each run's noise is private. Every training reply is
 delayed 1 s (an in-time ``timeout`` fault: the replies are accepted as usual) so the kill lands
 mid-run."""
 
@@ -17,9 +19,11 @@ import time
 import pytest
 
 from conftest import FEDSIM, SMALL, fedsim_run, private_tmpdir, read_results
+from fedsim.secret import derive, open_sealed, run_secret
 from fedsim.watchdog import run_processes
 
-RUN = [*SMALL, "num_rounds=4", "strategy.fraction_train=0.5", "protocol.dp_sigmas=[1.0]",
+RUN = [*SMALL, "privacy.reproducible_noise=true", "num_rounds=4", "strategy.fraction_train=0.5",
+       "protocol.dp_sigmas=[1.0]",
        "faults.timeout=[0,1,2,3,4,5,6,7,8,9]", "faults.timeout_seconds=1"]
 
 
@@ -35,8 +39,9 @@ def _without_timings(value):
 
 
 def _journaled(out) -> list[dict]:
-    import pickle
-    return [pickle.loads(p.read_bytes()) for p in sorted((out / "checkpoint" / "journal").glob("*.exchange"))]
+    """The journal's entries, opened with the run's own key (each is authenticated)."""
+    key = derive(run_secret(out / "checkpoint" / "run.key", resume=True), b"journal")
+    return [open_sealed(key, p) for p in sorted((out / "checkpoint" / "journal").glob("*.exchange"))]
 
 
 def _kill_after(out, entries: int, root: str) -> None:
@@ -77,6 +82,8 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     assert _without_timings(resumed) == _without_timings(reference)
     assert resumed["train_metrics"] == reference["train_metrics"]  # DP rounds, epsilon: exact
     assert resumed["faults"] == reference["faults"]
+    assert resumed["privacy"]["private_noise"] is False and "NOT private" in resumed["privacy"]["warning"]
+    assert "NOT private" in (cut / "summary.md").read_text() and "NOT private" in log
     assert [(e["phase"], e["round"]) for e in _journaled(cut)] == phases
     rows = (cut / "metrics.csv").read_text().splitlines()  # rewritten whole, nothing repeated
     assert len(rows) == len((whole / "metrics.csv").read_text().splitlines())

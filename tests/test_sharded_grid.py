@@ -39,7 +39,7 @@ def fedtp_round(grid, cfg, strategy=None) -> tuple[np.ndarray, dict]:
     messenger = Messenger(grid, 60.0, poll_seconds=0.0)
     dim = len(load_topics(cfg.data_root))
     train = ConfigRecord({**client_config(cfg), keys.SPLITS: list(cfg.task.splits)})
-    strategy = strategy or DPMean(clip_norm=1.0, noise_multiplier=0.0, seed=0)
+    strategy = strategy or DPMean(clip_norm=1.0, noise_multiplier=0.0)
     result = strategy.start(
         messenger.grid("aggregate", Policy(ANY, finite_arrays)),
         initial_arrays=ArrayRecord({keys.VECTORS: Array(np.full(dim, 1.0 / dim))}),

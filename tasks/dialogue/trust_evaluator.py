@@ -22,7 +22,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from tasks.causal_lm import index_batches
 from tasks.dialogue.trust_data import TrustExample
-from tasks.financebench_rag.model import load_trainable, lora_config, resolve_model, trainable_arrays
+from tasks.financebench_rag.model import default_device, load_trainable, lora_config, resolve_model, trainable_arrays
 
 
 def bertscore(x: torch.Tensor, x_mask: torch.Tensor, r: torch.Tensor, r_mask: torch.Tensor
@@ -54,7 +54,8 @@ class _Scorer(nn.Module):
 
 class TrustEvaluator:
     def __init__(self, model: str = "all-MiniLM-L6-v2", max_length: int = 128, response_length: int = 64,
-                 lora: dict | None = None, seed: int = 0, scale: float = 10.0, offset: float = 0.5):
+                 lora: dict | None = None, seed: int = 0, scale: float = 10.0, offset: float = 0.5,
+                 device: str | None = None):
         path = resolve_model(model)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.max_length, self.response_length = max_length, response_length
@@ -63,7 +64,7 @@ class TrustEvaluator:
         if lora:
             from peft import get_peft_model
             encoder = get_peft_model(encoder, lora_config(lora))
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = default_device(device)
         self.net = _Scorer(encoder, scale, offset).to(self.device)
         self.net.eval()
 

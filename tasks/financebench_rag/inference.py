@@ -38,7 +38,7 @@ class _Embedder(torch.nn.Module):
     def __init__(self, model):
         super().__init__()
         from peft.tuners.tuners_utils import BaseTunerLayer
-        self.model = copy.deepcopy(model).eval()
+        self.model = copy.deepcopy(model).cpu().eval()  # the compiled backends run on the CPU
         for module in self.model.modules():
             if isinstance(module, BaseTunerLayer):
                 module.merge()

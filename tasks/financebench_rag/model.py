@@ -37,13 +37,19 @@ def lora_config(lora: dict, **extra):
                       target_modules=list(targets) if targets else None, **extra)
 
 
+def default_device(device: str | None = None) -> str:
+    """``device`` if given, else the GPU where this process sees one (a Ray actor with
+    ``client_gpus`` > 0; Ray hides the GPUs from actors given none), else the CPU."""
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def build_encoder(name: str, max_seq_length: int, lora: dict | None, seed: int,
-                  device: str = "cpu"):
-    """Encoder with (optionally) LoRA adapters; adapter init is seeded so every client starts
-    from the same weights."""
+                  device: str | None = None):
+    """Encoder with (optionally) LoRA adapters on ``device`` (:func:`default_device`); adapter
+    init is seeded so every client starts from the same weights."""
     from sentence_transformers import SentenceTransformer
     os.environ.setdefault("HF_HUB_OFFLINE", "1" if name in _OFFLINE_ALIASES else "0")
-    model = SentenceTransformer(resolve_model(name), device=device)
+    model = SentenceTransformer(resolve_model(name), device=default_device(device))
     model.max_seq_length = max_seq_length
     if lora:
         from peft import TaskType

@@ -125,7 +125,7 @@ def train_encoder(model, pairs: list[tuple[str, str]], steps: int, batch_size: i
             output_dir=tmp, max_steps=steps, per_device_train_batch_size=batch_size,
             learning_rate=lr, warmup_steps=0, lr_scheduler_type="constant", seed=seed,
             data_seed=seed, save_strategy="no", report_to="none", logging_steps=max(1, steps),
-            disable_tqdm=True, use_cpu=not torch.cuda.is_available(),
+            disable_tqdm=True, use_cpu=model.device.type == "cpu",  # the trainer would move it to a GPU
             batch_sampler="no_duplicates", dataloader_drop_last=True)
         trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data,
                                              loss=loss, callbacks=[clock])

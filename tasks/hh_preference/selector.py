@@ -24,7 +24,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from tasks.financebench_rag.model import build_encoder, load_trainable, lora_config, resolve_model, trainable_arrays
+from tasks.financebench_rag.model import (
+    build_encoder,
+    default_device,
+    load_trainable,
+    lora_config,
+    resolve_model,
+    trainable_arrays,
+)
 from tasks.hh_preference.dataset import ASSISTANT, HUMAN, Example
 
 
@@ -68,13 +75,14 @@ class _Base:
         return {"steps": steps, "loss": float(np.mean(losses)) if losses else math.nan}
 
     def _bce(self, batch: list[Example]) -> torch.Tensor:
-        labels = torch.tensor([float(e.label) for e in batch])
-        return nn.functional.binary_cross_entropy_with_logits(self.logits(batch), labels)
+        logits = self.logits(batch)
+        labels = torch.tensor([float(e.label) for e in batch], device=logits.device)
+        return nn.functional.binary_cross_entropy_with_logits(logits, labels)
 
     @torch.no_grad()
     def prob_b(self, examples: list[Example], batch_size: int = 64) -> np.ndarray:
         self.module.eval()
-        return np.concatenate([torch.sigmoid(self.logits(examples[i:i + batch_size])).numpy()
+        return np.concatenate([torch.sigmoid(self.logits(examples[i:i + batch_size])).cpu().numpy()
                                for i in range(0, len(examples), batch_size)]) if examples else np.zeros(0)
 
     def loss(self, examples: list[Example]) -> float:
@@ -108,14 +116,15 @@ def response_text(prompt: str, response: str, human_words: int) -> str:
 
 
 class ScorerSelector(_Base):
-    """Bradley-Terry scorer over MiniLM (LoRA adapters, or ``frozen`` with cached embeddings)."""
+    """Bradley-Terry scorer over MiniLM (LoRA adapters, or ``frozen`` with cached embeddings),
+    on ``device`` (default: the GPU where this process sees one)."""
 
     def __init__(self, model: str = "all-MiniLM-L6-v2", max_length: int = 128,
                  lora: dict | None = None, frozen: bool = False, human_words: int = 0,
-                 seed: int = 0):
+                 seed: int = 0, device: str | None = None):
         if frozen and lora:
             raise ValueError("selector: frozen and lora exclude each other")
-        self.encoder = build_encoder(model, max_length, lora, seed)
+        self.encoder = build_encoder(model, max_length, lora, seed, device)
         if frozen:
             self.encoder.requires_grad_(False)
         self.frozen, self.human_words = frozen, human_words
@@ -123,12 +132,13 @@ class ScorerSelector(_Base):
         head = nn.Linear(self.encoder.get_embedding_dimension(), 1)
         nn.init.zeros_(head.weight)
         nn.init.zeros_(head.bias)
-        self.module = nn.ModuleDict({"encoder": self.encoder, "head": head})
+        self.module = nn.ModuleDict({"encoder": self.encoder, "head": head}).to(self.encoder.device)
         self._cache: dict[str, torch.Tensor] = {}
 
     def _embed(self, texts: list[str]) -> torch.Tensor:
         if not self.frozen:
-            features = self.encoder.tokenize(texts)
+            from sentence_transformers.util import batch_to_device
+            features = batch_to_device(self.encoder.tokenize(texts), self.encoder.device)
             return self.encoder(features)["sentence_embedding"]
         missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
         if missing:
@@ -152,7 +162,8 @@ class CausalABSelector(_Base):
 
     TEMPLATE = "{prompt}\n\nResponse A: {a}\n\nResponse B: {b}\n\nWhich response is better? Answer:"
 
-    def __init__(self, model: str, lora: dict | None = None, max_length: int = 512, seed: int = 0):
+    def __init__(self, model: str, lora: dict | None = None, max_length: int = 512, seed: int = 0,
+                 device: str | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         path = resolve_model(model) if isinstance(model, str) else model
         self.tokenizer = AutoTokenizer.from_pretrained(path)
@@ -166,15 +177,15 @@ class CausalABSelector(_Base):
             lm = get_peft_model(lm, lora_config(lora))
         else:
             lm.requires_grad_(False)  # nothing but adapters would train: say so by training nothing
-        self.module, self.max_length = lm, max_length
+        self.module, self.max_length = lm.to(default_device(device)), max_length
         self.answer_ids = [self.tokenizer.encode(t, add_special_tokens=False)[-1] for t in (" A", " B")]
 
     def logits(self, examples: list[Example]) -> torch.Tensor:
         texts = [self.TEMPLATE.format(prompt=e.prompt.strip(), a=e.a, b=e.b) for e in examples]
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
-                             max_length=self.max_length)
+                             max_length=self.max_length).to(self.module.device)
         out = self.module(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
         last = enc["attention_mask"].sum(1) - 1 if self.tokenizer.padding_side == "right" else \
-            torch.full((len(examples),), enc["input_ids"].shape[1] - 1)
-        answer = out[torch.arange(len(examples)), last]
+            torch.full((len(examples),), enc["input_ids"].shape[1] - 1, device=out.device)
+        answer = out[torch.arange(len(examples), device=out.device), last]
         return answer[:, self.answer_ids[1]] - answer[:, self.answer_ids[0]]
