@@ -102,6 +102,9 @@ class ClientState:
 
     def save(self, name: str, server_round: int, arrays: dict[str, np.ndarray]) -> None:
         """Write round ``server_round``'s value (whole or not at all), keep the newest versions."""
+        if any(np.asarray(a).dtype.hasobject for a in arrays.values()):
+            raise ValueError(f"state {name!r}: object arrays would be pickled; numbers only")
+        self._versions(name)  # checks the name
         tmp = self.folder / f".{name}.r{server_round}.tmp.npz"
         np.savez(tmp, **arrays)
         os.replace(tmp, self.folder / f"{name}.r{server_round}.npz")

@@ -2,6 +2,8 @@
 federated trust evaluator, the six methods on both datasets, with one client's generator
 replies made NaN: they are rejected and counted, and the run goes on."""
 
+import numpy as np
+
 from conftest import fedsim_run, read_results
 
 IID = "{_target_: flwr_datasets.partitioner.IidPartitioner, num_partitions: 2}"
@@ -18,8 +20,9 @@ METHODS = ["base", "fedavg", "fedprox", "fixed_alpha_0.5", "fixed_alpha_0.25", "
 
 def test_feddtre_runs_every_method_on_both_datasets(tmp_path):
     out = tmp_path / "results"
+    state = tmp_path / "client-state"
     code, log = fedsim_run(*SLICE, f"results_dir={out}", f"protocol.generator.base_dir={tmp_path / 'gen'}",
-                           "faults.nan=[1]", timeout=900)
+                           "faults.nan=[1]", f"client_state.dir={state}", "client_state.keep=true", timeout=900)
     assert code == 0, log[-3000:]
     r = read_results(out)
     assert list(r["methods"]) == METHODS
@@ -47,3 +50,17 @@ def test_feddtre_runs_every_method_on_both_datasets(tmp_path):
         assert comm["base"][dataset]["bytes_per_round"] == 0
     assert r["base"]["sft"]["steps"] == 2 and "Topical-Chat" in r["base"]["sft"]["data"]
     assert (out / "alpha_per_round.png").is_file() and "trust_bertscore" in (out / "summary.md").read_text()
+    _check_kept_local_models(state)
+    assert "state-bytes" in (out / "metrics.csv").read_text()  # disk per mixing client, per round
+
+
+def _check_kept_local_models(state):
+    """Mixing clients keep their own W_local across rounds on their side (FedAvg / FedProx keep
+    nothing), and each round's differs from the last."""
+    (run,) = state.iterdir()
+    kept = sorted(p.name for p in (run / "client-0").iterdir())
+    assert kept == sorted(f"generator-{d}-{m}.r{rnd}.npz" for d in ("persona_chat", "cmu_dog")
+                          for m in ("fixed_alpha_0.5", "fixed_alpha_0.25", "feddtre") for rnd in (1, 2))
+    first, second = (np.load(run / "client-0" / f"generator-cmu_dog-feddtre.r{k}.npz") for k in (1, 2))
+    assert first.files == second.files and any(not np.array_equal(first[k], second[k]) for k in first.files)
+
