@@ -16,7 +16,6 @@ Each method is a function named by ``run`` in ``protocol.methods`` (no dispatche
 from __future__ import annotations
 
 import logging
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -177,7 +176,6 @@ def evaluate_selectors(selector, weights: list[dict], fed: Federation, minority_
 
 
 def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
-    random.seed(cfg.seed)  # Flower's node sampling draws from `random`
     base = client_config(cfg)
     nodes, records = discover(messenger, base, keys.CONFIG, keys.INFO, keys.PARTITION_ID)
     info = {pid: {k: r[k] for k in (keys.NUM_EXAMPLES, keys.NUM_VALID, keys.POPULATION)} for pid, r in records.items()}

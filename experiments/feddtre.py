@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -128,8 +127,9 @@ def federated(ctx: Context, name: str, spec: DictConfig, dataset: str) -> dict:
                             ConfigRecord(config))
     out = {"weights": from_record(result.arrays),
            "rounds": {int(r): dict(m) for r, m in result.train_metrics_clientapp.items()}}
-    if hasattr(strategy, "alphas"):
-        out["alphas"] = {r: rows for r, rows in strategy.alphas.items()}
+    if hasattr(strategy, "alphas"):  # by partition: node ids are random per run
+        out["alphas"] = {r: [{"partition": ctx.partition_of(row.pop("node")), **row} for row in rows]
+                         for r, rows in strategy.alphas.items()}
     return out
 
 
@@ -201,7 +201,6 @@ def evaluate_generator(ctx: Context, weights: dict, dataset: str, evaluator, mod
 
 
 def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
-    random.seed(cfg.seed)  # Flower's node sampling draws from `random`
     protocol = check(cfg)  # the protocol block as its typed dataclass
     base_cfg = client_config(cfg)
     nodes, info = discover(messenger, base_cfg, keys.CONFIG, keys.INFO, keys.PARTITION_ID)

@@ -167,9 +167,8 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     row_split = {r: s for info in hosted.values()
                  for r, s in zip(info[keys.INFO_ROWS], info[keys.INFO_SPLITS])}
 
-    def holders(splits):
-        return sorted(n for n, info in hosted.items()
-                      if set(info[keys.INFO_SPLITS]) & set(splits))
+    def holders(splits):  # in the messenger's node order (partitions), as discovered
+        return [n for n, info in hosted.items() if set(info[keys.INFO_SPLITS]) & set(splits)]
 
     timings["discover_s"] = time.monotonic() - t0
 

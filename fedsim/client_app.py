@@ -5,6 +5,9 @@ client process never composes Hydra and any strategy that forwards its config re
 The client object is cached per process: Ray actors serve many nodes and messages. A message
 for several logical clients of one SuperNode (``hardware.clients_per_supernode``) is served
 client by client, each with its own partition id and the mods (``fedsim/sharded_grid.py``).
+Before each client's handler runs, the process's random state is reseeded from the run's seed,
+the round, the partition and the message type (``fedsim/seeding.py``): a reply never depends on
+which clients the same process served before.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from fedsim import client_state
 from fedsim.data import resolve_data_root
 from fedsim.faults import fault_injection_mod
 from fedsim.journal import PARTITION, WHOAMI
+from fedsim.seeding import derived_seed, reseed
 from fedsim.sharded_grid import SHARD, serve_batch
 
 TASK_KEY = "fedsim-task"
+SEED_KEY = "fedsim-seed"
 
 MODS = [fault_injection_mod]
 app = ClientApp(mods=MODS)
@@ -42,6 +47,15 @@ def _data_root(task_json: str, node_root: str | None) -> str:
     return str(resolve_data_root(node_root or json.loads(task_json).get("data_root")))
 
 
+def message_seed(msg: Message, partition_id: int) -> int:
+    """The seed of one client's work on one message: the run's seed (``client_config``), the
+    round (Flower's strategies put ``server-round`` in the config; 0 for other phases), the
+    partition and the message type. Nothing in it depends on scheduling or node ids."""
+    config = msg.content.config_records["config"]
+    return derived_seed(config.get(SEED_KEY, 0), config.get("server-round", 0), partition_id,
+                        msg.metadata.message_type)
+
+
 def _client_reply(msg: Message, context: Context, method: str) -> Message:
     if WHOAMI in msg.content.config_records:  # the Messenger maps node ids to partitions
         record = ConfigRecord({PARTITION: int(context.node_config["partition-id"])})
@@ -51,9 +65,10 @@ def _client_reply(msg: Message, context: Context, method: str) -> Message:
         removed = client_state.forget(msg)
         return Message(RecordDict({client_state.FORGET: ConfigRecord({"removed": removed})}), reply_to=msg)
     task_json = msg.content["config"][TASK_KEY]
+    partition_id = int(context.node_config["partition-id"])
     client = _client(task_json, _data_root(task_json, context.node_config.get("data-root")),
-                     int(context.node_config["partition-id"]),
-                     int(context.node_config["num-partitions"]))
+                     partition_id, int(context.node_config["num-partitions"]))
+    reseed(message_seed(msg, partition_id))  # after building the client: it may import torch
     return Message(getattr(client, method)(msg), reply_to=msg)
 
 

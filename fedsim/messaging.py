@@ -15,6 +15,11 @@ A *phase* is a named exchange (``discover``, ``prior``, ``fedavg/train``,
 - the phase's :class:`Policy` states whether it may go on with fewer replies: a
   :class:`Quorum` of accepted replies, below which :class:`PhaseFailed` stops the run.
 
+Replies come back in the order their messages were sent, and :meth:`Messenger.node_ids` lists
+the nodes in partition order once the partitions are known: what a strategy sums, and in which
+order, then depends on the seed only, not on which reply arrived first or on Flower's node ids
+(which are random per run).
+
 Flower's own round loop (``Strategy.start``) calls ``grid.send_and_receive``; hand it a
 :class:`PhaseGrid` (``messenger.grid(label, policy)``) and its train / evaluate exchanges take the
 same path, as phases ``<label>/train`` and ``<label>/evaluate``.
@@ -34,7 +39,7 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim.client_app import TASK_KEY
+from fedsim.client_app import SEED_KEY, TASK_KEY
 from fedsim.client_state import RUN_KEY, STATE_KEY
 from fedsim.faults import FAULTS_KEY
 from fedsim.journal import Journal, ResumeMismatch, ask_partitions
@@ -74,12 +79,13 @@ class PhaseFailed(RuntimeError):
 
 def client_config(cfg: DictConfig) -> dict:
     """The config entries every client message carries: the resolved task, the fault spec, the
-    run's key (its results folder: the same when the run is resumed, unlike Flower's run id),
-    under which clients keep state between rounds, and where they keep it
-    (``fedsim/client_state.py``)."""
+    run's seed (the ClientApp reseeds each handler from it), the run's key (its results folder:
+    the same when the run is resumed, unlike Flower's run id), under which clients keep state
+    between rounds, and where they keep it (``fedsim/client_state.py``)."""
     task = OmegaConf.to_container(cfg.task, resolve=True)
     return {TASK_KEY: json.dumps(task), FAULTS_KEY: json.dumps(OmegaConf.to_container(cfg.faults)),
-            RUN_KEY: run_key_of(cfg), STATE_KEY: json.dumps(OmegaConf.to_container(cfg.client_state, resolve=True))}
+            SEED_KEY: int(cfg.seed), RUN_KEY: run_key_of(cfg),
+            STATE_KEY: json.dumps(OmegaConf.to_container(cfg.client_state, resolve=True))}
 
 
 def run_key_of(cfg: DictConfig) -> str:
@@ -117,7 +123,7 @@ class Messenger:
 
     def __init__(self, grid: Grid, timeout: float, poll_seconds: float = 0.5,
                  report_seconds: float = 10.0, journal: Journal | None = None,
-                 sinks: Sinks | None = None, noise: NoiseSource | None = None):
+                 sinks: Sinks | None = None, noise: NoiseSource | None = None, know_partitions: bool = False):
         self.raw = grid
         self.noise = noise or NoiseSource.fresh()
         self.timeout = timeout
@@ -128,18 +134,21 @@ class Messenger:
         self.traffic: dict[str, dict[int, dict[str, float]]] = {}
         self._to_new: dict[int, int] = {}  # on resume: the journaled run's node ids -> this run's
         self._to_old: dict[int, int] = {}  # and back
-        if journal is not None:
+        self.partitions: dict[int, int] = {}  # node id (as the protocol sees it) -> partition
+        if journal is not None or know_partitions:
             self._map_nodes(journal)
 
-    def _map_nodes(self, journal: Journal) -> None:
+    def _map_nodes(self, journal: Journal | None) -> None:
         """Ask every node its partition (not journaled, not counted); a resumed run maps the
         journaled run's node ids to this run's by partition."""
-        partitions = ask_partitions(self.raw, self.timeout, self.poll_seconds)
+        self.partitions = partitions = ask_partitions(self.raw, self.timeout, self.poll_seconds)
+        if journal is None:
+            return
         if journal.resumed_from == 0:
             journal.save_partitions(partitions)
             return
         by_partition = {p: n for n, p in partitions.items()}
-        old = journal.load_partitions()
+        self.partitions = old = journal.load_partitions()
         missing = sorted(set(old.values()) - set(by_partition))
         if missing:
             raise PhaseFailed(f"resume: partitions {missing} of the journaled run have no node now")
@@ -147,10 +156,12 @@ class Messenger:
         self._to_old = {n: o for o, n in self._to_new.items()}
 
     def node_ids(self) -> list[int]:
+        """The nodes, in partition order where the partitions are known (else as the grid
+        lists them)."""
         nodes = list(self.raw.get_node_ids())
-        if not self._to_old:
-            return nodes
-        return [self._to_old[n] for n in nodes if n in self._to_old]
+        if self._to_old:
+            nodes = [self._to_old[n] for n in nodes if n in self._to_old]
+        return sorted(nodes, key=lambda n: self.partitions.get(n, -1))
 
     def grid(self, label: str, policy: Policy = Policy(ANY), nodes: Iterable[int] | None = None
              ) -> PhaseGrid:
@@ -212,7 +223,9 @@ class Messenger:
 
     def _send_and_wait(self, phase: str, messages: list[Message], timeout: float
                        ) -> list[Message]:
-        pending = set(self.raw.push_messages(messages))
+        """The replies that arrived in time, in the order their messages were sent."""
+        sent = list(self.raw.push_messages(messages))
+        pending, position = set(sent), {mid: i for i, mid in enumerate(sent)}
         total, replies = len(pending), []
         start = last = time.monotonic()
         while pending and time.monotonic() - start < timeout:
@@ -230,7 +243,7 @@ class Messenger:
                 time.sleep(self.poll_seconds)
         log.info("[%s] %d/%d replies in %.1f s%s", phase, len(replies), total,
                  time.monotonic() - start, f" ({len(pending)} timed out)" if pending else "")
-        return replies
+        return sorted(replies, key=lambda m: position[m.metadata.reply_to_message_id])
 
     @staticmethod
     def _screen(phase: str, server_round: int, sent: int, replies: list[Message],

@@ -7,6 +7,9 @@ folder and printed into the run's log, from which ``fedsim run`` unpacks them lo
 user's overrides as one string under the run-config key ``overrides``. The protocol sends every
 phase through one :class:`~fedsim.messaging.Messenger`, whose fault counts and traffic go into
 every ``results.json`` (``faults``, ``communication``), also when the protocol fails.
+The process's random state and Flower's node sampling are seeded from the run's seed before
+the protocol starts (``fedsim/seeding.py``), and the Messenger learns every node's partition,
+so that the same seed samples, sends and sums in the same order in every run.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
 from fedsim.privacy import NOT_PRIVATE, NoiseSource
 from fedsim.results import RunOutput, ship_results
 from fedsim.secret import derive, run_secret
+from fedsim.seeding import seed_server
 from fedsim.sharded_grid import ShardedGrid
 from fedsim.sinks import Sinks
 
@@ -84,7 +88,8 @@ def _run(grid: Grid, cfg, out: RunOutput) -> None:
         if cfg.hardware.clients_per_supernode > 1:  # the protocol sees one node per logical client
             grid = ShardedGrid(grid, int(cfg.hardware.num_clients), float(cfg.round_timeout))
         messenger = Messenger(grid, float(cfg.round_timeout), journal=journal, sinks=sinks,
-                              noise=noise)
+                              noise=noise, know_partitions=True)
+        seed_server(int(cfg.seed))
         results, summary = get_method(cfg.protocol.run)(messenger, cfg, out)
         results["privacy"] = {"private_noise": noise.private,
                               **({} if noise.private else {"warning": NOT_PRIVATE})}

@@ -91,7 +91,7 @@ class DPMean(Strategy):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        nodes = sorted(grid.get_node_ids())
+        nodes = list(grid.get_node_ids())  # the grid's order (partition order), not node ids: random per run
         if not nodes:
             raise RuntimeError("DPMean: no client nodes are connected")
         size = min(len(nodes), max(self.min_train_nodes, int(len(nodes) * self.fraction_train)))

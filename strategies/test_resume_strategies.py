@@ -4,7 +4,6 @@ uninterrupted run (in-process grid, real wire format, client sampling drawn from
 Replies are pulled in no fixed order, so float32 sums may differ in the last bit between any
 two runs: weights are compared to 1e-6, groups and sampled clients exactly."""
 
-import random
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ from fedsim.inprocess_grid import InProcessGrid
 from fedsim.journal import PARTITION, WHOAMI, Journal
 from fedsim.messaging import Messenger
 from fedsim.records import from_record, to_record
+from fedsim.seeding import seed_server
 from strategies.selector_groups import SelectorGroups
 from strategies.test_selector_groups import _client as selector_client
 from strategies.test_trust_alpha import _client as trust_client
@@ -41,7 +41,7 @@ def _nodes(handlers: list, ids: list[int], kill_at: tuple[str, int] | None = Non
 
 
 def _run(make_strategy, handlers, ids, rounds, journal=None, kill_at=None):
-    random.seed(0)  # Flower samples nodes with `random`, as the protocols seed it
+    seed_server(0)  # Flower's node sampling, seeded as the ServerApp seeds it
     messenger = Messenger(_nodes(handlers, ids, kill_at), timeout=5, journal=journal)
     strategy = make_strategy()
     nodes = sorted(messenger.node_ids())

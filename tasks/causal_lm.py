@@ -41,6 +41,7 @@ from tasks.financebench_rag.model import default_device, lora_config, resolve_mo
 
 BERT_HEAD = "cls.predictions.transform"
 SFT_RECORD = "fedsim_sft.json"  # how a saved base was made, beside its weights
+SFT_VERSION = 2  # part of a saved base's key: raised when sft_train gives other weights for the same inputs
 log = logging.getLogger("fedsim")
 
 
@@ -296,7 +297,10 @@ def sft_train(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, 
               lr: float, max_length: int, seed: int, proximal_mu: float = 0.0) -> dict:
     """``steps`` AdamW steps of SFT: the completion's negative log-likelihood per token given
     the prompt. ``proximal_mu`` > 0 adds FedProx's ``mu/2 ||w - w_start||^2`` over the trainable
-    weights, ``w_start`` being the (global) weights this call starts from."""
+    weights, ``w_start`` being the (global) weights this call starts from. Dropout masks are
+    drawn from ``seed`` too: torch's global generator otherwise holds whatever the process did
+    before (a Ray actor serves many clients, in the order the scheduler gives)."""
+    torch.manual_seed(seed)
     opt = _optimizer(model, lr)
     trainable = [p for p in model.parameters() if p.requires_grad]
     anchor = [p.detach().clone() for p in trainable] if proximal_mu > 0 else []
@@ -341,7 +345,7 @@ def saved_sft_base(model_name: str, base_dir: str, key: dict, data: Callable[[st
     root = Path(os.path.expanduser(base_dir))
     if steps == 0:  # a model that answers already (a chat LM): used as published
         return prepare_base(model_name, root / "init", seed), {"data": "none (no SFT)", "steps": 0}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(json.dumps({**key, "sft_version": SFT_VERSION}, sort_keys=True).encode()).hexdigest()[:12]
     done = root / f"sft-{digest}"
     if (done / SFT_RECORD).exists():
         return done, json.loads((done / SFT_RECORD).read_text())

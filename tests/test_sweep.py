@@ -1,15 +1,21 @@
 """`fedsim run -m`: the multirun expansion, refusal before any run, a failed point recorded and
-skipped, a resume that runs only what did not complete, and `fedsim compare`."""
+skipped, a resume that runs only what did not complete, `fedsim compare`, and a SIGTERM that
+stops the sweep with nothing left running."""
 
 import json
+import os
+import shutil
+import signal
 import subprocess
+import time
 
 import pytest
 
-from conftest import FEDSIM, SMALL, fedsim_run
+from conftest import FEDSIM, SMALL, fedsim_run, private_tmpdir
 from fedsim.cli import prepare
 from fedsim.config import ConfigError
 from fedsim.sweep import MANIFEST, Sweep, expand, point_name
+from fedsim.watchdog import run_processes
 
 
 def test_expansion_is_the_cartesian_product_with_ranges_and_constants():
@@ -63,3 +69,35 @@ def test_failed_point_is_recorded_and_resume_reruns_only_what_did_not_complete(t
     for bad in ("sweep.interval=nope", "sweep.nokey=1", "seed=1"):
         refused = subprocess.run([FEDSIM, "compare", str(out), bad], capture_output=True, text=True)
         assert refused.returncode == 2 and "fedsim: compare:" in refused.stderr, bad
+
+
+def test_sigterm_stops_the_running_point_and_the_sweep_leaving_nothing(tmp_path):
+    root = private_tmpdir()
+    out = tmp_path / "sweep"
+    try:
+        log = open(tmp_path / "log.txt", "w+")
+        sweep = subprocess.Popen([FEDSIM, "run", "-m", *SMALL, "seed=0,1", f"results_dir={out}"],
+                                 stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": root})
+        deadline = time.monotonic() + 180
+        while not any(b"ray::" in _cmdline(pid) for pid in run_processes(root)):  # the point is working
+            assert sweep.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()
+            time.sleep(0.5)
+        sweep.send_signal(signal.SIGTERM)
+        assert sweep.wait(90) == 143
+        deadline = time.monotonic() + 30
+        while run_processes(root) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert run_processes(root) == [], "processes left by the stopped sweep"
+        runs = json.loads((out / MANIFEST).read_text())["runs"]
+        assert [r["status"] for r in runs] == ["interrupted", "pending"]
+        assert "resume=" in (tmp_path / "log.txt").read_text()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""

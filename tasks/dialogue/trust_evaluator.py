@@ -97,7 +97,9 @@ class TrustEvaluator:
                                for i in range(0, len(contexts), batch_size)]) if contexts else np.zeros(0)
 
     def train(self, examples: list[TrustExample], steps: int, batch_size: int, lr: float, seed: int) -> dict:
-        """``steps`` AdamW steps of calibrated binary cross-entropy on the examples' labels."""
+        """``steps`` AdamW steps of calibrated binary cross-entropy on the examples' labels;
+        batches and dropout masks drawn from ``seed`` (not from the process's history)."""
+        torch.manual_seed(seed)
         params = [p for p in self.net.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
         self.net.train()

@@ -53,9 +53,10 @@ class _Base:
     def train(self, examples: list[Example], steps: int, batch_size: int, lr: float, seed: int,
               weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.95)) -> dict:
         """``steps`` AdamW steps (the paper's betas) of binary cross-entropy on seeded batches,
-        cycling the data."""
+        cycling the data; dropout masks (a trained encoder) drawn from ``seed`` as well."""
         if not examples:
             raise ValueError("no training examples")
+        torch.manual_seed(seed)
         params = [p for p in self.module.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
         rng = np.random.default_rng(seed)
