@@ -83,7 +83,7 @@ def _run_identity():
 
 def test_feddtre_clients_reply_the_same_whatever_the_process_served_before(tmp_path):
     cfg = compose([*FEDDTRE, DATA, "protocol.generator.base_sft_steps=0",
-                   f"protocol.generator.base_dir={tmp_path / 'gen'}"])
+                   f"protocol.generator.base_dir={tmp_path / 'gen'}", f"client_state.dir={tmp_path / 'state'}"])
     from experiments.feddtre import base_generator
     from tasks.causal_lm import load_policy
     from tasks.financebench_rag.model import trainable_arrays
@@ -95,6 +95,7 @@ def test_feddtre_clients_reply_the_same_whatever_the_process_served_before(tmp_p
               dtre.LOCAL_STEPS: 2}
     evaluator_config = {**common, dtre.OBJECTIVE: dtre.EVALUATOR, dtre.LR: 1e-3}
     generator_config = {**common, dtre.OBJECTIVE: dtre.GENERATOR, dtre.DATASET: "cmu_dog",
+                        dtre.LOCAL_MODEL: "generator-cmu_dog-feddtre",
                         dtre.SETTINGS: json.dumps({**asdict(g), "base": str(base), "rounds": 2}),
                         dtre.EVALUATOR_WEIGHTS: to_bytes(evaluator),
                         MIXING: json.dumps({"k": 0.7, "midpoint": 0.01, "alpha_min": 0.1, "alpha_max": 1.0})}
@@ -115,7 +116,7 @@ def test_fedbiscuit_selector_clients_reply_the_same_whatever_the_process_served_
 def test_fede4rag_clients_reply_the_same_whatever_the_process_served_before(tmp_path):
     cfg = compose(["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]", "task.pages_per_client=8",
                    "task.max_seq_length=32", f"task.he.key_dir={tmp_path / 'keys'}",
-                   f"task.state_dir={tmp_path / 'state'}"])
+                   f"client_state.dir={tmp_path / 'state'}"])
     ask = {**client_config(cfg), rag.QUERY_OP: rag.INITIAL_WEIGHTS}
     initial = serve(Message(RecordDict({rag.CONFIG: ConfigRecord(ask)}), dst_node_id=100,
                             message_type=MessageType.QUERY), 0, 2)[rag.ARRAYS]
@@ -174,7 +175,8 @@ def test_replies_come_back_in_the_order_sent():
 
 
 def test_a_client_config_carries_the_run_seed():
-    assert client_config(OmegaConf.create({"task": {}, "faults": {}, "seed": 7, "results_dir": "x"}))[
+    assert client_config(OmegaConf.create({"task": {}, "faults": {}, "seed": 7, "results_dir": "x",
+                                           "client_state": {"dir": None, "keep": False}}))[
         client_app.SEED_KEY] == 7
 
 
