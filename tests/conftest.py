@@ -34,6 +34,15 @@ def fedsim_run(*overrides, timeout=400):
     return proc.returncode, proc.stdout + proc.stderr
 
 
+def cmdline(pid: int) -> bytes:
+    """A process's command line ('' once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
+
+
 def read_results(path: Path) -> dict:
     return json.loads((path / "results.json").read_text())
 

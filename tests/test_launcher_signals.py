@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import FEDSIM, SMALL, private_tmpdir
+from conftest import FEDSIM, SMALL, cmdline, private_tmpdir
 from fedsim.watchdog import run_processes
 
 
@@ -29,7 +29,7 @@ def _start(tmp_path, root):
                             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": root})
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # until Ray's workers run (the ServerApp is working)
-        if any(b"ray::" in _cmdline(pid) for pid in run_processes(root)):
+        if any(b"ray::" in cmdline(pid) for pid in run_processes(root)):
             break
         assert proc.poll() is None, (tmp_path / "log.txt").read_text()
         time.sleep(0.5)
@@ -37,13 +37,6 @@ def _start(tmp_path, root):
         pytest.fail("the run never started its Ray workers")
     return proc, log
 
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read()
-    except OSError:
-        return b""
 
 
 def _left(root: str, wait: float = 30.0) -> list[int]:

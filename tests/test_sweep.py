@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import FEDSIM, SMALL, fedsim_run, private_tmpdir
+from conftest import FEDSIM, SMALL, cmdline, fedsim_run, private_tmpdir
 from fedsim.cli import prepare
 from fedsim.config import ConfigError
 from fedsim.sweep import MANIFEST, Sweep, expand, point_name
@@ -79,7 +79,7 @@ def test_sigterm_stops_the_running_point_and_the_sweep_leaving_nothing(tmp_path)
         sweep = subprocess.Popen([FEDSIM, "run", "-m", *SMALL, "seed=0,1", f"results_dir={out}"],
                                  stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": root})
         deadline = time.monotonic() + 180
-        while not any(b"ray::" in _cmdline(pid) for pid in run_processes(root)):  # the point is working
+        while not any(b"ray::" in cmdline(pid) for pid in run_processes(root)):  # the point is working
             assert sweep.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()
             time.sleep(0.5)
         sweep.send_signal(signal.SIGTERM)
@@ -93,11 +93,3 @@ def test_sigterm_stops_the_running_point_and_the_sweep_leaving_nothing(tmp_path)
         assert "resume=" in (tmp_path / "log.txt").read_text()
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read()
-    except OSError:
-        return b""
