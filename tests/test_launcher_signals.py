@@ -38,7 +38,6 @@ def _start(tmp_path, root):
     return proc, log
 
 
-
 def _left(root: str, wait: float = 30.0) -> list[int]:
     deadline = time.monotonic() + wait
     while (pids := run_processes(root)) and time.monotonic() < deadline:
