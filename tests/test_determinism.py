@@ -181,8 +181,8 @@ def test_a_client_config_carries_the_run_seed():
 
 
 def test_flower_samples_the_same_nodes_whatever_else_draws_from_random(monkeypatch):
-    """Flower's heartbeat thread draws from ``random`` whenever its timer says: the nodes a
-    seeded run samples must not depend on it."""
+    """Flower's heartbeat thread and back-off draw from ``random`` as often as timing says: the
+    nodes a seeded run samples must not depend on it."""
     monkeypatch.setattr(strategy_utils, "random", strategy_utils.random)  # given back after the test
     grid = InProcessGrid({n: None for n in range(1, 11)})
 
