@@ -64,3 +64,12 @@ def test_training_separates_and_weights_travel(encoder_dir, data):  # noqa: F811
     np.testing.assert_allclose(fresh.scores([d.context for d in data], [d.response for d in data]),
                                ev.scores([d.context for d in data], [d.response for d in data]), rtol=1e-5)
     assert not np.allclose(ev_scores, fresh.scores(["a dog"], ["the dog"]))
+
+
+def test_bertscore_f1_stays_in_range_when_precision_and_recall_differ_in_sign():
+    # context tokens match the response (R > 0), the response's second token points away from
+    # every context token (P just below 0): P + R near 0 used to blow F1 up
+    x = torch.tensor([[[1.0, 0.0], [1.0, 0.0]]])
+    r = torch.tensor([[[1.0, 0.0], [-1.0, -0.02], [-1.0, 0.02]]])
+    p, rec, f = bertscore(x, torch.ones(1, 2), r, torch.ones(1, 3))
+    assert rec.item() > 0 > p.item() and f.item() == 0.0

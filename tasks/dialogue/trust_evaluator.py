@@ -30,8 +30,9 @@ def bertscore(x: torch.Tensor, x_mask: torch.Tensor, r: torch.Tensor, r_mask: to
     """Precision, recall and F1 per row between token embeddings of contexts ``x`` (B, Lx, H)
     and responses ``r`` (B, Lr, H), masks (B, L) marking the tokens that count: with cosine
     similarity x.r, R = mean over x of max_r x.r, P = mean over r of max_x x.r, F = 2PR/(P+R).
-    A row without a token on either side (an empty generated reply), or whose P + R is not
-    positive (F1 is undefined there; BERT embeddings rarely get there), scores 0."""
+    A row without a token on either side (an empty generated reply), or whose P or R is not
+    positive, scores 0: F1 is a harmonic mean of positives, and with opposite signs P + R near
+    0 made it explode (-32.9 seen as a trust score, which set FedDTRE's alpha to 1)."""
     x_mask, r_mask = x_mask.bool(), r_mask.bool()
     sim = torch.bmm(F.normalize(x, dim=-1), F.normalize(r, dim=-1).transpose(1, 2))  # (B, Lx, Lr)
     low = torch.finfo(sim.dtype).min
@@ -40,8 +41,8 @@ def bertscore(x: torch.Tensor, x_mask: torch.Tensor, r: torch.Tensor, r_mask: to
     empty = ~(x_mask.any(1) & r_mask.any(1))
     recall = ((best_r * x_mask).sum(1) / x_mask.sum(1).clamp_min(1)).masked_fill(empty, 0.0)
     precision = ((best_x * r_mask).sum(1) / r_mask.sum(1).clamp_min(1)).masked_fill(empty, 0.0)
-    total = precision + recall
-    f1 = torch.where(total > 1e-6, 2 * precision * recall / torch.where(total > 1e-6, total, 1.0), 0.0)
+    positive = (precision > 0) & (recall > 0)
+    f1 = torch.where(positive, 2 * precision * recall / torch.where(positive, precision + recall, 1.0), 0.0)
     return precision, recall, f1
 
 
