@@ -4,7 +4,8 @@ A *phase* is a named exchange (``discover``, ``prior``, ``fedavg/train``,
 ``eval/fede4rag/encode``...). Every reply of every phase goes through :meth:`Messenger.exchange`:
 
 - a reply that carries an error (the ClientApp raised) counts as ``failed``, one that did not
-  arrive before the timeout as ``timed_out``, one that the phase's validator rejects as
+  arrive before the timeout as ``timed_out``, one that the phase's validator rejects (or the
+  grid could not read: an Error with ``MALFORMED_CODE``) as
   ``malformed``; all three are left out and counted per phase and round in ``faults``
   (``results.json``);
 - bytes and seconds of each exchange are metered once, here, in ``traffic``;
@@ -38,6 +39,7 @@ from fedsim.client_app import RUN_KEY, TASK_KEY
 from fedsim.faults import FAULTS_KEY
 from fedsim.journal import Journal, ResumeMismatch, ask_partitions
 from fedsim.privacy import NoiseSource
+from fedsim.sharded_grid import MALFORMED_CODE
 from fedsim.sinks import Sinks, reply_metrics
 
 log = logging.getLogger("fedsim")
@@ -232,7 +234,10 @@ class Messenger:
         good, counts, first_error = [], {"sent": sent, "failed": 0, "malformed": 0}, ""
         for msg in replies:
             node = msg.metadata.src_node_id
-            if msg.has_error():
+            if msg.has_error() and msg.error.code == MALFORMED_CODE:  # the grid could not read it
+                counts["malformed"] += 1
+                reason = f"node {node} rejected: {msg.error.reason!r}"
+            elif msg.has_error():
                 counts["failed"] += 1
                 reason = f"node {node} failed: {msg.error.reason!r}"  # repr: one line, whatever it holds
             elif validator and (why := validator(msg.content)):
@@ -269,8 +274,23 @@ class PhaseGrid(Grid):
     ``get_node_ids`` is the view's population (e.g. the prior clients of FedTP)."""
 
     def __init__(self, messenger: Messenger, label: str, policy: Policy,
-                 nodes: list[int] | None):
+                 nodes: list[int] | None, checks: dict[str, Validator] | None = None):
         self.messenger, self.label, self.policy, self._nodes = messenger, label, policy, nodes
+        self._checks = checks or {}  # message type -> a further validator of its replies
+
+    def checked(self, message_type: str, validator: Validator) -> PhaseGrid:
+        """This view, its ``message_type`` replies also passing ``validator`` (a strategy's own
+        check, e.g. the shapes of the model it sent: a reply failing it is counted, not
+        averaged)."""
+        return PhaseGrid(self.messenger, self.label, self.policy, self._nodes,
+                         {**self._checks, message_type: validator})
+
+    def _policy(self, message_type: str) -> Policy:
+        extra, inner = self._checks.get(message_type), self.policy.validator
+        if extra is None:
+            return self.policy
+        both = extra if inner is None else (lambda content: inner(content) or extra(content))
+        return Policy(self.policy.quorum, both)
 
     def exchange(self, suffix: str, messages: Iterable[Message], policy: Policy,
                  server_round: int) -> list[Message]:
@@ -282,8 +302,9 @@ class PhaseGrid(Grid):
         messages = list(messages)
         if not messages:
             return []
-        return self.messenger.exchange(f"{self.label}/{messages[0].metadata.message_type}",
-                                       messages, self.policy, _round_of(messages), timeout)
+        message_type = messages[0].metadata.message_type
+        return self.messenger.exchange(f"{self.label}/{message_type}", messages,
+                                       self._policy(message_type), _round_of(messages), timeout)
 
     def get_node_ids(self) -> Iterable[int]:
         return self.messenger.node_ids() if self._nodes is None else list(self._nodes)

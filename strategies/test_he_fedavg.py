@@ -186,3 +186,17 @@ def test_an_update_too_large_for_one_message_takes_the_chunk_path(tmp_path):
     HEFedAvg(FedAvg(min_available_nodes=2, min_train_nodes=2), chunk_floats=4096).start(
         messenger.grid("he"), ArrayRecord(), num_rounds=2, train_config=ConfigRecord())
     assert set(messenger.faults) == {"he/train", "he/he-encrypt", "he/he-install"}
+
+
+def test_clients_disagreeing_on_the_model_size_are_counted_not_fatal(tmp_path):
+    """A reply for a model of another size (the first accepted reply fixes the run's size) is
+    malformed: the round goes on with the others instead of stopping the run."""
+    sizes, dim = [10, 30, 60], 5000
+    vectors, clients = _federation(tmp_path, sizes, dim)
+    clients[3].vector = np.ones(dim + 7)
+    messenger = Messenger(InProcessGrid(clients), timeout=5)
+    HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096).start(
+        messenger.grid("he"), ArrayRecord(), num_rounds=1, train_config=ConfigRecord())
+    assert messenger.faults["he/train"][1]["malformed"] == 1
+    expected = (10 * vectors[0] + 30 * vectors[1]) / 40
+    np.testing.assert_allclose(clients[1].he.global_weights(1), expected, atol=1e-5)
