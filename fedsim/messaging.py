@@ -232,7 +232,9 @@ class Messenger:
     def _screen(phase: str, server_round: int, sent: int, replies: list[Message],
                 validator: Validator | None):
         good, counts, first_error = [], {"sent": sent, "failed": 0, "malformed": 0}, ""
-        for msg in replies:
+        # in node order, not arrival order: a validator that adopts the first reply's setting
+        # (HEFedAvg: key and model size) must not depend on which node answered first
+        for msg in sorted(replies, key=lambda m: m.metadata.src_node_id):
             node = msg.metadata.src_node_id
             if msg.has_error() and msg.error.code == MALFORMED_CODE:  # the grid could not read it
                 counts["malformed"] += 1

@@ -107,7 +107,7 @@ class HEFedAvg(Strategy):
         config = {**base, keys.HE_ROUND: True, keys.GLOBAL_ROUND: rnd - 1,
                   keys.INLINE_FLOATS: self.chunk_floats if self.one_trip else 0}
         if self.carry is not None:
-            config |= {keys.INSTALL_ROUND: self.carry[0], keys.NUM_FLOATS: self.carry[2]}
+            config |= {keys.INSTALL_ROUND: self.carry[0], keys.NUM_FLOATS: self.carry[2], keys.KEY_ID: self.key_id}
         messages = list(self.strategy.configure_train(rnd, ArrayRecord(), ConfigRecord(config), grid))
         if self.carry is not None:
             record = ckks.blobs_record(self.carry[1])
@@ -234,7 +234,7 @@ class HEFedAvg(Strategy):
                  ) -> tuple[dict[int, list[bytes]], float]:
         """The chunk's ciphertexts by node, and ``seconds`` plus the clients' encrypt time."""
         config = {**base, keys.OP: keys.ENCRYPT, keys.SERVER_ROUND: rnd, keys.CHUNK: chunk,
-                  keys.CHUNK_FLOATS: self.chunk_floats}
+                  keys.CHUNK_FLOATS: self.chunk_floats, keys.KEY_ID: self.key_id}
         values = min(self.chunk_floats, num_floats - chunk * self.chunk_floats)
         expected = math.ceil(values / self.slots)
 
@@ -244,6 +244,8 @@ class HEFedAvg(Strategy):
                 return f"expected {expected} ciphertexts for chunk {chunk}"
             if any(a.dtype != "uint8" for a in record.values()):
                 return "ciphertexts must be uint8 bytes"
+            if content.config_records.get(keys.CONTEXT, {}).get(keys.KEY_ID) != self.key_id:
+                return "encrypted under another key"
             return None
 
         replies = grid.exchange("he-encrypt", self._query(list(weights), config, None),
@@ -256,7 +258,7 @@ class HEFedAvg(Strategy):
         """Send the aggregate chunk to every node; the clients' decrypt seconds."""
         config = {**base, keys.OP: keys.INSTALL, keys.SERVER_ROUND: rnd, keys.CHUNK: chunk,
                   keys.NUM_CHUNKS: num_chunks, keys.CHUNK_FLOATS: self.chunk_floats,
-                  keys.NUM_FLOATS: num_floats}
+                  keys.NUM_FLOATS: num_floats, keys.KEY_ID: self.key_id}
         replies = grid.exchange("he-install",
                                 self._query(nodes, config, ckks.blobs_record(aggregate)),
                                 Policy(ANY), rnd)

@@ -200,3 +200,20 @@ def test_clients_disagreeing_on_the_model_size_are_counted_not_fatal(tmp_path):
     assert messenger.faults["he/train"][1]["malformed"] == 1
     expected = (10 * vectors[0] + 30 * vectors[1]) / 40
     np.testing.assert_allclose(clients[1].he.global_weights(1), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("client_class", [VectorClient, OneTripClient])  # chunk phases, one trip
+def test_a_node_under_another_key_refuses_the_aggregate(tmp_path, client_class):
+    """A node whose key folder holds another secret key used to decrypt the aggregate into
+    garbage and install it as its global model; every HE message now names the key it was made
+    under, and such a node refuses it (a failed reply, counted) and holds no global model."""
+    rng, dim = np.random.default_rng(0), 3000  # one chunk
+    clients = {i + 1: client_class(tmp_path / ("other-keys" if i == 2 else "keys"), tmp_path / f"node{i}",
+                                   rng.normal(size=dim), 10) for i in range(3)}
+    messenger = Messenger(InProcessGrid(clients), timeout=5)
+    HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096).start(
+        messenger.grid("he"), ArrayRecord(), num_rounds=2, train_config=ConfigRecord())
+    assert clients[1].he.global_weights(2).shape == (dim,)
+    with pytest.raises(IncompleteGlobal):
+        clients[3].he.global_weights(2)
+    assert messenger.faults["he/he-install"][2]["failed"] == 1  # refused, not installed
