@@ -38,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 from fedsim.client_app import RUN_KEY, TASK_KEY
 from fedsim.faults import FAULTS_KEY
 from fedsim.journal import Journal, ResumeMismatch, ask_partitions
+from fedsim.metric_keys import DP_EPSILON
 from fedsim.privacy import NoiseSource
 from fedsim.sharded_grid import MALFORMED_CODE
 from fedsim.sinks import Sinks, reply_metrics
@@ -122,6 +123,7 @@ class Messenger:
         self.journal, self.sinks = journal, sinks or Sinks()
         self.faults: dict[str, dict[int, dict[str, int]]] = {}
         self.traffic: dict[str, dict[int, dict[str, float]]] = {}
+        self.epsilon: dict[str, dict[int, dict[int, float]]] = {}  # phase -> round -> node -> DP-SGD epsilon
         self._to_new: dict[int, int] = {}  # on resume: the journaled run's node ids -> this run's
         self._to_old: dict[int, int] = {}  # and back
         if journal is not None:
@@ -187,8 +189,19 @@ class Messenger:
         """Count an exchange (live or replayed) and hand its row to the sinks."""
         self._record(self.faults, phase, server_round, counts)
         self._record(self.traffic, phase, server_round, traffic)
-        self.sinks.write(phase, server_round, {**counts, **traffic, **reply_metrics(good)})
+        self.sinks.write(phase, server_round, {**counts, **traffic, **reply_metrics(good),
+                                               **self._keep_epsilon(phase, server_round, good)})
         return good
+
+    def _keep_epsilon(self, phase: str, server_round: int, good: list[Message]) -> dict:
+        """Each client's DP-SGD epsilon (``tasks/dp_sgd.py``) per round, for results.json, and
+        their max for the sinks: it is per client, and a mean over clients hides the largest."""
+        spent = {m.metadata.src_node_id: float(r[DP_EPSILON]) for m in good
+                 for r in m.content.metric_records.values() if DP_EPSILON in r}
+        if not spent:
+            return {}
+        self.epsilon.setdefault(phase, {})[server_round] = spent
+        return {f"metric/{DP_EPSILON}-max": max(spent.values())}
 
     @staticmethod
     def _revalidate(phase: str, server_round: int, replies: list[Message], validator: Validator | None) -> None:
