@@ -30,6 +30,7 @@ from fedsim.trust_mixing import client_alpha, mix
 from tasks.causal_lm import sft_train, shared_policy, turn_separator
 from tasks.dialogue.dataset import answer_sample, load_tasks
 from tasks.dialogue.trust_data import trust_examples
+from tasks.dp_sgd import DP_EPSILON, DPSGD
 from tasks.financebench_rag.model import load_trainable, trainable_arrays
 
 
@@ -43,6 +44,10 @@ def round_lr(settings: dict, server_round: int) -> float:
     """The learning rate of round t: linear from ``lr`` (round 1) to ``lr_final`` (the last)."""
     share = (server_round - 1) / max(settings["rounds"] - 1, 1)
     return settings["lr"] + (settings["lr_final"] - settings["lr"]) * min(max(share, 0.0), 1.0)
+
+
+def _read_history(path) -> list:
+    return json.loads(path.read_text()) if path.is_file() else []
 
 
 class DialogueClient:
@@ -121,11 +126,8 @@ class DialogueClient:
         load_trainable(model, global_weights if own is None else own)
         sep, dataset = turn_separator(tokenizer), config[keys.DATASET]
         train = self.examples(dataset, "train", sep)
-        stats = sft_train(model, tokenizer, [(e.prompt, e.reply) for e in train], steps=int(config[keys.LOCAL_STEPS]),
-                          batch_size=int(config[keys.BATCH_SIZE]), lr=round_lr(s, rnd), max_length=s["max_length"],
-                          seed=seed, proximal_mu=float(config.get(keys.PROXIMAL_MU, 0.0)))
+        metrics = self._sft(msg, model, tokenizer, [(e.prompt, e.reply) for e in train], s, seed)
         local = trainable_arrays(model)
-        metrics = {keys.NUM_EXAMPLES: len(train), "train-loss": stats["loss"]}
         if state is None:
             return local, metrics
         weights = {"local": local, "global": global_weights}
@@ -138,6 +140,29 @@ class DialogueClient:
         mixed = mix(local, global_weights, alpha)
         state.save(config[keys.LOCAL_MODEL], rnd, mixed)
         return mixed, {**metrics, keys.ALPHA: alpha, **scores, keys.STATE_BYTES: state.bytes()}
+
+    def _sft(self, msg: Message, model, tokenizer, train: list, s: dict, seed: int) -> dict:
+        """Local SFT of the adapters; its metrics. Under ``dp_sgd`` the steps are DP-SGD's, the
+        accountant's history stays on this client's disk across rounds and the epsilon its
+        records have spent so far goes into the reply (results.json, metrics.csv)."""
+        config = msg.content[keys.CONFIG]
+        steps, dp = int(config[keys.LOCAL_STEPS]), DPSGD.of(s.get("dp_sgd"))
+        account = self._dp_account(msg, config[keys.DATASET]) if dp.enabled else None
+        dp_state = {"history": _read_history(account), "horizon_steps": s["rounds"] * steps} if account else {}
+        stats = sft_train(model, tokenizer, train, steps=steps, batch_size=int(config[keys.BATCH_SIZE]),
+                          lr=round_lr(s, int(config.get(keys.SERVER_ROUND, 1))), max_length=s["max_length"],
+                          seed=seed, proximal_mu=float(config.get(keys.PROXIMAL_MU, 0.0)), dp=dp, **dp_state)
+        metrics = {keys.NUM_EXAMPLES: len(train), "train-loss": stats["loss"]}
+        if account:
+            account.write_text(json.dumps(stats["dp-history"]))
+            metrics |= {DP_EPSILON: stats[DP_EPSILON], "dp-noise-multiplier": stats["dp-noise-multiplier"]}
+        return metrics
+
+    def _dp_account(self, msg: Message, dataset: str):
+        """Where this client keeps its DP-SGD accountant's history for the method's steps on
+        ``dataset``'s records (its own disk: a Ray actor may not serve its next round)."""
+        name = str(msg.content[keys.CONFIG].get(keys.DP_ACCOUNT, dataset)).replace("/", "-")
+        return client_state.of(msg, self.partition_id).folder / f"dp-sgd-{name}.json"
 
     def _trust_score(self, model, tokenizer, config, dataset: str, s: dict, seed: int) -> float:
         """Mean trust score of the model's greedy replies to ``eval_contexts`` sampled held-out

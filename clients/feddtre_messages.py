@@ -29,3 +29,4 @@ LR = "lr"                        # config (evaluator): learning rate (the genera
 SEED = "seed"                    # config (train): the run's seed
 SERVER_ROUND = "server-round"    # config (train): the round (seeds the local shuffle and scoring sample)
 TORCH_THREADS = "torch-threads"  # config: torch threads for this message's work
+DP_ACCOUNT = "dp-account"        # config (generator): whose DP-SGD budget the steps spend (dataset / method)

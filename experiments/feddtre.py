@@ -37,6 +37,7 @@ from tasks.causal_lm import load_policy, load_tokenizer, saved_sft_base, turn_se
 from tasks.dialogue.dataset import DialogueTask, answer_sample, examples, load_tasks, topical_chat
 from tasks.dialogue.metrics import generation_metrics
 from tasks.dialogue.trust_data import trust_examples
+from tasks.dp_sgd import DPSGD
 from tasks.financebench_rag.model import load_trainable, trainable_arrays
 
 log = logging.getLogger("fedsim")
@@ -65,6 +66,8 @@ class Generator:
     max_new_tokens: int = 32            # reply length cap
     temperature: float = 0.7            # sampling temperature (seeded)
     top_p: float = 0.9                  # nucleus sampling
+    dp_sgd: DPSGD = field(default_factory=DPSGD)
+    """record-level DP of the clients' local steps (DP-SGD through Opacus; ``tasks/dp_sgd.py``)"""
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,14 @@ class FedDTREProtocol(Protocol):
     evaluator: EvaluatorTraining = field(default_factory=EvaluatorTraining)
     methods: dict[str, Any] = field(default_factory=dict)
     """name -> {run: runner function, strategy: Flower strategy (federated runners)}, in run order"""
+
+    def __post_init__(self):
+        """DP-SGD clips per-record gradients only: FedProx's proximal term would escape it."""
+        proximal = [name for name, spec in self.methods.items()
+                    if (spec.get("strategy") or {}).get("proximal_mu")]
+        if self.generator.dp_sgd.enabled and proximal:
+            raise ValueError(f"protocol.generator.dp_sgd with FedProx methods {proximal}: drop them "
+                             f"(~protocol.methods.{proximal[0]})")
 
 
 @dataclass
@@ -119,7 +130,7 @@ def federated(ctx: Context, name: str, spec: DictConfig, dataset: str) -> dict:
     strategy = instantiate(spec.strategy, fraction_train=n / len(ctx.nodes), fraction_evaluate=0.0, min_train_nodes=n,
                            min_available_nodes=n, weighted_by_key=keys.NUM_EXAMPLES, arrayrecord_key=keys.ARRAYS,
                            configrecord_key=keys.CONFIG)
-    config = ctx.generator_config(dataset, name)
+    config = {**ctx.generator_config(dataset, name), keys.DP_ACCOUNT: f"{dataset}-{name}"}
     if getattr(strategy, "scores_trust", False):
         config[keys.EVALUATOR_WEIGHTS] = ctx.evaluator_blob
     result = strategy.start(ctx.grid(f"{dataset}/{name}", Policy(ANY, _generator_reply)),

@@ -4,7 +4,8 @@ A *phase* is a named exchange (``discover``, ``prior``, ``fedavg/train``,
 ``eval/fede4rag/encode``...). Every reply of every phase goes through :meth:`Messenger.exchange`:
 
 - a reply that carries an error (the ClientApp raised) counts as ``failed``, one that did not
-  arrive before the timeout as ``timed_out``, one that the phase's validator rejects as
+  arrive before the timeout as ``timed_out``, one that the phase's validator rejects (or the
+  grid could not read: an Error with ``MALFORMED_CODE``) as
   ``malformed``; all three are left out and counted per phase and round in ``faults``
   (``results.json``);
 - bytes and seconds of each exchange are metered once, here, in ``traffic``;
@@ -43,7 +44,9 @@ from fedsim.client_app import SEED_KEY, TASK_KEY
 from fedsim.client_state import RUN_KEY, STATE_KEY
 from fedsim.faults import FAULTS_KEY
 from fedsim.journal import Journal, ResumeMismatch, ask_partitions
+from fedsim.metric_keys import DP_EPSILON
 from fedsim.privacy import NoiseSource
+from fedsim.sharded_grid import MALFORMED_CODE
 from fedsim.sinks import Sinks, reply_metrics
 
 log = logging.getLogger("fedsim")
@@ -132,6 +135,7 @@ class Messenger:
         self.journal, self.sinks = journal, sinks or Sinks()
         self.faults: dict[str, dict[int, dict[str, int]]] = {}
         self.traffic: dict[str, dict[int, dict[str, float]]] = {}
+        self.epsilon: dict[str, dict[int, dict[int, float]]] = {}  # phase -> round -> node -> DP-SGD epsilon
         self._to_new: dict[int, int] = {}  # on resume: the journaled run's node ids -> this run's
         self._to_old: dict[int, int] = {}  # and back
         self.partitions: dict[int, int] = {}  # node id (as the protocol sees it) -> partition
@@ -202,8 +206,19 @@ class Messenger:
         """Count an exchange (live or replayed) and hand its row to the sinks."""
         self._record(self.faults, phase, server_round, counts)
         self._record(self.traffic, phase, server_round, traffic)
-        self.sinks.write(phase, server_round, {**counts, **traffic, **reply_metrics(good)})
+        self.sinks.write(phase, server_round, {**counts, **traffic, **reply_metrics(good),
+                                               **self._keep_epsilon(phase, server_round, good)})
         return good
+
+    def _keep_epsilon(self, phase: str, server_round: int, good: list[Message]) -> dict:
+        """Each client's DP-SGD epsilon (``tasks/dp_sgd.py``) per round, for results.json, and
+        their max for the sinks: it is per client, and a mean over clients hides the largest."""
+        spent = {m.metadata.src_node_id: float(r[DP_EPSILON]) for m in good
+                 for r in m.content.metric_records.values() if DP_EPSILON in r}
+        if not spent:
+            return {}
+        self.epsilon.setdefault(phase, {})[server_round] = spent
+        return {f"metric/{DP_EPSILON}-max": max(spent.values())}
 
     @staticmethod
     def _revalidate(phase: str, server_round: int, replies: list[Message], validator: Validator | None) -> None:
@@ -249,9 +264,15 @@ class Messenger:
     def _screen(phase: str, server_round: int, sent: int, replies: list[Message],
                 validator: Validator | None):
         good, counts, first_error = [], {"sent": sent, "failed": 0, "malformed": 0}, ""
+        # in the order sent (partitions), not arrival order nor node ids (random per run): a
+        # validator that adopts the first reply's setting (HEFedAvg: key and model size) must
+        # not depend on which node answered first
         for msg in replies:
             node = msg.metadata.src_node_id
-            if msg.has_error():
+            if msg.has_error() and msg.error.code == MALFORMED_CODE:  # the grid could not read it
+                counts["malformed"] += 1
+                reason = f"node {node} rejected: {msg.error.reason!r}"
+            elif msg.has_error():
                 counts["failed"] += 1
                 reason = f"node {node} failed: {msg.error.reason!r}"  # repr: one line, whatever it holds
             elif validator and (why := validator(msg.content)):
@@ -288,8 +309,23 @@ class PhaseGrid(Grid):
     ``get_node_ids`` is the view's population (e.g. the prior clients of FedTP)."""
 
     def __init__(self, messenger: Messenger, label: str, policy: Policy,
-                 nodes: list[int] | None):
+                 nodes: list[int] | None, checks: dict[str, Validator] | None = None):
         self.messenger, self.label, self.policy, self._nodes = messenger, label, policy, nodes
+        self._checks = checks or {}  # message type -> a further validator of its replies
+
+    def checked(self, message_type: str, validator: Validator) -> PhaseGrid:
+        """This view, its ``message_type`` replies also passing ``validator`` (a strategy's own
+        check, e.g. the shapes of the model it sent: a reply failing it is counted, not
+        averaged)."""
+        return PhaseGrid(self.messenger, self.label, self.policy, self._nodes,
+                         {**self._checks, message_type: validator})
+
+    def _policy(self, message_type: str) -> Policy:
+        extra, inner = self._checks.get(message_type), self.policy.validator
+        if extra is None:
+            return self.policy
+        both = extra if inner is None else (lambda content: inner(content) or extra(content))
+        return Policy(self.policy.quorum, both)
 
     def exchange(self, suffix: str, messages: Iterable[Message], policy: Policy,
                  server_round: int) -> list[Message]:
@@ -301,8 +337,9 @@ class PhaseGrid(Grid):
         messages = list(messages)
         if not messages:
             return []
-        return self.messenger.exchange(f"{self.label}/{messages[0].metadata.message_type}",
-                                       messages, self.policy, _round_of(messages), timeout)
+        message_type = messages[0].metadata.message_type
+        return self.messenger.exchange(f"{self.label}/{message_type}", messages,
+                                       self._policy(message_type), _round_of(messages), timeout)
 
     def get_node_ids(self) -> Iterable[int]:
         return self.messenger.node_ids() if self._nodes is None else list(self._nodes)

@@ -92,7 +92,8 @@ def _run(grid: Grid, cfg, out: RunOutput) -> None:
         seed_server(int(cfg.seed))
         results, summary = get_method(cfg.protocol.run)(messenger, cfg, out)
         results["privacy"] = {"private_noise": noise.private,
-                              **({} if noise.private else {"warning": NOT_PRIVATE})}
+                              **({} if noise.private else {"warning": NOT_PRIVATE}),
+                              **({"dp_sgd_epsilon": messenger.epsilon} if messenger.epsilon else {})}
         summary = summary if noise.private else f"**Warning: {NOT_PRIVATE}.**\n\n{summary}"
         # traffic per phase and round, beside any per-method summary the protocol made
         results.update(faults=messenger.faults,

@@ -37,6 +37,7 @@ CLIENTS = "clients"         # logical partition ids in the batch, in order
 NUM_CLIENTS = "num-clients"
 LAYOUT = "layout"           # JSON: per client, its record names -> packed names; errors by index
 ERROR_CODE = 0              # Flower's "unknown" error code for a logical client that raised
+MALFORMED_CODE = 422        # an Error a grid makes for a reply it could not read: the Messenger counts it malformed
 
 
 def pack(contents: list[RecordDict], clients: list[int], num_clients: int,
@@ -96,6 +97,33 @@ def serve_batch(msg: Message, context: Context, handler: Callable[[Message, Cont
     return Message(pack(replies, clients, num_clients, errors), reply_to=msg)
 
 
+def _parts(content: RecordDict, clients: list[int]) -> list[RecordDict | Error]:
+    """Each client's reply in a batch reply: its content, its error, or a malformed-reply
+    error when its part cannot be read (all of them when the manifest does not answer exactly
+    the clients sent, in order: parts could not be told apart)."""
+    try:
+        manifest = content[SHARD]
+        layout = json.loads(str(manifest[LAYOUT]))
+        answered, records, errors = [int(c) for c in manifest[CLIENTS]], layout["records"], layout["errors"]
+    except (KeyError, TypeError, ValueError) as exc:
+        return [Error(MALFORMED_CODE, f"unreadable batch manifest: {type(exc).__name__}: {exc}")] * len(clients)
+    if answered != clients or not isinstance(records, list) or len(records) != len(clients) \
+            or not isinstance(errors, dict):
+        why = f"batch answers clients {answered} with {len(records)} parts; sent to {clients}"
+        return [Error(MALFORMED_CODE, why)] * len(clients)
+    return [_part(content, layout, i) for i in range(len(clients))]
+
+
+def _part(content: RecordDict, layout: dict, i: int) -> RecordDict | Error:
+    if str(i) in layout["errors"]:
+        return Error(ERROR_CODE, str(layout["errors"][str(i)]))
+    names = layout["records"][i]
+    if not isinstance(names, dict) or not all(isinstance(w, str) and w in content and w != SHARD
+                                              for w in names.values()):
+        return Error(MALFORMED_CODE, f"client part {i} of the batch names records it does not hold")
+    return unpack(content, layout, i)
+
+
 def logical_node_id(partition: int) -> int:
     return partition + 1
 
@@ -149,20 +177,21 @@ class ShardedGrid(Grid):
         return [self._replies.pop(i) for i in wanted if i in self._replies]
 
     def _split(self, reply: Message) -> None:
-        """One reply per logical client of a batch reply (errors stay each client's own)."""
+        """One reply per logical client of a batch reply (errors stay each client's own). A
+        SuperNode runs code the server does not control: a batch it answers with a missing,
+        extra or unreadable client part becomes a ``malformed`` reply for each client it
+        cannot be split for, not the run's crash."""
         group = self._batches.pop(reply.metadata.reply_to_message_id)
-        layout = None if reply.has_error() else _layout(reply.content)
-        for i, message_id in enumerate(group):
-            sent = self._sent.pop(message_id)
+        sent = [self._sent.pop(message_id) for message_id in group]
+        for message_id in group:
             del self._batch_of[message_id]
-            if reply.has_error():
-                out = Message(Error(reply.error.code, f"its SuperNode failed: {reply.error.reason}"),
-                              reply_to=sent)
-            elif str(i) in layout["errors"]:
-                out = Message(Error(ERROR_CODE, layout["errors"][str(i)]), reply_to=sent)
-            else:
-                out = Message(unpack(reply.content, layout, i), reply_to=sent)
-            self._replies[message_id] = out
+        if reply.has_error():
+            error = Error(reply.error.code, f"its SuperNode failed: {reply.error.reason}")
+            parts = [error] * len(sent)
+        else:
+            parts = _parts(reply.content, [logical_partition(m.metadata.dst_node_id) for m in sent])
+        for message_id, msg, part in zip(group, sent, parts):
+            self._replies[message_id] = Message(part, reply_to=msg)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
                          ) -> Iterable[Message]:

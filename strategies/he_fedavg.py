@@ -58,6 +58,7 @@ class HEFedAvg(Strategy):
         self.slots = slots
         self.context = None  # the public context, built from client bytes
         self.key_id = None
+        self.num_floats = None  # the model's size, fixed by the first accepted train reply
         self.rounds: dict[int, dict] = {}
 
     def summary(self) -> None:
@@ -106,7 +107,7 @@ class HEFedAvg(Strategy):
         config = {**base, keys.HE_ROUND: True, keys.GLOBAL_ROUND: rnd - 1,
                   keys.INLINE_FLOATS: self.chunk_floats if self.one_trip else 0}
         if self.carry is not None:
-            config |= {keys.INSTALL_ROUND: self.carry[0], keys.NUM_FLOATS: self.carry[2]}
+            config |= {keys.INSTALL_ROUND: self.carry[0], keys.NUM_FLOATS: self.carry[2], keys.KEY_ID: self.key_id}
         messages = list(self.strategy.configure_train(rnd, ArrayRecord(), ConfigRecord(config), grid))
         if self.carry is not None:
             record = ckks.blobs_record(self.carry[1])
@@ -120,10 +121,7 @@ class HEFedAvg(Strategy):
         self.carry = None
         weights = {m.metadata.src_node_id: float(m.content[keys.METRICS][self.weight_key])
                    for m in accepted}
-        sizes = {int(m.content[keys.METRICS][keys.NUM_FLOATS]) for m in accepted}
-        if len(sizes) != 1:
-            raise RuntimeError(f"HE round {rnd}: clients disagree on the model size {sizes}")
-        num_floats = sizes.pop()
+        num_floats = self.num_floats  # every accepted reply has this size (_train_problem)
         if all(keys.CIPHERTEXTS in m.content.array_records for m in accepted):
             return self._one_trip_round(grid, rnd, accepted, weights, num_floats)
         num_chunks = math.ceil(num_floats / self.chunk_floats)
@@ -199,7 +197,10 @@ class HEFedAvg(Strategy):
         if inline is not None and (len(inline) != math.ceil(floats / self.slots)
                                    or any(a.dtype != "uint8" for a in inline.values())):
             return f"expected {math.ceil(floats / self.slots)} uint8 ciphertexts in the train reply"
-        public = record[keys.PUBLIC_CONTEXT]
+        return self._key_problem(record[keys.PUBLIC_CONTEXT]) or self._size_problem(floats)
+
+    def _key_problem(self, public: bytes) -> str | None:
+        """The first reply's public context becomes the server's; later ones must share its key."""
         if self.key_id is None:
             try:
                 self.context = ckks.server_context(public)
@@ -208,6 +209,15 @@ class HEFedAvg(Strategy):
             self.key_id = ckks.key_id(public)
         elif ckks.key_id(public) != self.key_id:
             return "encrypted under another key"
+        return None
+
+    def _size_problem(self, floats: int) -> str | None:
+        """Ciphertexts of models of different sizes cannot be summed: the first accepted reply
+        fixes the size, a reply of another is malformed (counted; the round goes on)."""
+        if self.num_floats is None:
+            self.num_floats = floats
+        elif floats != self.num_floats:
+            return f"a model of {floats} floats; this federation's has {self.num_floats}"
         return None
 
     def _query(self, nodes: list[int], config: dict, record: ArrayRecord | None
@@ -224,7 +234,7 @@ class HEFedAvg(Strategy):
                  ) -> tuple[dict[int, list[bytes]], float]:
         """The chunk's ciphertexts by node, and ``seconds`` plus the clients' encrypt time."""
         config = {**base, keys.OP: keys.ENCRYPT, keys.SERVER_ROUND: rnd, keys.CHUNK: chunk,
-                  keys.CHUNK_FLOATS: self.chunk_floats}
+                  keys.CHUNK_FLOATS: self.chunk_floats, keys.KEY_ID: self.key_id}
         values = min(self.chunk_floats, num_floats - chunk * self.chunk_floats)
         expected = math.ceil(values / self.slots)
 
@@ -234,6 +244,8 @@ class HEFedAvg(Strategy):
                 return f"expected {expected} ciphertexts for chunk {chunk}"
             if any(a.dtype != "uint8" for a in record.values()):
                 return "ciphertexts must be uint8 bytes"
+            if content.config_records.get(keys.CONTEXT, {}).get(keys.KEY_ID) != self.key_id:
+                return "encrypted under another key"
             return None
 
         replies = grid.exchange("he-encrypt", self._query(list(weights), config, None),
@@ -246,7 +258,7 @@ class HEFedAvg(Strategy):
         """Send the aggregate chunk to every node; the clients' decrypt seconds."""
         config = {**base, keys.OP: keys.INSTALL, keys.SERVER_ROUND: rnd, keys.CHUNK: chunk,
                   keys.NUM_CHUNKS: num_chunks, keys.CHUNK_FLOATS: self.chunk_floats,
-                  keys.NUM_FLOATS: num_floats}
+                  keys.NUM_FLOATS: num_floats, keys.KEY_ID: self.key_id}
         replies = grid.exchange("he-install",
                                 self._query(nodes, config, ckks.blobs_record(aggregate)),
                                 Policy(ANY), rnd)

@@ -19,7 +19,7 @@ from strategies.test_selector_groups import _client as selector_client
 from strategies.test_trust_alpha import _client as trust_client
 from strategies.trust_alpha import TrustAlpha
 
-KEY = b"k" * 32  # the journal's HMAC key (a run's secret in a real run)
+KEY = b"k" * 32  # the journal's HMAC key (a run keeps it 0600 under its results folder)
 
 
 class Killed(BaseException):
@@ -52,12 +52,12 @@ def _run(make_strategy, handlers, ids, rounds, journal=None, kill_at=None):
 
 def _killed_then_resumed(tmp_path, make_strategy, handlers, rounds, kill_at):
     try:
-        _run(make_strategy, handlers, [11, 12, 13, 14, 15, 16], rounds, Journal(tmp_path, False, key=KEY), kill_at)
+        _run(make_strategy, handlers, [11, 12, 13, 14, 15, 16], rounds, Journal(tmp_path, False, KEY), kill_at)
     except Killed:
         pass
     else:
         raise AssertionError("the run was not killed")
-    return _run(make_strategy, handlers, [91, 92, 93, 94, 95, 96], rounds, Journal(tmp_path, True, key=KEY))
+    return _run(make_strategy, handlers, [91, 92, 93, 94, 95, 96], rounds, Journal(tmp_path, True, KEY))
 
 
 def _selector_groups():
@@ -112,10 +112,10 @@ def test_he_one_trip_survives_a_kill(tmp_path):
             train_config=ConfigRecord())
 
     try:
-        run([11, 12, 13], Journal(tmp_path / "journal", False, key=KEY), kill_at=("train", 3))
+        run([11, 12, 13], Journal(tmp_path / "journal", False, KEY), kill_at=("train", 3))
     except Killed:
         pass
-    run([91, 92, 93], Journal(tmp_path / "journal", True, key=KEY))
+    run([91, 92, 93], Journal(tmp_path / "journal", True, KEY))
     step = sum(n * v for n, v in zip(sizes, vectors)) / sum(sizes)
     for client in clients:
         np.testing.assert_allclose(client.he.global_weights(3), 3 * step, atol=1e-4)

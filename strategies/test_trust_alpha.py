@@ -75,3 +75,21 @@ def test_a_fixed_alpha_needs_no_trust_scores():
 def test_bad_schedules_are_refused(kwargs):
     with pytest.raises(ValueError):
         TrustAlpha(**kwargs)
+
+
+def test_a_reply_of_another_shape_is_counted_malformed_not_fatal():
+    """plain_mean of arrays of different shapes used to stop the run; such a reply (or one
+    missing a key) is now left out and counted, and the others are averaged."""
+    seen = []
+
+    def wrong_shape(msg):
+        return RecordDict({"arrays": to_record({"w": np.zeros(3, np.float32)}),
+                           "metrics": MetricRecord({"num-examples": 1, ALPHA: 0.5})})
+
+    messenger = Messenger(InProcessGrid({1: _client(2.0, 0.0, 0.0, 1, seen), 2: _client(4.0, 0.0, 0.0, 1, seen),
+                                         3: wrong_shape}), timeout=5)
+    strategy = TrustAlpha(fixed_alpha=0.0, fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=3,
+                          min_available_nodes=3)
+    result = strategy.start(messenger.grid("t"), to_record({"w": np.zeros(2, np.float32)}), num_rounds=1, timeout=5)
+    assert messenger.faults["t/train"][1]["malformed"] == 1
+    np.testing.assert_allclose(from_record(result.arrays)["w"], [3.0, 3.0])

@@ -15,12 +15,14 @@ import json
 from collections.abc import Iterable
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from fedsim.messaging import phase_grid
 from fedsim.records import from_record, to_record
 from fedsim.trust_mixing import ALPHA, MIXING, S_GLOBAL, S_LOCAL
+from fedsim.validators import model_reply
 
 
 def k_at(server_round: int, k0: float, k_growth: float) -> float:
@@ -67,6 +69,13 @@ class TrustAlpha(FedAvg):
             return {"fixed_alpha": self.fixed_alpha}
         return {"k": k_at(server_round, self.k0, self.k_growth), "midpoint": self.midpoint,
                 "alpha_min": self.alpha_min, "alpha_max": self.alpha_max}
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, *args, **kwargs):
+        """Flower's round loop, every train reply checked against the model's keys, shapes and
+        dtypes (``plain_mean`` cannot average arrays of different shapes): a client's wrong
+        reply is counted ``malformed`` and left out instead of stopping the run."""
+        view = phase_grid(grid, "trust-alpha").checked(MessageType.TRAIN, model_reply(initial_arrays))
+        return super().start(view, initial_arrays, *args, **kwargs)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:

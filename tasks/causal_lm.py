@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from tasks.dp_sgd import DP_EPSILON, DPSGD, PrivateSteps
 from tasks.financebench_rag.model import default_device, lora_config, resolve_model
 
 BERT_HEAD = "cls.predictions.transform"
@@ -189,16 +190,21 @@ def _encode(tokenizer, prompts: list[str], completions: list[str], max_length: i
     return ids, attention, scored
 
 
-def _completion_logprobs(model, tokenizer, prompts, completions, max_length):
+def _completion_logprobs(model, tokenizer, prompts, completions, max_length, per_example: bool = False):
     """Per-sequence sum of completion-token log-probs and the number of tokens summed. The LM
     head runs only at the positions that predict a completion token (``logits_to_keep``): for a
-    small model over a 30k vocabulary it is half the compute, and the prompt needs none."""
+    small model over a 30k vocabulary it is half the compute, and the prompt needs none.
+    ``per_example``: the head runs everywhere and the positions are picked after it, so every
+    layer sees whole sequences (DP-SGD's per-example gradients need the batch dimension)."""
     _check_causal(model)
     device = next(model.parameters()).device
     ids, attention, scored = (t.to(device) for t in _encode(tokenizer, prompts, completions, max_length))
     keep = torch.zeros_like(scored)
     keep[:, :-1] = scored[:, 1:]  # position t predicts token t + 1: logits only where that is scored
-    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep).logits.float()  # (kept, vocab)
+    if per_example:
+        logits = model(input_ids=ids, attention_mask=attention).logits[keep].float()  # (kept, vocab)
+    else:
+        logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep).logits.float()
     targets = ids[:, 1:][scored[:, 1:]]
     token_logp = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None]).squeeze(-1)
     rows = keep.nonzero()[:, 0]  # the boolean selection is row-major, as nonzero
@@ -294,12 +300,20 @@ def dpo_train(model, tokenizer, pairs: list[tuple[str, str, str]], *, steps: int
 
 
 def sft_train(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, batch_size: int,
-              lr: float, max_length: int, seed: int, proximal_mu: float = 0.0) -> dict:
+              lr: float, max_length: int, seed: int, proximal_mu: float = 0.0,
+              dp: DPSGD | None = None, **dp_state) -> dict:
     """``steps`` AdamW steps of SFT: the completion's negative log-likelihood per token given
     the prompt. ``proximal_mu`` > 0 adds FedProx's ``mu/2 ||w - w_start||^2`` over the trainable
     weights, ``w_start`` being the (global) weights this call starts from. Dropout masks are
     drawn from ``seed`` too: torch's global generator otherwise holds whatever the process did
-    before (a Ray actor serves many clients, in the order the scheduler gives)."""
+    before (a Ray actor serves many clients, in the order the scheduler gives). ``dp`` enabled:
+    the steps are DP-SGD's (:func:`private_sft`; ``dp_state``: its history and horizon)."""
+    if dp is not None and dp.enabled:
+        if proximal_mu > 0:
+            raise ValueError("dp_sgd with FedProx: the proximal term's gradient is not per record "
+                             "and would escape the clipping; use one or the other")
+        return private_sft(model, tokenizer, examples, steps=steps, batch_size=batch_size, lr=lr,
+                           max_length=max_length, seed=seed, dp=dp, **dp_state)
     torch.manual_seed(seed)
     opt = _optimizer(model, lr)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -322,6 +336,36 @@ def sft_train(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, 
     model.eval()
     return {"loss": losses[-1] if losses else float("nan"),
             "mean_loss": float(np.mean(losses)) if losses else float("nan"), "steps": steps}
+
+
+def private_sft(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, batch_size: int, lr: float,
+                max_length: int, seed: int, dp: DPSGD, history: list | None = None, horizon_steps: int = 0,
+                noise_seed: int | None = None) -> dict:
+    """SFT under DP-SGD (``tasks/dp_sgd.py``): Poisson batches of expected size ``batch_size``,
+    each record's loss its own mean token nll (so its gradient depends on it alone), clipped
+    and noised. The stats add the epsilon spent so far (``history``: this client's earlier
+    steps on these records) and the history to keep for the next call."""
+    private = PrivateSteps(dp, model, _optimizer(model, lr), len(examples), batch_size,
+                           horizon_steps or steps, history, noise_seed)
+    model.train()
+    losses, start = [], time.perf_counter()
+    try:
+        for step, idx in enumerate(private.batches(steps, seed), 1):
+            loss = None
+            if idx:
+                logp, count = _completion_logprobs(model, tokenizer, [examples[i][0] for i in idx],
+                                                   [examples[i][1] for i in idx], max_length, per_example=True)
+                per_record = -logp / count.clamp(min=1)
+                losses.append(float(per_record.mean().detach()))
+                loss = per_record.mean()
+            private.step(loss)
+            _progress("dp-sft", step, steps, losses[-1] if losses else float("nan"), start)
+    finally:
+        private.close()
+        model.eval()
+    return {"loss": losses[-1] if losses else float("nan"),
+            "mean_loss": float(np.mean(losses)) if losses else float("nan"), "steps": steps,
+            DP_EPSILON: private.epsilon(), "dp-noise-multiplier": private.sigma, "dp-history": private.history}
 
 
 def _check_gradients(trainable: list) -> None:

@@ -12,7 +12,7 @@ from fedsim import client_app
 from fedsim.config import compose
 from fedsim.inprocess_grid import InProcessGrid
 from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
-from fedsim.sharded_grid import LAYOUT, SHARD, ShardedGrid, pack, unpack
+from fedsim.sharded_grid import CLIENTS, LAYOUT, SHARD, ShardedGrid, pack, serve_batch, unpack
 from fedsim.validators import finite_arrays
 from strategies.dp_mean import DPMean
 from tasks.topical_chat.dataset import load_topics
@@ -93,3 +93,66 @@ def test_a_failing_supernode_fails_each_of_its_clients():
             for n in grid.get_node_ids()], Policy(ANY))
     assert messenger.faults["probe"][1] == {"sent": 12, "failed": 12, "malformed": 0, "timed_out": 0,
                                             "accepted": 0, "examples": 0}
+
+
+def tampering_supernodes(k: int, tamper) -> InProcessGrid:
+    """K SuperNodes (node ids 100+p) that answer a batch as ``serve_batch`` does, each client
+    echoing its partition id, then let ``tamper(p, packed)`` change SuperNode p's batch reply."""
+    def node(p):
+        def client(msg: Message, context: Context) -> Message:
+            value = np.array([float(context.node_config["partition-id"])])
+            return Message(RecordDict({"arrays": ArrayRecord({"w": Array(value)})}), reply_to=msg)
+
+        def handle(msg: Message) -> RecordDict:
+            context = Context(run_id=1, node_id=100 + p, state=RecordDict(), run_config={},
+                              node_config={"partition-id": p, "num-partitions": k})
+            if SHARD not in msg.content.config_records:  # whoami
+                return client_app._handle(msg, context, msg.metadata.message_type).content
+            return tamper(p, serve_batch(msg, context, client).content)
+        return handle
+    return InProcessGrid({100 + p: node(p) for p in range(k)})
+
+
+def _drop_part(packed):
+    layout = json.loads(packed[SHARD][LAYOUT])
+    layout["records"].pop()
+    packed[SHARD][LAYOUT] = json.dumps(layout)
+    return packed
+
+
+def _extra_part(packed):
+    layout = json.loads(packed[SHARD][LAYOUT])
+    layout["records"].append(layout["records"][0])
+    packed[SHARD][CLIENTS] = [*packed[SHARD][CLIENTS], 99]
+    packed[SHARD][LAYOUT] = json.dumps(layout)
+    return packed
+
+
+def _bad_part(packed):
+    layout = json.loads(packed[SHARD][LAYOUT])
+    layout["records"][0] = {"arrays": "no-such-record"}
+    layout["records"][1] = ["not", "a", "mapping"]
+    packed[SHARD][LAYOUT] = json.dumps(layout)
+    return packed
+
+
+def _no_manifest(packed):
+    del packed[SHARD]
+    return packed
+
+
+@pytest.mark.parametrize("tamper, malformed", [(_drop_part, 4), (_extra_part, 4), (_bad_part, 2),
+                                               (_no_manifest, 4)])
+def test_a_malformed_batch_reply_is_counted_and_the_others_go_on(tamper, malformed):
+    """A SuperNode that answers its batch with a missing, extra or wrongly shaped client part
+    (or no manifest) costs those clients a ``malformed`` reply, not the run."""
+    grid = ShardedGrid(tampering_supernodes(3, lambda p, packed: tamper(packed) if p == 1 else packed),
+                       12, timeout=60.0, poll=0.0)
+    messenger = Messenger(grid, 60.0, poll_seconds=0.0)
+    replies = messenger.exchange("probe", [
+        Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n, message_type=MessageType.QUERY)
+        for n in grid.get_node_ids()], Policy(ANY))
+    assert messenger.faults["probe"][1] == {"sent": 12, "failed": 0, "malformed": malformed, "timed_out": 0,
+                                            "accepted": 12 - malformed, "examples": 12 - malformed}
+    for reply in replies:  # every accepted reply is its own client's
+        assert reply.content["arrays"]["w"].numpy()[0] == reply.metadata.src_node_id - 1

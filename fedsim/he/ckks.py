@@ -61,7 +61,13 @@ def public_bytes(ctx: ts.Context) -> bytes:
                          save_galois_keys=False, save_relin_keys=False)
 
 
+class WrongKey(ValueError):
+    """A message's ciphertexts were made under another key than this node's."""
+
+
 def key_id(public: bytes) -> str:
+    """Names a key (hash of the public context: parameters and public key); every HE message
+    carries it, since decrypting under another secret key yields garbage, not an error."""
     return hashlib.sha256(public).hexdigest()[:16]
 
 

@@ -47,12 +47,27 @@ class HEClient:
         self.key_dir = key_dir
         self.folder = folder
         self._ctx = None
+        self._key_id = None
 
     @property
     def ctx(self):
         if self._ctx is None:
             self._ctx = ckks.client_context(self.params, self.key_dir)
         return self._ctx
+
+    @property
+    def key_id(self) -> str:
+        if self._key_id is None:
+            self._key_id = ckks.key_id(ckks.public_bytes(self.ctx))
+        return self._key_id
+
+    def check_key(self, config) -> None:
+        """Refuse a message made under another key (or naming none): a node whose key folder
+        differs would decrypt the aggregate into garbage and install it as its global model."""
+        named = config.get(keys.KEY_ID)
+        if named != self.key_id:
+            raise ckks.WrongKey(f"the message is under key {named!r}, this node holds {self.key_id}: "
+                                "another key (copy the federation's key folder to this node)")
 
     def global_weights(self, server_round: int) -> np.ndarray:
         """The complete aggregate of ``server_round``; raises when this node lacks it."""
@@ -87,12 +102,14 @@ class HEClient:
         if keys.CIPHERTEXTS not in msg.content.array_records:
             return 0.0
         config = msg.content["config"]
+        self.check_key(config)
         total = int(config[keys.NUM_FLOATS])
         return self._install(msg.content[keys.CIPHERTEXTS], int(config[keys.INSTALL_ROUND]), 0, 1, total, total)
 
     def handle(self, msg: Message) -> RecordDict:
         """The chunk operation the message names (see :func:`is_he_operation`)."""
         op = msg.content["config"][keys.OP]
+        self.check_key(msg.content["config"])
         if op == keys.ENCRYPT:
             return self.encrypt(msg)
         if op == keys.INSTALL:
@@ -106,6 +123,7 @@ class HEClient:
         start = time.perf_counter()
         blobs = ckks.encrypt(self.ctx, pending[chunk * size:(chunk + 1) * size], self.params.slots)
         return RecordDict({keys.CIPHERTEXTS: ckks.blobs_record(blobs),
+                           keys.CONTEXT: ConfigRecord({keys.KEY_ID: self.key_id}),
                            keys.METRICS: MetricRecord({keys.ENCRYPT_SECONDS:
                                                        time.perf_counter() - start})})
 
