@@ -43,9 +43,10 @@ class Settings:
 
 @dataclass(frozen=True)
 class Run:
-    """One completed run: its swept overrides and the numbers of its results.json."""
+    """One completed run: its overrides (key -> value; every override of the run, so runs of
+    sweeps with other constant overrides stay apart) and the numbers of its results.json."""
     folder: str
-    swept: dict[str, str]
+    overrides: dict[str, str]
     values: dict[str, float]
 
 
@@ -74,7 +75,8 @@ def load_runs(folder: str | Path, patterns: tuple[str, ...] = ()) -> list[Run]:
         values = flatten(json.loads(results.read_text()))
         if patterns:
             values = {k: v for k, v in values.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
-        runs.append(Run(str(point.parent), json.loads(point.read_text())["swept"], values))
+        overrides = json.loads(point.read_text())["overrides"]
+        runs.append(Run(str(point.parent), dict(o.partition("=")[::2] for o in overrides), values))
     return runs
 
 
@@ -103,15 +105,21 @@ def describe(x: np.ndarray, settings: Settings) -> dict:
 
 
 def _group_key(run: Run, seed_keys: tuple[str, ...]) -> tuple:
-    return tuple(sorted((k, v) for k, v in run.swept.items() if k not in seed_keys))
+    return tuple(sorted((k, v) for k, v in run.overrides.items() if k not in seed_keys))
 
 
 def _seed_of(run: Run, seed_keys: tuple[str, ...]) -> tuple:
-    return tuple(sorted((k, v) for k, v in run.swept.items() if k in seed_keys))
+    return tuple(sorted((k, v) for k, v in run.overrides.items() if k in seed_keys))
 
 
-def _label(group: tuple) -> str:
-    return " ".join(f"{k}={v}" for k, v in group) or "(all runs)"
+def _label(group: tuple, varying: set[str]) -> str:
+    """The group's overrides that differ between the compared runs (the rest is common)."""
+    return " ".join(f"{k}={v}" for k, v in group if k in varying) or "(all runs)"
+
+
+def _varying(runs: list[Run], seed_keys: tuple[str, ...]) -> set[str]:
+    keys = {k for r in runs for k in r.overrides if k not in seed_keys}
+    return {k for k in keys if len({r.overrides.get(k) for r in runs}) > 1}
 
 
 def _baseline_path(path: str, name: str, known: set[str]) -> str | None:
@@ -139,17 +147,19 @@ def compare(runs: list[Run], settings: Settings) -> dict:
     by_group: dict[tuple, dict[tuple, Run]] = {}
     for run in runs:
         by_group.setdefault(_group_key(run, settings.seed_keys), {})[_seed_of(run, settings.seed_keys)] = run
+    varying = _varying(runs, settings.seed_keys)
     groups = []
     for group, by_seed in sorted(by_group.items()):
         metrics = sorted({k for r in by_seed.values() for k in r.values})
-        groups.append({"group": dict(group), "label": _label(group), "runs": len(by_seed), "metrics": {
+        groups.append({"group": {k: v for k, v in group if k in varying}, "label": _label(group, varying),
+                       "runs": len(by_seed), "metrics": {
             m: describe([r.values[m] for r in by_seed.values() if m in r.values], settings) for m in metrics}})
     return {"settings": {"seed_keys": list(settings.seed_keys), "baseline": settings.baseline,
                          "interval": settings.interval, "level": settings.level},
-            "runs": len(runs), "groups": groups, "paired": _paired_all(by_group, settings)}
+            "runs": len(runs), "groups": groups, "paired": _paired_all(by_group, settings, varying)}
 
 
-def _paired_all(by_group: dict[tuple, dict[tuple, Run]], settings: Settings) -> list[dict]:
+def _paired_all(by_group: dict[tuple, dict[tuple, Run]], settings: Settings, varying: set[str]) -> list[dict]:
     if not settings.baseline:
         return []
     key, sep, value = settings.baseline.partition("=")
@@ -163,7 +173,7 @@ def _paired_all(by_group: dict[tuple, dict[tuple, Run]], settings: Settings) -> 
             metrics = sorted({k for r in by_seed.values() for k in r.values})
             pairs = {m: (m, {s: r.values[m] - base[s].values[m] for s, r in by_seed.items()
                              if s in base and m in r.values and m in base[s].values}) for m in metrics}
-            label = f"{_label(group)} - {settings.baseline}"
+            label = f"{_label(group, varying)} - {settings.baseline}"
         else:  # a method inside each run: the same run's path with the baseline's name
             known = {k for r in by_seed.values() for k in r.values}
             pairs = {}
@@ -172,9 +182,9 @@ def _paired_all(by_group: dict[tuple, dict[tuple, Run]], settings: Settings) -> 
                 if b:
                     pairs[m] = (b, {s: r.values[m] - r.values[b] for s, r in by_seed.items()
                                     if m in r.values and b in r.values})
-            label = _label(group)
-        rows += [{"group": dict(group), "label": label, "metric": m, "baseline": b, **_paired(d, settings)}
-                 for m, (b, d) in pairs.items() if d]
+            label = _label(group, varying)
+        common = {"group": {k: v for k, v in group if k in varying}, "label": label}
+        rows += [{**common, "metric": m, "baseline": b, **_paired(d, settings)} for m, (b, d) in pairs.items() if d]
     return rows
 
 

@@ -86,3 +86,19 @@ def test_write_rebuilds_from_run_folders_with_metric_patterns(tmp_path):
     summary = (tmp_path / "summary.md").read_text()
     assert "Student t interval" in summary and "sel.a.acc" in summary
     assert (tmp_path / "paired_differences.png").stat().st_size > 0
+
+
+def test_runs_of_two_sweeps_with_other_constants_stay_apart_and_pair_by_seed(tmp_path):
+    """Two sweeps over seeds, each with its own constant override, compared from their parent:
+    the constant tells the groups apart, and the paired difference matches seeds across them."""
+    for weights, accs in (("data_share", [0.5, 0.6, 0.7]), ("uniform", [0.55, 0.6, 0.8])):
+        for seed, acc in enumerate(accs):
+            run = tmp_path / weights / f"seed-{seed}"
+            run.mkdir(parents=True)
+            point = {"overrides": ["experiment=x", f"w={weights}", f"seed={seed}"], "swept": {"seed": str(seed)}}
+            (run / comparison.POINT_FILE).write_text(json.dumps(point))
+            (run / "results.json").write_text(json.dumps({"acc": acc}))
+    result = comparison.write(tmp_path, Settings(baseline="w=data_share"))
+    assert [g["label"] for g in result["groups"]] == ["w=data_share", "w=uniform"]
+    (p,) = result["paired"]
+    assert p["label"] == "w=uniform - w=data_share" and p["per_seed"] == pytest.approx([0.05, 0.0, 0.1])
