@@ -11,9 +11,9 @@ paired by seed: the per-seed difference removes what the seed moves in both.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +64,13 @@ def flatten(results, prefix: str = "") -> dict[str, float]:
     return out
 
 
+def path_pattern(pattern: str) -> re.Pattern:
+    """A results path pattern: ``*`` is one dotted component (``selectors.*.accuracy`` is every
+    method's, not each selector's ``selectors.m.each.0.accuracy``), ``**`` any number of them."""
+    parts = [".+" if p == "**" else "[^.]*".join(map(re.escape, p.split("*"))) for p in pattern.split(".")]
+    return re.compile(r"\.".join(parts))
+
+
 def load_runs(folder: str | Path, patterns: tuple[str, ...] = ()) -> list[Run]:
     """Every run under ``folder`` that has a ``point.json`` and a ``results.json`` (runs copied
     in from other machines count alike), with the metrics that match ``patterns``."""
@@ -74,7 +81,8 @@ def load_runs(folder: str | Path, patterns: tuple[str, ...] = ()) -> list[Run]:
             continue
         values = flatten(json.loads(results.read_text()))
         if patterns:
-            values = {k: v for k, v in values.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
+            wanted = [path_pattern(p) for p in patterns]
+            values = {k: v for k, v in values.items() if any(w.fullmatch(k) for w in wanted)}
         overrides = json.loads(point.read_text())["overrides"]
         runs.append(Run(str(point.parent), dict(o.partition("=")[::2] for o in overrides), values))
     return runs

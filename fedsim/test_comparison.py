@@ -16,6 +16,12 @@ def _runs(values_by_seed: dict[int, dict], **swept) -> list[Run]:
     return [Run(f"r{s}", {"seed": str(s), **swept}, v) for s, v in values_by_seed.items()]
 
 
+def test_a_star_is_one_path_component_and_two_stars_any():
+    one, any_ = comparison.path_pattern("sel.*.acc"), comparison.path_pattern("sel.**.acc")
+    assert one.fullmatch("sel.fedbis.acc") and not one.fullmatch("sel.fedbis.each.0.acc")
+    assert any_.fullmatch("sel.fedbis.each.0.acc") and not one.fullmatch("sel.acc")
+
+
 def test_flatten_keeps_finite_numbers_by_path():
     flat = flatten({"a": {"b": 1, "c": [0.5, {"d": 2.0}], "e": "x", "f": True, "g": float("nan")}})
     assert flat == {"a.b": 1.0, "a.c.0": 0.5, "a.c.1.d": 2.0}
