@@ -60,7 +60,9 @@ def main(grid: Grid, context: Context) -> None:
 
 def _forget_client_state(messenger: Messenger, cfg) -> None:
     """The run completed: every node removes the run's client state (unless
-    ``client_state.keep``). A node that does not answer keeps it, which loses no result."""
+    ``client_state.keep``). A node that does not answer keeps it, which loses no result. Not
+    journaled: a completed run is never resumed."""
+    messenger.journal = None
     config = ConfigRecord({k: v for k, v in client_config(cfg).items() if k in (RUN_KEY, STATE_KEY)})
     messages = [Message(RecordDict({"config": config, FORGET: forget_request(str(config[RUN_KEY]))}),
                         dst_node_id=n, message_type=MessageType.QUERY) for n in messenger.node_ids()]

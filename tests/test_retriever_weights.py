@@ -68,7 +68,8 @@ def test_incomplete_he_copy_is_an_error(client):
     blobs = ckks.encrypt(he.ctx, flat[:size], he.params.slots)  # chunk 0 of 2 only
     he.handle(_message({he_keys.OP: he_keys.INSTALL, he_keys.SERVER_ROUND: 1, he_keys.CHUNK: 0,
                         he_keys.CHUNK_FLOATS: size, he_keys.NUM_CHUNKS: 2,
-                        he_keys.NUM_FLOATS: flat.size}, MessageType.QUERY,
+                        he_keys.NUM_FLOATS: flat.size, he_keys.KEY_ID: ckks.key_id(ckks.public_bytes(he.ctx))},
+                       MessageType.QUERY,
                        **{he_keys.CIPHERTEXTS: ckks.blobs_record(blobs)}))
     with pytest.raises(MissingWeights, match=r"round 1 .*'installed': \[0\]"):
         client.evaluate(_message(_evaluate(keys.FROM_HE, **{he_keys.GLOBAL_ROUND: 1})))
