@@ -73,7 +73,9 @@ def test_several_rounds_with_client_sampling(run_small):
     res = read_results(out)
     rounds = res["train_metrics"]
     assert sorted(rounds) == ["1", "2", "3"]
-    assert all(rounds[r]["clients"] == 5 for r in rounds)  # 5 of the 10 prior clients a round
+    # Poisson sampling at rate 0.5 of the 10 prior clients (what the accountant assumes): the count
+    # varies per round; all 30 in three rounds has probability 2**-30
+    assert all(rounds[r]["clients"] <= 10 for r in rounds) and sum(rounds[r]["clients"] for r in rounds) < 30
     eps = [rounds[r]["epsilon-rdp"] for r in ("1", "2", "3")]
     assert eps[0] < eps[1] < eps[2]  # composed by the RDP accountant
     assert res["dp_sweep"][0]["epsilon_rdp"] == eps[2]
