@@ -32,7 +32,7 @@ from fedsim.messaging import ANY, Messenger, Policy, client_config
 from fedsim.records import from_record, to_bytes, to_record
 from fedsim.results import RunOutput, markdown_table
 from fedsim.schema import Protocol, check
-from fedsim.validators import finite_arrays
+from fedsim.validators import model_reply
 from tasks.causal_lm import load_policy, load_tokenizer, saved_sft_base, turn_separator
 from tasks.dialogue.dataset import DialogueTask, answer_sample, examples, load_tasks, topical_chat
 from tasks.dialogue.metrics import generation_metrics
@@ -133,9 +133,9 @@ def federated(ctx: Context, name: str, spec: DictConfig, dataset: str) -> dict:
     config = {**ctx.generator_config(dataset, name), keys.DP_ACCOUNT: f"{dataset}-{name}"}
     if getattr(strategy, "scores_trust", False):
         config[keys.EVALUATOR_WEIGHTS] = ctx.evaluator_blob
-    result = strategy.start(ctx.grid(f"{dataset}/{name}", Policy(ANY, _generator_reply)),
-                            to_record(ctx.initial), int(ctx.cfg.num_rounds), ctx.cfg.round_timeout,
-                            ConfigRecord(config))
+    initial = to_record(ctx.initial)
+    result = strategy.start(ctx.grid(f"{dataset}/{name}", Policy(ANY, _generator_reply(initial))),
+                            initial, int(ctx.cfg.num_rounds), ctx.cfg.round_timeout, ConfigRecord(config))
     out = {"weights": from_record(result.arrays),
            "rounds": {int(r): dict(m) for r, m in result.train_metrics_clientapp.items()}}
     if hasattr(strategy, "alphas"):  # by partition: node ids are random per run
@@ -144,15 +144,19 @@ def federated(ctx: Context, name: str, spec: DictConfig, dataset: str) -> dict:
     return out
 
 
-def _generator_reply(content: RecordDict) -> str | None:
-    """Finite adapter weights, and an alpha in [0, 1] where the reply carries one."""
-    if why := finite_arrays(content):
-        return why
-    metrics = next(iter(content.metric_records.values()), {})
-    alpha = metrics.get(keys.ALPHA)
-    if alpha is not None and not (np.isfinite(alpha) and 0.0 <= alpha <= 1.0):
-        return f"alpha {alpha} outside [0, 1]"
-    return None
+def _generator_reply(sent):
+    """Adapters shaped as the model sent (keys, shapes, dtypes, finite, a plausible weight:
+    ``model_reply``), and an alpha in [0, 1] where the reply carries one."""
+    shaped = model_reply(sent)
+
+    def check(content: RecordDict) -> str | None:
+        if why := shaped(content):
+            return why
+        alpha = next(iter(content.metric_records.values()), {}).get(keys.ALPHA)
+        if alpha is not None and not (np.isfinite(alpha) and 0.0 <= alpha <= 1.0):
+            return f"alpha {alpha} outside [0, 1]"
+        return None
+    return check
 
 
 def base_generator(g: Generator, data_root: str, seed: int) -> tuple[str, dict]:
