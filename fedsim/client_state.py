@@ -62,6 +62,10 @@ def with_node_root(msg: Message, node_root: str | None) -> None:
 
 
 def _run_path(root: str | None, key: str) -> Path:
+    """The run's folder; ``key`` comes from the server's message, so only a plain name is
+    accepted (a key like ``../..`` would let a server write or remove outside the root)."""
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", key):
+        raise ValueError(f"run key {key!r}: letters, digits, '_' and '-' only")
     base = Path(root).expanduser() if root else Path(tempfile.gettempdir()) / "fedsim-clients"
     return base / f"run-{key}"
 

@@ -55,3 +55,13 @@ def test_forget_removes_the_run_unless_kept(tmp_path, keep):
     assert client_state.forget(forget) is not keep
     assert (tmp_path / "run-abc").exists() is keep
     assert other.load("w", 2) is not None  # another run's state is untouched
+
+
+def test_a_run_key_from_the_server_cannot_leave_the_root(tmp_path):
+    (tmp_path / "keep-me").mkdir()
+    forget = _msg(tmp_path / "root", extra={client_state.FORGET: client_state.forget_request("../keep-me")})
+    with pytest.raises(ValueError, match="run key"):
+        client_state.forget(forget)
+    with pytest.raises(ValueError, match="run key"):
+        client_state.of(_msg(tmp_path / "root", key="../keep-me"), 0)
+    assert (tmp_path / "keep-me").is_dir()
