@@ -72,9 +72,7 @@ class Sweep:
         """``prepare`` composes and checks one point (``fedsim.cli.prepare``): every point is
         checked before the first runs, so a wrong key or value anywhere is refused up front."""
         folder = [o.partition("=")[2] for o in overrides if o.startswith("resume=")]
-        overrides = [o for o in overrides if not o.startswith(("resume=", "results_dir="))] + \
-            [o for o in overrides if o.startswith("results_dir=")][-1:]
-        self.points, self.swept = expand([o for o in overrides if not o.startswith("results_dir=")])
+        self.points, self.swept = expand([o for o in overrides if not o.startswith(("resume=", "results_dir="))])
         checked = []
         for point in self.points:
             try:
