@@ -18,7 +18,11 @@ WEIGHTS = "weights"              # config: the weights to train / evaluate, one 
 FROM_ARRAYS = "arrays"           #   the message's ARRAYS (must be present and non-empty)
 FROM_HE = "he-global"            #   the node's complete HE aggregate of he-global-round
 FROM_INITIAL = "initial"         #   the common initial model (seeded adapters)
-WEIGHT_SOURCES = (FROM_ARRAYS, FROM_HE, FROM_INITIAL)
+FROM_LOCAL = "local"             #   the node's own local retriever kept under LOCAL_MODEL (evaluate)
+WEIGHT_SOURCES = (FROM_ARRAYS, FROM_HE, FROM_INITIAL, FROM_LOCAL)
+LOCAL_MODEL = "local-model"      # config: the name under which the node keeps its own retriever across
+                                 # rounds (train: the student continues from it, the received weights are
+                                 # KD's frozen teacher); absent: train from the received weights
 
 LOCAL_STEPS = "local-steps"      # config (train): optimizer steps
 BATCH_SIZE = "batch-size"        # config (train): pairs per step

@@ -2,9 +2,14 @@
 
 train: start from the weights the message names (its arrays, this node's complete HE aggregate,
 or the common initial model), run the local objective on inverse-cloze pairs from the node's
-own pages, reply with the weights (plaintext) or keep them for the encrypted chunks (HE).
+own pages, reply with the weights (plaintext) or keep them for the encrypted chunks (HE). With
+``LOCAL_MODEL`` the company keeps its own retriever across rounds (``fedsim/client_state.py``,
+on its own disk): the received weights become KD-GLE's frozen teacher and the student continues
+from the company's own weights (the received ones before its first round); what it trained is
+kept and sent.
 query: node info, the initial weights, and the HE chunk operations. evaluate: encode the corpus
-one bounded piece per message under the named weights, then score FinanceBench retrieval.
+one bounded piece per message under the named weights (``FROM_LOCAL``: the node's own
+retriever, which never leaves it), then score FinanceBench retrieval.
 
 A missing input is an error naming the method and the node, never a silent default: a node
 asked for weights it does not hold must not report another model's metrics.
@@ -22,12 +27,13 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from hydra.utils import instantiate
 
 from clients import fede4rag_messages as keys
+from fedsim import client_state
 from fedsim.client_state import client_dir, run_dir, run_key, settings
 from fedsim.he import messages as he_keys
 from fedsim.he.ckks import CKKSParams
 from fedsim.he.client import HEClient, is_he_operation
 from fedsim.records import from_record, to_record
-from tasks.financebench_rag.dataset import client_documents, load_documents, load_pages
+from tasks.financebench_rag.dataset import client_documents, load_documents, load_pages, title
 from tasks.financebench_rag.inference import Encode, corpus_encoder
 from tasks.financebench_rag.model import (
     build_encoder,
@@ -43,7 +49,7 @@ from tasks.financebench_rag.retrieval import (
     score_splits,
     weights_key,
 )
-from tasks.financebench_rag.train import local_seed, train_encoder
+from tasks.financebench_rag.train import frozen_copy, local_seed, train_encoder
 
 
 class MissingWeights(RuntimeError):
@@ -65,15 +71,23 @@ class RetrieverClient:
                                 instantiate(self.task["partitioner"]), partition_id)
 
     def _pairs(self, documents: list[str]) -> list[tuple[str, str]]:
+        """Pseudo-query pairs from the documents' pages (the first ``pages_per_client``), each
+        positive led by its filing's title where the corpus entries are (``passages.titles``)."""
         pq = self.task["pseudo_queries"]
-        pages = [p for doc in documents for p in load_pages(self.root, doc)]
+        pages = [(doc, p) for doc in documents for p in load_pages(self.root, doc)]
         pages = pages[:self.task["pages_per_client"]] if self.task["pages_per_client"] else pages
-        if pq["generator"]:
-            return LLMQueryGenerator(pq["generator"]).pairs(pages, pq["chunk_size"],
-                                                            pq["chunk_overlap"])
-        return inverse_cloze_pairs(pages, pq["chunk_size"], pq["chunk_overlap"],
-                                   pq["min_query_words"], pq["max_query_words"],
-                                   self.task["seed"])
+        titled = bool((self.task.get("passages") or {}).get("titles"))
+        generator, pairs = LLMQueryGenerator(pq["generator"]) if pq["generator"] else None, []
+        for doc in dict.fromkeys(doc for doc, _ in pages):
+            texts = [p for d, p in pages if d == doc]
+            if generator:
+                found = generator.pairs(texts, pq["chunk_size"], pq["chunk_overlap"])
+            else:
+                found = inverse_cloze_pairs(texts, pq["chunk_size"], pq["chunk_overlap"], pq["min_query_words"],
+                                            pq["max_query_words"], self.task["seed"] + len(pairs))
+            lead = f"{title(self.root, doc)}\n" if titled else ""
+            pairs += [(q, lead + positive) for q, positive in found]
+        return pairs
 
     @cached_property
     def pairs(self) -> list[tuple[str, str]]:
@@ -109,6 +123,11 @@ class RetrieverClient:
                 raise MissingWeights(f"{where} was asked for weights={source} but the message "
                                      f"carries no arrays")
             weights = from_record(arrays)
+        elif source == keys.FROM_LOCAL:
+            weights = client_state.of(msg, self.pid).load(str(config[keys.LOCAL_MODEL]), 2**62)
+            if weights is None:
+                raise MissingWeights(f"{where} was asked for its local retriever "
+                                     f"{config[keys.LOCAL_MODEL]!r} but has not trained one")
         elif source == keys.FROM_HE:
             rnd = int(config[he_keys.GLOBAL_ROUND])
             try:
@@ -121,6 +140,20 @@ class RetrieverClient:
                                  f"{keys.WEIGHT_SOURCES}")
         load_trainable(self.model, self.initial if weights is None else weights)
         return weights_key(self.task["model"], self.task["lora"], weights)
+
+    def _own_model(self, msg: Message):
+        """With ``LOCAL_MODEL``: the weights just loaded (the received global) frozen as KD's
+        teacher, the student moved to the company's own retriever; its state to keep the
+        trained one in. Without: (None, None)."""
+        config = msg.content[keys.CONFIG]
+        if keys.LOCAL_MODEL not in config:
+            return None, None
+        state = client_state.of(msg, self.pid)
+        teacher = frozen_copy(self.model) if float(config[keys.KD_WEIGHT]) else None
+        own = state.load(str(config[keys.LOCAL_MODEL]), int(config.get(keys.SERVER_ROUND, 0)))
+        if own is not None:
+            load_trainable(self.model, own)
+        return teacher, state
 
     @staticmethod
     def _threads(config: ConfigRecord) -> int:
@@ -148,6 +181,7 @@ class RetrieverClient:
         he_round = config.get(he_keys.HE_ROUND, False)
         decrypt = self._he(msg).install_carried(msg) if he_round else 0.0  # one-trip HE
         self._load_weights(msg)
+        teacher, state = self._own_model(msg)
         loaded = time.perf_counter()
         pool = list(config.get(keys.POOL_PARTITIONS, []))
         pairs = self.pairs if not pool else \
@@ -156,12 +190,16 @@ class RetrieverClient:
         stats = train_encoder(
             self.model, pairs, int(config[keys.LOCAL_STEPS]), int(config[keys.BATCH_SIZE]),
             float(config[keys.LR]), float(config[keys.TEMPERATURE]), float(config[keys.KD_WEIGHT]),
-            seed=local_seed(int(config[keys.SEED]), int(config.get(keys.SERVER_ROUND, 0)), self.pid))
+            seed=local_seed(int(config[keys.SEED]), int(config.get(keys.SERVER_ROUND, 0)), self.pid),
+            teacher=teacher, dropout=bool(self.task.get("train_dropout", False)))
         end = time.perf_counter()
         metrics = {keys.NUM_EXAMPLES: len(pairs), "train-seconds": end - start,
                    "weights-seconds": loaded - begin, "pairs-seconds": start - loaded,
                    "torch-threads": torch.get_num_threads(), **{k: float(v) for k, v in stats.items()}}
         trained = trainable_arrays(self.model)
+        if state is not None:
+            state.save(str(config[keys.LOCAL_MODEL]), int(config.get(keys.SERVER_ROUND, 0)), trained)
+            metrics["state-bytes"] = state.bytes()
         if he_round:
             return self._he(msg).train_reply(flatten(trained), {**metrics, he_keys.DECRYPT_SECONDS: decrypt},
                                              int(config.get(he_keys.INLINE_FLOATS, 0)))

@@ -7,6 +7,13 @@ spend the whole budget on one node; the federated methods spend ``local_steps`` 
 round. Evaluation runs on one node (``evaluator_partition``), because under HE only clients
 ever hold the global model; the server receives metrics only.
 
+A federated method with ``local_models`` is FedE4RAG's dual training: every company keeps its
+own retriever across rounds (on its own disk), trains it with the received global model as
+KD-GLE's frozen teacher and sends it; the server averages what it receives into the global
+model. Each company's local retriever is evaluated on its own node beside the global model
+(``local`` in the results: mean and spread over companies); for a method without local models a
+company's model is the global one.
+
 Each method is a function named by ``run`` in ``protocol.methods`` (no dispatcher here).
 """
 
@@ -18,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig
@@ -51,6 +59,7 @@ class FedE4RAGProtocol(Protocol):
     eval_pages_per_message: int = 512  # corpus pages one evaluation message encodes
     eval_backend: str = "openvino"    # corpus encoder: torch | openvino | onnx (float32) | openvino_bf16
     eval_nodes: int = 1               # clients that encode corpus pieces side by side (a shared store)
+    eval_local: bool = True           # also evaluate each company's own retriever (methods with local_models)
     eval_per_filing: bool = False     # also score each question within its own filing's pages
     methods: dict[str, Any] = field(default_factory=dict)
     """name -> {run: runner function, ...its settings}, in run order"""
@@ -70,12 +79,13 @@ class Context(RunContext):
     cost: dict = field(default_factory=dict)  # method -> its rounds' costs, filled by federated runs
 
     def train_config(self, method: str, weights: str, kd_weight: float, steps: int,
-                     threads: int) -> dict:
+                     threads: int, local: str | None = None) -> dict:
         p = self.cfg.protocol
         return {**self.base, keys.METHOD: method, keys.WEIGHTS: weights,
                 keys.LOCAL_STEPS: steps, keys.BATCH_SIZE: p.batch_size, keys.LR: p.lr,
                 keys.TEMPERATURE: p.temperature, keys.KD_WEIGHT: float(kd_weight),
-                keys.SEED: self.cfg.seed, keys.TORCH_THREADS: threads}
+                keys.SEED: self.cfg.seed, keys.TORCH_THREADS: threads,
+                **({keys.LOCAL_MODEL: local} if local else {})}
 
     def ask(self, node: int, message_type: str, config: dict, phase: str,
             arrays: ArrayRecord | None = None, server_round: int = 1, rounds_of_work: int = 1) -> RecordDict:
@@ -133,6 +143,7 @@ class Trained:
     details: dict
     arrays: ArrayRecord | None = None  # FROM_ARRAYS: the model the server holds
     he_round: int = 0                  # FROM_HE: the round of the clients' aggregate
+    local: str | None = None           # the name each company keeps its own retriever under
 
 
 def vanilla(ctx: Context, name: str, spec: DictConfig) -> Trained:
@@ -170,18 +181,19 @@ def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
     metrics include how far apart the client models are (``ClientSpread``)."""
     rounds, threads = int(ctx.cfg.num_rounds), _threads(ctx.cfg, len(ctx.nodes))
     strategy = instantiate(ctx.cfg.strategy)
+    local = f"retriever-{name}" if spec.get("local_models", False) else None
     if spec.he:
         config = ConfigRecord(ctx.train_config(name, keys.FROM_HE, spec.kd_weight,
-                                               ctx.cfg.protocol.local_steps, threads))
+                                               ctx.cfg.protocol.local_steps, threads, local))
         one_trip = bool(spec.get("one_trip", True))
         wrapper = HEFedAvg(strategy, chunk_floats=ctx.cfg.protocol.he_chunk_floats, one_trip=one_trip)
         result = wrapper.start(ctx.grid(name), ArrayRecord(), rounds,
                                ctx.cfg.round_timeout, config)
         ctx.cost[name] = list(wrapper.rounds.values())
         return Trained(keys.FROM_HE, {"steps": ctx.budget, "rounds": _round_metrics(result)},
-                       he_round=rounds)
+                       he_round=rounds, local=local)
     config = ConfigRecord(ctx.train_config(name, keys.FROM_ARRAYS, spec.kd_weight,
-                                           ctx.cfg.protocol.local_steps, threads))
+                                           ctx.cfg.protocol.local_steps, threads, local))
     start = time.perf_counter()
     result = ClientSpread(strategy).start(ctx.grid(name, Policy(ANY, model_reply(_initial(ctx)))),
                             _initial(ctx), rounds, ctx.cfg.round_timeout, config)
@@ -190,7 +202,7 @@ def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
     ctx.cost[name] = [{"round-seconds": seconds, "bytes-up-per-client": t["bytes_up"] / t["messages"]}
                       for t in traffic]
     return Trained(keys.FROM_ARRAYS, {"steps": ctx.budget, "rounds": _round_metrics(result)},
-                   result.arrays)
+                   result.arrays, local=local)
 
 
 def _initial(ctx: Context) -> ArrayRecord:
@@ -207,18 +219,21 @@ def _round_metrics(result) -> dict:
     return {int(r): dict(m) for r, m in result.train_metrics_clientapp.items()}
 
 
-def _encode_corpus(ctx: Context, name: str, trained: Trained, config: dict) -> None:
+def _encode_corpus(ctx: Context, name: str, trained: Trained, config: dict,
+                   encoders: list[int]) -> None:
     """Encode the corpus one bounded piece per message (each reply's work is capped by
     ``eval_pages_per_message``, so ``round_timeout`` holds on a busy machine), on the
-    ``eval_nodes`` encoders side by side: each wave gives each encoder one missing piece. A
-    piece is missing after a wave only if every encoder saw it missing after its own."""
-    encoders, start = ctx.encoders, time.perf_counter()
+    ``encoders`` side by side: each wave gives each encoder one missing piece. A piece is
+    missing after a wave only if every encoder saw it missing after its own."""
+    start = time.perf_counter()
     config = {**config, keys.EVAL_OP: keys.ENCODE, keys.TORCH_THREADS: _threads(ctx.cfg, len(encoders))}
     todo, wave = list(range(len(encoders))), 0  # the number of pieces is known after wave 1
     while todo:
         wave += 1
         replies = ctx.ask_each({node: {**config, keys.PIECE: i} for node, i in zip(encoders, todo)},
-                               MessageType.EVALUATE, f"eval/{name}/encode", trained.arrays, server_round=wave)
+                               MessageType.EVALUATE, f"eval/{name}/encode",
+                               None if config[keys.WEIGHTS] == keys.FROM_LOCAL else trained.arrays,
+                               server_round=wave)
         pieces = int(replies[0][keys.METRICS][keys.PIECES])
         todo = sorted(set.intersection(*(set(r[keys.METRICS][keys.MISSING]) for r in replies)))
         log.info("[eval %s] corpus pieces %d/%d encoded on %d node(s), %.0f s", name, pieces - len(todo),
@@ -227,23 +242,27 @@ def _encode_corpus(ctx: Context, name: str, trained: Trained, config: dict) -> N
             raise RuntimeError(f"eval {name}: corpus encoding makes no progress ({len(todo)} left)")
 
 
-def _evaluate(ctx: Context, name: str, trained: Trained) -> dict:
-    """Encode the corpus, then score on the evaluator. The weights the client evaluated must be
-    the ones the method produced."""
-    config = {**ctx.base, keys.METHOD: name, keys.WEIGHTS: trained.source,
+def _evaluate(ctx: Context, name: str, trained: Trained, node: int | None = None) -> dict:
+    """Encode the corpus, then score on the evaluator (``node``: that node alone, on its own
+    local retriever). The weights the client evaluated must be the ones the method produced
+    (the server can check it where it holds them)."""
+    own = node is not None
+    config = {**ctx.base, keys.METHOD: name, keys.WEIGHTS: keys.FROM_LOCAL if own else trained.source,
               he_keys.GLOBAL_ROUND: trained.he_round, keys.SPLITS: splits(ctx.cfg),
               keys.PER_FILING: bool(ctx.cfg.protocol.eval_per_filing),
               keys.TORCH_THREADS: _threads(ctx.cfg, 1),
               keys.PAGES_PER_MESSAGE: int(ctx.cfg.protocol.eval_pages_per_message),
-              keys.EVAL_BACKEND: str(ctx.cfg.protocol.eval_backend)}
-    _encode_corpus(ctx, name, trained, config)
-    reply = ctx.ask(ctx.evaluator, MessageType.EVALUATE, {**config, keys.EVAL_OP: keys.SCORE},
-                    f"eval/{name}/score", trained.arrays)
+              keys.EVAL_BACKEND: str(ctx.cfg.protocol.eval_backend),
+              **({keys.LOCAL_MODEL: trained.local} if own else {})}
+    label, arrays = (f"{name}/local", None) if own else (name, trained.arrays)
+    _encode_corpus(ctx, label, trained, config, [node] if own else ctx.encoders)
+    reply = ctx.ask(node if own else ctx.evaluator, MessageType.EVALUATE,
+                    {**config, keys.EVAL_OP: keys.SCORE}, f"eval/{label}/score", arrays)
     evaluated = reply[keys.WEIGHTS_INFO][keys.WEIGHTS_KEY]
     task = ctx.cfg.task
     expected = weights_key(task.model, task.lora, None if trained.arrays is None else
                            from_record(trained.arrays))
-    if trained.source != keys.FROM_HE and evaluated != expected:
+    if not own and trained.source != keys.FROM_HE and evaluated != expected:
         raise RuntimeError(f"eval {name}: node evaluated weights {evaluated}, the method "
                            f"produced {expected}")
     metrics = reply[keys.METRICS]
@@ -251,7 +270,30 @@ def _evaluate(ctx: Context, name: str, trained: Trained) -> dict:
         split: {m: float(metrics[f"{split}/{m}"]) for m in METRICS}
         | {"questions": int(metrics[f"{split}/questions"]),
            "corpus_pages": int(metrics[f"{split}/corpus-pages"])}
+        | ({"corpus_entries": int(metrics[f"{split}/corpus-entries"])} if f"{split}/corpus-entries" in metrics else {})
         for split in scored(ctx.cfg)}
+
+
+def _evaluate_local(ctx: Context, name: str, trained: Trained, global_scores: dict) -> dict:
+    """Each company's own retriever on its own node (one after the other, each with every
+    thread), or the global model's scores for each company where the method keeps no local
+    model: ``<split>.<metric>`` the mean over companies, ``spread`` its std / min / max,
+    ``clients`` every company's scores."""
+    clients, own = {}, bool(trained.local and ctx.cfg.protocol.eval_local)
+    for pid, node in sorted(ctx.nodes.items()):
+        clients[str(pid)] = _evaluate(ctx, name, trained, node) if own else \
+            {s: global_scores[s] for s in scored(ctx.cfg)}
+    out = {"model": "own" if own else "global", "clients": clients, "spread": {}}
+    for split in scored(ctx.cfg):
+        values = {m: np.array([c[split][m] for c in clients.values()]) for m in METRICS}
+        out[split] = {m: float(v.mean()) for m, v in values.items()}
+        out["spread"][split] = {m: {"std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+                                    "min": float(v.min()), "max": float(v.max())} for m, v in values.items()}
+    if own:
+        log.info("[fede4rag] %s local retrievers: %s", name, ", ".join(
+            f"{s} ndcg@10 {out[s]['ndcg@10']:.4f} (min {out['spread'][s]['ndcg@10']['min']:.4f})"
+            for s in scored(ctx.cfg)))
+    return out
 
 
 def splits(cfg: DictConfig) -> list[str]:
@@ -296,6 +338,8 @@ def train_and_evaluate(ctx: Context, name: str, spec: DictConfig) -> dict:
     trained = get_method(spec.run)(ctx, name, spec)
     train_s = time.perf_counter() - start
     scores = _evaluate(ctx, name, trained)
+    if spec.run.endswith(".federated"):
+        scores["local"] = _evaluate_local(ctx, name, trained, scores)
     log.info("[fede4rag] %s: %s (%.0f s)", name, ", ".join(
         f"{s} ndcg@10 {scores[s]['ndcg@10']:.4f}" for s in scored(ctx.cfg)), time.perf_counter() - start)
     return {**scores, "train_seconds": train_s, "eval_seconds": time.perf_counter() - start - train_s,
@@ -329,6 +373,14 @@ def _summary(r: dict, out: RunOutput) -> str:
         first = next(iter(r["methods"].values()))[split]
         tables.append(f"## {split} ({first['questions']} questions, {first['corpus_pages']} "
                       f"corpus pages)\n" + markdown_table(rows, columns))
+    local = [{"method": name, "split": split, "model": m["local"]["model"],
+              **{k: f"{m['local'][split][k]:.4f} ± {m['local']['spread'][split][k]['std']:.4f}"
+                 for k in ("hit@10", "mrr@10", "ndcg@10", "recall@10")}}
+             for name, m in r["methods"].items() if "local" in m for split in scored_in(m)]
+    if local:
+        tables.append("## Each company's retriever (mean ± std over companies; `global`: the "
+                      "method keeps no local model)\n" + markdown_table(
+                          local, ["method", "split", "model", "hit@10", "mrr@10", "ndcg@10", "recall@10"]))
     cost = [{"method": k, **v} for k, v in r["round_cost"].items()]
     if cost:
         tables.append("## Round cost (mean per round)\n" + markdown_table(

@@ -74,7 +74,8 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
         cell_cfg = OmegaConf.merge(cfg, {"num_rounds": rounds, "protocol": {"local_steps": steps}})
         ctx = fede4rag.Context(messenger, cell_cfg, base, nodes, info, budget, initial)
         name = cell_name(steps, kd)
-        spec = {"run": "experiments.fede4rag.federated", "kd_weight": float(kd), "he": bool(p.he)}
+        spec = {"run": "experiments.fede4rag.federated", "kd_weight": float(kd), "he": bool(p.he),
+                "local_models": kd > 0}
         cell = fede4rag.train_and_evaluate(ctx, name, OmegaConf.create(spec))
         results["cells"][name] = {"local_steps": int(steps), "num_rounds": rounds,
                                   "kd_weight": float(kd), **cell}

@@ -85,9 +85,25 @@ def test_every_method_on_a_small_slice(tmp_path):
     for split in ("valid", "test"):
         assert methods["vanilla"][split] == pytest.approx(
             {m: reference[f"{split}/{m}"] for m in METRICS} | {
-                "questions": reference[f"{split}/questions"], "corpus_pages": reference[f"{split}/corpus-pages"]},
+                "questions": reference[f"{split}/questions"], "corpus_pages": reference[f"{split}/corpus-pages"],
+                "corpus_entries": reference[f"{split}/corpus-entries"]},
             abs=1e-6)
-    assert (out / "summary.md").read_text().count("| fede4rag |") == 3  # valid, test, round cost
+    # FedE4RAG's companies keep their own retrievers: round 1 starts from the global (the
+    # teacher: KD exactly 0), round 2 from the company's own model (KD above 0); each own model
+    # is evaluated on its node and differs from the global and from the other company's
+    for name in ("fede4rag_no_he", "fede4rag"):
+        rounds, local = methods[name]["rounds"], methods[name]["local"]
+        assert rounds["1"]["kd-first"] == pytest.approx(0.0, abs=1e-9) and rounds["2"]["kd-first"] > 1e-7
+        assert local["model"] == "own" and set(local["clients"]) == {"0", "1"}
+        own_keys = {c["weights_key"] for c in local["clients"].values()}
+        assert len(own_keys) == 2 and methods[name]["weights_key"] not in own_keys
+        assert local["valid"]["ndcg@10"] == pytest.approx(
+            sum(c["valid"]["ndcg@10"] for c in local["clients"].values()) / 2)
+        assert all(c["failed"] == 0 for c in faults[f"eval/{name}/local/score"].values())
+    assert methods["fedavg"]["local"]["model"] == "global"  # FedAvg keeps no local model
+    assert methods["fedavg"]["local"]["test"] == {m: methods["fedavg"]["test"][m] for m in METRICS}
+    summary = (out / "summary.md").read_text()
+    assert summary.count("| fede4rag |") == 5  # valid, test, own retrievers (valid, test), round cost
     assert (out / "retrieval_by_method.png").is_file()
     keys = list((tmp_path / "keys").iterdir())
     assert any(k.suffix == ".secret" for k in keys)  # the clients' key stays on the client side

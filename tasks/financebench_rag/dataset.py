@@ -51,6 +51,14 @@ def load_documents(root: str) -> tuple[dict, ...]:
     return tuple(sorted(docs, key=lambda d: (d["company"], d["doc_name"])))
 
 
+def title(root: str, doc_name: str) -> str:
+    """A filing's title as the questions name it: company, fiscal year, form (``3M FY2018 10K``)."""
+    doc = next((d for d in load_documents(root) if d["doc_name"] == doc_name), None)
+    if doc is None:
+        return doc_name.replace("_", " ")
+    return f"{doc['company']} FY{doc['doc_period']} {str(doc['doc_type']).upper()}"
+
+
 @lru_cache(maxsize=4)
 def load_questions(root: str) -> tuple[Question, ...]:
     path = require_file(Path(root) / FOLDER / "financebench_open_source.jsonl", UPSTREAM)

@@ -129,19 +129,57 @@ def retrieval_metrics(ranked: dict[str, list[tuple[str, float]]],
     return out
 
 
+def page_of(corpus_id: str) -> str:
+    """The page of a corpus entry: ``<doc>#<page>`` itself, or the page of a passage
+    ``<doc>#<page>#<j>``."""
+    return "#".join(corpus_id.split("#")[:2])
+
+
+def passages(corpus: dict[str, str], words: int | None, overlap: int,
+             titles: dict[str, str] | None = None) -> dict[str, str]:
+    """Each page cut into passages of ``words`` words (``overlap`` shared), ids
+    ``<page>#<j>``; ``words`` None keeps one entry per page (cut at the model's length).
+    ``titles`` (doc -> title) leads every entry with its filing's title."""
+    from tasks.financebench_rag.pseudo_queries import chunk_words
+    lead = (lambda cid, text: f"{titles[cid.split('#')[0]]}\n{text}") if titles else (lambda cid, text: text)
+    if not words:
+        return {pid: lead(pid, text) for pid, text in corpus.items()} if titles else corpus
+    return {f"{pid}#{j}": lead(pid, chunk) for pid, text in corpus.items()
+            for j, chunk in enumerate(chunk_words(text, words, overlap) or [text])}
+
+
+PASSAGE_DEPTH = 20  # passages searched per page asked for: enough for k distinct pages
+
+
+def _ranked_pages(ids: list[str], rows: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[str, float]]:
+    """The first ``k`` distinct pages of one ranked row, each scored by its best entry."""
+    out, seen = [], set()
+    for r, score in zip(rows, scores):
+        page = page_of(ids[r]) if r >= 0 else None
+        if page is not None and page not in seen:
+            seen.add(page)
+            out.append((page, float(score)))
+    return out[:k]
+
+
+def _search_pages(index, q_emb: np.ndarray, ids: list[str], k: int) -> list[list[tuple[str, float]]]:
+    """Top-k pages per query; with passages, a page scores as its best passage."""
+    by_page = all(page_of(c) == c for c in ids)
+    scores, rows = search(index, q_emb, min(len(ids), k if by_page else k * PASSAGE_DEPTH))
+    return [_ranked_pages(ids, row, score, k) for row, score in zip(rows, scores)]
+
+
 def evaluate(model, questions, corpus_ids: list[str], corpus_emb: np.ndarray,
              factory: str = "Flat", k: int = 10) -> dict[str, float]:
     """Retrieve the top-k pages for each question from the corpus rows given and score them."""
-    known = set(corpus_ids)
+    known = {page_of(c) for c in corpus_ids}
     missing = [e for q in questions for e in q.evidence if e not in known]
     if missing:
         raise ValueError(f"{len(missing)} evidence pages are not in the corpus, e.g. {missing[0]}")
     index = build_index(corpus_emb, factory)
     q_emb = model.encode([q.text for q in questions], batch_size=32, convert_to_numpy=True,
                          normalize_embeddings=True, show_progress_bar=False)
-    scores, rows = search(index, q_emb, k)
-    ranked = {q.qid: [(corpus_ids[r], s) for r, s in zip(row, score) if r >= 0]
-              for q, row, score in zip(questions, rows, scores)}
+    ranked = dict(zip((q.qid for q in questions), _search_pages(index, q_emb, corpus_ids, k)))
     return retrieval_metrics(ranked, {q.qid: set(q.evidence) for q in questions})
 
 
@@ -158,27 +196,27 @@ def evaluate_per_filing(model, questions, corpus_ids: list[str], corpus_emb: np.
     for doc in sorted({q.doc_name for q in questions}):
         asked = [i for i, q in enumerate(questions) if q.doc_name == doc]
         filing = [corpus_ids[r] for r in rows.get(doc, [])]
-        pages = set(filing)
+        pages = {page_of(c) for c in filing}
         missing = [e for i in asked for e in questions[i].evidence if e not in pages]
         if missing:
             raise ValueError(f"{len(missing)} evidence pages are not in their filing {doc}, "
                              f"e.g. {missing[0]}")
-        scores, found = search(build_index(corpus_emb[rows[doc]], "Flat"), q_emb[asked],
-                               min(k, len(filing)))
-        ranked.update({questions[i].qid: [(filing[r], s) for r, s in zip(row, score) if r >= 0]
-                       for i, row, score in zip(asked, found, scores)})
+        found = _search_pages(build_index(corpus_emb[rows[doc]], "Flat"), q_emb[asked], filing, k)
+        ranked.update({questions[i].qid: pages for i, pages in zip(asked, found)})
     return retrieval_metrics(ranked, {q.qid: set(q.evidence) for q in questions})
 
 
 def evaluation_data(root: str, task: dict) -> tuple[dict, dict[str, str]]:
     """The question splits and the test corpus (scope ``task.test_corpus``; page id -> text)."""
-    from tasks.financebench_rag.dataset import build_corpus, corpus_documents, split_questions
+    from tasks.financebench_rag.dataset import build_corpus, corpus_documents, split_questions, title
     questions = split_questions(root, task["n_valid"], task["n_test"], task["split_seed"])
     every = questions["valid"] + questions["test"]
     corpus = build_corpus(root, corpus_documents(root, every, task["test_corpus"]),
                           task.get("corpus_pages_per_doc"),
                           frozenset(e for q in every for e in q.evidence))
-    return questions, corpus
+    cut = task.get("passages") or {}
+    titles = {doc: title(root, doc) for doc in {c.split("#")[0] for c in corpus}} if cut.get("titles") else None
+    return questions, passages(corpus, cut.get("words"), int(cut.get("overlap", 0)), titles)
 
 
 def corpus_store(model, model_key: str, corpus: dict[str, str], folder: str | Path,
@@ -207,7 +245,8 @@ def score_splits(model, root: str, questions: dict, corpus_ids: list[str], emb: 
         metrics = evaluate(model, questions[split], [corpus_ids[i] for i in rows], emb[rows],
                            task.get("index", "Flat"))
         out.update({f"{split}/{k}": v for k, v in metrics.items()})
-        out[f"{split}/corpus-pages"] = len(rows)
+        out[f"{split}/corpus-pages"] = len({page_of(corpus_ids[i]) for i in rows})
+        out[f"{split}/corpus-entries"] = len(rows)
         out[f"{split}/questions"] = len(questions[split])
     have = {d["doc_name"] for d in load_documents(root) if d["has_pages"]} if per_filing else set()
     for split in splits if per_filing else []:
@@ -215,6 +254,6 @@ def score_splits(model, root: str, questions: dict, corpus_ids: list[str], emb: 
         out.update({f"{split}-filing/{k}": v
                     for k, v in evaluate_per_filing(model, asked, corpus_ids, emb).items()})
         filings = {q.doc_name for q in asked}
-        out[f"{split}-filing/corpus-pages"] = sum(cid.split("#")[0] in filings for cid in corpus_ids)
+        out[f"{split}-filing/corpus-pages"] = len({page_of(c) for c in corpus_ids if c.split("#")[0] in filings})
         out[f"{split}-filing/questions"] = len(asked)
     return out

@@ -191,7 +191,9 @@ def test_training_moves_only_trainable_weights_and_lowers_the_loss(tiny_encoder)
 
 
 def test_train_reports_mean_terms_and_the_kd_of_its_first_step(tiny_encoder):
-    """kd-first: the student still equals its teacher, so only dropout can make it non-zero."""
+    """kd-first is zero exactly when the student starts from its teacher's weights (both
+    without dropout); a student with its own weights, or trained with dropout, starts above."""
+    from tasks.financebench_rag.model import load_trainable, trainable_arrays
     from tasks.financebench_rag.train import frozen_copy, train_encoder
     model = frozen_copy(tiny_encoder)
     for p in model.parameters():
@@ -201,16 +203,20 @@ def test_train_reports_mean_terms_and_the_kd_of_its_first_step(tiny_encoder):
                           kd_weight=0.0, seed=0)
     assert {"infonce", "loss"} <= set(plain) and "kd" not in plain and "kd-first" not in plain
     noisy = train_encoder(frozen_copy(model).requires_grad_(True), pairs, steps=1, batch_size=8,
-                          lr=1e-3, temperature=0.1, kd_weight=1.0, seed=0)
-    assert noisy["kd-first"] > 0  # the student trains with dropout (p=0.1), the teacher without
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
+                          lr=1e-3, temperature=0.1, kd_weight=1.0, seed=0, dropout=True)
+    assert noisy["kd-first"] > 0  # dropout (p=0.1) in the student alone: the old floor
+    assert all(m.p > 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))  # restored
+    global_model = frozen_copy(model)
     kd = train_encoder(model, pairs, steps=4, batch_size=8, lr=1e-2, temperature=0.1,
-                       kd_weight=1.0, seed=0)
-    assert kd["kd-first"] == pytest.approx(0.0, abs=1e-12)
+                       kd_weight=1.0, seed=0, teacher=global_model)
+    assert kd["kd-first"] == pytest.approx(0.0, abs=1e-12)  # the same weights, the same mode
     assert kd["kd"] > 1e-8  # the mean over 4 steps includes steps after the weights moved
     assert kd["loss"] == pytest.approx(kd["infonce"] + kd["kd"], rel=1e-4)  # loss: mean of sums
+    own = trainable_arrays(model)  # round 2: the company's own model against the new global
+    load_trainable(model, own)
+    again = train_encoder(model, pairs, steps=1, batch_size=8, lr=1e-2, temperature=0.1,
+                          kd_weight=1.0, seed=1, teacher=global_model)
+    assert again["kd-first"] > 1e-8
 
 
 def test_per_filing_retrieval_searches_only_the_questions_own_filing():
@@ -256,3 +262,19 @@ def test_per_filing_corpus_is_exactly_each_filings_pages():
     assert got["valid/corpus-pages"] == len(corpus)
     assert "valid-filing/ndcg@10" in got and "valid-filing/ndcg@10" not in score_splits(
         Seeded(), ROOT, questions, list(corpus), emb, {}, ["valid"])
+
+
+def test_passages_cut_pages_and_a_page_scores_as_its_best_passage():
+    from tasks.financebench_rag.retrieval import _search_pages, build_index, page_of, passages
+    corpus = {"d#0": " ".join(f"w{i}" for i in range(25)), "d#1": "short page", "d#2": ""}
+    cut = passages(corpus, words=10, overlap=2)
+    assert list(cut) == ["d#0#0", "d#0#1", "d#0#2", "d#1#0", "d#2#0"]
+    assert cut["d#0#1"].split()[0] == "w8" and passages(corpus, None, 0) is corpus
+    assert {page_of(c) for c in cut} == set(corpus)
+    # passages of page 0 rank 1st and 3rd, page 1's 2nd: pages come once, by their best passage
+    emb = np.array([[1.0, 0.0], [0.0, 1.0], [0.8, 0.6], [0.9, 0.436], [-1.0, 0.0]], dtype=np.float32)
+    ranked = _search_pages(build_index(emb, "Flat"), np.array([[1.0, 0.0]], np.float32), list(cut), k=2)
+    assert [p for p, _ in ranked[0]] == ["d#0", "d#1"]
+    assert ranked[0][0][1] == pytest.approx(1.0) and ranked[0][1][1] == pytest.approx(0.9)
+    pages = _search_pages(build_index(emb[:3], "Flat"), np.array([[0.0, 1.0]], np.float32), ["a#0", "a#1", "a#2"], k=2)
+    assert [p for p, _ in pages[0]] == ["a#1", "a#2"]  # page ids: plain top-k

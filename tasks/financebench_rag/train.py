@@ -4,6 +4,10 @@ KD-GLE is the mean squared difference between the local model's query-chunk cosi
 similarities and those of the frozen global model on the same batch (all pairs of the batch).
 InfoNCE is sentence-transformers' MultipleNegativesRankingLoss with scale = 1 / temperature;
 the loop is sentence-transformers' trainer.
+
+The student trains without dropout unless asked (``dropout=True``): the teacher runs in eval
+mode, and a student with dropout would differ from it by the dropout masks alone, so the KD
+term would not be zero when the two models agree.
 """
 
 from __future__ import annotations
@@ -86,6 +90,21 @@ def collect_only_new_objects():
         gc.unfreeze()
 
 
+@contextmanager
+def without_dropout(model, off: bool = True):
+    """Sets every dropout probability of ``model`` to 0 inside the block (the trainer switches
+    the model to train mode, which would turn dropout on), and restores them after."""
+    layers = [m for m in model.modules() if isinstance(m, nn.Dropout)] if off else []
+    kept = [m.p for m in layers]
+    for m in layers:
+        m.p = 0.0
+    try:
+        yield
+    finally:
+        for m, p in zip(layers, kept):
+            m.p = p
+
+
 def frozen_copy(model):
     teacher = copy.deepcopy(model)
     teacher.eval()
@@ -100,11 +119,12 @@ def local_seed(seed: int, server_round: int, partition: int) -> int:
 
 
 def train_encoder(model, pairs: list[tuple[str, str]], steps: int, batch_size: int, lr: float,
-                  temperature: float, kd_weight: float, seed: int) -> dict:
-    """``steps`` optimizer steps on ``pairs`` (cycled, seeded shuffle); the teacher of KD-GLE is
-    a frozen copy of ``model`` as it is on entry (the global model). Reports each term's mean
-    over the steps and the first step's KD term (same weights as the teacher: what dropout
-    alone contributes)."""
+                  temperature: float, kd_weight: float, seed: int, teacher=None,
+                  dropout: bool = False) -> dict:
+    """``steps`` optimizer steps on ``pairs`` (cycled, seeded shuffle). The teacher of KD-GLE
+    is ``teacher`` (the received global model, frozen), else a frozen copy of ``model`` as it is
+    on entry. Reports each term's mean over the steps and the first step's KD term (zero when
+    the student starts from the teacher's weights and trains without dropout)."""
     from datasets import Dataset
     from sentence_transformers import (
         SentenceTransformerTrainer,
@@ -115,7 +135,7 @@ def train_encoder(model, pairs: list[tuple[str, str]], steps: int, batch_size: i
     if steps <= 0:
         return {"steps": 0}
     clock = StepClock()
-    teacher = frozen_copy(model) if kd_weight else None
+    teacher = (teacher or frozen_copy(model)) if kd_weight else None
     loss = KDInfoNCELoss(model, temperature, kd_weight, teacher)
     need = steps * batch_size
     rows = (pairs * (need // len(pairs) + 1))[:max(need, len(pairs))]
@@ -129,7 +149,7 @@ def train_encoder(model, pairs: list[tuple[str, str]], steps: int, batch_size: i
             batch_sampler="no_duplicates", dataloader_drop_last=True)
         trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data,
                                              loss=loss, callbacks=[clock])
-        with collect_only_new_objects():
+        with collect_only_new_objects(), without_dropout(model, not dropout):
             out = trainer.train()
     model.eval()
     terms = {k: sum(h[k] for h in loss.history) / len(loss.history) for k in loss.last}
