@@ -31,14 +31,17 @@ from tasks.financebench_rag.retrieval import corpus_store, evaluation_data, scor
 from tasks.financebench_rag.train import train_encoder
 
 PASSAGES = ["task.passages.words=96"]
+TITLES = ["task.passages.titles=true", "task.pseudo_queries.titles=true"]
+SLICE = ["task.corpus_pages_per_doc=40"]  # screening: each filing's first 40 pages + every evidence page
 VARIANTS = {  # name -> overrides of fede4rag_paper
     "pages": [],
-    "pages_lr2e-5": ["protocol.lr=2e-5"],
     "pages_temp1": ["protocol.temperature=1.0"],
+    "pages_lr2e-5": ["protocol.lr=2e-5"],
     "passages": PASSAGES,
-    "passages_lr2e-5": [*PASSAGES, "protocol.lr=2e-5"],
-    "passages_titles": [*PASSAGES, "task.passages.titles=true"],
-    "passages_titles_lr2e-5": [*PASSAGES, "task.passages.titles=true", "protocol.lr=2e-5"],
+    "passages_titled_corpus": [*PASSAGES, "task.passages.titles=true"],
+    "passages_titles": [*PASSAGES, *TITLES],
+    "passages_titles_lr2e-5": [*PASSAGES, *TITLES, "protocol.lr=2e-5"],
+    "pages_titles": TITLES,
 }
 SHOWN = ("ndcg@10", "hit@10", "mrr@10")
 
@@ -90,8 +93,9 @@ def main() -> None:
     ap.add_argument("--cache", default="/tmp/fedsim-training-signal")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--output", default="training_signal.json")
+    ap.add_argument("--slice", action="store_true", help=f"screen on a smaller corpus: {SLICE}")
     args = ap.parse_args()
-    rows = [variant(v, VARIANTS[v], args.data_root, Path(args.cache), args.threads)
+    rows = [variant(v, VARIANTS[v] + (SLICE if args.slice else []), args.data_root, Path(args.cache), args.threads)
             for v in args.variants.split(",")]
     Path(args.output).write_text(json.dumps(rows, indent=1))
     print("| variant | pairs | vanilla ndcg@10 | centralized ndcg@10 | diff | vanilla hit@10 | centralized hit@10 |")

@@ -72,7 +72,8 @@ class RetrieverClient:
 
     def _pairs(self, documents: list[str]) -> list[tuple[str, str]]:
         """Pseudo-query pairs from the documents' pages (the first ``pages_per_client``), each
-        positive led by its filing's title where the corpus entries are (``passages.titles``)."""
+        positive led by its filing's title where the corpus entries are (``passages.titles``),
+        each query where ``pseudo_queries.titles`` asks (questions name company and year)."""
         pq = self.task["pseudo_queries"]
         pages = [(doc, p) for doc in documents for p in load_pages(self.root, doc)]
         pages = pages[:self.task["pages_per_client"]] if self.task["pages_per_client"] else pages
@@ -85,8 +86,9 @@ class RetrieverClient:
             else:
                 found = inverse_cloze_pairs(texts, pq["chunk_size"], pq["chunk_overlap"], pq["min_query_words"],
                                             pq["max_query_words"], self.task["seed"] + len(pairs))
-            lead = f"{title(self.root, doc)}\n" if titled else ""
-            pairs += [(q, lead + positive) for q, positive in found]
+            name = title(self.root, doc)
+            pairs += [((f"{name}: " if pq.get("titles") else "") + q, (f"{name}\n" if titled else "") + positive)
+                      for q, positive in found]
         return pairs
 
     @cached_property

@@ -62,7 +62,7 @@ class FedE4RAGProtocol(Protocol):
     eval_local: bool = True           # also evaluate each company's own retriever (methods with local_models)
     eval_per_filing: bool = False     # also score each question within its own filing's pages
     methods: dict[str, Any] = field(default_factory=dict)
-    """name -> {run: runner function, ...its settings}, in run order"""
+    """name -> {run: runner function, ...its settings}, in run order; null leaves a method out"""
 
     def __post_init__(self):
         if self.eval_backend not in BACKENDS:
@@ -358,7 +358,8 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     results = {"clients": {str(k): v for k, v in sorted(info.items())}, "budget_steps": budget,
                "methods": {}, "round_cost": {}}
     for name, spec in p.methods.items():
-        results["methods"][name] = train_and_evaluate(ctx, name, spec)
+        if spec is not None:  # an experiment leaves a method out by setting it to null
+            results["methods"][name] = train_and_evaluate(ctx, name, spec)
     for name, rounds in ctx.cost.items():  # per method: compare HE with the plaintext run of equal KD
         results["round_cost"][name] = _cost_summary(rounds)
     return results, _summary(results, out)

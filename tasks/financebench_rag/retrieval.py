@@ -222,8 +222,10 @@ def evaluation_data(root: str, task: dict) -> tuple[dict, dict[str, str]]:
 def corpus_store(model, model_key: str, corpus: dict[str, str], folder: str | Path,
                  piece_pages: int, backend: str) -> EmbeddingStore:
     """The store of this corpus under these weights, encoded by ``backend`` (in the key: the
-    backends agree only to float precision)."""
-    return EmbeddingStore(folder, fingerprint(model_key, model.max_seq_length, list(corpus), backend),
+    backends agree only to float precision). The key holds the entries' texts, not only their
+    ids: the same pages led by titles or cut otherwise are another corpus."""
+    texts = fingerprint(*(t.encode() for t in corpus.values()))
+    return EmbeddingStore(folder, fingerprint(model_key, model.max_seq_length, list(corpus), texts, backend),
                           len(corpus), piece_pages)
 
 

@@ -278,3 +278,12 @@ def test_passages_cut_pages_and_a_page_scores_as_its_best_passage():
     assert ranked[0][0][1] == pytest.approx(1.0) and ranked[0][1][1] == pytest.approx(0.9)
     pages = _search_pages(build_index(emb[:3], "Flat"), np.array([[0.0, 1.0]], np.float32), ["a#0", "a#1", "a#2"], k=2)
     assert [p for p, _ in pages[0]] == ["a#1", "a#2"]  # page ids: plain top-k
+
+
+def test_a_corpus_with_other_texts_under_the_same_ids_gets_its_own_store(tmp_path, tiny_encoder):
+    from tasks.financebench_rag.retrieval import corpus_store
+    plain = {"d#0": "revenue rose", "d#1": "capex fell"}
+    titled = {k: f"Boeing FY2022 10K\n{v}" for k, v in plain.items()}
+    key = corpus_store(tiny_encoder, "w", plain, tmp_path, 10, "torch").key
+    assert key == corpus_store(tiny_encoder, "w", dict(plain), tmp_path, 10, "torch").key
+    assert key != corpus_store(tiny_encoder, "w", titled, tmp_path, 10, "torch").key
