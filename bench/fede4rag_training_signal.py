@@ -32,16 +32,17 @@ from tasks.financebench_rag.train import train_encoder
 
 PASSAGES = ["task.passages.words=96"]
 TITLES = ["task.passages.titles=true", "task.pseudo_queries.titles=true"]
+UNTITLED = ["task.passages.titles=false", "task.pseudo_queries.titles=false"]
 SLICE = ["task.corpus_pages_per_doc=40"]  # screening: each filing's first 40 pages + every evidence page
 VARIANTS = {  # name -> overrides of fede4rag_paper
-    "pages": [],
-    "pages_temp1": ["protocol.temperature=1.0"],
-    "pages_lr2e-5": ["protocol.lr=2e-5"],
-    "passages": PASSAGES,
-    "passages_titled_corpus": [*PASSAGES, "task.passages.titles=true"],
+    "pages": UNTITLED,
+    "pages_temp1": [*UNTITLED, "protocol.temperature=1.0"],
+    "pages_lr2e-5": [*UNTITLED, "protocol.lr=2e-5"],
+    "passages": [*PASSAGES, *UNTITLED],
+    "passages_titled_corpus": [*PASSAGES, "task.passages.titles=true", "task.pseudo_queries.titles=false"],
     "passages_titles": [*PASSAGES, *TITLES],
-    "passages_titles_lr2e-5": [*PASSAGES, *TITLES, "protocol.lr=2e-5"],
     "pages_titles": TITLES,
+    "pages_titles_lr2e-5": [*TITLES, "protocol.lr=2e-5"],
 }
 SHOWN = ("ndcg@10", "hit@10", "mrr@10")
 
