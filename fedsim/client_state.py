@@ -4,8 +4,11 @@ server.
 
 Where: ``<root>/run-<run key>/client-<partition id>/``. The root is the SuperNode's node config
 ``state-dir`` where it sets one (a deployment host's own disk), else the run's
-``client_state.dir``, else ``<tmp>/fedsim-clients``. The run key is the results folder's hash
-(``fedsim.messaging.client_config``): the same when a run is resumed, unlike Flower's run id.
+``client_state.dir``, else ``<tmp>/fedsim-clients``. The run key (``client_state.run_key``,
+shown in the run's config.yaml) is drawn from the run's secret (``fedsim/secret.py``): the same
+when a run is resumed, unlike Flower's run id, and new for every fresh run, even in a results
+folder that an earlier run used (whose clients may have kept their state there: keyed by the
+folder, a fresh run would read the earlier run's values and prune its own as older).
 
 Why not Flower's ``Context.state``: it is one RecordDict per SuperNode, so the many logical
 clients of a sharded SuperNode (``hardware.clients_per_supernode``) would share it; it sits in

@@ -82,17 +82,20 @@ class PhaseFailed(RuntimeError):
 
 def client_config(cfg: DictConfig) -> dict:
     """The config entries every client message carries: the resolved task, the fault spec, the
-    run's seed (the ClientApp reseeds each handler from it), the run's key (its results folder:
-    the same when the run is resumed, unlike Flower's run id), under which clients keep state
-    between rounds, and where they keep it (``fedsim/client_state.py``)."""
+    run's seed (the ClientApp reseeds each handler from it), the run's key (:func:`run_key_of`),
+    under which clients keep state between rounds, and where they keep it
+    (``fedsim/client_state.py``)."""
     task = OmegaConf.to_container(cfg.task, resolve=True)
     return {TASK_KEY: json.dumps(task), FAULTS_KEY: json.dumps(OmegaConf.to_container(cfg.faults)),
             SEED_KEY: int(cfg.seed), RUN_KEY: run_key_of(cfg),
-            STATE_KEY: json.dumps(OmegaConf.to_container(cfg.client_state, resolve=True))}
+            STATE_KEY: json.dumps({"dir": cfg.client_state.dir, "keep": bool(cfg.client_state.keep)})}
 
 
 def run_key_of(cfg: DictConfig) -> str:
-    return hashlib.sha256(str(cfg.results_dir).encode()).hexdigest()[:16]
+    """The key the ServerApp drew for the run (``client_state.run_key``: new for every fresh
+    run, the same when it is resumed, unlike Flower's run id); a protocol driven without the
+    ServerApp (in-process tests) uses its results folder's hash."""
+    return cfg.client_state.get("run_key") or hashlib.sha256(str(cfg.results_dir).encode()).hexdigest()[:16]
 
 
 def payload_bytes(content: RecordDict) -> int:

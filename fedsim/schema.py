@@ -59,6 +59,7 @@ class ClientStateSettings:
     """Where clients keep state across rounds (``fedsim/client_state.py``)."""
     dir: str | None = None               # node-local root; null: <tmp>/fedsim-clients (a SuperNode's state-dir wins)
     keep: bool = False                   # keep the run's client state after it completes
+    run_key: str | None = None           # set by the ServerApp, not by hand: the run's folder run-<key>
 
 
 @dataclass

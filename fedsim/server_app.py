@@ -75,10 +75,13 @@ def _forget_client_state(messenger: Messenger, cfg) -> None:
 def _run(grid: Grid, cfg, out: RunOutput) -> None:
     log = logging.getLogger("fedsim")
     out.clear_outcome()
-    out.write_config(cfg)
-    log.info("results -> %s", out.path)
     keep = cfg.checkpoint and not cfg.ship_results  # a remote run's folder is temporary
     secret = run_secret(out.path / "checkpoint" / "run.key" if keep else None, bool(cfg.resume))
+    # the clients' state folders: new for a fresh run (an earlier run in this results folder may
+    # have left its own), the same when resumed (fedsim/client_state.py)
+    cfg.client_state.run_key = derive(secret, b"client-state").hex()[:16]
+    out.write_config(cfg)
+    log.info("results -> %s", out.path)
     journal = Journal(out.path / "checkpoint" / "journal", bool(cfg.resume),
                       derive(secret, b"journal")) if keep else None
     if journal is not None and journal.resumed_from:

@@ -1,13 +1,17 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from fedsim.secret import derive, open_sealed, run_secret
 from fedsim.watchdog import run_processes
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")
@@ -45,6 +49,44 @@ def cmdline(pid: int) -> bytes:
 
 def read_results(path: Path) -> dict:
     return json.loads((path / "results.json").read_text())
+
+
+def kill_when(overrides: list[str], root: str, ready: Callable[[], bool]) -> None:
+    """Start ``fedsim run overrides`` with TMPDIR ``root``, SIGKILL it once ``ready()`` holds,
+    and wait until its watchdog has ended every process of the run."""
+    proc = subprocess.Popen([FEDSIM, "run", *overrides], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": root})
+    deadline = time.monotonic() + 300
+    while not ready():
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before the kill"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    deadline = time.monotonic() + 60
+    while run_processes(root) and time.monotonic() < deadline:  # the watchdog ends the rest
+        time.sleep(0.5)
+    assert run_processes(root) == []
+
+
+def journaled(out: Path) -> list[dict]:
+    """The journal's entries of the run in ``out``, opened with the run's own key (each is
+    authenticated)."""
+    key = derive(run_secret(out / "checkpoint" / "run.key", resume=True), b"journal")
+    return [open_sealed(key, p) for p in sorted((out / "checkpoint" / "journal").glob("*.exchange"))]
+
+
+def without_timings(value):
+    """results.json without what differs between two runs of one experiment (timings, the
+    checkpoint's counts), floats compared to 1e-12: the order replies arrive in may change a
+    float sum in its last bit."""
+    if isinstance(value, dict):
+        return {k: without_timings(v) for k, v in value.items()
+                if "seconds" not in k and not k.startswith("ms_") and k not in ("checkpoint", "timings")}
+    if isinstance(value, list):
+        return [without_timings(v) for v in value]
+    if isinstance(value, float):
+        return pytest.approx(value, rel=1e-12, abs=1e-15)
+    return value
 
 
 @pytest.fixture

@@ -11,61 +11,25 @@ delayed 1 s (an in-time ``timeout`` fault: the replies are accepted as usual) so
 mid-run."""
 
 import json
-import os
-import signal
-import subprocess
-import time
 
-import pytest
-
-from conftest import FEDSIM, SMALL, fedsim_run, private_tmpdir, read_results
-from fedsim.secret import derive, open_sealed, run_secret
-from fedsim.watchdog import run_processes
+from conftest import SMALL, fedsim_run, journaled, kill_when, private_tmpdir, read_results, without_timings
 
 RUN = [*SMALL, "privacy.reproducible_noise=true", "num_rounds=4", "strategy.fraction_train=0.5",
        "protocol.dp_sigmas=[1.0]",
        "faults.timeout=[0,1,2,3,4,5,6,7,8,9]", "faults.timeout_seconds=1"]
 
 
-def _without_timings(value):
-    if isinstance(value, dict):
-        return {k: _without_timings(v) for k, v in value.items()
-                if "seconds" not in k and k not in ("checkpoint", "timings")}
-    if isinstance(value, list):
-        return [_without_timings(v) for v in value]
-    if isinstance(value, float):
-        return pytest.approx(value, rel=1e-12, abs=1e-15)
-    return value
-
-
-def _journaled(out) -> list[dict]:
-    """The journal's entries, opened with the run's own key (each is authenticated)."""
-    key = derive(run_secret(out / "checkpoint" / "run.key", resume=True), b"journal")
-    return [open_sealed(key, p) for p in sorted((out / "checkpoint" / "journal").glob("*.exchange"))]
-
-
 def _kill_after(out, entries: int, root: str) -> None:
     """Start the run, SIGKILL ``fedsim run`` once ``entries`` exchanges are journaled."""
-    proc = subprocess.Popen([FEDSIM, "run", *RUN, f"results_dir={out}"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": root})
     journal = out / "checkpoint" / "journal"
-    deadline = time.monotonic() + 300
-    while len(list(journal.glob("*.exchange"))) < entries:
-        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before the kill"
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
-    deadline = time.monotonic() + 60
-    while run_processes(root) and time.monotonic() < deadline:  # the watchdog ends the rest
-        time.sleep(0.5)
-    assert run_processes(root) == []
+    kill_when([*RUN, f"results_dir={out}"], root, lambda: len(list(journal.glob("*.exchange"))) >= entries)
 
 
 def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     whole = tmp_path / "whole"
     code, log = fedsim_run(*RUN, f"results_dir={whole}")
     assert code == 0, log[-3000:]
-    phases = [(e["phase"], e["round"]) for e in _journaled(whole)]
+    phases = [(e["phase"], e["round"]) for e in journaled(whole)]
     kill_at = phases.index(("prior/train", 2)) + 1  # rounds 1 and 2 complete, 3 and 4 not
     cut = tmp_path / "cut"
     root = private_tmpdir()
@@ -79,12 +43,12 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     assert f"resume: replaying {done} journaled exchanges" in log
     resumed, reference = read_results(cut), read_results(whole)
     assert resumed["checkpoint"] == {"exchanges": len(phases), "replayed": done}
-    assert _without_timings(resumed) == _without_timings(reference)
+    assert without_timings(resumed) == without_timings(reference)
     assert resumed["train_metrics"] == reference["train_metrics"]  # DP rounds, epsilon: exact
     assert resumed["faults"] == reference["faults"]
     assert resumed["privacy"]["private_noise"] is False and "NOT private" in resumed["privacy"]["warning"]
     assert "NOT private" in (cut / "summary.md").read_text() and "NOT private" in log
-    assert [(e["phase"], e["round"]) for e in _journaled(cut)] == phases
+    assert [(e["phase"], e["round"]) for e in journaled(cut)] == phases
     rows = (cut / "metrics.csv").read_text().splitlines()  # rewritten whole, nothing repeated
     assert len(rows) == len((whole / "metrics.csv").read_text().splitlines())
 
