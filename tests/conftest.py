@@ -53,7 +53,8 @@ def read_results(path: Path) -> dict:
 
 def kill_when(overrides: list[str], root: str, ready: Callable[[], bool]) -> None:
     """Start ``fedsim run overrides`` with TMPDIR ``root``, SIGKILL it once ``ready()`` holds,
-    and wait until its watchdog has ended every process of the run."""
+    wait until its watchdog has ended every process of the run, and remove ``root`` (the killed
+    launcher left its work folder and Ray's session there)."""
     proc = subprocess.Popen([FEDSIM, "run", *overrides], stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": root})
     deadline = time.monotonic() + 300
@@ -66,6 +67,7 @@ def kill_when(overrides: list[str], root: str, ready: Callable[[], bool]) -> Non
     while run_processes(root) and time.monotonic() < deadline:  # the watchdog ends the rest
         time.sleep(0.5)
     assert run_processes(root) == []
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def journaled(out: Path) -> list[dict]:
