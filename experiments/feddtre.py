@@ -64,10 +64,10 @@ class Generator:
     """the adapters every client trains (paper: r 8, alpha 16)"""
     max_length: int = 160               # tokens of context + reply (the context is cut from the left)
     local_steps: int = 5                # local optimizer steps per client and round (paper: 5)
-    batch_size: int = 16                # examples per step (paper: 16)
+    batch_size: int = 8                 # examples per step (paper: 16)
     lr: float = 5.0e-4                  # AdamW learning rate in the first round
     lr_final: float = 5.0e-4            # ... in the last round (linear in between)
-    eval_contexts: int = 20             # held-out contexts a FedDTRE client scores each model on (paper: 100)
+    eval_contexts: int = 10             # held-out contexts a FedDTRE client scores each model on (paper: 100)
     max_new_tokens: int = 32            # reply length cap
     temperature: float = 0.7            # sampling temperature (seeded)
     top_p: float = 0.9                  # nucleus sampling
@@ -89,9 +89,9 @@ class EvaluatorTraining:
 @dataclass(frozen=True)
 class FedDTREProtocol(Protocol):
     """FedDTRE's protocol settings (``conf/experiment/feddtre_paper.yaml``)."""
-    clients_per_round: int = 2          # clients sampled per generator round (paper: 2)
+    clients_per_round: int = 4          # clients sampled per generator round (paper: 2)
     test_contexts: int = 100            # held-out contexts per dataset of the final evaluation
-    personal_contexts: int = 20         # own held-out contexts per client of the personalized evaluation
+    personal_contexts: int = 10         # own held-out contexts per client of the personalized evaluation
     generator: Generator = field(default_factory=Generator)
     evaluator: EvaluatorTraining = field(default_factory=EvaluatorTraining)
     methods: dict[str, Any] = field(default_factory=dict)
@@ -263,6 +263,9 @@ def evaluate_generator(ctx: Context, weights: dict, dataset: str, evaluator, mod
 
 def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
     protocol = check(cfg)  # the protocol block as its typed dataclass
+    if protocol.clients_per_round > int(cfg.task.num_clients):  # Flower would wait for nodes that never come
+        raise ValueError(f"protocol.clients_per_round={protocol.clients_per_round} but the task has "
+                         f"{cfg.task.num_clients} clients (task.num_clients)")
     base_cfg = client_config(cfg)
     nodes, info = discover(messenger, base_cfg, keys.CONFIG, keys.INFO, keys.PARTITION_ID)
     task = OmegaConf.to_container(cfg.task, resolve=True)

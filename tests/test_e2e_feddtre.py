@@ -15,7 +15,8 @@ SLICE = ["experiment=feddtre_paper", "task.num_clients=2", "task.max_conversatio
          "protocol.generator.base_heldout=10", "protocol.generator.local_steps=2", "protocol.generator.batch_size=2",
          "protocol.generator.eval_contexts=2", "protocol.generator.max_new_tokens=8", "protocol.test_contexts=3",
          "protocol.evaluator.rounds=1", "protocol.evaluator.clients_per_round=2", "protocol.evaluator.local_steps=2",
-         "protocol.evaluator.heldout_contexts=5", "num_rounds=2", "protocol.personal_contexts=2"]
+         "protocol.evaluator.heldout_contexts=5", "num_rounds=2", "protocol.personal_contexts=2",
+         "protocol.clients_per_round=2"]
 METHODS = ["base", "fedavg", "fedprox", "fixed_alpha_0.5", "fixed_alpha_0.25", "feddtre"]
 MIXING = ["fixed_alpha_0.5", "fixed_alpha_0.25", "feddtre"]
 

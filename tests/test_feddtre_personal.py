@@ -21,6 +21,7 @@ import pytest
 from flwr.serverapp.strategy import strategy_utils
 from test_determinism import serve
 
+from experiments import feddtre
 from fedsim import server_app
 from fedsim.config import compose
 from fedsim.inprocess_grid import InProcessGrid
@@ -105,3 +106,11 @@ def test_a_contaminated_client_leaks_and_scores_lower(run):
     clean = [rows[p]["pii_rate"] for p in rows if p != CONTAMINATED]
     assert rows[CONTAMINATED]["pii_rate"] >= max(clean) + 0.5, rows
     assert groups["contaminated"]["personal_pii_rate"] == rows[CONTAMINATED]["pii_rate"]
+
+
+def test_more_clients_per_round_than_clients_is_refused_at_once():
+    """Flower's sampling would wait for nodes that never come, until the round timeout."""
+    cfg = compose(["experiment=feddtre_paper", "data_root=../shared/data", "task.num_clients=2",
+                   "protocol.clients_per_round=3"])
+    with pytest.raises(ValueError, match="clients_per_round=3 but the task has 2 clients"):
+        feddtre.run(None, cfg, None)
