@@ -9,6 +9,9 @@ it keeps its own W_local across rounds (``fedsim/client_state.py``; the global m
 first round), continues training it, and keeps and sends W = (1 - alpha) W_local +
 alpha W_global, alpha fixed or from the trust scores of the local and the global model (greedy
 replies to the same held-out contexts, so the difference is not sampling noise).
+evaluate (after a method's rounds): its personalized model and the global one on its own
+held-out contexts; metrics only go back. A client the task names in ``contamination`` trains
+its generator on replies with planted PII (its trust data stays clean).
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ from hydra.utils import instantiate
 from clients import feddtre_messages as keys
 from fedsim import client_state
 from fedsim.records import from_bytes, from_record, to_record
-from fedsim.trust_mixing import client_alpha, mix
+from fedsim.trust_mixing import client_alpha, mix, relative_distance
 from tasks.causal_lm import sft_train, shared_policy, turn_separator
-from tasks.dialogue.dataset import answer_sample, load_tasks
-from tasks.dialogue.trust_data import trust_examples
+from tasks.dialogue.dataset import answer_sample, contamination, load_tasks
+from tasks.dialogue.metrics import reply_scores
+from tasks.dialogue.trust_data import contaminate, trust_examples
 from tasks.dp_sgd import DP_EPSILON, DPSGD
 from tasks.financebench_rag.model import load_trainable, trainable_arrays
 
@@ -48,6 +52,11 @@ def round_lr(settings: dict, server_round: int) -> float:
 
 def _read_history(path) -> list:
     return json.loads(path.read_text()) if path.is_file() else []
+
+
+def _threads(config) -> None:
+    """torch's threads as the message asks (clients share the machine)."""
+    torch.set_num_threads(int(config.get(keys.TORCH_THREADS, 0)) or os.cpu_count() or 1)
 
 
 class DialogueClient:
@@ -81,7 +90,7 @@ class DialogueClient:
 
     def train(self, msg: Message, context=None) -> RecordDict:
         config = msg.content[keys.CONFIG]
-        torch.set_num_threads(int(config.get(keys.TORCH_THREADS, 0)) or os.cpu_count() or 1)
+        _threads(config)
         seed = int(config[keys.SEED]) * 100_003 + int(config.get(keys.SERVER_ROUND, 0)) * 101 + self.partition_id
         start = time.perf_counter()
         objective = config.get(keys.OBJECTIVE)
@@ -113,19 +122,35 @@ class DialogueClient:
                                 float(config[keys.LR]), seed)
         return evaluator.weights(), {keys.NUM_EXAMPLES: len(data), "train-loss": stats["loss"]}
 
+    def generator_examples(self, dataset: str, sep: str):
+        """The client's generator training examples; a client the task names in
+        ``contamination`` has planted PII in a seeded share of their replies."""
+        key = (dataset, "generator", sep)
+        if key not in self._examples:
+            train = self.examples(dataset, "train", sep)
+            clients, share = contamination(self.task)
+            seed = self.task["split_seed"] * 1_000_003 + self.partition_id * 10 + sorted(self.data).index(dataset)
+            self._examples[key] = contaminate(train, share, seed) if self.partition_id in clients else train
+        return self._examples[key]
+
+    def _generator(self, config) -> tuple:
+        """The generator (one per process: each message loads its adapters), its tokenizer
+        and the settings the message carries."""
+        s = json.loads(config[keys.SETTINGS])
+        return (*shared_policy(s["base"], json.dumps(s["lora"]), self.task["seed"], s.get("quantization")), s)
+
     def _train_generator(self, msg: Message, seed: int):
         """Local SFT of the adapters on one dataset, from the global model or (under a mixing)
         the client's own; then the mix the strategy asks for (none: the weights as trained)."""
         config = msg.content[keys.CONFIG]
-        s = json.loads(config[keys.SETTINGS])
-        model, tokenizer = shared_policy(s["base"], json.dumps(s["lora"]), self.task["seed"], s.get("quantization"))
+        model, tokenizer, s = self._generator(config)
         global_weights = from_record(msg.content[keys.ARRAYS])
         rnd = int(config.get(keys.SERVER_ROUND, 1))
         state = client_state.of(msg, self.partition_id) if keys.MIXING in config else None
         own = state.load(config[keys.LOCAL_MODEL], rnd) if state else None
         load_trainable(model, global_weights if own is None else own)
         sep, dataset = turn_separator(tokenizer), config[keys.DATASET]
-        train = self.examples(dataset, "train", sep)
+        train = self.generator_examples(dataset, sep)
         metrics = self._sft(msg, model, tokenizer, [(e.prompt, e.reply) for e in train], s, seed)
         local = trainable_arrays(model)
         if state is None:
@@ -164,15 +189,45 @@ class DialogueClient:
         name = str(msg.content[keys.CONFIG].get(keys.DP_ACCOUNT, dataset)).replace("/", "-")
         return client_state.of(msg, self.partition_id).folder / f"dp-sgd-{name}.json"
 
+    def _trained_evaluator(self, config):
+        """The trust evaluator with the trained weights the message carries."""
+        evaluator = self.evaluator
+        evaluator.load(from_bytes(config[keys.EVALUATOR_WEIGHTS]))
+        return evaluator
+
     def _trust_score(self, model, tokenizer, config, dataset: str, s: dict, seed: int) -> float:
         """Mean trust score of the model's greedy replies to ``eval_contexts`` sampled held-out
         contexts of this client (the same sample for the local and the global model)."""
-        evaluator = self.evaluator
-        evaluator.load(from_bytes(config[keys.EVALUATOR_WEIGHTS]))
         held_out = self.examples(dataset, "valid", turn_separator(tokenizer))
         decoding = {"max_new_tokens": s["max_new_tokens"], "temperature": 0.0}
         chosen, replies = answer_sample(model, tokenizer, held_out, s["eval_contexts"], seed, decoding, seed)
-        return float(np.mean(evaluator.scores([e.context for e in chosen], replies)))
+        return float(np.mean(self._trained_evaluator(config).scores([e.context for e in chosen], replies)))
+
+    def evaluate(self, msg: Message, context=None) -> RecordDict:
+        """After a method's rounds: the client's personalized model (its kept W_local; the
+        global model where it keeps none: FedAvg, FedProx, or a client never sampled) and the
+        global model answer one seeded sample of the client's own held-out contexts, with the
+        final evaluation's seeded sampling and one sampling seed for both (common random
+        numbers: the paired difference is the models', less the draw's). Only metrics go back;
+        the weights stay here, the distance between them is one number."""
+        config = msg.content[keys.CONFIG]
+        _threads(config)
+        model, tokenizer, s = self._generator(config)
+        global_weights = from_record(msg.content[keys.ARRAYS])
+        own = client_state.of(msg, self.partition_id).load(config[keys.LOCAL_MODEL], int(config[keys.SERVER_ROUND]))
+        personal = global_weights if own is None else own
+        held_out = self.examples(config[keys.DATASET], "valid", turn_separator(tokenizer))
+        pick = self.task["split_seed"] * 1_000_003 + self.partition_id  # the same contexts for every method
+        seed = int(config[keys.SEED]) * 100_003 + self.partition_id
+        decoding = {k: s[k] for k in ("max_new_tokens", "temperature", "top_p")}
+        evaluator = self._trained_evaluator(config)
+        metrics = {keys.KEPT_LOCAL: float(own is not None), keys.DISTANCE: relative_distance(personal, global_weights)}
+        for prefix, weights in ((keys.PERSONAL, personal), (keys.GLOBAL, global_weights)):
+            load_trainable(model, weights)
+            chosen, replies = answer_sample(model, tokenizer, held_out, int(config[keys.PERSONAL_CONTEXTS]), pick,
+                                            decoding, seed)
+            metrics |= {prefix + k: v for k, v in reply_scores(replies, chosen, evaluator).items()}
+        return RecordDict({keys.METRICS: MetricRecord({**metrics, keys.CONTEXTS: len(chosen)})})
 
     @staticmethod
     def population_size(task: dict, data_root: str) -> int:

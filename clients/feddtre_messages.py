@@ -30,3 +30,14 @@ SEED = "seed"                    # config (train): the run's seed
 SERVER_ROUND = "server-round"    # config (train): the round (seeds the local shuffle and scoring sample)
 TORCH_THREADS = "torch-threads"  # config: torch threads for this message's work
 DP_ACCOUNT = "dp-account"        # config (generator): whose DP-SGD budget the steps spend (dataset / method)
+
+# evaluate message after a generator method's rounds: the client's personalized model (its kept
+# LOCAL_MODEL, else the global model in ARRAYS) and the global model on its own held-out contexts;
+# the config carries DATASET, SETTINGS, LOCAL_MODEL, EVALUATOR_WEIGHTS, SEED and SERVER_ROUND
+# (the round after the last: the newest kept W_local is read)
+PERSONAL_CONTEXTS = "personal-contexts"  # config (evaluate): held-out contexts of the client sampled (seeded)
+PERSONAL = "personal/"           # METRICS prefix (evaluate): "personal/<metric>", the personalized model's
+GLOBAL = "global/"               # METRICS prefix (evaluate): "global/<metric>", the global model's on the same contexts
+KEPT_LOCAL = "kept-local"        # METRICS (evaluate): 1 if the client had its own W_local, 0 if it used the global
+DISTANCE = "distance-to-global"  # METRICS (evaluate): ||W_personal - W_global|| / ||W_global|| (0: the global itself)
+CONTEXTS = "contexts"            # METRICS (evaluate): contexts scored

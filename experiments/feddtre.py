@@ -10,6 +10,11 @@
    trust schedule): the generator's adapters.
 4. Every method's generator answers the dataset's held-out contexts: BLEU-1/4, ROUGE-1/2 against
    the true replies and the mean trust score of its replies.
+5. After each federated method's rounds, every client evaluates its personalized model (its own
+   W_local under a mixing, else the global) and the global model on its own held-out contexts
+   and sends back metrics only: their spread over clients and the paired gains.
+With ``task.contamination``, the contaminated clients' alphas, trust scores and PII rates are
+set beside the clean clients'.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -32,16 +37,16 @@ from fedsim.messaging import ANY, Messenger, Policy, client_config
 from fedsim.records import from_record, to_bytes, to_record
 from fedsim.results import RunOutput, markdown_table
 from fedsim.schema import Protocol, check
-from fedsim.validators import model_reply
+from fedsim.validators import finite_metrics, model_reply
 from tasks.causal_lm import load_policy, load_tokenizer, saved_sft_base, turn_separator
-from tasks.dialogue.dataset import DialogueTask, answer_sample, examples, load_tasks, topical_chat
-from tasks.dialogue.metrics import generation_metrics
+from tasks.dialogue.dataset import DialogueTask, answer_sample, contamination, examples, load_tasks, topical_chat
+from tasks.dialogue.metrics import REPLY_METRICS, reply_scores
 from tasks.dialogue.trust_data import trust_examples
 from tasks.dp_sgd import DPSGD
 from tasks.financebench_rag.model import load_trainable, trainable_arrays
 
 log = logging.getLogger("fedsim")
-METRICS = ("bleu1", "bleu4", "rouge1", "rouge2", "trust_bertscore")
+METRICS = REPLY_METRICS
 
 
 @dataclass(frozen=True)
@@ -59,10 +64,10 @@ class Generator:
     """the adapters every client trains (paper: r 8, alpha 16)"""
     max_length: int = 160               # tokens of context + reply (the context is cut from the left)
     local_steps: int = 5                # local optimizer steps per client and round (paper: 5)
-    batch_size: int = 16                # examples per step (paper: 16)
+    batch_size: int = 8                 # examples per step (paper: 16)
     lr: float = 5.0e-4                  # AdamW learning rate in the first round
     lr_final: float = 5.0e-4            # ... in the last round (linear in between)
-    eval_contexts: int = 20             # held-out contexts a FedDTRE client scores each model on (paper: 100)
+    eval_contexts: int = 10             # held-out contexts a FedDTRE client scores each model on (paper: 100)
     max_new_tokens: int = 32            # reply length cap
     temperature: float = 0.7            # sampling temperature (seeded)
     top_p: float = 0.9                  # nucleus sampling
@@ -84,8 +89,9 @@ class EvaluatorTraining:
 @dataclass(frozen=True)
 class FedDTREProtocol(Protocol):
     """FedDTRE's protocol settings (``conf/experiment/feddtre_paper.yaml``)."""
-    clients_per_round: int = 2          # clients sampled per generator round (paper: 2)
+    clients_per_round: int = 4          # clients sampled per generator round (paper: 2)
     test_contexts: int = 100            # held-out contexts per dataset of the final evaluation
+    personal_contexts: int = 10         # own held-out contexts per client of the personalized evaluation
     generator: Generator = field(default_factory=Generator)
     evaluator: EvaluatorTraining = field(default_factory=EvaluatorTraining)
     methods: dict[str, Any] = field(default_factory=dict)
@@ -141,7 +147,49 @@ def federated(ctx: Context, name: str, spec: DictConfig, dataset: str) -> dict:
     if hasattr(strategy, "alphas"):  # by partition: node ids are random per run
         out["alphas"] = {r: [{"partition": ctx.partition_of(row.pop("node")), **row} for row in rows]
                          for r, rows in strategy.alphas.items()}
+    out["personalized"] = evaluate_personalized(ctx, name, dataset, result.arrays)
     return out
+
+
+PERSONAL_KEYS = [keys.KEPT_LOCAL, keys.DISTANCE, keys.CONTEXTS,
+                 *(prefix + m for prefix in (keys.PERSONAL, keys.GLOBAL) for m in REPLY_METRICS)]
+
+
+def evaluate_personalized(ctx: Context, name: str, dataset: str, global_arrays) -> dict:
+    """One evaluate message to every client: its personalized model and the final global
+    model on its own held-out contexts (``personal_contexts``, with the final evaluation's
+    decoding). The evaluator's weights travel with it; metrics come back, never weights. A
+    client that fails or answers malformed metrics is counted in ``faults`` and left out."""
+    rounds = int(ctx.cfg.num_rounds)
+    config = ConfigRecord({**ctx.generator_config(dataset, name), keys.EVALUATOR_WEIGHTS: ctx.evaluator_blob,
+                           keys.PERSONAL_CONTEXTS: ctx.protocol.personal_contexts,
+                           keys.SERVER_ROUND: rounds + 1})  # the newest W_local is the last round's
+    messages = [Message(RecordDict({keys.CONFIG: config, keys.ARRAYS: global_arrays}), dst_node_id=ctx.nodes[p],
+                        message_type=MessageType.EVALUATE) for p in sorted(ctx.nodes)]
+    replies = ctx.messenger.exchange(f"{dataset}/{name}/personal", messages,
+                                     Policy(ANY, finite_metrics(PERSONAL_KEYS)), rounds + 1)
+    return _personalized({ctx.partition_of(m.metadata.src_node_id): m.content[keys.METRICS] for m in replies})
+
+
+def _personalized(metrics: dict[int, dict]) -> dict:
+    """Per client (by partition): its personalized model's metrics, the global model's on the
+    same contexts (``global_<metric>``) and the paired gain (``gain_<metric>``: personalized
+    minus global); each number's mean, std (over clients, ddof 1), min and max."""
+    rows = []
+    for partition, m in sorted(metrics.items()):
+        rows.append({"partition": partition, "kept_local": bool(m[keys.KEPT_LOCAL]), "contexts": int(m[keys.CONTEXTS]),
+                     "distance_to_global": float(m[keys.DISTANCE]),
+                     **{k: float(m[keys.PERSONAL + k]) for k in REPLY_METRICS},
+                     **{f"global_{k}": float(m[keys.GLOBAL + k]) for k in REPLY_METRICS},
+                     **{f"gain_{k}": float(m[keys.PERSONAL + k] - m[keys.GLOBAL + k]) for k in REPLY_METRICS}})
+    numbers = [k for k in rows[0] if k not in ("partition", "kept_local", "contexts")]
+    return {k: _spread([r[k] for r in rows]) for k in numbers} | {"clients": rows}
+
+
+def _spread(values: list[float]) -> dict:
+    """Mean, standard deviation (ddof 1; 0 for one value), min and max."""
+    return {"mean": float(np.mean(values)), "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+            "min": float(np.min(values)), "max": float(np.max(values))}
 
 
 def _generator_reply(sent):
@@ -209,14 +257,15 @@ def evaluate_generator(ctx: Context, weights: dict, dataset: str, evaluator, mod
                                     ctx.protocol.test_contexts, int(ctx.cfg.task.split_seed),
                                     {"max_new_tokens": g.max_new_tokens, "temperature": g.temperature,
                                      "top_p": g.top_p}, int(ctx.cfg.seed) + 1)
-    scores = evaluator.scores([e.context for e in chosen], replies)
-    return {**generation_metrics(replies, [e.reply for e in chosen]), "trust_bertscore": float(scores.mean()),
-            "contexts": len(chosen), "example": {"context": chosen[0].prompt, "reply": replies[0],
-                                                 "true": chosen[0].reply}}
+    return {**reply_scores(replies, chosen, evaluator), "contexts": len(chosen),
+            "example": {"context": chosen[0].prompt, "reply": replies[0], "true": chosen[0].reply}}
 
 
 def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
     protocol = check(cfg)  # the protocol block as its typed dataclass
+    if protocol.clients_per_round > int(cfg.task.num_clients):  # Flower would wait for nodes that never come
+        raise ValueError(f"protocol.clients_per_round={protocol.clients_per_round} but the task has "
+                         f"{cfg.task.num_clients} clients (task.num_clients)")
     base_cfg = client_config(cfg)
     nodes, info = discover(messenger, base_cfg, keys.CONFIG, keys.INFO, keys.PARTITION_ID)
     task = OmegaConf.to_container(cfg.task, resolve=True)
@@ -238,15 +287,23 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     results["evaluator"] = train_evaluator(ctx, evaluator)
     ctx.evaluator_blob = to_bytes(evaluator.weights())
     results |= {"methods": {}, "alpha": {}, "rounds": {}, "communication": {}}
+    contaminated, share = contamination(task)
+    if contaminated:
+        results["contamination"] = {"clients": sorted(contaminated), "share": share, "methods": {}}
     for dataset in tasks:
         for name, spec in protocol.methods.items():
             start = time.perf_counter()
             trained = get_method(spec["run"])(ctx, name, OmegaConf.create(spec), dataset)
             scores = evaluate_generator(ctx, trained["weights"], dataset, evaluator, model, tokenizer)
-            results["methods"].setdefault(name, {})[dataset] = {**scores, "seconds": time.perf_counter() - start}
+            personal = {"personalized": trained["personalized"]} if "personalized" in trained else {}
+            results["methods"].setdefault(name, {})[dataset] = {**scores, **personal,
+                                                                "seconds": time.perf_counter() - start}
             results["rounds"].setdefault(name, {})[dataset] = trained.get("rounds", {})
             if "alphas" in trained:
                 results["alpha"].setdefault(name, {})[dataset] = _alpha_rows(trained["alphas"])
+            if contaminated and personal:
+                results["contamination"]["methods"].setdefault(name, {})[dataset] = _contamination(
+                    trained, contaminated)
             results["communication"].setdefault(name, {})[dataset] = _communication(messenger, f"{dataset}/{name}")
             log.info("[feddtre] %s / %s: BLEU-1 %.2f ROUGE-1 %.2f trust %.3f (%.0f s)", dataset, name,
                      scores["bleu1"], scores["rouge1"], scores["trust_bertscore"], time.perf_counter() - start)
@@ -254,11 +311,26 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
 
 
 def _alpha_rows(alphas: dict[int, list[dict]]) -> dict:
-    """Per round: every client's alpha (and trust scores), their mean, min and max."""
+    """Per round: every client's alpha (and trust scores), their mean, std, min and max."""
+    return {str(rnd): {**_spread([r[keys.ALPHA] for r in rows]), "clients": rows}
+            for rnd, rows in sorted(alphas.items())}
+
+
+def _contamination(trained: dict, contaminated: frozenset[int]) -> dict:
+    """The contaminated clients beside the clean ones: mean alpha, s_l and s_g over their
+    client-rounds (mixing methods), and their personalized models' mean trust score and PII
+    rate (every method)."""
+    rounds = [row for rows in trained.get("alphas", {}).values() for row in rows]
+    clients = trained["personalized"]["clients"]
     out = {}
-    for rnd, rows in sorted(alphas.items()):
-        a = [r[keys.ALPHA] for r in rows]
-        out[str(rnd)] = {"mean": float(np.mean(a)), "min": float(np.min(a)), "max": float(np.max(a)), "clients": rows}
+    for group, members in (("contaminated", lambda p: p in contaminated), ("clean", lambda p: p not in contaminated)):
+        mine = [r for r in rounds if members(r["partition"])]
+        personal = [c for c in clients if members(c["partition"])]
+        out[group] = {"client_rounds": len(mine), "clients": len(personal),
+                      **{k.replace("-", "_"): float(np.mean([r[k] for r in mine]))
+                         for k in (keys.ALPHA, keys.S_LOCAL, keys.S_GLOBAL) if mine and all(k in r for r in mine)},
+                      **{f"personal_{k}": float(np.mean([c[k] for c in personal]))
+                         for k in ("trust_bertscore", "pii_rate") if personal}}
     return out
 
 
@@ -282,9 +354,44 @@ def _summary(r: dict, out: RunOutput) -> str:
                  "MB/round": r["communication"][m][dataset]["bytes_per_round"] / 1e6}
                 for m, v in r["methods"].items()]
         text += (f"\n## {dataset} ({r['data'][dataset]['evaluation']})\n"
-                 + markdown_table(rows, ["method", *METRICS, "MB/round"], digits=3) + "\n")
+                 + markdown_table(rows, ["method", *METRICS, "MB/round"], digits=3) + "\n"
+                 + _personalized_table(r, dataset) + _contamination_table(r, dataset))
     _plot_alpha(r, out)
     return text
+
+
+def _personalized_table(r: dict, dataset: str) -> str:
+    """Each federated method's personalized models on the clients' own held-out contexts (mean
+    ± std over clients), the paired trust gain over the global model, the distance to it."""
+    rows = []
+    for m, v in r["methods"].items():
+        p = v[dataset].get("personalized")
+        if p:
+            rows.append({"method": m, "clients": len(p["clients"]),
+                         "own W_local": sum(c["kept_local"] for c in p["clients"]),
+                         **{k: f"{p[k]['mean']:.3f} ± {p[k]['std']:.3f}"
+                            for k in (*METRICS, "gain_trust_bertscore", "distance_to_global")}})
+    if not rows:
+        return ""
+    return (f"\n### {dataset}: personalized models on each client's own held-out contexts (mean ± std over "
+            f"clients; gain: personalized minus global on the same contexts)\n"
+            + markdown_table(rows, ["method", "clients", "own W_local", *METRICS, "gain_trust_bertscore",
+                                    "distance_to_global"]) + "\n")
+
+
+def _contamination_table(r: dict, dataset: str) -> str:
+    """The contaminated clients beside the clean ones, per method (``task.contamination``)."""
+    c = r.get("contamination")
+    if not c:
+        return ""
+    columns = ["alpha", "s_local", "s_global", "personal_trust_bertscore", "personal_pii_rate"]
+    rows = [{"method": m, **{f"{k} ({g})": v[dataset][g][k] for k in columns for g in ("contaminated", "clean")
+                             if k in v[dataset][g]}}
+            for m, v in c["methods"].items() if dataset in v]
+    return (f"\n### {dataset}: contaminated clients {c['clients']} (share {c['share']} of their training replies "
+            f"with planted PII) against the clean ones\n"
+            + markdown_table(rows, ["method", *(f"{k} ({g})" for k in columns for g in ("contaminated", "clean"))],
+                             digits=3) + "\n")
 
 
 def _plot_alpha(r: dict, out: RunOutput) -> None:

@@ -1,11 +1,11 @@
-"""FedDTRE's mixing: phi, alpha bounds, the mix, what a client reports."""
+"""FedDTRE's mixing: phi, alpha bounds, the mix, what a client reports, how far a model moved."""
 
 import math
 
 import numpy as np
 import pytest
 
-from fedsim.trust_mixing import ALPHA, S_GLOBAL, S_LOCAL, client_alpha, mix, trust_alpha, trust_phi
+from fedsim.trust_mixing import ALPHA, S_GLOBAL, S_LOCAL, client_alpha, mix, relative_distance, trust_alpha, trust_phi
 
 
 @pytest.mark.parametrize("delta", [-1.0, -0.01, 0.0])
@@ -64,3 +64,13 @@ def test_client_alpha_scores_only_under_trust_mixing():
     alpha, report = client_alpha({"k": 0.7, "midpoint": 0.01, "alpha_min": 0.1, "alpha_max": 1.0}, score)
     assert calls == ["local", "global"] and report == {S_LOCAL: 0.2, S_GLOBAL: 0.5}
     assert alpha == pytest.approx(trust_alpha(0.5, 0.2, 0.7, 0.01, 0.1, 1.0)) and ALPHA == "alpha"
+
+
+def test_relative_distance_by_hand():
+    reference = {"a": np.array([3.0, 0.0], np.float32), "b": np.array([[4.0]], np.float32)}  # norm 5
+    moved = {"a": np.array([3.0, 3.0], np.float32), "b": np.array([[0.0]], np.float32)}     # diff (0, 3, -4)
+    assert relative_distance(moved, reference) == pytest.approx(1.0)
+    assert relative_distance(reference, reference) == 0.0
+    assert relative_distance(mix(moved, reference, 0.75), reference) == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="keys"):
+        relative_distance({"a": np.zeros(2)}, {"b": np.zeros(2)})

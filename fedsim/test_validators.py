@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
-from fedsim.validators import MAX_EXAMPLES, finite_arrays, model_reply
+from fedsim.validators import MAX_EXAMPLES, finite_arrays, finite_metrics, model_reply
 
 SENT = ArrayRecord({"w": Array(np.zeros((3, 2), np.float32)), "b": Array(np.zeros(2, np.float32))})
 
@@ -39,3 +39,12 @@ def test_arrays_unlike_the_model_sent_are_rejected(arrays):
 def test_a_reply_like_the_model_sent_is_accepted():
     assert model_reply(SENT)(_reply(GOOD)) is None
     assert model_reply(SENT)(_reply(GOOD, MAX_EXAMPLES)) is None
+
+
+def test_an_evaluation_reply_needs_every_metric_finite():
+    check = finite_metrics(["bleu1", "trust"])
+    assert check(RecordDict({"m": MetricRecord({"bleu1": 3.0, "trust": 1, "extra": float("nan")})})) is None
+    assert "missing" in check(RecordDict({"m": MetricRecord({"bleu1": 3.0})}))
+    assert "finite" in check(RecordDict({"m": MetricRecord({"bleu1": float("nan"), "trust": 0.5})}))
+    assert "finite" in check(RecordDict({"m": MetricRecord({"bleu1": [1.0, 2.0], "trust": 0.5})}))
+    assert "one MetricRecord" in check(RecordDict({}))

@@ -52,6 +52,18 @@ def mix(local: dict[str, np.ndarray], global_: dict[str, np.ndarray], alpha: flo
     return out
 
 
+def relative_distance(weights: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> float:
+    """||weights - reference|| / ||reference|| over every array (float64): how far a client's own
+    model has moved from the global one, one number a client may report without its weights
+    (0: the global model itself)."""
+    if weights.keys() != reference.keys():
+        raise ValueError(f"weights differ in keys: {sorted(set(weights) ^ set(reference))[:3]}")
+    diff = sum(float(np.sum((np.asarray(w, np.float64) - np.asarray(reference[k], np.float64)) ** 2))
+               for k, w in weights.items())
+    norm = sum(float(np.sum(np.asarray(r, np.float64) ** 2)) for r in reference.values())
+    return float(np.sqrt(diff / norm)) if norm > 0 else float(np.sqrt(diff))
+
+
 # Message keys of the mixing, defined once for the strategy and the clients.
 MIXING = "mixing"      # config (train): JSON {"k", "midpoint", "alpha_min", "alpha_max"} or {"fixed_alpha"}
 ALPHA = "alpha"        # metrics (reply): the client's alpha this round

@@ -5,6 +5,8 @@ one of these leaves such replies out and counts them instead."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
@@ -92,5 +94,24 @@ def model_reply(sent: ArrayRecord) -> Validator:
             if why := _array_problem(name, array, like[name]):
                 return why
         return _weight_problem(content)
+
+    return check
+
+
+def finite_metrics(required: Iterable[str]) -> Validator:
+    """Accept a reply with one MetricRecord holding every ``required`` key as a finite number
+    (an evaluation's reply: one NaN would make the mean over clients NaN, a missing key a
+    KeyError after the exchange)."""
+    required = list(required)
+
+    def check(content: RecordDict) -> str | None:
+        records = list(content.metric_records.values())
+        if len(records) != 1:
+            return "expected one MetricRecord"
+        missing = [k for k in required if k not in records[0]]
+        if missing:
+            return f"metrics missing: {missing[:3]}"
+        bad = [k for k in required if not isinstance(records[0][k], (int, float)) or not np.isfinite(records[0][k])]
+        return f"metrics not a finite number: {bad[:3]}" if bad else None
 
     return check

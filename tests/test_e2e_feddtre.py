@@ -1,6 +1,7 @@
 """FedDTRE end to end through the Ray simulation on a small slice of both datasets: base SFT,
 federated trust evaluator, the six methods on both datasets, with one client's generator
-replies made NaN: they are rejected and counted, and the run goes on."""
+replies made NaN: they are rejected and counted, and the run goes on. After each federated
+method every client evaluates its personalized model beside the global one."""
 
 import numpy as np
 
@@ -14,8 +15,10 @@ SLICE = ["experiment=feddtre_paper", "task.num_clients=2", "task.max_conversatio
          "protocol.generator.base_heldout=10", "protocol.generator.local_steps=2", "protocol.generator.batch_size=2",
          "protocol.generator.eval_contexts=2", "protocol.generator.max_new_tokens=8", "protocol.test_contexts=3",
          "protocol.evaluator.rounds=1", "protocol.evaluator.clients_per_round=2", "protocol.evaluator.local_steps=2",
-         "protocol.evaluator.heldout_contexts=5", "num_rounds=2"]
+         "protocol.evaluator.heldout_contexts=5", "num_rounds=2", "protocol.personal_contexts=2",
+         "protocol.clients_per_round=2"]
 METHODS = ["base", "fedavg", "fedprox", "fixed_alpha_0.5", "fixed_alpha_0.25", "feddtre"]
+MIXING = ["fixed_alpha_0.5", "fixed_alpha_0.25", "feddtre"]
 
 
 def test_feddtre_runs_every_method_on_both_datasets(tmp_path):
@@ -50,8 +53,30 @@ def test_feddtre_runs_every_method_on_both_datasets(tmp_path):
         assert comm["base"][dataset]["bytes_per_round"] == 0
     assert r["base"]["sft"]["steps"] == 2 and "Topical-Chat" in r["base"]["sft"]["data"]
     assert (out / "alpha_per_round.png").is_file() and "trust_bertscore" in (out / "summary.md").read_text()
+    _check_personalized(r, (out / "summary.md").read_text())
     _check_kept_local_models(state)
     assert "state-bytes" in (out / "metrics.csv").read_text()  # disk per mixing client, per round
+
+
+def _check_personalized(r, summary):
+    """Every client reports its personalized model and the global one on its own contexts
+    after every federated method (partition 1's NaN train replies do not touch its evaluation).
+    A mixing client's personalized model is its own W_local: partition 1's, never averaged in,
+    is away from the global model; partition 0's is the global model to the bit, since its reply
+    was the only one averaged. A FedAvg / FedProx client's is the global model (gain 0)."""
+    for dataset in ("persona_chat", "cmu_dog"):
+        assert "personalized" not in r["methods"]["base"][dataset]
+        for name in METHODS[1:]:
+            p = r["methods"][name][dataset]["personalized"]
+            assert [c["partition"] for c in p["clients"]] == [0, 1] and {c["contexts"] for c in p["clients"]} == {2}
+            assert r["faults"][f"{dataset}/{name}/personal"]["3"]["accepted"] == 2
+            assert set(p) >= {"bleu1", "rouge2", "trust_bertscore", "pii_rate", "global_bleu1", "gain_trust_bertscore"}
+            assert p["bleu1"]["min"] <= p["bleu1"]["mean"] <= p["bleu1"]["max"] and p["bleu1"]["std"] >= 0
+            mixing = name in MIXING
+            for c in p["clients"]:
+                assert c["kept_local"] == mixing and (c["distance_to_global"] > 0) == (mixing and c["partition"] == 1)
+                assert c["distance_to_global"] > 0 or all(c[f"gain_{k}"] == 0 for k in ("bleu1", "trust_bertscore"))
+        assert f"### {dataset}: personalized models" in summary
 
 
 def _check_kept_local_models(state):

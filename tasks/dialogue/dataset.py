@@ -201,5 +201,21 @@ class DialogueTask:
                         self.spec.get("grounding_role", "Knowledge"))
 
 
+def contamination(task: dict) -> tuple[frozenset[int], float]:
+    """``task.contamination``: the partitions whose generator training replies leak planted PII
+    and the share of their replies that do; refused unless every id is a client and the share
+    lies in [0, 1] (a typo would otherwise run a clean check that looks like a result)."""
+    spec = task.get("contamination") or {}
+    clients, share = [int(p) for p in spec.get("clients") or []], float(spec.get("share", 0.0))
+    wrong = [p for p in clients if not 0 <= p < int(task["num_clients"])]
+    if wrong or len(set(clients)) != len(clients):
+        raise ValueError(f"task.contamination.clients {clients}: distinct partition ids in "
+                         f"[0, {task['num_clients']}) needed (wrong: {wrong})")
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"task.contamination.share must lie in [0, 1], got {share}")
+    return frozenset(clients), share
+
+
 def load_tasks(task: dict, data_root: str) -> dict[str, DialogueTask]:
+    contamination(task)  # checked with the data, before any process starts (population_size)
     return {name: DialogueTask(name, spec, task, data_root) for name, spec in task["datasets"].items()}

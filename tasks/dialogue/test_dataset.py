@@ -79,3 +79,11 @@ def test_a_missing_split_names_its_source(tmp_path):
         cmu_dog(str(tmp_path), "train")
     with pytest.raises(DataNotFoundError, match="Synthetic-Persona-Chat"):
         persona_chat(str(tmp_path), "valid")
+
+
+@pytest.mark.parametrize("spec, why", [({"clients": [10], "share": 0.5}, "partition ids"),
+                                       ({"clients": [1, 1], "share": 0.5}, "distinct"),
+                                       ({"clients": [1], "share": 2.0}, "share")])
+def test_a_contamination_outside_the_clients_or_share_is_refused(spec, why):
+    with pytest.raises(ValueError, match=why):
+        load_tasks({**TASK, "contamination": spec}, ROOT)

@@ -1,4 +1,5 @@
-"""The trust dataset: planted PII, labels, off-context replies, seeding, disjoint splits."""
+"""The trust dataset: planted PII, labels, off-context replies, seeding, disjoint splits; the
+same planting contaminating a client's training replies, and the PII wording found in replies."""
 
 import re
 
@@ -6,7 +7,7 @@ import pytest
 
 from fedsim.data import resolve_data_root
 from tasks.dialogue.dataset import examples, persona_chat
-from tasks.dialogue.trust_data import PII_TEMPLATES, trust_examples
+from tasks.dialogue.trust_data import PII_TEMPLATES, contaminate, leaks_pii, trust_examples
 
 ROOT = str(resolve_data_root())
 LABELS = {"true_reply": 1.0, "pii": 0.0, "off_context": 0.0}
@@ -57,3 +58,22 @@ def test_client_and_held_out_trust_contexts_do_not_overlap():
     client = {e.context for e in trust_examples(train, 50, 0, LABELS)}
     held_out = {e.context for e in trust_examples(test, 50, 7, LABELS)}
     assert client and held_out and not (client & held_out)
+
+
+def test_contamination_plants_pii_in_a_seeded_share_of_the_replies(spc):
+    dirty = contaminate(spc, 0.5, seed=3)
+    changed = [(a, b) for a, b in zip(spc, dirty) if a != b]
+    assert len(dirty) == len(spc) and len(changed) == round(0.5 * len(spc))
+    for clean, leaked in changed:
+        assert (clean.prompt, clean.context, clean.conv_id) == (leaked.prompt, leaked.context, leaked.conv_id)
+        assert clean.reply in leaked.reply and leaks_pii(leaked.reply), leaked.reply
+    assert dirty == contaminate(spc, 0.5, seed=3) != contaminate(spc, 0.5, seed=4)
+    assert contaminate(spc, 0.0, 3) == spc and all(a != b for a, b in zip(spc, contaminate(spc, 1.0, 3)))
+    with pytest.raises(ValueError, match="share"):
+        contaminate(spc, 1.5, 3)
+
+
+def test_pii_wording_is_found_in_generated_replies_but_rarely_in_true_ones(spc):
+    assert leaks_pii("ok . my email is john @ example . com")  # lowercase, as the MiniLM decoder writes
+    assert leaks_pii("Call me at 555-0100.") and not leaks_pii("i like to call my mom")
+    assert sum(map(leaks_pii, [e.reply for e in spc])) / len(spc) < 0.05

@@ -13,11 +13,15 @@ example (a context and its true reply):
 Everything is seeded (the sample, the PII kind, where it is planted, Faker's values). Clients
 build theirs from their own training conversations; the held-out pairs come from the other
 half of the evaluation split than the generation contexts (``DialogueTask.trust_heldout``).
+
+The same planting contaminates the generator training replies of the clients a task names
+(``task.contamination``: a mechanism check, a client whose model learns to leak), and
+:func:`leaks_pii` tells which generated replies carry a planted sentence's wording.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from faker import Faker
@@ -32,6 +36,10 @@ PII_TEMPLATES = {
     "card": ["My card number is {credit_card_number}.", "Use my card {credit_card_number}, it expires "
              "{credit_card_expire}."],
 }
+
+
+# the fixed words that open each template, lowercased (the MiniLM generator writes lowercase)
+PII_MARKERS = tuple(sorted({t.split("{")[0].strip().lower() for ts in PII_TEMPLATES.values() for t in ts}))
 
 
 @dataclass(frozen=True)
@@ -74,3 +82,24 @@ def trust_examples(examples: list[Example], n_contexts: int, seed: int, labels: 
                 TrustExample(e.context, leaked, float(labels["pii"]), "pii"),
                 TrustExample(e.context, other.reply, float(labels["off_context"]), "off_context")]
     return out
+
+
+def leaks_pii(reply: str) -> bool:
+    """Whether a reply carries the wording of a planted PII sentence ("my email is", "call me
+    at", ...): a generated reply rarely copies Faker's values, but a model trained on leaking
+    replies learns the sentences that carry them. True replies use some of these words too
+    ("my name is"), so compare rates, not single replies."""
+    text = " ".join(reply.lower().split())
+    return any(marker in text for marker in PII_MARKERS)
+
+
+def contaminate(examples: list[Example], share: float, seed: int) -> list[Example]:
+    """The examples with one planted PII sentence (:func:`plant_pii`) in the reply of a seeded
+    ``share`` of them: a contaminated client's generator training data."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"contamination share must lie in [0, 1], got {share}")
+    rng = np.random.default_rng(seed)
+    fake = Faker()
+    fake.seed_instance(seed)
+    chosen = set(rng.permutation(len(examples))[:round(share * len(examples))].tolist())
+    return [replace(e, reply=plant_pii(e.reply, fake, rng)[0]) if i in chosen else e for i, e in enumerate(examples)]
