@@ -58,6 +58,7 @@ class Generator:
     base_sft_steps: int = 300           # full fine-tuning steps of the base on Topical-Chat valid
     base_sft_batch_size: int = 16       # examples per base SFT step
     base_sft_lr: float = 1.0e-4         # AdamW learning rate of the base SFT
+    base_seed: int | None = None        # seed of the base SFT (null: the run's seed); fixed, a sweep's seeds share one base
     base_heldout: int = 300             # Topical-Chat test_freq replies of the base's held-out loss
     lora: dict = field(default_factory=lambda: {"r": 8, "alpha": 16, "dropout": 0.05,
                                                 "target_modules": ["query", "value"]})
@@ -100,7 +101,7 @@ class FedDTREProtocol(Protocol):
     def __post_init__(self):
         """DP-SGD clips per-record gradients only: FedProx's proximal term would escape it."""
         proximal = [name for name, spec in self.methods.items()
-                    if (spec.get("strategy") or {}).get("proximal_mu")]
+                    if ((spec or {}).get("strategy") or {}).get("proximal_mu")]
         if self.generator.dp_sgd.enabled and proximal:
             raise ValueError(f"protocol.generator.dp_sgd with FedProx methods {proximal}: drop them "
                              f"(~protocol.methods.{proximal[0]})")
@@ -272,7 +273,7 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     tasks = load_tasks(task, task["data_root"])
     g = protocol.generator
     start = time.perf_counter()
-    base_path, base_record = base_generator(g, task["data_root"], int(cfg.seed))
+    base_path, base_record = base_generator(g, task["data_root"], int(cfg.seed if g.base_seed is None else g.base_seed))
     model = load_policy(base_path, dict(g.lora), int(cfg.task.seed), g.quantization)
     tokenizer = load_tokenizer(base_path)
     ctx = Context(messenger, cfg, base_cfg, nodes, {p: dict(i) for p, i in info.items()}, protocol, tasks,
@@ -292,6 +293,8 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
         results["contamination"] = {"clients": sorted(contaminated), "share": share, "methods": {}}
     for dataset in tasks:
         for name, spec in protocol.methods.items():
+            if spec is None:  # a preset's method turned off
+                continue
             start = time.perf_counter()
             trained = get_method(spec["run"])(ctx, name, OmegaConf.create(spec), dataset)
             scores = evaluate_generator(ctx, trained["weights"], dataset, evaluator, model, tokenizer)

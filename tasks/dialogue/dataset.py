@@ -218,4 +218,5 @@ def contamination(task: dict) -> tuple[frozenset[int], float]:
 
 def load_tasks(task: dict, data_root: str) -> dict[str, DialogueTask]:
     contamination(task)  # checked with the data, before any process starts (population_size)
-    return {name: DialogueTask(name, spec, task, data_root) for name, spec in task["datasets"].items()}
+    return {name: DialogueTask(name, spec, task, data_root) for name, spec in task["datasets"].items()
+            if spec is not None}  # null: a preset's dataset turned off
