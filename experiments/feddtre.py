@@ -58,7 +58,7 @@ class Generator:
     base_sft_steps: int = 300           # full fine-tuning steps of the base on Topical-Chat valid
     base_sft_batch_size: int = 16       # examples per base SFT step
     base_sft_lr: float = 1.0e-4         # AdamW learning rate of the base SFT
-    base_seed: int | None = None        # seed of the base SFT (null: the run's seed); fixed, a sweep's seeds share one base
+    base_seed: int | None = None        # base SFT seed (null: the run's); fixed: every run seed shares one base
     base_heldout: int = 300             # Topical-Chat test_freq replies of the base's held-out loss
     lora: dict = field(default_factory=lambda: {"r": 8, "alpha": 16, "dropout": 0.05,
                                                 "target_modules": ["query", "value"]})
@@ -273,7 +273,8 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     tasks = load_tasks(task, task["data_root"])
     g = protocol.generator
     start = time.perf_counter()
-    base_path, base_record = base_generator(g, task["data_root"], int(cfg.seed if g.base_seed is None else g.base_seed))
+    base_seed = int(cfg.seed if g.base_seed is None else g.base_seed)
+    base_path, base_record = base_generator(g, task["data_root"], base_seed)
     model = load_policy(base_path, dict(g.lora), int(cfg.task.seed), g.quantization)
     tokenizer = load_tokenizer(base_path)
     ctx = Context(messenger, cfg, base_cfg, nodes, {p: dict(i) for p, i in info.items()}, protocol, tasks,

@@ -4,6 +4,7 @@ which cannot run here)."""
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from fedsim.config import compose
 from fedsim.schema import check
@@ -16,3 +17,19 @@ def test_experiment_composes_and_fits_its_schema(experiment):
     cfg = compose([f"experiment={experiment}"])
     protocol = check(cfg)
     assert protocol.name == cfg.protocol.name
+
+
+def test_a_preset_turns_off_datasets_and_methods_with_null():
+    """feddtre_seeds keeps Synthetic-Persona-Chat and three methods; what it sets to null is
+    neither loaded nor run, and the base generator's seed is fixed for every run seed."""
+    from experiments.feddtre import check as feddtre_check
+    from tasks.dialogue.dataset import load_tasks
+
+    cfg = compose(["experiment=feddtre_seeds", "data_root=../shared/data", "task.max_conversations=20",
+                   "task.num_clients=2", "task.datasets.persona_chat.partitioner.group_size=10"])
+    task = OmegaConf.to_container(cfg.task, resolve=True)
+    assert list(load_tasks(task, task["data_root"])) == ["persona_chat"]
+    protocol = feddtre_check(cfg)
+    assert [m for m, spec in protocol.methods.items() if spec is not None] == ["base", "fedavg", "fixed_alpha_0.5",
+                                                                             "feddtre"]
+    assert protocol.generator.base_seed == 0
