@@ -349,7 +349,7 @@ def _communication(messenger: Messenger, phase: str) -> dict:
 
 def _summary(r: dict, out: RunOutput) -> str:
     ev = r["evaluator"]
-    text = ("# FedDTRE on Synthetic-Persona-Chat and CMU_DoG\n\n"
+    text = (f"# FedDTRE on {', '.join(r['data'])}\n\n"
             f"Trust evaluator AUC on held-out trust pairs: {ev['auc_before']:.3f} before, "
             f"{ev['auc_after']:.3f} after federated fine-tuning.\n"
             + base_line(r["base"]["sft"]).replace("Base:", "Base generator:", 1) + "\n")
