@@ -1,4 +1,4 @@
-"""Throughput of the task layer's steps on one device (issue 28): the same steps, the same MiniLM
+"""Throughput of the task layer's steps on one device: the same steps, the same MiniLM
 and the papers' batch settings on the GPU and on the CPU, to give GPU / CPU ratios.
 
 Steps (MiniLM, LoRA r 8 on query / value as the experiments configure it; synthetic 128-token

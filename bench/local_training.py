@@ -1,4 +1,4 @@
-"""FedE4RAG local training under Flower against the same steps in a plain loop, one run (issue 12).
+"""FedE4RAG local training under Flower against the same steps in a plain loop, one run.
 
 (b) Flower: ``fedsim run experiment=fede4rag_paper`` with one federated method (default KD-GLE,
 plaintext FedAvg), ``hardware.num_cpus=1`` (one Ray actor, ``client_cpus=1``: one torch thread,

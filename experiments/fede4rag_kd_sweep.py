@@ -1,4 +1,4 @@
-"""Where KD-GLE matters (issue 12): local steps x KD weight at one budget per client.
+"""Where KD-GLE matters: local steps x KD weight at one budget per client.
 
 Every cell trains from the same initial model with the same number of optimizer steps per
 client, ``budget_steps = local_steps x rounds``: few long rounds let the clients drift from the

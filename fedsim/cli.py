@@ -88,7 +88,8 @@ def run(overrides: list[str]) -> int:
     # ServerApp finds its data by its own host's data root and ships its results back)
     remote = cfg.hardware.backend == "deployment" and not cfg.hardware.launch_local
     pinned = [*overrides, *([] if remote else [f"data_root={cfg.data_root}"]),
-              f"results_dir={cfg.results_dir}", f"hardware.num_clients={clients}"]
+              f"results_dir={cfg.results_dir}", f"logging.mlflow_dir={cfg.logging.mlflow_dir}",
+              f"hardware.num_clients={clients}"]
     _save_run(cfg, [o for o in pinned if o != "resume=true"])
     try:
         outcome = launch(cfg, pinned, nodes)

@@ -54,7 +54,7 @@ def _check_keys(cfg: DictConfig, overrides: list[str]) -> None:
 
 
 def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
-    """Compose conf/config.yaml with ``overrides``; resolve data_root and results_dir."""
+    """Compose conf/config.yaml with ``overrides``; resolve data_root and the output folders."""
     overrides = list(overrides)
     try:
         with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
@@ -76,5 +76,6 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         cfg.results_dir = str(Path.cwd() / "outputs" / cfg.protocol.name / stamp)
     cfg.results_dir = str(Path(cfg.results_dir).expanduser().resolve())
+    cfg.logging.mlflow_dir = str(Path(cfg.logging.mlflow_dir).expanduser().resolve())
     OmegaConf.set_struct(cfg, True)
     return cfg

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -52,6 +53,8 @@ class Logging:
     """Per-exchange metric sinks under results_dir (``fedsim/sinks.py``)."""
     csv: bool = True                     # metrics.csv, one line per exchange and value
     tensorboard: bool = False            # TensorBoard event files in results_dir/tensorboard
+    mlflow: bool = False                 # the same metrics to an MLflow store, one MLflow run per run
+    mlflow_dir: str = "outputs/mlflow"   # the MLflow store's folder (SQLite, <dir>/mlflow.db)
 
 
 @dataclass
@@ -168,6 +171,11 @@ def check(cfg: DictConfig) -> Protocol:
     if hw.backend == "deployment" and cfg.privacy.reproducible_noise:
         raise ValueError("privacy.reproducible_noise=true draws DP noise from the public seed "
                          "(not private): allowed in simulation only, refused for deployments")
+    if cfg.logging.mlflow and hw.backend == "deployment" and not hw.launch_local:
+        raise ValueError("logging.mlflow writes where the ServerApp runs: simulation or "
+                         "hardware.launch_local only, refused for a remote SuperLink")
+    if cfg.logging.mlflow and Path(cfg.logging.mlflow_dir).is_file():
+        raise ValueError(f"logging.mlflow_dir={cfg.logging.mlflow_dir} is a file; the MLflow store is a folder")
     layout(hw, 1)  # the client / SuperNode counts fit (the population is checked by the CLI)
     bad = set(cfg.faults.message_types) - set(MESSAGE_TYPES)
     if bad:

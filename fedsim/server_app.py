@@ -28,6 +28,7 @@ from fedsim.client_state import FORGET, RUN_KEY, STATE_KEY, forget_request
 from fedsim.config import compose
 from fedsim.journal import Journal
 from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
+from fedsim.mlflow_sink import MlflowSink
 from fedsim.privacy import NOT_PRIVATE, NoiseSource
 from fedsim.results import RunOutput, ship_results
 from fedsim.secret import derive, run_secret
@@ -87,8 +88,9 @@ def _run(grid: Grid, cfg, out: RunOutput) -> None:
     if journal is not None and journal.resumed_from:
         log.info("resume: replaying %d journaled exchanges", journal.resumed_from)
     noise = noise_source(cfg, secret)
-    sinks = Sinks(out.path, cfg.logging.csv, cfg.logging.tensorboard)
-    messenger = None
+    sinks = Sinks(out.path, cfg.logging.csv, cfg.logging.tensorboard,
+                  MlflowSink.for_run(cfg) if cfg.logging.mlflow else None)
+    messenger, failed = None, True
     try:
         if cfg.hardware.clients_per_supernode > 1:  # the protocol sees one node per logical client
             grid = ShardedGrid(grid, int(cfg.hardware.num_clients), float(cfg.round_timeout))
@@ -109,12 +111,13 @@ def _run(grid: Grid, cfg, out: RunOutput) -> None:
         out.write_results(results, summary)
         print(summary, flush=True)
         _forget_client_state(messenger, cfg)
+        failed = False
     except BaseException:
         faults = messenger.faults if messenger else {}
         out.write_error(traceback.format_exc() + f"\nfaults so far: {faults}\n")
         raise
     finally:
-        sinks.close()
+        sinks.close(failed)
 
 
 def noise_source(cfg, secret: bytes) -> NoiseSource:

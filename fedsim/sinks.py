@@ -1,11 +1,12 @@
-"""Per-exchange metric rows, for watching a long run while it goes: a CSV and TensorBoard.
+"""Per-exchange metric rows, for watching a long run while it goes: a CSV, TensorBoard, MLflow.
 
 The Messenger hands every completed exchange (a round's training, an evaluation piece, a
 regroup, an HE chunk...) here as one row: sent / accepted / failed / timed-out clients, seconds,
 bytes, and the mean over the accepted replies of each scalar metric they carry (``metric/...``,
 e.g. a round's mean training loss). ``metrics.csv`` holds one line per (exchange, value);
 TensorBoard (``torch.utils.tensorboard``) one scalar per value, tag ``<phase>/<name>``, step the
-round. On resume both are rewritten from the replayed exchanges, so nothing repeats.
+round; MLflow (``fedsim/mlflow_sink.py``) the same metrics in a store shared by runs. On resume
+each is rewritten from the replayed exchanges, so nothing repeats.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import time
 from pathlib import Path
 
 from flwr.app import Message
+
+from fedsim.mlflow_sink import MlflowSink
 
 
 def reply_metrics(replies: list[Message]) -> dict[str, float]:
@@ -34,9 +37,10 @@ class Sinks:
     """The run's metric sinks; none when no folder is given (tests, strategies on a plain Grid)."""
 
     def __init__(self, folder: str | Path | None = None, to_csv: bool = False,
-                 tensorboard: bool = False):
+                 tensorboard: bool = False, mlflow: MlflowSink | None = None):
         self._csv = self._writer = None
         self._fh = None
+        self._mlflow = mlflow
         if folder is None:
             return
         folder = Path(folder)
@@ -61,9 +65,13 @@ class Sinks:
             for key, value in numbers.items():
                 self._writer.add_scalar(f"{phase}/{key}", value, server_round, walltime=now)
             self._writer.flush()
+        if self._mlflow is not None:
+            self._mlflow.write(phase, server_round, numbers, now)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         if self._fh is not None:
             self._fh.close()
         if self._writer is not None:
             self._writer.close()
+        if self._mlflow is not None:
+            self._mlflow.close(failed)

@@ -12,7 +12,9 @@ by the expected count k, which is what the accountant's amplification assumes; a
 sample or a divisor equal to the realized count would be another mechanism.
 
 Each reply carries an ArrayRecord with ``array_key``: a (rows, dim) matrix, one row per client
-the node hosts (normally one). Validation of malformed replies is ReplyGuard's job.
+the node hosts (normally one). Malformed replies never reach it: the phase's validator
+(``fedsim.validators``, e.g. ``vector_rows`` in FedTP) screens every reply in
+:meth:`fedsim.messaging.Messenger.exchange`, which leaves them out and counts them as ``malformed``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A seed fixes the result (issue 22). Under the Ray simulation two things vary from run to run
+"""A seed fixes the result. Under the Ray simulation two things vary from run to run
 with one seed: which clients a process (Ray actor) serves before a given message, and the
 order in which replies arrive (and Flower's node ids). Both are played here in process, cheaply:
 

@@ -19,7 +19,7 @@ from fedsim.data import REPO_ROOT, resolve_data_root
 from fedsim.launcher import free_port, wait_healthy, write_connection
 from fedsim.tls import make_federation
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.e2e]
 
 COMPOSE_FILE = REPO_ROOT / "docker" / "compose.yaml"
 IMAGES = ("fedsim-superlink:latest", "fedsim-serverapp:cpu", "fedsim-supernode:cpu")

@@ -121,11 +121,13 @@ def one_per_node(tmp_path_factory) -> Path:
     return _run(tmp_path_factory.mktemp("one-per-node"), *DELAYED)
 
 
+@pytest.mark.e2e
 def test_state_chains_per_client_and_stays_on_the_client_one_per_node(one_per_node):
     _check_run(one_per_node)
     assert read_results(one_per_node / "results")["supernodes"] == CLIENTS
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("layout", [
     pytest.param(["hardware.clients_per_supernode=2"], id="sharded"),
     pytest.param(["hardware=deploy_local", "hardware.clients_per_supernode=2"], id="deploy_local"),
@@ -138,6 +140,7 @@ def test_state_chains_per_client_and_stays_on_the_client(one_per_node, tmp_path,
     np.testing.assert_allclose(res["released"], ref["released"], rtol=0, atol=1e-12)
 
 
+@pytest.mark.e2e
 def test_sigkill_after_clients_saved_an_unjournaled_round_then_resume(one_per_node, tmp_path):
     """Killed while every client but the delayed one had saved round 2 and the server had
     journaled round 1 only: the resumed run sends round 2 again, each client re-does it from

@@ -1,7 +1,11 @@
 """A real SuperLink and two SuperNodes on loopback, over TLS with node authentication (a private
 CA made for the run, each node registered), run a small FedTP experiment, then stop."""
 
+import pytest
+
 from conftest import read_results
+
+pytestmark = pytest.mark.e2e
 
 
 def test_fedtp_through_superlink_and_two_supernodes(run_small):

@@ -2,7 +2,11 @@
 with a crash and a timeout injected into the loss reports of the regroups: the regroups go on
 with a quorum, the silent clients keep (or join) a group, and every fault is counted."""
 
+import pytest
+
 from conftest import fedsim_run, read_results
+
+pytestmark = pytest.mark.e2e
 
 SLICE = ["experiment=fedbiscuit_paper", "task.max_pairs=300", "task.splits={test: 40, judge: 40, server: 20}",
          "task.n_topics=4", "task.partitioner.num_partitions=4", "task.partitioner.min_partition_size=10",

@@ -4,8 +4,11 @@ replies made NaN: they are rejected and counted, and the run goes on. After each
 method every client evaluates its personalized model beside the global one."""
 
 import numpy as np
+import pytest
 
 from conftest import fedsim_run, read_results
+
+pytestmark = pytest.mark.e2e
 
 IID = "{_target_: flwr_datasets.partitioner.IidPartitioner, num_partitions: 2}"
 SLICE = ["experiment=feddtre_paper", "task.num_clients=2", "task.max_conversations=30",

@@ -13,6 +13,8 @@ from tasks.financebench_rag.inference import corpus_encoder
 from tasks.financebench_rag.model import build_encoder
 from tasks.financebench_rag.retrieval import METRICS, evaluation_data, score_splits
 
+pytestmark = pytest.mark.e2e
+
 SLICE = ["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]", "task.pages_per_client=30",
          "task.n_valid=4", "task.n_test=6", "task.corpus_pages_per_doc=8"]
 

@@ -4,11 +4,14 @@ computed in process through the real ClientApp handler (tests/test_sharded_grid.
 methods run sharded in tests/test_e2e_fede4rag.py."""
 
 import numpy as np
+import pytest
 from hydra.utils import instantiate
 from test_sharded_grid import fedtp_round, supernodes
 
 from conftest import fedsim_run, read_results
 from fedsim.config import compose
+
+pytestmark = pytest.mark.e2e
 
 SLICE = ["experiment=fedtp_aggregate", "strategy.noise_multiplier=0", "task.max_per_split=6"]
 

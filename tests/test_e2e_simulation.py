@@ -1,6 +1,10 @@
 """End-to-end `fedsim run` through Flower's Ray simulation on a real 20-conversation slice."""
 
+import pytest
+
 from conftest import read_results
+
+pytestmark = pytest.mark.e2e
 
 ROUTER_KEYS = {"tfidf", "global", "local", "fedmix"}
 

@@ -28,6 +28,8 @@ from fedsim.config import compose
 from fedsim.inprocess_grid import InProcessGrid
 from fedsim.results import RunOutput
 
+pytestmark = pytest.mark.slow  # base SFT, trust evaluator and adapters built here: minutes
+
 CLIENTS, ROUNDS, CONTAMINATED = 3, 3, 1
 IID = f"{{_target_: flwr_datasets.partitioner.IidPartitioner, num_partitions: {CLIENTS}}}"
 FEDDTRE = ("{_target_: strategies.trust_alpha.TrustAlpha, k0: 0.7, k_growth: 0.1, midpoint: 0.01, alpha_min: 0.1, "

@@ -28,6 +28,7 @@ def test_sweep_config_is_refused_when_wrong(override, refusal):
         check(compose(["experiment=fede4rag_kd_sweep", override]))
 
 
+@pytest.mark.e2e
 def test_sweep_cells_share_the_budget_and_record_kd_and_distance(tmp_path):
     out = tmp_path / "results"
     code, log = fedsim_run(

@@ -15,6 +15,8 @@ import pytest
 from conftest import FEDSIM, SMALL, cmdline, private_tmpdir
 from fedsim.watchdog import run_processes
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture
 def root():

@@ -41,7 +41,8 @@ def _can_make_namespaces() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(bool(_can_make_namespaces()), reason=str(_can_make_namespaces()))
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(bool(_can_make_namespaces()), reason=str(_can_make_namespaces()))]
 
 
 class Hosts:

@@ -5,8 +5,12 @@ import json
 import time
 import uuid
 
+import pytest
+
 from fedsim import launcher
 from fedsim.tls import make_federation
+
+pytestmark = pytest.mark.e2e
 
 
 def _online(env, cwd) -> list[str]:

@@ -12,7 +12,11 @@ mid-run."""
 
 import json
 
+import pytest
+
 from conftest import SMALL, fedsim_run, journaled, kill_when, private_tmpdir, read_results, without_timings
+
+pytestmark = pytest.mark.e2e
 
 RUN = [*SMALL, "privacy.reproducible_noise=true", "num_rounds=4", "strategy.fraction_train=0.5",
        "protocol.dp_sigmas=[1.0]",

@@ -39,6 +39,7 @@ def test_a_bad_point_is_refused_before_anything_runs(tmp_path):
     assert code.returncode == 2 and "'nope' is not a strategy" in code.stderr and not out.exists()
 
 
+@pytest.mark.e2e
 def test_failed_point_is_recorded_and_resume_reruns_only_what_did_not_complete(tmp_path):
     # the second point's exchanges time out at once: a real run that fails after it started
     sweep = [*SMALL, "round_timeout=600,0.01"]
@@ -71,6 +72,7 @@ def test_failed_point_is_recorded_and_resume_reruns_only_what_did_not_complete(t
         assert refused.returncode == 2 and "fedsim: compare:" in refused.stderr, bad
 
 
+@pytest.mark.e2e
 def test_sigterm_stops_the_running_point_and_the_sweep_leaving_nothing(tmp_path):
     root = private_tmpdir()
     out = tmp_path / "sweep"

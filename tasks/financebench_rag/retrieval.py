@@ -113,7 +113,8 @@ def search(index, query_embeddings: np.ndarray, k: int) -> tuple[np.ndarray, np.
 
 def retrieval_metrics(ranked: dict[str, list[tuple[str, float]]],
                       relevant: dict[str, set[str]]) -> dict[str, float]:
-    """The issue's metric set from ranked (corpus_id, score) lists per query id."""
+    """``METRICS`` from ranked (corpus_id, score) lists per query id, computed by
+    sentence-transformers' ``InformationRetrievalEvaluator``."""
     from sentence_transformers.evaluation import InformationRetrievalEvaluator
     evaluator = InformationRetrievalEvaluator(
         queries={q: q for q in ranked}, corpus={}, relevant_docs=relevant,
