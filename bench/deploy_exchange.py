@@ -5,7 +5,8 @@ the network-namespace test's slice), each through the Ray simulation and through
 ``hardware=deploy_local`` (2 SuperNodes, TLS + node authentication). The seconds are the
 Messenger's own per-exchange records (``results.json`` ``communication``: push to last reply),
 not the wall time of the whole command, so start-up costs stay out. Prints, per exchange, the
-simulation's seconds, each deployment variant's, their ratio and difference.
+simulation's seconds, each deployment variant's, their ratio and difference, and the sum over
+the exchanges after ``discover``.
 
     nice -n 19 .venv/bin/python bench/deploy_exchange.py [--only fedtp|lora] \
         [--variant 'label=override ...' ...]
@@ -74,11 +75,14 @@ def main() -> None:
         print(f"\n{name}: " + ", ".join(f"{k} {w:.0f} s wall" for k, (_, w) in runs.items()))
         print("| exchange | round | simulation s | " + " | ".join(heads) + " |")
         print("|---|---|---|" + "---|" * len(heads))
-        for (phase, rnd), s in sim.items():
-            cells = []
-            for label in variants:
-                d = runs[label][0].get((phase, rnd), float("nan"))
-                cells += [f"{d:.2f}", f"{d / s:.1f}", f"{d - s:+.2f}"]
+        rows = [(phase, rnd, {k: r[0].get((phase, rnd), float("nan")) for k, r in runs.items()})
+                for phase, rnd in sim]
+        # discover also starts every node's first ClientApp (a Ray actor in the simulation)
+        rows.append(("all but discover", "", {k: sum(t[k] for p, _, t in rows if p != "discover")
+                                              for k in runs}))
+        for phase, rnd, t in rows:
+            s = t["simulation"]
+            cells = [f"{t[k]:.2f} | {t[k] / s:.1f} | {t[k] - s:+.2f}" for k in variants]
             print(f"| {phase} | {rnd} | {s:.2f} | " + " | ".join(cells) + " |")
     print(f"\nload average at end: {os.getloadavg()[0]:.1f} (1 min)")
 
