@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -32,6 +33,7 @@ import tomli_w
 from omegaconf import DictConfig
 
 from fedsim.data import REPO_ROOT
+from fedsim.flower_waits import SUPEREXEC_POLL_ENV
 from fedsim.results import RESULTS_MARKER, unpack_results
 from fedsim.tls import Certificates, make_federation
 from fedsim.watchdog import ENV_KEY
@@ -121,13 +123,30 @@ def superlink_command(port: int, database: Path, certs: Certificates | None, nod
 
 
 def supernode_command(superlink: str, partition: int, partitions: int, data_root: str,
-                      certs: Certificates | None, node_auth: bool, port: int) -> list[str]:
-    """``flower-supernode``'s command line for client ``partition`` of ``partitions``."""
+                      certs: Certificates | None, node_auth: bool, port: int,
+                      waits: Mapping | None = None) -> list[str]:
+    """``flower-supernode``'s command line for client ``partition`` of ``partitions``; run
+    through ``fedsim.supernode`` when ``waits`` (``hardware.waits``) shortens a SuperNode wait."""
     node_config = f'partition-id={partition} num-partitions={partitions} data-root="{data_root}"'
     tls = ["--root-certificates", str(certs.ca)] if certs else ["--insecure"]
     auth = ["--auth-supernode-private-key", str(certs.node_key(partition))] if node_auth else []
-    return [str(BIN / "flower-supernode"), *tls, *auth, "--superlink", superlink,
-            "--node-config", node_config, "--port", str(port)]
+    flower = [*tls, *auth, "--superlink", superlink, "--node-config", node_config,
+              "--port", str(port)]
+    options = [] if waits is None else [
+        f"--{flag}={waits[key]}" for flag, key in (("idle-wait", "supernode_idle"),
+                                                   ("reply-wait", "supernode_reply"),
+                                                   ("pull-backoff", "pull_backoff"))
+        if waits.get(key) is not None]
+    if not options:
+        return [str(BIN / "flower-supernode"), *flower]
+    return [sys.executable, "-m", "fedsim.supernode", *options, "--", *flower]
+
+
+def supernode_env(env: dict, waits: Mapping | None) -> dict:
+    """``env`` with the SuperExec's task poll (Flower's own setting) when ``waits`` sets it;
+    the SuperNode starts its SuperExec with this environment."""
+    poll = None if waits is None else waits.get("superexec_poll")
+    return env if poll is None else {**env, SUPEREXEC_POLL_ENV: str(poll)}
 
 
 def connection(address: str, certs: Certificates | None) -> dict:
@@ -188,10 +207,11 @@ def register_nodes(certs: Certificates, count: int, env: dict, cwd: Path) -> Non
 
 def start_supernodes(workdir: Path, env: dict, superlink_port: int, count: int,
                      data_root: str, certs: Certificates | None = None,
-                     node_auth: bool = False) -> list[Process]:
+                     node_auth: bool = False, waits: Mapping | None = None) -> list[Process]:
     return [Process(supernode_command(f"127.0.0.1:{superlink_port}", pid, count, data_root,
-                                      certs, node_auth, free_port()),
-                    workdir, env, workdir / f"supernode-{pid}.log") for pid in range(count)]
+                                      certs, node_auth, free_port(), waits),
+                    workdir, supernode_env(env, waits), workdir / f"supernode-{pid}.log")
+            for pid in range(count)]
 
 
 def user_certificates(hw: DictConfig, nodes: int) -> Certificates | None:
@@ -303,7 +323,8 @@ def _start_local(stack: ExitStack, cfg: DictConfig, workdir: Path, env: dict, si
     if not simulation:
         if auth:
             register_nodes(certs, nodes, env, workdir)
-        for node in start_supernodes(workdir, env, port, nodes, cfg.data_root, certs, auth):
+        for node in start_supernodes(workdir, env, port, nodes, cfg.data_root, certs, auth,
+                                     cfg.hardware.waits):
             stack.enter_context(node)
     return address
 

@@ -125,9 +125,10 @@ def _round_of(messages: list[Message]) -> int:
 class Messenger:
     """Sends through ``grid``; keeps ``faults`` and ``traffic`` as ``{phase: {round: {...}}}``.
     ``noise`` is the run's source of DP noise and DP sampling, handed to the protocol's DP
-    strategies (private unless the run asked for reproducible noise)."""
+    strategies (private unless the run asked for reproducible noise). Replies are pulled every
+    ``poll_seconds``: each exchange waits half of it on average, 0.1 s as Flower's InMemoryGrid."""
 
-    def __init__(self, grid: Grid, timeout: float, poll_seconds: float = 0.5,
+    def __init__(self, grid: Grid, timeout: float, poll_seconds: float = 0.1,
                  report_seconds: float = 10.0, journal: Journal | None = None,
                  sinks: Sinks | None = None, noise: NoiseSource | None = None, know_partitions: bool = False):
         self.raw = grid

@@ -32,6 +32,16 @@ class Faults:
 
 
 @dataclass
+class Waits:
+    """Flower's fixed waits on a deployment's message path, in seconds (``fedsim/flower_waits.py``);
+    null keeps Flower's own."""
+    superexec_poll: float | None = 0.1    # each SuperNode's SuperExec polls for tasks (Flower: 1.0)
+    supernode_idle: float | None = 0.2    # a SuperNode's wait after a pull found no message (Flower: 3)
+    supernode_reply: float | None = 0.05  # a SuperNode's poll for its ClientApp's reply (Flower: 0.5)
+    pull_backoff: float | None = 0.05     # first retry of an object not uploaded yet (Flower: 1, doubling to 10)
+
+
+@dataclass
 class Hardware:
     """Where the run executes: Ray simulation resources or a deployment."""
     backend: str = "simulation"          # simulation | deployment
@@ -46,6 +56,7 @@ class Hardware:
     insecure: bool = False               # deployment: plain text, no node authentication (warns)
     certificates: str | None = None      # deployment: folder with ca.pem (+ superlink / node keys)
     node_auth: bool = True               # launch_local: SuperNodes authenticate with registered keys
+    waits: Waits = field(default_factory=Waits)  # deployment: Flower's polls shortened
 
 
 @dataclass

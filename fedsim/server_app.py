@@ -26,6 +26,7 @@ from hydra.utils import get_method
 
 from fedsim.client_state import FORGET, RUN_KEY, STATE_KEY, forget_request
 from fedsim.config import compose
+from fedsim.flower_waits import shorten_pull_backoff
 from fedsim.journal import Journal
 from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
 from fedsim.mlflow_sink import MlflowSink
@@ -49,6 +50,8 @@ def main(grid: Grid, context: Context) -> None:
         logger.setLevel(logging.INFO)
         logger.propagate = False
     cfg = compose(shlex.split(str(context.run_config.get("overrides", ""))))
+    if cfg.hardware.backend == "deployment" and cfg.hardware.waits.pull_backoff is not None:
+        shorten_pull_backoff(cfg.hardware.waits.pull_backoff)  # replies are pulled from the SuperLink
     if cfg.ship_results:  # a remote SuperLink: results go back in the log, not to the user's path
         with tempfile.TemporaryDirectory(prefix="fedsim-results-") as folder:
             try:

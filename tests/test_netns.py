@@ -13,6 +13,7 @@ import os
 import subprocess
 import time
 import uuid
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -20,9 +21,11 @@ import pytest
 from conftest import FEDSIM, SMALL, private_tmpdir, read_results
 from fedsim import launcher
 from fedsim.data import resolve_data_root
+from fedsim.schema import Waits
 from fedsim.tls import make_federation
 
 LINK_IP, USER_IP, PORT = "10.77.0.1", "10.77.0.100", 9093
+WAITS = asdict(Waits())  # the nodes run as deploy_local's do: fedsim.supernode, Flower's waits shortened
 
 
 def _ip(*args: str) -> None:
@@ -114,8 +117,8 @@ def federation(tmp_path):
                                  env=env, capture_output=True, text=True, timeout=60)
             assert res.returncode == 0, res.stdout + res.stderr
             hosts.start(ns, launcher.supernode_command(
-                f"{LINK_IP}:{PORT}", i, 2, str(resolve_data_root()), certs, True, 9094),
-                tmp_path, env, tmp_path / f"supernode-{i}.log")
+                f"{LINK_IP}:{PORT}", i, 2, str(resolve_data_root()), certs, True, 9094, WAITS),
+                tmp_path, launcher.supernode_env(env, WAITS), tmp_path / f"supernode-{i}.log")
         yield hosts, certs
     finally:
         hosts.close()
