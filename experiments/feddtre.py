@@ -99,7 +99,12 @@ class FedDTREProtocol(Protocol):
     """name -> {run: runner function, strategy: Flower strategy (federated runners)}, in run order"""
 
     def __post_init__(self):
-        """DP-SGD clips per-record gradients only: FedProx's proximal term would escape it."""
+        """Method names are components of dotted results paths and overrides, so they hold no
+        dot; DP-SGD clips per-record gradients only: FedProx's proximal term would escape it."""
+        dotted = [name for name in self.methods if "." in str(name)]
+        if dotted:
+            raise ValueError(f"protocol.methods: names {dotted} contain '.', which splits their results path "
+                             f"(methods.<name>.<dataset>) and their overrides; write e.g. 0p5 for 0.5")
         proximal = [name for name, spec in self.methods.items()
                     if ((spec or {}).get("strategy") or {}).get("proximal_mu")]
         if self.generator.dp_sgd.enabled and proximal:

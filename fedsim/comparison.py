@@ -60,6 +60,9 @@ def flatten(results, prefix: str = "") -> dict[str, float]:
         enumerate(results) if isinstance(results, list) else ()
     out = {}
     for key, value in items:
+        if "." in str(key):
+            raise ValueError(f"results key {prefix + '.' if prefix else ''}{key!r} contains '.': its dotted path "
+                             "would be ambiguous and no metric pattern could name it")
         out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
     return out
 

@@ -27,6 +27,11 @@ def test_flatten_keeps_finite_numbers_by_path():
     assert flat == {"a.b": 1.0, "a.c.0": 0.5, "a.c.1.d": 2.0}
 
 
+def test_flatten_refuses_a_key_with_a_dot_instead_of_dropping_its_metrics():
+    with pytest.raises(ValueError, match="'fixed_alpha_0.5' contains '.'"):
+        flatten({"methods": {"fixed_alpha_0.5": {"bleu1": 1.0}}})
+
+
 def test_mean_std_and_t_interval_match_a_hand_computation():
     x = [0.50, 0.55, 0.60, 0.45]
     runs = _runs({s: {"acc": v} for s, v in enumerate(x)})

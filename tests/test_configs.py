@@ -4,7 +4,7 @@ which cannot run here)."""
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from fedsim.config import compose
 from fedsim.schema import check
@@ -30,6 +30,17 @@ def test_a_preset_turns_off_datasets_and_methods_with_null():
     task = OmegaConf.to_container(cfg.task, resolve=True)
     assert list(load_tasks(task, task["data_root"])) == ["persona_chat"]
     protocol = feddtre_check(cfg)
-    assert [m for m, spec in protocol.methods.items() if spec is not None] == ["base", "fedavg", "fixed_alpha_0.5",
+    assert [m for m, spec in protocol.methods.items() if spec is not None] == ["base", "fedavg", "fixed_alpha_0p5",
                                                                              "feddtre"]
     assert protocol.generator.base_seed == 0
+
+
+def test_a_method_name_with_a_dot_is_refused_before_the_run():
+    """A dotted name would split its results path (methods.<name>.<dataset>) and its overrides."""
+    from experiments.feddtre import check as feddtre_check
+
+    cfg = compose(["experiment=feddtre_seeds"])
+    with open_dict(cfg):
+        cfg.protocol.methods["fixed_alpha_0.5"] = cfg.protocol.methods.fixed_alpha_0p5
+    with pytest.raises(ValueError, match="contain '.'"):
+        feddtre_check(cfg)

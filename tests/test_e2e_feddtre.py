@@ -20,8 +20,8 @@ SLICE = ["experiment=feddtre_paper", "task.num_clients=2", "task.max_conversatio
          "protocol.evaluator.rounds=1", "protocol.evaluator.clients_per_round=2", "protocol.evaluator.local_steps=2",
          "protocol.evaluator.heldout_contexts=5", "num_rounds=2", "protocol.personal_contexts=2",
          "protocol.clients_per_round=2"]
-METHODS = ["base", "fedavg", "fedprox", "fixed_alpha_0.5", "fixed_alpha_0.25", "feddtre"]
-MIXING = ["fixed_alpha_0.5", "fixed_alpha_0.25", "feddtre"]
+METHODS = ["base", "fedavg", "fedprox", "fixed_alpha_0p5", "fixed_alpha_0p25", "feddtre"]
+MIXING = ["fixed_alpha_0p5", "fixed_alpha_0p25", "feddtre"]
 
 
 def test_feddtre_runs_every_method_on_both_datasets(tmp_path):
@@ -48,7 +48,7 @@ def test_feddtre_runs_every_method_on_both_datasets(tmp_path):
         for row in rounds.values():
             assert 0.1 <= row["min"] <= row["mean"] <= row["max"] <= 1.0 and len(row["clients"]) == 1
             assert {"s-local", "s-global"} <= set(row["clients"][0])
-        assert {v["mean"] for v in r["alpha"]["fixed_alpha_0.25"][dataset].values()} == {0.25}
+        assert {v["mean"] for v in r["alpha"]["fixed_alpha_0p25"][dataset].values()} == {0.25}
         faults = r["faults"][f"{dataset}/feddtre/train"]
         assert all(f["malformed"] == 1 and f["accepted"] == 1 for f in faults.values())
         comm = r["communication"]
@@ -88,7 +88,7 @@ def _check_kept_local_models(state):
     (run,) = state.iterdir()
     kept = sorted(p.name for p in (run / "client-0").iterdir())
     assert kept == sorted(f"generator-{d}-{m}.r{rnd}.npz" for d in ("persona_chat", "cmu_dog")
-                          for m in ("fixed_alpha_0.5", "fixed_alpha_0.25", "feddtre") for rnd in (1, 2))
+                          for m in ("fixed_alpha_0p5", "fixed_alpha_0p25", "feddtre") for rnd in (1, 2))
     first, second = (np.load(run / "client-0" / f"generator-cmu_dog-feddtre.r{k}.npz") for k in (1, 2))
     assert first.files == second.files and any(not np.array_equal(first[k], second[k]) for k in first.files)
 
