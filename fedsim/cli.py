@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedsim.comparison import POINT_FILE, Settings
 from fedsim.comparison import write as write_comparison
-from fedsim.config import ConfigError, compose
+from fedsim.config import GROUPS, ConfigError, choices, compose
 from fedsim.launcher import Interrupted, RunFailed, launch, user_certificates
 from fedsim.schema import check, layout, sweep_settings
 from fedsim.secret import Tampered, derive, open_sealed, run_secret, seal
@@ -78,6 +78,25 @@ def prepare(overrides: list[str]) -> tuple[DictConfig, list[str], int, int]:
     return cfg, overrides, clients, nodes
 
 
+def show(overrides: list[str]) -> int:
+    """``fedsim run --cfg job``: the config a run would use, composed and checked, as YAML;
+    nothing starts (Hydra's own flag, for a reader checking what an override does)."""
+    try:
+        cfg = prepare(overrides)[0]
+    except REFUSED as exc:
+        print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    print(OmegaConf.to_yaml(cfg, resolve=True), end="")
+    return 0
+
+
+def groups_help() -> str:
+    """The config groups and their options, as Hydra's ``--help`` lists them."""
+    groups = [*GROUPS[:1], "task/selector", *GROUPS[1:]]
+    return "config groups (pick one with GROUP=OPTION; keys in conf/, docs/usage.md):\n" + "\n".join(
+        f"  {g}: {', '.join(choices(g))}" for g in groups)
+
+
 def run(overrides: list[str]) -> int:
     try:
         cfg, overrides, clients, nodes = prepare(overrides)
@@ -136,11 +155,13 @@ def compare(folder: str, overrides: list[str], output: str | None = None) -> int
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fedsim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    run_p = sub.add_parser("run", help="run an experiment: fedsim run experiment=fedtp_paper ...")
+    run_p = sub.add_parser("run", help="run an experiment: fedsim run experiment=fedtp_paper ...",
+                           epilog=groups_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     run_p.add_argument("overrides", nargs="*", help="Hydra overrides KEY=VALUE")
     run_p.add_argument("-m", "--multirun", action="store_true",
                        help="sweep: KEY=a,b / KEY=range(0,5) run the cartesian product into one folder "
                        "(resume=<sweep folder> re-runs what did not complete)")
+    run_p.add_argument("--cfg", choices=["job"], help="print the composed, checked config and exit")
     cmp_p = sub.add_parser("compare", help="rebuild a sweep's comparison (summary.md, comparison.json) "
                            "from its run folders")
     cmp_p.add_argument("folder", help="a sweep folder, or any folder holding sweep runs")
@@ -160,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "compare":
         return compare(args.folder, args.overrides, args.output)
+    if args.cfg and args.multirun:
+        parser.error("--cfg job shows one run's config; give one point's overrides without -m")
+    if args.cfg:
+        return show(args.overrides)
     return multirun(args.overrides) if args.multirun else run(args.overrides)
 
 

@@ -1,7 +1,7 @@
 """Flower 1.41's fixed waits on a deployment's message path, shortened where fedsim runs them.
 
-Each exchange of a deployment used to wait ~2.5 s on average in Flower's polls alone (README,
-Deploy: where an exchange's seconds go). Flower has a setting for one of them, the SuperExec's
+Flower's polls alone cost each exchange of a deployment ~2.5 s on average (docs/deploy.md,
+Flower's waits on the message path). Flower has a setting for one of them, the SuperExec's
 task poll (:data:`SUPEREXEC_POLL_ENV`, flwr/supercore/superexec/run_superexec.py:48-85), which
 the launcher sets in each SuperNode's environment. The others have no flag or variable, so they
 are changed in the processes fedsim starts:

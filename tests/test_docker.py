@@ -1,7 +1,7 @@
 """docker/compose.yaml on this host's loopback: a SuperLink (TLS, SuperNode authentication), its
 ServerApp runner and two SuperNodes, each in its container, run a small FedTP federation that
 `fedsim run hardware=deploy_remote` submits; a SuperNode whose key was never registered is
-refused. Skipped without a Docker engine, a compose client or the images (README.md, "With Docker")."""
+refused. Skipped without a Docker engine, a compose client or the images (docs/deploy.md, "With Docker")."""
 
 import json
 import os
@@ -45,7 +45,7 @@ def _skip_reason() -> str | None:
         return f"no Docker engine (`docker info` failed: {info.stderr.strip()[-300:]})"
     missing = [image for image in IMAGES if _run(["docker", "image", "inspect", image]).returncode]
     if missing:
-        return f"images missing: {', '.join(missing)} (build them: README.md, With Docker)"
+        return f"images missing: {', '.join(missing)} (build them: docs/deploy.md, With Docker)"
     if _compose_client() is None:
         return "no compose client (`docker compose` or `docker-compose`)"
     return None

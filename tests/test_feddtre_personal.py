@@ -10,7 +10,7 @@ replies 0.6 against 0.0 and 0.0 on 10 contexts; mean s_l 0.23 against 0.35; mean
 trust evaluator scores its local replies lower than the clean clients', and FedDTRE gives it
 the larger alpha. The margin in alpha is small here: with a 40-step base the global model's
 replies score below most local models (s_g < s_l gives alpha_min), so only the leaking
-client's rounds earn more than alpha_min. The README gives the larger run where the alphas
+client's rounds earn more than alpha_min. docs/methods/feddtre.md gives the larger run where the alphas
 separate clearly (0.203 against 0.110).
 """
 

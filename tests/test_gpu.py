@@ -6,7 +6,7 @@ travel between CPU and GPU machines), the results equal within float32 tolerance
 bounded. Tiny models built here (the CPU tests' kind) with dropout off, since the CPU and the GPU
 draw different dropout masks from one seed; the real MiniLM where it is installed.
 
-Run on a GPU machine: ``.venv/bin/python -m pytest -m gpu tests/test_gpu.py`` (README, GPU).
+Run on a GPU machine: ``.venv/bin/python -m pytest -m gpu tests/test_gpu.py`` (docs/deploy.md, GPU).
 """
 
 from __future__ import annotations

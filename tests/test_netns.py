@@ -137,7 +137,7 @@ def _user_run(hosts: Hosts, certs, out: Path, *overrides: str) -> tuple[int, str
 
 
 def _figures(res: dict) -> dict:
-    """Seconds and bytes per phase and round, as the README reports them."""
+    """Seconds and bytes per phase and round, as docs/benchmarks/deployment.md reports them."""
     return {phase: {r: {k: row[k] for k in ("seconds", "bytes_up", "bytes_down")}
                     for r, row in rounds.items()}
             for phase, rounds in res["communication"].items() if isinstance(rounds, dict)
