@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp.strategy import Result, Strategy
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from fedsim.messaging import ANY, Messenger, Policy
+from fedsim.schema import entry as schema_entry
 from fedsim.validators import model_reply
 from strategies.numpy_noise import NumpyNoise
 
@@ -25,15 +26,14 @@ def build_strategy(cfg: DictConfig, messenger: Messenger, clients: int, entry=No
     samples of ``clients``. Flower's DP wrappers draw their noise from the run's private
     source (``NumpyNoise``)."""
     slot = entry is None
-    entry = OmegaConf.to_container(OmegaConf.create(cfg.strategy if slot else entry), resolve=True)
-    entry.pop("traits", None)
-    if "train_loss_key" in entry and entry["train_loss_key"] is None:
-        entry["train_loss_key"] = cfg.protocol.strategy_slot.loss_key
-    strategy = instantiate(entry, **args)
+    settings = schema_entry(cfg.strategy if slot else entry)
+    if "train_loss_key" in settings and settings["train_loss_key"] is None:
+        settings["train_loss_key"] = cfg.protocol.strategy_slot.loss_key
+    strategy = instantiate(settings, **args)
     wrapper = he or (cfg.privacy.wrapper if slot else None)
     if not wrapper:
         return strategy
-    wrapper = OmegaConf.to_container(OmegaConf.create(wrapper), resolve=True)
+    wrapper = schema_entry(wrapper)
     if "num_sampled_clients" in wrapper and wrapper["num_sampled_clients"] is None:
         wrapper["num_sampled_clients"] = sampled(strategy, clients)
     wrapped = instantiate(wrapper, strategy=strategy)

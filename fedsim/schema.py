@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from hydra.utils import get_class, get_method
+from hydra.utils import get_class, get_method, instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 
@@ -230,6 +230,24 @@ def check(cfg: DictConfig) -> Protocol:
         raise ValueError(f"protocol block does not fit {schema.__name__}: {exc}") from exc
     check_strategy(cfg, protocol)
     return protocol
+
+
+def entry(node) -> dict:
+    """A strategy or wrapper entry as its class takes it: resolved, without fedsim's ``traits``."""
+    out = OmegaConf.to_container(OmegaConf.create(node), resolve=True)
+    out.pop("traits", None)
+    return out
+
+
+def try_strategy(cfg: DictConfig) -> None:
+    """Build the run's strategy and its privacy wrapper once, so that a bad value (a negative
+    noise multiplier, an unknown argument) fails before any process starts."""
+    strategy = instantiate(entry(cfg.strategy))
+    if cfg.privacy.wrapper:
+        wrapper = entry(cfg.privacy.wrapper)
+        if wrapper.get("num_sampled_clients", 0) is None:  # the run fills it from its slot
+            wrapper["num_sampled_clients"] = 1
+        instantiate(wrapper, strategy=strategy)
 
 
 def check_strategy(cfg: DictConfig, protocol: Protocol) -> None:
