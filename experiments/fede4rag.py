@@ -178,9 +178,10 @@ def centralized(ctx: Context, name: str, spec: DictConfig) -> Trained:
 
 def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
     """The slot's strategy (``strategy`` in ``privacy``'s wrapper) for ``num_rounds`` (quorum per
-    round: any client); with ``he`` wrapped in HEFedAvg (``one_trip``, default true: an update that fits one message travels
-    encrypted in the train reply; false: always the chunk phases). In plaintext the rounds'
-    metrics include how far apart the client models are (``ClientSpread``)."""
+    round: any client); with ``he`` wrapped in HEFedAvg (``one_trip``, default true: an update
+    that fits one message travels encrypted in the train reply; false: always the chunk phases).
+    In plaintext the rounds' metrics include how far apart the client models are
+    (``ClientSpread``)."""
     rounds, threads = int(ctx.cfg.num_rounds), _threads(ctx.cfg, len(ctx.nodes))
     he = {"_target_": "strategies.he_fedavg.HEFedAvg", "chunk_floats": ctx.cfg.protocol.he_chunk_floats,
           "one_trip": bool(spec.get("one_trip", True))} if spec.he else None

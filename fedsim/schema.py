@@ -273,4 +273,4 @@ def check_strategy(cfg: DictConfig, protocol: Protocol) -> None:
     for layer, why in ((f"strategy {name}", traits.get("he")), (f"privacy={privacy.kind}", privacy.he)):
         if under_he and why:
             raise ValueError(f"{here}: methods {under_he} run under HE, which cannot take {layer}: {why} "
-                             f"(leave them out: protocol.methods.{under_he[0]}=null)")
+                             "(leave them out, or run them in plaintext)")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from omegaconf import OmegaConf
 from test_determinism import serve
 
@@ -141,6 +141,7 @@ def test_weight_slots_run_every_accepted_pair(base, exp, strategy, privacy):
 
 
 FEDTP_SLICE = ["task.max_per_split=5", "data_root=../shared/data"]
+FEDTP_TAKES = ("rows", "weights")
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +149,7 @@ def fedtp_cfg():
     return compose(["experiment=fedtp", *FEDTP_SLICE])
 
 
-@pytest.mark.parametrize("strategy", [s for s in STRATEGIES if _load("strategy", s).traits.takes in ("rows", "weights")])
+@pytest.mark.parametrize("strategy", [s for s in STRATEGIES if _load("strategy", s).traits.takes in FEDTP_TAKES])
 def test_fedtp_prior_with_every_accepted_strategy(fedtp_cfg, strategy):
     """FedTP's prior phase with its real clients (20 conversations, one per client; the first
     prior client crashes)."""
