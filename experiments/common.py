@@ -6,12 +6,52 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
-from flwr.serverapp.strategy import Result
+from flwr.serverapp.strategy import Result, Strategy
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from fedsim.messaging import ANY, Messenger, Policy
+from fedsim.schema import entry as schema_entry
 from fedsim.validators import model_reply
+from strategies.numpy_noise import NumpyNoise
+
+
+def build_strategy(cfg: DictConfig, messenger: Messenger, clients: int, entry=None, he: dict | None = None,
+                   **args) -> Strategy:
+    """A method's strategy, with the slot's ``args`` (sampling, record keys). ``entry`` None is
+    the experiment's slot: the run's ``strategy`` inside the run's ``privacy`` wrapper (or
+    inside ``he``, the HE wrapper a method asks for); a method's own entry runs as it is. The
+    entry's ``traits`` are fedsim's data, not the class's; a null ``train_loss_key`` is the
+    slot's ``loss_key``; a wrapper's null ``num_sampled_clients`` is how many the strategy
+    samples of ``clients``. Flower's DP wrappers draw their noise from the run's private
+    source (``NumpyNoise``)."""
+    slot = entry is None
+    settings = schema_entry(cfg.strategy if slot else entry)
+    if "train_loss_key" in settings and settings["train_loss_key"] is None:
+        settings["train_loss_key"] = cfg.protocol.strategy_slot.loss_key
+    strategy = instantiate(settings, **args)
+    wrapper = he or (cfg.privacy.wrapper if slot else None)
+    if not wrapper:
+        return strategy
+    wrapper = schema_entry(wrapper)
+    if "num_sampled_clients" in wrapper and wrapper["num_sampled_clients"] is None:
+        wrapper["num_sampled_clients"] = sampled(strategy, clients)
+    wrapped = instantiate(wrapper, strategy=strategy)
+    return NumpyNoise(wrapped, messenger.noise) if cfg.privacy.kind == "dp" and not he else wrapped
+
+
+def sampled(strategy, clients: int) -> int:
+    """How many of ``clients`` a FedAvg-style strategy samples per round (Flower's
+    ``FedAvg.configure_train``): the n of a DP wrapper's noise."""
+    return max(int(clients * strategy.fraction_train), strategy.min_train_nodes)
+
+
+def innermost(strategy: Strategy) -> Strategy:
+    """The strategy inside every wrapper (privacy, HE, client spread): where a method reads
+    what its own strategy records (alphas, releases)."""
+    while hasattr(strategy, "strategy"):
+        strategy = strategy.strategy
+    return strategy
 
 
 @dataclass
@@ -33,12 +73,13 @@ class RunContext:
         return self.messenger.grid(label, policy or Policy(ANY), [self.nodes[p] for p in sorted(self.nodes)])
 
     def fedavg(self, label: str, initial: ArrayRecord, rounds: int, config: dict,
-               fraction_train: float, **strategy_args) -> Result:
-        """The configured weight-averaging strategy (``strategy``, with ``strategy_args``) over
-        ``fraction_train`` of the clients per round; replies need finite weights shaped as the
-        model sent and a plausible weight, a round goes on with any of them."""
-        strategy = instantiate(self.cfg.strategy, fraction_train=fraction_train, fraction_evaluate=0.0,
-                               **strategy_args)
+               fraction_train: float, entry=None, **strategy_args) -> Result:
+        """A weight-averaging strategy (``entry``; None: the experiment's slot, ``build_strategy``)
+        with ``strategy_args`` over ``fraction_train`` of the clients per round; replies need
+        finite weights shaped as the model sent and a plausible weight, a round goes on with
+        any of them."""
+        strategy = build_strategy(self.cfg, self.messenger, len(self.nodes), entry, fraction_train=fraction_train,
+                                  fraction_evaluate=0.0, **strategy_args)
         return strategy.start(self.grid(label, Policy(ANY, model_reply(initial))), initial, rounds,
                               self.cfg.round_timeout, ConfigRecord(config))
 

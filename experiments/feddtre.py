@@ -32,7 +32,7 @@ from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from clients import feddtre_messages as keys
-from experiments.common import RunContext, base_line, discover
+from experiments.common import RunContext, base_line, build_strategy, discover, innermost
 from fedsim.messaging import ANY, Messenger, Policy, client_config
 from fedsim.records import from_record, to_bytes, to_record
 from fedsim.results import RunOutput, markdown_table
@@ -79,6 +79,8 @@ class Generator:
 @dataclass(frozen=True)
 class EvaluatorTraining:
     """Federated training of the trust evaluator (``protocol.evaluator``)."""
+    strategy: dict = field(default_factory=lambda: {"_target_": "flwr.serverapp.strategy.FedAvg"})
+    """its Flower strategy (the same for every method: the evaluator is their shared instrument)"""
     rounds: int = 5                     # FedAvg rounds
     clients_per_round: int = 4          # clients sampled per round
     local_steps: int = 10               # optimizer steps per client and round
@@ -139,22 +141,33 @@ def federated(ctx: Context, name: str, spec: DictConfig, dataset: str) -> dict:
     """The method's Flower strategy (``spec.strategy``) over ``clients_per_round`` clients per
     round; replies need finite weights (and, under mixing, an alpha in [0, 1])."""
     n = ctx.protocol.clients_per_round  # the fraction may round down; min_train_nodes restores n
-    strategy = instantiate(spec.strategy, fraction_train=n / len(ctx.nodes), fraction_evaluate=0.0, min_train_nodes=n,
-                           min_available_nodes=n, weighted_by_key=keys.NUM_EXAMPLES, arrayrecord_key=keys.ARRAYS,
-                           configrecord_key=keys.CONFIG)
+    strategy = build_strategy(ctx.cfg, ctx.messenger, len(ctx.nodes), spec.get("strategy"),
+                              fraction_train=n / len(ctx.nodes), fraction_evaluate=0.0, min_train_nodes=n,
+                              min_available_nodes=n, weighted_by_key=keys.NUM_EXAMPLES, arrayrecord_key=keys.ARRAYS,
+                              configrecord_key=keys.CONFIG)
+    own = innermost(strategy)  # what the method's own strategy records (alphas), inside any privacy wrapper
     config = {**ctx.generator_config(dataset, name), keys.DP_ACCOUNT: f"{dataset}-{name}"}
-    if getattr(strategy, "scores_trust", False):
+    if getattr(own, "scores_trust", False):
         config[keys.EVALUATOR_WEIGHTS] = ctx.evaluator_blob
     initial = to_record(ctx.initial)
     result = strategy.start(ctx.grid(f"{dataset}/{name}", Policy(ANY, _generator_reply(initial))),
                             initial, int(ctx.cfg.num_rounds), ctx.cfg.round_timeout, ConfigRecord(config))
-    out = {"weights": from_record(result.arrays),
+    out = {"weights": from_record(result.arrays), "strategy": _strategy_name(strategy),
            "rounds": {int(r): dict(m) for r, m in result.train_metrics_clientapp.items()}}
-    if hasattr(strategy, "alphas"):  # by partition: node ids are random per run
+    if hasattr(own, "alphas"):  # by partition: node ids are random per run
         out["alphas"] = {r: [{"partition": ctx.partition_of(row.pop("node")), **row} for row in rows]
-                         for r, rows in strategy.alphas.items()}
+                         for r, rows in own.alphas.items()}
     out["personalized"] = evaluate_personalized(ctx, name, dataset, result.arrays)
     return out
+
+
+def _strategy_name(strategy) -> str:
+    """The strategy's class inside its wrappers: ``FedAdam``, ``FedAvg in NumpyNoise(Differential...)``."""
+    names = []
+    while strategy is not None:
+        names.append(type(strategy).__name__)
+        strategy = getattr(strategy, "strategy", None)
+    return " in ".join(reversed(names))
 
 
 PERSONAL_KEYS = [keys.KEPT_LOCAL, keys.DISTANCE, keys.CONTEXTS,
@@ -246,7 +259,7 @@ def train_evaluator(ctx: Context, evaluator) -> dict:
     config = {**ctx.base, keys.OBJECTIVE: keys.EVALUATOR, keys.LOCAL_STEPS: e.local_steps,
               keys.BATCH_SIZE: e.batch_size, keys.LR: e.lr, keys.SEED: int(ctx.cfg.seed), keys.TORCH_THREADS: 1}
     result = ctx.fedavg("evaluator", to_record(evaluator.weights()), e.rounds, config,
-                        e.clients_per_round / len(ctx.nodes))
+                        e.clients_per_round / len(ctx.nodes), entry=e.strategy)
     evaluator.load(from_record(result.arrays))
     after = {name: evaluator.auc(x) for name, x in held_out.items()}
     log.info("[feddtre] trust evaluator AUC after: %.3f", after["all"]["auc"])
@@ -305,7 +318,8 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
             trained = get_method(spec["run"])(ctx, name, OmegaConf.create(spec), dataset)
             scores = evaluate_generator(ctx, trained["weights"], dataset, evaluator, model, tokenizer)
             personal = {"personalized": trained["personalized"]} if "personalized" in trained else {}
-            results["methods"].setdefault(name, {})[dataset] = {**scores, **personal,
+            ran = {"strategy": trained["strategy"]} if "strategy" in trained else {}
+            results["methods"].setdefault(name, {})[dataset] = {**scores, **personal, **ran,
                                                                 "seconds": time.perf_counter() - start}
             results["rounds"].setdefault(name, {})[dataset] = trained.get("rounds", {})
             if "alphas" in trained:
@@ -359,11 +373,11 @@ def _summary(r: dict, out: RunOutput) -> str:
             f"{ev['auc_after']:.3f} after federated fine-tuning.\n"
             + base_line(r["base"]["sft"]).replace("Base:", "Base generator:", 1) + "\n")
     for dataset in r["data"]:
-        rows = [{"method": m, **{k: v[dataset][k] for k in METRICS},
+        rows = [{"method": m, "strategy": v[dataset].get("strategy", ""), **{k: v[dataset][k] for k in METRICS},
                  "MB/round": r["communication"][m][dataset]["bytes_per_round"] / 1e6}
                 for m, v in r["methods"].items()]
         text += (f"\n## {dataset} ({r['data'][dataset]['evaluation']})\n"
-                 + markdown_table(rows, ["method", *METRICS, "MB/round"], digits=3) + "\n"
+                 + markdown_table(rows, ["method", "strategy", *METRICS, "MB/round"], digits=3) + "\n"
                  + _personalized_table(r, dataset) + _contamination_table(r, dataset))
     _plot_alpha(r, out)
     return text

@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
-from hydra.utils import get_method, instantiate
+from hydra.utils import get_method
 from omegaconf import DictConfig
 
 from clients import fede4rag_messages as keys
-from experiments.common import RunContext, discover
+from experiments.common import RunContext, build_strategy, discover
 from fedsim.he import messages as he_keys
 from fedsim.messaging import ANY, Messenger, Policy, client_config
 from fedsim.records import from_record
@@ -39,7 +39,6 @@ from fedsim.results import RunOutput, markdown_table
 from fedsim.schema import Protocol
 from fedsim.validators import model_reply
 from strategies.client_spread import ClientSpread
-from strategies.he_fedavg import HEFedAvg
 from tasks.financebench_rag.inference import BACKENDS
 from tasks.financebench_rag.retrieval import METRICS, weights_key
 
@@ -63,6 +62,9 @@ class FedE4RAGProtocol(Protocol):
     eval_per_filing: bool = False     # also score each question within its own filing's pages
     methods: dict[str, Any] = field(default_factory=dict)
     """name -> {run: runner function, ...its settings}, in run order; null leaves a method out"""
+
+    def he_methods(self) -> list[str]:
+        return [name for name, spec in self.methods.items() if spec and spec.get("he")]
 
     def __post_init__(self):
         if self.eval_backend not in BACKENDS:
@@ -175,21 +177,21 @@ def centralized(ctx: Context, name: str, spec: DictConfig) -> Trained:
 
 
 def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
-    """The configured strategy for ``num_rounds`` (quorum per round: any client); with ``he``
-    wrapped in HEFedAvg (``one_trip``, default true: an update that fits one message travels
-    encrypted in the train reply; false: always the chunk phases). In plaintext the rounds'
-    metrics include how far apart the client models are (``ClientSpread``)."""
+    """The slot's strategy (``strategy`` in ``privacy``'s wrapper) for ``num_rounds`` (quorum per
+    round: any client); with ``he`` wrapped in HEFedAvg (``one_trip``, default true: an update
+    that fits one message travels encrypted in the train reply; false: always the chunk phases).
+    In plaintext the rounds' metrics include how far apart the client models are
+    (``ClientSpread``)."""
     rounds, threads = int(ctx.cfg.num_rounds), _threads(ctx.cfg, len(ctx.nodes))
-    strategy = instantiate(ctx.cfg.strategy)
+    he = {"_target_": "strategies.he_fedavg.HEFedAvg", "chunk_floats": ctx.cfg.protocol.he_chunk_floats,
+          "one_trip": bool(spec.get("one_trip", True))} if spec.he else None
+    strategy = build_strategy(ctx.cfg, ctx.messenger, len(ctx.nodes), he=he)
     local = f"retriever-{name}" if spec.get("local_models", False) else None
-    if spec.he:
+    if spec.he or ctx.cfg.privacy.kind == "he":
         config = ConfigRecord(ctx.train_config(name, keys.FROM_HE, spec.kd_weight,
                                                ctx.cfg.protocol.local_steps, threads, local))
-        one_trip = bool(spec.get("one_trip", True))
-        wrapper = HEFedAvg(strategy, chunk_floats=ctx.cfg.protocol.he_chunk_floats, one_trip=one_trip)
-        result = wrapper.start(ctx.grid(name), ArrayRecord(), rounds,
-                               ctx.cfg.round_timeout, config)
-        ctx.cost[name] = list(wrapper.rounds.values())
+        result = strategy.start(ctx.grid(name), ArrayRecord(), rounds, ctx.cfg.round_timeout, config)
+        ctx.cost[name] = list(strategy.rounds.values())
         return Trained(keys.FROM_HE, {"steps": ctx.budget, "rounds": _round_metrics(result)},
                        he_round=rounds, local=local)
     config = ConfigRecord(ctx.train_config(name, keys.FROM_ARRAYS, spec.kd_weight,

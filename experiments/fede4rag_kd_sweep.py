@@ -34,6 +34,9 @@ class KDSweepProtocol(fede4rag.FedE4RAGProtocol):
     """KD-GLE weights of the cells (0 = FedAvg)"""
     he: bool = False                  # aggregate the cells under CKKS (HEFedAvg): no client distance then
 
+    def he_methods(self) -> list[str]:
+        return [cell_name(s, k) for s in self.local_steps_grid for k in self.kd_weights] if self.he else []
+
     def __post_init__(self):
         super().__post_init__()  # eval_backend, eval_nodes
         if self.budget_steps < 1:

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from clients import fedtp_messages as keys
+from experiments.common import build_strategy, innermost
 from fedsim.messaging import ANY, Messenger, Policy, client_config
 from fedsim.privacy import SWEEP, one_shot_epsilon
 from fedsim.results import RunOutput, markdown_table
@@ -61,11 +61,12 @@ def prior_policy(dim: int, max_rows: int | None = None) -> Policy:
 
 
 def dp_strategy(cfg: DictConfig, messenger: Messenger):
-    """The configured strategy; a DP one (it has ``release``) draws its noise and its sample
-    from the run's noise source, never from the public seed unless the run asked for that."""
-    strategy = instantiate(cfg.strategy)
-    if hasattr(strategy, "release"):
-        strategy.noise = messenger.noise
+    """The slot's strategy (``build_strategy``); a DP one (it has ``release``) draws its noise
+    and its sample from the run's noise source, never from the public seed unless the run
+    asked for that."""
+    strategy = build_strategy(cfg, messenger, len(messenger.node_ids()))
+    if hasattr(innermost(strategy), "release"):
+        innermost(strategy).noise = messenger.noise
     return strategy
 
 

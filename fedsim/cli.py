@@ -7,14 +7,14 @@ import sys
 from pathlib import Path
 
 from hydra.errors import InstantiationException
-from hydra.utils import get_class, instantiate
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from fedsim.comparison import POINT_FILE, Settings
 from fedsim.comparison import write as write_comparison
 from fedsim.config import GROUPS, ConfigError, choices, compose
 from fedsim.launcher import Interrupted, RunFailed, launch, user_certificates
-from fedsim.schema import check, layout, sweep_settings
+from fedsim.schema import check, layout, sweep_settings, try_strategy
 from fedsim.secret import Tampered, derive, open_sealed, run_secret, seal
 from fedsim.sweep import Sweep
 from fedsim.tls import make_federation
@@ -69,7 +69,7 @@ def prepare(overrides: list[str]) -> tuple[DictConfig, list[str], int, int]:
         overrides = resumed(folder, overrides)
     cfg = compose(overrides)
     check(cfg)
-    instantiate(cfg.strategy)  # bad strategy values fail here, before any process starts
+    try_strategy(cfg)  # bad strategy or wrapper values fail here, before any process starts
     task = OmegaConf.to_container(cfg.task, resolve=True)
     population = 0 if cfg.hardware.num_clients or cfg.hardware.num_supernodes else \
         get_class(task["client"]).population_size(task, cfg.data_root)

@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.client.mod.utils import make_ffn
 from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import adaptiveclipping_mod
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 from hydra.utils import get_class
 
 from fedsim import client_state
@@ -30,7 +32,35 @@ from fedsim.sharded_grid import SHARD, serve_batch
 TASK_KEY = "fedsim-task"
 SEED_KEY = "fedsim-seed"
 
-MODS = [fault_injection_mod]
+
+
+def dp_clipping_mod(msg: Message, context: Context, call_next) -> Message:
+    """Flower's client-side clipping for its client-side DP wrappers, on the train messages that
+    carry their clipping norm only: Flower's mod refuses any message without exactly one
+    ArrayRecord (every discovery, query and evaluate message here). The adaptive mod clips
+    exactly as the fixed one and also reports whether it clipped, which the adaptive wrapper
+    needs and the fixed one ignores, so one mod serves both. Flower's clipping writes the
+    update in the dtype of the model received (float64 after FedAdam, say); the reply keeps the
+    dtype the client trained in, which the server's reply check expects."""
+    config = msg.content.config_records.get("config", {})
+    if msg.metadata.message_type != MessageType.TRAIN or KEY_CLIPPING_NORM not in config:
+        return call_next(msg, context)
+    dtypes = {}
+
+    def trained(m: Message, c: Context) -> Message:
+        reply = call_next(m, c)
+        if not reply.has_error():
+            dtypes.update({k: a.dtype for r in reply.content.array_records.values() for k, a in r.items()})
+        return reply
+
+    out = adaptiveclipping_mod(msg, context, trained)
+    if not out.has_error():
+        for name, record in list(out.content.array_records.items()):
+            out.content[name] = ArrayRecord({k: Array(a.numpy().astype(dtypes[k])) for k, a in record.items()})
+    return out
+
+
+MODS = [fault_injection_mod, dp_clipping_mod]  # faults outermost: they corrupt what was clipped
 app = ClientApp(mods=MODS)
 
 

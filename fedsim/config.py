@@ -16,7 +16,7 @@ from fedsim import schema  # noqa: F401  (registers the typed schema with Hydra)
 from fedsim.data import REPO_ROOT, DataNotFoundError, resolve_data_root
 
 CONF_DIR = REPO_ROOT / "conf"
-GROUPS = ("task", "strategy", "hardware", "experiment")
+GROUPS = ("task", "strategy", "privacy", "hardware", "experiment")
 
 
 class ConfigError(ValueError):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from hydra.utils import get_class, get_method
+from hydra.utils import get_class, get_method, instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 
@@ -88,8 +88,12 @@ class Sweep:
 
 @dataclass
 class Privacy:
-    """How private the run's DP releases are (``fedsim/privacy.py``)."""
+    """How private the run's DP releases are (``fedsim/privacy.py``), and the wrapper around the
+    run's strategy (``conf/privacy/*.yaml``)."""
     reproducible_noise: bool = False     # noise from the public seed: reproducible, not private
+    kind: str = "none"                   # none | dp (Flower's central DP wrappers) | he (HEFedAvg)
+    wrapper: Any = None                  # the wrapper's _target_ and settings; null: none
+    he: str | None = None                # why this wrapper cannot run inside HE (null: it can)
 
 
 @dataclass
@@ -114,11 +118,27 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
+class StrategySlot:
+    """Where an experiment runs the top-level ``strategy`` (and ``privacy``'s wrapper around it):
+    what its clients' replies are and what it refuses, with why."""
+    role: str = ""                       # the methods / phases that run it
+    accepts: list[str] = field(default_factory=list)  # reply contracts its clients speak (a strategy's traits.takes)
+    refuses: dict[str, str] = field(default_factory=dict)  # an aggregation or privacy kind -> why not here
+    loss_key: str | None = None          # the metric its clients report their training loss under (QFedAvg)
+
+
+@dataclass(frozen=True)
 class Protocol:
     """Keys every experiment's ``protocol`` block has."""
     name: str = MISSING    # results folder name
     run: str = MISSING     # the server-side protocol function, run(messenger, cfg, out)
     schema: str = MISSING  # this block's dataclass (a subclass of Protocol)
+    strategy_slot: StrategySlot = field(default_factory=StrategySlot)
+    """where ``strategy=`` and ``privacy=`` act in this experiment"""
+
+    def he_methods(self) -> list[str]:
+        """The methods that run the strategy under HE whatever ``privacy`` says."""
+        return []
 
 
 ConfigStore.instance().store(name="fedsim_schema", node=RunConfig)
@@ -205,6 +225,52 @@ def check(cfg: DictConfig) -> Protocol:
     typed = _writable(OmegaConf.structured(schema))
     try:
         merged = OmegaConf.merge(typed, OmegaConf.to_container(cfg.protocol, resolve=True))
-        return OmegaConf.to_object(merged)
+        protocol = OmegaConf.to_object(merged)
     except Exception as exc:
         raise ValueError(f"protocol block does not fit {schema.__name__}: {exc}") from exc
+    check_strategy(cfg, protocol)
+    return protocol
+
+
+def entry(node) -> dict:
+    """A strategy or wrapper entry as its class takes it: resolved, without fedsim's ``traits``."""
+    out = OmegaConf.to_container(OmegaConf.create(node), resolve=True)
+    out.pop("traits", None)
+    return out
+
+
+def try_strategy(cfg: DictConfig) -> None:
+    """Build the run's strategy and its privacy wrapper once, so that a bad value (a negative
+    noise multiplier, an unknown argument) fails before any process starts."""
+    strategy = instantiate(entry(cfg.strategy))
+    if cfg.privacy.wrapper:
+        wrapper = entry(cfg.privacy.wrapper)
+        if wrapper.get("num_sampled_clients", 0) is None:  # the run fills it from its slot
+            wrapper["num_sampled_clients"] = 1
+        instantiate(wrapper, strategy=strategy)
+
+
+def check_strategy(cfg: DictConfig, protocol: Protocol) -> None:
+    """Refuse a strategy or privacy wrapper the experiment cannot run, naming why. Everything
+    comes from data: the strategy's ``traits`` (what replies it takes, its aggregation, why HE or
+    DP cannot wrap it), the privacy entry's ``kind``, the experiment's ``strategy_slot``."""
+    slot, traits, privacy = protocol.strategy_slot, cfg.strategy.get("traits"), cfg.privacy
+    name = str(cfg.strategy.get("_target_", "?")).rsplit(".", 1)[-1]
+    here = f"experiment {protocol.name} ({slot.role or 'no strategy slot'})"
+    if traits is None:
+        raise ValueError(f"strategy {name} has no traits block (takes, aggregation, he, dp): "
+                         "fedsim cannot tell which experiments and wrappers fit it")
+    for what in (traits.takes, traits.aggregation, privacy.kind):
+        if what in slot.refuses:
+            subject = f"privacy kind '{what}'" if what == privacy.kind else f"strategy {name}"
+            raise ValueError(f"{here} cannot run {subject}: {slot.refuses[what]}")
+    if traits.takes not in slot.accepts:
+        raise ValueError(f"{here} cannot run strategy {name}: it aggregates '{traits.takes}' replies; "
+                         f"this experiment's clients send {slot.accepts or 'none a strategy can take'}")
+    if privacy.kind != "none" and traits.get(privacy.kind):
+        raise ValueError(f"privacy={privacy.kind} cannot wrap strategy {name}: {traits.get(privacy.kind)}")
+    under_he = protocol.he_methods()
+    for layer, why in ((f"strategy {name}", traits.get("he")), (f"privacy={privacy.kind}", privacy.he)):
+        if under_he and why:
+            raise ValueError(f"{here}: methods {under_he} run under HE, which cannot take {layer}: {why} "
+                             "(leave them out, or run them in plaintext)")

@@ -10,6 +10,7 @@ from test_sharded_grid import fedtp_round, supernodes
 
 from conftest import fedsim_run, read_results
 from fedsim.config import compose
+from fedsim.schema import entry
 
 pytestmark = pytest.mark.e2e
 
@@ -24,6 +25,6 @@ def test_fedtp_release_is_the_same_with_many_clients_per_supernode(tmp_path):
     assert (sharded["clients"], sharded["supernodes"]) == (24, 4)
     assert sharded["faults"]["aggregate/train"]["1"]["accepted"] == 24
     cfg = compose([*SLICE, "data_root=../shared/data"])
-    one_each, faults = fedtp_round(supernodes(24), cfg, instantiate(cfg.strategy))
+    one_each, faults = fedtp_round(supernodes(24), cfg, instantiate(entry(cfg.strategy)))
     assert faults["accepted"] == 24
     np.testing.assert_allclose(sharded["released"], one_each, rtol=0, atol=1e-12)
