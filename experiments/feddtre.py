@@ -113,6 +113,14 @@ class FedDTREProtocol(Protocol):
             raise ValueError(f"protocol.generator.dp_sgd with FedProx methods {proximal}: drop them "
                              f"(~protocol.methods.{proximal[0]})")
 
+    def refuses_strategy(self, settings: dict) -> str | None:
+        """The slot's methods (those naming no strategy) under DP-SGD: FedProx's term escapes it."""
+        slot_methods = [name for name, spec in self.methods.items() if spec and not spec.get("strategy")]
+        if self.generator.dp_sgd.enabled and settings.get("proximal_mu") and slot_methods:
+            return (f"protocol.generator.dp_sgd clips per-record gradients only, and the proximal term of "
+                    f"methods {slot_methods} would escape it")
+        return None
+
 
 @dataclass
 class Context(RunContext):

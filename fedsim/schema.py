@@ -140,6 +140,11 @@ class Protocol:
         """The methods that run the strategy under HE whatever ``privacy`` says."""
         return []
 
+    def refuses_strategy(self, settings: dict) -> str | None:
+        """Why this protocol's own settings cannot run the slot's strategy (its constructor
+        ``settings``), when that depends on more than the slot's fixed ``refuses``."""
+        return None
+
 
 ConfigStore.instance().store(name="fedsim_schema", node=RunConfig)
 
@@ -269,6 +274,8 @@ def check_strategy(cfg: DictConfig, protocol: Protocol) -> None:
                          f"this experiment's clients send {slot.accepts or 'none a strategy can take'}")
     if privacy.kind != "none" and traits.get(privacy.kind):
         raise ValueError(f"privacy={privacy.kind} cannot wrap strategy {name}: {traits.get(privacy.kind)}")
+    if why := protocol.refuses_strategy(OmegaConf.to_container(cfg.strategy, resolve=True)):
+        raise ValueError(f"{here} cannot run strategy {name}: {why}")
     under_he = protocol.he_methods()
     for layer, why in ((f"strategy {name}", traits.get("he")), (f"privacy={privacy.kind}", privacy.he)):
         if under_he and why:

@@ -44,3 +44,13 @@ def test_a_method_name_with_a_dot_is_refused_before_the_run():
         cfg.protocol.methods["fixed_alpha_0.5"] = cfg.protocol.methods.fixed_alpha_0p5
     with pytest.raises(ValueError, match="contain '.'"):
         feddtre_check(cfg)
+
+
+def test_dp_sgd_refuses_fedprox_in_the_slot_as_in_a_method():
+    """FedProx's proximal term escapes DP-SGD's per-record clipping, by override or by method."""
+    cfg = compose(["experiment=feddtre_paper", "strategy=fedprox", "protocol.generator.dp_sgd.enabled=true",
+                   "protocol.generator.dp_sgd.noise_multiplier=1.0", "~protocol.methods.fedprox"])
+    with pytest.raises(ValueError, match=r"methods \['fedavg'\] would escape it"):
+        check(cfg)
+    check(compose(["experiment=feddtre_paper", "protocol.generator.dp_sgd.enabled=true",
+                   "protocol.generator.dp_sgd.noise_multiplier=1.0", "~protocol.methods.fedprox"]))
