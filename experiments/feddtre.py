@@ -114,8 +114,9 @@ class FedDTREProtocol(Protocol):
                              f"(~protocol.methods.{proximal[0]})")
 
     def refuses_strategy(self, settings: dict) -> str | None:
-        """The slot's methods (those naming no strategy) under DP-SGD: FedProx's term escapes it."""
-        slot_methods = [name for name, spec in self.methods.items() if spec and not spec.get("strategy")]
+        """The slot's methods (federated, naming no strategy) under DP-SGD: FedProx's term escapes it."""
+        slot_methods = [name for name, spec in self.methods.items()
+                        if spec and spec.get("run") == f"{__name__}.federated" and not spec.get("strategy")]
         if self.generator.dp_sgd.enabled and settings.get("proximal_mu") and slot_methods:
             return (f"protocol.generator.dp_sgd clips per-record gradients only, and the proximal term of "
                     f"methods {slot_methods} would escape it")
