@@ -34,8 +34,8 @@ import torch
 from omegaconf import OmegaConf
 
 from clients.retriever import RetrieverClient
-from tasks.financebench_rag.model import load_trainable, trainable_arrays
 from tasks.financebench_rag.train import local_seed, train_encoder
+from tasks.hf import load_trainable, trainable_arrays
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")
 METHOD = "local"
