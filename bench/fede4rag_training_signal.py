@@ -62,8 +62,8 @@ def centralized_pairs(task: dict, root: str) -> tuple[RetrieverClient, list]:
     """Every company's documents pooled on one client, as the protocol's ``centralized``."""
     client = RetrieverClient(task, root, 0, 0)
     n = RetrieverClient.population_size(task, root)
-    documents = sorted({d for pid in range(n) for d in client_documents(
-        root, task["companies"], instantiate(task["partitioner"]), pid)})
+    documents = sorted({d for partition_id in range(n) for d in client_documents(
+        root, task["companies"], instantiate(task["partitioner"]), partition_id)})
     return client, client._pairs(documents)
 
 
