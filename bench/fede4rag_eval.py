@@ -32,8 +32,8 @@ from omegaconf import OmegaConf
 
 from fedsim.config import compose
 from tasks.financebench_rag.inference import BACKENDS, corpus_encoder
-from tasks.financebench_rag.model import build_encoder, load_trainable, trainable_arrays
 from tasks.financebench_rag.retrieval import evaluation_data, score_splits
+from tasks.hf import build_encoder, load_trainable, trainable_arrays
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")
 SPLITS = ["valid", "test"]

@@ -26,9 +26,9 @@ from clients.retriever import RetrieverClient
 from fedsim.config import compose
 from tasks.financebench_rag.dataset import client_documents
 from tasks.financebench_rag.inference import corpus_encoder
-from tasks.financebench_rag.model import build_encoder, trainable_arrays
 from tasks.financebench_rag.retrieval import corpus_store, evaluation_data, score_splits, weights_key
 from tasks.financebench_rag.train import train_encoder
+from tasks.hf import build_encoder, trainable_arrays
 
 PASSAGES = ["task.passages.words=96"]
 TITLES = ["task.passages.titles=true", "task.pseudo_queries.titles=true"]
@@ -62,8 +62,8 @@ def centralized_pairs(task: dict, root: str) -> tuple[RetrieverClient, list]:
     """Every company's documents pooled on one client, as the protocol's ``centralized``."""
     client = RetrieverClient(task, root, 0, 0)
     n = RetrieverClient.population_size(task, root)
-    documents = sorted({d for pid in range(n) for d in client_documents(
-        root, task["companies"], instantiate(task["partitioner"]), pid)})
+    documents = sorted({d for partition_id in range(n) for d in client_documents(
+        root, task["companies"], instantiate(task["partitioner"]), partition_id)})
     return client, client._pairs(documents)
 
 

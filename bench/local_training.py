@@ -34,8 +34,8 @@ import torch
 from omegaconf import OmegaConf
 
 from clients.retriever import RetrieverClient
-from tasks.financebench_rag.model import load_trainable, trainable_arrays
 from tasks.financebench_rag.train import local_seed, train_encoder
+from tasks.hf import load_trainable, trainable_arrays
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")
 METHOD = "local"
@@ -72,26 +72,27 @@ def plain(cfg, rounds: int, kd_weight: float, threads: int, clients: int) -> dic
     torch.set_num_threads(threads)
     task, p = OmegaConf.to_container(cfg.task, resolve=True), cfg.protocol
     start = time.perf_counter()
-    nodes = {pid: RetrieverClient(task, cfg.data_root, pid, clients) for pid in range(clients)}
+    nodes = {partition_id: RetrieverClient(task, cfg.data_root, partition_id, clients)
+             for partition_id in range(clients)}
     built = time.perf_counter()
-    sizes = {pid: len(c.pairs) for pid, c in nodes.items()}
+    sizes = {partition_id: len(c.pairs) for partition_id, c in nodes.items()}
     paired = time.perf_counter()
     weights, log = nodes[0].initial, defaultdict(dict)
     for rnd in range(1, rounds + 1):
         updates = {}
-        for pid, c in nodes.items():
+        for partition_id, c in nodes.items():
             t0 = time.perf_counter()
             load_trainable(c.model, weights)
             t1 = time.perf_counter()
             stats = train_encoder(c.model, c.pairs, p.local_steps, p.batch_size, p.lr, p.temperature,
-                                  kd_weight, seed=local_seed(cfg.seed, rnd, pid))
+                                  kd_weight, seed=local_seed(cfg.seed, rnd, partition_id))
             t2 = time.perf_counter()
-            updates[pid] = trainable_arrays(c.model)
+            updates[partition_id] = trainable_arrays(c.model)
             t3 = time.perf_counter()
-            log[rnd][pid] = {"weights": t1 - t0, "pairs": 0.0, "train": t2 - t1, "reply": t3 - t2,
+            log[rnd][partition_id] = {"weights": t1 - t0, "pairs": 0.0, "train": t2 - t1, "reply": t3 - t2,
                              "handler": t3 - t0, **stats}
         total = sum(sizes.values())  # FedAvg: weighted by pairs, float32 as Flower's aggregate
-        weights = {k: sum(np.float32(sizes[pid] / total) * u[k] for pid, u in updates.items())
+        weights = {k: sum(np.float32(sizes[partition_id] / total) * u[k] for partition_id, u in updates.items())
                    for k in weights}
     return {"rounds": log, "build": built - start, "pairs": paired - built}
 

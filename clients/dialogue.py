@@ -35,7 +35,7 @@ from tasks.dialogue.dataset import answer_sample, contamination, load_tasks
 from tasks.dialogue.metrics import reply_scores
 from tasks.dialogue.trust_data import contaminate, trust_examples
 from tasks.dp_sgd import DP_EPSILON, DPSGD
-from tasks.financebench_rag.model import load_trainable, trainable_arrays
+from tasks.hf import load_trainable, trainable_arrays
 
 
 @lru_cache(maxsize=1)

@@ -20,7 +20,7 @@ from hydra.utils import instantiate
 from clients import preference_messages as keys
 from fedsim.records import from_record, to_record
 from tasks.causal_lm import dpo_train, sft_train, shared_policy, turn_separator
-from tasks.financebench_rag.model import load_trainable, trainable_arrays
+from tasks.hf import load_trainable, trainable_arrays
 from tasks.hh_preference.dataset import Federation
 from tasks.hh_preference.rlhf import policy_prompt
 

@@ -35,13 +35,6 @@ from fedsim.he.client import HEClient, is_he_operation
 from fedsim.records import from_record, to_record
 from tasks.financebench_rag.dataset import client_documents, load_documents, load_pages, title
 from tasks.financebench_rag.inference import Encode, corpus_encoder
-from tasks.financebench_rag.model import (
-    build_encoder,
-    flatten,
-    load_trainable,
-    trainable_arrays,
-    unflatten,
-)
 from tasks.financebench_rag.pseudo_queries import LLMQueryGenerator, inverse_cloze_pairs
 from tasks.financebench_rag.retrieval import (
     corpus_store,
@@ -50,6 +43,13 @@ from tasks.financebench_rag.retrieval import (
     weights_key,
 )
 from tasks.financebench_rag.train import frozen_copy, local_seed, train_encoder
+from tasks.hf import (
+    build_encoder,
+    flatten,
+    load_trainable,
+    trainable_arrays,
+    unflatten,
+)
 
 
 class MissingWeights(RuntimeError):

@@ -64,7 +64,7 @@ class RunContext:
     info: dict[int, dict]  # partition id -> the node's discovery info
 
     def partition_of(self, node: int) -> int:
-        return next(pid for pid, n in self.nodes.items() if n == node)
+        return next(partition_id for partition_id, n in self.nodes.items() if n == node)
 
     def grid(self, label: str, policy: Policy | None = None):
         """A Grid over every client in partition order. Flower samples nodes by position and
@@ -94,8 +94,8 @@ def discover(messenger: Messenger, base: dict, config_key: str, info_key: str, p
     nodes, info = {}, {}
     for msg in replies:
         record = msg.content[info_key]
-        pid = int(record[partition_key])
-        nodes[pid], info[pid] = msg.metadata.src_node_id, record
+        partition_id = int(record[partition_key])
+        nodes[partition_id], info[partition_id] = msg.metadata.src_node_id, record
     return nodes, info
 
 

@@ -88,7 +88,7 @@ class Context(RunContext):
 def central(ctx: Context, name: str, spec: DictConfig) -> dict:
     """One selector trained on the pooled training pairs of the clients of ``spec.population``
     (majority | all): a non-private reference trained in the server process."""
-    clients = [ctx.federation.client(pid) for pid in sorted(ctx.nodes)]
+    clients = [ctx.federation.client(partition_id) for partition_id in sorted(ctx.nodes)]
     examples = [e for c in clients if spec.population == "all" or c.population == spec.population
                 for e in c.train]
     selector = instantiate(ctx.cfg.task.selector, seed=ctx.cfg.task.seed)
@@ -120,11 +120,11 @@ def oracle_groups(ctx: Context, name: str, spec: DictConfig) -> dict:
     u = int(spec.num_selectors)
     if u < 3:
         raise ValueError(f"{name}: num_selectors must be >= 3 (one minority group, majority groups)")
-    majority = sorted(pid for pid, i in ctx.info.items() if i[keys.POPULATION] != "minority")
-    groups = {ctx.nodes[pid]: 0 for pid, i in ctx.info.items() if i[keys.POPULATION] == "minority"}
-    groups |= {ctx.nodes[pid]: 1 + k % (u - 1) for k, pid in enumerate(majority)}
-    weights = {ctx.nodes[pid]: 1.0 if ctx.weight_key == keys.UNIT_WEIGHT else float(i[keys.NUM_EXAMPLES])
-               for pid, i in ctx.info.items()}
+    majority = sorted(partition_id for partition_id, i in ctx.info.items() if i[keys.POPULATION] != "minority")
+    groups = {ctx.nodes[partition_id]: 0 for partition_id, i in ctx.info.items() if i[keys.POPULATION] == "minority"}
+    groups |= {ctx.nodes[partition_id]: 1 + k % (u - 1) for k, partition_id in enumerate(majority)}
+    weights = {ctx.nodes[partition_id]: 1.0 if ctx.weight_key == keys.UNIT_WEIGHT else float(i[keys.NUM_EXAMPLES])
+               for partition_id, i in ctx.info.items()}
     return _selector_groups(ctx, name, u, SelectorGroups(u, 0, 0, fixed_groups=groups, fixed_weights=weights,
                                                          **_group_args(ctx)))
 
@@ -139,7 +139,7 @@ def _group_args(ctx: Context) -> dict:
 def _selector_groups(ctx: Context, name: str, num_selectors: int, strategy: SelectorGroups) -> dict:
     result = strategy.start(ctx.grid(name, Policy(ANY, finite_arrays)), to_record(ctx.initial),
                             int(ctx.cfg.num_rounds), ctx.cfg.round_timeout, ConfigRecord(ctx.train_config()))
-    minority = {pid for pid, i in ctx.info.items() if i[keys.POPULATION] == "minority"}
+    minority = {partition_id for partition_id, i in ctx.info.items() if i[keys.POPULATION] == "minority"}
     groups = [_group_row(g, ctx, minority, num_selectors) for g in result.groups]
     if strategy.fixed:
         groups = [_group_row({"round": 1, "groups": strategy.groups, "sizes": np.bincount(
@@ -178,14 +178,15 @@ def evaluate_selectors(selector, weights: list[dict], fed: Federation, minority_
 def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
     base = client_config(cfg)
     nodes, records = discover(messenger, base, keys.CONFIG, keys.INFO, keys.PARTITION_ID)
-    info = {pid: {k: r[k] for k in (keys.NUM_EXAMPLES, keys.NUM_VALID, keys.POPULATION)} for pid, r in records.items()}
+    info = {partition_id: {k: r[k] for k in (keys.NUM_EXAMPLES, keys.NUM_VALID, keys.POPULATION)}
+            for partition_id, r in records.items()}
     task = OmegaConf.to_container(cfg.task, resolve=True)
     federation = Federation(task, task["data_root"])
     selector = instantiate(cfg.task.selector, seed=cfg.task.seed)
     ctx = Context(messenger, cfg, base, nodes, info, federation, selector.weights())
     share = len(federation.minority) / federation.num_clients
-    pairs = {pid: i[keys.NUM_EXAMPLES] for pid, i in info.items()}
-    pair_share = sum(pairs[pid] for pid in federation.minority) / sum(pairs.values())
+    pairs = {partition_id: i[keys.NUM_EXAMPLES] for partition_id, i in info.items()}
+    pair_share = sum(pairs[partition_id] for partition_id in federation.minority) / sum(pairs.values())
     log.info("[fedbiscuit] %d clients, minority %s (%.0f%% of clients, %.0f%% of training pairs); %d test "
              "pairs; p_m: %s", len(nodes), federation.minority, 100 * share, 100 * pair_share,
              len(federation.splits["test"]), cfg.protocol.client_weights)

@@ -39,7 +39,7 @@ from tasks.causal_lm import (
     saved_sft_base,
     turn_separator,
 )
-from tasks.financebench_rag.model import load_trainable, trainable_arrays
+from tasks.hf import load_trainable, trainable_arrays
 from tasks.hh_preference.dataset import both_orders
 from tasks.hh_preference.rlhf import completion_pairs, persona_chat_examples, policy_prompt, win_rate
 from tasks.hh_preference.selector import choices

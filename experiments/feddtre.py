@@ -43,7 +43,7 @@ from tasks.dialogue.dataset import DialogueTask, answer_sample, contamination, e
 from tasks.dialogue.metrics import REPLY_METRICS, reply_scores
 from tasks.dialogue.trust_data import trust_examples
 from tasks.dp_sgd import DPSGD
-from tasks.financebench_rag.model import load_trainable, trainable_arrays
+from tasks.hf import load_trainable, trainable_arrays
 
 log = logging.getLogger("fedsim")
 METRICS = REPLY_METRICS

@@ -154,7 +154,7 @@ def vanilla(ctx: Context, name: str, spec: DictConfig) -> Trained:
 
 def alone(ctx: Context, name: str, spec: DictConfig) -> Trained:
     """One client trains on its own pairs for the whole budget (largest or smallest client)."""
-    sizes = {pid: info[keys.NUM_PAIRS] for pid, info in ctx.info.items()}
+    sizes = {partition_id: info[keys.NUM_PAIRS] for partition_id, info in ctx.info.items()}
     pick = max(sizes, key=sizes.get) if spec.which == "largest" else min(sizes, key=sizes.get)
     config = ctx.train_config(name, keys.FROM_INITIAL, 0.0, ctx.budget, _threads(ctx.cfg, 1))
     reply = ctx.ask(ctx.nodes[pick], MessageType.TRAIN, config, f"{name}/train",
@@ -282,8 +282,8 @@ def _evaluate_local(ctx: Context, name: str, trained: Trained, global_scores: di
     model: ``<split>.<metric>`` the mean over companies, ``spread`` its std / min / max,
     ``clients`` every company's scores."""
     clients, own = {}, bool(trained.local and ctx.cfg.protocol.eval_local)
-    for pid, node in sorted(ctx.nodes.items()):
-        clients[str(pid)] = _evaluate(ctx, name, trained, node) if own else \
+    for partition_id, node in sorted(ctx.nodes.items()):
+        clients[str(partition_id)] = _evaluate(ctx, name, trained, node) if own else \
             {s: global_scores[s] for s in scored(ctx.cfg)}
     out = {"model": "own" if own else "global", "clients": clients, "spread": {}}
     for split in scored(ctx.cfg):
@@ -330,8 +330,8 @@ def _cost_summary(rounds: list[dict]) -> dict:
 
 def _discover(messenger: Messenger, base: dict) -> tuple[dict[int, int], dict[int, dict]]:
     nodes, records = discover(messenger, base, keys.CONFIG, keys.INFO, keys.PARTITION_ID)
-    return nodes, {pid: {keys.NUM_PAIRS: int(r[keys.NUM_PAIRS]), keys.COMPANIES: list(r[keys.COMPANIES]),
-                         keys.DOCUMENTS: len(r[keys.DOCUMENTS])} for pid, r in records.items()}
+    return nodes, {partition_id: {keys.NUM_PAIRS: int(r[keys.NUM_PAIRS]), keys.COMPANIES: list(r[keys.COMPANIES]),
+                                  keys.DOCUMENTS: len(r[keys.DOCUMENTS])} for partition_id, r in records.items()}
 
 
 def train_and_evaluate(ctx: Context, name: str, spec: DictConfig) -> dict:
@@ -355,7 +355,7 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     budget = int(cfg.num_rounds * p.local_steps * len(nodes))
     ctx = Context(messenger, cfg, base, nodes, info, budget)
     log.info("[fede4rag] %d clients %s; budget %d optimizer steps per method", len(nodes),
-             {pid: (i[keys.COMPANIES], i[keys.NUM_PAIRS]) for pid, i in sorted(info.items())},
+             {partition_id: (i[keys.COMPANIES], i[keys.NUM_PAIRS]) for partition_id, i in sorted(info.items())},
              budget)
     results = {"clients": {str(k): v for k, v in sorted(info.items())}, "budget_steps": budget,
                "methods": {}, "round_cost": {}}

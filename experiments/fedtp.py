@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp.strategy import Strategy
 from omegaconf import DictConfig, OmegaConf
 
 from clients import fedtp_messages as keys
@@ -152,103 +153,109 @@ def discover(messenger: Messenger, base: dict) -> dict[int, ConfigRecord]:
     return {m.metadata.src_node_id: m.content[keys.INFO] for m in infos}
 
 
-def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
-    proto = cfg.protocol
-    timeout = float(cfg.round_timeout)
-    timings, t_all = {}, time.monotonic()
-    num_topics = len(load_topics(cfg.data_root))
-    task = OmegaConf.to_container(cfg.task, resolve=True)
-    base = client_config(cfg)
-    strategy = dp_strategy(cfg, messenger)
+@dataclass
+class Context:
+    """What every phase reads: the run's messenger, config, client config entries, task block,
+    strategy, and which conversations each node hosts."""
+    messenger: Messenger
+    cfg: DictConfig
+    base: dict
+    task: dict
+    strategy: Strategy
+    hosted: dict[int, ConfigRecord]
 
-    # 1. discovery
-    t0 = time.monotonic()
-    nodes = messenger.node_ids()
-    hosted = discover(messenger, base)
-    row_split = {r: s for info in hosted.values()
-                 for r, s in zip(info[keys.INFO_ROWS], info[keys.INFO_SPLITS])}
+    def holders(self, splits: list[str]) -> list[int]:
+        """The nodes hosting any of ``splits``, in the messenger's node order (as discovered)."""
+        return [n for n, info in self.hosted.items() if set(info[keys.INFO_SPLITS]) & set(splits)]
 
-    def holders(splits):  # in the messenger's node order (partitions), as discovered
-        return [n for n, info in hosted.items() if set(info[keys.INFO_SPLITS]) & set(splits)]
 
-    timings["discover_s"] = time.monotonic() - t0
+@dataclass
+class Prior:
+    """Step 2's outcome: the released prior and who it came from."""
+    vector: np.ndarray
+    nodes: int                  # SuperNodes hosting a prior split
+    examples: int               # accepted replies' examples in the last round
+    train_metrics: dict
 
-    # 2. prior
-    t0 = time.monotonic()
-    prior_nodes = holders(task["prior_splits"])
-    if not prior_nodes:
-        raise RuntimeError(f"no SuperNode hosts a prior split {task['prior_splits']}")
-    check_records(hosted, task["prior_splits"], strategy)
+
+def train_prior(ctx: Context, num_topics: int) -> Prior:
+    """The configured strategy aggregates p_c of the prior clients, starting from uniform."""
+    splits = ctx.task["prior_splits"]
+    nodes = ctx.holders(splits)
+    if not nodes:
+        raise RuntimeError(f"no SuperNode hosts a prior split {splits}")
+    check_records(ctx.hosted, splits, ctx.strategy)
     uniform = np.full(num_topics, 1.0 / num_topics)
-    policy = prior_policy(num_topics, getattr(strategy, "max_rows_per_reply", None))
-    result = strategy.start(messenger.grid("prior", policy, prior_nodes),
-                            initial_arrays=ArrayRecord({keys.VECTORS: Array(uniform)}),
-                            num_rounds=int(cfg.num_rounds), timeout=timeout,
-                            train_config=ConfigRecord({**base, keys.SPLITS: task["prior_splits"]}))
-    last = messenger.faults["prior/train"][int(cfg.num_rounds)]
-    prior = result.arrays[keys.VECTORS].numpy().reshape(-1)
-    train_metrics = {r: dict(m) for r, m in result.train_metrics_clientapp.items()}
-    timings["prior_s"] = time.monotonic() - t0
+    policy = prior_policy(num_topics, getattr(ctx.strategy, "max_rows_per_reply", None))
+    rounds = int(ctx.cfg.num_rounds)
+    result = ctx.strategy.start(ctx.messenger.grid("prior", policy, nodes),
+                                initial_arrays=ArrayRecord({keys.VECTORS: Array(uniform)}),
+                                num_rounds=rounds, timeout=float(ctx.cfg.round_timeout),
+                                train_config=ConfigRecord({**ctx.base, keys.SPLITS: splits}))
+    last = ctx.messenger.faults["prior/train"][rounds]
     log.info("FedTP: prior released from %d accepted replies", last["accepted"])
+    return Prior(result.arrays[keys.VECTORS].numpy().reshape(-1), len(nodes), last["examples"],
+                 {r: dict(m) for r, m in result.train_metrics_clientapp.items()})
 
-    # 3. lambda sweep on the tuning clients
-    t0 = time.monotonic()
-    alpha, lambdas = float(proto.alpha), [float(x) for x in proto.lambdas]
-    tune = task["tune_splits"]
+
+def tune_lambda(ctx: Context, prior: np.ndarray) -> tuple[list[dict], float]:
+    """The validation clients route with FedMix under every lambda: the sweep's rows and the
+    lambda of the best EHR."""
+    alpha, lambdas = float(ctx.cfg.protocol.alpha), [float(x) for x in ctx.cfg.protocol.lambdas]
+    tune = ctx.task["tune_splits"]
     content = _evaluate_content({"main": prior}, [(f"fedmix@{lam}", "main", alpha, lam)
-                                                  for lam in lambdas], tune, base, False)
-    sums, _ = _sum_metrics(_broadcast(messenger, "tune", holders(tune), MessageType.EVALUATE,
+                                                  for lam in lambdas], tune, ctx.base, False)
+    sums, _ = _sum_metrics(_broadcast(ctx.messenger, "tune", ctx.holders(tune), MessageType.EVALUATE,
                                       content))
     lambda_sweep = [{"lambda": lam, **_scores(sums, tune, f"fedmix@{lam}")} for lam in lambdas]
     best = max(lambda_sweep, key=lambda r: (r["ehr"] or 0.0))["lambda"]
-    timings["tune_s"] = time.monotonic() - t0
     log.info("FedTP: lambda sweep %s -> lambda=%g", [(r["lambda"], r["ehr"]) for r in lambda_sweep], best)
+    return lambda_sweep, best
 
-    # 4. test: the four routers and the DP sweep
-    t0 = time.monotonic()
+
+def evaluate_routers(ctx: Context, prior: np.ndarray, best: float) -> tuple[dict, dict, dict[float, list[str]]]:
+    """The test clients route under the four routers and every DP-sweep release: the metric
+    sums, the turn-level outcomes and the sweep's variant names by sigma."""
+    alpha = float(ctx.cfg.protocol.alpha)
     priors = {"main": prior}
     variants = [("tfidf", "", 0.0, 0.0), ("global", "main", 1.0, best),
                 ("local", "", 0.0, best), ("fedmix", "main", alpha, best)]
     sweep_keys = {}
-    releasable = hasattr(strategy, "release") and strategy.received is not None
-    sweep = sweep_priors(strategy, list(proto.dp_sigmas), int(proto.dp_seeds)) if releasable else {}
+    releasable = hasattr(ctx.strategy, "release") and ctx.strategy.received is not None
+    sweep = (sweep_priors(ctx.strategy, list(ctx.cfg.protocol.dp_sigmas), int(ctx.cfg.protocol.dp_seeds))
+             if releasable else {})
     for name, (sigma, released) in sweep.items():
         priors[name] = released
         variants.append((name, name, alpha, best))
         sweep_keys.setdefault(sigma, []).append(name)
-    test = task["test_splits"]
-    sums, turns = _sum_metrics(_broadcast(messenger, "test", holders(test), MessageType.EVALUATE,
-                                          _evaluate_content(priors, variants, test, base, True)))
-    timings["test_s"] = time.monotonic() - t0
+    test = ctx.task["test_splits"]
+    sums, turns = _sum_metrics(_broadcast(ctx.messenger, "test", ctx.holders(test), MessageType.EVALUATE,
+                                          _evaluate_content(priors, variants, test, ctx.base, True)))
+    return sums, turns, sweep_keys
 
-    routers = {r: {**{s: _scores(sums, [s], r) for s in test}, "overall": _scores(sums, test, r)}
-               for r in ROUTERS}
-    hit = {r: (turns[f"pick/{r}"] == turns["gold"]).astype(float) for r in ("tfidf", "fedmix")}
-    amb = turns["ambiguous"].astype(bool)
-    gains = group_gains(turns["row"], hit["tfidf"], hit["fedmix"])
-    changed = int(np.sum(turns["pick/fedmix"] != turns["pick/tfidf"]))
-    dp_sweep = []
+
+def _dp_sweep(strategy, sums: dict, test: list[str], sweep_keys: dict[float, list[str]]) -> list[dict]:
+    """Per sigma: its privacy (one-shot and RDP epsilon) and the test EHR over its seeds."""
+    rows = []
     for sigma, names in sweep_keys.items():
         ehrs = [_scores(sums, test, n)["ehr"] for n in names]
-        dp_sweep.append({
+        rows.append({
             "sigma": sigma, "epsilon": one_shot_epsilon(sigma, strategy.delta),
             "epsilon_rdp": strategy.epsilon_rdp(sigma),
             "ehr_mean": float(np.mean(ehrs)), "ehr_std": float(np.std(ehrs, ddof=1)) if len(ehrs) > 1 else 0.0,
             "seeds": len(names), "ehr_per_seed": ehrs})
-    timings["total_s"] = time.monotonic() - t_all
-    results = {
-        "experiment": proto.name,
-        "lambda": best, "alpha": alpha,
-        "noise_multiplier": float(cfg.strategy.get("noise_multiplier", 0.0)),
-        "strategy": cfg.strategy._target_,
-        "prior_clients": {"splits": task["prior_splits"], "count": last["examples"],
-                          "nodes": len(prior_nodes)},
-        "supernodes": len(nodes), "conversations": len(row_split),
-        "routers": routers,
-        "lambda_sweep": lambda_sweep,
-        "dp_sweep": dp_sweep,
-        "bootstrap_ci_ehr_gain": list(paired_bootstrap_ci(hit["fedmix"] - hit["tfidf"],
-                                                          int(proto.bootstrap), int(cfg.seed))),
+    return rows
+
+
+def _paired_analyses(turns: dict, resamples: int, seed: int) -> tuple[dict, np.ndarray]:
+    """FedMix against TF-IDF turn by turn: the EHR gain and its paired bootstrap CI, the routing
+    decisions changed, the ambiguous turns, and the per-conversation gains."""
+    hit = {r: (turns[f"pick/{r}"] == turns["gold"]).astype(float) for r in ("tfidf", "fedmix")}
+    amb = turns["ambiguous"].astype(bool)
+    gains = group_gains(turns["row"], hit["tfidf"], hit["fedmix"])
+    changed = int(np.sum(turns["pick/fedmix"] != turns["pick/tfidf"]))
+    return {
+        "bootstrap_ci_ehr_gain": list(paired_bootstrap_ci(hit["fedmix"] - hit["tfidf"], resamples, seed)),
         "ehr_gain": float(np.mean(hit["fedmix"] - hit["tfidf"])),
         "changed_decisions": {"count": changed, "turns": int(amb.size),
                               "share": changed / amb.size if amb.size else 0.0},
@@ -256,7 +263,47 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
                       "ehr_tfidf": float(hit["tfidf"][amb].mean()) if amb.any() else None,
                       "ehr_fedmix": float(hit["fedmix"][amb].mean()) if amb.any() else None},
         "per_conversation_gain": gain_distribution(gains),
-        "train_metrics": train_metrics,
+    }, gains
+
+
+def _timed(timings: dict, name: str, phase, *args):
+    """``phase(*args)``, its wall time recorded as ``timings[name]``."""
+    t0 = time.monotonic()
+    out = phase(*args)
+    timings[name] = time.monotonic() - t0
+    return out
+
+
+def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
+    proto = cfg.protocol
+    timings, t_all = {}, time.monotonic()
+    num_topics = len(load_topics(cfg.data_root))
+    base = client_config(cfg)
+    strategy = dp_strategy(cfg, messenger)
+    supernodes = len(messenger.node_ids())
+    hosted = _timed(timings, "discover_s", discover, messenger, base)
+    ctx = Context(messenger, cfg, base, OmegaConf.to_container(cfg.task, resolve=True), strategy, hosted)
+    prior = _timed(timings, "prior_s", train_prior, ctx, num_topics)
+    lambda_sweep, best = _timed(timings, "tune_s", tune_lambda, ctx, prior.vector)
+    sums, turns, sweep_keys = _timed(timings, "test_s", evaluate_routers, ctx, prior.vector, best)
+    test = ctx.task["test_splits"]
+    analyses, gains = _paired_analyses(turns, int(proto.bootstrap), int(cfg.seed))
+    dp_sweep = _dp_sweep(strategy, sums, test, sweep_keys)
+    timings["total_s"] = time.monotonic() - t_all
+    results = {
+        "experiment": proto.name,
+        "lambda": best, "alpha": float(proto.alpha),
+        "noise_multiplier": float(cfg.strategy.get("noise_multiplier", 0.0)),
+        "strategy": cfg.strategy._target_,
+        "prior_clients": {"splits": ctx.task["prior_splits"], "count": prior.examples, "nodes": prior.nodes},
+        "supernodes": supernodes,
+        "conversations": len({r for info in hosted.values() for r in info[keys.INFO_ROWS]}),
+        "routers": {r: {**{s: _scores(sums, [s], r) for s in test}, "overall": _scores(sums, test, r)}
+                    for r in ROUTERS},
+        "lambda_sweep": lambda_sweep,
+        "dp_sweep": dp_sweep,
+        **analyses,
+        "train_metrics": prior.train_metrics,
         "faults": messenger.faults,
         "timings": timings,
     }

@@ -19,8 +19,8 @@ def _received(rows: np.ndarray) -> DPMean:
 
 
 def test_two_sweep_points_do_not_give_the_exact_mean():
-    """The attack: before, every sigma reused one standard normal draw z per seed, so
-    (s2 * r1 - s1 * r2) / (s2 - s1) = the exact mean from two published releases."""
+    """The attack: were one standard normal draw z per seed reused by every sigma,
+    (s2 * r1 - s1 * r2) / (s2 - s1) would give the exact mean from two published releases."""
     rows = np.random.default_rng(3).random((30, 5)) / 3
     exact = clip_rows(rows, 1.0).mean(axis=0)
     sweep = sweep_priors(_received(rows), [1.0, 4.0], seeds=2)

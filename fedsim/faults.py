@@ -64,12 +64,12 @@ def _spec(text: str) -> dict:
 def fault_injection_mod(msg: Message, context: Context, call_next) -> Message:
     config = msg.content.config_records.get("config")
     spec = _spec(str(config[FAULTS_KEY])) if config and FAULTS_KEY in config else {}
-    pid = int(context.node_config.get("partition-id", -1))
-    hits = [kind for kind in KINDS if pid in spec.get(kind, [])]
+    partition_id = int(context.node_config.get("partition-id", -1))
+    hits = [kind for kind in KINDS if partition_id in spec.get(kind, [])]
     if not hits or msg.metadata.message_type not in spec.get("message_types", ["train"]):
         return call_next(msg, context)
     if "crash" in hits:
-        raise InjectedFault(f"injected crash on partition {pid}")
+        raise InjectedFault(f"injected crash on partition {partition_id}")
     if "timeout" in hits:
         time.sleep(float(spec.get("timeout_seconds", 30)))
     reply = call_next(msg, context)

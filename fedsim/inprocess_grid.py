@@ -14,6 +14,8 @@ from flwr.proto.message_pb2 import Message as ProtoMessage
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
+from fedsim.message_metadata import set_message_id
+
 Handler = Callable[[Message], RecordDict]  # raises = the ClientApp failed
 
 
@@ -57,7 +59,7 @@ class InProcessGrid(Grid):
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
         for msg in messages:
-            msg.metadata.__dict__["_message_id"] = str(uuid4())  # as Flower's InMemoryGrid
+            set_message_id(msg, str(uuid4()))  # as Flower's InMemoryGrid
             delivered, size = _wire(msg)
             self.bytes_down += size
             try:

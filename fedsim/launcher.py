@@ -208,10 +208,10 @@ def register_nodes(certs: Certificates, count: int, env: dict, cwd: Path) -> Non
 def start_supernodes(workdir: Path, env: dict, superlink_port: int, count: int,
                      data_root: str, certs: Certificates | None = None,
                      node_auth: bool = False, waits: Mapping | None = None) -> list[Process]:
-    return [Process(supernode_command(f"127.0.0.1:{superlink_port}", pid, count, data_root,
+    return [Process(supernode_command(f"127.0.0.1:{superlink_port}", partition_id, count, data_root,
                                       certs, node_auth, free_port(), waits),
-                    workdir, supernode_env(env, waits), workdir / f"supernode-{pid}.log")
-            for pid in range(count)]
+                    workdir, supernode_env(env, waits), workdir / f"supernode-{partition_id}.log")
+            for partition_id in range(count)]
 
 
 def user_certificates(hw: DictConfig, nodes: int) -> Certificates | None:

@@ -44,6 +44,7 @@ from fedsim.client_app import SEED_KEY, TASK_KEY
 from fedsim.client_state import RUN_KEY, STATE_KEY
 from fedsim.faults import FAULTS_KEY
 from fedsim.journal import Journal, ResumeMismatch, ask_partitions
+from fedsim.message_metadata import set_src_node_id
 from fedsim.metric_keys import DP_EPSILON
 from fedsim.privacy import NoiseSource
 from fedsim.sharded_grid import MALFORMED_CODE
@@ -250,7 +251,7 @@ class Messenger:
         while pending and time.monotonic() - start < timeout:
             got = list(self.raw.pull_messages(list(pending)))
             for m in got if self._to_old else ():  # back to the journaled run's node ids (resume)
-                m.metadata.__dict__["_src_node_id"] = self._to_old[m.metadata.src_node_id]
+                set_src_node_id(m, self._to_old[m.metadata.src_node_id])
             replies.extend(got)
             pending.difference_update(m.metadata.reply_to_message_id for m in got)
             now = time.monotonic()

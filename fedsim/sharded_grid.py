@@ -31,6 +31,7 @@ from flwr.app.message import make_message
 from flwr.serverapp import Grid
 
 from fedsim.journal import ask_partitions
+from fedsim.message_metadata import set_message_id
 
 SHARD = "fedsim-shard"      # the batch's manifest record
 CLIENTS = "clients"         # logical partition ids in the batch, in order
@@ -69,13 +70,6 @@ def unpack(packed: RecordDict, layout: dict, i: int) -> RecordDict:
     return RecordDict({name: packed[where] for name, where in layout["records"][i].items()})
 
 
-def _set(msg: Message, **fields) -> Message:
-    """Metadata a Grid sets (message id, source): Flower keeps it in ``_<field>`` slots."""
-    for key, value in fields.items():
-        msg.metadata.__dict__[f"_{key}"] = value
-    return msg
-
-
 def serve_batch(msg: Message, context: Context, handler: Callable[[Message, Context], Message]
                 ) -> Message:
     """ClientApp side: run ``handler`` (mods included) once per logical client of a batch, each
@@ -86,7 +80,7 @@ def serve_batch(msg: Message, context: Context, handler: Callable[[Message, Cont
     replies, errors = [], {}
     for i, client in enumerate(clients):
         sub = make_message(copy(msg.metadata), unpack(msg.content, layout, i))  # as if sent on its own
-        _set(sub, message_id=f"{msg.metadata.message_id}/{i}")
+        set_message_id(sub, f"{msg.metadata.message_id}/{i}")
         sub_context = replace(context, node_config={**context.node_config, "partition-id": client,
                                                     "num-partitions": num_clients})
         try:
@@ -154,7 +148,7 @@ class ShardedGrid(Grid):
         groups: dict[tuple[int, str], list[Message]] = {}
         ids = []
         for msg in messages:
-            _set(msg, message_id=uuid4().hex)
+            set_message_id(msg, uuid4().hex)
             self._sent[msg.metadata.message_id] = msg
             groups.setdefault((self.host[msg.metadata.dst_node_id], msg.metadata.message_type), []).append(msg)
             ids.append(msg.metadata.message_id)

@@ -14,16 +14,16 @@ KEY = b"k" * 32
 
 def _grid(node_ids: list[int], calls: list) -> InProcessGrid:
     """Node ``node_ids[p]`` is partition p; it replies p * round and counts every call."""
-    def handler(pid):
+    def handler(partition_id):
         def handle(msg):
             if WHOAMI in msg.content.config_records:
-                return RecordDict({WHOAMI: ConfigRecord({PARTITION: pid})})
+                return RecordDict({WHOAMI: ConfigRecord({PARTITION: partition_id})})
             rnd = int(msg.content["config"]["round"])
-            calls.append((pid, rnd))
-            return RecordDict({"arrays": ArrayRecord([np.full(3, pid * rnd, dtype=np.float32)]),
-                               "metrics": MetricRecord({"loss": float(pid + rnd)})})
+            calls.append((partition_id, rnd))
+            return RecordDict({"arrays": ArrayRecord([np.full(3, partition_id * rnd, dtype=np.float32)]),
+                               "metrics": MetricRecord({"loss": float(partition_id + rnd)})})
         return handle
-    return InProcessGrid({node: handler(pid) for pid, node in enumerate(node_ids)})
+    return InProcessGrid({node: handler(partition_id) for partition_id, node in enumerate(node_ids)})
 
 
 def _rounds(messenger: Messenger, rounds: range) -> list[dict]:

@@ -35,7 +35,7 @@ def test_tensorboard_scalars_per_phase_and_round(tmp_path):
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     loss = events.Scalars("fit/train/metric/loss")
-    assert [(e.step, e.value) for e in loss] == [(1, 2.0), (2, 3.0), (3, 4.0)]  # mean of pid + round
+    assert [(e.step, e.value) for e in loss] == [(1, 2.0), (2, 3.0), (3, 4.0)]  # mean of partition id + round
     assert [e.value for e in events.Scalars("fit/train/accepted")] == [3.0, 3.0, 3.0]
 
 
@@ -92,7 +92,7 @@ def test_mlflow_run_holds_the_csv_rows_and_the_config(tmp_path):
     params = run.data.params
     assert (params["seed"], params["strategy.noise_multiplier"], params["logging.mlflow"]) == ("3", "1.0", "True")
     history, csv = mlflow_history(client, run), csv_history(tmp_path / "metrics.csv")
-    assert history["fit/train/metric/loss"] == [(1, 2.0), (2, 3.0), (3, 4.0)]  # mean of pid + round
+    assert history["fit/train/metric/loss"] == [(1, 2.0), (2, 3.0), (3, 4.0)]  # mean of partition id + round
     assert history.pop("eval/score/metric/ndcg_10") == csv.pop("eval/score/metric/ndcg@10") == [(2, 0.5)]
     assert history == csv  # every value of every exchange, at its round
 

@@ -1,6 +1,6 @@
-"""A FedAvg reply is checked against the model sent: the attacks below were accepted by
-``finite_arrays`` alone (a weight of NaN, 1e12 or < 0; an array broadcast by ``+=``; a key
-missing or added) and each moved the average; now each is rejected, counted as malformed."""
+"""A FedAvg reply is checked against the model sent: the attacks below pass ``finite_arrays``
+alone (a weight of NaN, 1e12 or < 0; an array broadcast by ``+=``; a key missing or added) and
+would each move the average; each is rejected, counted as malformed."""
 
 import numpy as np
 import pytest

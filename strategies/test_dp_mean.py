@@ -150,8 +150,8 @@ def test_a_sampled_round_divides_by_the_expected_count():
 
 
 def test_the_public_seed_does_not_regenerate_the_noise():
-    """The attack: the seed is public (config.yaml, results.json); before, the noise of round r
-    was default_rng(seed + r), so anyone could subtract it and recover the exact mean."""
+    """The attack: the seed is public (config.yaml, results.json); noise of round r drawn from
+    default_rng(seed + r) could be regenerated and subtracted by anyone, giving the exact mean."""
     rows = np.random.default_rng(5).random((40, 6)) / 4
     exact = clip_rows(rows, 1.0).mean(axis=0)
     s = DPMean(noise_multiplier=1.0, simplex=False)  # as the config builds it (seed 0)

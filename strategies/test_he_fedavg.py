@@ -210,9 +210,9 @@ def test_clients_disagreeing_on_the_model_size_are_counted_not_fatal(tmp_path):
 
 @pytest.mark.parametrize("client_class", [VectorClient, OneTripClient])  # chunk phases, one trip
 def test_a_node_under_another_key_refuses_the_aggregate(tmp_path, client_class):
-    """A node whose key folder holds another secret key used to decrypt the aggregate into
-    garbage and install it as its global model; every HE message now names the key it was made
-    under, and a node under another key refuses it (a failed reply, counted) and holds no global
+    """A node whose key folder holds another secret key would decrypt the aggregate into
+    garbage and install it as its global model; every HE message names the key it was made
+    under, so a node under another key refuses it (a failed reply, counted) and holds no global
     model. Which key becomes the run's is the first reply's in send order (the sampling's)."""
     rng, dim = np.random.default_rng(0), 3000  # one chunk
     vectors = [rng.normal(size=dim) for _ in range(3)]

@@ -28,16 +28,16 @@ class Killed(BaseException):
 
 def _nodes(handlers: list, ids: list[int], kill_at: tuple[str, int] | None = None) -> InProcessGrid:
     """Partition p at node ids[p]; the run dies when a message of ``kill_at`` (type, round) goes out."""
-    def node(pid, handle):
+    def node(partition_id, handle):
         def answer(msg):
             if WHOAMI in msg.content.config_records:
-                return RecordDict({WHOAMI: ConfigRecord({PARTITION: pid})})
+                return RecordDict({WHOAMI: ConfigRecord({PARTITION: partition_id})})
             config = msg.content.config_records.get("config", {})
             if kill_at == (msg.metadata.message_type, int(config.get("server-round", 0))):
                 raise Killed()
             return handle(msg)
         return answer
-    return InProcessGrid({n: node(pid, h) for pid, (n, h) in enumerate(zip(ids, handlers))})
+    return InProcessGrid({n: node(partition_id, h) for partition_id, (n, h) in enumerate(zip(ids, handlers))})
 
 
 def _run(make_strategy, handlers, ids, rounds, journal=None, kill_at=None):

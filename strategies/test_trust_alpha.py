@@ -78,8 +78,8 @@ def test_bad_schedules_are_refused(kwargs):
 
 
 def test_a_reply_of_another_shape_is_counted_malformed_not_fatal():
-    """plain_mean of arrays of different shapes used to stop the run; such a reply (or one
-    missing a key) is now left out and counted, and the others are averaged."""
+    """plain_mean of arrays of different shapes would stop the run; such a reply (or one
+    missing a key) is left out and counted, and the others are averaged."""
     seen = []
 
     def wrong_shape(msg):

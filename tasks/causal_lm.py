@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from tasks.dp_sgd import DP_EPSILON, DPSGD, PrivateSteps
-from tasks.financebench_rag.model import default_device, lora_config, resolve_model
+from tasks.hf import default_device, lora_config, resolve_model
 
 BERT_HEAD = "cls.predictions.transform"
 SFT_RECORD = "fedsim_sft.json"  # how a saved base was made, beside its weights

@@ -26,7 +26,7 @@ from tasks.causal_lm import (
     sft_train,
     turn_separator,
 )
-from tasks.financebench_rag.model import trainable_arrays
+from tasks.hf import trainable_arrays
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["query", "value"]}
 TURNS = [("Human", "Hi there "), ("Assistant", "Hello."), ("Human", "How are you?")]

@@ -86,7 +86,7 @@ def test_feddtre_clients_reply_the_same_whatever_the_process_served_before(tmp_p
                    f"protocol.generator.base_dir={tmp_path / 'gen'}", f"client_state.dir={tmp_path / 'state'}"])
     from experiments.feddtre import base_generator
     from tasks.causal_lm import load_policy
-    from tasks.financebench_rag.model import trainable_arrays
+    from tasks.hf import trainable_arrays
     g = check(cfg).generator
     base, _ = base_generator(g, cfg.data_root, 0)
     generator = trainable_arrays(load_policy(base, dict(g.lora), 0))

@@ -43,8 +43,8 @@ def test_fedbis_and_fedbiscuit_survive_faulty_regroups(tmp_path):
         assert sorted(g["sizes"]) == [1, 1, 2] and sum(len(m) for m in g["members"]) == 4
         assert g["reported"] == 2  # partitions 0 and 2; 1 crashed, 3 timed out
     assert groups[0]["joined"] == 2 and groups[1]["kept"] == 2  # never grouped: join; then keep
-    def group_of(g, pid):
-        return next(u for u, members in enumerate(g["members"]) if pid in members)
+    def group_of(g, partition_id):
+        return next(u for u, members in enumerate(g["members"]) if partition_id in members)
     assert all(group_of(groups[1], p) == group_of(groups[0], p) for p in (1, 3))
     faults = r["regroup_faults"]["fedbiscuit_u3"]
     assert all(f["failed"] == 1 and f["timed_out"] == 1 and f["accepted"] == 2 for f in faults.values())

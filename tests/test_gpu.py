@@ -31,8 +31,8 @@ from tasks.causal_lm import (
 from tasks.dialogue.trust_data import TrustExample
 from tasks.dialogue.trust_evaluator import TrustEvaluator
 from tasks.financebench_rag.inference import corpus_encoder
-from tasks.financebench_rag.model import build_encoder, resolve_model, trainable_arrays
 from tasks.financebench_rag.train import train_encoder
+from tasks.hf import build_encoder, resolve_model, trainable_arrays
 from tasks.hh_preference.dataset import Example
 from tasks.hh_preference.selector import CausalABSelector, ScorerSelector
 from tasks.test_causal_lm import PAIRS, llama_dir, save_tiny_llama  # noqa: F401 (fixtures)

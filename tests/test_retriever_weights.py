@@ -13,8 +13,8 @@ from fedsim.config import compose
 from fedsim.he import ckks
 from fedsim.he import messages as he_keys
 from fedsim.inprocess_grid import InProcessGrid
-from tasks.financebench_rag.model import flatten
 from tasks.financebench_rag.retrieval import weights_key
+from tasks.hf import flatten
 
 
 @pytest.fixture(scope="module")

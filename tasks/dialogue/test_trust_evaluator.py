@@ -68,7 +68,7 @@ def test_training_separates_and_weights_travel(encoder_dir, data):  # noqa: F811
 
 def test_bertscore_f1_stays_in_range_when_precision_and_recall_differ_in_sign():
     # context tokens match the response (R > 0), the response's second token points away from
-    # every context token (P just below 0): P + R near 0 used to blow F1 up
+    # every context token (P just below 0): P + R near 0, where 2PR / (P + R) blows up
     x = torch.tensor([[[1.0, 0.0], [1.0, 0.0]]])
     r = torch.tensor([[[1.0, 0.0], [-1.0, -0.02], [-1.0, 0.02]]])
     p, rec, f = bertscore(x, torch.ones(1, 2), r, torch.ones(1, 3))

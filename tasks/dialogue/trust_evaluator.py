@@ -22,7 +22,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from tasks.causal_lm import index_batches
 from tasks.dialogue.trust_data import TrustExample
-from tasks.financebench_rag.model import default_device, load_trainable, lora_config, resolve_model, trainable_arrays
+from tasks.hf import default_device, load_trainable, lora_config, resolve_model, trainable_arrays
 
 
 def bertscore(x: torch.Tensor, x_mask: torch.Tensor, r: torch.Tensor, r_mask: torch.Tensor

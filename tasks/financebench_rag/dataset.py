@@ -101,8 +101,8 @@ def build_corpus(root: str, doc_names: list[str], pages_per_doc: int | None = No
                           if pages_per_doc is None or i < pages_per_doc
                           or page_id(doc, i) in keep)
         else:
-            corpus.update((pid, text) for pid, text in fallback.items()
-                          if pid.split("#")[0] == doc)
+            corpus.update((page, text) for page, text in fallback.items()
+                          if page.split("#")[0] == doc)
     return corpus
 
 

@@ -144,8 +144,8 @@ def passages(corpus: dict[str, str], words: int | None, overlap: int,
     from tasks.financebench_rag.pseudo_queries import chunk_words
     lead = (lambda cid, text: f"{titles[cid.split('#')[0]]}\n{text}") if titles else (lambda cid, text: text)
     if not words:
-        return {pid: lead(pid, text) for pid, text in corpus.items()} if titles else corpus
-    return {f"{pid}#{j}": lead(pid, chunk) for pid, text in corpus.items()
+        return {page: lead(page, text) for page, text in corpus.items()} if titles else corpus
+    return {f"{page}#{j}": lead(page, chunk) for page, text in corpus.items()
             for j, chunk in enumerate(chunk_words(text, words, overlap) or [text])}
 
 

@@ -126,7 +126,7 @@ def tiny_encoder(tmp_path_factory):
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from tasks.financebench_rag.model import resolve_model
+    from tasks.hf import resolve_model
     path = tmp_path_factory.mktemp("tiny")
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("all-MiniLM-L6-v2"))
     torch.manual_seed(0)
@@ -172,8 +172,8 @@ def test_kd_loss_is_zero_against_itself_and_the_mse_of_similarities(tiny_encoder
 
 
 def test_training_moves_only_trainable_weights_and_lowers_the_loss(tiny_encoder):
-    from tasks.financebench_rag.model import flatten, trainable_arrays, unflatten
     from tasks.financebench_rag.train import frozen_copy, train_encoder
+    from tasks.hf import flatten, trainable_arrays, unflatten
     model = frozen_copy(tiny_encoder)
     for p in model.parameters():
         p.requires_grad_(True)
@@ -193,8 +193,8 @@ def test_training_moves_only_trainable_weights_and_lowers_the_loss(tiny_encoder)
 def test_train_reports_mean_terms_and_the_kd_of_its_first_step(tiny_encoder):
     """kd-first is zero exactly when the student starts from its teacher's weights (both
     without dropout); a student with its own weights, or trained with dropout, starts above."""
-    from tasks.financebench_rag.model import load_trainable, trainable_arrays
     from tasks.financebench_rag.train import frozen_copy, train_encoder
+    from tasks.hf import load_trainable, trainable_arrays
     model = frozen_copy(tiny_encoder)
     for p in model.parameters():
         p.requires_grad_(True)

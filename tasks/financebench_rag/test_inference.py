@@ -9,8 +9,8 @@ from fedsim.config import compose
 from fedsim.data import resolve_data_root
 from fedsim.schema import check
 from tasks.financebench_rag.inference import corpus_encoder
-from tasks.financebench_rag.model import build_encoder, load_trainable, trainable_arrays
 from tasks.financebench_rag.retrieval import evaluation_data, score_splits
+from tasks.hf import build_encoder, load_trainable, trainable_arrays
 
 ROOT = str(resolve_data_root())
 LORA = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["query", "value"]}

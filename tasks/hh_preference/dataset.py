@@ -117,7 +117,7 @@ def topics(pairs, model: str, n_topics: int, seed: int) -> np.ndarray:
     from sentence_transformers import SentenceTransformer
     from sklearn.cluster import KMeans
 
-    from tasks.financebench_rag.model import resolve_model
+    from tasks.hf import resolve_model
     encoder = SentenceTransformer(resolve_model(model), device="cpu")
     emb = encoder.encode([p.first_human for p in pairs], batch_size=64, normalize_embeddings=True)
     return KMeans(n_topics, n_init=4, random_state=seed).fit_predict(emb)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tasks.financebench_rag.model import (
+from tasks.hf import (
     build_encoder,
     default_device,
     load_trainable,

@@ -1,7 +1,10 @@
-"""The retriever: a sentence-transformers encoder, fully trainable or with LoRA adapters (peft).
+"""Hugging Face model helpers every method's task uses: model names resolved to the offline
+copy, LoRA settings, the device, a sentence-transformers encoder (the retriever, the selector),
+and the trainable tensors that travel in federated rounds.
 
-Only the trainable tensors travel in federated rounds (all of them for full fine-tuning, the
-adapters for LoRA), in name order, so every client and the strategy agree on the layout.
+Only trainable tensors travel (all of them for full fine-tuning, the adapters for LoRA), in name
+order, so every client and the strategy agree on the layout; ``flatten`` gives them as the one
+vector an HE round encrypts.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-DEFAULT_MODEL = "all-MiniLM-L6-v2"
 _OFFLINE_ALIASES = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
 
 
