@@ -3,8 +3,10 @@
 With ``ship_results`` (a run on a remote SuperLink) the outputs are written to a temporary
 folder and printed into the run's log, from which ``fedsim run`` unpacks them locally.
 
-``flwr run .`` passes no overrides and runs the default experiment; ``fedsim run`` passes the
-user's overrides as one string under the run-config key ``overrides``. The protocol sends every
+The run config's one key, ``overrides``, holds the same Hydra overrides as ``fedsim run`` takes,
+as one string: ``fedsim run`` passes them that way, and a Flower user passes them with
+``flwr run . --run-config "overrides='experiment=fedtp_paper seed=3'"``; either way they are
+composed and checked as ``fedsim run`` checks them before the first message is sent. The protocol sends every
 phase through one :class:`~fedsim.messaging.Messenger`, whose fault counts and traffic go into
 every ``results.json`` (``faults``, ``communication``), also when the protocol fails.
 The process's random state and Flower's node sampling are seeded from the run's seed before
@@ -23,6 +25,7 @@ from pathlib import Path
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from hydra.utils import get_method
+from omegaconf import DictConfig
 
 from fedsim.client_state import FORGET, RUN_KEY, STATE_KEY, forget_request
 from fedsim.config import compose
@@ -32,6 +35,7 @@ from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
 from fedsim.mlflow_sink import MlflowSink
 from fedsim.privacy import NOT_PRIVATE, NoiseSource
 from fedsim.results import RunOutput, ship_results
+from fedsim.schema import check, try_strategy
 from fedsim.secret import derive, run_secret
 from fedsim.seeding import seed_server
 from fedsim.sharded_grid import ShardedGrid
@@ -49,7 +53,7 @@ def main(grid: Grid, context: Context) -> None:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False
-    cfg = compose(shlex.split(str(context.run_config.get("overrides", ""))))
+    cfg = config_from_run(context.run_config)
     if cfg.hardware.backend == "deployment" and cfg.hardware.waits.pull_backoff is not None:
         shorten_pull_backoff(cfg.hardware.waits.pull_backoff)  # replies are pulled from the SuperLink
     if cfg.ship_results:  # a remote SuperLink: results go back in the log, not to the user's path
@@ -60,6 +64,15 @@ def main(grid: Grid, context: Context) -> None:
                 print("\n".join(ship_results(Path(folder))), flush=True)
     else:
         _run(grid, cfg, RunOutput(cfg.results_dir))
+
+
+def config_from_run(run_config) -> DictConfig:
+    """The run's config from Flower's run config (its ``overrides`` string), with ``fedsim
+    run``'s checks: a wrong key, type, strategy or wrapper fails here, before any client works."""
+    cfg = compose(shlex.split(str(run_config.get("overrides", ""))))
+    check(cfg)
+    try_strategy(cfg)
+    return cfg
 
 
 def _forget_client_state(messenger: Messenger, cfg) -> None:

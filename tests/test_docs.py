@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from flwr.common.config import get_fused_config_from_dir, parse_config_args
 
 from fedsim import cli
-from fedsim.config import CONF_DIR, GROUPS, choices
+from fedsim.config import CONF_DIR, GROUPS, choices, compose
 from fedsim.data import REPO_ROOT
+from fedsim.server_app import config_from_run
 from fedsim.sweep import expand
 from fedsim.tls import make_federation
 
@@ -166,6 +168,44 @@ def test_the_commands_cover_the_readme_and_every_method_page():
     where = {c.where.split(":")[0] for c in commands()}
     assert {"README.md", "docs/usage.md", "docs/deploy.md", "docs/methods/fedtp.md",
             "docs/methods/fede4rag.md", "docs/methods/fedbiscuit.md", "docs/methods/feddtre.md"} <= where
+
+
+def flwr_run_configs() -> list[tuple[str, str]]:
+    """Every documented ``flwr run ... --run-config VALUE`` of a fenced block: (path:line, VALUE)."""
+    found = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for block in FENCE.finditer(text):
+            if block.group(1).strip() not in SHELLS:
+                continue
+            for n, line in _lines(block.group(2), text.count("\n", 0, block.start(2)) + 1):
+                words = shlex.split(line, comments=True) if "flwr run" in line else []
+                if "--run-config" in words:
+                    found.append((f"{doc.relative_to(REPO_ROOT)}:{n}", words[words.index("--run-config") + 1]))
+    return found
+
+
+@pytest.mark.parametrize(("where", "value"), flwr_run_configs(), ids=[w for w, _ in flwr_run_configs()])
+def test_a_documented_flwr_run_config_reaches_the_serverapp_checked(where, value, tmp_path):
+    """Flower's own parsing and fusing with the app's declared keys (what its SuperLink does),
+    then the ServerApp's composition and checks."""
+    fused = get_fused_config_from_dir(REPO_ROOT, parse_config_args([value.replace("/abs/", f"{tmp_path}/")]))
+    try:
+        config_from_run(fused)
+    except cli.REFUSED as exc:
+        pytest.fail(f"{where}: --run-config {value!r} is refused:\n{exc}")
+
+
+def test_flwr_run_config_carries_the_same_overrides_as_fedsim_run(tmp_path):
+    overrides = ["experiment=fedtp_paper", "seed=3", "strategy.noise_multiplier=2", f"results_dir={tmp_path}"]
+    fused = get_fused_config_from_dir(REPO_ROOT, parse_config_args([f"overrides='{shlex.join(overrides)}'"]))
+    assert config_from_run(fused) == compose(overrides)
+    with pytest.raises(cli.REFUSED, match="Did you mean: seed"):
+        config_from_run({"overrides": "sed=3"})
+    with pytest.raises(cli.REFUSED, match="noise_multiplier"):  # the strategy is built, as fedsim run builds it
+        config_from_run({"overrides": "strategy.noise_multiplier=-1"})
+    with pytest.raises(ValueError, match="not present"):  # Flower refuses a Hydra key outside `overrides`
+        get_fused_config_from_dir(REPO_ROOT, parse_config_args(["seed=3"]))
 
 
 def _slug(heading: str) -> str:

@@ -1,0 +1,192 @@
+"""``fedsim run KEY=VALUE ...``: compose the config, check it, run it through Flower."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hydra.errors import InstantiationException
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf
+
+from fedsim.comparison import POINT_FILE, Settings
+from fedsim.comparison import write as write_comparison
+from fedsim.config import GROUPS, ConfigError, choices, compose
+from fedsim.launcher import Interrupted, RunFailed, launch, user_certificates
+from fedsim.schema import check, layout, sweep_settings, try_strategy
+from fedsim.secret import Tampered, derive, open_sealed, run_secret, seal
+from fedsim.sweep import Sweep
+from fedsim.tls import make_federation
+
+RUN_FILE = Path("checkpoint") / "run.json"
+# authenticates run.json: a resume runs its overrides (any _target_), so only ones this machine
+# wrote may be resumed (the ServerApp's checkpoint/run.key is the journal's, made later)
+RUN_KEY = Path("checkpoint") / "resume.key"
+REFUSED = (ConfigError, InstantiationException, ValueError, FileNotFoundError, ImportError)
+RESUMABLE = ("hardware", "round_timeout", "data_root", "logging")  # keys a resume may change
+
+
+def resumed(folder: str, overrides: list[str]) -> list[str]:
+    """The killed run's overrides, then ``overrides`` (only keys that cannot change the
+    experiment: where it runs, timeouts, the data's location, sinks), then ``resume=true``."""
+    saved = Path(folder).expanduser().resolve() / RUN_FILE
+    if not saved.is_file():
+        raise ConfigError(f"resume: {saved} not found (no checkpointed run in {folder})")
+    if (saved.parent.parent / "results.json").exists():
+        raise ConfigError(f"resume: the run in {folder} completed; nothing to resume")
+    for item in overrides:
+        key = item.partition("=")[0].lstrip("+~")
+        if key.split(".")[0] not in RESUMABLE:
+            raise ConfigError(f"resume: '{item}' would change the experiment; a resume may only "
+                              f"change {', '.join(RESUMABLE)}")
+    try:
+        key = derive(run_secret(saved.parent.parent / RUN_KEY, resume=True), b"run.json")
+        pinned = open_sealed(key, saved)["overrides"]
+    except (Tampered, OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"resume: {saved} was not written by `fedsim run` here ({exc})") from exc
+    return [*pinned, *overrides, "resume=true"]
+
+
+def _resume_folder(overrides: list[str]) -> tuple[str | None, list[str]]:
+    folders = [o.partition("=")[2] for o in overrides if o.startswith("resume=")]
+    rest = [o for o in overrides if not o.startswith("resume=")]
+    return (folders[-1] if folders else None), rest
+
+
+def _save_run(cfg, pinned: list[str]) -> None:
+    if cfg.checkpoint and not cfg.resume:
+        path = Path(cfg.results_dir) / RUN_FILE
+        key = derive(run_secret(Path(cfg.results_dir) / RUN_KEY, resume=False), b"run.json")
+        path.write_bytes(seal(key, path.name, {"overrides": pinned}))
+
+
+def prepare(overrides: list[str]) -> tuple[DictConfig, list[str], int, int]:
+    """Compose and check a run before any process starts: the config, the overrides after a
+    resume's, and the layout (logical clients, SuperNodes). Raises :data:`REFUSED` errors."""
+    folder, overrides = _resume_folder(overrides)
+    if folder:
+        overrides = resumed(folder, overrides)
+    cfg = compose(overrides)
+    check(cfg)
+    try_strategy(cfg)  # bad strategy or wrapper values fail here, before any process starts
+    task = OmegaConf.to_container(cfg.task, resolve=True)
+    population = 0 if cfg.hardware.num_clients or cfg.hardware.num_supernodes else \
+        get_class(task["client"]).population_size(task, cfg.data_root)
+    clients, nodes = layout(cfg.hardware, population)
+    user_certificates(cfg.hardware, nodes)  # missing certificate files: refused here
+    return cfg, overrides, clients, nodes
+
+
+def show(overrides: list[str]) -> int:
+    """``fedsim run --cfg job``: the config a run would use, composed and checked, as YAML;
+    nothing starts (Hydra's own flag, for a reader checking what an override does)."""
+    try:
+        cfg = prepare(overrides)[0]
+    except REFUSED as exc:
+        print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    print(OmegaConf.to_yaml(cfg, resolve=True), end="")
+    return 0
+
+
+def groups_help() -> str:
+    """The config groups and their options, as Hydra's ``--help`` lists them."""
+    groups = [*GROUPS[:1], "task/selector", *GROUPS[1:]]
+    return "config groups (pick one with GROUP=OPTION; keys in conf/, docs/usage.md):\n" + "\n".join(
+        f"  {g}: {', '.join(choices(g))}" for g in groups)
+
+
+def run(overrides: list[str]) -> int:
+    try:
+        cfg, overrides, clients, nodes = prepare(overrides)
+    except REFUSED as exc:
+        print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    # the ServerApp composes again from the same overrides: pin what was resolved here (a remote
+    # ServerApp finds its data by its own host's data root and ships its results back)
+    remote = cfg.hardware.backend == "deployment" and not cfg.hardware.launch_local
+    pinned = [*overrides, *([] if remote else [f"data_root={cfg.data_root}"]),
+              f"results_dir={cfg.results_dir}", f"logging.mlflow_dir={cfg.logging.mlflow_dir}",
+              f"hardware.num_clients={clients}"]
+    _save_run(cfg, [o for o in pinned if o != "resume=true"])
+    try:
+        outcome = launch(cfg, pinned, nodes)
+    except RunFailed as exc:
+        print(f"fedsim: run failed:\n{exc}", file=sys.stderr)
+        return 1
+    except Interrupted as exc:
+        print("fedsim: interrupted; nothing left running", file=sys.stderr)
+        return exc.exit_code
+    print(f"fedsim: run {outcome['run_id']} {outcome['status']}; results in {outcome['results_dir']}")
+    return 0
+
+
+def multirun(overrides: list[str]) -> int:
+    try:
+        sweep = Sweep(overrides, prepare)
+    except REFUSED as exc:
+        print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    return sweep.run()
+
+
+def compare(folder: str, overrides: list[str], output: str | None = None) -> int:
+    """The sweep settings of the first run found under ``folder`` (its resolved config.yaml, so
+    neither the data nor this checkout's defaults are needed), then ``overrides``, applied to
+    every run found there."""
+    try:
+        if any(not o.startswith("sweep.") for o in overrides):
+            raise ConfigError(f"compare takes sweep.* overrides only, got {overrides}")
+        first = next((p.parent / "config.yaml" for p in sorted(Path(folder).rglob(POINT_FILE))
+                      if (p.parent / "config.yaml").is_file()), None)
+        if first is None:
+            raise ConfigError(f"no sweep run (a {POINT_FILE} beside a config.yaml) under {folder}")
+        sweep = sweep_settings(OmegaConf.load(first).get("sweep", {}),
+                               OmegaConf.from_dotlist([o.removeprefix("sweep.") for o in overrides]))
+        write_comparison(folder, Settings.of(sweep), output)
+    except REFUSED as exc:
+        print(f"fedsim: compare: {exc}", file=sys.stderr)
+        return 2
+    print(f"fedsim: comparison in {Path(output or folder) / 'summary.md'} and comparison.json")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fedsim", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_p = sub.add_parser("run", help="run an experiment: fedsim run experiment=fedtp_paper ...",
+                           epilog=groups_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    run_p.add_argument("overrides", nargs="*", help="Hydra overrides KEY=VALUE")
+    run_p.add_argument("-m", "--multirun", action="store_true",
+                       help="sweep: KEY=a,b / KEY=range(0,5) run the cartesian product into one folder "
+                       "(resume=<sweep folder> re-runs what did not complete)")
+    run_p.add_argument("--cfg", choices=["job"], help="print the composed, checked config and exit")
+    cmp_p = sub.add_parser("compare", help="rebuild a sweep's comparison (summary.md, comparison.json) "
+                           "from its run folders")
+    cmp_p.add_argument("folder", help="a sweep folder, or any folder holding sweep runs")
+    cmp_p.add_argument("overrides", nargs="*", help="sweep.* overrides, e.g. sweep.baseline=fedbis")
+    cmp_p.add_argument("--output", help="where to write it (default: the folder itself)")
+    certs_p = sub.add_parser("certs", help="make a private CA, a SuperLink certificate and "
+                             "SuperNode keys for a test federation")
+    certs_p.add_argument("folder", help="where to write ca.pem, superlink.pem/.key, node-I.key/.pub")
+    certs_p.add_argument("--hosts", default="127.0.0.1,localhost",
+                         help="comma-separated names / IPs the SuperLink is reached by")
+    certs_p.add_argument("--nodes", type=int, default=2, help="SuperNode key pairs to make")
+    args = parser.parse_args(argv)
+    if args.command == "certs":
+        certs = make_federation(args.folder, args.hosts.split(","), args.nodes)
+        print(f"fedsim: CA {certs.ca}, SuperLink certificate for {args.hosts}, "
+              f"{args.nodes} SuperNode keys in {certs.folder}")
+        return 0
+    if args.command == "compare":
+        return compare(args.folder, args.overrides, args.output)
+    if args.cfg and args.multirun:
+        parser.error("--cfg job shows one run's config; give one point's overrides without -m")
+    if args.cfg:
+        return show(args.overrides)
+    return multirun(args.overrides) if args.multirun else run(args.overrides)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

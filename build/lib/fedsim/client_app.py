@@ -1,0 +1,123 @@
+"""The one ClientApp of the platform: it builds the task's client named in the message.
+
+The server sends the resolved task config (JSON under ``fedsim-task``) with every message, so a
+client process never composes Hydra and any strategy that forwards its config record works.
+The client object is cached per process: Ray actors serve many nodes and messages. A message
+for several logical clients of one SuperNode (``hardware.clients_per_supernode``) is served
+client by client, each with its own partition id and the mods (``fedsim/sharded_grid.py``).
+Before each client's handler runs, the process's random state is reseeded from the run's seed,
+the round, the partition and the message type (``fedsim/seeding.py``): a reply never depends on
+which clients the same process served before.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.client.mod.utils import make_ffn
+from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import adaptiveclipping_mod
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
+from hydra.utils import get_class
+
+from fedsim import client_state
+from fedsim.data import resolve_data_root
+from fedsim.faults import fault_injection_mod
+from fedsim.journal import PARTITION, WHOAMI
+from fedsim.seeding import derived_seed, reseed
+from fedsim.sharded_grid import SHARD, serve_batch
+
+TASK_KEY = "fedsim-task"
+SEED_KEY = "fedsim-seed"
+
+
+
+def dp_clipping_mod(msg: Message, context: Context, call_next) -> Message:
+    """Flower's client-side clipping for its client-side DP wrappers, on the train messages that
+    carry their clipping norm only: Flower's mod refuses any message without exactly one
+    ArrayRecord (every discovery, query and evaluate message here). The adaptive mod clips
+    exactly as the fixed one and also reports whether it clipped, which the adaptive wrapper
+    needs and the fixed one ignores, so one mod serves both. Flower's clipping writes the
+    update in the dtype of the model received (float64 after FedAdam, say); the reply keeps the
+    dtype the client trained in, which the server's reply check expects."""
+    config = msg.content.config_records.get("config", {})
+    if msg.metadata.message_type != MessageType.TRAIN or KEY_CLIPPING_NORM not in config:
+        return call_next(msg, context)
+    dtypes = {}
+
+    def trained(m: Message, c: Context) -> Message:
+        reply = call_next(m, c)
+        if not reply.has_error():
+            dtypes.update({k: a.dtype for r in reply.content.array_records.values() for k, a in r.items()})
+        return reply
+
+    out = adaptiveclipping_mod(msg, context, trained)
+    if not out.has_error():
+        for name, record in list(out.content.array_records.items()):
+            out.content[name] = ArrayRecord({k: Array(a.numpy().astype(dtypes[k])) for k, a in record.items()})
+    return out
+
+
+MODS = [fault_injection_mod, dp_clipping_mod]  # faults outermost: they corrupt what was clipped
+app = ClientApp(mods=MODS)
+
+
+@lru_cache(maxsize=64)
+def _client(task_json: str, data_root: str, partition_id: int, num_partitions: int):
+    task = json.loads(task_json)
+    return get_class(task["client"])(task, data_root, partition_id, num_partitions)
+
+
+@lru_cache(maxsize=16)
+def _data_root(task_json: str, node_root: str | None) -> str:
+    """The node's data root, else the task's (once per task: a SuperNode hosting many logical
+    clients answers thousands of messages)."""
+    return str(resolve_data_root(node_root or json.loads(task_json).get("data_root")))
+
+
+def message_seed(msg: Message, partition_id: int) -> int:
+    """The seed of one client's work on one message: the run's seed (``client_config``), the
+    round (Flower's strategies put ``server-round`` in the config; 0 for other phases), the
+    partition and the message type. Nothing in it depends on scheduling or node ids."""
+    config = msg.content.config_records["config"]
+    return derived_seed(config.get(SEED_KEY, 0), config.get("server-round", 0), partition_id,
+                        msg.metadata.message_type)
+
+
+def _client_reply(msg: Message, context: Context, method: str) -> Message:
+    if WHOAMI in msg.content.config_records:  # the Messenger maps node ids to partitions
+        record = ConfigRecord({PARTITION: int(context.node_config["partition-id"])})
+        return Message(RecordDict({WHOAMI: record}), reply_to=msg)
+    client_state.with_node_root(msg, context.node_config.get("state-dir"))
+    if client_state.FORGET in msg.content.config_records:  # the run ended: its client state goes
+        removed = client_state.forget(msg)
+        return Message(RecordDict({client_state.FORGET: ConfigRecord({"removed": removed})}), reply_to=msg)
+    task_json = msg.content["config"][TASK_KEY]
+    partition_id = int(context.node_config["partition-id"])
+    client = _client(task_json, _data_root(task_json, context.node_config.get("data-root")),
+                     partition_id, int(context.node_config["num-partitions"]))
+    reseed(message_seed(msg, partition_id))  # after building the client: it may import torch
+    return Message(getattr(client, method)(msg), reply_to=msg)
+
+
+def _handle(msg: Message, context: Context, method: str) -> Message:
+    if SHARD in msg.content.config_records:  # several logical clients: each through the mods
+        return serve_batch(msg, context, make_ffn(lambda m, c: _client_reply(m, c, method), MODS))
+    return _client_reply(msg, context, method)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    return _handle(msg, context, "query")
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    return _handle(msg, context, "train")
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    return _handle(msg, context, "evaluate")

@@ -1,0 +1,81 @@
+"""Hydra composition of a run, with errors that name the valid choices and keys."""
+
+from __future__ import annotations
+
+import difflib
+import time
+from pathlib import Path
+
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from fedsim import schema  # noqa: F401  (registers the typed schema with Hydra)
+from fedsim.data import REPO_ROOT, DataNotFoundError, resolve_data_root
+
+CONF_DIR = REPO_ROOT / "conf"
+GROUPS = ("task", "strategy", "privacy", "hardware", "experiment")
+
+
+class ConfigError(ValueError):
+    """A bad override or config value; the message says what is valid."""
+
+
+def choices(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def _explain(overrides: list[str], exc: Exception) -> str:
+    lines = [str(exc).strip()]
+    if exc.__cause__ is not None:  # e.g. the typed schema's "could not be converted to Integer"
+        lines.append(str(exc.__cause__).strip())
+    for item in overrides:
+        key, _, value = item.lstrip("+~").partition("=")
+        if key in GROUPS and value not in choices(key):
+            lines.append(f"'{value}' is not a {key}; valid choices: {', '.join(choices(key))}")
+    lines.append("Valid groups: " + "; ".join(f"{g}={{{','.join(choices(g))}}}" for g in GROUPS))
+    return "\n".join(lines)
+
+
+def _check_keys(cfg: DictConfig, overrides: list[str]) -> None:
+    for item in overrides:
+        key, sep, _ = item.partition("=")
+        if not sep or key.startswith(("+", "~", "hydra.")) or key in GROUPS:
+            continue
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        if isinstance(node, DictConfig) and leaf not in node:
+            near = difflib.get_close_matches(leaf, list(node.keys()), n=3)
+            raise ConfigError(f"Unknown config key '{key}'."
+                              + (f" Did you mean: {', '.join(near)}?" if near else "")
+                              + f" Keys under '{parent or '<root>'}': {', '.join(map(str, node))}")
+
+
+def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Compose conf/config.yaml with ``overrides``; resolve data_root and the output folders."""
+    overrides = list(overrides)
+    try:
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+            cfg = hydra_compose("config", overrides=overrides, return_hydra_config=False)
+    except (HydraException, OmegaConfBaseException) as exc:
+        if "not in struct" in str(exc) or "Could not override" in str(exc):
+            with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+                base = hydra_compose("config", overrides=[o for o in overrides
+                                                          if o.split("=")[0] in GROUPS])
+            _check_keys(base, overrides)
+        raise ConfigError(_explain(overrides, exc)) from exc
+    OmegaConf.set_struct(cfg, False)
+    try:
+        cfg.data_root = str(resolve_data_root(cfg.data_root))
+    except DataNotFoundError:
+        if cfg.hardware.backend == "simulation" or cfg.hardware.launch_local:
+            raise  # a remote run's data lives on the SuperLink and SuperNode hosts
+    if not cfg.results_dir:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        cfg.results_dir = str(Path.cwd() / "outputs" / cfg.protocol.name / stamp)
+    cfg.results_dir = str(Path(cfg.results_dir).expanduser().resolve())
+    cfg.logging.mlflow_dir = str(Path(cfg.logging.mlflow_dir).expanduser().resolve())
+    OmegaConf.set_struct(cfg, True)
+    return cfg

@@ -1,0 +1,112 @@
+"""CKKS homomorphic encryption (TenSEAL) for weight averaging.
+
+Clients share one secret context (key material in ``key_dir``, created once by the first
+client under a file lock; a multi-machine deployment copies that folder to every client).
+The server only ever builds a context from the public bytes: no secret key, so it can
+multiply ciphertexts by public weights and add them, never decrypt. A chunk of floats is
+sent as one ciphertext per ``slots`` values, so no ciphertext spans more than its slots.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tenseal as ts
+from flwr.app import Array, ArrayRecord
+
+
+@dataclass(frozen=True)
+class CKKSParams:
+    poly_modulus_degree: int = 8192
+    coeff_mod_bit_sizes: tuple[int, ...] = (60, 40, 40, 60)
+    global_scale_bits: int = 40
+
+    @property
+    def slots(self) -> int:
+        return self.poly_modulus_degree // 2
+
+
+def new_secret_context(params: CKKSParams) -> ts.Context:
+    ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=params.poly_modulus_degree,
+                     coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes))
+    ctx.global_scale = 2 ** params.global_scale_bits
+    return ctx
+
+
+def client_context(params: CKKSParams, key_dir: str | Path) -> ts.Context:
+    """The clients' shared secret context: loaded from ``key_dir``, created there if absent."""
+    folder = Path(key_dir).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"ckks-{params.poly_modulus_degree}-{params.global_scale_bits}.secret"
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.is_file():
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(new_secret_context(params).serialize(save_secret_key=True))
+            tmp.replace(path)
+            path.chmod(0o600)
+        ctx = ts.context_from(path.read_bytes())
+    if not ctx.is_private():
+        raise ValueError(f"{path} holds no secret key")
+    return ctx
+
+
+def public_bytes(ctx: ts.Context) -> bytes:
+    """What the server may hold: parameters and public (encryption) key, no secret key."""
+    return ctx.serialize(save_public_key=True, save_secret_key=False,
+                         save_galois_keys=False, save_relin_keys=False)
+
+
+class WrongKey(ValueError):
+    """A message's ciphertexts were made under another key than this node's."""
+
+
+def key_id(public: bytes) -> str:
+    """Names a key (hash of the public context: parameters and public key); every HE message
+    carries it, since decrypting under another secret key yields garbage, not an error."""
+    return hashlib.sha256(public).hexdigest()[:16]
+
+
+def server_context(public: bytes) -> ts.Context:
+    ctx = ts.context_from(public)
+    if ctx.is_private():
+        raise ValueError("refusing a context that carries a secret key on the server")
+    return ctx
+
+
+def encrypt(ctx: ts.Context, values: np.ndarray, slots: int) -> list[bytes]:
+    flat = np.asarray(values, dtype=np.float64).ravel()
+    return [ts.ckks_vector(ctx, flat[i:i + slots]).serialize()
+            for i in range(0, flat.size, slots)]
+
+
+def decrypt(ctx: ts.Context, blobs: list[bytes]) -> np.ndarray:
+    return np.concatenate([np.asarray(ts.ckks_vector_from(ctx, b).decrypt()) for b in blobs])
+
+
+def weighted_sum(ctx: ts.Context, per_client: list[list[bytes]], weights: list[float]
+                 ) -> list[bytes]:
+    """sum_i w_i * ct_i, ciphertext by ciphertext, on ciphertexts only."""
+    if len({len(c) for c in per_client}) != 1:
+        raise ValueError("clients sent different numbers of ciphertexts for one chunk")
+    out = []
+    for parts in zip(*per_client):
+        acc = None
+        for blob, w in zip(parts, weights):
+            term = ts.ckks_vector_from(ctx, blob) * float(w)
+            acc = term if acc is None else acc + term
+        out.append(acc.serialize())
+    return out
+
+
+def blobs_record(blobs: list[bytes]) -> ArrayRecord:
+    return ArrayRecord({f"ct-{i}": Array(np.frombuffer(b, dtype=np.uint8))
+                        for i, b in enumerate(blobs)})
+
+
+def record_blobs(record: ArrayRecord) -> list[bytes]:
+    return [record[f"ct-{i}"].numpy().tobytes() for i in range(len(record))]

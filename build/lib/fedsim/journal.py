@@ -1,0 +1,145 @@
+"""Checkpoint and resume by replay: every completed exchange is journaled, a resumed run replays.
+
+Every phase of every protocol goes through :meth:`fedsim.messaging.Messenger.exchange`, so the
+clients' side of a run is exactly the sequence of its exchanges' usable replies. After each
+exchange (a round's training, a regroup's loss reports, an HE chunk, ...) the Messenger appends
+its replies, fault counts and traffic here, as one file written then renamed (a kill never
+leaves a half-written entry). ``fedsim run resume=<results_dir>`` runs the same protocol code
+with the same seed: the first exchanges are answered from the journal, in order, without
+sending anything, which rebuilds every piece of server state (global models, FedBiscuit's
+selectors and groups, DPMean's privacy accountant, FedDTRE's schedule, the sampling RNG, the
+round metrics and fault counts) exactly as they were; then the run goes on live from the first
+exchange that had not completed. Server-side computation between exchanges is redone; client
+work is not.
+
+Node ids are new in every Flower run, so the journal keeps each node's partition id; a resumed
+run asks every node for its partition (``WHOAMI``) and translates ids both ways, the protocol
+living in the first run's ids throughout.
+
+An entry is JSON (replies in Flower's own wire format, base64), never a pickle: reading it runs
+no code. Each file is authenticated with an HMAC under a key derived from the run's secret
+(``fedsim/secret.py``) and bound to its name, so a planted, altered, renamed or reordered entry
+is refused on resume (:class:`JournalTampered`) instead of steering the resumed server.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import time
+from pathlib import Path
+
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.common.serde import message_from_proto, message_to_proto
+from flwr.proto.message_pb2 import Message as ProtoMessage
+
+from fedsim.secret import Tampered, open_sealed, seal
+
+WHOAMI = "fedsim-whoami"        # the core query every ClientApp answers with its partition id
+PARTITION = "partition-id"
+
+
+def ask_partitions(grid, timeout: float, poll: float) -> dict[int, int]:
+    """Every node's partition id (node id -> partition), asked with ``WHOAMI`` and not counted
+    as a phase: the Messenger maps node ids across a resume, the ShardedGrid places logical
+    clients. Raises naming the first error when a node does not tell."""
+    nodes = list(grid.get_node_ids())
+    pending = set(grid.push_messages([
+        Message(RecordDict({WHOAMI: ConfigRecord()}), dst_node_id=n, message_type=MessageType.QUERY)
+        for n in nodes]))
+    partitions, errors, start = {}, [], time.monotonic()
+    while pending and time.monotonic() - start < timeout:
+        for reply in grid.pull_messages(list(pending)):
+            pending.discard(reply.metadata.reply_to_message_id)
+            if reply.has_error():
+                errors.append(reply.error.reason)
+            else:
+                partitions[reply.metadata.src_node_id] = int(reply.content[WHOAMI][PARTITION])
+        if pending:
+            time.sleep(poll)
+    logging.getLogger("fedsim").info("[whoami] %d/%d nodes told their partition in %.1f s",
+                                     len(partitions), len(nodes), time.monotonic() - start)
+    if len(partitions) != len(nodes):
+        raise RuntimeError(f"whoami: {len(partitions)} of {len(nodes)} nodes told their partition"
+                           + (f"; e.g. {errors[0]!r}" if errors else ""))
+    return partitions
+
+
+class ResumeMismatch(RuntimeError):
+    """The resumed run asked for another exchange than the journaled run did at that point."""
+
+
+class JournalTampered(ResumeMismatch):
+    """A journal file was not written by this run (planted, altered, renamed): refused."""
+
+
+def _open_sealed(key: bytes, path: Path) -> dict:
+    try:
+        return open_sealed(key, path)
+    except Tampered as exc:
+        raise JournalTampered(f"{exc}; refusing to resume from it") from exc
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class Journal:
+    """The exchanges of one run, in order, under ``folder``; those already there are replayed.
+    ``key`` authenticates every file (a key derived from the run's secret)."""
+
+    def __init__(self, folder: str | Path, resume: bool, key: bytes):
+        self.folder, self.key = Path(folder), key
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not resume:
+            for path in self.folder.iterdir():
+                path.unlink()
+        self.recorded = sorted(self.folder.glob("*.exchange"))
+        self.position = 0
+        self.resumed_from = len(self.recorded)  # exchanges the resumed run replays
+
+    @property
+    def replaying(self) -> bool:
+        return self.position < len(self.recorded)
+
+    def replay(self, phase: str, server_round: int) -> dict:
+        """The next journaled exchange; it must be the one the protocol asks for."""
+        entry = _open_sealed(self.key, self.recorded[self.position])
+        if (entry["phase"], entry["round"]) != (phase, server_round):
+            raise ResumeMismatch(f"exchange {self.position}: the journal holds {entry['phase']} "
+                                 f"round {entry['round']}, the resumed run asks for {phase} round "
+                                 f"{server_round} (was the code or the config changed?)")
+        self.position += 1
+        entry["replies"] = [message_from_proto(ProtoMessage.FromString(base64.b64decode(b)))
+                            for b in entry["replies"]]
+        entry["faults"], entry["traffic"] = entry["counts"]
+        return entry
+
+    def record(self, phase: str, server_round: int, replies: list[Message], faults: dict,
+               traffic: dict) -> None:
+        entry = {"phase": phase, "round": server_round, "counts": [faults, traffic],
+                 "replies": [base64.b64encode(message_to_proto(m).SerializeToString()).decode()
+                             for m in replies]}
+        index = len(self.recorded)
+        path = self.folder / f"{index:07d}.exchange"
+        _atomic_write(path, seal(self.key, path.name, entry))
+        self.recorded.append(path)
+        self.position = index + 1
+
+    @property
+    def partitions_path(self) -> Path:
+        return self.folder / "partitions.json"
+
+    def save_partitions(self, partitions: dict[int, int]) -> None:
+        """node id -> partition id of the journaled run's nodes."""
+        body = {str(k): v for k, v in partitions.items()}
+        _atomic_write(self.partitions_path, seal(self.key, self.partitions_path.name, body))
+
+    def load_partitions(self) -> dict[int, int]:
+        return {int(k): int(v) for k, v in _open_sealed(self.key, self.partitions_path).items()}

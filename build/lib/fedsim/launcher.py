@@ -1,0 +1,399 @@
+"""Runs a composed config through ``flwr run`` safely (FLOWER_NOTES.md traps).
+
+- a private SuperLink per run, started from a neutral working directory with a private
+  FLWR_HOME and free loopback ports, so no other checkout's app can be imported or shared;
+- runtime dependency installation off (the venv already has everything);
+- the real outcome read back with ``flwr ls`` (``flwr run --stream`` exits 0 on failure);
+- every process started here is stopped by process group when the run ends; SIGTERM and
+  SIGINT stop the run the same way (``Interrupted``), and a watchdog (``fedsim/watchdog.py``)
+  ends every process of the run when the launcher itself is killed (SIGKILL, OOM killer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import httpx
+import tomli_w
+from omegaconf import DictConfig
+
+from fedsim.data import REPO_ROOT
+from fedsim.flower_waits import SUPEREXEC_POLL_ENV
+from fedsim.results import RESULTS_MARKER, unpack_results
+from fedsim.tls import Certificates, make_federation
+from fedsim.watchdog import ENV_KEY
+
+BIN = Path(sys.executable).parent
+RUN_ID = re.compile(r"Successfully started run (\d+)")
+
+
+class RunFailed(RuntimeError):
+    """The Flower run did not complete; the message carries Flower's status and the error."""
+
+
+class Interrupted(Exception):
+    """SIGTERM / SIGINT stopped the run; ``exit_code`` is 143 / 130."""
+
+    def __init__(self, exit_code: int):
+        super().__init__(f"interrupted (exit {exit_code})")
+        self.exit_code = exit_code
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(home: Path, token: str) -> dict:
+    env = dict(os.environ)
+    env.update({
+        ENV_KEY: token,
+        "FLWR_HOME": str(home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+class Process:
+    """A child in its own process group, killed with its whole tree on exit."""
+
+    def __init__(self, cmd: list[str], cwd: Path, env: dict, log: Path):
+        self.cmd, self.log = cmd, log
+        self._fh = open(log, "ab")
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=self._fh,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, grace: float = 10.0) -> None:
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:  # children that outlive the leader (Ray workers) share its process group
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._fh.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def superlink_command(port: int, database: Path, certs: Certificates | None, node_auth: bool,
+                      host: str = "127.0.0.1", simulation: bool = False) -> list[str]:
+    """``flower-superlink``'s command line: TLS from ``certs`` (``None``: plain text)."""
+    tls = (["--ssl-ca-certfile", str(certs.ca), "--ssl-certfile", str(certs.superlink_cert),
+            "--ssl-keyfile", str(certs.superlink_key)] if certs else ["--insecure"])
+    return [str(BIN / "flower-superlink"), *tls, "--isolation", "subprocess", "--host", host,
+            "--port", str(port), "--database", str(database),
+            "--disable-runtime-dependency-installation",
+            *(["--enable-supernode-auth"] if node_auth else []),
+            *(["--simulation"] if simulation else [])]
+
+
+def supernode_command(superlink: str, partition: int, partitions: int, data_root: str,
+                      certs: Certificates | None, node_auth: bool, port: int,
+                      waits: Mapping | None = None) -> list[str]:
+    """``flower-supernode``'s command line for client ``partition`` of ``partitions``; run
+    through ``fedsim.supernode`` when ``waits`` (``hardware.waits``) shortens a SuperNode wait."""
+    node_config = f'partition-id={partition} num-partitions={partitions} data-root="{data_root}"'
+    tls = ["--root-certificates", str(certs.ca)] if certs else ["--insecure"]
+    auth = ["--auth-supernode-private-key", str(certs.node_key(partition))] if node_auth else []
+    flower = [*tls, *auth, "--superlink", superlink, "--node-config", node_config,
+              "--port", str(port)]
+    options = [] if waits is None else [
+        f"--{flag}={waits[key]}" for flag, key in (("idle-wait", "supernode_idle"),
+                                                   ("reply-wait", "supernode_reply"),
+                                                   ("pull-backoff", "pull_backoff"))
+        if waits.get(key) is not None]
+    if not options:
+        return [str(BIN / "flower-supernode"), *flower]
+    return [sys.executable, "-m", "fedsim.supernode", *options, "--", *flower]
+
+
+def supernode_env(env: dict, waits: Mapping | None) -> dict:
+    """``env`` with the SuperExec's task poll (Flower's own setting) when ``waits`` sets it;
+    the SuperNode starts its SuperExec with this environment."""
+    poll = None if waits is None else waits.get("superexec_poll")
+    return env if poll is None else {**env, SUPEREXEC_POLL_ENV: str(poll)}
+
+
+def connection(address: str, certs: Certificates | None) -> dict:
+    """The ``config.toml`` entry by which ``flwr`` reaches the SuperLink."""
+    if certs is None:
+        return {"address": address, "insecure": True}
+    return {"address": address, "root-certificates": str(certs.ca)}
+
+
+def write_connection(home: Path, address: str, certs: Certificates | None) -> None:
+    (home / "config.toml").write_text(tomli_w.dumps({"superlink": {
+        "default": "fedsim", "fedsim": connection(address, certs)}}))
+
+
+def _health_client(certs: Certificates | None) -> tuple[str, dict]:
+    if certs is None:
+        return "http", {}
+    return "https", {"verify": ssl.create_default_context(cafile=str(certs.ca))}
+
+
+def wait_healthy(address: str, proc: Process | None, certs: Certificates | None,
+                 timeout: float = 60.0) -> None:
+    """Wait for the SuperLink's ``/health``; fail early when its process died."""
+    scheme, options = _health_client(certs)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and not proc.alive():
+            raise RunFailed(f"{proc.cmd[0]} exited with {proc.proc.returncode}; "
+                            f"log: {proc.log}\n{proc.log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{scheme}://{address}/health", timeout=0.5, **options).is_success:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RunFailed(f"SuperLink {address} not healthy after {timeout:.0f} s"
+                    + (f"; log: {proc.log}" if proc else ""))
+
+
+def start_superlink(workdir: Path, env: dict, simulation: bool, certs: Certificates | None = None,
+                    node_auth: bool = False) -> tuple[Process, int]:
+    port = free_port()
+    proc = Process(superlink_command(port, workdir / "state.db", certs, node_auth,
+                                     simulation=simulation),
+                   workdir, env, workdir / "superlink.log")
+    wait_healthy(f"127.0.0.1:{port}", proc, certs)
+    return proc, port
+
+
+def register_nodes(certs: Certificates, count: int, env: dict, cwd: Path) -> None:
+    """Register every SuperNode's public key with the SuperLink (``--enable-supernode-auth``
+    refuses any node whose key was not registered)."""
+    for i in range(count):
+        res = _flwr(["supernode", "register", str(certs.node_pub(i)), "fedsim"], env, cwd)
+        if res.returncode != 0:
+            raise RunFailed(f"could not register SuperNode {i}: {res.stdout}{res.stderr}")
+
+
+def start_supernodes(workdir: Path, env: dict, superlink_port: int, count: int,
+                     data_root: str, certs: Certificates | None = None,
+                     node_auth: bool = False, waits: Mapping | None = None) -> list[Process]:
+    return [Process(supernode_command(f"127.0.0.1:{superlink_port}", partition_id, count, data_root,
+                                      certs, node_auth, free_port(), waits),
+                    workdir, supernode_env(env, waits), workdir / f"supernode-{partition_id}.log")
+            for partition_id in range(count)]
+
+
+def user_certificates(hw: DictConfig, nodes: int) -> Certificates | None:
+    """The user's certificate folder (``hardware.certificates``), its files checked for the
+    roles this machine plays; None when none is given."""
+    if hw.backend != "deployment" or hw.insecure or not hw.certificates:
+        return None
+    certs = Certificates(Path(str(hw.certificates)).expanduser().resolve())
+    local = bool(hw.launch_local)
+    certs.check(nodes if local and hw.node_auth else 0, server=local)
+    return certs
+
+
+def certificates(hw: DictConfig, workdir: Path, nodes: int, echo) -> Certificates | None:
+    """The run's TLS material: none when ``insecure`` (with a warning), the user's folder, or
+    for a local federation a private CA made for this run."""
+    if hw.insecure:
+        echo("fedsim: WARNING: hardware.insecure=true: traffic to the SuperLink is not "
+             "encrypted and SuperNodes are not authenticated")
+        return None
+    if hw.certificates:
+        return user_certificates(hw, nodes)
+    if not hw.launch_local:
+        raise RunFailed("hardware.certificates is required for a remote SuperLink (a folder "
+                        "with its CA as ca.pem), or hardware.insecure=true")
+    return make_federation(workdir / "certs", ["127.0.0.1", "localhost"], nodes)
+
+
+def _flwr(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "flwr"), *args], env=env, cwd=cwd, capture_output=True,
+                          text=True)
+
+
+def run_status(run_id: str, env: dict, cwd: Path) -> str:
+    res = _flwr(["ls", "--run-id", run_id, "--format", "json"], env, cwd)
+    try:
+        runs = json.loads(res.stdout)["runs"]
+        return runs[0]["status"]
+    except (ValueError, KeyError, IndexError) as exc:
+        raise RunFailed(f"could not read the status of run {run_id}: {res.stdout}{res.stderr}") from exc
+
+
+@contextmanager
+def _signals_interrupt():
+    """SIGTERM / SIGINT raise :class:`Interrupted`, so the ExitStack stops what was started."""
+    def raise_interrupted(signum, frame):
+        for sig in previous:  # a second signal must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
+        raise Interrupted(128 + signum)
+
+    previous = {sig: signal.signal(sig, raise_interrupted) for sig in (signal.SIGTERM,
+                                                                      signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _watchdog(stack: ExitStack, token: str, workdir: Path) -> None:
+    """Start the watchdog; on the way out close its pipe and let it sweep stragglers."""
+    argv = [sys.executable, "-m", "fedsim.watchdog", token, str(workdir), str(os.getpid())]
+    dog = subprocess.Popen(argv,
+                           stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True,
+                           cwd=str(REPO_ROOT))
+
+    def release():
+        dog.stdin.close()
+        try:
+            dog.wait(30)
+        except subprocess.TimeoutExpired:
+            dog.kill()
+    stack.callback(release)
+
+
+def _stream(cmd: list[str], workdir: Path, env: dict, echo) -> tuple[int, str | None]:
+    """Run ``flwr run --stream`` in its own process group, echo its output, return its exit
+    code and the run id; its group is killed if we leave early (an interrupt)."""
+    proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            start_new_session=True)
+    run_id = None
+    try:
+        for line in proc.stdout:
+            echo(line.rstrip("\n"))
+            if run_id is None and (m := RUN_ID.search(line)):
+                run_id = m.group(1)
+        return proc.wait(), run_id
+    finally:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        proc.stdout.close()
+
+
+def _start_local(stack: ExitStack, cfg: DictConfig, workdir: Path, env: dict, simulation: bool,
+                 nodes: int, certs: Certificates | None) -> str:
+    """A private SuperLink (and, for a deployment, its SuperNodes, registered first when node
+    authentication is on); returns its address."""
+    auth = bool(not simulation and certs is not None and cfg.hardware.node_auth)
+    link, port = start_superlink(workdir, env, simulation, certs, auth)
+    stack.enter_context(link)
+    address = f"127.0.0.1:{port}"
+    write_connection(workdir / "flwr_home", address, certs)
+    if not simulation:
+        if auth:
+            register_nodes(certs, nodes, env, workdir)
+        for node in start_supernodes(workdir, env, port, nodes, cfg.data_root, certs, auth,
+                                     cfg.hardware.waits):
+            stack.enter_context(node)
+    return address
+
+
+class _Results:
+    """Echoes the run's log and keeps the results a remote ServerApp ships in it."""
+
+    def __init__(self, echo):
+        self.echo, self.lines = echo, []
+
+    def __call__(self, line: str) -> None:
+        if line.startswith(RESULTS_MARKER):
+            self.lines.append(line)
+        else:
+            self.echo(line)
+
+
+def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=print) -> dict:
+    """Run ``overrides`` through Flower on the backend of ``cfg.hardware``; return the status.
+    A remote SuperLink's ServerApp ships its results folder back in the run's log."""
+    hw = cfg.hardware
+    simulation = hw.backend == "simulation"
+    remote = not (simulation or hw.launch_local)
+    results_dir = Path(cfg.results_dir)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="fedsim-run-"))
+    home = workdir / "flwr_home"
+    home.mkdir()
+    token = uuid.uuid4().hex  # fresh per run: two runs never share one (and never end each other)
+    env = _env(home, token)
+    with ExitStack() as stack:
+        stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        _watchdog(stack, token, workdir)
+        stack.enter_context(_signals_interrupt())
+        certs = None if simulation else certificates(hw, workdir, num_supernodes, echo)
+        if remote:
+            address = str(hw.superlink)
+            write_connection(home, address, certs)
+            wait_healthy(address, None, certs, timeout=30.0)
+        else:
+            address = _start_local(stack, cfg, workdir, env, simulation, num_supernodes, certs)
+        run_config = workdir / "run_config.toml"
+        run_config.write_text(tomli_w.dumps({"overrides": shlex.join(
+            [*overrides, *(["ship_results=true"] if remote else [])])}))
+        cmd = [str(BIN / "flwr"), "run", str(REPO_ROOT), "fedsim", "--stream",
+               "--run-config", str(run_config)]
+        if simulation:
+            cmd += ["--federation-config",
+                    f"num-supernodes={num_supernodes} client-resources-num-cpus={int(hw.client_cpus)} "
+                    f"client-resources-num-gpus={float(hw.client_gpus)} "
+                    f"init-args-num-cpus={int(hw.num_cpus)}"]
+        security = "plain text" if certs is None else "TLS" + (
+            " + node authentication" if hw.node_auth and not simulation else "")
+        echo(f"fedsim: {num_supernodes} SuperNodes, {hw.backend} via SuperLink {address} "
+             f"({security}); results -> {results_dir}")
+        shipped = _Results(echo)
+        code, run_id = _stream(cmd, workdir, env, shipped)
+        if shipped.lines:
+            try:
+                unpack_results(shipped.lines, results_dir)
+            except (ValueError, OSError) as exc:
+                raise RunFailed(f"the run's results did not arrive whole: {exc}") from exc
+        if code != 0 or run_id is None:
+            raise RunFailed(f"`flwr run` could not start the run (exit {code})")
+        status = run_status(run_id, env, workdir)
+        error = results_dir / "error.txt"
+        if status != "finished:completed" or error.exists():
+            detail = error.read_text() if error.exists() else "(no error.txt; see the log above)"
+            raise RunFailed(f"Flower run {run_id} ended as {status}.\n{detail}")
+        if not (results_dir / "results.json").exists():
+            raise RunFailed(f"run {run_id} completed but no results.json reached {results_dir}")
+        return {"run_id": run_id, "status": status, "results_dir": str(results_dir)}

@@ -1,0 +1,374 @@
+"""The one messaging path of every protocol phase: send, wait with progress, screen, count, meter.
+
+A *phase* is a named exchange (``discover``, ``prior``, ``fedavg/train``,
+``eval/fede4rag/encode``...). Every reply of every phase goes through :meth:`Messenger.exchange`:
+
+- a reply that carries an error (the ClientApp raised) counts as ``failed``, one that did not
+  arrive before the timeout as ``timed_out``, one that the phase's validator rejects (or the
+  grid could not read: an Error with ``MALFORMED_CODE``) as
+  ``malformed``; all three are left out and counted per phase and round in ``faults``
+  (``results.json``);
+- bytes and seconds of each exchange are metered once, here, in ``traffic``;
+- every completed exchange is journaled (``fedsim/journal.py``) and, on resume, replayed (its
+  replies pass the phase's validator again);
+- every exchange's row (clients, faults, seconds, bytes, the mean of the replies' metrics) goes
+  to the run's metric sinks (``fedsim/sinks.py``: CSV, TensorBoard) as it completes;
+- the phase's :class:`Policy` states whether it may go on with fewer replies: a
+  :class:`Quorum` of accepted replies, below which :class:`PhaseFailed` stops the run.
+
+Replies come back in the order their messages were sent, and :meth:`Messenger.node_ids` lists
+the nodes in partition order once the partitions are known: what a strategy sums, and in which
+order, then depends on the seed only, not on which reply arrived first or on Flower's node ids
+(which are random per run).
+
+Flower's own round loop (``Strategy.start``) calls ``grid.send_and_receive``; hand it a
+:class:`PhaseGrid` (``messenger.grid(label, policy)``) and its train / evaluate exchanges take the
+same path, as phases ``<label>/train`` and ``<label>/evaluate``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from flwr.app import Message, RecordDict
+from flwr.serverapp import Grid
+from omegaconf import DictConfig, OmegaConf
+
+from fedsim.client_app import SEED_KEY, TASK_KEY
+from fedsim.client_state import RUN_KEY, STATE_KEY
+from fedsim.faults import FAULTS_KEY
+from fedsim.journal import Journal, ResumeMismatch, ask_partitions
+from fedsim.message_metadata import set_src_node_id
+from fedsim.metric_keys import DP_EPSILON
+from fedsim.privacy import NoiseSource
+from fedsim.sharded_grid import MALFORMED_CODE
+from fedsim.sinks import Sinks, reply_metrics
+
+log = logging.getLogger("fedsim")
+
+Validator = Callable[[RecordDict], "str | None"]  # returns why a reply is malformed, or None
+
+
+@dataclass(frozen=True)
+class Quorum:
+    """A phase goes on when at least ``max(min_count, ceil(fraction * sent))`` replies (never
+    more than were sent) are usable; below that the run stops."""
+
+    fraction: float = 1.0
+    min_count: int = 1
+
+    def required(self, sent: int) -> int:
+        return min(sent, max(self.min_count, math.ceil(self.fraction * sent)))
+
+
+ALL = Quorum(1.0, 1)  # every addressed node must answer usefully
+ANY = Quorum(0.0, 1)  # one usable reply is enough; the others are left out and counted
+
+
+@dataclass(frozen=True)
+class Policy:
+    quorum: Quorum = ALL
+    validator: Validator | None = None
+
+
+class PhaseFailed(RuntimeError):
+    """A phase got fewer usable replies than its quorum; the message names phase and counts."""
+
+
+def client_config(cfg: DictConfig) -> dict:
+    """The config entries every client message carries: the resolved task, the fault spec, the
+    run's seed (the ClientApp reseeds each handler from it), the run's key (:func:`run_key_of`),
+    under which clients keep state between rounds, and where they keep it
+    (``fedsim/client_state.py``)."""
+    task = OmegaConf.to_container(cfg.task, resolve=True)
+    return {TASK_KEY: json.dumps(task), FAULTS_KEY: json.dumps(OmegaConf.to_container(cfg.faults)),
+            SEED_KEY: int(cfg.seed), RUN_KEY: run_key_of(cfg),
+            STATE_KEY: json.dumps({"dir": cfg.client_state.dir, "keep": bool(cfg.client_state.keep)})}
+
+
+def run_key_of(cfg: DictConfig) -> str:
+    """The key the ServerApp drew for the run (``client_state.run_key``: new for every fresh
+    run, the same when it is resumed, unlike Flower's run id); a protocol driven without the
+    ServerApp (in-process tests) uses its results folder's hash."""
+    return cfg.client_state.get("run_key") or hashlib.sha256(str(cfg.results_dir).encode()).hexdigest()[:16]
+
+
+def payload_bytes(content: RecordDict) -> int:
+    """Bytes a message carries as data: array buffers and ``bytes`` config values."""
+    arrays = sum(len(a.data) for r in content.array_records.values() for a in r.values())
+    blobs = sum(len(v) for r in content.config_records.values() for v in r.values()
+                if isinstance(v, bytes))
+    return arrays + blobs
+
+
+def _num_examples(content: RecordDict) -> float:
+    """How many clients / examples a reply stands for (FedAvg's weight key; 1 if absent)."""
+    for record in content.metric_records.values():
+        if "num-examples" in record:
+            return float(record["num-examples"])
+    return 1.0
+
+
+def _round_of(messages: list[Message]) -> int:
+    """The server round a strategy's messages belong to (Flower puts it in their config)."""
+    for record in messages[0].content.config_records.values():
+        if "server-round" in record:
+            return int(record["server-round"])
+    return 1
+
+
+class Messenger:
+    """Sends through ``grid``; keeps ``faults`` and ``traffic`` as ``{phase: {round: {...}}}``.
+    ``noise`` is the run's source of DP noise and DP sampling, handed to the protocol's DP
+    strategies (private unless the run asked for reproducible noise). Replies are pulled every
+    ``poll_seconds``: each exchange waits half of it on average, 0.1 s as Flower's InMemoryGrid."""
+
+    def __init__(self, grid: Grid, timeout: float, poll_seconds: float = 0.1,
+                 report_seconds: float = 10.0, journal: Journal | None = None,
+                 sinks: Sinks | None = None, noise: NoiseSource | None = None, know_partitions: bool = False):
+        self.raw = grid
+        self.noise = noise or NoiseSource.fresh()
+        self.timeout = timeout
+        self.poll_seconds = poll_seconds
+        self.report_seconds = report_seconds
+        self.journal, self.sinks = journal, sinks or Sinks()
+        self.faults: dict[str, dict[int, dict[str, int]]] = {}
+        self.traffic: dict[str, dict[int, dict[str, float]]] = {}
+        self.epsilon: dict[str, dict[int, dict[int, float]]] = {}  # phase -> round -> node -> DP-SGD epsilon
+        self._to_new: dict[int, int] = {}  # on resume: the journaled run's node ids -> this run's
+        self._to_old: dict[int, int] = {}  # and back
+        self.partitions: dict[int, int] = {}  # node id (as the protocol sees it) -> partition
+        if journal is not None or know_partitions:
+            self._map_nodes(journal)
+
+    def _map_nodes(self, journal: Journal | None) -> None:
+        """Ask every node its partition (not journaled, not counted); a resumed run maps the
+        journaled run's node ids to this run's by partition."""
+        self.partitions = partitions = ask_partitions(self.raw, self.timeout, self.poll_seconds)
+        if journal is None:
+            return
+        if journal.resumed_from == 0:
+            journal.save_partitions(partitions)
+            return
+        by_partition = {p: n for n, p in partitions.items()}
+        self.partitions = old = journal.load_partitions()
+        missing = sorted(set(old.values()) - set(by_partition))
+        if missing:
+            raise PhaseFailed(f"resume: partitions {missing} of the journaled run have no node now")
+        self._to_new = {o: by_partition[p] for o, p in old.items()}
+        self._to_old = {n: o for o, n in self._to_new.items()}
+
+    def node_ids(self) -> list[int]:
+        """The nodes, in partition order where the partitions are known (else as the grid
+        lists them)."""
+        nodes = list(self.raw.get_node_ids())
+        if self._to_old:
+            nodes = [self._to_old[n] for n in nodes if n in self._to_old]
+        return sorted(nodes, key=lambda n: self.partitions.get(n, -1))
+
+    def grid(self, label: str, policy: Policy = Policy(ANY), nodes: Iterable[int] | None = None
+             ) -> PhaseGrid:
+        """A Grid for a Strategy's own round loop: ``nodes`` (default all) are its population."""
+        return PhaseGrid(self, label, policy, None if nodes is None else list(nodes))
+
+    def exchange(self, phase: str, messages: Iterable[Message], policy: Policy = Policy(),
+                 server_round: int = 1, timeout: float | None = None) -> list[Message]:
+        """Send ``messages``, return the usable replies; count the rest; enforce the quorum."""
+        messages = list(messages)
+        if not messages:
+            return []
+        if self.journal is not None and self.journal.replaying:
+            entry = self.journal.replay(phase, server_round)
+            self._revalidate(phase, server_round, entry["replies"], policy.validator)
+            return self._done(phase, server_round, entry["replies"], entry["faults"], entry["traffic"])
+        start = time.monotonic()
+        replies = self._send_and_wait(phase, self._to_this_run(messages),
+                                      self.timeout if timeout is None else timeout)
+        seconds = time.monotonic() - start
+        good, counts, first_error = self._screen(phase, server_round, len(messages), replies,
+                                                 policy.validator)
+        traffic = {"messages": len(messages), "seconds": seconds,
+                   "bytes_down": sum(payload_bytes(m.content) for m in messages),
+                   "bytes_up": sum(payload_bytes(m.content) for m in replies if not m.has_error())}
+        need = policy.quorum.required(len(messages))
+        if len(good) < need:
+            self._done(phase, server_round, good, counts, traffic)
+            raise PhaseFailed(f"{phase} round {server_round}: {len(good)} of {len(messages)} "
+                              f"replies usable, {need} needed ({counts})"
+                              + (f"; e.g. {first_error}" if first_error else ""))
+        if self.journal is not None:
+            self.journal.record(phase, server_round, good, counts, traffic)
+        return self._done(phase, server_round, good, counts, traffic)
+
+    def _done(self, phase: str, server_round: int, good: list[Message], counts: dict,
+              traffic: dict) -> list[Message]:
+        """Count an exchange (live or replayed) and hand its row to the sinks."""
+        self._record(self.faults, phase, server_round, counts)
+        self._record(self.traffic, phase, server_round, traffic)
+        self.sinks.write(phase, server_round, {**counts, **traffic, **reply_metrics(good),
+                                               **self._keep_epsilon(phase, server_round, good)})
+        return good
+
+    def _keep_epsilon(self, phase: str, server_round: int, good: list[Message]) -> dict:
+        """Each client's DP-SGD epsilon (``tasks/dp_sgd.py``) per round, for results.json, and
+        their max for the sinks: it is per client, and a mean over clients hides the largest."""
+        spent = {m.metadata.src_node_id: float(r[DP_EPSILON]) for m in good
+                 for r in m.content.metric_records.values() if DP_EPSILON in r}
+        if not spent:
+            return {}
+        self.epsilon.setdefault(phase, {})[server_round] = spent
+        return {f"metric/{DP_EPSILON}-max": max(spent.values())}
+
+    @staticmethod
+    def _revalidate(phase: str, server_round: int, replies: list[Message], validator: Validator | None) -> None:
+        """Replayed replies pass the phase's validator again, as they did live: a validator may
+        hold state the strategy needs (HEFedAvg adopts the clients' public context there)."""
+        for msg in replies:
+            if validator and (why := validator(msg.content)):
+                raise ResumeMismatch(f"{phase} round {server_round}: a journaled reply is now "
+                                     f"rejected ({why}); was the code or the config changed?")
+
+    def _to_this_run(self, messages: list[Message]) -> list[Message]:
+        """On resume, address the journaled run's node ids to this run's nodes (and map the
+        replies back in :meth:`_send_and_wait`)."""
+        for m in messages:
+            m.metadata.dst_node_id = self._to_new.get(m.metadata.dst_node_id, m.metadata.dst_node_id)
+        return messages
+
+    def _send_and_wait(self, phase: str, messages: list[Message], timeout: float
+                       ) -> list[Message]:
+        """The replies that arrived in time, in the order their messages were sent."""
+        sent = list(self.raw.push_messages(messages))
+        pending, position = set(sent), {mid: i for i, mid in enumerate(sent)}
+        total, replies = len(pending), []
+        start = last = time.monotonic()
+        while pending and time.monotonic() - start < timeout:
+            got = list(self.raw.pull_messages(list(pending)))
+            for m in got if self._to_old else ():  # back to the journaled run's node ids (resume)
+                set_src_node_id(m, self._to_old[m.metadata.src_node_id])
+            replies.extend(got)
+            pending.difference_update(m.metadata.reply_to_message_id for m in got)
+            now = time.monotonic()
+            if pending and now - last >= self.report_seconds:
+                log.info("[%s] %d/%d clients done, %.0f s elapsed", phase, total - len(pending),
+                         total, now - start)
+                last = now
+            if pending:
+                time.sleep(self.poll_seconds)
+        log.info("[%s] %d/%d replies in %.1f s%s", phase, len(replies), total,
+                 time.monotonic() - start, f" ({len(pending)} timed out)" if pending else "")
+        return sorted(replies, key=lambda m: position[m.metadata.reply_to_message_id])
+
+    @staticmethod
+    def _screen(phase: str, server_round: int, sent: int, replies: list[Message],
+                validator: Validator | None):
+        good, counts, first_error = [], {"sent": sent, "failed": 0, "malformed": 0}, ""
+        # in the order sent (partitions), not arrival order nor node ids (random per run): a
+        # validator that adopts the first reply's setting (HEFedAvg: key and model size) must
+        # not depend on which node answered first
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            if msg.has_error() and msg.error.code == MALFORMED_CODE:  # the grid could not read it
+                counts["malformed"] += 1
+                reason = f"node {node} rejected: {msg.error.reason!r}"
+            elif msg.has_error():
+                counts["failed"] += 1
+                reason = f"node {node} failed: {msg.error.reason!r}"  # repr: one line, whatever it holds
+            elif validator and (why := validator(msg.content)):
+                counts["malformed"] += 1
+                reason = f"node {node} rejected: {why!r}"
+            else:
+                good.append(msg)
+                continue
+            first_error = first_error or reason
+            log.warning("%s round %d: %s", phase, server_round, reason)
+        counts["timed_out"] = max(0, sent - len(replies))
+        counts["accepted"] = len(good)
+        counts["examples"] = int(sum(_num_examples(m.content) for m in good))
+        if counts["timed_out"]:
+            log.warning("%s round %d: %d node(s) did not reply in time", phase, server_round,
+                        counts["timed_out"])
+            first_error = first_error or f"{counts['timed_out']} node(s) timed out"
+        return good, counts, first_error
+
+    @staticmethod
+    def _record(table: dict, phase: str, server_round: int, values: dict) -> None:
+        """Add ``values`` to the phase's row for the round (a phase may exchange repeatedly)."""
+        row = table.setdefault(phase, {}).setdefault(server_round, {})
+        for key, value in values.items():
+            row[key] = row.get(key, 0) + value
+
+    def round_traffic(self, phase: str, server_round: int) -> dict[str, float]:
+        return dict(self.traffic.get(phase, {}).get(server_round, {}))
+
+
+class PhaseGrid(Grid):
+    """A Grid view for Flower's ``Strategy.start``: ``send_and_receive`` is a
+    :meth:`Messenger.exchange` under ``<label>/<message type>`` with the view's policy, and
+    ``get_node_ids`` is the view's population (e.g. the prior clients of FedTP)."""
+
+    def __init__(self, messenger: Messenger, label: str, policy: Policy,
+                 nodes: list[int] | None, checks: dict[str, Validator] | None = None):
+        self.messenger, self.label, self.policy, self._nodes = messenger, label, policy, nodes
+        self._checks = checks or {}  # message type -> a further validator of its replies
+
+    def checked(self, message_type: str, validator: Validator) -> PhaseGrid:
+        """This view, its ``message_type`` replies also passing ``validator`` (a strategy's own
+        check, e.g. the shapes of the model it sent: a reply failing it is counted, not
+        averaged)."""
+        return PhaseGrid(self.messenger, self.label, self.policy, self._nodes,
+                         {**self._checks, message_type: validator})
+
+    def _policy(self, message_type: str) -> Policy:
+        extra, inner = self._checks.get(message_type), self.policy.validator
+        if extra is None:
+            return self.policy
+        both = extra if inner is None else (lambda content: inner(content) or extra(content))
+        return Policy(self.policy.quorum, both)
+
+    def exchange(self, suffix: str, messages: Iterable[Message], policy: Policy,
+                 server_round: int) -> list[Message]:
+        """A sub-phase of this view's label (e.g. HEFedAvg's ``<label>/he-encrypt``)."""
+        return self.messenger.exchange(f"{self.label}/{suffix}", messages, policy, server_round)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
+                         ) -> Iterable[Message]:
+        messages = list(messages)
+        if not messages:
+            return []
+        message_type = messages[0].metadata.message_type
+        return self.messenger.exchange(f"{self.label}/{message_type}", messages,
+                                       self._policy(message_type), _round_of(messages), timeout)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.messenger.node_ids() if self._nodes is None else list(self._nodes)
+
+    def set_run(self, run) -> None:
+        self.messenger.raw.set_run(run)
+
+    @property
+    def run(self):
+        return self.messenger.raw.run
+
+    def create_message(self, *args, **kwargs) -> Message:
+        return self.messenger.raw.create_message(*args, **kwargs)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        raise NotImplementedError("a PhaseGrid sends through its Messenger (send_and_receive)")
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        raise NotImplementedError("a PhaseGrid sends through its Messenger (send_and_receive)")
+
+
+def phase_grid(grid: Grid, label: str, timeout: float = 3600.0) -> PhaseGrid:
+    """``grid`` itself when it already is a view (inside a protocol), else a view over a new
+    Messenger (a strategy used on a plain Grid, e.g. in tests)."""
+    if isinstance(grid, PhaseGrid):
+        return grid
+    return Messenger(grid, timeout).grid(label)

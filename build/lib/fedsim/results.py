@@ -1,0 +1,184 @@
+"""Run outputs: resolved config, results.json, a markdown summary, plots and errors."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+import zlib
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+
+def _jsonable(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no inf/NaN; null means "unbounded" (e.g. epsilon at sigma = 0)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item"):  # numpy scalars
+        return _jsonable(value.item())
+    return value
+
+
+RESULTS_MARKER = "FEDSIM-RESULTS "
+CHUNK_CHARS = 4096
+MAX_FILE_BYTES = 32 << 20      # one shipped file, decoded
+MAX_SHIPMENT_BYTES = 128 << 20  # the whole shipment, decompressed (a gzip bomb stops here)
+# What a shipment may hold: flat result files, and TensorBoard's event files. Never checkpoint/
+# (a planted run.json or journal entry would be trusted by a later resume), never a path.
+SHIPPABLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,100}\.(json|md|yaml|csv|txt|png)"
+                       r"|tensorboard/events\.out\.tfevents\.[A-Za-z0-9_-][A-Za-z0-9_.-]{0,150}")
+
+
+class ShipmentRefused(ValueError):
+    """A remote run's results are malformed or hold something they may not: the run failed."""
+
+
+def _shippable(folder: Path) -> dict[str, bytes]:
+    """The files of ``folder`` a shipment may carry, by their relative names."""
+    paths = [*folder.iterdir(), *((folder / "tensorboard").glob("*") if (folder / "tensorboard").is_dir() else [])]
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(paths)
+            if p.is_file() and not p.is_symlink() and SHIPPABLE.fullmatch(p.relative_to(folder).as_posix())}
+
+
+def ship_results(folder: Path) -> list[str]:
+    """The folder's result files as log lines (gzip'd JSON of name -> base64 contents, base64,
+    numbered chunks): how the results of a run on a remote SuperLink reach the user's machine
+    through the run's log stream, without shell access to the SuperLink host (Flower's
+    ``flwr pull`` needs an artifact store a self-hosted SuperLink does not have). A map of flat
+    names, not a tar: the receiver writes only names it allows, never links or paths."""
+    files = {name: base64.b64encode(data).decode() for name, data in _shippable(folder).items()}
+    text = base64.b64encode(gzip.compress(json.dumps(files).encode())).decode()
+    chunks = [text[i:i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)] or [""]
+    return [f"{RESULTS_MARKER}{i}/{len(chunks)} {chunk}" for i, chunk in enumerate(chunks)]
+
+
+def _joined(lines: list[str]) -> bytes:
+    """The shipment's bytes from its numbered chunks; refuse a missing or inconsistent one."""
+    chunks, totals = {}, set()
+    for line in lines:
+        head, _, chunk = line[len(RESULTS_MARKER):].partition(" ")
+        index, total = map(int, head.split("/"))
+        chunks[index] = chunk.strip()
+        totals.add(total)
+    if len(totals) != 1 or sorted(chunks) != list(range(totals.pop())):
+        raise ShipmentRefused(f"results arrived incomplete: {len(chunks)} chunks, totals {totals}")
+    return base64.b64decode("".join(chunks[i] for i in range(len(chunks))), validate=True)
+
+
+def _inflate(data: bytes) -> bytes:
+    """gunzip at most MAX_SHIPMENT_BYTES: a small shipment cannot fill the disk or the memory."""
+    inflater = zlib.decompressobj(wbits=31)
+    out = inflater.decompress(data, MAX_SHIPMENT_BYTES + 1)
+    if len(out) > MAX_SHIPMENT_BYTES or inflater.unconsumed_tail:
+        raise ShipmentRefused(f"results exceed {MAX_SHIPMENT_BYTES} bytes decompressed")
+    return out
+
+
+def decode_shipment(lines: list[str]) -> dict[str, bytes]:
+    """Name -> contents of a shipment, every name allowed and every file within its cap."""
+    files = json.loads(_inflate(_joined(lines)))
+    if not isinstance(files, dict):
+        raise ShipmentRefused("results are not a map of file names")
+    decoded = {}
+    for name, text in files.items():
+        if not SHIPPABLE.fullmatch(name) or not isinstance(text, str):
+            raise ShipmentRefused(f"results hold a name that is not allowed: {name!r}")
+        if len(text) > MAX_FILE_BYTES * 4 // 3 + 4:
+            raise ShipmentRefused(f"{name!r} exceeds {MAX_FILE_BYTES} bytes")
+        decoded[name] = base64.b64decode(text, validate=True)
+    return decoded
+
+
+def _write_new(folder: Path, name: str, data: bytes) -> None:
+    """A new file (never an existing one, never through a link) under ``folder``."""
+    path = folder / name
+    if "/" in name:
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+def unpack_results(lines: list[str], folder: Path) -> Path:
+    """Write what :func:`ship_results` sent into a new folder of its own under ``folder``, then
+    move each file into ``folder`` (a rename replaces a name, it does not follow it). Any
+    malformed, oversized or not-allowed content refuses the whole shipment (ShipmentRefused)."""
+    try:
+        files = decode_shipment(lines)
+    except ShipmentRefused:
+        raise
+    except (ValueError, TypeError, KeyError, zlib.error, EOFError, RecursionError) as exc:
+        raise ShipmentRefused(f"results could not be decoded: {type(exc).__name__}: {exc}") from exc
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".shipment-", dir=folder))
+    try:
+        for name, data in files.items():
+            _write_new(staging, name, data)
+        if (staging / "tensorboard").is_dir():
+            if (folder / "tensorboard").is_symlink():
+                raise ShipmentRefused(f"{folder / 'tensorboard'} is a link; results not written")
+            (folder / "tensorboard").mkdir(exist_ok=True)
+        for name in files:
+            os.replace(staging / name, folder / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+class RunOutput:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def clear_outcome(self) -> None:
+        """A resumed run starts without the killed run's outcome files."""
+        for name in ("results.json", "summary.md", "error.txt"):
+            (self.path / name).unlink(missing_ok=True)
+
+    def write_config(self, cfg: DictConfig) -> None:
+        (self.path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+
+    def write_results(self, results: dict, summary_md: str) -> None:
+        (self.path / "results.json").write_text(json.dumps(_jsonable(results), indent=2))
+        (self.path / "summary.md").write_text(summary_md)
+
+    def write_error(self, text: str) -> None:
+        (self.path / "error.txt").write_text(text)
+
+    def figure(self, name: str):
+        """Context-free helper: a new figure whose ``save()`` writes ``<name>.png`` here."""
+        fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+        path = self.path / f"{name}.png"
+
+        def save():
+            fig.tight_layout()
+            fig.savefig(path)
+            plt.close(fig)
+            return path
+
+        return fig, ax, save
+
+
+def markdown_table(rows: list[dict], columns: list[str], digits: int = 4) -> str:
+    def fmt(v):
+        if v is None:
+            return "inf"
+        return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r[c]) if c in r else "" for c in columns) + " |"
+              for r in rows]
+    return "\n".join(lines)

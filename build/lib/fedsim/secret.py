@@ -1,0 +1,89 @@
+"""The run's secret: 32 bytes of OS entropy from which private keys are derived.
+
+DP noise and DP sampling must not be reproducible from anything public (the seed is in
+config.yaml and results.json), yet a resumed run must draw the same noise and sample as the run
+it continues: a second, different release of the same rounds would spend privacy twice. So the
+secret is drawn once per run (``secrets``), kept in memory or, when the run is checkpointed, in
+``checkpoint/run.key`` (created with O_EXCL and mode 0600 at once, never widened), and every use
+derives its own key from it (HMAC-SHA256 with a label): the noise, the journal's authentication.
+Whoever can read that file can also read the journal's raw client replies, so it adds no reader.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import stat
+from pathlib import Path
+
+SIZE = 32
+
+
+def derive(secret: bytes, label: bytes) -> bytes:
+    """An independent key for one use of the run's secret."""
+    return hmac.new(secret, label, hashlib.sha256).digest()
+
+
+def create_private_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to a new file readable by its owner only: mode 0600 from the first byte
+    (no chmod window), refused if the name exists or is a symlink."""
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+def _read_private_file(path: Path) -> bytes:
+    """The key file's bytes, refused when it is a symlink, another user's, or readable by others."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise PermissionError(f"{path}: must be a regular file of this user with mode 0600")
+        data = fh.read()
+    if len(data) != SIZE:
+        raise ValueError(f"{path}: expected a {SIZE}-byte key, got {len(data)} bytes")
+    return data
+
+
+def run_secret(path: Path | None, resume: bool) -> bytes:
+    """The run's secret: fresh (and, with ``path``, saved there 0600), or the saved one on resume."""
+    if path is None:
+        return secrets.token_bytes(SIZE)
+    if resume:
+        return _read_private_file(path)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)  # a new run in an old folder: a new secret
+    secret = secrets.token_bytes(SIZE)
+    create_private_file(path, secret)
+    return secret
+
+
+class Tampered(ValueError):
+    """A sealed file is unreadable or its MAC does not hold: not written under this key."""
+
+
+def _mac(key: bytes, name: str, text: str) -> str:
+    return hmac.new(key, f"{name}\n{text}".encode(), hashlib.sha256).hexdigest()
+
+
+def seal(key: bytes, name: str, body) -> bytes:
+    """``body`` as JSON with an HMAC bound to the file ``name`` it is written to (so a sealed
+    file moved to another name, e.g. a journal entry reordered, no longer opens)."""
+    text = json.dumps(body, sort_keys=True)
+    return json.dumps({"body": text, "mac": _mac(key, name, text)}).encode()
+
+
+def open_sealed(key: bytes, path: Path):
+    """The body of the sealed file ``path``; :class:`Tampered` unless its MAC holds."""
+    try:
+        sealed = json.loads(path.read_bytes())
+        text, mac = sealed["body"], sealed["mac"]
+        if isinstance(text, str) and isinstance(mac, str) and \
+                hmac.compare_digest(mac, _mac(key, path.name, text)):
+            return json.loads(text)
+    except (ValueError, TypeError, KeyError, OSError):
+        pass
+    raise Tampered(f"{path}: unreadable or not authenticated by this run's key")

@@ -1,0 +1,147 @@
+"""The one ServerApp: compose the Hydra config named by the run config and run its protocol.
+
+With ``ship_results`` (a run on a remote SuperLink) the outputs are written to a temporary
+folder and printed into the run's log, from which ``fedsim run`` unpacks them locally.
+
+The run config's one key, ``overrides``, holds the same Hydra overrides as ``fedsim run`` takes,
+as one string: ``fedsim run`` passes them that way, and a Flower user passes them with
+``flwr run . --run-config "overrides='experiment=fedtp_paper seed=3'"``; either way they are
+composed and checked as ``fedsim run`` checks them before the first message is sent. The protocol sends every
+phase through one :class:`~fedsim.messaging.Messenger`, whose fault counts and traffic go into
+every ``results.json`` (``faults``, ``communication``), also when the protocol fails.
+The process's random state and Flower's node sampling are seeded from the run's seed before
+the protocol starts (``fedsim/seeding.py``), and the Messenger learns every node's partition,
+so that the same seed samples, sends and sums in the same order in every run.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import tempfile
+import traceback
+from pathlib import Path
+
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.serverapp import Grid, ServerApp
+from hydra.utils import get_method
+from omegaconf import DictConfig
+
+from fedsim.client_state import FORGET, RUN_KEY, STATE_KEY, forget_request
+from fedsim.config import compose
+from fedsim.flower_waits import shorten_pull_backoff
+from fedsim.journal import Journal
+from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
+from fedsim.mlflow_sink import MlflowSink
+from fedsim.privacy import NOT_PRIVATE, NoiseSource
+from fedsim.results import RunOutput, ship_results
+from fedsim.schema import check, try_strategy
+from fedsim.secret import derive, run_secret
+from fedsim.seeding import seed_server
+from fedsim.sharded_grid import ShardedGrid
+from fedsim.sinks import Sinks
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    logger = logging.getLogger("fedsim")
+    if not logger.handlers:  # Flower's own handlers stay as they are
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s fedsim: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    cfg = config_from_run(context.run_config)
+    if cfg.hardware.backend == "deployment" and cfg.hardware.waits.pull_backoff is not None:
+        shorten_pull_backoff(cfg.hardware.waits.pull_backoff)  # replies are pulled from the SuperLink
+    if cfg.ship_results:  # a remote SuperLink: results go back in the log, not to the user's path
+        with tempfile.TemporaryDirectory(prefix="fedsim-results-") as folder:
+            try:
+                _run(grid, cfg, RunOutput(folder))
+            finally:
+                print("\n".join(ship_results(Path(folder))), flush=True)
+    else:
+        _run(grid, cfg, RunOutput(cfg.results_dir))
+
+
+def config_from_run(run_config) -> DictConfig:
+    """The run's config from Flower's run config (its ``overrides`` string), with ``fedsim
+    run``'s checks: a wrong key, type, strategy or wrapper fails here, before any client works."""
+    cfg = compose(shlex.split(str(run_config.get("overrides", ""))))
+    check(cfg)
+    try_strategy(cfg)
+    return cfg
+
+
+def _forget_client_state(messenger: Messenger, cfg) -> None:
+    """The run completed: every node removes the run's client state (unless
+    ``client_state.keep``). A node that does not answer keeps it, which loses no result. Not
+    journaled: a completed run is never resumed."""
+    messenger.journal = None
+    config = ConfigRecord({k: v for k, v in client_config(cfg).items() if k in (RUN_KEY, STATE_KEY)})
+    messages = [Message(RecordDict({"config": config, FORGET: forget_request(str(config[RUN_KEY]))}),
+                        dst_node_id=n, message_type=MessageType.QUERY) for n in messenger.node_ids()]
+    try:
+        messenger.exchange("forget", messages, Policy(ANY))
+    except PhaseFailed as exc:
+        logging.getLogger("fedsim").warning("client state not removed: %s", exc)
+
+
+def _run(grid: Grid, cfg, out: RunOutput) -> None:
+    log = logging.getLogger("fedsim")
+    out.clear_outcome()
+    keep = cfg.checkpoint and not cfg.ship_results  # a remote run's folder is temporary
+    secret = run_secret(out.path / "checkpoint" / "run.key" if keep else None, bool(cfg.resume))
+    # the clients' state folders: new for a fresh run (an earlier run in this results folder may
+    # have left its own), the same when resumed (fedsim/client_state.py)
+    cfg.client_state.run_key = derive(secret, b"client-state").hex()[:16]
+    out.write_config(cfg)
+    log.info("results -> %s", out.path)
+    journal = Journal(out.path / "checkpoint" / "journal", bool(cfg.resume),
+                      derive(secret, b"journal")) if keep else None
+    if journal is not None and journal.resumed_from:
+        log.info("resume: replaying %d journaled exchanges", journal.resumed_from)
+    noise = noise_source(cfg, secret)
+    sinks = Sinks(out.path, cfg.logging.csv, cfg.logging.tensorboard,
+                  MlflowSink.for_run(cfg) if cfg.logging.mlflow else None)
+    messenger, failed = None, True
+    try:
+        if cfg.hardware.clients_per_supernode > 1:  # the protocol sees one node per logical client
+            grid = ShardedGrid(grid, int(cfg.hardware.num_clients), float(cfg.round_timeout))
+        messenger = Messenger(grid, float(cfg.round_timeout), journal=journal, sinks=sinks,
+                              noise=noise, know_partitions=True)
+        seed_server(int(cfg.seed))
+        results, summary = get_method(cfg.protocol.run)(messenger, cfg, out)
+        results["privacy"] = {"private_noise": noise.private,
+                              **({} if noise.private else {"warning": NOT_PRIVATE}),
+                              **({"dp_sgd_epsilon": messenger.epsilon} if messenger.epsilon else {})}
+        summary = summary if noise.private else f"**Warning: {NOT_PRIVATE}.**\n\n{summary}"
+        # traffic per phase and round, beside any per-method summary the protocol made
+        results.update(faults=messenger.faults,
+                       communication={**messenger.traffic, **results.get("communication", {})})
+        if journal is not None:
+            results["checkpoint"] = {"exchanges": len(journal.recorded),
+                                     "replayed": journal.resumed_from}
+        out.write_results(results, summary)
+        print(summary, flush=True)
+        _forget_client_state(messenger, cfg)
+        failed = False
+    except BaseException:
+        faults = messenger.faults if messenger else {}
+        out.write_error(traceback.format_exc() + f"\nfaults so far: {faults}\n")
+        raise
+    finally:
+        sinks.close(failed)
+
+
+def noise_source(cfg, secret: bytes) -> NoiseSource:
+    """The run's DP noise: a key derived from the run's secret, or (asked for, simulation only)
+    the public seed, which makes every release reproducible and therefore not private."""
+    if not cfg.privacy.reproducible_noise:
+        return NoiseSource.from_key(derive(secret, b"dp-noise"))
+    if cfg.hardware.backend != "simulation":
+        raise ValueError("privacy.reproducible_noise=true is refused for deployments")
+    logging.getLogger("fedsim").warning("%s", NOT_PRIVATE)
+    return NoiseSource.public(int(cfg.seed))

@@ -1,0 +1,154 @@
+"""Client-level DP mean of client vectors (FedTP's global prior), as a Flower Message-API Strategy.
+
+The server trusts no client: it clips every received row to norm C itself, adds
+N(0, sigma^2 C^2 I) to the sum, divides by the number of contributing rows and, when asked,
+clamps the mean back onto the simplex. One round is FedTP's one-shot release; more rounds
+re-sample clients and release again, and the RDP accountant composes them.
+
+Noise and sampling come from a :class:`~fedsim.privacy.NoiseSource`, private unless the run
+asked for reproducible noise: with noise drawn from the public seed anyone could subtract it.
+A sampled round (fraction_train < 1) is Poisson sampling at rate k / N with the release divided
+by the expected count k, which is what the accountant's amplification assumes; a fixed-size
+sample or a divisor equal to the realized count would be another mechanism.
+
+Each reply carries an ArrayRecord with ``array_key``: a (rows, dim) matrix, one row per client
+the node hosts (normally one). Malformed replies never reach it: the phase's validator
+(``fedsim.validators``, e.g. ``vector_rows`` in FedTP) screens every reply in
+:meth:`fedsim.messaging.Messenger.exchange`, which leaves them out and counts them as ``malformed``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from fedsim.privacy import (
+    RELEASE,
+    SAMPLE,
+    NoiseSource,
+    Release,
+    gaussian_mean,
+    one_shot_epsilon,
+    poisson_sample,
+    rdp_epsilon_rounds,
+)
+
+log = logging.getLogger("fedsim")
+
+
+class DPMean(Strategy):
+    def __init__(
+        self,
+        clip_norm: float = 1.0,
+        noise_multiplier: float = 1.0,
+        delta: float = 1e-5,
+        fraction_train: float = 1.0,
+        min_train_nodes: int = 1,
+        simplex: bool = True,
+        array_key: str = "vectors",
+        noise: NoiseSource | None = None,
+    ):
+        if clip_norm <= 0:
+            raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
+        if noise_multiplier < 0:
+            raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
+        if not 0 < fraction_train <= 1:
+            raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
+        self.clip_norm = clip_norm
+        self.noise_multiplier = noise_multiplier
+        self.delta = delta
+        self.fraction_train = fraction_train
+        self.min_train_nodes = min_train_nodes
+        self.simplex = simplex
+        self.array_key = array_key
+        self.noise = noise or NoiseSource.fresh()  # the protocol hands in the run's source
+        self.received: np.ndarray | None = None  # last round's validated rows (central-DP server)
+        self.denominator: float | None = None  # last round's divisor (None: the row count)
+        self._sampling: list[tuple[int, int]] = []  # (expected sample size, population) per round
+        self._dim: int | None = None  # length of the released vector (a noise-only release)
+
+    @property
+    def max_rows_per_reply(self) -> int | None:
+        """Rows one reply may carry. Sampled rounds sample replies, and the accountant assumes
+        each record is sampled on its own: one row per reply. Unsampled: any (each row is clipped)."""
+        return 1 if self.fraction_train < 1 else None
+
+    def summary(self) -> None:
+        log.info("DPMean: C=%g sigma=%g delta=%g fraction=%g simplex=%s private noise=%s",
+                 self.clip_norm, self.noise_multiplier, self.delta, self.fraction_train,
+                 self.simplex, self.noise.private)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        nodes = list(grid.get_node_ids())  # the grid's order (partition order), not node ids: random per run
+        if not nodes:
+            raise RuntimeError("DPMean: no client nodes are connected")
+        size = min(len(nodes), max(self.min_train_nodes, int(len(nodes) * self.fraction_train)))
+        sampled = nodes if size == len(nodes) else poisson_sample(
+            nodes, size / len(nodes), self.noise.rng(SAMPLE, server_round))
+        self._sampling.append((size, len(nodes)))
+        if self.array_key in arrays:
+            self._dim = arrays[self.array_key].numpy().size
+        # one shared RecordDict, as FedAvg does: Flower stores identical content once
+        content = RecordDict({"arrays": arrays,
+                              "config": ConfigRecord({**config, "server-round": server_round})})
+        log.info("DPMean round %d: %d of %d nodes sampled (expected %d)", server_round,
+                 len(sampled), len(nodes), size)
+        return [Message(content, dst_node_id=node, message_type=MessageType.TRAIN)
+                for node in sampled]
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        rows = [msg.content.array_records[next(iter(msg.content.array_records))][self.array_key]
+                .numpy() for msg in replies if not msg.has_error()]
+        size, population = self._sampling[-1] if self._sampling else (0, 0)
+        self.denominator = float(size) if size < population else None
+        if not rows and (self.denominator is None or self._dim is None):
+            log.warning("DPMean round %d: no usable client vectors, nothing released", server_round)
+            return None, None
+        self.received = np.concatenate(rows, axis=0) if rows else np.zeros((0, self._dim))
+        release = self.release(self.received, self.noise_multiplier,
+                               self.noise.rng(RELEASE, server_round))
+        metrics = MetricRecord({
+            "clients": release.num_clients,
+            "noise-std": release.noise_std,
+            "epsilon-one-shot": _finite(one_shot_epsilon(self.noise_multiplier, self.delta)),
+            "epsilon-rdp": _finite(self.epsilon_rdp()),
+        })
+        return ArrayRecord({self.array_key: Array(release.mean)}), metrics
+
+    def release(self, vectors: np.ndarray, noise_multiplier: float, rng: np.random.Generator
+                ) -> Release:
+        """One Gaussian-mechanism release of the mean of ``vectors`` with noise from ``rng``
+        (a stream of :attr:`noise` no other release uses), divided as the last round was."""
+        return gaussian_mean(vectors, self.clip_norm, noise_multiplier, rng, self.simplex,
+                             self.denominator)
+
+    def epsilon_rdp(self, noise_multiplier: float | None = None) -> float:
+        """Cumulative epsilon of the rounds run so far (RDP accountant), at this strategy's
+        sigma or at ``noise_multiplier`` (what the same rounds would cost under another sigma)."""
+        sigma = self.noise_multiplier if noise_multiplier is None else noise_multiplier
+        return rdp_epsilon_rounds(sigma, self.delta, self._sampling)
+
+    def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:
+        return []  # the task's protocol evaluates the release
+
+    def aggregate_evaluate(self, server_round, replies) -> MetricRecord | None:
+        return None
+
+
+def _finite(value: float) -> float:
+    """MetricRecord and JSON cannot hold inf: -1 marks 'no privacy' (sigma = 0)."""
+    return value if np.isfinite(value) else -1.0

@@ -1,0 +1,270 @@
+"""CKKS-encrypted FedAvg as a wrapper around any weight-averaging Flower strategy.
+
+The wrapped strategy picks the nodes and the train config (``configure_train``) and names the
+weighting metric (``weighted_by_key``, FedAvg's ``num-examples``); this wrapper replaces its
+plaintext averaging. A round, each step a phase of the one messaging path
+(``fedsim.messaging``, faults and bytes counted per phase and round):
+
+1. ``<label>/train`` (quorum: any): sampled nodes train from their complete copy of the last
+   round's aggregate (round 1: the clients' common initial model) and keep the result; they
+   reply with metrics, the weight count and the public CKKS context (no arrays);
+2. per chunk of ``chunk_floats`` values, ``<label>/he-encrypt`` (quorum: any): the accepted
+   nodes send that chunk encrypted; the server computes sum_i (n_i / sum n) * ct_i on
+   ciphertexts; ``<label>/he-install`` (quorum: any): every node decrypts the aggregate chunk
+   into its copy, which becomes its global model only when all chunks of the round are in.
+
+**One trip** (``one_trip``, default): when an update fits in one chunk (LoRA adapters: a few MB
+encrypted), step 2 folds into step 1: the train reply carries the update encrypted, the server
+sums the ciphertexts, and the encrypted aggregate rides with the next round's train messages
+(each sampled node installs it, then trains from it); after the last round one
+``<label>/he-install`` gives it to every node. A round is then one exchange, as in plaintext
+FedAvg. Larger updates (full models) take the chunk path above.
+
+The server holds at most one chunk per client plus one aggregate at any time (memory bounded
+for a full model) and never a secret key or a plaintext update. A node that fails during the
+chunk phase is left out of that chunk's weights (the chunk stays a weighted mean of the nodes
+that sent it) and counted; a node that misses an install holds no complete copy of that round
+and refuses to train or evaluate from it. Client half: ``fedsim/he/client.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
+
+from fedsim.he import ckks
+from fedsim.he import messages as keys
+from fedsim.messaging import ANY, PhaseGrid, Policy, phase_grid
+
+log = logging.getLogger("fedsim")
+
+
+class HEFedAvg(Strategy):
+    """``strategy``'s sampling and weighting, CKKS-encrypted averaging (TenSEAL)."""
+
+    def __init__(self, strategy: Strategy, chunk_floats: int = 262_144, slots: int = 4096,
+                 one_trip: bool = True):
+        self.strategy = strategy
+        self.one_trip = one_trip
+        self.carry = None  # one trip: (round, encrypted aggregate, floats) for the next messages
+        self.weight_key = getattr(strategy, "weighted_by_key", "num-examples")
+        self.chunk_floats = int(math.ceil(chunk_floats / slots) * slots)
+        self.slots = slots
+        self.context = None  # the public context, built from client bytes
+        self.key_id = None
+        self.num_floats = None  # the model's size, fixed by the first accepted train reply
+        self.rounds: dict[int, dict] = {}
+
+    def summary(self) -> None:
+        log.info("HEFedAvg (CKKS, chunks of %d floats) around:", self.chunk_floats)
+        self.strategy.summary()
+
+    # The wrapped strategy's message-level hooks stay available for callers that drive rounds.
+    def configure_train(self, server_round, arrays, config, grid):
+        return self.strategy.configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round, replies):
+        raise NotImplementedError("HEFedAvg aggregates in start(): the sum needs the grid")
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        return []
+
+    def aggregate_evaluate(self, server_round, replies):
+        return None
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config=None, evaluate_fn=None) -> Result:
+        """Rounds of encrypted FedAvg. The initial model is the clients' (their common
+        starting weights); ``Result.arrays`` is empty: only clients hold the global model."""
+        view = phase_grid(grid, "he", timeout)
+        result = Result()
+        base = dict(train_config or {})
+        for rnd in range(1, num_rounds + 1):
+            start = time.perf_counter()
+            metrics = self._round(view, rnd, base)
+            metrics["round-seconds"] = time.perf_counter() - start
+            self.rounds[rnd] = dict(metrics)
+            result.train_metrics_clientapp[rnd] = MetricRecord(metrics)
+            log.info("[he] round %d/%d: %.1f s, %.2f MB up per client", rnd, num_rounds,
+                     metrics["round-seconds"], metrics["bytes-up-per-client"] / 1e6)
+        if self.carry is not None:  # the last aggregate goes to every node
+            rnd, aggregate, num_floats = self.carry
+            nodes = list(view.get_node_ids())
+            seconds = self._install(view, rnd, 0, 1, num_floats, aggregate, nodes, base)
+            self.rounds[rnd]["decrypt-seconds-per-client"] = seconds / len(nodes)  # the last round's
+            self.carry = None
+        return result
+
+    def _train_messages(self, grid: PhaseGrid, rnd: int, base: dict) -> list[Message]:
+        """The wrapped strategy's train messages; in one-trip mode with the last aggregate."""
+        config = {**base, keys.HE_ROUND: True, keys.GLOBAL_ROUND: rnd - 1,
+                  keys.INLINE_FLOATS: self.chunk_floats if self.one_trip else 0}
+        if self.carry is not None:
+            config |= {keys.INSTALL_ROUND: self.carry[0], keys.NUM_FLOATS: self.carry[2], keys.KEY_ID: self.key_id}
+        messages = list(self.strategy.configure_train(rnd, ArrayRecord(), ConfigRecord(config), grid))
+        if self.carry is not None:
+            record = ckks.blobs_record(self.carry[1])
+            for msg in messages:
+                msg.content[keys.CIPHERTEXTS] = record
+        return messages
+
+    def _round(self, grid: PhaseGrid, rnd: int, base: dict) -> dict:
+        accepted = grid.exchange("train", self._train_messages(grid, rnd, base),
+                                 Policy(ANY, self._train_problem), rnd)
+        self.carry = None
+        weights = {m.metadata.src_node_id: float(m.content[keys.METRICS][self.weight_key])
+                   for m in accepted}
+        num_floats = self.num_floats  # every accepted reply has this size (_train_problem)
+        if all(keys.CIPHERTEXTS in m.content.array_records for m in accepted):
+            return self._one_trip_round(grid, rnd, accepted, weights, num_floats)
+        num_chunks = math.ceil(num_floats / self.chunk_floats)
+        everyone = list(grid.get_node_ids())
+        seconds = {"aggregate": 0.0, "encrypt": 0.0, "decrypt": 0.0}
+        chunk_failures = 0
+        for chunk in range(num_chunks):
+            blobs, seconds["encrypt"] = self._collect(grid, rnd, chunk, num_floats, weights,
+                                                      base, seconds["encrypt"])
+            chunk_failures += len(weights) - len(blobs)
+            t = time.perf_counter()
+            total = sum(weights[n] for n in blobs)
+            aggregate = ckks.weighted_sum(self.context, list(blobs.values()),
+                                          [weights[n] / total for n in blobs])
+            seconds["aggregate"] += time.perf_counter() - t
+            del blobs
+            seconds["decrypt"] += self._install(grid, rnd, chunk, num_chunks, num_floats,
+                                                aggregate, everyone, base)
+        return self._round_metrics(grid, rnd, accepted, everyone, num_chunks, chunk_failures,
+                                   seconds)
+
+    def _one_trip_round(self, grid: PhaseGrid, rnd: int, accepted: list[Message], weights: dict,
+                        num_floats: int) -> dict:
+        """Sum the ciphertexts the train replies carry; keep the aggregate for the next messages."""
+        start = time.perf_counter()
+        total = sum(weights.values())
+        aggregate = ckks.weighted_sum(
+            self.context, [ckks.record_blobs(m.content[keys.CIPHERTEXTS]) for m in accepted],
+            [weights[m.metadata.src_node_id] / total for m in accepted])
+        self.carry = (rnd, aggregate, num_floats)
+        out = self._train_metrics(accepted)
+        traffic = grid.messenger.round_traffic(f"{grid.label}/train", rnd)
+        n_acc = len(accepted)
+        out.update({"clients": n_acc, "chunks": 1, "chunk-failures": 0, "one-trip": 1,
+                    "bytes-up-per-client": traffic.get("bytes_up", 0) / n_acc,
+                    "bytes-down-per-client": traffic.get("bytes_down", 0) / traffic.get("messages", 1),
+                    "encrypt-seconds-per-client": out.get(keys.ENCRYPT_SECONDS, 0.0),
+                    "aggregate-seconds": time.perf_counter() - start,
+                    "decrypt-seconds-per-client": out.get(keys.DECRYPT_SECONDS, 0.0)})
+        return out
+
+    def _train_metrics(self, accepted: list[Message]) -> dict:
+        train = aggregate_metricrecords([m.content for m in accepted], self.weight_key)
+        return {k: float(v) for k, v in train.items() if isinstance(v, (int, float))}
+
+    def _round_metrics(self, grid, rnd, accepted, everyone, num_chunks, chunk_failures,
+                       seconds) -> dict:
+        out = self._train_metrics(accepted)
+        enc = grid.messenger.round_traffic(f"{grid.label}/he-encrypt", rnd)
+        inst = grid.messenger.round_traffic(f"{grid.label}/he-install", rnd)
+        n_acc = len(accepted)
+        out.update({"clients": n_acc, "chunks": num_chunks, "chunk-failures": chunk_failures,
+                    "bytes-up-per-client": enc.get("bytes_up", 0) / n_acc,
+                    "bytes-down-per-client": inst.get("bytes_down", 0) / len(everyone),
+                    "encrypt-seconds-per-client": seconds["encrypt"] / n_acc,
+                    "aggregate-seconds": seconds["aggregate"],
+                    "decrypt-seconds-per-client": seconds["decrypt"] / len(everyone)})
+        return out
+
+    def _train_problem(self, content: RecordDict) -> str | None:
+        """Why an HE train reply is unusable (None if usable); the first reply's public
+        context becomes the server's, later ones must share its key."""
+        metrics = content.metric_records.get(keys.METRICS)
+        record = content.config_records.get(keys.CONTEXT)
+        if metrics is None or record is None or keys.PUBLIC_CONTEXT not in record:
+            return "not an HE train reply (metrics and public context expected)"
+        weight, floats = metrics.get(self.weight_key), metrics.get(keys.NUM_FLOATS)
+        if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
+            return f"weight {self.weight_key}={weight!r} is not a positive finite number"
+        if not isinstance(floats, int) or floats <= 0:
+            return f"{keys.NUM_FLOATS}={floats!r} is not a positive integer"
+        inline = content.array_records.get(keys.CIPHERTEXTS)
+        if inline is not None and (len(inline) != math.ceil(floats / self.slots)
+                                   or any(a.dtype != "uint8" for a in inline.values())):
+            return f"expected {math.ceil(floats / self.slots)} uint8 ciphertexts in the train reply"
+        return self._key_problem(record[keys.PUBLIC_CONTEXT]) or self._size_problem(floats)
+
+    def _key_problem(self, public: bytes) -> str | None:
+        """The first reply's public context becomes the server's; later ones must share its key."""
+        if self.key_id is None:
+            try:
+                self.context = ckks.server_context(public)
+            except ValueError as exc:
+                return str(exc)
+            self.key_id = ckks.key_id(public)
+        elif ckks.key_id(public) != self.key_id:
+            return "encrypted under another key"
+        return None
+
+    def _size_problem(self, floats: int) -> str | None:
+        """Ciphertexts of models of different sizes cannot be summed: the first accepted reply
+        fixes the size, a reply of another is malformed (counted; the round goes on)."""
+        if self.num_floats is None:
+            self.num_floats = floats
+        elif floats != self.num_floats:
+            return f"a model of {floats} floats; this federation's has {self.num_floats}"
+        return None
+
+    def _query(self, nodes: list[int], config: dict, record: ArrayRecord | None
+               ) -> list[Message]:
+        out = []
+        for node in nodes:
+            content = RecordDict({"config": ConfigRecord(config)})
+            if record is not None:
+                content[keys.CIPHERTEXTS] = record
+            out.append(Message(content, dst_node_id=node, message_type=MessageType.QUERY))
+        return out
+
+    def _collect(self, grid, rnd, chunk, num_floats, weights, base, seconds
+                 ) -> tuple[dict[int, list[bytes]], float]:
+        """The chunk's ciphertexts by node, and ``seconds`` plus the clients' encrypt time."""
+        config = {**base, keys.OP: keys.ENCRYPT, keys.SERVER_ROUND: rnd, keys.CHUNK: chunk,
+                  keys.CHUNK_FLOATS: self.chunk_floats, keys.KEY_ID: self.key_id}
+        values = min(self.chunk_floats, num_floats - chunk * self.chunk_floats)
+        expected = math.ceil(values / self.slots)
+
+        def problem(content: RecordDict) -> str | None:
+            record = content.array_records.get(keys.CIPHERTEXTS)
+            if record is None or len(record) != expected:
+                return f"expected {expected} ciphertexts for chunk {chunk}"
+            if any(a.dtype != "uint8" for a in record.values()):
+                return "ciphertexts must be uint8 bytes"
+            if content.config_records.get(keys.CONTEXT, {}).get(keys.KEY_ID) != self.key_id:
+                return "encrypted under another key"
+            return None
+
+        replies = grid.exchange("he-encrypt", self._query(list(weights), config, None),
+                                Policy(ANY, problem), rnd)
+        return ({m.metadata.src_node_id: ckks.record_blobs(m.content[keys.CIPHERTEXTS])
+                 for m in replies}, seconds + _seconds(replies, keys.ENCRYPT_SECONDS))
+
+    def _install(self, grid, rnd, chunk, num_chunks, num_floats, aggregate, nodes, base
+                 ) -> float:
+        """Send the aggregate chunk to every node; the clients' decrypt seconds."""
+        config = {**base, keys.OP: keys.INSTALL, keys.SERVER_ROUND: rnd, keys.CHUNK: chunk,
+                  keys.NUM_CHUNKS: num_chunks, keys.CHUNK_FLOATS: self.chunk_floats,
+                  keys.NUM_FLOATS: num_floats, keys.KEY_ID: self.key_id}
+        replies = grid.exchange("he-install",
+                                self._query(nodes, config, ckks.blobs_record(aggregate)),
+                                Policy(ANY), rnd)
+        return _seconds(replies, keys.DECRYPT_SECONDS)
+
+
+def _seconds(replies: list[Message], key: str) -> float:
+    return sum(float(m.content[keys.METRICS].get(key, 0.0)) for m in replies
+               if keys.METRICS in m.content.metric_records)

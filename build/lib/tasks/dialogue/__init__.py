@@ -1,0 +1,1 @@
+"""Dialogue response generation and its trust evaluation (FedDTRE, METHODS.md section 2)."""

@@ -1,0 +1,114 @@
+"""Topical-Chat loading: grounded turns, candidates and gold evidence (METHODS.md section 1).
+
+A grounded turn is one whose ``knowledge_source`` names FS1, FS2 or FS3; its gold evidence is
+the speaker's reading-set entry for the first FS label in that list, and its candidates are the
+speaker's FS1-FS3 entries. Each entry points at one of the 516 wiki lead sections (the topic
+space) by id.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from fedsim.data import require_file
+
+UPSTREAM = "github.com/alexa/Topical-Chat (CDLA-Sharing 1.0)"
+SPLITS = ("valid_freq", "valid_rare", "test_freq", "test_rare")
+FS_LABELS = ("FS1", "FS2", "FS3")
+WIKI_KEYS = ("shortened_wiki_lead_section", "summarized_wiki_lead_section")
+
+
+@dataclass(frozen=True)
+class Turn:
+    message: str
+    gold: int  # topic index of the gold evidence, -1 if the turn is not FS-grounded
+    candidates: tuple[int, ...]  # the speaker's FS1-FS3 topic indices
+
+
+@dataclass(frozen=True)
+class Conversation:
+    conversation_id: str
+    split: str
+    turns: tuple[Turn, ...]
+
+    @property
+    def half(self) -> int:
+        """Turns with index < n // 2 form the first half."""
+        return len(self.turns) // 2
+
+
+@dataclass(frozen=True)
+class Topics:
+    """The 516 evidence texts, indexed 0..515 in wiki.json order."""
+
+    texts: tuple[str, ...]
+    index: dict  # wiki section id -> topic index
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+@lru_cache(maxsize=4)
+def load_topics(data_root: str) -> Topics:
+    path = require_file(Path(data_root) / "topical_chat" / "wiki.json", UPSTREAM)
+    wiki = json.loads(path.read_text())
+    texts, index = [], {}
+    for key in WIKI_KEYS:
+        for text, section_id in wiki[key].items():
+            index[int(section_id)] = len(texts)
+            texts.append(text)
+    return Topics(tuple(texts), index)
+
+
+def _speaker_topic(entry: dict, topics: Topics) -> int:
+    for key in WIKI_KEYS:
+        if key in entry:
+            return topics.index[int(entry[key])]
+    raise ValueError(f"reading-set entry has no wiki lead section: {sorted(entry)}")
+
+
+def _parse(cid: str, split: str, conv: dict, reading: dict, topics: Topics) -> Conversation:
+    turns = []
+    for turn in conv["content"]:
+        agent_set = reading[turn["agent"]]
+        candidates = tuple(_speaker_topic(agent_set[fs], topics) for fs in FS_LABELS)
+        grounded = [s for s in turn["knowledge_source"] if s in FS_LABELS]
+        gold = candidates[FS_LABELS.index(grounded[0])] if grounded else -1
+        turns.append(Turn(turn["message"], gold, candidates))
+    return Conversation(cid, split, tuple(turns))
+
+
+@lru_cache(maxsize=16)
+def load_split(data_root: str, split: str) -> tuple[Conversation, ...]:
+    """All conversations of one split, in file order."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown Topical-Chat split {split!r}; available here: {SPLITS}")
+    root = Path(data_root) / "topical_chat"
+    convs = json.loads(require_file(root / "conversations" / f"{split}.json", UPSTREAM).read_text())
+    reading = json.loads(require_file(root / "reading_sets" / f"{split}.json", UPSTREAM).read_text())
+    topics = load_topics(data_root)
+    return tuple(_parse(cid, split, c, reading[cid], topics) for cid, c in convs.items())
+
+
+def load_conversations(
+    data_root: str, splits: tuple[str, ...], max_per_split: int | None = None
+) -> tuple[Conversation, ...]:
+    """Conversations of ``splits`` in order, the first ``max_per_split`` of each if set."""
+    out: list[Conversation] = []
+    for split in splits:
+        out.extend(load_split(str(data_root), split)[:max_per_split])
+    return tuple(out)
+
+
+def local_preference(conv: Conversation, num_topics: int) -> np.ndarray:
+    """p_c: normalized histogram of the gold evidence of first-half grounded turns (uniform if none)."""
+    golds = [t.gold for t in conv.turns[: conv.half] if t.gold >= 0]
+    if not golds:
+        return np.full(num_topics, 1.0 / num_topics)
+    hist = np.bincount(golds, minlength=num_topics).astype(float)
+    return hist / hist.sum()
