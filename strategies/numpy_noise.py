@@ -6,8 +6,17 @@ adaptive wrappers' noisy clipped count. The ServerApp seeds that generator from 
 seed (``fedsim/seeding.py``, for reproducible sampling), so anyone who knows the seed could
 regenerate Flower's noise and subtract it. This wrapper runs each round's aggregation with the
 global generator set from the run's :class:`~fedsim.privacy.NoiseSource` (a stream of its own per
-round) and puts the previous state back afterwards. Nothing else changes: clipping, noise scale
-and accounting stay Flower's.
+round) and puts the previous state back afterwards.
+
+The wrappers' noise, sigma C / n, covers one client's effect on an unweighted mean of n clipped
+updates. Two things the inner strategy does would break that, and this wrapper stops both:
+FedAvg weights each reply by its ``num-examples`` (a client holding most of the data moves the
+weighted mean by up to C, not C / n), so every reply's weight is set to 1 before aggregation; and
+a round with m < n replies (failed or late clients, counted as faults) averages over m, whose
+sensitivity is C / m, so that round's noise is sigma C / m: the noise multiplier, and with it the
+round's privacy cost, stays sigma. (A missing client cannot be replaced by a zero update: Flower's
+clipping divides by the update's norm.) Flower's accounted mode asks for the same (equal weights,
+n replies) but refuses instead, and only around a plain FedAvg. Clipping and noise stay Flower's.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import numpy as np
+from flwr.app import Message, MetricRecord
 from flwr.serverapp.strategy import Strategy
 
 from fedsim.privacy import FLOWER_DP, NoiseSource
@@ -33,6 +43,15 @@ def global_numpy_from(rng: np.random.Generator):
         np.random.set_state(previous)
 
 
+def equal_weight(reply: Message, key: str) -> Message:
+    """``reply`` with weight 1 under ``key`` in its metric records, in place as Flower's
+    wrappers clip."""
+    for name, record in reply.content.metric_records.items():
+        if key in record:
+            reply.content[name] = MetricRecord({**record, key: 1})
+    return reply
+
+
 class NumpyNoise(Strategy):
     """``strategy`` (a Flower DP wrapper) with its global-numpy noise from ``noise``."""
 
@@ -47,8 +66,17 @@ class NumpyNoise(Strategy):
         return self.strategy.configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round, replies):
-        with global_numpy_from(self.noise.rng(FLOWER_DP, server_round)):
-            return self.strategy.aggregate_train(server_round, replies)
+        key = self.strategy.strategy.weighted_by_key  # of the strategy inside Flower's wrapper
+        replies = [equal_weight(r, key) for r in replies if not r.has_error()]
+        if not replies:
+            return None, None
+        sampled = self.strategy.num_sampled_clients
+        self.strategy.num_sampled_clients = min(sampled, len(replies))  # the n of the noise: the mean's
+        try:
+            with global_numpy_from(self.noise.rng(FLOWER_DP, server_round)):
+                return self.strategy.aggregate_train(server_round, replies)
+        finally:
+            self.strategy.num_sampled_clients = sampled
 
     def configure_evaluate(self, server_round, arrays, config, grid):
         return self.strategy.configure_evaluate(server_round, arrays, config, grid)

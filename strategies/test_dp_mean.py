@@ -14,6 +14,7 @@ from fedsim.privacy import (
     rdp_epsilon,
     rdp_epsilon_rounds,
 )
+from strategies.conftest import NodeIds
 from strategies.dp_mean import DPMean
 
 
@@ -84,20 +85,6 @@ def test_strategy_rejects_bad_settings(kwargs):
         DPMean(**kwargs)
 
 
-@pytest.fixture(autouse=True)
-def _run_identity(monkeypatch):
-    """Messages built outside a Flower run need a run id, as the SuperLink sets in a run."""
-    from flwr.supercore.task_identity import TaskIdentity
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0, raising=False)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 0, raising=False)
-
-
-class _Grid:
-    def get_node_ids(self):
-        return range(1, 101)
-
-
 def _reply(rows):
     from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
     return Message(RecordDict({"arrays": ArrayRecord({"vectors": Array(np.asarray(rows, float))}),
@@ -109,16 +96,16 @@ def test_strategy_samples_releases_and_composes_epsilon_over_rounds():
     from flwr.app import ArrayRecord, ConfigRecord
     source = NoiseSource.fresh()
     s = DPMean(noise_multiplier=1.0, fraction_train=0.1, noise=source)
-    first = list(s.configure_train(1, ArrayRecord(), ConfigRecord({"k": 1}), _Grid()))
+    first = list(s.configure_train(1, ArrayRecord(), ConfigRecord({"k": 1}), NodeIds(100)))
     assert 0 < len(first) < 30 and first[0].content["config"]["server-round"] == 1
     again = DPMean(noise_multiplier=1.0, fraction_train=0.1, noise=source)
-    assert [m.metadata.dst_node_id for m in again.configure_train(1, ArrayRecord(), ConfigRecord(), _Grid())] \
+    assert [m.metadata.dst_node_id for m in again.configure_train(1, ArrayRecord(), ConfigRecord(), NodeIds(100))] \
         == [m.metadata.dst_node_id for m in first]  # the same source (a resumed run): the same sample
     arrays, metrics = s.aggregate_train(1, [_reply([[3.0, 4.0]]), _reply([[0.0, 1.0], [1.0, 0.0]])])
     assert metrics["clients"] == 3
     assert metrics["epsilon-rdp"] == pytest.approx(rdp_epsilon(1.0, 1e-5, 1, 10, 100))
     assert arrays["vectors"].numpy().sum() == pytest.approx(1.0)
-    s.configure_train(2, ArrayRecord(), ConfigRecord(), _Grid())
+    s.configure_train(2, ArrayRecord(), ConfigRecord(), NodeIds(100))
     assert s.epsilon_rdp() == pytest.approx(rdp_epsilon(1.0, 1e-5, 2, 10, 100))
     assert s.epsilon_rdp() > metrics["epsilon-rdp"]
 
@@ -128,7 +115,7 @@ def test_sampling_is_poisson_at_the_accounted_rate():
     (a fixed-size sample is another mechanism), around k, and no sample repeats the seed's."""
     from flwr.app import ArrayRecord, ConfigRecord
     s = DPMean(noise_multiplier=1.0, fraction_train=0.1, noise=NoiseSource(2024))  # deterministic
-    sizes = [len(list(s.configure_train(r, ArrayRecord(), ConfigRecord(), _Grid()))) for r in range(1, 201)]
+    sizes = [len(list(s.configure_train(r, ArrayRecord(), ConfigRecord(), NodeIds(100)))) for r in range(1, 201)]
     assert len(set(sizes)) > 3 and np.mean(sizes) == pytest.approx(10, rel=0.15)
     assert s.epsilon_rdp() == pytest.approx(rdp_epsilon(1.0, 1e-5, 200, 10, 100))
 
@@ -144,7 +131,7 @@ def test_a_sampled_round_divides_by_the_expected_count():
     """Under Poisson sampling the realized count is secret: the divisor is the expected k."""
     from flwr.app import Array, ArrayRecord, ConfigRecord
     s = DPMean(noise_multiplier=0.0, fraction_train=0.1, simplex=False)
-    s.configure_train(1, ArrayRecord({"vectors": Array(np.zeros(2))}), ConfigRecord(), _Grid())
+    s.configure_train(1, ArrayRecord({"vectors": Array(np.zeros(2))}), ConfigRecord(), NodeIds(100))
     arrays, _ = s.aggregate_train(1, [_reply([[0.6, 0.8]]), _reply([[0.0, 1.0]])])
     np.testing.assert_allclose(arrays["vectors"].numpy(), [0.06, 0.18])  # sum / 10, not / 2
 
