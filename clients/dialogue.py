@@ -171,7 +171,7 @@ class DialogueClient:
         accountant's history stays on this client's disk across rounds and the epsilon its
         records have spent so far goes into the reply (results.json, metrics.csv)."""
         config = msg.content[keys.CONFIG]
-        steps, dp = int(config[keys.LOCAL_STEPS]), DPSGD.of(s.get("dp_sgd"))
+        steps, dp = int(config[keys.LOCAL_STEPS]), DPSGD(**s["dp_sgd"])  # checked again: a client trusts no sender
         account = self._dp_account(msg, config[keys.DATASET]) if dp.enabled else None
         dp_state = {"history": _read_history(account), "horizon_steps": s["rounds"] * steps} if account else {}
         stats = sft_train(model, tokenizer, train, steps=steps, batch_size=int(config[keys.BATCH_SIZE]),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,22 +40,22 @@ from tasks.hh_preference.selector import choices
 log = logging.getLogger("fedsim")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FedBiscuitProtocol(Protocol):
     """FedBis / FedBiscuit's protocol settings (``conf/experiment/fedbiscuit_paper.yaml``)."""
-    local_steps: int = 30          # selector optimizer steps per client and round (paper: 30)
-    batch_size: int = 32           # examples per step (paper: 32)
-    lr: float = 1.0e-2             # AdamW learning rate of the selector (paper: 1e-5 for LoRA on Gemma-2B)
-    weight_decay: float = 0.0      # AdamW decoupled weight decay of the selector
-    fraction_train: float = 0.5    # share of clients sampled per round (paper: 10 of 200)
-    warmup_rounds: int = 5         # FedBiscuit: FedBis rounds per selector before grouping (paper: 50)
-    regroup_every: int = 10        # FedBiscuit: rounds between regroups (paper: 100)
-    regroup_quorum: float = 0.5    # share of clients whose loss reports a regroup needs
-    central_steps: int = 300       # optimizer steps of the central references
-    client_weights: str = "data_share"  # p_m of FedBis and eq. 6: data_share (the paper) | uniform (public code, 1/M)
-    methods: dict[str, Any] = field(default_factory=dict)
+    local_steps: int       # selector optimizer steps per client and round (paper: 30)
+    batch_size: int        # examples per step (paper: 32)
+    lr: float              # AdamW learning rate of the selector (paper: 1e-5 for LoRA on Gemma-2B)
+    weight_decay: float    # AdamW decoupled weight decay of the selector
+    fraction_train: float  # share of clients sampled per round (paper: 10 of 200)
+    warmup_rounds: int     # FedBiscuit: FedBis rounds per selector before grouping (paper: 50)
+    regroup_every: int     # FedBiscuit: rounds between regroups (paper: 100)
+    regroup_quorum: float  # share of clients whose loss reports a regroup needs
+    central_steps: int     # optimizer steps of the central references
+    client_weights: str    # p_m of FedBis and eq. 6: data_share (the paper) | uniform (public code, 1/M)
+    methods: dict[str, Any]
     """name -> {run: runner function, ...its settings}, in run order"""
-    rlhf: RLHF = field(default_factory=RLHF)
+    rlhf: RLHF
     """the policy phase (``experiments/fedbiscuit_rlhf.py``)"""
 
     def __post_init__(self):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,38 +47,37 @@ from tasks.hh_preference.selector import choices
 log = logging.getLogger("fedsim")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RLHF:
     """Settings of the policy phase (``protocol.rlhf``)."""
-    enabled: bool = True                # run the policy phase after the selectors
-    server_threads: int = 1             # torch threads of the server's policy work (more oversubscribe a shared CPU)
-    policy_model: str = "all-MiniLM-L6-v2"  # causal LM; BERT names load as the warm-started decoder
-    base_dir: str = "~/.cache/fedsim/policy"  # where the SFT'd base is saved once (clients read it)
-    sft_steps: int = 300                # full fine-tuning steps of the base on SPC valid
-    sft_batch_size: int = 16            # examples per SFT step
-    sft_lr: float = 1.0e-4              # AdamW learning rate of the base SFT
-    sft_heldout: int = 500              # SPC test replies of the base's held-out loss
-    context_turns: int = 3              # dialogue turns the policy reads before its reply
-    max_length: int = 128               # tokens of prompt + reply (the prompt is cut from the left)
-    lora: dict = field(default_factory=lambda: {"r": 8, "alpha": 16, "dropout": 0.05,
-                                                "target_modules": ["query", "value"]})
+    enabled: bool           # run the policy phase after the selectors
+    server_threads: int     # torch threads of the server's policy work (more oversubscribe a shared CPU)
+    policy_model: str       # causal LM; BERT names load as the warm-started decoder
+    base_dir: str           # where the SFT'd base is saved once (clients read it)
+    sft_steps: int          # full fine-tuning steps of the base on SPC valid
+    sft_batch_size: int     # examples per SFT step
+    sft_lr: float           # AdamW learning rate of the base SFT
+    sft_heldout: int        # SPC test replies of the base's held-out loss
+    context_turns: int      # dialogue turns the policy reads before its reply
+    max_length: int         # tokens of prompt + reply (the prompt is cut from the left)
+    lora: dict
     """LoRA adapters of every aligned policy (paper: r 8, alpha 16, dropout 0.05)"""
-    completions: list[int] = field(default_factory=lambda: [2, 4])  # n sampled completions per prompt
-    max_new_tokens: int = 32            # reply length cap when sampling
-    temperature: float = 1.0            # sampling temperature
-    top_p: float = 0.9                  # nucleus sampling
-    dpo_steps: int = 60                 # DPO steps of each selector-labelled policy
-    dpo_batch_size: int = 8             # pairs per DPO step
-    dpo_lr: float = 5.0e-4              # AdamW learning rate of the adapters
-    beta: float = 0.1                   # DPO temperature
-    judge_steps: int = 300              # optimizer steps of the judge reward model
-    eval_prompts: int = 100             # held-out test prompts for win rates
-    bootstrap: int = 1000               # paired bootstrap resamples of each win rate
-    baseline_rounds: int = 5            # rounds of the FedAvg (SFT) and FedDPO baselines
-    baseline_steps: int = 10            # local steps per client and round of the baselines
-    selector_methods: list[str] = field(default_factory=lambda: ["fedbis", "fedbiscuit_u3", "fedbiscuit_u5"])
+    completions: list[int]  # n sampled completions per prompt
+    max_new_tokens: int     # reply length cap when sampling
+    temperature: float      # sampling temperature
+    top_p: float            # nucleus sampling
+    dpo_steps: int          # DPO steps of each selector-labelled policy
+    dpo_batch_size: int     # pairs per DPO step
+    dpo_lr: float           # AdamW learning rate of the adapters
+    beta: float             # DPO temperature
+    judge_steps: int        # optimizer steps of the judge reward model
+    eval_prompts: int       # held-out test prompts for win rates
+    bootstrap: int          # paired bootstrap resamples of each win rate
+    baseline_rounds: int    # rounds of the FedAvg (SFT) and FedDPO baselines
+    baseline_steps: int     # local steps per client and round of the baselines
+    selector_methods: list[str]
     """selector methods whose labels align a policy (those that ran)"""
-    reference_method: str = "fedbis"    # the other policies are compared with this one, prompt by prompt
+    reference_method: str   # the other policies are compared with this one, prompt by prompt
 
 
 def base_policy(r: RLHF, data_root: str, seed: int) -> tuple[Path, dict]:

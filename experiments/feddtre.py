@@ -23,7 +23,7 @@ import json
 import logging
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -49,55 +49,54 @@ log = logging.getLogger("fedsim")
 METRICS = REPLY_METRICS
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Generator:
     """The dialogue generator (``protocol.generator``)."""
-    model: str = "all-MiniLM-L6-v2"     # causal LM; BERT names load as the warm-started decoder
-    quantization: str | None = None     # null | 4bit (QLoRA, bitsandbytes NF4) | 8bit
-    base_dir: str = "~/.cache/fedsim/generator"  # where the base SFT'd on Topical-Chat is saved once
-    base_sft_steps: int = 300           # full fine-tuning steps of the base on Topical-Chat valid
-    base_sft_batch_size: int = 16       # examples per base SFT step
-    base_sft_lr: float = 1.0e-4         # AdamW learning rate of the base SFT
-    base_seed: int | None = None        # base SFT seed (null: the run's); fixed: every run seed shares one base
-    base_heldout: int = 300             # Topical-Chat test_freq replies of the base's held-out loss
-    lora: dict = field(default_factory=lambda: {"r": 8, "alpha": 16, "dropout": 0.05,
-                                                "target_modules": ["query", "value"]})
+    model: str                # causal LM; BERT names load as the warm-started decoder
+    quantization: str | None  # null | 4bit (QLoRA, bitsandbytes NF4) | 8bit
+    base_dir: str             # where the base SFT'd on Topical-Chat is saved once
+    base_sft_steps: int       # full fine-tuning steps of the base on Topical-Chat valid
+    base_sft_batch_size: int  # examples per base SFT step
+    base_sft_lr: float        # AdamW learning rate of the base SFT
+    base_seed: int | None     # base SFT seed (null: the run's); fixed: every run seed shares one base
+    base_heldout: int         # Topical-Chat test_freq replies of the base's held-out loss
+    lora: dict
     """the adapters every client trains (paper: r 8, alpha 16)"""
-    max_length: int = 160               # tokens of context + reply (the context is cut from the left)
-    local_steps: int = 5                # local optimizer steps per client and round (paper: 5)
-    batch_size: int = 8                 # examples per step (paper: 16)
-    lr: float = 5.0e-4                  # AdamW learning rate in the first round
-    lr_final: float = 5.0e-4            # ... in the last round (linear in between)
-    eval_contexts: int = 10             # held-out contexts a FedDTRE client scores each model on (paper: 100)
-    max_new_tokens: int = 32            # reply length cap
-    temperature: float = 0.7            # sampling temperature (seeded)
-    top_p: float = 0.9                  # nucleus sampling
-    dp_sgd: DPSGD = field(default_factory=DPSGD)
+    max_length: int           # tokens of context + reply (the context is cut from the left)
+    local_steps: int          # local optimizer steps per client and round (paper: 5)
+    batch_size: int           # examples per step (paper: 16)
+    lr: float                 # AdamW learning rate in the first round
+    lr_final: float           # ... in the last round (linear in between)
+    eval_contexts: int        # held-out contexts a FedDTRE client scores each model on (paper: 100)
+    max_new_tokens: int       # reply length cap
+    temperature: float        # sampling temperature (seeded)
+    top_p: float              # nucleus sampling
+    dp_sgd: DPSGD
     """record-level DP of the clients' local steps (DP-SGD through Opacus; ``tasks/dp_sgd.py``)"""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EvaluatorTraining:
     """Federated training of the trust evaluator (``protocol.evaluator``)."""
-    strategy: dict = field(default_factory=lambda: {"_target_": "flwr.serverapp.strategy.FedAvg"})
+    strategy: dict
     """its Flower strategy (the same for every method: the evaluator is their shared instrument)"""
-    rounds: int = 5                     # FedAvg rounds
-    clients_per_round: int = 4          # clients sampled per round
-    local_steps: int = 10               # optimizer steps per client and round
-    batch_size: int = 16                # trust examples per step
-    lr: float = 1.0e-3                  # AdamW learning rate of adapters and calibration
-    heldout_contexts: int = 100         # held-out contexts per dataset (3 trust pairs each) of the AUC
+    rounds: int             # FedAvg rounds
+    clients_per_round: int  # clients sampled per round
+    local_steps: int        # optimizer steps per client and round
+    batch_size: int         # trust examples per step
+    lr: float               # AdamW learning rate of adapters and calibration
+    heldout_contexts: int   # held-out contexts per dataset (3 trust pairs each) of the AUC
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FedDTREProtocol(Protocol):
     """FedDTRE's protocol settings (``conf/experiment/feddtre_paper.yaml``)."""
-    clients_per_round: int = 4          # clients sampled per generator round (paper: 2)
-    test_contexts: int = 100            # held-out contexts per dataset of the final evaluation
-    personal_contexts: int = 10         # own held-out contexts per client of the personalized evaluation
-    generator: Generator = field(default_factory=Generator)
-    evaluator: EvaluatorTraining = field(default_factory=EvaluatorTraining)
-    methods: dict[str, Any] = field(default_factory=dict)
+    clients_per_round: int  # clients sampled per generator round (paper: 2)
+    test_contexts: int      # held-out contexts per dataset of the final evaluation
+    personal_contexts: int  # own held-out contexts per client of the personalized evaluation
+    generator: Generator
+    evaluator: EvaluatorTraining
+    methods: dict[str, Any]
     """name -> {run: runner function, strategy: Flower strategy (federated runners)}, in run order"""
 
     def __post_init__(self):

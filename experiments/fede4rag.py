@@ -45,22 +45,22 @@ from tasks.financebench_rag.retrieval import METRICS, weights_key
 log = logging.getLogger("fedsim")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FedE4RAGProtocol(Protocol):
     """FedE4RAG's protocol settings (``conf/experiment/fede4rag_paper.yaml``)."""
-    local_steps: int = 6              # optimizer steps per client and round
-    batch_size: int = 16              # pairs per step (in-batch negatives)
-    lr: float = 2.0e-4                # AdamW learning rate, constant
-    temperature: float = 0.05         # InfoNCE temperature
-    kd_weight: float = 1.0            # weight of KD-GLE in FedE4RAG
-    evaluator_partition: int = 0      # the client that evaluates (under HE only clients hold the model)
-    he_chunk_floats: int = 262144     # floats per encrypted chunk
-    eval_pages_per_message: int = 512  # corpus pages one evaluation message encodes
-    eval_backend: str = "openvino"    # corpus encoder: torch | openvino | onnx (float32) | openvino_bf16
-    eval_nodes: int = 1               # clients that encode corpus pieces side by side (a shared store)
-    eval_local: bool = True           # also evaluate each company's own retriever (methods with local_models)
-    eval_per_filing: bool = False     # also score each question within its own filing's pages
-    methods: dict[str, Any] = field(default_factory=dict)
+    local_steps: int             # optimizer steps per client and round
+    batch_size: int              # pairs per step (in-batch negatives)
+    lr: float                    # AdamW learning rate, constant
+    temperature: float           # InfoNCE temperature
+    kd_weight: float             # weight of KD-GLE in FedE4RAG
+    evaluator_partition: int     # the client that evaluates (under HE only clients hold the model)
+    he_chunk_floats: int         # floats per encrypted chunk
+    eval_pages_per_message: int  # corpus pages one evaluation message encodes
+    eval_backend: str            # corpus encoder: torch | openvino | onnx (float32) | openvino_bf16
+    eval_nodes: int              # clients that encode corpus pieces side by side (a shared store)
+    eval_local: bool             # also evaluate each company's own retriever (methods with local_models)
+    eval_per_filing: bool        # also score each question within its own filing's pages
+    methods: dict[str, Any]
     """name -> {run: runner function, ...its settings}, in run order; null leaves a method out"""
 
     def he_methods(self) -> list[str]:

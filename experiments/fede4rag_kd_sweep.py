@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -24,15 +24,15 @@ from fedsim.results import RunOutput, markdown_table
 log = logging.getLogger("fedsim")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KDSweepProtocol(fede4rag.FedE4RAGProtocol):
     """The sweep's settings (``conf/experiment/fede4rag_kd_sweep.yaml``)."""
-    budget_steps: int = 96            # optimizer steps per client in every cell (local_steps x rounds)
-    local_steps_grid: list[int] = field(default_factory=lambda: [96, 24, 6])
+    budget_steps: int  # optimizer steps per client in every cell (local_steps x rounds)
+    local_steps_grid: list[int]
     """local steps per round of the cells; each must divide budget_steps"""
-    kd_weights: list[float] = field(default_factory=lambda: [0.0, 1.0, 10.0])
+    kd_weights: list[float]
     """KD-GLE weights of the cells (0 = FedAvg)"""
-    he: bool = False                  # aggregate the cells under CKKS (HEFedAvg): no client distance then
+    he: bool           # aggregate the cells under CKKS (HEFedAvg): no client distance then
 
     def he_methods(self) -> list[str]:
         return [cell_name(s, k) for s in self.local_steps_grid for k in self.kd_weights] if self.he else []
@@ -68,7 +68,9 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     results = {"clients": {str(k): v for k, v in sorted(info.items())},
                "budget_steps_per_client": int(p.budget_steps), "methods": {}, "cells": {}}
     initial = None
-    for name, spec in p.methods.items():  # references (vanilla)
+    for name, spec in p.methods.items():  # references (vanilla); null leaves one out
+        if spec is None:
+            continue
         ctx = fede4rag.Context(messenger, cfg, base, nodes, info, budget, initial)
         results["methods"][name] = fede4rag.train_and_evaluate(ctx, name, spec)
         initial = ctx.initial

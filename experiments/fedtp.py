@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
@@ -36,16 +36,16 @@ from tasks.topical_chat.dataset import load_topics
 log = logging.getLogger("fedsim")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FedTPProtocol(Protocol):
     """FedTP's protocol settings (``conf/experiment/fedtp.yaml``)."""
-    alpha: float = 0.7                    # FedMix global weight
-    lambdas: list[float] = field(default_factory=lambda: [0.0, 0.005, 0.01, 0.02, 0.05])
+    alpha: float    # FedMix global weight
+    lambdas: list[float]
     """lambda grid tuned on the task's tune_splits"""
-    dp_sigmas: list[float] = field(default_factory=lambda: [0.0, 1.0, 4.0])
+    dp_sigmas: list[float]
     """sigma sweep of the FedMix router (re-releases of the received vectors)"""
-    dp_seeds: int = 2                     # noise seeds per sigma
-    bootstrap: int = 1000                 # paired bootstrap resamples of the EHR gain CI
+    dp_seeds: int   # noise seeds per sigma
+    bootstrap: int  # paired bootstrap resamples of the EHR gain CI
 
 
 ROUTERS = ("tfidf", "global", "local", "fedmix")

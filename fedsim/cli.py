@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedsim.comparison import POINT_FILE, Settings
 from fedsim.comparison import write as write_comparison
-from fedsim.config import GROUPS, ConfigError, choices, compose
+from fedsim.config import CONF_DIR, GROUPS, ConfigError, choices, compose
 from fedsim.launcher import Interrupted, RunFailed, launch, user_certificates
 from fedsim.schema import check, layout, sweep_settings, try_strategy
 from fedsim.secret import Tampered, derive, open_sealed, run_secret, seal
@@ -133,8 +133,8 @@ def multirun(overrides: list[str]) -> int:
 
 def compare(folder: str, overrides: list[str], output: str | None = None) -> int:
     """The sweep settings of the first run found under ``folder`` (its resolved config.yaml, so
-    neither the data nor this checkout's defaults are needed), then ``overrides``, applied to
-    every run found there."""
+    the data is not needed; a key it lacks keeps ``conf/config.yaml``'s value), then
+    ``overrides``, applied to every run found there."""
     try:
         if any(not o.startswith("sweep.") for o in overrides):
             raise ConfigError(f"compare takes sweep.* overrides only, got {overrides}")
@@ -142,7 +142,7 @@ def compare(folder: str, overrides: list[str], output: str | None = None) -> int
                       if (p.parent / "config.yaml").is_file()), None)
         if first is None:
             raise ConfigError(f"no sweep run (a {POINT_FILE} beside a config.yaml) under {folder}")
-        sweep = sweep_settings(OmegaConf.load(first).get("sweep", {}),
+        sweep = sweep_settings(OmegaConf.load(CONF_DIR / "config.yaml").sweep, OmegaConf.load(first).get("sweep", {}),
                                OmegaConf.from_dotlist([o.removeprefix("sweep.") for o in overrides]))
         write_comparison(folder, Settings.of(sweep), output)
     except REFUSED as exc:

@@ -26,14 +26,14 @@ from fedsim.results import RunOutput, markdown_table
 POINT_FILE = "point.json"  # a sweep run's overrides, beside its results.json
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Settings:
     """What ``sweep`` in the config says (``fedsim/schema.py`` ``Sweep``)."""
-    seed_keys: tuple[str, ...] = ("seed", "task.split_seed")
-    baseline: str | None = None
-    metrics: tuple[str, ...] = ()
-    interval: str = "t"
-    level: float = 0.95
+    seed_keys: tuple[str, ...]
+    baseline: str | None
+    metrics: tuple[str, ...]
+    interval: str
+    level: float
 
     @classmethod
     def of(cls, sweep) -> Settings:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from fedsim import schema  # noqa: F401  (registers the typed schema with Hydra)
+from fedsim import schema  # registers the typed schema with Hydra
 from fedsim.data import REPO_ROOT, DataNotFoundError, resolve_data_root
 
 CONF_DIR = REPO_ROOT / "conf"
@@ -66,6 +67,11 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
                                                           if o.split("=")[0] in GROUPS])
             _check_keys(base, overrides)
         raise ConfigError(_explain(overrides, exc)) from exc
+    # conf/ holds every value, the schema none to fill in: a key without one (`KEY=???`, or a
+    # top-level `~KEY`: only the root takes deletions) is refused here, not met by a process
+    unset = OmegaConf.missing_keys(cfg) | {f.name for f in dataclasses.fields(schema.RunConfig) if f.name not in cfg}
+    if unset:
+        raise ConfigError(f"No value for {', '.join(sorted(unset))}: every key needs one in conf/ or an override")
     OmegaConf.set_struct(cfg, False)
     try:
         cfg.data_root = str(resolve_data_root(cfg.data_root))

@@ -66,12 +66,12 @@ def fault_injection_mod(msg: Message, context: Context, call_next) -> Message:
     spec = _spec(str(config[FAULTS_KEY])) if config and FAULTS_KEY in config else {}
     partition_id = int(context.node_config.get("partition-id", -1))
     hits = [kind for kind in KINDS if partition_id in spec.get(kind, [])]
-    if not hits or msg.metadata.message_type not in spec.get("message_types", ["train"]):
+    if not hits or msg.metadata.message_type not in spec["message_types"]:
         return call_next(msg, context)
     if "crash" in hits:
         raise InjectedFault(f"injected crash on partition {partition_id}")
     if "timeout" in hits:
-        time.sleep(float(spec.get("timeout_seconds", 30)))
+        time.sleep(float(spec["timeout_seconds"]))
     reply = call_next(msg, context)
     for kind in hits:
         if kind != "timeout":

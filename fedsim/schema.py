@@ -2,15 +2,18 @@
 
 The core keys are Hydra structured configs (a wrong type fails composition, naming the key);
 every experiment's ``protocol`` block is checked against the frozen dataclass its
-``protocol.schema`` names (a subclass of :class:`Protocol`: unknown keys and wrong types are
-refused), and ``protocol.run`` must name a callable. The YAML files under ``conf/`` give each
-key's one-line meaning; these classes give its type and default.
+``protocol.schema`` names (a subclass of :class:`Protocol`: unknown keys, missing keys and wrong
+types are refused), and ``protocol.run`` must name a callable. Every value, and each key's
+one-line meaning, is written once, in the YAML files under ``conf/``; these classes give only
+types (core keys ``MISSING``, protocol fields no default: a key the YAML lacks is an error, not
+a second default here).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,118 +25,118 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 @dataclass
 class Faults:
     """Fault injection into replies, by partition id (``fedsim/faults.py``; tests)."""
-    crash: list[int] = field(default_factory=list)         # these clients' ClientApp raises
-    timeout: list[int] = field(default_factory=list)       # these sleep timeout_seconds first
-    nan: list[int] = field(default_factory=list)           # these send NaN
-    wrong_length: list[int] = field(default_factory=list)  # these send one value short
-    negative: list[int] = field(default_factory=list)      # these send negative mass
-    timeout_seconds: float = 30.0                          # sleep of the timeout fault
-    message_types: list[str] = field(default_factory=lambda: ["train"])  # replies affected
+    crash: list[int] = MISSING          # these clients' ClientApp raises
+    timeout: list[int] = MISSING        # these sleep timeout_seconds first
+    nan: list[int] = MISSING            # these send NaN
+    wrong_length: list[int] = MISSING   # these send one value short
+    negative: list[int] = MISSING       # these send negative mass
+    timeout_seconds: float = MISSING    # sleep of the timeout fault
+    message_types: list[str] = MISSING  # replies affected
 
 
 @dataclass
 class Waits:
     """Flower's fixed waits on a deployment's message path, in seconds (``fedsim/flower_waits.py``);
     null keeps Flower's own."""
-    superexec_poll: float | None = 0.1    # each SuperNode's SuperExec polls for tasks (Flower: 1.0)
-    supernode_idle: float | None = 0.2    # a SuperNode's wait after a pull found no message (Flower: 3)
-    supernode_reply: float | None = 0.05  # a SuperNode's poll for its ClientApp's reply (Flower: 0.5)
-    pull_backoff: float | None = 0.05     # first retry of an object not uploaded yet (Flower: 1, doubling to 10)
+    superexec_poll: float | None = MISSING   # each SuperNode's SuperExec polls for tasks (Flower: 1.0)
+    supernode_idle: float | None = MISSING   # a SuperNode's wait after a pull found no message (Flower: 3)
+    supernode_reply: float | None = MISSING  # a SuperNode's poll for its ClientApp's reply (Flower: 0.5)
+    pull_backoff: float | None = MISSING     # first retry of an object not uploaded yet (Flower: 1, doubling to 10)
 
 
 @dataclass
 class Hardware:
     """Where the run executes: Ray simulation resources or a deployment."""
-    backend: str = "simulation"          # simulation | deployment
-    num_supernodes: int | None = None    # null: ceil(num_clients / clients_per_supernode)
-    num_clients: int | None = None       # logical clients; null: num_supernodes x per node, else the population
-    clients_per_supernode: int = 1       # logical clients a SuperNode hosts (at most); >1: one message per SuperNode
-    num_cpus: int = 2                    # CPUs Ray may use in all
-    client_cpus: int = 1                 # CPUs per ClientApp actor
-    client_gpus: float = 0.0             # GPU share per ClientApp actor
-    superlink: str | None = None         # deployment: SuperLink address host:port
-    launch_local: bool = False           # deployment: start SuperLink + SuperNodes on loopback
-    insecure: bool = False               # deployment: plain text, no node authentication (warns)
-    certificates: str | None = None      # deployment: folder with ca.pem (+ superlink / node keys)
-    node_auth: bool = True               # launch_local: SuperNodes authenticate with registered keys
-    waits: Waits = field(default_factory=Waits)  # deployment: Flower's polls shortened
+    backend: str = MISSING                # simulation | deployment
+    num_supernodes: int | None = MISSING  # null: ceil(num_clients / clients_per_supernode)
+    num_clients: int | None = MISSING     # logical clients; null: num_supernodes x per node, else the population
+    clients_per_supernode: int = MISSING  # logical clients a SuperNode hosts (at most); >1: one message per SuperNode
+    num_cpus: int = MISSING               # CPUs Ray may use in all
+    client_cpus: int = MISSING            # CPUs per ClientApp actor
+    client_gpus: float = MISSING          # GPU share per ClientApp actor
+    superlink: str | None = MISSING       # deployment: SuperLink address host:port
+    launch_local: bool = MISSING          # deployment: start SuperLink + SuperNodes on loopback
+    insecure: bool = MISSING              # deployment: plain text, no node authentication (warns)
+    certificates: str | None = MISSING    # deployment: folder with ca.pem (+ superlink / node keys)
+    node_auth: bool = MISSING             # launch_local: SuperNodes authenticate with registered keys
+    waits: Waits = MISSING                # deployment: Flower's polls shortened
 
 
 @dataclass
 class Logging:
     """Per-exchange metric sinks under results_dir (``fedsim/sinks.py``)."""
-    csv: bool = True                     # metrics.csv, one line per exchange and value
-    tensorboard: bool = False            # TensorBoard event files in results_dir/tensorboard
-    mlflow: bool = False                 # the same metrics to an MLflow store, one MLflow run per run
-    mlflow_dir: str = "outputs/mlflow"   # the MLflow store's folder (SQLite, <dir>/mlflow.db)
+    csv: bool = MISSING          # metrics.csv, one line per exchange and value
+    tensorboard: bool = MISSING  # TensorBoard event files in results_dir/tensorboard
+    mlflow: bool = MISSING       # the same metrics to an MLflow store, one MLflow run per run
+    mlflow_dir: str = MISSING    # the MLflow store's folder (SQLite, <dir>/mlflow.db)
 
 
 @dataclass
 class ClientStateSettings:
     """Where clients keep state across rounds (``fedsim/client_state.py``)."""
-    dir: str | None = None               # node-local root; null: <tmp>/fedsim-clients (a SuperNode's state-dir wins)
-    keep: bool = False                   # keep the run's client state after it completes
-    run_key: str | None = None           # set by the ServerApp, not by hand: the run's folder run-<key>
+    dir: str | None = MISSING      # node-local root; null: <tmp>/fedsim-clients (a SuperNode's state-dir wins)
+    keep: bool = MISSING           # keep the run's client state after it completes
+    run_key: str | None = MISSING  # set by the ServerApp, not by hand: the run's folder run-<key>
 
 
 @dataclass
 class Sweep:
     """How ``fedsim run -m`` / ``fedsim compare`` summarize a sweep (``fedsim/comparison.py``)."""
-    seed_keys: list[str] = field(default_factory=lambda: ["seed", "task.split_seed"])  # overrides that are replicates
-    baseline: str | None = None          # a method name inside results, or KEY=VALUE of a swept override
-    metrics: list[str] = field(default_factory=list)  # glob patterns of results.json paths; [] = every number
-    interval: str = "t"                  # t (Student t over seeds) | bootstrap (scipy.stats.bootstrap, BCa)
-    level: float = 0.95                  # confidence level of every interval
+    seed_keys: list[str] = MISSING  # overrides that are replicates
+    baseline: str | None = MISSING  # a method name inside results, or KEY=VALUE of a swept override
+    metrics: list[str] = MISSING    # glob patterns of results.json paths; [] = every number
+    interval: str = MISSING         # t (Student t over seeds) | bootstrap (scipy.stats.bootstrap, BCa)
+    level: float = MISSING          # confidence level of every interval
 
 
 @dataclass
 class Privacy:
     """How private the run's DP releases are (``fedsim/privacy.py``), and the wrapper around the
     run's strategy (``conf/privacy/*.yaml``)."""
-    reproducible_noise: bool = False     # noise from the public seed: reproducible, not private
-    kind: str = "none"                   # none | dp (Flower's central DP wrappers) | he (HEFedAvg)
-    wrapper: Any = None                  # the wrapper's _target_ and settings; null: none
-    he: str | None = None                # why this wrapper cannot run inside HE (null: it can)
+    reproducible_noise: bool = MISSING  # noise from the public seed: reproducible, not private
+    kind: str = MISSING                 # none | dp (Flower's central DP wrappers) | he (HEFedAvg)
+    wrapper: Any = MISSING              # the wrapper's _target_ and settings; null: none
+    he: str | None = MISSING            # why this wrapper cannot run inside HE (null: it can)
 
 
 @dataclass
 class RunConfig:
-    task: Any = MISSING                  # conf/task/*.yaml: data, client handler, metrics
-    strategy: Any = MISSING              # conf/strategy/*.yaml: a Flower Strategy _target_
-    hardware: Hardware = field(default_factory=Hardware)
-    protocol: Any = MISSING              # conf/experiment/*.yaml: checked by its schema
-    data_root: str | None = None
-    results_dir: str | None = None
-    seed: int = 0
-    num_rounds: int = 1
-    round_timeout: float = 600.0
-    ship_results: bool = False           # set by the launcher for a remote SuperLink
-    checkpoint: bool = True              # journal every exchange under results_dir/checkpoint
-    resume: bool = False                 # set by `fedsim run resume=DIR`: replay the journal
-    privacy: Privacy = field(default_factory=Privacy)
-    logging: Logging = field(default_factory=Logging)
-    faults: Faults = field(default_factory=Faults)
-    sweep: Sweep = field(default_factory=Sweep)
-    client_state: ClientStateSettings = field(default_factory=ClientStateSettings)
+    task: Any = MISSING           # conf/task/*.yaml: data, client handler, metrics
+    strategy: Any = MISSING       # conf/strategy/*.yaml: a Flower Strategy _target_
+    hardware: Hardware = MISSING  # conf/hardware/*.yaml
+    protocol: Any = MISSING       # conf/experiment/*.yaml: checked by its schema
+    data_root: str | None = MISSING
+    results_dir: str | None = MISSING
+    seed: int = MISSING
+    num_rounds: int = MISSING
+    round_timeout: float = MISSING
+    ship_results: bool = MISSING  # set by the launcher for a remote SuperLink
+    checkpoint: bool = MISSING    # journal every exchange under results_dir/checkpoint
+    resume: bool = MISSING        # set by `fedsim run resume=DIR`: replay the journal
+    privacy: Privacy = MISSING
+    logging: Logging = MISSING
+    faults: Faults = MISSING
+    sweep: Sweep = MISSING
+    client_state: ClientStateSettings = MISSING
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StrategySlot:
     """Where an experiment runs the top-level ``strategy`` (and ``privacy``'s wrapper around it):
     what its clients' replies are and what it refuses, with why."""
-    role: str = ""                       # the methods / phases that run it
-    accepts: list[str] = field(default_factory=list)  # reply contracts its clients speak (a strategy's traits.takes)
-    refuses: dict[str, str] = field(default_factory=dict)  # an aggregation or privacy kind -> why not here
-    loss_key: str | None = None          # the metric its clients report their training loss under (QFedAvg)
+    role: str                   # the methods / phases that run it
+    accepts: list[str]          # reply contracts its clients speak (a strategy's traits.takes)
+    refuses: dict[str, str]     # an aggregation or privacy kind -> why not here
+    loss_key: str | None        # the metric its clients report their training loss under (QFedAvg)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Protocol:
     """Keys every experiment's ``protocol`` block has."""
-    name: str = MISSING    # results folder name
-    run: str = MISSING     # the server-side protocol function, run(messenger, cfg, out)
-    schema: str = MISSING  # this block's dataclass (a subclass of Protocol)
-    strategy_slot: StrategySlot = field(default_factory=StrategySlot)
+    name: str    # results folder name
+    run: str     # the server-side protocol function, run(messenger, cfg, out)
+    schema: str  # this block's dataclass (a subclass of Protocol)
+    strategy_slot: StrategySlot
     """where ``strategy=`` and ``privacy=`` act in this experiment"""
 
     def he_methods(self) -> list[str]:
@@ -153,14 +156,15 @@ MESSAGE_TYPES = ("train", "evaluate", "query")
 INTERVALS = ("t", "bootstrap")
 
 
-def _writable(node: DictConfig) -> DictConfig:
-    """Lift the read-only flag of a frozen dataclass's node and its nested ones, so the user's
-    values can be merged in (the merge still checks every key and type)."""
+def _writable(schema: type) -> DictConfig:
+    """``schema``'s node with every nested dataclass's node in place, none read-only, so the
+    user's values can be merged into a frozen dataclass (the merge still checks every key and
+    type; a key left without a value fails when the dataclass is built)."""
+    node = OmegaConf.structured(schema)
     OmegaConf.set_readonly(node, False)
-    for key in node:
-        child = node._get_node(key)
-        if isinstance(child, DictConfig):
-            _writable(child)
+    for name, kind in typing.get_type_hints(schema).items():
+        if dataclasses.is_dataclass(kind):
+            node[name] = _writable(kind)
     return node
 
 
@@ -181,11 +185,14 @@ def layout(hw, population: int) -> tuple[int, int]:
 
 def sweep_settings(*layers) -> DictConfig:
     """The ``sweep`` block from ``layers`` (dicts, configs, dot-lists' configs) merged onto its
-    schema: a wrong key or type is refused, and so are an unknown interval or a level outside (0, 1)."""
+    schema: a wrong key or type is refused, and so are a key no layer sets, an unknown interval or a
+    level outside (0, 1)."""
     try:
         sweep = OmegaConf.merge(OmegaConf.structured(Sweep), *layers)
     except Exception as exc:
         raise ValueError(f"sweep: {exc}") from exc
+    if unset := OmegaConf.missing_keys(sweep):
+        raise ValueError(f"sweep: no value for {sorted(unset)}")
     if sweep.interval not in INTERVALS or not 0.0 < sweep.level < 1.0:
         raise ValueError(f"sweep.interval must be one of {INTERVALS} and 0 < sweep.level < 1, got "
                          f"{sweep.interval!r}, {sweep.level}")
@@ -227,7 +234,7 @@ def check(cfg: DictConfig) -> Protocol:
         raise ValueError(f"protocol.run / protocol.schema do not resolve: {exc}") from exc
     if not (dataclasses.is_dataclass(schema) and issubclass(schema, Protocol)):
         raise ValueError(f"protocol.schema {cfg.protocol.schema} is not a Protocol dataclass")
-    typed = _writable(OmegaConf.structured(schema))
+    typed = _writable(schema)
     try:
         merged = OmegaConf.merge(typed, OmegaConf.to_container(cfg.protocol, resolve=True))
         protocol = OmegaConf.to_object(merged)

@@ -36,14 +36,14 @@ from fedsim.metric_keys import DP_EPSILON
 __all__ = ["DP_EPSILON", "DPSGD", "PrivateSteps"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DPSGD:
     """DP-SGD settings of a client's local training (a method's ``dp_sgd`` block)."""
-    enabled: bool = False                 # clip and noise every record's gradient, account epsilon
-    max_grad_norm: float = 1.0            # per-record gradient clip norm C
-    noise_multiplier: float | None = None  # noise std / C; or null and target_epsilon
-    target_epsilon: float | None = None   # epsilon the whole run may spend per client; sets the noise
-    delta: float = 1.0e-5                 # delta of the (epsilon, delta) reported
+    enabled: bool                   # clip and noise every record's gradient, account epsilon
+    max_grad_norm: float            # per-record gradient clip norm C
+    noise_multiplier: float | None  # noise std / C; or null and target_epsilon
+    target_epsilon: float | None    # epsilon the whole run may spend per client; sets the noise
+    delta: float                    # delta of the (epsilon, delta) reported
 
     def __post_init__(self):
         """Refused before the run: a setting that would silently give no privacy or no training."""
@@ -60,11 +60,6 @@ class DPSGD:
             raise ValueError(f"dp_sgd.target_epsilon must be > 0, got {self.target_epsilon}")
         if not 0 < self.delta < 1:
             raise ValueError(f"dp_sgd.delta must lie in (0, 1), got {self.delta}")
-
-    @classmethod
-    def of(cls, settings: dict | None) -> DPSGD:
-        """From a message's settings (checked again on the client: it trusts no sender)."""
-        return cls(**(settings or {}))
 
     def as_dict(self) -> dict:
         return asdict(self)

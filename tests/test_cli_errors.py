@@ -39,6 +39,16 @@ def test_wrong_type_names_the_key_before_anything_starts():
     assert code == 2 and "full_key: num_rounds" in log and "SuperLink" not in log
 
 
+def test_a_key_without_a_value_is_refused_before_anything_starts():
+    """conf/ holds every value and the schemas none: a key left without one fails composition
+    or the protocol's dataclass, never a running process."""
+    for override, refusal in (("~protocol.alpha", "missing mandatory value: alpha"),
+                              ("~seed", "No value for seed"),
+                              ("hardware.waits.pull_backoff=???", "No value for hardware.waits.pull_backoff")):
+        code, log = fedsim_run(override)
+        assert code == 2 and refusal in log and "SuperLink" not in log, log
+
+
 def test_unknown_protocol_callable():
     code, log = fedsim_run("protocol.run=experiments.fedtp.rnu")
     assert code == 2 and "protocol.run / protocol.schema do not resolve" in log

@@ -1,13 +1,18 @@
 """Every experiment config composes and passes its protocol schema (the paper-scale ones too,
-which cannot run here)."""
+which cannot run here), and every value is written once: in conf/, never as a schema default."""
 
+import dataclasses
+import typing
 from pathlib import Path
 
+import omegaconf
 import pytest
+from hydra.utils import get_class
 from omegaconf import OmegaConf, open_dict
 
+from fedsim.comparison import Settings
 from fedsim.config import compose
-from fedsim.schema import check
+from fedsim.schema import RunConfig, check
 
 EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "experiment").glob("*.yaml"))
 
@@ -54,3 +59,26 @@ def test_dp_sgd_refuses_fedprox_in_the_slot_as_in_a_method():
         check(cfg)
     check(compose(["experiment=feddtre_paper", "protocol.generator.dp_sgd.enabled=true",
                    "protocol.generator.dp_sgd.noise_multiplier=1.0", "~protocol.methods.fedprox"]))
+
+
+def _with_nested(classes: set[type]) -> set[type]:
+    """``classes`` and every dataclass their fields hold, however deep."""
+    nested = {kind for cls in classes for kind in typing.get_type_hints(cls).values() if dataclasses.is_dataclass(kind)}
+    return classes if nested <= classes else _with_nested(classes | nested)
+
+
+def test_no_schema_field_carries_a_default():
+    """A default in a dataclass would be a second copy of the YAML's value, free to drift from
+    it. Core structured configs hold only MISSING (Hydra's "no value yet"); protocol dataclasses
+    (every one an experiment names, with what they nest) and the sweep settings hold nothing."""
+    core = _with_nested({RunConfig})
+    protocols = _with_nested({Settings, *(get_class(compose([f"experiment={e}"]).protocol.schema)
+                                          for e in EXPERIMENTS)})
+    allowed = {cls: {omegaconf.MISSING} if cls in core else set() for cls in core | protocols}
+    defaults = [f"{cls.__module__}.{cls.__qualname__}.{f.name} = {f.default!r}" for cls in allowed
+                for f in dataclasses.fields(cls)
+                if f.default_factory is not dataclasses.MISSING
+                or f.default not in {dataclasses.MISSING, *allowed[cls]}]
+    assert not defaults, "defaults belong in conf/*.yaml: " + "; ".join(sorted(defaults))
+    assert {"FedDTREProtocol", "Generator", "DPSGD", "RLHF", "StrategySlot", "Waits"} <= \
+        {cls.__name__ for cls in allowed}  # the walk reaches nested blocks

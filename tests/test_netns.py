@@ -13,19 +13,17 @@ import os
 import subprocess
 import time
 import uuid
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from conftest import FEDSIM, SMALL, private_tmpdir, read_results
 from fedsim import launcher
+from fedsim.config import compose
 from fedsim.data import resolve_data_root
-from fedsim.schema import Waits
 from fedsim.tls import make_federation
 
 LINK_IP, USER_IP, PORT = "10.77.0.1", "10.77.0.100", 9093
-WAITS = asdict(Waits())  # the nodes run as deploy_local's do: fedsim.supernode, Flower's waits shortened
 
 
 def _ip(*args: str) -> None:
@@ -112,13 +110,14 @@ def federation(tmp_path):
                              capture_output=True).returncode != 0:
             assert link.alive() and time.monotonic() < deadline, link.log.read_text()[-2000:]
             time.sleep(0.5)
+        waits = dict(compose(["hardware=deploy_local"]).hardware.waits)  # deploy_local's: Flower's waits shortened
         for i, ns in enumerate(hosts.nodes):
             res = subprocess.run([*flwr, "supernode", "register", str(certs.node_pub(i)), "fedsim"],
                                  env=env, capture_output=True, text=True, timeout=60)
             assert res.returncode == 0, res.stdout + res.stderr
             hosts.start(ns, launcher.supernode_command(
-                f"{LINK_IP}:{PORT}", i, 2, str(resolve_data_root()), certs, True, 9094, WAITS),
-                tmp_path, launcher.supernode_env(env, WAITS), tmp_path / f"supernode-{i}.log")
+                f"{LINK_IP}:{PORT}", i, 2, str(resolve_data_root()), certs, True, 9094, waits),
+                tmp_path, launcher.supernode_env(env, waits), tmp_path / f"supernode-{i}.log")
         yield hosts, certs
     finally:
         hosts.close()

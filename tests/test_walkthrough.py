@@ -78,10 +78,11 @@ def test_the_walkthrough_names_every_layer():
 
 def test_its_commands_compose_and_its_files_pass_the_lint_in_the_copy(copy):
     """The page's `fedsim run` commands, checked by the copy's own tests/test_docs.py (where
-    the toy method exists, so they are not skipped), and the copy's import layers and ruff: a
-    reader who follows the page passes the repository's tests."""
+    the toy method exists, so they are not skipped), the copy's import layers and ruff, and its
+    schemas holding no defaults: a reader who follows the page passes the repository's tests."""
     proc = in_copy(copy, ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_docs.py",
-                          "tests/test_lint.py", "-k", "adding-a-method or layers or ruff", "-o", "addopts="])
+                          "tests/test_lint.py", "tests/test_configs.py", "-k",
+                          "adding-a-method or layers or ruff or no_schema_field", "-o", "addopts="])
     assert proc.returncode == 0 and " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-3000:]
 
 
