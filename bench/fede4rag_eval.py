@@ -31,9 +31,9 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from fedsim.config import compose
-from tasks.financebench_rag.inference import BACKENDS, corpus_encoder
-from tasks.financebench_rag.retrieval import evaluation_data, score_splits
-from tasks.hf import build_encoder, load_trainable, trainable_arrays
+from fedsim_tasks.financebench_rag.inference import BACKENDS, corpus_encoder
+from fedsim_tasks.financebench_rag.retrieval import evaluation_data, score_splits
+from fedsim_tasks.hf import build_encoder, load_trainable, trainable_arrays
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")
 SPLITS = ["valid", "test"]

@@ -22,13 +22,13 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from clients.retriever import RetrieverClient
 from fedsim.config import compose
-from tasks.financebench_rag.dataset import client_documents
-from tasks.financebench_rag.inference import corpus_encoder
-from tasks.financebench_rag.retrieval import corpus_store, evaluation_data, score_splits, weights_key
-from tasks.financebench_rag.train import train_encoder
-from tasks.hf import build_encoder, trainable_arrays
+from fedsim_clients.retriever import RetrieverClient
+from fedsim_tasks.financebench_rag.dataset import client_documents
+from fedsim_tasks.financebench_rag.inference import corpus_encoder
+from fedsim_tasks.financebench_rag.retrieval import corpus_store, evaluation_data, score_splits, weights_key
+from fedsim_tasks.financebench_rag.train import train_encoder
+from fedsim_tasks.hf import build_encoder, trainable_arrays
 
 PASSAGES = ["task.passages.words=96"]
 TITLES = ["task.passages.titles=true", "task.pseudo_queries.titles=true"]

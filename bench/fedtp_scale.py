@@ -32,7 +32,7 @@ import psutil
 
 from fedsim.data import resolve_data_root
 from fedsim.privacy import gaussian_mean
-from tasks.topical_chat.dataset import SPLITS, load_conversations, load_topics, local_preference
+from fedsim_tasks.topical_chat.dataset import SPLITS, load_conversations, load_topics, local_preference
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")
 

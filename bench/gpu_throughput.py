@@ -27,14 +27,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tasks.causal_lm import dpo_train, load_policy, load_tokenizer, prepare_base, sft_train
-from tasks.dialogue.trust_data import TrustExample
-from tasks.dialogue.trust_evaluator import TrustEvaluator
-from tasks.financebench_rag.inference import corpus_encoder
-from tasks.financebench_rag.train import train_encoder
-from tasks.hf import build_encoder
-from tasks.hh_preference.dataset import Example
-from tasks.hh_preference.selector import ScorerSelector
+from fedsim_tasks.causal_lm import dpo_train, load_policy, load_tokenizer, prepare_base, sft_train
+from fedsim_tasks.dialogue.trust_data import TrustExample
+from fedsim_tasks.dialogue.trust_evaluator import TrustEvaluator
+from fedsim_tasks.financebench_rag.inference import corpus_encoder
+from fedsim_tasks.financebench_rag.train import train_encoder
+from fedsim_tasks.hf import build_encoder
+from fedsim_tasks.hh_preference.dataset import Example
+from fedsim_tasks.hh_preference.selector import ScorerSelector
 
 LORA = {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["query", "value"]}
 WORDS = ("the company reported revenue growth in fiscal year with operating income margin cash flow "

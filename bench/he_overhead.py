@@ -24,8 +24,8 @@ from fedsim.he import ckks as he
 from fedsim.he import messages as keys
 from fedsim.he.client import HEClient
 from fedsim.inprocess_grid import InProcessGrid
-from strategies.he_fedavg import HEFedAvg
-from tasks.hf import build_encoder, flatten, trainable_arrays
+from fedsim_strategies.he_fedavg import HEFedAvg
+from fedsim_tasks.hf import build_encoder, flatten, trainable_arrays
 
 LORA = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["query", "value"]}
 

@@ -3,7 +3,7 @@
 (b) Flower: ``fedsim run experiment=fede4rag_paper`` with one federated method (default KD-GLE,
 plaintext FedAvg), ``hardware.num_cpus=1`` (one Ray actor, ``client_cpus=1``: one torch thread,
 the 4 clients in turn) and evaluation cut to a small corpus. Every train reply times its parts
-(``clients/retriever.py``); ``metrics.csv`` holds their mean per round, ``results.json`` the
+(``fedsim_clients/retriever.py``); ``metrics.csv`` holds their mean per round, ``results.json`` the
 round's seconds as the server saw them.
 (a) Plain: in this process, after the run, the same clients (their pages, pairs and model, built
 by the same class), rounds, seeds, steps, batch and torch threads (those the actor reported),
@@ -33,9 +33,9 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from clients.retriever import RetrieverClient
-from tasks.financebench_rag.train import local_seed, train_encoder
-from tasks.hf import load_trainable, trainable_arrays
+from fedsim_clients.retriever import RetrieverClient
+from fedsim_tasks.financebench_rag.train import local_seed, train_encoder
+from fedsim_tasks.hf import load_trainable, trainable_arrays
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")
 METHOD = "local"
@@ -43,7 +43,7 @@ PARTS = ("weights", "pairs", "setup", "step", "teardown", "reply")
 
 
 def flower(out: Path, rounds: int, kd_weight: float, overrides: list[str]) -> Path:
-    method = f"{{{METHOD}: {{run: experiments.fede4rag.federated, kd_weight: {kd_weight}, he: false}}}}"
+    method = f"{{{METHOD}: {{run: fedsim_experiments.fede4rag.federated, kd_weight: {kd_weight}, he: false}}}}"
     subprocess.run([FEDSIM, "run", "experiment=fede4rag_paper", f"num_rounds={rounds}",
                     "hardware.num_cpus=1", "task.n_valid=4", "task.n_test=6",
                     "task.corpus_pages_per_doc=8", "task.embedding_cache=null",

@@ -216,7 +216,7 @@ class Messenger:
         return good
 
     def _keep_epsilon(self, phase: str, server_round: int, good: list[Message]) -> dict:
-        """Each client's DP-SGD epsilon (``tasks/dp_sgd.py``) per round, for results.json, and
+        """Each client's DP-SGD epsilon (``fedsim_tasks/dp_sgd.py``) per round, for results.json, and
         their max for the sinks: it is per client, and a mean over clients hides the largest."""
         spent = {m.metadata.src_node_id: float(r[DP_EPSILON]) for m in good
                  for r in m.content.metric_records.values() if DP_EPSILON in r}

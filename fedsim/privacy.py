@@ -65,7 +65,7 @@ class NoiseSource:
         return np.random.default_rng(np.random.SeedSequence(self.entropy, spawn_key=labels))
 
 
-RELEASE, SWEEP, SAMPLE, FLOWER_DP = 1, 2, 3, 4  # a NoiseSource's uses (FLOWER_DP: strategies/numpy_noise.py)
+RELEASE, SWEEP, SAMPLE, FLOWER_DP = 1, 2, 3, 4  # a NoiseSource's uses (FLOWER_DP: fedsim_strategies/numpy_noise.py)
 NOT_PRIVATE = ("privacy.reproducible_noise=true: the DP noise is drawn from the public seed, so "
                "anyone who knows the seed can remove it; these releases are NOT private")
 

@@ -1,7 +1,7 @@
 """FedDTRE's trust-weighted mixing of global and local weights (METHODS.md section 2).
 
-Shared by the strategy that sends the schedule (``strategies/trust_alpha.py``) and the client
-that mixes (``clients/dialogue.py``), which may not import each other.
+Shared by the strategy that sends the schedule (``fedsim_strategies/trust_alpha.py``) and the client
+that mixes (``fedsim_clients/dialogue.py``), which may not import each other.
 
 With trust scores s_g (global model) and s_l (local model) on the same contexts, delta = s_g - s_l
 and sig(x) = 1 / (1 + exp(-k (x - midpoint))):

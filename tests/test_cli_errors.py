@@ -50,7 +50,7 @@ def test_a_key_without_a_value_is_refused_before_anything_starts():
 
 
 def test_unknown_protocol_callable():
-    code, log = fedsim_run("protocol.run=experiments.fedtp.rnu")
+    code, log = fedsim_run("protocol.run=fedsim_experiments.fedtp.rnu")
     assert code == 2 and "protocol.run / protocol.schema do not resolve" in log
 
 

@@ -23,10 +23,6 @@ from omegaconf import OmegaConf
 from test_e2e_fedbiscuit import SLICE as FEDBISCUIT
 from test_e2e_feddtre import SLICE as FEDDTRE
 
-from clients import feddtre_messages as dtre
-from clients import fede4rag_messages as rag
-from clients import fedtp_messages as fedtp
-from clients import preference_messages as pref
 from fedsim import client_app
 from fedsim.config import compose
 from fedsim.inprocess_grid import InProcessGrid
@@ -36,8 +32,12 @@ from fedsim.schema import check
 from fedsim.seeding import seed_server
 from fedsim.trust_mixing import MIXING
 from fedsim.validators import finite_arrays
-from strategies.dp_mean import DPMean
-from tasks.topical_chat.dataset import load_topics
+from fedsim_clients import feddtre_messages as dtre
+from fedsim_clients import fede4rag_messages as rag
+from fedsim_clients import fedtp_messages as fedtp
+from fedsim_clients import preference_messages as pref
+from fedsim_strategies.dp_mean import DPMean
+from fedsim_tasks.topical_chat.dataset import load_topics
 
 DATA = "data_root=../shared/data"
 
@@ -84,9 +84,9 @@ def _run_identity():
 def test_feddtre_clients_reply_the_same_whatever_the_process_served_before(tmp_path):
     cfg = compose([*FEDDTRE, DATA, "protocol.generator.base_sft_steps=0",
                    f"protocol.generator.base_dir={tmp_path / 'gen'}", f"client_state.dir={tmp_path / 'state'}"])
-    from experiments.feddtre import base_generator
-    from tasks.causal_lm import load_policy
-    from tasks.hf import trainable_arrays
+    from fedsim_experiments.feddtre import base_generator
+    from fedsim_tasks.causal_lm import load_policy
+    from fedsim_tasks.hf import trainable_arrays
     g = check(cfg).generator
     base, _ = base_generator(g, cfg.data_root, 0)
     generator = trainable_arrays(load_policy(base, dict(g.lora), 0))

@@ -1,5 +1,5 @@
 """Client state across rounds (``fedsim/client_state.py``) in real runs: 3 rounds of the
-stateful test client ``clients/state_probe.py`` under FedTP's aggregation, 4 logical clients,
+stateful test client ``fedsim_clients/state_probe.py`` under FedTP's aggregation, 4 logical clients,
 in each layout: one SuperNode per client (Ray), two clients per SuperNode (sharded, Ray), and
 a real SuperLink with two SuperNode processes of two clients each (``hardware=deploy_local``,
 TLS + node authentication; its SuperNodes set no ``state-dir``, so the run's
@@ -23,14 +23,14 @@ from flwr.proto.message_pb2 import Message as ProtoMessage
 from omegaconf import OmegaConf
 from test_sharded_grid import supernodes
 
-from clients.state_probe import NAME, secret
 from conftest import fedsim_run, journaled, kill_when, private_tmpdir, read_results, without_timings
 from fedsim import server_app
 from fedsim.config import compose
 from fedsim.results import RunOutput
+from fedsim_clients.state_probe import NAME, secret
 
 CLIENTS, ROUNDS = 4, 3
-RUN = ["experiment=fedtp_aggregate", "task.client=clients.state_probe.StateProbeClient",
+RUN = ["experiment=fedtp_aggregate", "task.client=fedsim_clients.state_probe.StateProbeClient",
        f"hardware.num_clients={CLIENTS}", "strategy.noise_multiplier=0", f"num_rounds={ROUNDS}",
        "client_state.keep=true"]
 # partition 3's train replies wait 2 s (an in-time timeout fault): a round is journaled about

@@ -9,9 +9,9 @@ from omegaconf import OmegaConf
 
 from conftest import fedsim_run, read_results
 from fedsim.config import compose
-from tasks.financebench_rag.inference import corpus_encoder
-from tasks.financebench_rag.retrieval import METRICS, evaluation_data, score_splits
-from tasks.hf import build_encoder
+from fedsim_tasks.financebench_rag.inference import corpus_encoder
+from fedsim_tasks.financebench_rag.retrieval import METRICS, evaluation_data, score_splits
+from fedsim_tasks.hf import build_encoder
 
 pytestmark = pytest.mark.e2e
 

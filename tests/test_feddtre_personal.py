@@ -22,18 +22,18 @@ import pytest
 from flwr.serverapp.strategy import strategy_utils
 from test_determinism import serve
 
-from experiments import feddtre
 from fedsim import server_app
 from fedsim.config import compose
 from fedsim.inprocess_grid import InProcessGrid
 from fedsim.results import RunOutput
+from fedsim_experiments import feddtre
 
 pytestmark = pytest.mark.slow  # base SFT, trust evaluator and adapters built here: minutes
 
 CLIENTS, ROUNDS, CONTAMINATED = 3, 3, 1
 IID = f"{{_target_: flwr_datasets.partitioner.IidPartitioner, num_partitions: {CLIENTS}}}"
-FEDDTRE = ("{_target_: strategies.trust_alpha.TrustAlpha, k0: 0.7, k_growth: 0.1, midpoint: 0.01, alpha_min: 0.1, "
-           "alpha_max: 1.0}")
+FEDDTRE = ("{_target_: fedsim_strategies.trust_alpha.TrustAlpha, k0: 0.7, k_growth: 0.1, midpoint: 0.01, "
+           "alpha_min: 0.1, alpha_max: 1.0}")
 SLICE = ["experiment=feddtre_paper", "data_root=../shared/data", f"task.num_clients={CLIENTS}",
          "task.max_conversations=60", "~task.datasets.cmu_dog", "~task.datasets.persona_chat.partitioner",
          f"+task.datasets.persona_chat.partitioner={IID}", "task.trust.contexts_per_client=10",
@@ -46,7 +46,7 @@ SLICE = ["experiment=feddtre_paper", "data_root=../shared/data", f"task.num_clie
          f"protocol.clients_per_round={CLIENTS}", "protocol.evaluator.rounds=1",
          f"protocol.evaluator.clients_per_round={CLIENTS}", "protocol.evaluator.local_steps=4",
          "protocol.evaluator.heldout_contexts=5", f"num_rounds={ROUNDS}", "~protocol.methods",
-         f"+protocol.methods={{feddtre: {{run: experiments.feddtre.federated, strategy: {FEDDTRE}}}}}"]
+         f"+protocol.methods={{feddtre: {{run: fedsim_experiments.feddtre.federated, strategy: {FEDDTRE}}}}}"]
 
 
 def _serve(msg, partition):

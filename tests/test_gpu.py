@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
-from tasks.causal_lm import (
+from fedsim_tasks.causal_lm import (
     dpo_train,
     generate,
     load_policy,
@@ -28,14 +28,14 @@ from tasks.causal_lm import (
     sequence_logprobs,
     sft_train,
 )
-from tasks.dialogue.trust_data import TrustExample
-from tasks.dialogue.trust_evaluator import TrustEvaluator
-from tasks.financebench_rag.inference import corpus_encoder
-from tasks.financebench_rag.train import train_encoder
-from tasks.hf import build_encoder, resolve_model, trainable_arrays
-from tasks.hh_preference.dataset import Example
-from tasks.hh_preference.selector import CausalABSelector, ScorerSelector
-from tasks.test_causal_lm import PAIRS, llama_dir, save_tiny_llama  # noqa: F401 (fixtures)
+from fedsim_tasks.dialogue.trust_data import TrustExample
+from fedsim_tasks.dialogue.trust_evaluator import TrustEvaluator
+from fedsim_tasks.financebench_rag.inference import corpus_encoder
+from fedsim_tasks.financebench_rag.train import train_encoder
+from fedsim_tasks.hf import build_encoder, resolve_model, trainable_arrays
+from fedsim_tasks.hh_preference.dataset import Example
+from fedsim_tasks.hh_preference.selector import CausalABSelector, ScorerSelector
+from fedsim_tasks.test_causal_lm import PAIRS, llama_dir, save_tiny_llama  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -10,11 +10,11 @@ import pytest
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from omegaconf import OmegaConf
 
-from clients import fede4rag_messages as keys
-from clients.retriever import RetrieverClient
 from fedsim.config import compose
 from fedsim.inprocess_grid import InProcessGrid
 from fedsim.records import from_record, to_record
+from fedsim_clients import fede4rag_messages as keys
+from fedsim_clients.retriever import RetrieverClient
 
 
 @pytest.fixture(scope="module")

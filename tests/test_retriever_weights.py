@@ -7,14 +7,14 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from omegaconf import OmegaConf
 
-from clients import fede4rag_messages as keys
-from clients.retriever import MissingWeights, RetrieverClient
 from fedsim.config import compose
 from fedsim.he import ckks
 from fedsim.he import messages as he_keys
 from fedsim.inprocess_grid import InProcessGrid
-from tasks.financebench_rag.retrieval import weights_key
-from tasks.hf import flatten
+from fedsim_clients import fede4rag_messages as keys
+from fedsim_clients.retriever import MissingWeights, RetrieverClient
+from fedsim_tasks.financebench_rag.retrieval import weights_key
+from fedsim_tasks.hf import flatten
 
 
 @pytest.fixture(scope="module")

@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
-from clients import fedtp_messages as keys
 from fedsim import client_app
 from fedsim.config import compose
 from fedsim.inprocess_grid import InProcessGrid
 from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
 from fedsim.sharded_grid import CLIENTS, LAYOUT, SHARD, ShardedGrid, pack, serve_batch, unpack
 from fedsim.validators import finite_arrays
-from strategies.dp_mean import DPMean
-from tasks.topical_chat.dataset import load_topics
+from fedsim_clients import fedtp_messages as keys
+from fedsim_strategies.dp_mean import DPMean
+from fedsim_tasks.topical_chat.dataset import load_topics
 
 SLICE = ["task.max_per_split=3", "data_root=../shared/data"]
 

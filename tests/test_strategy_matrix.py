@@ -5,7 +5,7 @@
    the entries' data (``traits``, the slot's ``refuses``), never from a name check.
 2. The runs (in process, no Ray: the Ray path of each experiment is covered by its
    ``test_e2e_*``): every accepted pair builds its strategy the way the experiment does
-   (``experiments.common.build_strategy``: the slot's loss key, the privacy wrapper, its n and
+   (``fedsim_experiments.common.build_strategy``: the slot's loss key, the privacy wrapper, its n and
    its private noise) and runs two rounds over an in-process grid of five clients, one of which
    crashes. The clients of the weight slots are stand-ins speaking the slot's reply contract
    (least squares on their own data, the slot's loss key, through the real ClientApp's
@@ -21,9 +21,6 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from omegaconf import OmegaConf
 from test_determinism import serve
 
-from clients import fedtp_messages as keys
-from experiments import fedtp
-from experiments.common import build_strategy
 from fedsim.client_app import dp_clipping_mod
 from fedsim.config import CONF_DIR, choices, compose
 from fedsim.inprocess_grid import InProcessGrid
@@ -31,7 +28,10 @@ from fedsim.messaging import ANY, Messenger, Policy, client_config
 from fedsim.records import from_record, to_record
 from fedsim.schema import check
 from fedsim.validators import model_reply
-from tasks.topical_chat.dataset import load_topics
+from fedsim_clients import fedtp_messages as keys
+from fedsim_experiments import fedtp
+from fedsim_experiments.common import build_strategy
+from fedsim_tasks.topical_chat.dataset import load_topics
 
 SLOTS = ["fedtp", "fede4rag_paper", "feddtre_paper", "fedbiscuit_paper"]  # one per method's task
 STRATEGIES, PRIVACY = choices("strategy"), choices("privacy")

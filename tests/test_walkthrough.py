@@ -72,8 +72,8 @@ def in_copy(root, args: list[str]) -> subprocess.CompletedProcess:
 
 def test_the_walkthrough_names_every_layer():
     assert set(walkthrough_files()) == {
-        "tasks/toy_numbers.py", "clients/toy_mean_messages.py", "clients/toy_mean.py",
-        "experiments/toy_mean.py", "conf/task/toy_numbers.yaml", "conf/experiment/toy_mean.yaml"}
+        "fedsim_tasks/toy_numbers.py", "fedsim_clients/toy_mean_messages.py", "fedsim_clients/toy_mean.py",
+        "fedsim_experiments/toy_mean.py", "conf/task/toy_numbers.yaml", "conf/experiment/toy_mean.yaml"}
 
 
 def test_its_commands_compose_and_its_files_pass_the_lint_in_the_copy(copy):

@@ -1,2 +1,2 @@
 """CKKS homomorphic averaging: crypto (``ckks``), the wire keys both sides use (``messages``)
-and the client half (``client``). The server half is ``strategies/he_fedavg.py``."""
+and the client half (``client``). The server half is ``fedsim_strategies/he_fedavg.py``."""

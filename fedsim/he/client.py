@@ -1,4 +1,4 @@
-"""Client half of HE averaging (server half: ``strategies/he_fedavg.py``): keep the trained
+"""Client half of HE averaging (server half: ``fedsim_strategies/he_fedavg.py``): keep the trained
 weights, encrypt them chunk by chunk on request, decrypt the aggregate chunks into this node's
 copy of the global model.
 

@@ -1,4 +1,4 @@
-"""Keys of HE averaging messages, imported by the server half (``strategies/he_fedavg.py``)
+"""Keys of HE averaging messages, imported by the server half (``fedsim_strategies/he_fedavg.py``)
 and the client half (``fedsim/he/client.py``)."""
 
 OP = "he-op"                      # config: QUERY operation of the chunk phase

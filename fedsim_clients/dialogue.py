@@ -1,0 +1,237 @@
+"""ClientApp side of FedDTRE: a client holding conversations of every dialogue dataset.
+
+query: who the client is (partition, training examples per dataset). train, by objective:
+``evaluator``: the trust evaluator on the client's trust data (true replies against PII-planted
+and off-context ones); ``generator``: the generator's adapters on one dataset's replies
+(FedProx's proximal term when the config carries ``proximal-mu``). Without a mixing the client
+starts from the global model (FedAvg, FedProx). With a mixing (``fedsim_strategies/trust_alpha.py``)
+it keeps its own W_local across rounds (``fedsim/client_state.py``; the global model before its
+first round), continues training it, and keeps and sends W = (1 - alpha) W_local +
+alpha W_global, alpha fixed or from the trust scores of the local and the global model (greedy
+replies to the same held-out contexts, so the difference is not sampling noise).
+evaluate (after a method's rounds): its personalized model and the global one on its own
+held-out contexts; metrics only go back. A client the task names in ``contamination`` trains
+its generator on replies with planted PII (its trust data stays clean).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from functools import lru_cache
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from hydra.utils import instantiate
+
+from fedsim import client_state
+from fedsim.records import from_bytes, from_record, to_record
+from fedsim.trust_mixing import client_alpha, mix, relative_distance
+from fedsim_clients import feddtre_messages as keys
+from fedsim_tasks.causal_lm import sft_train, shared_policy, turn_separator
+from fedsim_tasks.dialogue.dataset import answer_sample, contamination, load_tasks
+from fedsim_tasks.dialogue.metrics import reply_scores
+from fedsim_tasks.dialogue.trust_data import contaminate, trust_examples
+from fedsim_tasks.dp_sgd import DP_EPSILON, DPSGD
+from fedsim_tasks.hf import load_trainable, trainable_arrays
+
+
+@lru_cache(maxsize=1)
+def _evaluator(spec: str, seed: int):
+    """One trust evaluator per process (each message loads its weights)."""
+    return instantiate(json.loads(spec), seed=seed)
+
+
+def round_lr(settings: dict, server_round: int) -> float:
+    """The learning rate of round t: linear from ``lr`` (round 1) to ``lr_final`` (the last)."""
+    share = (server_round - 1) / max(settings["rounds"] - 1, 1)
+    return settings["lr"] + (settings["lr_final"] - settings["lr"]) * min(max(share, 0.0), 1.0)
+
+
+def _read_history(path) -> list:
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+def _threads(config) -> None:
+    """torch's threads as the message asks (clients share the machine)."""
+    torch.set_num_threads(int(config.get(keys.TORCH_THREADS, 0)) or os.cpu_count() or 1)
+
+
+class DialogueClient:
+    def __init__(self, task: dict, data_root: str, partition_id: int, num_partitions: int):
+        if num_partitions != task["num_clients"]:
+            raise ValueError(f"{num_partitions} SuperNodes but the task has {task['num_clients']} clients "
+                             "(task.num_clients)")
+        self.task, self.partition_id = task, partition_id
+        self.datasets = load_tasks(task, data_root)
+        self.data = {name: d.client(partition_id) for name, d in self.datasets.items()}
+        empty = [name for name, d in self.data.items() if not d.train or not d.valid]
+        if empty:
+            raise ValueError(f"client {partition_id} holds no training or held-out conversations of {empty}")
+        self._examples: dict = {}
+
+    def examples(self, dataset: str, part: str, sep: str):
+        key = (dataset, part, sep)
+        if key not in self._examples:
+            self._examples[key] = self.datasets[dataset].examples(getattr(self.data[dataset], part), sep)
+        return self._examples[key]
+
+    @property
+    def evaluator(self):
+        return _evaluator(json.dumps(self.task["evaluator"], sort_keys=True), self.task["seed"])
+
+    def query(self, msg: Message, context=None) -> RecordDict:
+        sep = " [SEP] "  # counts only: the separator does not change how many replies there are
+        return RecordDict({keys.INFO: ConfigRecord({
+            keys.PARTITION_ID: self.partition_id,
+            **{keys.EXAMPLES_PREFIX + name: len(self.examples(name, "train", sep)) for name in self.data}})})
+
+    def train(self, msg: Message, context=None) -> RecordDict:
+        config = msg.content[keys.CONFIG]
+        _threads(config)
+        seed = int(config[keys.SEED]) * 100_003 + int(config.get(keys.SERVER_ROUND, 0)) * 101 + self.partition_id
+        start = time.perf_counter()
+        objective = config.get(keys.OBJECTIVE)
+        if objective == keys.EVALUATOR:
+            weights, metrics = self._train_evaluator(msg, seed)
+        elif objective == keys.GENERATOR:
+            weights, metrics = self._train_generator(msg, seed)
+        else:
+            raise ValueError(f"client {self.partition_id}: unknown objective {objective!r}")
+        metrics["train-seconds"] = time.perf_counter() - start
+        return RecordDict({keys.ARRAYS: to_record(weights), keys.METRICS: MetricRecord(metrics)})
+
+    def trust_data(self) -> list:
+        """This client's trust examples: a sample of its training contexts of every dataset."""
+        trust = self.task["trust"]
+        out = []
+        for i, name in enumerate(sorted(self.data)):
+            examples = self.examples(name, "train", " [SEP] ")
+            out += trust_examples(examples, trust["contexts_per_client"],
+                                  self.task["split_seed"] * 1_000_003 + self.partition_id * 10 + i, trust["labels"])
+        return out
+
+    def _train_evaluator(self, msg: Message, seed: int):
+        config = msg.content[keys.CONFIG]
+        evaluator = self.evaluator
+        evaluator.load(from_record(msg.content[keys.ARRAYS]))
+        data = self.trust_data()
+        stats = evaluator.train(data, int(config[keys.LOCAL_STEPS]), int(config[keys.BATCH_SIZE]),
+                                float(config[keys.LR]), seed)
+        return evaluator.weights(), {keys.NUM_EXAMPLES: len(data), "train-loss": stats["loss"]}
+
+    def generator_examples(self, dataset: str, sep: str):
+        """The client's generator training examples; a client the task names in
+        ``contamination`` has planted PII in a seeded share of their replies."""
+        key = (dataset, "generator", sep)
+        if key not in self._examples:
+            train = self.examples(dataset, "train", sep)
+            clients, share = contamination(self.task)
+            seed = self.task["split_seed"] * 1_000_003 + self.partition_id * 10 + sorted(self.data).index(dataset)
+            self._examples[key] = contaminate(train, share, seed) if self.partition_id in clients else train
+        return self._examples[key]
+
+    def _generator(self, config) -> tuple:
+        """The generator (one per process: each message loads its adapters), its tokenizer
+        and the settings the message carries."""
+        s = json.loads(config[keys.SETTINGS])
+        return (*shared_policy(s["base"], json.dumps(s["lora"]), self.task["seed"], s.get("quantization")), s)
+
+    def _train_generator(self, msg: Message, seed: int):
+        """Local SFT of the adapters on one dataset, from the global model or (under a mixing)
+        the client's own; then the mix the strategy asks for (none: the weights as trained)."""
+        config = msg.content[keys.CONFIG]
+        model, tokenizer, s = self._generator(config)
+        global_weights = from_record(msg.content[keys.ARRAYS])
+        rnd = int(config.get(keys.SERVER_ROUND, 1))
+        state = client_state.of(msg, self.partition_id) if keys.MIXING in config else None
+        own = state.load(config[keys.LOCAL_MODEL], rnd) if state else None
+        load_trainable(model, global_weights if own is None else own)
+        sep, dataset = turn_separator(tokenizer), config[keys.DATASET]
+        train = self.generator_examples(dataset, sep)
+        metrics = self._sft(msg, model, tokenizer, [(e.prompt, e.reply) for e in train], s, seed)
+        local = trainable_arrays(model)
+        if state is None:
+            return local, metrics
+        weights = {"local": local, "global": global_weights}
+
+        def score(which: str) -> float:
+            load_trainable(model, weights[which])
+            return self._trust_score(model, tokenizer, config, dataset, s, seed)
+
+        alpha, scores = client_alpha(json.loads(config[keys.MIXING]), score)
+        mixed = mix(local, global_weights, alpha)
+        state.save(config[keys.LOCAL_MODEL], rnd, mixed)
+        return mixed, {**metrics, keys.ALPHA: alpha, **scores, keys.STATE_BYTES: state.bytes()}
+
+    def _sft(self, msg: Message, model, tokenizer, train: list, s: dict, seed: int) -> dict:
+        """Local SFT of the adapters; its metrics. Under ``dp_sgd`` the steps are DP-SGD's, the
+        accountant's history stays on this client's disk across rounds and the epsilon its
+        records have spent so far goes into the reply (results.json, metrics.csv)."""
+        config = msg.content[keys.CONFIG]
+        steps, dp = int(config[keys.LOCAL_STEPS]), DPSGD(**s["dp_sgd"])  # checked again: a client trusts no sender
+        account = self._dp_account(msg, config[keys.DATASET]) if dp.enabled else None
+        dp_state = {"history": _read_history(account), "horizon_steps": s["rounds"] * steps} if account else {}
+        stats = sft_train(model, tokenizer, train, steps=steps, batch_size=int(config[keys.BATCH_SIZE]),
+                          lr=round_lr(s, int(config.get(keys.SERVER_ROUND, 1))), max_length=s["max_length"],
+                          seed=seed, proximal_mu=float(config.get(keys.PROXIMAL_MU, 0.0)), dp=dp, **dp_state)
+        metrics = {keys.NUM_EXAMPLES: len(train), "train-loss": stats["loss"]}
+        if account:
+            account.write_text(json.dumps(stats["dp-history"]))
+            metrics |= {DP_EPSILON: stats[DP_EPSILON], "dp-noise-multiplier": stats["dp-noise-multiplier"]}
+        return metrics
+
+    def _dp_account(self, msg: Message, dataset: str):
+        """Where this client keeps its DP-SGD accountant's history for the method's steps on
+        ``dataset``'s records (its own disk: a Ray actor may not serve its next round)."""
+        name = str(msg.content[keys.CONFIG].get(keys.DP_ACCOUNT, dataset)).replace("/", "-")
+        return client_state.of(msg, self.partition_id).folder / f"dp-sgd-{name}.json"
+
+    def _trained_evaluator(self, config):
+        """The trust evaluator with the trained weights the message carries."""
+        evaluator = self.evaluator
+        evaluator.load(from_bytes(config[keys.EVALUATOR_WEIGHTS]))
+        return evaluator
+
+    def _trust_score(self, model, tokenizer, config, dataset: str, s: dict, seed: int) -> float:
+        """Mean trust score of the model's greedy replies to ``eval_contexts`` sampled held-out
+        contexts of this client (the same sample for the local and the global model)."""
+        held_out = self.examples(dataset, "valid", turn_separator(tokenizer))
+        decoding = {"max_new_tokens": s["max_new_tokens"], "temperature": 0.0}
+        chosen, replies = answer_sample(model, tokenizer, held_out, s["eval_contexts"], seed, decoding, seed)
+        return float(np.mean(self._trained_evaluator(config).scores([e.context for e in chosen], replies)))
+
+    def evaluate(self, msg: Message, context=None) -> RecordDict:
+        """After a method's rounds: the client's personalized model (its kept W_local; the
+        global model where it keeps none: FedAvg, FedProx, or a client never sampled) and the
+        global model answer one seeded sample of the client's own held-out contexts, with the
+        final evaluation's seeded sampling and one sampling seed for both (common random
+        numbers: the paired difference is the models', less the draw's). Only metrics go back;
+        the weights stay here, the distance between them is one number."""
+        config = msg.content[keys.CONFIG]
+        _threads(config)
+        model, tokenizer, s = self._generator(config)
+        global_weights = from_record(msg.content[keys.ARRAYS])
+        own = client_state.of(msg, self.partition_id).load(config[keys.LOCAL_MODEL], int(config[keys.SERVER_ROUND]))
+        personal = global_weights if own is None else own
+        held_out = self.examples(config[keys.DATASET], "valid", turn_separator(tokenizer))
+        pick = self.task["split_seed"] * 1_000_003 + self.partition_id  # the same contexts for every method
+        seed = int(config[keys.SEED]) * 100_003 + self.partition_id
+        decoding = {k: s[k] for k in ("max_new_tokens", "temperature", "top_p")}
+        evaluator = self._trained_evaluator(config)
+        metrics = {keys.KEPT_LOCAL: float(own is not None), keys.DISTANCE: relative_distance(personal, global_weights)}
+        for prefix, weights in ((keys.PERSONAL, personal), (keys.GLOBAL, global_weights)):
+            load_trainable(model, weights)
+            chosen, replies = answer_sample(model, tokenizer, held_out, int(config[keys.PERSONAL_CONTEXTS]), pick,
+                                            decoding, seed)
+            metrics |= {prefix + k: v for k, v in reply_scores(replies, chosen, evaluator).items()}
+        return RecordDict({keys.METRICS: MetricRecord({**metrics, keys.CONTEXTS: len(chosen)})})
+
+    @staticmethod
+    def population_size(task: dict, data_root: str) -> int:
+        """N clients, once every dataset's clients are built: a missing data file or a
+        partitioner that does not give N clients is refused before any process starts."""
+        load_tasks(task, str(data_root))
+        return int(task["num_clients"])

@@ -1,0 +1,249 @@
+"""ClientApp side of FedE4RAG: a company (or any document group) training the retriever.
+
+train: start from the weights the message names (its arrays, this node's complete HE aggregate,
+or the common initial model), run the local objective on inverse-cloze pairs from the node's
+own pages, reply with the weights (plaintext) or keep them for the encrypted chunks (HE). With
+``LOCAL_MODEL`` the company keeps its own retriever across rounds (``fedsim/client_state.py``,
+on its own disk): the received weights become KD-GLE's frozen teacher and the student continues
+from the company's own weights (the received ones before its first round); what it trained is
+kept and sent.
+query: node info, the initial weights, and the HE chunk operations. evaluate: encode the corpus
+one bounded piece per message under the named weights (``FROM_LOCAL``: the node's own
+retriever, which never leaves it), then score FinanceBench retrieval.
+
+A missing input is an error naming the method and the node, never a silent default: a node
+asked for weights it does not hold must not report another model's metrics.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from functools import cached_property, partial
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from hydra.utils import instantiate
+
+from fedsim import client_state
+from fedsim.client_state import client_dir, run_dir, run_key, settings
+from fedsim.he import messages as he_keys
+from fedsim.he.ckks import CKKSParams
+from fedsim.he.client import HEClient, is_he_operation
+from fedsim.records import from_record, to_record
+from fedsim_clients import fede4rag_messages as keys
+from fedsim_tasks.financebench_rag.dataset import client_documents, load_documents, load_pages, title
+from fedsim_tasks.financebench_rag.inference import Encode, corpus_encoder
+from fedsim_tasks.financebench_rag.pseudo_queries import LLMQueryGenerator, inverse_cloze_pairs
+from fedsim_tasks.financebench_rag.retrieval import (
+    corpus_store,
+    evaluation_data,
+    score_splits,
+    weights_key,
+)
+from fedsim_tasks.financebench_rag.train import frozen_copy, local_seed, train_encoder
+from fedsim_tasks.hf import (
+    build_encoder,
+    flatten,
+    load_trainable,
+    trainable_arrays,
+    unflatten,
+)
+
+
+class MissingWeights(RuntimeError):
+    """The message names weights this node was not given or does not hold."""
+
+
+class RetrieverClient:
+    def __init__(self, task: dict, data_root: str, partition_id: int, num_partitions: int):
+        self.task, self.root, self.pid = task, data_root, partition_id
+        self.documents = self._documents(partition_id)
+        self.model = build_encoder(task["model"], task["max_seq_length"], task["lora"],
+                                   task["seed"])
+        self.initial = trainable_arrays(self.model)
+        self._he_clients: dict[int, HEClient] = {}
+        self._encoder: tuple[tuple, Encode] | None = None  # (weights key, backend, threads), encoder
+
+    def _documents(self, partition_id: int) -> list[str]:
+        return client_documents(self.root, self.task["companies"],
+                                instantiate(self.task["partitioner"]), partition_id)
+
+    def _pairs(self, documents: list[str]) -> list[tuple[str, str]]:
+        """Pseudo-query pairs from the documents' pages (the first ``pages_per_client``), each
+        positive led by its filing's title where the corpus entries are (``passages.titles``),
+        each query where ``pseudo_queries.titles`` asks (questions name company and year)."""
+        pq = self.task["pseudo_queries"]
+        pages = [(doc, p) for doc in documents for p in load_pages(self.root, doc)]
+        pages = pages[:self.task["pages_per_client"]] if self.task["pages_per_client"] else pages
+        titled = bool((self.task.get("passages") or {}).get("titles"))
+        generator, pairs = LLMQueryGenerator(pq["generator"]) if pq["generator"] else None, []
+        for doc in dict.fromkeys(doc for doc, _ in pages):
+            texts = [p for d, p in pages if d == doc]
+            if generator:
+                found = generator.pairs(texts, pq["chunk_size"], pq["chunk_overlap"])
+            else:
+                found = inverse_cloze_pairs(texts, pq["chunk_size"], pq["chunk_overlap"], pq["min_query_words"],
+                                            pq["max_query_words"], self.task["seed"] + len(pairs))
+            name = title(self.root, doc)
+            pairs += [((f"{name}: " if pq.get("titles") else "") + q, (f"{name}\n" if titled else "") + positive)
+                      for q, positive in found]
+        return pairs
+
+    @cached_property
+    def pairs(self) -> list[tuple[str, str]]:
+        return self._pairs(self.documents)
+
+    @cached_property
+    def evaluation(self) -> tuple[dict, dict[str, str]]:
+        """Questions and test corpus, built once per process."""
+        return evaluation_data(self.root, self.task)
+
+    def _he(self, msg: Message) -> HEClient:
+        """This node's HE state for the message's run, kept so the secret context is read
+        from ``key_dir`` once, not on every chunk."""
+        run_id = run_key(msg)
+        if run_id not in self._he_clients:
+            h = self.task["he"]
+            params = CKKSParams(h["poly_modulus_degree"], tuple(h["coeff_mod_bit_sizes"]),
+                                h["global_scale_bits"])
+            self._he_clients[run_id] = HEClient(
+                params, h["key_dir"], client_dir(settings(msg)["dir"], run_id, self.pid))
+        return self._he_clients[run_id]
+
+    def _load_weights(self, msg: Message) -> str:
+        """Load the weights the message names into the model; return their key."""
+        config = msg.content[keys.CONFIG]
+        where = f"{config.get(keys.METHOD, '<no method>')}: node {self.pid}"
+        source = config.get(keys.WEIGHTS)
+        if source == keys.FROM_INITIAL:
+            weights = None
+        elif source == keys.FROM_ARRAYS:
+            arrays = msg.content.array_records.get(keys.ARRAYS)
+            if arrays is None or not len(arrays):
+                raise MissingWeights(f"{where} was asked for weights={source} but the message "
+                                     f"carries no arrays")
+            weights = from_record(arrays)
+        elif source == keys.FROM_LOCAL:
+            weights = client_state.of(msg, self.pid).load(str(config[keys.LOCAL_MODEL]), 2**62)
+            if weights is None:
+                raise MissingWeights(f"{where} was asked for its local retriever "
+                                     f"{config[keys.LOCAL_MODEL]!r} but has not trained one")
+        elif source == keys.FROM_HE:
+            rnd = int(config[he_keys.GLOBAL_ROUND])
+            try:
+                weights = None if rnd == 0 else unflatten(self._he(msg).global_weights(rnd),
+                                                          self.initial)
+            except RuntimeError as exc:
+                raise MissingWeights(f"{where} was asked for weights={source}: {exc}") from exc
+        else:
+            raise MissingWeights(f"{where}: weights={source!r} is not one of "
+                                 f"{keys.WEIGHT_SOURCES}")
+        load_trainable(self.model, self.initial if weights is None else weights)
+        return weights_key(self.task["model"], self.task["lora"], weights)
+
+    def _own_model(self, msg: Message):
+        """With ``LOCAL_MODEL``: the weights just loaded (the received global) frozen as KD's
+        teacher, the student moved to the company's own retriever; its state to keep the
+        trained one in. Without: (None, None)."""
+        config = msg.content[keys.CONFIG]
+        if keys.LOCAL_MODEL not in config:
+            return None, None
+        state = client_state.of(msg, self.pid)
+        teacher = frozen_copy(self.model) if float(config[keys.KD_WEIGHT]) else None
+        own = state.load(str(config[keys.LOCAL_MODEL]), int(config.get(keys.SERVER_ROUND, 0)))
+        if own is not None:
+            load_trainable(self.model, own)
+        return teacher, state
+
+    @staticmethod
+    def _threads(config: ConfigRecord) -> int:
+        threads = int(config.get(keys.TORCH_THREADS, 0)) or os.cpu_count() or 1
+        torch.set_num_threads(threads)
+        return threads
+
+    def query(self, msg: Message, context=None) -> RecordDict:
+        if is_he_operation(msg):
+            return self._he(msg).handle(msg)
+        if msg.content[keys.CONFIG].get(keys.QUERY_OP) == keys.INITIAL_WEIGHTS:
+            return RecordDict({keys.ARRAYS: to_record(self.initial)})
+        return RecordDict({keys.INFO: ConfigRecord({
+            keys.PARTITION_ID: self.pid, keys.DOCUMENTS: self.documents,
+            keys.COMPANIES: sorted({d["company"] for d in load_documents(self.root)
+                                    if d["doc_name"] in set(self.documents)}),
+            keys.NUM_PAIRS: len(self.pairs)})})
+
+    def train(self, msg: Message, context=None) -> RecordDict:
+        """Train from the message's weights; the reply's metrics time each part of the handler
+        (``bench/local_training.py`` compares them with a plain loop)."""
+        begin = time.perf_counter()
+        config = msg.content[keys.CONFIG]
+        self._threads(config)
+        he_round = config.get(he_keys.HE_ROUND, False)
+        decrypt = self._he(msg).install_carried(msg) if he_round else 0.0  # one-trip HE
+        self._load_weights(msg)
+        teacher, state = self._own_model(msg)
+        loaded = time.perf_counter()
+        pool = list(config.get(keys.POOL_PARTITIONS, []))
+        pairs = self.pairs if not pool else \
+            self._pairs(sorted({d for p in pool for d in self._documents(int(p))}))
+        start = time.perf_counter()
+        stats = train_encoder(
+            self.model, pairs, int(config[keys.LOCAL_STEPS]), int(config[keys.BATCH_SIZE]),
+            float(config[keys.LR]), float(config[keys.TEMPERATURE]), float(config[keys.KD_WEIGHT]),
+            seed=local_seed(int(config[keys.SEED]), int(config.get(keys.SERVER_ROUND, 0)), self.pid),
+            teacher=teacher, dropout=bool(self.task.get("train_dropout", False)))
+        end = time.perf_counter()
+        metrics = {keys.NUM_EXAMPLES: len(pairs), "train-seconds": end - start,
+                   "weights-seconds": loaded - begin, "pairs-seconds": start - loaded,
+                   "torch-threads": torch.get_num_threads(), **{k: float(v) for k, v in stats.items()}}
+        trained = trainable_arrays(self.model)
+        if state is not None:
+            state.save(str(config[keys.LOCAL_MODEL]), int(config.get(keys.SERVER_ROUND, 0)), trained)
+            metrics["state-bytes"] = state.bytes()
+        if he_round:
+            return self._he(msg).train_reply(flatten(trained), {**metrics, he_keys.DECRYPT_SECONDS: decrypt},
+                                             int(config.get(he_keys.INLINE_FLOATS, 0)))
+        reply = RecordDict({keys.ARRAYS: to_record(trained), keys.METRICS: MetricRecord(metrics)})
+        reply[keys.METRICS]["reply-seconds"] = time.perf_counter() - end
+        reply[keys.METRICS]["handler-seconds"] = time.perf_counter() - begin
+        return reply
+
+    def _encode(self, key: str, backend: str, threads: int, texts: list[str]) -> np.ndarray:
+        """Encode with the backend's encoder of the weights ``key``, built when first needed and
+        kept across the pieces of one evaluation (a compiled backend: once per weights)."""
+        if self._encoder is None or self._encoder[0] != (key, backend, threads):
+            self._encoder = (key, backend, threads), corpus_encoder(self.model, backend, threads)
+        return self._encoder[1](texts)
+
+    def evaluate(self, msg: Message, context=None) -> RecordDict:
+        config = msg.content[keys.CONFIG]
+        threads = self._threads(config)
+        key = self._load_weights(msg)
+        questions, corpus = self.evaluation
+        # without a cache, the run's folder (not this client's): the evaluating nodes of one
+        # machine fill one store (protocol.eval_nodes)
+        folder = self.task.get("embedding_cache") or \
+            run_dir(settings(msg)["dir"], run_key(msg)) / "embeddings"
+        backend = str(config[keys.EVAL_BACKEND])
+        store = corpus_store(self.model, key, corpus, folder, int(config[keys.PAGES_PER_MESSAGE]), backend)
+        start = time.perf_counter()
+        if config[keys.EVAL_OP] == keys.ENCODE:
+            encode = partial(self._encode, key, backend, threads)
+            metrics = {keys.MISSING: store.encode_piece(int(config[keys.PIECE]), encode, list(corpus.values())),
+                       keys.PIECES: store.pieces, keys.CORPUS_PAGES: len(corpus)}
+        else:
+            metrics = score_splits(self.model, self.root, questions, list(corpus), store.load(),
+                                   self.task, list(config[keys.SPLITS]),
+                                   bool(config.get(keys.PER_FILING, False)))
+        metrics["eval-seconds"] = time.perf_counter() - start
+        return RecordDict({keys.METRICS: MetricRecord(metrics),
+                           keys.WEIGHTS_INFO: ConfigRecord({keys.WEIGHTS_KEY: key})})
+
+    @staticmethod
+    def population_size(task: dict, data_root: str) -> int:
+        from fedsim_tasks.financebench_rag.dataset import document_table
+        partitioner = instantiate(task["partitioner"])
+        partitioner.dataset = document_table(data_root, task["companies"])
+        return partitioner.num_partitions

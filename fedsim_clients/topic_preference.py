@@ -1,0 +1,94 @@
+"""ClientApp side of FedTP: one Topical-Chat conversation per SuperNode.
+
+train: send p_c, the local topic preference, for the conversations in the requested splits.
+evaluate: route the node's own second-half grounded turns under every router variant the
+server asks for, with the released priors it sent, and return metric sums per split plus the
+turn-level outcomes the paired analyses need.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from datasets import Dataset
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from fedsim.partitioners import RoundRobinResamplingPartitioner
+from fedsim_clients import fedtp_messages as keys
+from fedsim_tasks.topical_chat.dataset import load_conversations, load_topics, local_preference
+from fedsim_tasks.topical_chat.router import RouterVariant, router_for
+
+METRICS = ("err", "support")
+
+
+@lru_cache(maxsize=4)
+def _partitioner(population: int, num_partitions: int) -> RoundRobinResamplingPartitioner:
+    """One per population and client count: a SuperNode hosting thousands of logical clients
+    (``hardware.clients_per_supernode``) builds the row table once, not once per client."""
+    partitioner = RoundRobinResamplingPartitioner(num_partitions)
+    partitioner.dataset = Dataset.from_dict({"row": list(range(population))})
+    return partitioner
+
+
+class TopicPreferenceClient:
+    def __init__(self, task: dict, data_root: str, partition_id: int, num_partitions: int):
+        population = load_conversations(data_root, tuple(task["splits"]), task.get("max_per_split"))
+        self.rows = _partitioner(len(population), num_partitions).partition_indices(partition_id)
+        self.conversations = [population[i] for i in self.rows]
+        self.data_root = data_root
+        self.num_topics = len(load_topics(data_root))
+
+    def _selected(self, config: ConfigRecord):
+        splits = set(config[keys.SPLITS])
+        return [(row, c) for row, c in zip(self.rows, self.conversations) if c.split in splits]
+
+    def query(self, msg: Message) -> RecordDict:
+        return RecordDict({keys.INFO: ConfigRecord({
+            keys.INFO_SPLITS: [c.split for c in self.conversations],
+            keys.INFO_ROWS: self.rows,
+        })})
+
+    def train(self, msg: Message) -> RecordDict:
+        selected = self._selected(msg.content[keys.CONFIG])
+        vectors = np.stack([local_preference(c, self.num_topics) for _, c in selected])
+        return RecordDict({
+            keys.ARRAYS: ArrayRecord({keys.VECTORS: Array(vectors)}),
+            keys.METRICS: MetricRecord({keys.NUM_EXAMPLES: len(selected)}),
+        })
+
+    def evaluate(self, msg: Message) -> RecordDict:
+        config = msg.content[keys.CONFIG]
+        priors = {k: v.numpy() for k, v in msg.content[keys.PRIORS].items()} \
+            if keys.PRIORS in msg.content.array_records else {}
+        variants = [RouterVariant(*v) for v in zip(
+            config[keys.VARIANT_NAMES], config[keys.VARIANT_PRIORS],
+            config[keys.VARIANT_ALPHAS], config[keys.VARIANT_LAMBDAS])]
+        router = router_for(self.data_root)
+        metrics: dict = {keys.NUM_EXAMPLES: 0}
+        turns: dict[str, list] = {}
+        for row, conv in self._selected(config):
+            out = router.route(conv, local_preference(conv, self.num_topics), priors, variants)
+            n = len(out["gold"])
+            metrics[keys.NUM_EXAMPLES] += n
+            metrics[f"{conv.split}/turns"] = metrics.get(f"{conv.split}/turns", 0) + n
+            for v in variants:
+                prefix = f"{conv.split}/{v.name}"
+                hits = int(np.sum(out[f"pick/{v.name}"] == out["gold"]))
+                metrics[f"{prefix}/hits"] = metrics.get(f"{prefix}/hits", 0) + hits
+                for m in METRICS:
+                    metrics[f"{prefix}/{m}"] = metrics.get(f"{prefix}/{m}", 0.0) + \
+                        float(out[f"{m}/{v.name}"].sum())
+            if config.get(keys.TURN_LEVEL, False):
+                out["row"] = np.full(n, row)
+                for key, values in out.items():
+                    turns.setdefault(key, []).extend(values.tolist())
+        for key, values in turns.items():
+            cast = float if key.startswith(METRICS) else int
+            metrics[f"{keys.TURN_PREFIX}{key}"] = [cast(x) for x in values]
+        return RecordDict({keys.METRICS: MetricRecord(metrics)})
+
+    @staticmethod
+    def population_size(task: dict, data_root: str) -> int:
+        """Natural number of clients: one per conversation of the federation's splits."""
+        return len(load_conversations(data_root, tuple(task["splits"]), task.get("max_per_split")))

@@ -1,0 +1,107 @@
+"""What every per-paper protocol shares: who the clients are, and the context a method runner
+gets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp.strategy import Result, Strategy
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from fedsim.messaging import ANY, Messenger, Policy
+from fedsim.schema import entry as schema_entry
+from fedsim.validators import model_reply
+from fedsim_strategies.numpy_noise import NumpyNoise
+
+
+def build_strategy(cfg: DictConfig, messenger: Messenger, clients: int, entry=None, he: dict | None = None,
+                   **args) -> Strategy:
+    """A method's strategy, with the slot's ``args`` (sampling, record keys). ``entry`` None is
+    the experiment's slot: the run's ``strategy`` inside the run's ``privacy`` wrapper (or
+    inside ``he``, the HE wrapper a method asks for); a method's own entry runs as it is. The
+    entry's ``traits`` are fedsim's data, not the class's; a null ``train_loss_key`` is the
+    slot's ``loss_key``; a wrapper's null ``num_sampled_clients`` is how many the strategy
+    samples of ``clients``. Flower's DP wrappers draw their noise from the run's private
+    source (``NumpyNoise``)."""
+    slot = entry is None
+    settings = schema_entry(cfg.strategy if slot else entry)
+    if "train_loss_key" in settings and settings["train_loss_key"] is None:
+        settings["train_loss_key"] = cfg.protocol.strategy_slot.loss_key
+    strategy = instantiate(settings, **args)
+    wrapper = he or (cfg.privacy.wrapper if slot else None)
+    if not wrapper:
+        return strategy
+    wrapper = schema_entry(wrapper)
+    if "num_sampled_clients" in wrapper and wrapper["num_sampled_clients"] is None:
+        wrapper["num_sampled_clients"] = sampled(strategy, clients)
+    wrapped = instantiate(wrapper, strategy=strategy)
+    return NumpyNoise(wrapped, messenger.noise) if cfg.privacy.kind == "dp" and not he else wrapped
+
+
+def sampled(strategy, clients: int) -> int:
+    """How many of ``clients`` a FedAvg-style strategy samples per round (Flower's
+    ``FedAvg.configure_train``): the n of a DP wrapper's noise."""
+    return max(int(clients * strategy.fraction_train), strategy.min_train_nodes)
+
+
+def innermost(strategy: Strategy) -> Strategy:
+    """The strategy inside every wrapper (privacy, HE, client spread): where a method reads
+    what its own strategy records (alphas, releases)."""
+    while hasattr(strategy, "strategy"):
+        strategy = strategy.strategy
+    return strategy
+
+
+@dataclass
+class RunContext:
+    """What a method runner needs: messenger, config, nodes by partition and their info."""
+    messenger: Messenger
+    cfg: DictConfig
+    base: dict             # the config entries every client message carries
+    nodes: dict[int, int]  # partition id -> node id
+    info: dict[int, dict]  # partition id -> the node's discovery info
+
+    def partition_of(self, node: int) -> int:
+        return next(partition_id for partition_id, n in self.nodes.items() if n == node)
+
+    def grid(self, label: str, policy: Policy | None = None):
+        """A Grid over every client in partition order. Flower samples nodes by position and
+        node ids are random per run, so this order makes the same seed sample the same clients
+        in every run."""
+        return self.messenger.grid(label, policy or Policy(ANY), [self.nodes[p] for p in sorted(self.nodes)])
+
+    def fedavg(self, label: str, initial: ArrayRecord, rounds: int, config: dict,
+               fraction_train: float, entry=None, **strategy_args) -> Result:
+        """A weight-averaging strategy (``entry``; None: the experiment's slot, ``build_strategy``)
+        with ``strategy_args`` over ``fraction_train`` of the clients per round; replies need
+        finite weights shaped as the model sent and a plausible weight, a round goes on with
+        any of them."""
+        strategy = build_strategy(self.cfg, self.messenger, len(self.nodes), entry, fraction_train=fraction_train,
+                                  fraction_evaluate=0.0, **strategy_args)
+        return strategy.start(self.grid(label, Policy(ANY, model_reply(initial))), initial, rounds,
+                              self.cfg.round_timeout, ConfigRecord(config))
+
+
+def discover(messenger: Messenger, base: dict, config_key: str, info_key: str, partition_key: str
+             ) -> tuple[dict[int, int], dict[int, ConfigRecord]]:
+    """Every node's discovery reply (quorum: all; a method needs every client), by partition:
+    node ids and the ``info_key`` record of each."""
+    replies = messenger.exchange("discover", [
+        Message(RecordDict({config_key: ConfigRecord(base)}), dst_node_id=n, message_type=MessageType.QUERY)
+        for n in messenger.node_ids()], Policy())
+    nodes, info = {}, {}
+    for msg in replies:
+        record = msg.content[info_key]
+        partition_id = int(record[partition_key])
+        nodes[partition_id], info[partition_id] = msg.metadata.src_node_id, record
+    return nodes, info
+
+
+def base_line(sft: dict) -> str:
+    """One line on how a base language model was made (``fedsim_tasks.causal_lm.saved_sft_base``)."""
+    if not sft.get("steps"):
+        return "Base: the model as published (no SFT)."
+    return (f"Base: SFT on {sft['data']}, held-out nll {sft['heldout_nll_before']:.3f} -> "
+            f"{sft['heldout_nll']:.3f}.")

@@ -1,0 +1,317 @@
+"""FedBis / FedBiscuit's experiment protocol (METHODS.md section 4), run inside the ServerApp.
+
+Selectors: FedBis (Flower FedAvg of one selector over sampled clients) and FedBiscuit
+(``fedsim_strategies.selector_groups.SelectorGroups``, U selectors over balanced client groups), beside
+two centrally trained references that see clients' pairs (non-private): ``central_majority``
+(the majority population's pairs: the check that the selector can learn at all) and
+``central`` (every client's pairs). Every selector is scored on the held-out test pairs for the
+majority and the minority preference.
+
+Then the RLHF phase (``fedsim_experiments/fedbiscuit_rlhf.py``): the selectors label completions of a base
+policy, DPO aligns it, and a judge trained on held-out pairs only scores it against the base.
+
+Each method is a function named by ``run`` in ``protocol.methods`` (no dispatcher here).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord
+from hydra.utils import get_method, instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from fedsim.messaging import ANY, Messenger, Policy, client_config
+from fedsim.records import from_record, to_record
+from fedsim.results import RunOutput, markdown_table
+from fedsim.schema import Protocol
+from fedsim.validators import finite_arrays
+from fedsim_clients import preference_messages as keys
+from fedsim_experiments.common import RunContext, base_line, discover
+from fedsim_experiments.fedbiscuit_rlhf import RLHF, run_rlhf
+from fedsim_strategies.selector_groups import SelectorGroups, majority_vote
+from fedsim_tasks.hh_preference.dataset import Federation
+from fedsim_tasks.hh_preference.selector import choices
+
+log = logging.getLogger("fedsim")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FedBiscuitProtocol(Protocol):
+    """FedBis / FedBiscuit's protocol settings (``conf/experiment/fedbiscuit_paper.yaml``)."""
+    local_steps: int       # selector optimizer steps per client and round (paper: 30)
+    batch_size: int        # examples per step (paper: 32)
+    lr: float              # AdamW learning rate of the selector (paper: 1e-5 for LoRA on Gemma-2B)
+    weight_decay: float    # AdamW decoupled weight decay of the selector
+    fraction_train: float  # share of clients sampled per round (paper: 10 of 200)
+    warmup_rounds: int     # FedBiscuit: FedBis rounds per selector before grouping (paper: 50)
+    regroup_every: int     # FedBiscuit: rounds between regroups (paper: 100)
+    regroup_quorum: float  # share of clients whose loss reports a regroup needs
+    central_steps: int     # optimizer steps of the central references
+    client_weights: str    # p_m of FedBis and eq. 6: data_share (the paper) | uniform (public code, 1/M)
+    methods: dict[str, Any]
+    """name -> {run: runner function, ...its settings}, in run order"""
+    rlhf: RLHF
+    """the policy phase (``fedsim_experiments/fedbiscuit_rlhf.py``)"""
+
+    def __post_init__(self):
+        if self.client_weights not in WEIGHT_KEYS:
+            raise ValueError(f"protocol.client_weights={self.client_weights!r} is not one of {sorted(WEIGHT_KEYS)}")
+
+
+WEIGHT_KEYS = {"data_share": keys.NUM_EXAMPLES, "uniform": keys.UNIT_WEIGHT}
+"""p_m's numerator per client: its training examples, or 1 (the reply metric each names)"""
+
+
+@dataclass
+class Context(RunContext):
+    """A FedBis / FedBiscuit runner's context: the shared one, the server's view of the data and
+    the selector's initial weights."""
+    federation: Federation     # held-out pairs, and (for the central references only) clients' pairs
+    initial: dict              # the selector's initial weights
+
+    @property
+    def weight_key(self) -> str:
+        return WEIGHT_KEYS[self.cfg.protocol.client_weights]
+
+    def train_config(self) -> dict:
+        p = self.cfg.protocol
+        return {**self.base, keys.OBJECTIVE: keys.SELECTOR, keys.LOCAL_STEPS: p.local_steps,
+                keys.BATCH_SIZE: p.batch_size, keys.LR: p.lr, keys.WEIGHT_DECAY: p.weight_decay,
+                keys.SEED: self.cfg.seed, keys.TORCH_THREADS: 1}
+
+
+def central(ctx: Context, name: str, spec: DictConfig) -> dict:
+    """One selector trained on the pooled training pairs of the clients of ``spec.population``
+    (majority | all): a non-private reference trained in the server process."""
+    clients = [ctx.federation.client(partition_id) for partition_id in sorted(ctx.nodes)]
+    examples = [e for c in clients if spec.population == "all" or c.population == spec.population
+                for e in c.train]
+    selector = instantiate(ctx.cfg.task.selector, seed=ctx.cfg.task.seed)
+    p = ctx.cfg.protocol
+    stats = selector.train(examples, p.central_steps, p.batch_size, p.lr, ctx.cfg.seed, p.weight_decay)
+    return {"selectors": [selector.weights()], "details": {"examples": len(examples), **stats}}
+
+
+def fedbis(ctx: Context, name: str, spec: DictConfig) -> dict:
+    """Flower FedAvg of one selector over sampled clients (``fraction_train`` per round)."""
+    result = ctx.fedavg(name, to_record(ctx.initial), int(ctx.cfg.num_rounds), ctx.train_config(),
+                        ctx.cfg.protocol.fraction_train, weighted_by_key=ctx.weight_key)
+    return {"selectors": [from_record(result.arrays)],
+            "details": {"rounds": {int(r): dict(m) for r, m in result.train_metrics_clientapp.items()}}}
+
+
+def fedbiscuit(ctx: Context, name: str, spec: DictConfig) -> dict:
+    """SelectorGroups with ``spec.num_selectors`` selectors."""
+    p = ctx.cfg.protocol
+    return _selector_groups(ctx, name, int(spec.num_selectors), SelectorGroups(
+        int(spec.num_selectors), p.warmup_rounds, p.regroup_every, p.regroup_quorum, **_group_args(ctx)))
+
+
+def oracle_groups(ctx: Context, name: str, spec: DictConfig) -> dict:
+    """SelectorGroups over the true populations, fixed for the whole run (non-private: the server
+    is told who is in the minority): the minority clients train selector 0, the majority clients
+    are dealt in partition order over the other ``spec.num_selectors - 1``. It separates "the
+    grouping failed" from "grouped selectors cannot win here"."""
+    u = int(spec.num_selectors)
+    if u < 3:
+        raise ValueError(f"{name}: num_selectors must be >= 3 (one minority group, majority groups)")
+    majority = sorted(partition_id for partition_id, i in ctx.info.items() if i[keys.POPULATION] != "minority")
+    groups = {ctx.nodes[partition_id]: 0 for partition_id, i in ctx.info.items() if i[keys.POPULATION] == "minority"}
+    groups |= {ctx.nodes[partition_id]: 1 + k % (u - 1) for k, partition_id in enumerate(majority)}
+    weights = {ctx.nodes[partition_id]: 1.0 if ctx.weight_key == keys.UNIT_WEIGHT else float(i[keys.NUM_EXAMPLES])
+               for partition_id, i in ctx.info.items()}
+    return _selector_groups(ctx, name, u, SelectorGroups(u, 0, 0, fixed_groups=groups, fixed_weights=weights,
+                                                         **_group_args(ctx)))
+
+
+def _group_args(ctx: Context) -> dict:
+    p = ctx.cfg.protocol
+    return dict(model_prefix=keys.MODEL_PREFIX, loss_prefix=keys.LOSS_PREFIX, group_key=keys.GROUP,
+                fraction_train=p.fraction_train, fraction_evaluate=0.0, min_train_nodes=1, min_available_nodes=1,
+                weighted_by_key=ctx.weight_key, arrayrecord_key=keys.ARRAYS, configrecord_key=keys.CONFIG)
+
+
+def _selector_groups(ctx: Context, name: str, num_selectors: int, strategy: SelectorGroups) -> dict:
+    result = strategy.start(ctx.grid(name, Policy(ANY, finite_arrays)), to_record(ctx.initial),
+                            int(ctx.cfg.num_rounds), ctx.cfg.round_timeout, ConfigRecord(ctx.train_config()))
+    minority = {partition_id for partition_id, i in ctx.info.items() if i[keys.POPULATION] == "minority"}
+    groups = [_group_row(g, ctx, minority, num_selectors) for g in result.groups]
+    if strategy.fixed:
+        groups = [_group_row({"round": 1, "groups": strategy.groups, "sizes": np.bincount(
+            list(strategy.groups.values()), minlength=num_selectors).tolist(), "reported": 0, "kept": 0,
+            "joined": 0, "mean_loss": None}, ctx, minority, num_selectors)]
+    return {"selectors": [from_record(s) for s in result.selectors], "groups": groups,
+            "warmup": [from_record(s) for s in result.warmup], "details": {"rounds": result.train_metrics}}
+
+
+def _group_row(g: dict, ctx: Context, minority: set[int], num_selectors: int) -> dict:
+    members = [[ctx.partition_of(n) for n, u in g["groups"].items() if u == s] for s in range(num_selectors)]
+    return {"round": g["round"], "sizes": g["sizes"], "members": members,
+            "minority_share": [sum(m in minority for m in ms) / len(ms) if ms else None for ms in members],
+            "reported": g["reported"], "kept": g["kept"], "joined": g["joined"], "mean_loss": g["mean_loss"]}
+
+
+def evaluate_selectors(selector, weights: list[dict], fed: Federation, minority_share: float) -> dict:
+    """Accuracy on the held-out test pairs for each population (its own preference as label):
+    of the majority vote, and of each selector alone when there are several."""
+    test = fed.test()
+    majority = np.array([e.label for e in test])
+    labels = {"majority": majority, "minority": 1 - majority}  # the minority prefers the other one
+    votes = choices(selector, weights, test)
+
+    def scores(pred: np.ndarray) -> dict:
+        acc = {pop: float(np.mean(pred == y)) for pop, y in labels.items()}
+        return {"accuracy_majority": acc["majority"], "accuracy_minority": acc["minority"],
+                "accuracy": (1 - minority_share) * acc["majority"] + minority_share * acc["minority"]}
+
+    out = scores(majority_vote(votes))
+    if len(weights) > 1:
+        out["each"] = [scores(v) for v in votes]
+    return out
+
+
+def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
+    base = client_config(cfg)
+    nodes, records = discover(messenger, base, keys.CONFIG, keys.INFO, keys.PARTITION_ID)
+    info = {partition_id: {k: r[k] for k in (keys.NUM_EXAMPLES, keys.NUM_VALID, keys.POPULATION)}
+            for partition_id, r in records.items()}
+    task = OmegaConf.to_container(cfg.task, resolve=True)
+    federation = Federation(task, task["data_root"])
+    selector = instantiate(cfg.task.selector, seed=cfg.task.seed)
+    ctx = Context(messenger, cfg, base, nodes, info, federation, selector.weights())
+    share = len(federation.minority) / federation.num_clients
+    pairs = {partition_id: i[keys.NUM_EXAMPLES] for partition_id, i in info.items()}
+    pair_share = sum(pairs[partition_id] for partition_id in federation.minority) / sum(pairs.values())
+    log.info("[fedbiscuit] %d clients, minority %s (%.0f%% of clients, %.0f%% of training pairs); %d test "
+             "pairs; p_m: %s", len(nodes), federation.minority, 100 * share, 100 * pair_share,
+             len(federation.splits["test"]), cfg.protocol.client_weights)
+    results = {"clients": {str(k): v for k, v in sorted(info.items())}, "minority": federation.minority,
+               "minority_share": {"clients": share, "training_pairs": pair_share},
+               "client_weights": cfg.protocol.client_weights, "selectors": {}, "warmup": {}, "groups": {},
+               "regroup_faults": {}, "communication": {}, "methods": {}}
+    weights = {}
+    for name, spec in cfg.protocol.methods.items():
+        start = time.perf_counter()
+        trained = get_method(spec.run)(ctx, name, spec)
+        weights[name] = trained["selectors"]
+        results["selectors"][name] = evaluate_selectors(selector, trained["selectors"], federation, share)
+        results["methods"][name] = {"seconds": time.perf_counter() - start, **trained["details"]}
+        if "groups" in trained:
+            results["groups"][name] = trained["groups"]
+            results["regroup_faults"][name] = messenger.faults.get(f"{name}/regroup", {})
+            _log_first_grouping(name, trained["groups"])
+        if trained.get("warmup"):
+            results["warmup"][name] = [evaluate_selectors(selector, [w], federation, share)
+                                       for w in trained["warmup"]]
+            log.info("[fedbiscuit] %s warm-up selectors, accuracy majority / minority: %s", name, ", ".join(
+                f"{w['accuracy_majority']:.3f} / {w['accuracy_minority']:.3f}" for w in results["warmup"][name]))
+        results["communication"][name] = _communication(messenger, name)
+        log.info("[fedbiscuit] %s: accuracy majority %.3f minority %.3f (%.0f s)", name,
+                 results["selectors"][name]["accuracy_majority"], results["selectors"][name]["accuracy_minority"],
+                 time.perf_counter() - start)
+    if cfg.protocol.rlhf.enabled:
+        results["rlhf"] = run_rlhf(ctx, weights, selector)
+        results["policy"] = results["rlhf"].pop("policy")
+        results["rlhf_reference"] = cfg.protocol.rlhf.reference_method
+        for name in ("fedavg", "feddpo"):
+            results["communication"][f"policy_{name}"] = _communication(messenger, f"rlhf-{name}")
+    return results, _summary(results, out)
+
+
+def _log_first_grouping(name: str, groups: list[dict]) -> None:
+    if groups:
+        log.info("[fedbiscuit] %s first grouping (round %d): sizes %s, minority share %s", name, groups[0]["round"],
+                 groups[0]["sizes"], [None if x is None else round(x, 2) for x in groups[0]["minority_share"]])
+
+
+def _communication(messenger: Messenger, name: str) -> dict:
+    def per_round(phase: str) -> float:
+        rows = messenger.traffic.get(phase, {}).values()
+        return float(np.mean([r["bytes_down"] + r["bytes_up"] for r in rows])) if rows else 0.0
+    return {"bytes_per_round": per_round(f"{name}/train"), "regroup_bytes": per_round(f"{name}/regroup")}
+
+
+def _summary(r: dict, out: RunOutput) -> str:
+    rows = []
+    for name, s in r["selectors"].items():
+        rows.append({"method": name, **{k: v for k, v in s.items() if k != "each"},
+                     "MB/round": r["communication"][name]["bytes_per_round"] / 1e6,
+                     "regroup MB": r["communication"][name]["regroup_bytes"] / 1e6})
+        rows += [{"method": f"{name} selector {u}", **e} for u, e in enumerate(s.get("each", []))]
+    table = markdown_table(rows, ["method", "accuracy_majority", "accuracy_minority", "accuracy",
+                                  "MB/round", "regroup MB"])
+    groups = [{"method": m, "round": g["round"], "sizes": g["sizes"],
+               "minority share": [None if x is None else round(x, 2) for x in g["minority_share"]],
+               "reported": g["reported"], "kept": g["kept"], "joined": g["joined"]}
+              for m, gs in r["groups"].items() for g in gs]
+    warmup = [{"method": f"{m} warm-up selector {u}", **w} for m, ws in r["warmup"].items() for u, w in enumerate(ws)]
+    _plot_accuracy(r, out)
+    _plot_purity(r, out)
+    m = r["minority_share"]
+    text = ("# FedBis / FedBiscuit on HH-RLHF harmless-base\n\n"
+            f"Minority: {m['clients']:.0%} of the clients, {m['training_pairs']:.0%} of the training pairs; "
+            f"p_m: {r['client_weights']}.\n\n## Selector accuracy on held-out test pairs\n"
+            "accuracy_minority is 1 - accuracy_majority by construction (an antisymmetric scorer, both orders "
+            "of every test pair, the minority's label the reverse): derived, not measured.\n\n"
+            + table + "\n\n## Warm-up selectors (before the first grouping)\n"
+            + markdown_table(warmup, ["method", "accuracy_majority", "accuracy_minority"])
+            + "\n\n## Groups after each regroup (oracle: the fixed groups)\n"
+            + markdown_table(groups, ["method", "round", "sizes", "minority share", "reported", "kept", "joined"])
+            + "\n")
+    return text + (_policy_summary(r) if "policy" in r else "")
+
+
+def _policy_summary(r: dict) -> str:
+    def ci(v, key):
+        return "" if v.get(key) is None else f"[{v[key][0]:.3f}, {v[key][1]:.3f}]"
+    rows = [{"policy": m, "n": n, "win rate vs base": "(the base)" if v["win_rate"] is None else v["win_rate"],
+             "95% CI": ci(v, "ci"),
+             "minority win rate": v.get("win_rate_minority", ""), "minority CI": ci(v, "ci_minority"),
+             "mean judge reward": v["mean_reward"], "DPO pairs": v.get("pairs", "")}
+            for m, by_n in r["policy"].items() for n, v in by_n.items()]
+    rl = r["rlhf"]
+    prompts = max(v.get("prompts", 0) for by_n in r["policy"].values() for v in by_n.values())
+    h2h = [{"policy": m, "n": n, "win rate": v["win_rate"], "95% CI": ci(v, "ci"),
+            "reward diff": v["reward_diff"], "reward diff CI": ci(v, "reward_diff_ci")}
+           for m, by_n in rl["head_to_head"].items() for n, v in by_n.items()]
+    reference = r["rlhf_reference"]
+    return (f"\n## Policy win rate against the base policy ({prompts} held-out prompts)\n"
+            f"Judge: reward model trained on the {rl['judge']['pairs']} judge pairs only, test accuracy "
+            f"{rl['judge']['accuracy']:.3f}. {base_line(rl['base']['sft'])}\n\n"
+            + markdown_table(rows, ["policy", "n", "win rate vs base", "95% CI", "minority win rate",
+                                    "minority CI", "mean judge reward", "DPO pairs"])
+            + f"\n\n## Policies against {reference}'s, on the same prompts (paired bootstrap)\n"
+            + markdown_table(h2h, ["policy", "n", "win rate", "95% CI", "reward diff", "reward diff CI"]) + "\n")
+
+
+def _plot_accuracy(r: dict, out: RunOutput) -> None:
+    names = list(r["selectors"])
+    fig, ax, save = out.figure("selector_accuracy")
+    for i, pop in enumerate(("majority", "minority")):
+        ax.bar([x + (i - 0.5) * 0.4 for x in range(len(names))],
+               [r["selectors"][n][f"accuracy_{pop}"] for n in names], 0.4, label=pop)
+    ax.axhline(0.5, color="grey", lw=0.8, ls="--")
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    ax.set_ylabel("test accuracy")
+    ax.set_title("Selector accuracy by population")
+    ax.legend(fontsize=7)
+    save()
+
+
+def _plot_purity(r: dict, out: RunOutput) -> None:
+    fig, ax, save = out.figure("group_purity")
+    for name, groups in r["groups"].items():
+        rounds = [g["round"] for g in groups]
+        shares = np.array([[np.nan if x is None else x for x in g["minority_share"]] for g in groups])
+        for u in range(shares.shape[1]):
+            ax.plot(rounds, shares[:, u], marker="o", label=f"{name} selector {u}")
+    ax.set_xlabel("round")
+    ax.set_ylabel("minority share of the group")
+    ax.set_title("Group purity after each regroup")
+    ax.legend(fontsize=6)
+    save()

@@ -1,0 +1,191 @@
+"""The RLHF phase of FedBis / FedBiscuit (METHODS.md section 4), run in the ServerApp after the
+selectors are trained.
+
+1. Base policy: the configured causal LM (offline: the warm-started MiniLM decoder), taught to
+   answer by SFT on Synthetic-Persona-Chat valid; its held-out loss on SPC test is reported.
+   It is saved once under ``base_dir`` (keyed by its settings) and every client loads it.
+2. Judge: a reward model trained centrally on the judge split only (never a client's pairs).
+3. For each n in ``completions``: n sampled completions per server-held prompt from the base;
+   every pair labelled by a method's selector (FedBis) or its selectors' majority vote
+   (FedBiscuit); DPO of LoRA adapters on the labelled pairs.
+4. Baselines through the clients: FedAvg (federated SFT on each client's preferred responses)
+   and FedDPO (clients run DPO on their own pairs), Flower FedAvg of the adapters.
+5. Each policy answers the held-out test prompts once; the judge compares every answer with the
+   base policy's answer to the same prompt: win rate with a paired bootstrap 95% CI.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from fedsim.records import from_record, to_record
+from fedsim.stats import paired_bootstrap_ci
+from fedsim_clients import preference_messages as keys
+from fedsim_strategies.selector_groups import majority_vote
+from fedsim_tasks.causal_lm import (
+    dpo_train,
+    generate,
+    load_policy,
+    load_tokenizer,
+    saved_sft_base,
+    turn_separator,
+)
+from fedsim_tasks.hf import load_trainable, trainable_arrays
+from fedsim_tasks.hh_preference.dataset import both_orders
+from fedsim_tasks.hh_preference.rlhf import completion_pairs, persona_chat_examples, policy_prompt, win_rate
+from fedsim_tasks.hh_preference.selector import choices
+
+log = logging.getLogger("fedsim")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RLHF:
+    """Settings of the policy phase (``protocol.rlhf``)."""
+    enabled: bool           # run the policy phase after the selectors
+    server_threads: int     # torch threads of the server's policy work (more oversubscribe a shared CPU)
+    policy_model: str       # causal LM; BERT names load as the warm-started decoder
+    base_dir: str           # where the SFT'd base is saved once (clients read it)
+    sft_steps: int          # full fine-tuning steps of the base on SPC valid
+    sft_batch_size: int     # examples per SFT step
+    sft_lr: float           # AdamW learning rate of the base SFT
+    sft_heldout: int        # SPC test replies of the base's held-out loss
+    context_turns: int      # dialogue turns the policy reads before its reply
+    max_length: int         # tokens of prompt + reply (the prompt is cut from the left)
+    lora: dict
+    """LoRA adapters of every aligned policy (paper: r 8, alpha 16, dropout 0.05)"""
+    completions: list[int]  # n sampled completions per prompt
+    max_new_tokens: int     # reply length cap when sampling
+    temperature: float      # sampling temperature
+    top_p: float            # nucleus sampling
+    dpo_steps: int          # DPO steps of each selector-labelled policy
+    dpo_batch_size: int     # pairs per DPO step
+    dpo_lr: float           # AdamW learning rate of the adapters
+    beta: float             # DPO temperature
+    judge_steps: int        # optimizer steps of the judge reward model
+    eval_prompts: int       # held-out test prompts for win rates
+    bootstrap: int          # paired bootstrap resamples of each win rate
+    baseline_rounds: int    # rounds of the FedAvg (SFT) and FedDPO baselines
+    baseline_steps: int     # local steps per client and round of the baselines
+    selector_methods: list[str]
+    """selector methods whose labels align a policy (those that ran)"""
+    reference_method: str   # the other policies are compared with this one, prompt by prompt
+
+
+def base_policy(r: RLHF, data_root: str, seed: int) -> tuple[Path, dict]:
+    """The SFT'd base, built once per settings (a key of them names its folder) and reused."""
+    key = {k: getattr(r, k) for k in ("policy_model", "sft_steps", "sft_batch_size", "sft_lr", "sft_heldout",
+                                      "context_turns", "max_length")} | {"seed": seed}
+
+    def data(sep: str):
+        return (persona_chat_examples(data_root, "valid", sep, r.context_turns),
+                persona_chat_examples(data_root, "test", sep, r.context_turns)[:r.sft_heldout],
+                {"data": "Synthetic-Persona-Chat valid (User 2 turns as replies)",
+                 "heldout": f"Synthetic-Persona-Chat test, {r.sft_heldout} replies"})
+
+    return saved_sft_base(r.policy_model, r.base_dir, key, data, steps=r.sft_steps, batch_size=r.sft_batch_size,
+                          lr=r.sft_lr, max_length=r.max_length, seed=seed)
+
+
+def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
+    """The whole policy phase; ``selectors``: method -> trained selector weights."""
+    r = RLHF(**OmegaConf.to_container(ctx.cfg.protocol.rlhf, resolve=True))
+    torch.set_num_threads(r.server_threads)
+    fed, seed = ctx.federation, int(ctx.cfg.seed)
+    base_path, sft = base_policy(r, ctx.cfg.task.data_root, seed)
+    tokenizer = load_tokenizer(base_path)
+    sep = turn_separator(tokenizer)
+    judge = instantiate(ctx.cfg.task.judge, seed=seed)
+    log.info("[rlhf] judge: training on the %d judge pairs", len(fed.splits["judge"]))
+    judge.train(both_orders(fed.splits["judge"]), r.judge_steps, ctx.cfg.protocol.batch_size,
+                ctx.cfg.protocol.lr, seed, ctx.cfg.protocol.weight_decay)
+    out = {"base": {"path": str(base_path), "sft": sft}, "judge": {"accuracy": judge.accuracy(fed.test()),
+                                                                   "pairs": len(fed.splits["judge"])}}
+    eval_raw = [p.prompt for p in fed.splits["test"][:r.eval_prompts]]
+    eval_prompts = [policy_prompt(p, sep, r.context_turns) for p in eval_raw]
+
+    def judged(model) -> tuple[np.ndarray, list[str]]:
+        replies = [c[0] for c in generate(model, tokenizer, eval_prompts, n=1, max_new_tokens=r.max_new_tokens,
+                                          temperature=r.temperature, top_p=r.top_p, seed=seed + 1)]
+        return judge.scores(eval_raw, replies).detach().numpy(), replies
+
+    base_model = load_policy(base_path)
+    base_scores, base_replies = judged(base_model)
+    policy = {"raw": {"-": {"win_rate": None, "ci": None, "mean_reward": float(base_scores.mean()),
+                            "example": base_replies[0]}}}
+
+    scored: dict[tuple[str, str], np.ndarray] = {}
+
+    def compare(model, method: str, n: str) -> dict:
+        scores, replies = judged(model)
+        scored[method, n] = scores
+        return {**win_rate(scores, base_scores, r.bootstrap, seed), "mean_reward": float(scores.mean()),
+                "example": replies[0]}
+
+    server_raw = [p.prompt for p in fed.splits["server"]]
+    server_prompts = [policy_prompt(p, sep, r.context_turns) for p in server_raw]
+    as_policy = dict(zip(server_raw, server_prompts))
+    for n in r.completions:
+        samples = generate(base_model, tokenizer, server_prompts, n=n, max_new_tokens=r.max_new_tokens,
+                           temperature=r.temperature, top_p=r.top_p, seed=seed + 100 + n)
+        for method in (m for m in r.selector_methods if m in selectors):
+            start = time.perf_counter()
+            pairs = completion_pairs(server_raw, samples, _labeller(selector, selectors[method]))
+            model = load_policy(base_path, dict(r.lora), seed)
+            stats = dpo_train(model, tokenizer, [(as_policy[x], c, rj) for x, c, rj in pairs], steps=r.dpo_steps,
+                              batch_size=r.dpo_batch_size, lr=r.dpo_lr, beta=r.beta, max_length=r.max_length,
+                              seed=seed)
+            policy.setdefault(method, {})[str(n)] = {**compare(model, method, str(n)), "pairs": len(pairs),
+                                                     "dpo": stats, "seconds": time.perf_counter() - start}
+            log.info("[rlhf] %s n=%d: %d pairs, win rate %.3f vs base", method, n, len(pairs),
+                     policy[method][str(n)]["win_rate"])
+    for name, objective in (("fedavg", keys.SFT), ("feddpo", keys.DPO)):
+        start = time.perf_counter()
+        weights = _federated_policy(ctx, name, objective, base_path, r, seed)
+        model = load_policy(base_path, dict(r.lora), seed)
+        load_trainable(model, weights)
+        policy[name] = {"clients": {**compare(model, name, "clients"), "seconds": time.perf_counter() - start}}
+        log.info("[rlhf] %s: win rate %.3f vs base", name, policy[name]["clients"]["win_rate"])
+    out["policy"] = policy
+    out["head_to_head"] = head_to_head(scored, r.reference_method, r.bootstrap, seed)
+    return out
+
+
+def head_to_head(scored: dict[tuple[str, str], np.ndarray], reference: str, resamples: int, seed: int) -> dict:
+    """Each policy against ``reference``'s policy with the same n, on the same prompts: how often
+    its reply wins, and the mean judge-reward difference, each with a paired bootstrap CI over
+    prompts (a direct comparison; two win rates against the base do not make one)."""
+    out = {}
+    for (method, n), scores in scored.items():
+        ref = scored.get((reference, n))
+        if method == reference or ref is None:
+            continue
+        diff = scores - ref
+        out.setdefault(method, {})[n] = {**win_rate(scores, ref, resamples, seed), "reward_diff": float(diff.mean()),
+                                         "reward_diff_ci": list(paired_bootstrap_ci(diff, resamples, seed))}
+    return out
+
+
+def _labeller(selector, weights: list[dict]):
+    """prefer_b for completion pairs: the one selector's choice, or the U selectors' majority vote."""
+    return lambda examples: majority_vote(choices(selector, weights, examples))
+
+
+def _federated_policy(ctx, name: str, objective: str, base_path, r: RLHF, seed: int) -> dict:
+    """Flower FedAvg of the policy adapters, the clients training on their own pairs."""
+    initial = trainable_arrays(load_policy(base_path, dict(r.lora), seed))
+    config = {**ctx.base, keys.OBJECTIVE: objective, keys.POLICY_BASE: str(base_path),
+              keys.POLICY: json.dumps(asdict(r)),
+              keys.LOCAL_STEPS: r.baseline_steps, keys.BATCH_SIZE: r.dpo_batch_size, keys.LR: r.dpo_lr,
+              keys.SEED: seed, keys.TORCH_THREADS: 1}
+    result = ctx.fedavg(f"rlhf-{name}", to_record(initial), r.baseline_rounds, config,
+                        ctx.cfg.protocol.fraction_train)
+    return from_record(result.arrays)

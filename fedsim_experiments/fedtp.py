@@ -1,0 +1,360 @@
+"""FedTP's server-side protocol (METHODS.md section 1), run inside the ServerApp.
+
+1. discover: every node reports which conversations (splits) it hosts;
+2. prior: the configured strategy aggregates p_c of the prior clients (one-shot by default);
+3. tune: validation clients route with the release under every lambda; best lambda wins;
+4. test: test clients route under the four routers and every DP-sweep release, returning
+   metric sums and turn-level outcomes for the paired analyses.
+
+The DP sweep re-releases the rows the server received in step 2 under each (sigma, seed):
+the server is trusted with raw p_c in this central-DP model, clients are deterministic, and each
+sweep point is its own independent release (its epsilon is reported per point, not composed)
+with noise of its own: two points sharing one draw would give the exact mean by subtraction.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp.strategy import Strategy
+from omegaconf import DictConfig, OmegaConf
+
+from fedsim.messaging import ANY, Messenger, Policy, client_config
+from fedsim.privacy import SWEEP, one_shot_epsilon
+from fedsim.results import RunOutput, markdown_table
+from fedsim.schema import Protocol
+from fedsim.stats import gain_distribution, group_gains, paired_bootstrap_ci
+from fedsim.validators import vector_rows
+from fedsim_clients import fedtp_messages as keys
+from fedsim_experiments.common import build_strategy, innermost
+from fedsim_tasks.topical_chat.dataset import load_topics
+
+log = logging.getLogger("fedsim")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FedTPProtocol(Protocol):
+    """FedTP's protocol settings (``conf/experiment/fedtp.yaml``)."""
+    alpha: float    # FedMix global weight
+    lambdas: list[float]
+    """lambda grid tuned on the task's tune_splits"""
+    dp_sigmas: list[float]
+    """sigma sweep of the FedMix router (re-releases of the received vectors)"""
+    dp_seeds: int   # noise seeds per sigma
+    bootstrap: int  # paired bootstrap resamples of the EHR gain CI
+
+
+ROUTERS = ("tfidf", "global", "local", "fedmix")
+SCORE_COLUMNS = ["turns", "ehr", "err", "support_ratio"]
+# Phase policies: every phase goes on with the clients that answered (left-out ones are counted
+# in results.json faults); a phase with no usable reply stops the run.
+POLICY = Policy(ANY)
+
+
+def prior_policy(dim: int, max_rows: int | None = None) -> Policy:
+    """Train replies must be finite, non-negative (rows, dim) preference matrices of at most
+    ``max_rows`` rows (a DP strategy's bound, e.g. one row per reply under sampling)."""
+    return Policy(ANY, vector_rows(keys.VECTORS, dim, nonnegative=True, max_rows=max_rows))
+
+
+def dp_strategy(cfg: DictConfig, messenger: Messenger):
+    """The slot's strategy (``build_strategy``); a DP one (it has ``release``) draws its noise
+    and its sample from the run's noise source, never from the public seed unless the run
+    asked for that."""
+    strategy = build_strategy(cfg, messenger, len(messenger.node_ids()))
+    if hasattr(innermost(strategy), "release"):
+        innermost(strategy).noise = messenger.noise
+    return strategy
+
+
+def check_records(hosted: dict[int, ConfigRecord], splits: list[str], strategy) -> None:
+    """Refuse a DP release whose bound does not hold: a conversation held by several clients
+    (more partitions than conversations resamples them) moves the sum by more than C, and under
+    sampling a client holding several conversations is sampled with all of them at once."""
+    if not getattr(strategy, "noise_multiplier", 0):
+        return
+    held = [[r for r, s in zip(info[keys.INFO_ROWS], info[keys.INFO_SPLITS]) if s in splits]
+            for info in hosted.values()]
+    rows = [r for node in held for r in node]
+    if len(rows) != len(set(rows)):
+        raise ValueError(f"DP: {len(rows) - len(set(rows))} conversation(s) reach several clients "
+                         "(more partitions than conversations); a record's influence would exceed "
+                         "the clip norm. Use at most one client per conversation.")
+    most, limit = max(map(len, held), default=0), strategy.max_rows_per_reply
+    if limit is not None and most > limit:
+        raise ValueError(f"DP: a client holds {most} conversations, at most {limit} allowed "
+                         "under client sampling (fraction_train < 1): give each conversation a "
+                         "client of its own (hardware.num_supernodes or clients_per_supernode)")
+
+
+def sweep_priors(strategy, sigmas: list[float], seeds: int) -> dict[str, tuple[float, np.ndarray]]:
+    """The DP sweep: ``seeds`` releases of the received rows per sigma, each with a noise stream
+    of its own (``SWEEP, sigma index, seed index``): name -> (sigma, released prior)."""
+    return {f"dp/{float(sigma)}/{k}": (float(sigma), strategy.release(
+                strategy.received, float(sigma), strategy.noise.rng(SWEEP, i, k)).mean)
+            for i, sigma in enumerate(sigmas) for k in range(seeds)}
+
+
+def _broadcast(messenger: Messenger, phase: str, nodes: list[int], message_type: str,
+               content: RecordDict) -> list[Message]:
+    return messenger.exchange(phase, [Message(content, dst_node_id=n, message_type=message_type)
+                                      for n in nodes], POLICY)
+
+
+def _sum_metrics(replies: list[Message]) -> tuple[dict, dict]:
+    """Federated sums of scalar metrics; turn-level lists ordered by conversation row, so the
+    bootstrap does not depend on the order replies arrived in."""
+    sums, turns = {}, {}
+    for msg in replies:
+        for key, value in msg.content[keys.METRICS].items():
+            if key.startswith(keys.TURN_PREFIX):
+                turns.setdefault(key.removeprefix(keys.TURN_PREFIX), []).extend(value)
+            else:
+                sums[key] = sums.get(key, 0) + value
+    if not turns:
+        return sums, {}
+    order = np.argsort(turns["row"], kind="stable")
+    return sums, {k: np.asarray(v)[order] for k, v in turns.items()}
+
+
+def _scores(sums: dict, splits: list[str], variant: str) -> dict:
+    """turns, ehr, err, support_ratio of one variant over ``splits`` from the federated sums."""
+    turns = sum(sums.get(f"{s}/turns", 0) for s in splits)
+    total = {m: sum(sums.get(f"{s}/{variant}/{m}", 0) for s in splits)
+             for m in ("hits", "err", "support")}
+    if turns == 0:
+        return {"turns": 0, "ehr": None, "err": None, "support_ratio": None}
+    return {"turns": int(turns), "ehr": total["hits"] / turns, "err": total["err"] / turns,
+            "support_ratio": total["support"] / turns}
+
+
+def _evaluate_content(priors: dict, variants: list[tuple], splits: list[str], base: dict,
+                      turn_level: bool) -> RecordDict:
+    names, prior_keys, alphas, lams = (list(x) for x in zip(*variants))
+    return RecordDict({
+        keys.PRIORS: ArrayRecord({k: Array(np.asarray(v, float)) for k, v in priors.items()}),
+        keys.CONFIG: ConfigRecord({**base, keys.SPLITS: splits, keys.TURN_LEVEL: turn_level,
+                                   keys.VARIANT_NAMES: names, keys.VARIANT_PRIORS: prior_keys,
+                                   keys.VARIANT_ALPHAS: [float(a) for a in alphas],
+                                   keys.VARIANT_LAMBDAS: [float(x) for x in lams]}),
+    })
+
+
+def discover(messenger: Messenger, base: dict) -> dict[int, ConfigRecord]:
+    """Which conversations (rows, splits) each node hosts."""
+    nodes = messenger.node_ids()
+    log.info("FedTP: %d SuperNodes connected", len(nodes))
+    infos = _broadcast(messenger, "discover", nodes, MessageType.QUERY,
+                       RecordDict({keys.CONFIG: ConfigRecord(base)}))
+    return {m.metadata.src_node_id: m.content[keys.INFO] for m in infos}
+
+
+@dataclass
+class Context:
+    """What every phase reads: the run's messenger, config, client config entries, task block,
+    strategy, and which conversations each node hosts."""
+    messenger: Messenger
+    cfg: DictConfig
+    base: dict
+    task: dict
+    strategy: Strategy
+    hosted: dict[int, ConfigRecord]
+
+    def holders(self, splits: list[str]) -> list[int]:
+        """The nodes hosting any of ``splits``, in the messenger's node order (as discovered)."""
+        return [n for n, info in self.hosted.items() if set(info[keys.INFO_SPLITS]) & set(splits)]
+
+
+@dataclass
+class Prior:
+    """Step 2's outcome: the released prior and who it came from."""
+    vector: np.ndarray
+    nodes: int                  # SuperNodes hosting a prior split
+    examples: int               # accepted replies' examples in the last round
+    train_metrics: dict
+
+
+def train_prior(ctx: Context, num_topics: int) -> Prior:
+    """The configured strategy aggregates p_c of the prior clients, starting from uniform."""
+    splits = ctx.task["prior_splits"]
+    nodes = ctx.holders(splits)
+    if not nodes:
+        raise RuntimeError(f"no SuperNode hosts a prior split {splits}")
+    check_records(ctx.hosted, splits, ctx.strategy)
+    uniform = np.full(num_topics, 1.0 / num_topics)
+    policy = prior_policy(num_topics, getattr(ctx.strategy, "max_rows_per_reply", None))
+    rounds = int(ctx.cfg.num_rounds)
+    result = ctx.strategy.start(ctx.messenger.grid("prior", policy, nodes),
+                                initial_arrays=ArrayRecord({keys.VECTORS: Array(uniform)}),
+                                num_rounds=rounds, timeout=float(ctx.cfg.round_timeout),
+                                train_config=ConfigRecord({**ctx.base, keys.SPLITS: splits}))
+    last = ctx.messenger.faults["prior/train"][rounds]
+    log.info("FedTP: prior released from %d accepted replies", last["accepted"])
+    return Prior(result.arrays[keys.VECTORS].numpy().reshape(-1), len(nodes), last["examples"],
+                 {r: dict(m) for r, m in result.train_metrics_clientapp.items()})
+
+
+def tune_lambda(ctx: Context, prior: np.ndarray) -> tuple[list[dict], float]:
+    """The validation clients route with FedMix under every lambda: the sweep's rows and the
+    lambda of the best EHR."""
+    alpha, lambdas = float(ctx.cfg.protocol.alpha), [float(x) for x in ctx.cfg.protocol.lambdas]
+    tune = ctx.task["tune_splits"]
+    content = _evaluate_content({"main": prior}, [(f"fedmix@{lam}", "main", alpha, lam)
+                                                  for lam in lambdas], tune, ctx.base, False)
+    sums, _ = _sum_metrics(_broadcast(ctx.messenger, "tune", ctx.holders(tune), MessageType.EVALUATE,
+                                      content))
+    lambda_sweep = [{"lambda": lam, **_scores(sums, tune, f"fedmix@{lam}")} for lam in lambdas]
+    best = max(lambda_sweep, key=lambda r: (r["ehr"] or 0.0))["lambda"]
+    log.info("FedTP: lambda sweep %s -> lambda=%g", [(r["lambda"], r["ehr"]) for r in lambda_sweep], best)
+    return lambda_sweep, best
+
+
+def evaluate_routers(ctx: Context, prior: np.ndarray, best: float) -> tuple[dict, dict, dict[float, list[str]]]:
+    """The test clients route under the four routers and every DP-sweep release: the metric
+    sums, the turn-level outcomes and the sweep's variant names by sigma."""
+    alpha = float(ctx.cfg.protocol.alpha)
+    priors = {"main": prior}
+    variants = [("tfidf", "", 0.0, 0.0), ("global", "main", 1.0, best),
+                ("local", "", 0.0, best), ("fedmix", "main", alpha, best)]
+    sweep_keys = {}
+    releasable = hasattr(ctx.strategy, "release") and ctx.strategy.received is not None
+    sweep = (sweep_priors(ctx.strategy, list(ctx.cfg.protocol.dp_sigmas), int(ctx.cfg.protocol.dp_seeds))
+             if releasable else {})
+    for name, (sigma, released) in sweep.items():
+        priors[name] = released
+        variants.append((name, name, alpha, best))
+        sweep_keys.setdefault(sigma, []).append(name)
+    test = ctx.task["test_splits"]
+    sums, turns = _sum_metrics(_broadcast(ctx.messenger, "test", ctx.holders(test), MessageType.EVALUATE,
+                                          _evaluate_content(priors, variants, test, ctx.base, True)))
+    return sums, turns, sweep_keys
+
+
+def _dp_sweep(strategy, sums: dict, test: list[str], sweep_keys: dict[float, list[str]]) -> list[dict]:
+    """Per sigma: its privacy (one-shot and RDP epsilon) and the test EHR over its seeds."""
+    rows = []
+    for sigma, names in sweep_keys.items():
+        ehrs = [_scores(sums, test, n)["ehr"] for n in names]
+        rows.append({
+            "sigma": sigma, "epsilon": one_shot_epsilon(sigma, strategy.delta),
+            "epsilon_rdp": strategy.epsilon_rdp(sigma),
+            "ehr_mean": float(np.mean(ehrs)), "ehr_std": float(np.std(ehrs, ddof=1)) if len(ehrs) > 1 else 0.0,
+            "seeds": len(names), "ehr_per_seed": ehrs})
+    return rows
+
+
+def _paired_analyses(turns: dict, resamples: int, seed: int) -> tuple[dict, np.ndarray]:
+    """FedMix against TF-IDF turn by turn: the EHR gain and its paired bootstrap CI, the routing
+    decisions changed, the ambiguous turns, and the per-conversation gains."""
+    hit = {r: (turns[f"pick/{r}"] == turns["gold"]).astype(float) for r in ("tfidf", "fedmix")}
+    amb = turns["ambiguous"].astype(bool)
+    gains = group_gains(turns["row"], hit["tfidf"], hit["fedmix"])
+    changed = int(np.sum(turns["pick/fedmix"] != turns["pick/tfidf"]))
+    return {
+        "bootstrap_ci_ehr_gain": list(paired_bootstrap_ci(hit["fedmix"] - hit["tfidf"], resamples, seed)),
+        "ehr_gain": float(np.mean(hit["fedmix"] - hit["tfidf"])),
+        "changed_decisions": {"count": changed, "turns": int(amb.size),
+                              "share": changed / amb.size if amb.size else 0.0},
+        "ambiguous": {"turns": int(amb.sum()),
+                      "ehr_tfidf": float(hit["tfidf"][amb].mean()) if amb.any() else None,
+                      "ehr_fedmix": float(hit["fedmix"][amb].mean()) if amb.any() else None},
+        "per_conversation_gain": gain_distribution(gains),
+    }, gains
+
+
+def _timed(timings: dict, name: str, phase, *args):
+    """``phase(*args)``, its wall time recorded as ``timings[name]``."""
+    t0 = time.monotonic()
+    out = phase(*args)
+    timings[name] = time.monotonic() - t0
+    return out
+
+
+def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
+    proto = cfg.protocol
+    timings, t_all = {}, time.monotonic()
+    num_topics = len(load_topics(cfg.data_root))
+    base = client_config(cfg)
+    strategy = dp_strategy(cfg, messenger)
+    supernodes = len(messenger.node_ids())
+    hosted = _timed(timings, "discover_s", discover, messenger, base)
+    ctx = Context(messenger, cfg, base, OmegaConf.to_container(cfg.task, resolve=True), strategy, hosted)
+    prior = _timed(timings, "prior_s", train_prior, ctx, num_topics)
+    lambda_sweep, best = _timed(timings, "tune_s", tune_lambda, ctx, prior.vector)
+    sums, turns, sweep_keys = _timed(timings, "test_s", evaluate_routers, ctx, prior.vector, best)
+    test = ctx.task["test_splits"]
+    analyses, gains = _paired_analyses(turns, int(proto.bootstrap), int(cfg.seed))
+    dp_sweep = _dp_sweep(strategy, sums, test, sweep_keys)
+    timings["total_s"] = time.monotonic() - t_all
+    results = {
+        "experiment": proto.name,
+        "lambda": best, "alpha": float(proto.alpha),
+        "noise_multiplier": float(cfg.strategy.get("noise_multiplier", 0.0)),
+        "strategy": cfg.strategy._target_,
+        "prior_clients": {"splits": ctx.task["prior_splits"], "count": prior.examples, "nodes": prior.nodes},
+        "supernodes": supernodes,
+        "conversations": len({r for info in hosted.values() for r in info[keys.INFO_ROWS]}),
+        "routers": {r: {**{s: _scores(sums, [s], r) for s in test}, "overall": _scores(sums, test, r)}
+                    for r in ROUTERS},
+        "lambda_sweep": lambda_sweep,
+        "dp_sweep": dp_sweep,
+        **analyses,
+        "train_metrics": prior.train_metrics,
+        "faults": messenger.faults,
+        "timings": timings,
+    }
+    _plots(out, results, gains)
+    return results, _summary(results, test)
+
+
+def _plots(out: RunOutput, results: dict, gains: np.ndarray) -> None:
+    fig, ax, save = out.figure("ehr_vs_epsilon")
+    base = results["routers"]["tfidf"]["overall"]["ehr"]
+    rows = [r for r in results["dp_sweep"] if np.isfinite(r["epsilon"])]
+    if rows:
+        ax.errorbar([r["epsilon"] for r in rows], [r["ehr_mean"] for r in rows],
+                    yerr=[r["ehr_std"] for r in rows], marker="o", capsize=3, label="FedMix (DP prior)")
+        ax.set_xscale("log")
+    for r in results["dp_sweep"]:
+        if not np.isfinite(r["epsilon"]):
+            ax.axhline(r["ehr_mean"], color="green", ls=":", label="FedMix, no noise (sigma=0)")
+    ax.axhline(base, color="gray", ls="--", label="TF-IDF only")
+    ax.set_xlabel("epsilon (one-shot Gaussian, delta=1e-5)")
+    ax.set_ylabel("test EHR")
+    ax.set_title("Evidence hit rate vs privacy")
+    ax.legend()
+    save()
+    fig, ax, save = out.figure("gain_histogram")
+    ax.hist(gains, bins=np.linspace(-1, 1, 21), edgecolor="black")
+    ax.set_xlabel("per-conversation EHR gain (FedMix - TF-IDF)")
+    ax.set_ylabel("conversations")
+    d = results["per_conversation_gain"]
+    ax.set_title(f"improved {d['improved']}, worsened {d['worsened']}, unchanged {d['unchanged']}")
+    save()
+
+
+def _summary(r: dict, test: list[str]) -> str:
+    router_rows = [{"router": name, "split": split, **r["routers"][name][split]}
+                   for name in ROUTERS for split in [*test, "overall"]]
+    amb, ch = r["ambiguous"], r["changed_decisions"]
+    lo, hi = r["bootstrap_ci_ehr_gain"]
+    return "\n\n".join([
+        f"# {r['experiment']}",
+        f"Prior from {r['prior_clients']['count']} clients of {', '.join(r['prior_clients']['splits'])}"
+        f" (sigma={r['noise_multiplier']}); lambda={r['lambda']} (tuned), alpha={r['alpha']}.",
+        "## Routers on test\n" + markdown_table(router_rows, ["router", "split", *SCORE_COLUMNS]),
+        "## Lambda sweep (validation, FedMix)\n" + markdown_table(r["lambda_sweep"],
+                                                                 ["lambda", *SCORE_COLUMNS]),
+        "## DP sweep (test, FedMix)\n" + markdown_table(
+            r["dp_sweep"], ["sigma", "epsilon", "epsilon_rdp", "ehr_mean", "ehr_std", "seeds"]),
+        "## Analyses\n"
+        f"- EHR gain FedMix - TF-IDF: {r['ehr_gain']:.4f}, paired bootstrap 95% CI [{lo:.4f}, {hi:.4f}]\n"
+        f"- routing decisions changed: {ch['count']} of {ch['turns']} ({ch['share']:.2%})\n"
+        f"- ambiguous turns: {amb['turns']}; EHR TF-IDF {amb['ehr_tfidf']}, FedMix {amb['ehr_fedmix']}\n"
+        f"- per-conversation gain: {r['per_conversation_gain']}\n"
+        f"- faults: {r['faults']}",
+    ]) + "\n"

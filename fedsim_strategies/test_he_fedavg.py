@@ -1,0 +1,236 @@
+"""HEFedAvg: the decrypted aggregate is FedAvg's within CKKS error, the server holds no secret
+key and no plaintext update, memory-bounding chunks, and failures inside the chunk phase."""
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, MessageType
+from flwr.serverapp.strategy import FedAvg
+
+from fedsim.he import ckks as he
+from fedsim.he import messages as keys
+from fedsim.he.client import HEClient, IncompleteGlobal
+from fedsim.inprocess_grid import InProcessGrid
+from fedsim.messaging import Messenger
+from fedsim_strategies.he_fedavg import HEFedAvg
+
+PARAMS = he.CKKSParams()
+
+
+class VectorClient:
+    """A client whose 'training' yields a fixed vector: real client-side HE code around it."""
+
+    def __init__(self, key_dir, folder, vector, examples, fail_on_chunk=None, fail_install=None):
+        folder.mkdir(parents=True)
+        self.he = HEClient(PARAMS, str(key_dir), folder)
+        self.vector, self.examples, self.fail_on_chunk = vector, examples, fail_on_chunk
+        self.fail_install = fail_install
+
+    def __call__(self, msg):
+        if msg.metadata.message_type == MessageType.TRAIN:
+            return self.he.train_reply(self.vector, {"num-examples": self.examples,
+                                                     "loss": float(self.examples)})
+        config = msg.content["config"]
+        if config[keys.CHUNK] == (self.fail_on_chunk if config[keys.OP] == keys.ENCRYPT
+                                  else self.fail_install):
+            raise RuntimeError("client crashed mid-round")
+        return self.he.handle(msg)
+
+
+def _federation(tmp_path, sizes, dim, fail=None, fail_install=None):
+    rng = np.random.default_rng(0)
+    vectors = [rng.normal(size=dim) for _ in sizes]
+    clients = {i + 1: VectorClient(tmp_path / "keys", tmp_path / f"node{i}", v, n,
+                                   (fail or {}).get(i), (fail_install or {}).get(i))
+               for i, (v, n) in enumerate(zip(vectors, sizes))}
+    return vectors, clients
+
+
+def test_decrypted_aggregate_matches_plaintext_fedavg(tmp_path):
+    sizes, dim = [10, 30, 60], 10_000
+    vectors, clients = _federation(tmp_path, sizes, dim)
+    grid = InProcessGrid(clients)
+    strategy = HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096)
+    strategy.start(grid, ArrayRecord(), num_rounds=1, train_config=ConfigRecord({"k": 1}))
+    expected = sum(n * v for n, v in zip(sizes, vectors)) / sum(sizes)
+    for client in clients.values():
+        np.testing.assert_allclose(client.he.global_weights(1), expected, atol=1e-5)
+    stats = strategy.rounds[1]
+    assert stats["chunks"] == 3 and stats["clients"] == 3
+    assert stats["bytes-up-per-client"] > dim * 8  # ciphertexts are larger than the floats
+    assert stats["loss"] == pytest.approx(sum(n * n for n in sizes) / sum(sizes))
+
+
+def test_server_holds_no_secret_key_and_no_plaintext(tmp_path):
+    vectors, clients = _federation(tmp_path, [5, 5], 5000)
+    grid = InProcessGrid(clients)
+    strategy = HEFedAvg(FedAvg(min_available_nodes=2, min_train_nodes=2), chunk_floats=4096)
+    strategy.start(grid, ArrayRecord(), num_rounds=2, train_config=ConfigRecord())
+    assert strategy.context is not None and not strategy.context.is_private()
+    secrets = {c.he.ctx.serialize(save_secret_key=True) for c in clients.values()}
+    assert len(secrets) == 1  # the clients share one key
+    for reply in grid.received:  # everything the server ever got
+        for record in reply.content.array_records.values():
+            for array in record.values():
+                assert array.dtype == "uint8"  # ciphertext bytes only, never floats
+                raw = array.numpy().tobytes()
+                assert all(v.astype(np.float64).tobytes()[:64] not in raw for v in vectors)
+        for record in reply.content.config_records.values():
+            for value in record.values():
+                if isinstance(value, bytes):
+                    assert not he.server_context(value).is_private()
+    with pytest.raises(ValueError, match="secret"):
+        he.server_context(next(iter(secrets)))
+    with pytest.raises(ValueError, match="secret_key"):
+        he.decrypt(strategy.context, he.encrypt(clients[1].he.ctx, vectors[0][:10], PARAMS.slots))
+
+
+def test_client_failing_in_a_chunk_is_left_out_of_that_chunk_only(tmp_path):
+    sizes, dim = [10, 30, 60], 9000
+    vectors, clients = _federation(tmp_path, sizes, dim, fail={2: 1})  # third client, chunk 1
+    strategy = HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096)
+    strategy.start(InProcessGrid(clients), ArrayRecord(), num_rounds=1,
+                   train_config=ConfigRecord())
+    full = sum(n * v for n, v in zip(sizes, vectors)) / sum(sizes)
+    partial = (10 * vectors[0] + 30 * vectors[1]) / 40
+    got = clients[1].he.global_weights(1)
+    np.testing.assert_allclose(got[:4096], full[:4096], atol=1e-5)
+    np.testing.assert_allclose(got[4096:8192], partial[4096:8192], atol=1e-5)
+    np.testing.assert_allclose(got[8192:], full[8192:], atol=1e-5)
+    assert strategy.rounds[1]["chunk-failures"] == 1
+
+
+def test_a_missed_install_leaves_no_usable_global_copy(tmp_path):
+    """A node that misses one aggregate chunk must not use a part-old, part-new model."""
+    _, clients = _federation(tmp_path, [10, 30], 9000, fail_install={1: 1})
+    messenger = Messenger(InProcessGrid(clients), timeout=5)
+    strategy = HEFedAvg(FedAvg(min_available_nodes=2, min_train_nodes=2), chunk_floats=4096)
+    strategy.start(messenger.grid("he"), ArrayRecord(), num_rounds=2,
+                   train_config=ConfigRecord())
+    assert clients[1].he.global_weights(2).shape == (9000,)
+    for rnd in (1, 2):
+        with pytest.raises(IncompleteGlobal, match=f"round {rnd}"):
+            clients[2].he.global_weights(rnd)
+    # the node could not train in round 2 (no round-1 copy): counted, not silently averaged
+    assert messenger.faults["he/he-install"][1]["failed"] == 1
+    assert messenger.faults["he/train"][2]["accepted"] == 2  # VectorClient trains without a copy
+
+
+def test_every_he_phase_is_counted(tmp_path):
+    _, clients = _federation(tmp_path, [10, 30, 60], 9000, fail={2: 1})
+    messenger = Messenger(InProcessGrid(clients), timeout=5)
+    HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096).start(
+        messenger.grid("he"), ArrayRecord(), num_rounds=1, train_config=ConfigRecord())
+    assert set(messenger.faults) == {"he/train", "he/he-encrypt", "he/he-install"}
+    counts = messenger.faults["he/he-encrypt"][1]  # 3 chunks x 3 nodes, one crash
+    assert (counts["sent"], counts["failed"], counts["accepted"]) == (9, 1, 8)
+    assert messenger.traffic["he/he-encrypt"][1]["bytes_up"] > 9000 * 8
+
+
+def test_malformed_he_train_reply_is_rejected_and_counted(tmp_path):
+    _, clients = _federation(tmp_path, [10, 30], 5000)
+    clients[2].examples = float("nan")
+    messenger = Messenger(InProcessGrid(clients), timeout=5)
+    HEFedAvg(FedAvg(min_available_nodes=2, min_train_nodes=2), chunk_floats=4096).start(
+        messenger.grid("he"), ArrayRecord(), num_rounds=1, train_config=ConfigRecord())
+    assert messenger.faults["he/train"][1]["malformed"] == 1
+    assert messenger.faults["he/he-encrypt"][1]["sent"] == 2  # one chunk x the accepted node
+
+
+def test_non_finite_local_update_is_refused_by_the_client(tmp_path):
+    client = HEClient(PARAMS, str(tmp_path / "keys"), tmp_path)
+    with pytest.raises(ValueError, match="not finite"):
+        client.train_reply(np.array([1.0, np.nan]), {"num-examples": 1})
+
+
+class OneTripClient(VectorClient):
+    """Installs the aggregate its train message carries, trains to (that global + its vector)
+    and sends the result encrypted in the reply when it fits."""
+
+    def __call__(self, msg):
+        if msg.metadata.message_type != MessageType.TRAIN:
+            return self.he.handle(msg)
+        config = msg.content["config"]
+        self.he.install_carried(msg)
+        rnd = int(config[keys.GLOBAL_ROUND])
+        start = self.he.global_weights(rnd) if rnd else np.zeros_like(self.vector)
+        return self.he.train_reply(start + self.vector, {"num-examples": self.examples},
+                                   int(config[keys.INLINE_FLOATS]))
+
+
+def test_one_trip_rounds_equal_fedavg_in_one_exchange_each(tmp_path):
+    sizes, dim = [10, 30, 60], 3000  # fits one 4096-float chunk
+    rng = np.random.default_rng(0)
+    vectors = [rng.normal(size=dim) for _ in sizes]
+    clients = {i + 1: OneTripClient(tmp_path / "keys", tmp_path / f"node{i}", v, n)
+               for i, (v, n) in enumerate(zip(vectors, sizes))}
+    messenger = Messenger(InProcessGrid(clients), timeout=5)
+    strategy = HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096)
+    strategy.start(messenger.grid("he"), ArrayRecord(), num_rounds=3, train_config=ConfigRecord())
+    step = sum(n * v for n, v in zip(sizes, vectors)) / sum(sizes)  # FedAvg of the updates
+    for client in clients.values():  # round t's global is t steps; every node holds round 3's
+        np.testing.assert_allclose(client.he.global_weights(3), 3 * step, atol=1e-4)
+    # one exchange per round, the aggregate riding with the next round; one install at the end
+    assert set(messenger.faults) == {"he/train", "he/he-install"}
+    assert sorted(messenger.faults["he/train"]) == [1, 2, 3] and list(messenger.faults["he/he-install"]) == [3]
+    down = [messenger.traffic["he/train"][r]["bytes_down"] for r in (1, 2, 3)]
+    assert down[0] == 0 and down[1] > dim * 8 and down[2] == pytest.approx(down[1], rel=0.01)  # ciphertexts only
+    assert all(strategy.rounds[r]["one-trip"] == 1 for r in (1, 2, 3))
+    assert strategy.context is not None and not strategy.context.is_private()  # no secret key here
+
+
+def test_an_update_too_large_for_one_message_takes_the_chunk_path(tmp_path):
+    rng = np.random.default_rng(1)
+    clients = {i + 1: OneTripClient(tmp_path / "keys", tmp_path / f"node{i}", rng.normal(size=9000), 10)
+               for i in range(2)}
+    messenger = Messenger(InProcessGrid(clients), timeout=5)
+    HEFedAvg(FedAvg(min_available_nodes=2, min_train_nodes=2), chunk_floats=4096).start(
+        messenger.grid("he"), ArrayRecord(), num_rounds=2, train_config=ConfigRecord())
+    assert set(messenger.faults) == {"he/train", "he/he-encrypt", "he/he-install"}
+
+
+def test_clients_disagreeing_on_the_model_size_are_counted_not_fatal(tmp_path):
+    """A reply for a model of another size (the first accepted reply fixes the run's size) is
+    malformed: the round goes on with the others instead of stopping the run."""
+    sizes, dim = [10, 30, 60], 5000
+    vectors, clients = _federation(tmp_path, sizes, dim)
+    clients[3].vector = np.ones(dim + 7)
+    messenger = Messenger(InProcessGrid(clients), timeout=5)
+    HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096).start(
+        messenger.grid("he"), ArrayRecord(), num_rounds=1, train_config=ConfigRecord())
+    # the first reply in send order (the sampling's) fixes the size: the odd one is left out,
+    # or it is the one kept and the two others are left out; the run goes on either way
+    malformed = messenger.faults["he/train"][1]["malformed"]
+    assert malformed in (1, 2)
+    if malformed == 1:
+        expected = (10 * vectors[0] + 30 * vectors[1]) / 40
+        np.testing.assert_allclose(clients[1].he.global_weights(1), expected, atol=1e-5)
+    else:
+        np.testing.assert_allclose(clients[3].he.global_weights(1), np.ones(dim + 7), atol=1e-5)
+
+
+@pytest.mark.parametrize("client_class", [VectorClient, OneTripClient])  # chunk phases, one trip
+def test_a_node_under_another_key_refuses_the_aggregate(tmp_path, client_class):
+    """A node whose key folder holds another secret key would decrypt the aggregate into
+    garbage and install it as its global model; every HE message names the key it was made
+    under, so a node under another key refuses it (a failed reply, counted) and holds no global
+    model. Which key becomes the run's is the first reply's in send order (the sampling's)."""
+    rng, dim = np.random.default_rng(0), 3000  # one chunk
+    vectors = [rng.normal(size=dim) for _ in range(3)]
+    clients = {i + 1: client_class(tmp_path / ("other-keys" if i == 2 else "keys"), tmp_path / f"node{i}",
+                                   vectors[i], 10) for i in range(3)}
+    messenger = Messenger(InProcessGrid(clients), timeout=5)
+    HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096).start(
+        messenger.grid("he"), ArrayRecord(), num_rounds=2, train_config=ConfigRecord())
+    holders = set()
+    for node, client in clients.items():
+        try:
+            installed = client.he.global_weights(2)
+        except IncompleteGlobal:
+            continue
+        holders.add(node)
+        assert installed.shape == (dim,) and np.all(np.isfinite(installed))
+    assert holders in ({1, 2}, {3})  # the nodes of one key hold the model, the others refused it
+    assert messenger.faults["he/he-install"][2]["failed"] == 3 - len(holders)
+    if client_class is VectorClient:  # the aggregate of the replies under the run's key, not garbage
+        np.testing.assert_allclose(clients[min(holders)].he.global_weights(2),
+                                   np.mean([vectors[n - 1] for n in holders], axis=0), atol=1e-4)

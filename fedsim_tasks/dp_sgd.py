@@ -1,0 +1,125 @@
+"""Record-level DP for a client's local training: DP-SGD through Opacus, for any torch loop.
+
+Central DP (``fedsim_strategies/dp_mean.py``) protects a client from the people who read the
+server's releases; it does nothing against the server itself, which sees each update. DP-SGD
+protects each *training record* of a client from whoever sees the client's update (the server,
+a network observer, other clients through the global model): every step samples records by
+Poisson sampling (rate ``batch_size / n``), clips each record's gradient to ``max_grad_norm``
+and adds Gaussian noise of std ``noise_multiplier * max_grad_norm`` to their sum (Opacus's
+``GradSampleModule`` and ``DPOptimizer``); Opacus's RDP accountant turns the steps taken so
+far into the epsilon spent at ``delta``. A task's loop turns it on with :class:`PrivateSteps`:
+
+    steps = PrivateSteps(cfg, model, optimizer, n, batch_size, horizon, history)
+    for idx in steps.batches(local_steps, seed): loss = mean of per-record losses; steps.step(loss)
+    steps.close(); steps.epsilon(); steps.history  # history: keep it for the next round
+
+The noise is drawn from the OS's randomness, never the run's public seed (a server knowing the
+seed could subtract it); ``noise_seed`` exists for tests only.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from opacus import GradSampleModule
+from opacus.accountants import RDPAccountant
+from opacus.accountants.utils import get_noise_multiplier
+from opacus.optimizers import DPOptimizer
+
+from fedsim.metric_keys import DP_EPSILON
+
+__all__ = ["DP_EPSILON", "DPSGD", "PrivateSteps"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DPSGD:
+    """DP-SGD settings of a client's local training (a method's ``dp_sgd`` block)."""
+    enabled: bool                   # clip and noise every record's gradient, account epsilon
+    max_grad_norm: float            # per-record gradient clip norm C
+    noise_multiplier: float | None  # noise std / C; or null and target_epsilon
+    target_epsilon: float | None    # epsilon the whole run may spend per client; sets the noise
+    delta: float                    # delta of the (epsilon, delta) reported
+
+    def __post_init__(self):
+        """Refused before the run: a setting that would silently give no privacy or no training."""
+        if not self.enabled:
+            return
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError("dp_sgd: set exactly one of noise_multiplier and target_epsilon")
+        if not (math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0):
+            raise ValueError(f"dp_sgd.max_grad_norm must be > 0, got {self.max_grad_norm}")
+        if self.noise_multiplier is not None and not (math.isfinite(self.noise_multiplier)
+                                                      and self.noise_multiplier > 0):
+            raise ValueError(f"dp_sgd.noise_multiplier must be > 0 (0 is no privacy), got {self.noise_multiplier}")
+        if self.target_epsilon is not None and not (math.isfinite(self.target_epsilon) and self.target_epsilon > 0):
+            raise ValueError(f"dp_sgd.target_epsilon must be > 0, got {self.target_epsilon}")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"dp_sgd.delta must lie in (0, 1), got {self.delta}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class PrivateSteps:
+    """One local training call under DP-SGD: Poisson batches over ``num_examples`` records,
+    per-record clipping and noise on ``optimizer``'s step, the accountant carried over from
+    ``history`` (the earlier rounds of this client on the same records). ``horizon_steps``:
+    the steps the whole run may take on these records (``target_epsilon`` is spent over them).
+    The loss handed to :meth:`step` must be the mean of per-record losses, each depending on
+    its own record only (a mean over the batch's tokens would couple records); the step is the
+    noised sum of clipped per-record gradients over the *expected* batch size."""
+
+    def __init__(self, cfg: DPSGD, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 num_examples: int, batch_size: int, horizon_steps: int,
+                 history: list | None = None, noise_seed: int | None = None):
+        if not cfg.enabled:
+            raise ValueError("PrivateSteps needs dp_sgd.enabled")
+        if num_examples < 1:
+            raise ValueError("no training records")
+        self.cfg, self.rate = cfg, min(1.0, batch_size / num_examples)
+        self.num_examples = num_examples
+        self.sigma = cfg.noise_multiplier or get_noise_multiplier(
+            target_epsilon=cfg.target_epsilon, target_delta=cfg.delta, sample_rate=self.rate,
+            steps=max(horizon_steps, 1), accountant="rdp")
+        self.accountant = RDPAccountant()
+        self.accountant.history = [tuple(h) for h in history or []]
+        self.module = GradSampleModule(model, loss_reduction="mean")  # hooks on the model's layers
+        generator = torch.Generator().manual_seed(secrets.randbits(63) if noise_seed is None else noise_seed)
+        self.optimizer = DPOptimizer(optimizer, noise_multiplier=self.sigma, max_grad_norm=cfg.max_grad_norm,
+                                     expected_batch_size=batch_size, loss_reduction="mean", generator=generator)
+        self.optimizer.attach_step_hook(self.accountant.get_optimizer_hook_fn(self.rate))
+
+    def batches(self, steps: int, seed: int) -> Iterator[list[int]]:
+        """Poisson sampling, the accountant's assumption: each record joins each step's batch
+        with probability ``rate`` (batches vary in size; an empty one still costs a step)."""
+        rng = np.random.default_rng(seed)
+        for _ in range(steps):
+            yield np.flatnonzero(rng.random(self.num_examples) < self.rate).tolist()
+
+    def step(self, loss: torch.Tensor | None) -> None:
+        """Backward of the mean per-record loss, then the clipped, noised step (``None``: an
+        empty batch, noise only, as DP-SGD's analysis assumes)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if loss is None:
+            for p in self.optimizer.params:
+                p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
+        else:
+            loss.backward()
+        self.optimizer.step()
+
+    def close(self) -> None:
+        """Take the hooks off the model (a process reuses it for other clients and evaluation)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.module.remove_hooks()
+
+    @property
+    def history(self) -> list:
+        return [list(h) for h in self.accountant.history]
+
+    def epsilon(self) -> float:
+        return float(self.accountant.get_epsilon(self.cfg.delta)) if self.accountant.history else 0.0

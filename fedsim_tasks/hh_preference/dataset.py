@@ -1,0 +1,195 @@
+"""HH-RLHF preference pairs for FedBis / FedBiscuit (METHODS.md section 4).
+
+Each upstream row holds two full dialogues that differ in the last Assistant turn. A pair is the
+shared prefix x (ending with ``Assistant:``) and the two last turns, y_w (HH's harmless choice)
+and y_l. Selectors see every pair in both orders, (x, y_w, y_l, 0) and (x, y_l, y_w, 1), so
+position carries no signal.
+
+Splits are one seeded permutation of the pairs, never overlapping: the held-out ``test`` pairs,
+the ``judge`` pairs (the evaluation reward model's only data), the ``server`` prompts (RLHF
+phase) and the client pool. The pool is partitioned over clients by flwr-datasets'
+``DirichletPartitioner`` over prompt topics (KMeans clusters of the MiniLM embeddings of each
+prompt's first Human turn, the stand-in for the paper's SHP domains); each client keeps a share
+of its own pairs for validation. A seeded ``minority`` share of the clients prefers the other
+response (by default the reverse of HH's label): a population a method can discover.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from fedsim.data import require_file
+
+UPSTREAM = "github.com/anthropics/hh-rlhf, harmless-base test (MIT)"
+FILE = Path("hh_rlhf") / "harmless-base-test.jsonl.gz"
+ASSISTANT = "\n\nAssistant:"
+HUMAN = "\n\nHuman:"
+SPLITS = ("test", "judge", "server", "pool")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One preference pair: the shared prompt and HH's preferred / rejected last turns."""
+    pair_id: int
+    prompt: str    # the dialogue prefix, ending with "\n\nAssistant:"
+    chosen: str    # y_w: HH's preferred last Assistant turn
+    rejected: str  # y_l
+
+    @property
+    def last_human(self) -> str:
+        """The Human turn the responses answer (what a small selector sees of the prompt)."""
+        return self.prompt[self.prompt.rfind(HUMAN) + len(HUMAN):-len(ASSISTANT)].strip()
+
+    @property
+    def first_human(self) -> str:
+        start = self.prompt.find(HUMAN) + len(HUMAN)
+        end = self.prompt.find(ASSISTANT, start)
+        return self.prompt[start:end].strip()
+
+
+@dataclass(frozen=True)
+class Example:
+    """A selector example: which of A and B the labeller prefers (0: A, 1: B)."""
+    pair_id: int
+    prompt: str
+    a: str
+    b: str
+    label: int
+
+
+def parse_pair(pair_id: int, chosen: str, rejected: str) -> Pair | None:
+    """Split at the last ``Assistant:`` before the first differing character; None when the two
+    dialogues do not differ in one last Assistant turn (4 of the 2,312 rows)."""
+    first = next((i for i, (c, r) in enumerate(zip(chosen, rejected)) if c != r),
+                 min(len(chosen), len(rejected)))
+    cut = chosen.rfind(ASSISTANT, 0, first)
+    if cut < 0 or chosen[:cut] != rejected[:cut]:
+        return None
+    prompt_end = cut + len(ASSISTANT)
+    y_w, y_l = chosen[prompt_end:].strip(), rejected[prompt_end:].strip()
+    if not y_w or not y_l or y_w == y_l or HUMAN in y_w or HUMAN in y_l:
+        return None
+    return Pair(pair_id, chosen[:prompt_end], y_w, y_l)
+
+
+@lru_cache(maxsize=4)
+def load_pairs(data_root: str) -> tuple[Pair, ...]:
+    path = require_file(Path(data_root) / FILE, UPSTREAM)
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh]
+    pairs = (parse_pair(i, row["chosen"], row["rejected"]) for i, row in enumerate(rows))
+    return tuple(p for p in pairs if p is not None)
+
+
+def both_orders(pairs, prefer_rejected: bool = False) -> list[Example]:
+    """Every pair as (x, y_w, y_l, 0) and (x, y_l, y_w, 1); ``prefer_rejected`` labels by the
+    reverse preference (the minority population)."""
+    out = []
+    for p in pairs:
+        good, bad = (p.rejected, p.chosen) if prefer_rejected else (p.chosen, p.rejected)
+        out += [Example(p.pair_id, p.prompt, good, bad, 0), Example(p.pair_id, p.prompt, bad, good, 1)]
+    return out
+
+
+def split_pairs(pairs, sizes: dict[str, int], seed: int) -> dict[str, list[Pair]]:
+    """One seeded permutation cut into ``test``, ``judge`` and ``server`` of the given sizes;
+    the rest is the client ``pool``."""
+    need = sum(sizes[k] for k in SPLITS[:-1])
+    if need >= len(pairs):
+        raise ValueError(f"splits {sizes} leave no client pairs out of {len(pairs)}")
+    order = np.random.default_rng(seed).permutation(len(pairs))
+    out, start = {}, 0
+    for name in SPLITS[:-1]:
+        out[name] = [pairs[i] for i in order[start:start + sizes[name]]]
+        start += sizes[name]
+    out["pool"] = [pairs[i] for i in order[start:]]
+    return out
+
+
+def topics(pairs, model: str, n_topics: int, seed: int) -> np.ndarray:
+    """KMeans topic of each pair's first Human turn (MiniLM sentence embeddings)."""
+    from sentence_transformers import SentenceTransformer
+    from sklearn.cluster import KMeans
+
+    from fedsim_tasks.hf import resolve_model
+    encoder = SentenceTransformer(resolve_model(model), device="cpu")
+    emb = encoder.encode([p.first_human for p in pairs], batch_size=64, normalize_embeddings=True)
+    return KMeans(n_topics, n_init=4, random_state=seed).fit_predict(emb)
+
+
+def client_partition(pool: list[Pair], pool_topics: np.ndarray, partitioner, partition_id: int
+                     ) -> list[Pair]:
+    """The pool pairs of one client under a flwr-datasets partitioner over a ``topic`` column
+    (default: ``DirichletPartitioner(partition_by="topic", alpha=0.3)``)."""
+    from datasets import Dataset
+    partitioner.dataset = Dataset.from_dict({"row": list(range(len(pool))),
+                                             "topic": [int(t) for t in pool_topics]})
+    return [pool[i] for i in partitioner.load_partition(partition_id)["row"]]
+
+
+def minority_clients(num_clients: int, share: float, seed: int) -> list[int]:
+    """The seeded ``round(share * M)`` clients whose labels follow the other preference."""
+    count = int(round(share * num_clients))
+    return sorted(np.random.default_rng(seed + 1).choice(num_clients, count, replace=False).tolist())
+
+
+def holdout(pairs: list[Pair], share: float, seed: int) -> tuple[list[Pair], list[Pair]]:
+    """A client's own (train, validation) pairs: a seeded ``share`` (at least one) held out."""
+    order = np.random.default_rng(seed).permutation(len(pairs))
+    n_val = max(1, int(round(share * len(pairs)))) if len(pairs) > 1 else 0
+    return [pairs[i] for i in order[n_val:]], [pairs[i] for i in order[:n_val]]
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """One client's own pairs, labelled by its population's preference."""
+    partition_id: int
+    minority: bool
+    train: list[Example]
+    valid: list[Example]
+
+    @property
+    def population(self) -> str:
+        return "minority" if self.minority else "majority"
+
+
+class Federation:
+    """Splits, topics, partitions and populations of one task config (``conf/task/hh_rlhf.yaml``),
+    the same in every process that builds it: clients read their own part, the server's
+    protocol the held-out parts (and, for the non-private references only, every client's)."""
+
+    def __init__(self, task: dict, data_root: str):
+        pairs = load_pairs(data_root)
+        if task.get("max_pairs"):
+            pairs = pairs[:task["max_pairs"]]
+        self.task = task
+        self.splits = split_pairs(pairs, task["splits"], task["split_seed"])
+        self.pool_topics = _cached_topics(data_root, task["topic_model"], task["n_topics"],
+                                          task["split_seed"], task.get("max_pairs"), tuple(task["splits"].items()))
+        self.num_clients = int(task["partitioner"]["num_partitions"])
+        self.minority = minority_clients(self.num_clients, task["minority_share"], task["split_seed"])
+
+    def client(self, partition_id: int) -> ClientData:
+        from hydra.utils import instantiate
+        own = client_partition(self.splits["pool"], self.pool_topics, instantiate(self.task["partitioner"]),
+                               partition_id)
+        train, valid = holdout(own, self.task["valid_share"], self.task["split_seed"] * 7919 + partition_id)
+        reverse = partition_id in self.minority
+        return ClientData(partition_id, reverse, both_orders(train, reverse), both_orders(valid, reverse))
+
+    def test(self) -> list[Example]:
+        """The held-out test pairs in both orders, labelled by HH (the majority preference)."""
+        return both_orders(self.splits["test"])
+
+
+@lru_cache(maxsize=4)
+def _cached_topics(data_root: str, model: str, n_topics: int, seed: int, max_pairs, sizes) -> np.ndarray:
+    """Topics of the pool, once per process (every client of a Ray actor shares them)."""
+    pairs = load_pairs(data_root)[:max_pairs] if max_pairs else load_pairs(data_root)
+    return topics(split_pairs(pairs, dict(sizes), seed)["pool"], model, n_topics, seed)

@@ -1,0 +1,55 @@
+"""Selectors: symmetric in A and B, weights round-trip, they learn; the paper's causal A/B form
+on a tiny Llama built here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedsim_tasks.causal_lm import load_tokenizer
+from fedsim_tasks.hh_preference.dataset import Example, both_orders, load_pairs
+from fedsim_tasks.hh_preference.selector import CausalABSelector, ScorerSelector, response_text
+from fedsim_tasks.hh_preference.test_dataset import ROOT
+from fedsim_tasks.test_causal_lm import llama_dir, one_thread, save_tiny_llama  # noqa: F401 (fixtures)
+
+
+def test_response_text_keeps_the_response_whole():
+    prompt = "\n\nHuman: one two three four\n\nAssistant:"
+    assert response_text(prompt, "reply", 0) == "reply"
+    assert response_text(prompt, "reply", 2) == "three four [SEP] reply"
+
+
+@pytest.mark.parametrize("frozen,lora", [(True, None), (False, {"r": 4, "alpha": 8, "dropout": 0.0,
+                                                                "target_modules": ["query", "value"]})])
+def test_scorer_is_symmetric_round_trips_and_fits(frozen, lora):
+    examples = both_orders(load_pairs(ROOT)[:16])
+    selector = ScorerSelector(max_length=64, frozen=frozen, lora=lora, seed=0)
+    before = selector.loss(examples)
+    assert before == pytest.approx(np.log(2))  # zero head: no preference yet
+    selector.train(examples, steps=30 if frozen else 8, batch_size=8, lr=5e-2 if frozen else 1e-2, seed=0)
+    p = selector.prob_b(examples)
+    assert np.allclose(p[0::2], 1 - p[1::2], atol=1e-5)  # swapping A and B flips the choice
+    assert selector.loss(examples) < before - 0.05
+    weights = selector.weights()
+    trainable = {"head.weight", "head.bias"} if frozen else None
+    if trainable:
+        assert set(weights) == trainable
+    else:
+        assert any("lora" in k for k in weights) and "head.weight" in weights
+    fresh = ScorerSelector(max_length=64, frozen=frozen, lora=lora, seed=0)
+    fresh.load(weights)
+    assert np.allclose(fresh.prob_b(examples), p, atol=1e-5)
+
+
+def test_causal_ab_selector_learns_a_planted_preference(llama_dir, tmp_path):  # noqa: F811
+    tokenizer = load_tokenizer(llama_dir)
+    tokenizer.save_pretrained(tmp_path)
+    save_tiny_llama(tmp_path, tokenizer, max_positions=512)
+    pairs = [(f"question {i}", "yes good answer", "no bad answer") for i in range(8)]
+    examples = [e for i, (q, good, bad) in enumerate(pairs)
+                for e in (Example(i, q, good, bad, 0), Example(i, q, bad, good, 1))]
+    selector = CausalABSelector(str(tmp_path), lora={"r": 4, "alpha": 8, "dropout": 0.0,
+                                                      "target_modules": ["q_proj", "v_proj"]}, seed=0)
+    assert all("lora" in k for k in selector.weights())
+    selector.train(examples, steps=40, batch_size=8, lr=1e-2, seed=0)
+    assert selector.accuracy(examples) == 1.0

@@ -1,0 +1,129 @@
+"""DP-SGD (Opacus) for a client's local training: per-record clipping and noise really happen,
+the epsilon is reported and grows with the steps (also across calls, through the history), the
+model is left without hooks, and wrong settings are refused before a run."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from fedsim.config import compose
+from fedsim.schema import check
+from fedsim_tasks.causal_lm import load_policy, load_tokenizer, prepare_base, sft_train
+from fedsim_tasks.dp_sgd import DP_EPSILON, DPSGD, PrivateSteps
+from fedsim_tasks.test_causal_lm import encoder_dir, one_thread  # noqa: F401 (fixtures: a tiny BERT, one thread)
+
+LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["query", "value"]}
+EXAMPLES = [("hello there [SEP]", " i am fine, thanks."), ("how are you? [SEP]", " fine."),
+            ("what is your name? [SEP]", " my name is bob."), ("where do you live? [SEP]", " in paris.")]
+
+
+@cache
+def _paper_dp_sgd() -> dict:
+    return OmegaConf.to_container(compose(["experiment=feddtre_paper"]).protocol.generator.dp_sgd)
+
+
+def dp_sgd(**settings) -> DPSGD:
+    """feddtre_paper's ``dp_sgd`` block with ``settings`` over it: conf/ holds the values the
+    test does not set, not a second copy here."""
+    return DPSGD(**{**_paper_dp_sgd(), **settings})
+
+
+def _linear_steps(dp: DPSGD, records: torch.Tensor, steps: int = 1):
+    """SGD (lr 1) under DP-SGD on a linear model whose per-record loss is x . w: the step is
+    -(sum of clipped per-record gradients x_i + noise) / expected batch size."""
+    model = torch.nn.Linear(records.shape[1], 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    private = PrivateSteps(dp, model, torch.optim.SGD(model.parameters(), lr=1.0), len(records),
+                           batch_size=len(records), horizon_steps=steps, noise_seed=0)
+    for idx in private.batches(steps, seed=0):
+        private.step(model(records[idx]).mean() if idx else None)
+    private.close()
+    return model.weight.detach().ravel(), private
+
+
+def test_each_record_is_clipped_and_noise_is_added():
+    records = torch.tensor([[300.0, 400.0], [0.0, 0.5]])  # norms 500 and 0.5; batch = both (rate 1)
+    tiny_noise = dp_sgd(enabled=True, max_grad_norm=1.0, noise_multiplier=1e-9)
+    w, _ = _linear_steps(tiny_noise, records)
+    # plain SGD would move w by -(300.5, 400.5) / 2; clipped: -((0.6, 0.8) + (0, 0.5)) / 2
+    torch.testing.assert_close(w, torch.tensor([-0.3, -0.65]), atol=1e-6, rtol=0)
+    zero = torch.zeros(64, 2)  # no gradient at all: whatever moves is the noise, std sigma C / B
+    w, _ = _linear_steps(dp_sgd(enabled=True, max_grad_norm=1.0, noise_multiplier=2.0), zero)
+    assert 0 < float(w.norm()) < 1.0 and abs(float(w.std()) - 2.0 / 64) < 2.0 / 64
+
+
+def test_epsilon_grows_with_steps_and_carries_over_rounds():
+    dp = dp_sgd(enabled=True, max_grad_norm=1.0, noise_multiplier=1.0, delta=1e-5)
+    records = torch.randn(100, 3)
+    _, two = _linear_steps(dp, records[:, :], steps=2)
+    _, four = _linear_steps(dp, records, steps=4)
+    assert 0 < two.epsilon() < four.epsilon()
+    model = torch.nn.Linear(3, 1)
+    again = PrivateSteps(dp, model, torch.optim.SGD(model.parameters(), lr=0.1), 100, 100, 4, two.history)
+    again.close()
+    assert again.epsilon() == pytest.approx(two.epsilon())  # the history is what the epsilon is of
+
+
+def test_target_epsilon_sets_the_noise_for_the_horizon():
+    dp = dp_sgd(enabled=True, target_epsilon=3.0, delta=1e-5)
+    records = torch.randn(40, 3)
+    _, private = _linear_steps(dp, records, steps=6)  # the horizon is these 6 steps
+    assert private.sigma > 0 and private.epsilon() == pytest.approx(3.0, rel=0.05)
+
+
+def test_an_empty_poisson_batch_still_takes_a_noised_step():
+    dp = dp_sgd(enabled=True, max_grad_norm=1.0, noise_multiplier=1.0)
+    model = torch.nn.Linear(2, 1, bias=False)
+    private = PrivateSteps(dp, model, torch.optim.SGD(model.parameters(), lr=1.0), 1000, 1, 1, noise_seed=0)
+    before = model.weight.detach().clone()
+    private.step(None)
+    private.close()
+    assert not torch.equal(before, model.weight.detach()) and private.epsilon() > 0
+
+
+def test_sft_under_dp_sgd_trains_differently_reports_epsilon_and_leaves_no_hooks(encoder_dir, tmp_path):  # noqa: F811
+    base = prepare_base(str(encoder_dir), tmp_path / "base", seed=0)
+    tokenizer = load_tokenizer(base)
+    runs = {}
+    for name, dp in {"plain": None, "dp": dp_sgd(enabled=True, max_grad_norm=0.1, noise_multiplier=1.0)}.items():
+        model = load_policy(base, LORA, seed=0)
+        start = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        stats = sft_train(model, tokenizer, EXAMPLES, steps=3, batch_size=2, lr=1e-2, max_length=32, seed=0, dp=dp,
+                          **({"noise_seed": 0} if dp else {}))
+        moved = {n: (p.detach() - start[n]) for n, p in model.named_parameters() if p.requires_grad}
+        runs[name] = stats, moved, model
+    (plain, plain_moved, _), (dp_stats, dp_moved, model) = runs["plain"], runs["dp"]
+    assert DP_EPSILON not in plain and dp_stats[DP_EPSILON] > 0 and sum(h[2] for h in dp_stats["dp-history"]) == 3
+    assert all(torch.isfinite(d).all() for d in dp_moved.values())
+    assert any(not torch.allclose(dp_moved[n], plain_moved[n]) for n in plain_moved)
+    assert not any(m._forward_hooks or m._backward_hooks for m in model.modules())  # reusable for the next client
+    more = sft_train(model, tokenizer, EXAMPLES, steps=3, batch_size=2, lr=1e-2, max_length=32, seed=1,
+                     dp=dp_sgd(enabled=True, max_grad_norm=0.1, noise_multiplier=1.0), history=dp_stats["dp-history"])
+    assert more[DP_EPSILON] > dp_stats[DP_EPSILON]  # round 2 of this client spends more
+
+
+@pytest.mark.parametrize("settings, why", [
+    ({"enabled": True}, "exactly one"),
+    ({"enabled": True, "noise_multiplier": 1.0, "target_epsilon": 2.0}, "exactly one"),
+    ({"enabled": True, "noise_multiplier": 0.0}, "noise_multiplier"),
+    ({"enabled": True, "noise_multiplier": 1.0, "max_grad_norm": -1.0}, "max_grad_norm"),
+    ({"enabled": True, "target_epsilon": 1.0, "delta": 1.0}, "delta"),
+])
+def test_wrong_settings_are_refused(settings, why):
+    with pytest.raises(ValueError, match=why):
+        dp_sgd(**settings)
+
+
+def test_wrong_settings_are_refused_before_the_run():
+    with pytest.raises(ValueError, match="exactly one"):
+        check(compose(["experiment=feddtre_paper", "protocol.generator.dp_sgd.enabled=true"]))
+    with pytest.raises(ValueError, match="FedProx"):
+        check(compose(["experiment=feddtre_paper", "protocol.generator.dp_sgd.enabled=true",
+                       "protocol.generator.dp_sgd.noise_multiplier=1.0"]))
+    ok = check(compose(["experiment=feddtre_paper", "protocol.generator.dp_sgd.enabled=true",
+                        "protocol.generator.dp_sgd.noise_multiplier=1.0", "~protocol.methods.fedprox"]))
+    assert ok.generator.dp_sgd.noise_multiplier == 1.0
