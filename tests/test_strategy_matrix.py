@@ -13,6 +13,7 @@
    complete, change the global model and count the crash.
 """
 
+import gc
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,17 @@ CLIENTS, CRASH, ROUNDS, DIM = 5, 4, 2, 6
 
 def _load(group: str, name: str):
     return OmegaConf.load(CONF_DIR / group / f"{name}.yaml")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cheap_collections():
+    """Flower's robust strategies read replies with ``to_numpy_ndarrays(keep_input=False)``, which
+    runs ``gc.collect()`` per reply; with torch and transformers imported each takes ~0.3 s here.
+    Freezing what is alive at the start keeps those collections to the objects a pair makes."""
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture(scope="module")
