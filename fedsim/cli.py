@@ -12,9 +12,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedsim.comparison import POINT_FILE, Settings
 from fedsim.comparison import write as write_comparison
-from fedsim.config import CONF_DIR, GROUPS, ConfigError, choices, compose
+from fedsim.config import CONF_DIR, GROUPS, ConfigError, choices, compose_checked
 from fedsim.launcher import Interrupted, RunFailed, launch, user_certificates
-from fedsim.schema import check, layout, sweep_settings, try_strategy
+from fedsim.schema import layout, sweep_settings
 from fedsim.secret import Tampered, derive, open_sealed, run_secret, seal
 from fedsim.sweep import Sweep
 from fedsim.tls import make_federation
@@ -67,9 +67,7 @@ def prepare(overrides: list[str]) -> tuple[DictConfig, list[str], int, int]:
     folder, overrides = _resume_folder(overrides)
     if folder:
         overrides = resumed(folder, overrides)
-    cfg = compose(overrides)
-    check(cfg)
-    try_strategy(cfg)  # bad strategy or wrapper values fail here, before any process starts
+    cfg = compose_checked(overrides)  # bad strategy or wrapper values fail here, before any process starts
     task = OmegaConf.to_container(cfg.task, resolve=True)
     population = 0 if cfg.hardware.num_clients or cfg.hardware.num_supernodes else \
         get_class(task["client"]).population_size(task, cfg.data_root)

@@ -85,3 +85,13 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     cfg.logging.mlflow_dir = str(Path(cfg.logging.mlflow_dir).expanduser().resolve())
     OmegaConf.set_struct(cfg, True)
     return cfg
+
+
+def compose_checked(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """:func:`compose`, then every check that needs no data or process: the schema, the protocol
+    block, the strategy and its privacy wrapper built once. ``fedsim run`` and the ServerApp
+    (for ``flwr run --run-config``) both start here."""
+    cfg = compose(overrides)
+    schema.check(cfg)
+    schema.try_strategy(cfg)
+    return cfg

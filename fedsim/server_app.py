@@ -28,14 +28,13 @@ from hydra.utils import get_method
 from omegaconf import DictConfig
 
 from fedsim.client_state import FORGET, RUN_KEY, STATE_KEY, forget_request
-from fedsim.config import compose
+from fedsim.config import compose_checked
 from fedsim.flower_waits import shorten_pull_backoff
 from fedsim.journal import Journal
 from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
 from fedsim.mlflow_sink import MlflowSink
 from fedsim.privacy import NOT_PRIVATE, NoiseSource
 from fedsim.results import RunOutput, ship_results
-from fedsim.schema import check, try_strategy
 from fedsim.secret import derive, run_secret
 from fedsim.seeding import seed_server
 from fedsim.sharded_grid import ShardedGrid
@@ -69,10 +68,7 @@ def main(grid: Grid, context: Context) -> None:
 def config_from_run(run_config) -> DictConfig:
     """The run's config from Flower's run config (its ``overrides`` string), with ``fedsim
     run``'s checks: a wrong key, type, strategy or wrapper fails here, before any client works."""
-    cfg = compose(shlex.split(str(run_config.get("overrides", ""))))
-    check(cfg)
-    try_strategy(cfg)
-    return cfg
+    return compose_checked(shlex.split(str(run_config.get("overrides", ""))))
 
 
 def _forget_client_state(messenger: Messenger, cfg) -> None:

@@ -65,12 +65,16 @@ def _lines(block: str, first: int) -> list[tuple[int, str]]:
     return joined
 
 
+def _shell_blocks(text: str):
+    """The (line number, line) lists of the shell fences of a document."""
+    for block in FENCE.finditer(text):
+        if block.group(1).strip() in SHELLS:
+            yield _lines(block.group(2), text.count("\n", 0, block.start(2)) + 1)
+
+
 def _fenced(doc: Path, text: str):
     """Commands of the fenced blocks, with the block's shell variables."""
-    for block in FENCE.finditer(text):
-        if block.group(1).strip() not in SHELLS:
-            continue
-        lines = _lines(block.group(2), text.count("\n", 0, block.start(2)) + 1)
+    for lines in _shell_blocks(text):
         variables = {}
         for _, line in lines:
             if loop := LOOP.match(line):
@@ -174,18 +178,15 @@ def flwr_run_configs() -> list[tuple[str, str]]:
     """Every documented ``flwr run ... --run-config VALUE`` of a fenced block: (path:line, VALUE)."""
     found = []
     for doc in DOCS:
-        text = doc.read_text()
-        for block in FENCE.finditer(text):
-            if block.group(1).strip() not in SHELLS:
-                continue
-            for n, line in _lines(block.group(2), text.count("\n", 0, block.start(2)) + 1):
+        for lines in _shell_blocks(doc.read_text()):
+            for n, line in lines:
                 words = shlex.split(line, comments=True) if "flwr run" in line else []
                 if "--run-config" in words:
                     found.append((f"{doc.relative_to(REPO_ROOT)}:{n}", words[words.index("--run-config") + 1]))
     return found
 
 
-@pytest.mark.parametrize(("where", "value"), flwr_run_configs(), ids=[w for w, _ in flwr_run_configs()])
+@pytest.mark.parametrize(("where", "value"), [pytest.param(w, v, id=w) for w, v in flwr_run_configs()])
 def test_a_documented_flwr_run_config_reaches_the_serverapp_checked(where, value, tmp_path):
     """Flower's own parsing and fusing with the app's declared keys (what its SuperLink does),
     then the ServerApp's composition and checks."""
