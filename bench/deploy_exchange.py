@@ -6,13 +6,16 @@ the network-namespace test's slice), each through the Ray simulation and through
 Messenger's own per-exchange records (``results.json`` ``communication``: push to last reply),
 not the wall time of the whole command, so start-up costs stay out. Prints, per exchange, the
 simulation's seconds, each deployment variant's, their ratio and difference, and the sum over
-the exchanges after ``discover``.
+the exchanges after ``discover``; then, per deployment, where each exchange's seconds went
+(``fedsim/exchange_trace.py``: dispatch, process start, set-up, work, reply; the mean over the
+exchange's messages).
 
     nice -n 19 .venv/bin/python bench/deploy_exchange.py [--only fedtp|lora] \
         [--variant 'label=override ...' ...]
 
-A ``--variant`` adds a deployment with more overrides (e.g. one with the polling cuts off), so
-that before and after are measured in the same run.
+A ``--variant`` adds a deployment with more overrides (e.g. ``cold=hardware.clientapp_preload=null``,
+Flower's cold ClientApp process per message), so that before and after are measured in the
+same run.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from fedsim import exchange_trace
+
 FEDSIM = str(Path(sys.executable).parent / "fedsim")
 FEDTP = ["task.max_per_split=2", "protocol.dp_seeds=2", "protocol.bootstrap=200"]
 LORA = ["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]",
@@ -38,17 +43,34 @@ LORA = ["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]",
 TASKS = {"fedtp": FEDTP, "lora": LORA}
 
 
-def exchanges(task: list[str], hardware: list[str], out: Path) -> tuple[dict, float]:
-    """``{(phase, round): seconds}`` of one run, and the run's wall seconds."""
+def exchanges(task: list[str], hardware: list[str], out: Path) -> tuple[dict, float, dict]:
+    """``{(phase, round): seconds}`` of one run, the run's wall seconds, and where each
+    exchange's seconds went (``{(phase, round): {stage: s}}``)."""
     keys = [f"task.he.key_dir={out / 'keys'}"] if task is LORA else []
+    trace = out / "trace"
+    trace.mkdir(parents=True)
     start = time.monotonic()
     subprocess.run([FEDSIM, "run", *task, *keys, *hardware, "hardware.num_supernodes=2",
                     f"client_state.dir={out / 'state'}", f"results_dir={out / 'results'}"],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                   env={**os.environ, exchange_trace.TRACE_ENV: str(trace)})
     wall = time.monotonic() - start
     traffic = json.loads((out / "results" / "results.json").read_text())["communication"]
+    stages = {(phase, str(r)): s for (phase, r), s in exchange_trace.breakdown(exchange_trace.read(trace)).items()}
     return {(phase, r): row["seconds"] for phase, rounds in traffic.items()
-            for r, row in rounds.items() if isinstance(row, dict) and "seconds" in row}, wall
+            for r, row in rounds.items() if isinstance(row, dict) and "seconds" in row}, wall, stages
+
+
+def print_stages(label: str, seconds: dict, stages: dict) -> None:
+    """One deployment's exchanges split into the trace's stages."""
+    names = list(exchange_trace.STAGES)
+    print(f"\n{label}: where each exchange's seconds went (mean over its messages)")
+    print("| exchange | round | s | " + " | ".join(names) + " |")
+    print("|---|---|---|" + "---|" * len(names))
+    for (phase, rnd), total in seconds.items():
+        split = stages.get((phase, rnd))
+        cells = [f"{split[n]:.2f}" for n in names] if split else ["-"] * len(names)
+        print(f"| {phase} | {rnd} | {total:.2f} | " + " | ".join(cells) + " |")
 
 
 def main() -> None:
@@ -72,7 +94,7 @@ def main() -> None:
                                     root / name / label)
         sim = runs["simulation"][0]
         heads = [h for label in variants for h in (f"{label} s", "ratio", "diff s")]
-        print(f"\n{name}: " + ", ".join(f"{k} {w:.0f} s wall" for k, (_, w) in runs.items()))
+        print(f"\n{name}: " + ", ".join(f"{k} {w:.0f} s wall" for k, (_, w, _) in runs.items()))
         print("| exchange | round | simulation s | " + " | ".join(heads) + " |")
         print("|---|---|---|" + "---|" * len(heads))
         rows = [(phase, rnd, {k: r[0].get((phase, rnd), float("nan")) for k, r in runs.items()})
@@ -84,6 +106,8 @@ def main() -> None:
             s = t["simulation"]
             cells = [f"{t[k]:.2f} | {t[k] / s:.1f} | {t[k] - s:+.2f}" for k in variants]
             print(f"| {phase} | {rnd} | {s:.2f} | " + " | ".join(cells) + " |")
+        for label in variants:
+            print_stages(f"{name}, {label}", runs[label][0], runs[label][2])
     print(f"\nload average at end: {os.getloadavg()[0]:.1f} (1 min)")
 
 

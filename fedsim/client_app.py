@@ -22,7 +22,7 @@ from flwr.clientapp.mod import adaptiveclipping_mod
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 from hydra.utils import get_class
 
-from fedsim import client_state
+from fedsim import client_state, exchange_trace
 from fedsim.data import resolve_data_root
 from fedsim.faults import fault_injection_mod
 from fedsim.journal import PARTITION, WHOAMI
@@ -31,7 +31,8 @@ from fedsim.sharded_grid import SHARD, serve_batch
 
 TASK_KEY = "fedsim-task"
 SEED_KEY = "fedsim-seed"
-
+exchange_trace.mark_process_start()
+exchange_trace.mark("app-import")
 
 
 def dp_clipping_mod(msg: Message, context: Context, call_next) -> Message:
@@ -96,10 +97,14 @@ def _client_reply(msg: Message, context: Context, method: str) -> Message:
         return Message(RecordDict({client_state.FORGET: ConfigRecord({"removed": removed})}), reply_to=msg)
     task_json = msg.content["config"][TASK_KEY]
     partition_id = int(context.node_config["partition-id"])
+    exchange_trace.mark("enter", msg.metadata.message_id)
     client = _client(task_json, _data_root(task_json, context.node_config.get("data-root")),
                      partition_id, int(context.node_config["num-partitions"]))
+    exchange_trace.mark("built", msg.metadata.message_id)
     reseed(message_seed(msg, partition_id))  # after building the client: it may import torch
-    return Message(getattr(client, method)(msg), reply_to=msg)
+    reply = Message(getattr(client, method)(msg), reply_to=msg)
+    exchange_trace.mark("leave", msg.metadata.message_id)
+    return reply
 
 
 def _handle(msg: Message, context: Context, method: str) -> Message:

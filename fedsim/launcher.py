@@ -124,9 +124,10 @@ def superlink_command(port: int, database: Path, certs: Certificates | None, nod
 
 def supernode_command(superlink: str, partition: int, partitions: int, data_root: str,
                       certs: Certificates | None, node_auth: bool, port: int,
-                      waits: Mapping | None = None) -> list[str]:
+                      waits: Mapping | None = None, preload: list[str] | None = None) -> list[str]:
     """``flower-supernode``'s command line for client ``partition`` of ``partitions``; run
-    through ``fedsim.supernode`` when ``waits`` (``hardware.waits``) shortens a SuperNode wait."""
+    through ``fedsim.supernode`` when ``waits`` (``hardware.waits``) shortens a SuperNode wait
+    or ``preload`` (``hardware.clientapp_preload``) warms its ClientApp processes."""
     node_config = f'partition-id={partition} num-partitions={partitions} data-root="{data_root}"'
     tls = ["--root-certificates", str(certs.ca)] if certs else ["--insecure"]
     auth = ["--auth-supernode-private-key", str(certs.node_key(partition))] if node_auth else []
@@ -137,6 +138,7 @@ def supernode_command(superlink: str, partition: int, partitions: int, data_root
                                                    ("reply-wait", "supernode_reply"),
                                                    ("pull-backoff", "pull_backoff"))
         if waits.get(key) is not None]
+    options += [] if preload is None else [f"--preload={','.join(preload)}"]
     if not options:
         return [str(BIN / "flower-supernode"), *flower]
     return [sys.executable, "-m", "fedsim.supernode", *options, "--", *flower]
@@ -207,9 +209,10 @@ def register_nodes(certs: Certificates, count: int, env: dict, cwd: Path) -> Non
 
 def start_supernodes(workdir: Path, env: dict, superlink_port: int, count: int,
                      data_root: str, certs: Certificates | None = None,
-                     node_auth: bool = False, waits: Mapping | None = None) -> list[Process]:
+                     node_auth: bool = False, waits: Mapping | None = None,
+                     preload: list[str] | None = None) -> list[Process]:
     return [Process(supernode_command(f"127.0.0.1:{superlink_port}", partition_id, count, data_root,
-                                      certs, node_auth, free_port(), waits),
+                                      certs, node_auth, free_port(), waits, preload),
                     workdir, supernode_env(env, waits), workdir / f"supernode-{partition_id}.log")
             for partition_id in range(count)]
 
@@ -324,7 +327,7 @@ def _start_local(stack: ExitStack, cfg: DictConfig, workdir: Path, env: dict, si
         if auth:
             register_nodes(certs, nodes, env, workdir)
         for node in start_supernodes(workdir, env, port, nodes, cfg.data_root, certs, auth,
-                                     cfg.hardware.waits):
+                                     cfg.hardware.waits, cfg.hardware.clientapp_preload):
             stack.enter_context(node)
     return address
 

@@ -40,6 +40,7 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from omegaconf import DictConfig, OmegaConf
 
+from fedsim import exchange_trace
 from fedsim.client_app import SEED_KEY, TASK_KEY
 from fedsim.client_state import RUN_KEY, STATE_KEY
 from fedsim.faults import FAULTS_KEY
@@ -188,7 +189,7 @@ class Messenger:
             self._revalidate(phase, server_round, entry["replies"], policy.validator)
             return self._done(phase, server_round, entry["replies"], entry["faults"], entry["traffic"])
         start = time.monotonic()
-        replies = self._send_and_wait(phase, self._to_this_run(messages),
+        replies = self._send_and_wait(phase, server_round, self._to_this_run(messages),
                                       self.timeout if timeout is None else timeout)
         seconds = time.monotonic() - start
         good, counts, first_error = self._screen(phase, server_round, len(messages), replies,
@@ -241,10 +242,13 @@ class Messenger:
             m.metadata.dst_node_id = self._to_new.get(m.metadata.dst_node_id, m.metadata.dst_node_id)
         return messages
 
-    def _send_and_wait(self, phase: str, messages: list[Message], timeout: float
-                       ) -> list[Message]:
+    def _send_and_wait(self, phase: str, server_round: int, messages: list[Message],
+                       timeout: float) -> list[Message]:
         """The replies that arrived in time, in the order their messages were sent."""
+        pushed = time.time()
         sent = list(self.raw.push_messages(messages))
+        for mid in sent:
+            exchange_trace.mark("push", mid, phase=phase, round=server_round, t=pushed)
         pending, position = set(sent), {mid: i for i, mid in enumerate(sent)}
         total, replies = len(pending), []
         start = last = time.monotonic()
@@ -253,6 +257,8 @@ class Messenger:
             for m in got if self._to_old else ():  # back to the journaled run's node ids (resume)
                 set_src_node_id(m, self._to_old[m.metadata.src_node_id])
             replies.extend(got)
+            for m in got:
+                exchange_trace.mark("reply", m.metadata.reply_to_message_id)
             pending.difference_update(m.metadata.reply_to_message_id for m in got)
             now = time.monotonic()
             if pending and now - last >= self.report_seconds:

@@ -60,6 +60,7 @@ class Hardware:
     certificates: str | None = MISSING    # deployment: folder with ca.pem (+ superlink / node keys)
     node_auth: bool = MISSING             # launch_local: SuperNodes authenticate with registered keys
     waits: Waits = MISSING                # deployment: Flower's polls shortened
+    clientapp_preload: list[str] | None = MISSING  # libraries a warm process per SuperNode imports once
 
 
 @dataclass

@@ -110,13 +110,14 @@ def federation(tmp_path):
                              capture_output=True).returncode != 0:
             assert link.alive() and time.monotonic() < deadline, link.log.read_text()[-2000:]
             time.sleep(0.5)
-        waits = dict(compose(["hardware=deploy_local"]).hardware.waits)  # deploy_local's: Flower's waits shortened
+        hardware = compose(["hardware=deploy_local"]).hardware  # its waits shortened, its warm ClientApps
+        waits, preload = dict(hardware.waits), list(hardware.clientapp_preload)
         for i, ns in enumerate(hosts.nodes):
             res = subprocess.run([*flwr, "supernode", "register", str(certs.node_pub(i)), "fedsim"],
                                  env=env, capture_output=True, text=True, timeout=60)
             assert res.returncode == 0, res.stdout + res.stderr
             hosts.start(ns, launcher.supernode_command(
-                f"{LINK_IP}:{PORT}", i, 2, str(resolve_data_root()), certs, True, 9094, waits),
+                f"{LINK_IP}:{PORT}", i, 2, str(resolve_data_root()), certs, True, 9094, waits, preload),
                 tmp_path, launcher.supernode_env(env, waits), tmp_path / f"supernode-{i}.log")
         yield hosts, certs
     finally:

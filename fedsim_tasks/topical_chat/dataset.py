@@ -84,15 +84,16 @@ def _parse(cid: str, split: str, conv: dict, reading: dict, topics: Topics) -> C
 
 
 @lru_cache(maxsize=16)
-def load_split(data_root: str, split: str) -> tuple[Conversation, ...]:
-    """All conversations of one split, in file order."""
+def load_split(data_root: str, split: str, limit: int | None = None) -> tuple[Conversation, ...]:
+    """The conversations of one split in file order, the first ``limit`` if set (parsing is most
+    of the cost: a deployment's client loads its data in every message's process)."""
     if split not in SPLITS:
         raise ValueError(f"unknown Topical-Chat split {split!r}; available here: {SPLITS}")
     root = Path(data_root) / "topical_chat"
     convs = json.loads(require_file(root / "conversations" / f"{split}.json", UPSTREAM).read_text())
     reading = json.loads(require_file(root / "reading_sets" / f"{split}.json", UPSTREAM).read_text())
     topics = load_topics(data_root)
-    return tuple(_parse(cid, split, c, reading[cid], topics) for cid, c in convs.items())
+    return tuple(_parse(cid, split, c, reading[cid], topics) for cid, c in list(convs.items())[:limit])
 
 
 def load_conversations(
@@ -101,7 +102,7 @@ def load_conversations(
     """Conversations of ``splits`` in order, the first ``max_per_split`` of each if set."""
     out: list[Conversation] = []
     for split in splits:
-        out.extend(load_split(str(data_root), split)[:max_per_split])
+        out.extend(load_split(str(data_root), split, max_per_split))
     return tuple(out)
 
 

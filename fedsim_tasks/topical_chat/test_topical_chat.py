@@ -91,3 +91,8 @@ def test_router_ties_go_to_fs1_and_count_as_ambiguous():
     out = router.route(conv, np.zeros(len(topics)), {}, [RouterVariant("t", "", 0.0, 0.0)])
     assert out["pick/t"].tolist() == [7] and out["ambiguous"].tolist() == [True]
     assert out["support/t"].tolist() == [0.0]
+
+
+def test_a_limited_split_is_the_first_conversations_of_the_whole():
+    assert load_split(ROOT, "valid_rare", 3) == load_split(ROOT, "valid_rare")[:3]
+    assert load_split(ROOT, "valid_rare", None) == load_split(ROOT, "valid_rare")
