@@ -47,7 +47,7 @@ from fedsim.faults import FAULTS_KEY
 from fedsim.journal import Journal, ResumeMismatch, ask_partitions
 from fedsim.message_metadata import set_src_node_id
 from fedsim.metric_keys import DP_EPSILON
-from fedsim.privacy import NoiseSource
+from fedsim.privacy import CentralDP, NoiseSource
 from fedsim.sharded_grid import MALFORMED_CODE
 from fedsim.sinks import Sinks, reply_metrics
 
@@ -142,6 +142,7 @@ class Messenger:
         self.faults: dict[str, dict[int, dict[str, int]]] = {}
         self.traffic: dict[str, dict[int, dict[str, float]]] = {}
         self.epsilon: dict[str, dict[int, dict[int, float]]] = {}  # phase -> round -> node -> DP-SGD epsilon
+        self.central_dp: CentralDP | None = None  # what Flower's DP wrappers spent (fedsim_experiments/common.py)
         self._to_new: dict[int, int] = {}  # on resume: the journaled run's node ids -> this run's
         self._to_old: dict[int, int] = {}  # and back
         self.partitions: dict[int, int] = {}  # node id (as the protocol sees it) -> partition

@@ -3,7 +3,16 @@
 Clipping, noising and the simplex step are a few lines of numpy: Flower's DP wrappers clip and
 noise whole FedAvg model updates and cannot release a mean of arbitrary vectors with a custom
 post-processing step, so this module does only that, and leaves accounting to Flower's
-``RdpAccountant`` (backed by Google's dp-accounting).
+``RdpAccountant`` (``flwr.supercore.privacy_accounting``, backed by Google's dp-accounting).
+
+That accountant is fedsim's only one, for ``dp_mean`` and for Flower's DP wrappers
+(:class:`CentralDP`): Flower keeps it (validated configs and events, a serializable ledger, the
+same code its wrappers' own ``accountant=`` mode runs), it names the sampling assumption of each
+bound (Poisson, without replacement, none), and dp-accounting's RDP of the sampled Gaussian and
+its RDP-to-(epsilon, delta) conversion are the reference implementation. fedsim does not use the
+wrappers' ``accountant=`` mode itself: it takes fixed clipping around a plain
+``FedAvg.aggregate_train`` only, and refuses a round with fewer replies than sampled, which
+fedsim noises at sigma C / m instead (``fedsim_strategies/numpy_noise.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +21,7 @@ import logging
 import math
 import secrets
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.serverapp import GaussianPrivacyEvent, PrivacyConfig, RdpAccountant, SamplingMethod
@@ -130,9 +139,89 @@ def rdp_epsilon_rounds(noise_multiplier: float, delta: float, rounds: list[tuple
     if len(populations) != 1:
         raise ValueError(f"rounds over different populations {sorted(populations)}: the RDP "
                          "accountant composes releases over one population")
-    accountant = RdpAccountant(PrivacyConfig(delta, populations.pop(),
-                                             NeighboringRelation.ADD_OR_REMOVE_ONE,
-                                             SamplingMethod.POISSON))
-    for (size, population), count in Counter(rounds).items():  # equal rounds composed at once
-        accountant.compose(GaussianPrivacyEvent(noise_multiplier, size, population), count)
+    return _composed_epsilon(delta, populations.pop(), SamplingMethod.POISSON, Counter(
+        GaussianPrivacyEvent(noise_multiplier, size, population) for size, population in rounds))
+
+
+def unamplified_epsilon(noise_multiplier: float, delta: float, releases: int) -> float:
+    """Epsilon after ``releases`` Gaussian releases at ``noise_multiplier``, with no amplification
+    by sampling: each release's RDP is that of the Gaussian mechanism, alpha / (2 sigma^2), so
+    the bound holds however the clients were chosen (a fixed-size sample, a public one).
+    Flower's wrappers account in this mode too (``accountant=``: no-amplification,
+    add-or-remove-one client); the sample does not enter, so the event names a population of 1."""
+    if noise_multiplier <= 0:
+        return math.inf
+    if releases == 0:
+        return 0.0
+    return _composed_epsilon(delta, 1, SamplingMethod.NO_AMPLIFICATION,
+                             Counter({GaussianPrivacyEvent(noise_multiplier, 1, 1): releases}))
+
+
+def _composed_epsilon(delta: float, population: int, sampling: SamplingMethod,
+                      events: Counter[GaussianPrivacyEvent]) -> float:
+    """Epsilon at ``delta`` of ``events`` (event -> how many times), composed by Flower's RDP
+    accountant, add-or-remove-one client neighbours; equal events are composed at once."""
+    accountant = RdpAccountant(PrivacyConfig(delta, population, NeighboringRelation.ADD_OR_REMOVE_ONE, sampling))
+    for event, count in events.items():
+        accountant.compose(event, count)
     return accountant.get_epsilon(delta)
+
+
+def adaptive_noise_multiplier(update_noise_multiplier: float, clipped_count_stddev: float) -> float:
+    """The noise multiplier of one adaptive-clipping round, the model update's noise and the
+    clipped count's together (Andrew et al. 2021, "Differentially private learning with adaptive
+    clipping", Thm. 1): (z_update^-2 + (2 sigma_count)^-2)^-1/2. Flower
+    (``compute_adaptive_noise_params``) and TF-privacy (``QuantileAdaptiveClipSumQuery``) solve
+    the same equation for z_update, given this multiplier. The 2: the paper's count sums bits
+    centred at 1/2, which one client moves by 1/2. Flower counts 0/1 bits over the m replies;
+    with m known, as the mean's divisor is, that count and the centred one are one release."""
+    if update_noise_multiplier <= 0:
+        return 0.0  # the update goes out unnoised: no guarantee, whatever the count's noise
+    return (update_noise_multiplier ** -2 + (2 * clipped_count_stddev) ** -2) ** -0.5
+
+
+SAMPLING = ("none claimed: every round is accounted as a Gaussian release without amplification "
+            "by sampling. Flower samples a fixed number of clients without replacement (not the "
+            "Poisson sampling the usual amplification bound assumes), and fedsim draws that sample "
+            "from the public run seed (fedsim/seeding.py), so it is no secret; the bound holds for "
+            "any sampling")
+COVERS = ("one client's whole contribution (add or remove one client) to the released global models "
+          "and, under adaptive clipping, to the clipping norm; not what the strategy aggregates "
+          "without noise (train metrics, update norms, fault counts in results.json and metrics.csv), "
+          "and not against the server, which sees every client's update")
+
+
+@dataclass
+class CentralDP:
+    """What a run's central-DP releases spent: Flower's DP wrappers, one release per aggregated
+    round (``fedsim_strategies/numpy_noise.py``), per phase (a strategy's rounds, e.g. one
+    method's model) and over the whole run (every phase composed: what publishing all the
+    run's models costs). Accounted by :func:`unamplified_epsilon` at ``delta``, add-or-remove-one
+    client neighbours, at the wrapper's (effective) ``noise_multiplier``."""
+
+    delta: float
+    mechanism: str           # the wrapper's class name
+    noise_multiplier: float  # per round; adaptive: update and clipped count together
+    releases: dict[str, int] = field(default_factory=dict)  # phase -> rounds released
+
+    def record(self, phase: str) -> float:
+        """One more release of ``phase``; the phase's epsilon so far."""
+        self.releases[phase] = self.releases.get(phase, 0) + 1
+        return self.epsilon(self.releases[phase])
+
+    def epsilon(self, releases: int) -> float:
+        return unamplified_epsilon(self.noise_multiplier, self.delta, releases)
+
+    def report(self) -> dict:
+        """results.json's ``privacy.central_dp``: the guarantee, its assumptions, per phase the
+        epsilon after each round, and the run's total."""
+        return {"mechanism": self.mechanism, "noise_multiplier": self.noise_multiplier,
+                "delta": self.delta, "accountant": "RDP (Flower's RdpAccountant, dp-accounting), "
+                                                   "add-or-remove-one client",
+                "amplification_by_sampling": SAMPLING, "covers": COVERS,
+                "epsilon_per_round": self.epsilon(1),
+                "phases": {phase: {"rounds": n, "epsilon": self.epsilon(n),
+                                   "epsilon_by_round": [self.epsilon(t) for t in range(1, n + 1)]}
+                           for phase, n in self.releases.items()},
+                "rounds": sum(self.releases.values()),
+                "epsilon": self.epsilon(sum(self.releases.values()))}

@@ -98,6 +98,7 @@ class Privacy:
     kind: str = MISSING                 # none | dp (Flower's central DP wrappers) | he (HEFedAvg)
     wrapper: Any = MISSING              # the wrapper's _target_ and settings; null: none
     he: str | None = MISSING            # why this wrapper cannot run inside HE (null: it can)
+    delta: float | None = MISSING       # delta of the (epsilon, delta) a dp wrapper's run reports
 
 
 @dataclass
@@ -225,6 +226,7 @@ def check(cfg: DictConfig) -> Protocol:
     if bad:
         raise ValueError(f"faults.message_types: {sorted(bad)} not in {MESSAGE_TYPES}")
     sweep_settings(cfg.sweep)
+    check_privacy(cfg.privacy)
     for key in ("run", "schema"):
         if key not in cfg.protocol:
             raise ValueError(f"protocol.{key} is missing")
@@ -243,6 +245,20 @@ def check(cfg: DictConfig) -> Protocol:
         raise ValueError(f"protocol block does not fit {schema.__name__}: {exc}") from exc
     check_strategy(cfg, protocol)
     return protocol
+
+
+def check_privacy(privacy: DictConfig) -> None:
+    """Refuse a DP wrapper whose reported (epsilon, delta) would mean nothing: a delta outside
+    (0, 1), or no noise (epsilon unbounded: a run without DP is ``privacy=none``)."""
+    if privacy.kind != "dp":
+        return
+    if privacy.delta is None or not 0 < privacy.delta < 1:
+        raise ValueError(f"privacy.delta must be in (0, 1) (the chance the reported epsilon fails), "
+                         f"got {privacy.delta}")
+    sigma = privacy.wrapper.get("noise_multiplier")
+    if sigma is None or sigma <= 0:
+        raise ValueError(f"privacy.wrapper.noise_multiplier must be > 0 for a run that reports an "
+                         f"epsilon, got {sigma} (no noise: no DP; privacy=none runs without a wrapper)")
 
 
 def entry(node) -> dict:

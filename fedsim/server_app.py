@@ -34,7 +34,7 @@ from fedsim.journal import Journal
 from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
 from fedsim.mlflow_sink import MlflowSink
 from fedsim.privacy import NOT_PRIVATE, NoiseSource
-from fedsim.results import RunOutput, ship_results
+from fedsim.results import RunOutput, markdown_table, ship_results
 from fedsim.secret import derive, run_secret
 from fedsim.seeding import seed_server
 from fedsim.sharded_grid import ShardedGrid
@@ -110,9 +110,9 @@ def _run(grid: Grid, cfg, out: RunOutput) -> None:
                               noise=noise, know_partitions=True)
         seed_server(int(cfg.seed))
         results, summary = get_method(cfg.protocol.run)(messenger, cfg, out)
-        results["privacy"] = {"private_noise": noise.private,
-                              **({} if noise.private else {"warning": NOT_PRIVATE}),
-                              **({"dp_sgd_epsilon": messenger.epsilon} if messenger.epsilon else {})}
+        results["privacy"] = privacy_results(messenger, noise)
+        if "central_dp" in results["privacy"]:
+            summary = f"{summary.rstrip()}\n\n{central_dp_section(results['privacy']['central_dp'])}\n"
         summary = summary if noise.private else f"**Warning: {NOT_PRIVATE}.**\n\n{summary}"
         # traffic per phase and round, beside any per-method summary the protocol made
         results.update(faults=messenger.faults,
@@ -130,6 +130,30 @@ def _run(grid: Grid, cfg, out: RunOutput) -> None:
         raise
     finally:
         sinks.close(failed)
+
+
+def privacy_results(messenger: Messenger, noise: NoiseSource) -> dict:
+    """results.json's ``privacy``: whether the DP noise was private, each client's DP-SGD epsilon
+    per round, and what Flower's DP wrappers spent (``central_dp``, ``fedsim/privacy.py``)."""
+    return {"private_noise": noise.private,
+            **({} if noise.private else {"warning": NOT_PRIVATE}),
+            **({"dp_sgd_epsilon": messenger.epsilon} if messenger.epsilon else {}),
+            **({"central_dp": messenger.central_dp.report()} if messenger.central_dp else {})}
+
+
+def central_dp_section(spent: dict) -> str:
+    """The summary's account of a Flower DP wrapper's run: the run's (epsilon, delta), each
+    phase's, and the assumptions they rest on, where a reader of the table sees them."""
+    rows = [{"phase": phase, **p} for phase, p in spent["phases"].items()]
+    return "\n\n".join([
+        "## Privacy spent (central DP)",
+        f"(epsilon, delta) = ({spent['epsilon']:.3f}, {spent['delta']:g}) for the whole run: "
+        f"{spent['rounds']} rounds of {spent['mechanism']} at noise multiplier "
+        f"{spent['noise_multiplier']:.4g} ({spent['epsilon_per_round']:.3f} per round), every phase "
+        "composed. Per phase (one model each):",
+        markdown_table(rows, ["phase", "rounds", "epsilon"], digits=3),
+        f"Accountant: {spent['accountant']}. Amplification by sampling: {spent['amplification_by_sampling']}. "
+        f"Covers: {spent['covers']}."])
 
 
 def noise_source(cfg, secret: bytes) -> NoiseSource:

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from fedsim.messaging import ANY, Messenger, Policy
 from fedsim.schema import entry as schema_entry
 from fedsim.validators import model_reply
-from fedsim_strategies.numpy_noise import NumpyNoise
+from fedsim_strategies.numpy_noise import NumpyNoise, account
 
 
 def build_strategy(cfg: DictConfig, messenger: Messenger, clients: int, entry=None, he: dict | None = None,
@@ -24,7 +24,8 @@ def build_strategy(cfg: DictConfig, messenger: Messenger, clients: int, entry=No
     entry's ``traits`` are fedsim's data, not the class's; a null ``train_loss_key`` is the
     slot's ``loss_key``; a wrapper's null ``num_sampled_clients`` is how many the strategy
     samples of ``clients``. Flower's DP wrappers draw their noise from the run's private
-    source (``NumpyNoise``)."""
+    source (``NumpyNoise``) and count what they spend in the run's one account
+    (``messenger.central_dp``, at ``privacy.delta``), which results.json reports."""
     slot = entry is None
     settings = schema_entry(cfg.strategy if slot else entry)
     if "train_loss_key" in settings and settings["train_loss_key"] is None:
@@ -37,7 +38,10 @@ def build_strategy(cfg: DictConfig, messenger: Messenger, clients: int, entry=No
     if "num_sampled_clients" in wrapper and wrapper["num_sampled_clients"] is None:
         wrapper["num_sampled_clients"] = sampled(strategy, clients)
     wrapped = instantiate(wrapper, strategy=strategy)
-    return NumpyNoise(wrapped, messenger.noise) if cfg.privacy.kind == "dp" and not he else wrapped
+    if cfg.privacy.kind != "dp" or he:
+        return wrapped
+    messenger.central_dp = messenger.central_dp or account(wrapped, float(cfg.privacy.delta))
+    return NumpyNoise(wrapped, messenger.noise, messenger.central_dp)
 
 
 def sampled(strategy, clients: int) -> int:

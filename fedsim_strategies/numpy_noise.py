@@ -17,17 +17,26 @@ sensitivity is C / m, so that round's noise is sigma C / m: the noise multiplier
 round's privacy cost, stays sigma. (A missing client cannot be replaced by a zero update: Flower's
 clipping divides by the update's norm.) Flower's accounted mode asks for the same (equal weights,
 n replies) but refuses instead, and only around a plain FedAvg. Clipping and noise stay Flower's.
+
+Every round the wrapper aggregates is one Gaussian release at noise multiplier sigma, recorded in
+the run's :class:`~fedsim.privacy.CentralDP` under the phase's label (the grid's), whose epsilon
+goes into results.json and the summary (``fedsim/server_app.py``). A round is recorded as soon as
+it has replies to aggregate: an adaptive wrapper releases its noisy clipped count before the mean.
 """
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 
 import numpy as np
 from flwr.app import Message, MetricRecord
 from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy.dp_adaptive_clipping import DifferentialPrivacyAdaptiveBase
 
-from fedsim.privacy import FLOWER_DP, NoiseSource
+from fedsim.privacy import FLOWER_DP, CentralDP, NoiseSource, adaptive_noise_multiplier
+
+log = logging.getLogger("fedsim")
 
 
 @contextmanager
@@ -52,17 +61,35 @@ def equal_weight(reply: Message, key: str) -> Message:
     return reply
 
 
-class NumpyNoise(Strategy):
-    """``strategy`` (a Flower DP wrapper) with its global-numpy noise from ``noise``."""
+def account(wrapper: Strategy, delta: float) -> CentralDP:
+    """An empty account of ``wrapper``'s releases at ``delta``. An adaptive wrapper's round
+    releases its update's noise (sigma_u) and its clipped count's (std s) at the effective
+    multiplier of Andrew et al. 2021, which is the ``noise_multiplier`` it was configured with:
+    Flower derived sigma_u from it and keeps only sigma_u."""
+    mechanism = type(wrapper).__name__
+    if not isinstance(wrapper, DifferentialPrivacyAdaptiveBase):
+        return CentralDP(delta, mechanism, wrapper.noise_multiplier)
+    update, count = wrapper.noise_multiplier, wrapper.clipped_count_stddev
+    return CentralDP(delta, f"{mechanism} (update sigma {update:.4g}, clipped-count std {count:.4g}: the "
+                            "effective noise multiplier of Andrew et al. 2021, as Flower and TF-privacy compute it)",
+                     adaptive_noise_multiplier(update, count))
 
-    def __init__(self, strategy: Strategy, noise: NoiseSource):
+
+class NumpyNoise(Strategy):
+    """``strategy`` (a Flower DP wrapper) with its global-numpy noise from ``noise``; its
+    releases counted in ``spent``."""
+
+    def __init__(self, strategy: Strategy, noise: NoiseSource, spent: CentralDP):
         self.strategy = strategy
         self.noise = noise
+        self.spent = spent
+        self.phase = "train"  # the grid's label, once a round is configured
 
     def summary(self) -> None:
         self.strategy.summary()
 
     def configure_train(self, server_round, arrays, config, grid):
+        self.phase = getattr(grid, "label", self.phase)  # a PhaseGrid names its phase
         return self.strategy.configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round, replies):
@@ -70,6 +97,10 @@ class NumpyNoise(Strategy):
         replies = [equal_weight(r, key) for r in replies if not r.has_error()]
         if not replies:
             return None, None
+        epsilon = self.spent.record(self.phase)
+        log.info("%s round %d: central DP epsilon %.4g at delta %g after %d releases (sigma %.4g, no "
+                 "amplification by sampling)", self.phase, server_round, epsilon, self.spent.delta,
+                 self.spent.releases[self.phase], self.spent.noise_multiplier)
         sampled = self.strategy.num_sampled_clients
         self.strategy.num_sampled_clients = min(sampled, len(replies))  # the n of the noise: the mean's
         try:

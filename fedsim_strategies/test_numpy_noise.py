@@ -13,7 +13,7 @@ from flwr.serverapp.strategy import (
 
 from fedsim.privacy import NoiseSource
 from fedsim_strategies.conftest import NodeIds
-from fedsim_strategies.numpy_noise import NumpyNoise
+from fedsim_strategies.numpy_noise import NumpyNoise, account
 
 DIM = 20_000
 
@@ -29,8 +29,8 @@ def _reply(node: int, first: float, examples: int, loss: float) -> Message:
 def _aggregate(wrapper, n: int, replies: list[Message], sigma: float = 0.0):
     clip = {"initial_clipping_norm": 1.0, "clipped_count_stddev": 1.0} if "Adaptive" in wrapper.__name__ \
         else {"clipping_norm": 1.0}
-    strategy = NumpyNoise(wrapper(FedAvg(fraction_train=1.0), noise_multiplier=sigma, num_sampled_clients=n, **clip),
-                          NoiseSource.public(0))
+    dp = wrapper(FedAvg(fraction_train=1.0), noise_multiplier=sigma, num_sampled_clients=n, **clip)
+    strategy = NumpyNoise(dp, NoiseSource.public(0), account(dp, 1e-5))
     list(strategy.configure_train(1, ArrayRecord({"w": Array(np.zeros(DIM))}), ConfigRecord(), NodeIds(n)))
     arrays, metrics = strategy.aggregate_train(1, replies)
     return strategy, arrays["w"].numpy(), metrics

@@ -10,7 +10,8 @@
    crashes. The clients of the weight slots are stand-ins speaking the slot's reply contract
    (least squares on their own data, the slot's loss key, through the real ClientApp's
    clipping mod); FedTP's are its real clients on a slice of Topical-Chat. Each run must
-   complete, change the global model and count the crash.
+   complete, change the global model and count the crash; under a DP wrapper, each round is
+   one release in the run's privacy account.
 """
 
 import gc
@@ -150,6 +151,8 @@ def test_weight_slots_run_every_accepted_pair(base, exp, strategy, privacy):
     for rnd in range(1, ROUNDS + 1):
         assert messenger.faults["slot/train"][rnd]["failed"] == 1, messenger.faults
         assert messenger.faults["slot/train"][rnd]["accepted"] == CLIENTS - 1
+    if cfg.privacy.kind == "dp":  # every round one release, in the account results.json reports
+        assert messenger.central_dp.releases == {"slot": ROUNDS}
 
 
 FEDTP_SLICE = ["task.max_per_split=5", "data_root=../shared/data"]
