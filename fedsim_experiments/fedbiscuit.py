@@ -175,15 +175,22 @@ def evaluate_selectors(selector, weights: list[dict], fed: Federation, minority_
     return out
 
 
-def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
+def context(messenger: Messenger, cfg: DictConfig, selector) -> Context:
+    """The runners' context: every client discovered, the server's view of the data, and
+    ``selector``'s weights as the initial ones (a function of its own, so that a test drives a
+    runner with the messages a run sends)."""
     base = client_config(cfg)
     nodes, records = discover(messenger, base, keys.CONFIG, keys.INFO, keys.PARTITION_ID)
     info = {partition_id: {k: r[k] for k in (keys.NUM_EXAMPLES, keys.NUM_VALID, keys.POPULATION)}
             for partition_id, r in records.items()}
     task = OmegaConf.to_container(cfg.task, resolve=True)
-    federation = Federation(task, task["data_root"])
+    return Context(messenger, cfg, base, nodes, info, Federation(task, task["data_root"]), selector.weights())
+
+
+def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
     selector = instantiate(cfg.task.selector, seed=cfg.task.seed)
-    ctx = Context(messenger, cfg, base, nodes, info, federation, selector.weights())
+    ctx = context(messenger, cfg, selector)
+    federation, info, nodes = ctx.federation, ctx.info, ctx.nodes
     share = len(federation.minority) / federation.num_clients
     pairs = {partition_id: i[keys.NUM_EXAMPLES] for partition_id, i in info.items()}
     pair_share = sum(pairs[partition_id] for partition_id in federation.minority) / sum(pairs.values())

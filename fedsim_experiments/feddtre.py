@@ -288,29 +288,37 @@ def evaluate_generator(ctx: Context, weights: dict, dataset: str, evaluator, mod
             "example": {"context": chosen[0].prompt, "reply": replies[0], "true": chosen[0].reply}}
 
 
+def context(messenger: Messenger, cfg: DictConfig, protocol: FedDTREProtocol, base_path: str, model) -> Context:
+    """The runners' context: every client discovered, the task's datasets, the base generator at
+    ``base_path`` and the initial weights of ``model``'s adapters (a function of its own, so that a
+    test drives a runner with the messages a run sends)."""
+    base_cfg = client_config(cfg)
+    nodes, info = discover(messenger, base_cfg, keys.CONFIG, keys.INFO, keys.PARTITION_ID)
+    task = OmegaConf.to_container(cfg.task, resolve=True)
+    return Context(messenger, cfg, base_cfg, nodes, {p: dict(i) for p, i in info.items()}, protocol,
+                   load_tasks(task, task["data_root"]), base_path, trainable_arrays(model))
+
+
 def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
     protocol = check(cfg)  # the protocol block as its typed dataclass
     if protocol.clients_per_round > int(cfg.task.num_clients):  # Flower would wait for nodes that never come
         raise ValueError(f"protocol.clients_per_round={protocol.clients_per_round} but the task has "
                          f"{cfg.task.num_clients} clients (task.num_clients)")
-    base_cfg = client_config(cfg)
-    nodes, info = discover(messenger, base_cfg, keys.CONFIG, keys.INFO, keys.PARTITION_ID)
     task = OmegaConf.to_container(cfg.task, resolve=True)
-    tasks = load_tasks(task, task["data_root"])
     g = protocol.generator
     start = time.perf_counter()
     base_seed = int(cfg.seed if g.base_seed is None else g.base_seed)
     base_path, base_record = base_generator(g, task["data_root"], base_seed)
     model = load_policy(base_path, dict(g.lora), int(cfg.task.seed), g.quantization)
     tokenizer = load_tokenizer(base_path)
-    ctx = Context(messenger, cfg, base_cfg, nodes, {p: dict(i) for p, i in info.items()}, protocol, tasks,
-                  base_path, trainable_arrays(model))
-    results = {"clients": {str(p): dict(i) for p, i in sorted(info.items())},
+    base_seconds = time.perf_counter() - start
+    ctx = context(messenger, cfg, protocol, base_path, model)
+    results = {"clients": {str(p): dict(i) for p, i in sorted(ctx.info.items())},
                "data": {name: {"train": f"{d.spec['train_split']} split ({len(d.train)} conversations)",
                                "evaluation": f"{d.spec['eval_split']} split: {len(d.trust_heldout)} conversations "
                                              f"for trust pairs, {len(d.test)} for generation contexts"}
-                        for name, d in tasks.items()},
-               "base": {"path": base_path, "sft": base_record, "seconds": time.perf_counter() - start}}
+                        for name, d in ctx.tasks.items()},
+               "base": {"path": base_path, "sft": base_record, "seconds": base_seconds}}
     evaluator = instantiate(cfg.task.evaluator, seed=int(cfg.task.seed))
     results["evaluator"] = train_evaluator(ctx, evaluator)
     ctx.evaluator_blob = to_bytes(evaluator.weights())
@@ -318,7 +326,7 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     contaminated, share = contamination(task)
     if contaminated:
         results["contamination"] = {"clients": sorted(contaminated), "share": share, "methods": {}}
-    for dataset in tasks:
+    for dataset in ctx.tasks:
         for name, spec in protocol.methods.items():
             if spec is None:  # a preset's method turned off
                 continue

@@ -348,18 +348,23 @@ def train_and_evaluate(ctx: Context, name: str, spec: DictConfig) -> dict:
             **trained.details}
 
 
-def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
+def context(messenger: Messenger, cfg: DictConfig) -> Context:
+    """The runners' context: every client discovered, the step budget (a function of its own, so
+    that a test drives a runner with the messages a run sends)."""
     base = client_config(cfg)
     nodes, info = _discover(messenger, base)
-    p = cfg.protocol
-    budget = int(cfg.num_rounds * p.local_steps * len(nodes))
-    ctx = Context(messenger, cfg, base, nodes, info, budget)
-    log.info("[fede4rag] %d clients %s; budget %d optimizer steps per method", len(nodes),
+    return Context(messenger, cfg, base, nodes, info, int(cfg.num_rounds * cfg.protocol.local_steps * len(nodes)))
+
+
+def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
+    ctx = context(messenger, cfg)
+    info, budget = ctx.info, ctx.budget
+    log.info("[fede4rag] %d clients %s; budget %d optimizer steps per method", len(ctx.nodes),
              {partition_id: (i[keys.COMPANIES], i[keys.NUM_PAIRS]) for partition_id, i in sorted(info.items())},
              budget)
     results = {"clients": {str(k): v for k, v in sorted(info.items())}, "budget_steps": budget,
                "methods": {}, "round_cost": {}}
-    for name, spec in p.methods.items():
+    for name, spec in cfg.protocol.methods.items():
         if spec is not None:  # an experiment leaves a method out by setting it to null
             results["methods"][name] = train_and_evaluate(ctx, name, spec)
     for name, rounds in ctx.cost.items():  # per method: compare HE with the plaintext run of equal KD

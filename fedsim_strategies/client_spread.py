@@ -35,30 +35,35 @@ def _flat(arrays: ArrayRecord) -> np.ndarray:
 
 class ClientSpread(Strategy):
     """``strategy`` as it is, plus :func:`spread` of the round's valid replies in its train
-    metrics."""
+    metrics. The spread is taken before the wrapped strategy aggregates, and from a copy of the
+    weights sent: Flower's QFedAvg and Bulyan read records with ``keep_input=False``, which
+    empties the replies' arrays and the sent weights as they go."""
 
     def __init__(self, strategy: Strategy):
         self.strategy = strategy
-        self.sent: ArrayRecord | None = None
+        self.sent: np.ndarray | None = None
 
     def summary(self) -> None:
         self.strategy.summary()
 
     def configure_train(self, server_round, arrays, config, grid):
-        self.sent = arrays
+        self.sent = _flat(arrays)
         return self.strategy.configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round, replies):
         replies = list(replies)
+        stats = self._spread([m.content for m in replies if not m.has_error() and m.content.array_records])
         arrays, metrics = self.strategy.aggregate_train(server_round, replies)
-        valid = [m.content for m in replies if not m.has_error() and m.content.array_records]
-        if arrays is None or not valid or self.sent is None:
+        if arrays is None or stats is None:
             return arrays, metrics
+        return arrays, MetricRecord({**(metrics or {}), **stats})
+
+    def _spread(self, valid: list) -> dict[str, float] | None:
+        if not valid or self.sent is None:
+            return None
         key = getattr(self.strategy, "weighted_by_key", "num-examples")
         weights = [float(next(iter(c.metric_records.values()))[key]) for c in valid]
-        stats = spread([_flat(next(iter(c.array_records.values()))) for c in valid], weights,
-                       _flat(self.sent))
-        return arrays, MetricRecord({**(metrics or {}), **stats})
+        return spread([_flat(next(iter(c.array_records.values()))) for c in valid], weights, self.sent)
 
     def configure_evaluate(self, server_round, arrays, config, grid):
         return self.strategy.configure_evaluate(server_round, arrays, config, grid)

@@ -43,11 +43,11 @@ DATA = "data_root=../shared/data"
 
 
 def serve(msg: Message, partition: int, num_partitions: int) -> RecordDict:
-    """``msg`` through the real ClientApp handler (mods, per-message seeding) as partition
-    ``partition`` of this process."""
+    """``msg`` through the real ClientApp (its mods: fault injection, client-side clipping; the
+    per-message seeding) as partition ``partition`` of this process."""
     context = Context(run_id=1, node_id=100 + partition, state=RecordDict(), run_config={},
                       node_config={"partition-id": partition, "num-partitions": num_partitions})
-    return client_app._handle(msg, context, msg.metadata.message_type).content
+    return client_app.app(msg, context).content
 
 
 def assert_same_reply(a: RecordDict, b: RecordDict) -> None:

@@ -4,51 +4,63 @@
    anything starts (``fedsim.schema.check``); a refused pair names its reason, which comes from
    the entries' data (``traits``, the slot's ``refuses``), never from a name check.
 2. The runs (in process, no Ray: the Ray path of each experiment is covered by its
-   ``test_e2e_*``): every accepted pair builds its strategy the way the experiment does
-   (``fedsim_experiments.common.build_strategy``: the slot's loss key, the privacy wrapper, its n and
-   its private noise) and runs two rounds over an in-process grid of five clients, one of which
-   crashes. The clients of the weight slots are stand-ins speaking the slot's reply contract
-   (least squares on their own data, the slot's loss key, through the real ClientApp's
-   clipping mod); FedTP's are its real clients on a slice of Topical-Chat. Each run must
-   complete, change the global model and count the crash; under a DP wrapper, each round is
-   one release in the run's privacy account.
+   ``test_e2e_*``), five clients of which one crashes (``faults.crash``, the real ClientApp's
+   fault injection), two rounds. The weight slots run every accepted pair with their real
+   clients (``RetrieverClient``, ``DialogueClient``, ``PreferenceClient``) through the real
+   ClientApp (its mods: fault injection, client-side clipping) on a small slice of their data,
+   every model the tiny BERT of ``fedsim_tasks/test_causal_lm.py``; the server side is the
+   experiment's own code: its ``context`` (discovery, initial weights) and the slot's method
+   (``fede4rag.federated`` with method ``fedavg``, ``feddtre.federated`` with the federated
+   baseline on Synthetic-Persona-Chat, its personalized evaluation included,
+   ``fedbiscuit.fedbis``), which build the strategy (``build_strategy``), the train config and
+   the reply check. FedTP runs its prior phase with its real clients on a slice of
+   Topical-Chat. Each run must complete, move the global model (the real model's arrays) to
+   finite values and count the crash as failed, the other replies as accepted; under a DP
+   wrapper, each round is one release in the run's privacy account.
+
+Cost: the fast loop runs each weight slot's every strategy without privacy and FedAvg in every
+privacy wrapper; the rest of the cross product is marked ``slow``.
 """
 
 import gc
+from dataclasses import replace
+from functools import cache, partial
 from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from test_determinism import serve
 
-from fedsim.client_app import dp_clipping_mod
 from fedsim.config import CONF_DIR, choices, compose
 from fedsim.inprocess_grid import InProcessGrid
-from fedsim.messaging import ANY, Messenger, Policy, client_config
-from fedsim.records import from_record, to_record
+from fedsim.messaging import Messenger, client_config
+from fedsim.records import from_record, to_bytes
 from fedsim.schema import check
-from fedsim.validators import model_reply
 from fedsim_clients import fedtp_messages as keys
-from fedsim_experiments import fedtp
-from fedsim_experiments.common import build_strategy
+from fedsim_experiments import fedbiscuit, feddtre, fede4rag, fedtp
+from fedsim_tasks.causal_lm import load_policy
+from fedsim_tasks.test_causal_lm import encoder_dir  # noqa: F401 (fixture: the tiny BERT of every model here)
 from fedsim_tasks.topical_chat.dataset import load_topics
 
 SLOTS = ["fedtp", "fede4rag_paper", "feddtre_paper", "fedbiscuit_paper"]  # one per method's task
 STRATEGIES, PRIVACY = choices("strategy"), choices("privacy")
-CLIENTS, CRASH, ROUNDS, DIM = 5, 4, 2, 6
+CLIENTS, CRASH, ROUNDS = 5, 4, 2
 
 
+@cache  # collection reads them for every pair; a config takes a copy of what it is given
 def _load(group: str, name: str):
     return OmegaConf.load(CONF_DIR / group / f"{name}.yaml")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _cheap_collections():
-    """Flower's robust strategies read replies with ``to_numpy_ndarrays(keep_input=False)``, which
+    """Flower's Bulyan and QFedAvg read replies with ``to_numpy_ndarrays(keep_input=False)``, which
     runs ``gc.collect()`` per reply; with torch and transformers imported each takes ~0.3 s here.
-    Freezing what is alive at the start keeps those collections to the objects a pair makes."""
+    Freezing what is alive at the start keeps those collections to the objects a pair makes
+    (the weight slots' clients freeze again after each reply: ``_serve_frozen``)."""
     gc.collect()
     gc.freeze()
     yield
@@ -109,50 +121,125 @@ def test_dp_around_fede4rag_needs_its_he_method_left_out(base):
     assert verdict(cfg) is None
 
 
-def _stand_in(partition: int, loss_key: str):
-    """A weights client: a few gradient steps of least squares on its own data from the model
-    it received; replies the slot's contract (arrays, num-examples, the loss under ``loss_key``)."""
-    rng = np.random.default_rng(partition)
-    x = rng.normal(size=(20 + 5 * partition, DIM))
-    y = x @ np.linspace(-1, 1, DIM) + 0.1 * rng.normal(size=len(x))
-
-    def train(msg: Message, context) -> Message:
-        if partition == CRASH:
-            raise RuntimeError("injected crash")
-        w = from_record(msg.content["arrays"])["w"].astype(np.float64)
-        for _ in range(3):
-            w = w - 0.1 * x.T @ (x @ w - y) / len(x)
-        loss = float(np.mean((x @ w - y) ** 2))
-        return Message(RecordDict({"arrays": to_record({"w": w.astype(np.float32)}),
-                                   "metrics": MetricRecord({"num-examples": len(x), loss_key: loss})}), reply_to=msg)
-
-    context = Context(run_id=1, node_id=partition, state=RecordDict(), run_config={}, node_config={})
-    return lambda msg: dp_clipping_mod(msg, context, train).content
-
-
-WEIGHT_PAIRS = [(e, s, p) for e in ("fede4rag_paper", "feddtre_paper", "fedbiscuit_paper") for s in STRATEGIES
-                for p in PRIVACY if _load("privacy", p).kind != "he" and _load("strategy", s).traits.takes == "weights"]
+IID = f"{{_target_: flwr_datasets.partitioner.IidPartitioner, num_partitions: {CLIENTS}}}"
+WEIGHT_SLICES = {  # each weight slot's slice: five clients, one local step, the tiny BERT in every model's place
+    "fede4rag_paper": lambda tiny, tmp: [
+        "task.companies=[Boeing,PepsiCo,Costco,Nike,Apple]", "task.pages_per_client=4", f"task.model={tiny}",
+        "task.max_seq_length=32", f"task.he.key_dir={tmp / 'keys'}", "protocol.local_steps=1",
+        "protocol.batch_size=2", "protocol.methods.fede4rag=null"],  # its HE method: test_he_fedavg.py
+    "feddtre_paper": lambda tiny, tmp: [
+        f"task.num_clients={CLIENTS}", "task.max_conversations=50", "~task.datasets.cmu_dog",
+        "~task.datasets.persona_chat.partitioner", f"+task.datasets.persona_chat.partitioner={IID}",
+        "task.trust.contexts_per_client=2", f"task.evaluator.model={tiny}", "task.evaluator.max_length=32",
+        "task.evaluator.response_length=16", f"protocol.generator.model={tiny}",
+        "protocol.generator.base_sft_steps=0", f"protocol.generator.base_dir={tmp / 'generator'}",
+        "protocol.generator.max_length=48", "protocol.generator.local_steps=1", "protocol.generator.batch_size=2",
+        "protocol.generator.eval_contexts=1", "protocol.generator.max_new_tokens=4", "protocol.personal_contexts=1",
+        f"protocol.clients_per_round={CLIENTS}"],
+    "fedbiscuit_paper": lambda tiny, tmp: [
+        "task.max_pairs=300", "task.splits={test: 10, judge: 10, server: 10}", "task.n_topics=4",
+        f"task.topic_model={tiny}", f"task.partitioner.num_partitions={CLIENTS}",
+        "task.partitioner.min_partition_size=10", f"task.selector.model={tiny}", "task.selector.max_length=32",
+        "protocol.local_steps=1", "protocol.batch_size=4", "protocol.fraction_train=1.0"],
+}
 
 
-@pytest.mark.parametrize("exp,strategy,privacy", WEIGHT_PAIRS)
-def test_weight_slots_run_every_accepted_pair(base, exp, strategy, privacy):
-    cfg = with_pair(base[exp], strategy, privacy)
-    cfg.protocol.methods.fede4rag = None  # FedE4RAG's HE method is the HE wrapper's (test_he_fedavg.py)
+def _feddtre_context(messenger: Messenger, cfg):
+    """As ``feddtre.run`` builds it, the base generator as published (no SFT); the trust
+    evaluator untrained (its weights travel to the clients that score trust)."""
+    protocol = check(cfg)
+    g = protocol.generator
+    base, _ = feddtre.base_generator(g, cfg.data_root, int(cfg.seed))
+    ctx = feddtre.context(messenger, cfg, protocol, str(base), load_policy(base, dict(g.lora), int(cfg.task.seed)))
+    ctx.evaluator_blob = to_bytes(instantiate(cfg.task.evaluator, seed=int(cfg.task.seed)).weights())
+    return ctx
+
+
+CONTEXTS = {
+    "fede4rag_paper": fede4rag.context,
+    "feddtre_paper": _feddtre_context,
+    "fedbiscuit_paper": lambda messenger, cfg: fedbiscuit.context(
+        messenger, cfg, instantiate(cfg.task.selector, seed=cfg.task.seed)),
+}
+
+
+def _fede4rag(ctx, name: str) -> tuple[dict, dict, str]:
+    """FedE4RAG's plain FedAvg method (the slot) over every company."""
+    trained = fede4rag.federated(ctx, name, ctx.cfg.protocol.methods.fedavg)
+    return from_record(ctx.initial), from_record(trained.arrays), f"{name}/train"
+
+
+def _feddtre(ctx, name: str) -> tuple[dict, dict, str]:
+    """FedDTRE's federated baseline (the slot) on Synthetic-Persona-Chat, then every client's
+    personalized evaluation."""
+    out = feddtre.federated(ctx, name, ctx.cfg.protocol.methods.fedavg, "persona_chat")
+    assert len(out["personalized"]["clients"]) == CLIENTS
+    return ctx.initial, out["weights"], f"persona_chat/{name}/train"
+
+
+def _fedbis(ctx, name: str) -> tuple[dict, dict, str]:
+    """FedBis (the slot): one selector over every client."""
+    out = fedbiscuit.fedbis(ctx, name, ctx.cfg.protocol.methods.fedbis)
+    return ctx.initial, out["selectors"][0], f"{name}/train"
+
+
+METHODS = {"fede4rag_paper": _fede4rag, "feddtre_paper": _feddtre, "fedbiscuit_paper": _fedbis}
+
+
+def _serve_frozen(msg, partition: int):
+    """A client's reply, then what is alive frozen again: FedE4RAG's trainer unfreezes everything
+    as it returns (``collect_only_new_objects``), after which each ``gc.collect()`` Flower's Bulyan
+    and QFedAvg run per reply they read rescans the whole process (~0.5 s each here)."""
+    try:
+        return serve(msg, partition, CLIENTS)
+    finally:
+        gc.freeze()
+
+
+@pytest.fixture(scope="module")
+def slot_context(encoder_dir, tmp_path_factory):  # noqa: F811 (the imported fixture)
+    """A weight slot's runner context, built once per slot as its run builds it (discovery
+    through the real clients); the ClientApp keeps each client (model, data) across the pairs."""
+    @cache
+    def build(exp: str):
+        tmp = tmp_path_factory.mktemp(exp)
+        cfg = compose([f"experiment={exp}", "data_root=../shared/data", f"num_rounds={ROUNDS}",
+                       f"faults.crash=[{CRASH}]", f"client_state.dir={tmp / 'state'}",
+                       *WEIGHT_SLICES[exp](encoder_dir, tmp)])
+        grid = InProcessGrid({100 + p: partial(_serve_frozen, partition=p) for p in range(CLIENTS)}, keep_replies=False)
+        return CONTEXTS[exp](Messenger(grid, timeout=60), cfg)
+    return build
+
+
+def _weight_pairs():
+    """Every (weight slot, strategy its clients' replies fit, privacy wrapper but HE: FedE4RAG's
+    HE path is test_he_fedavg.py's); the fast loop takes every strategy without privacy and
+    FedAvg in every wrapper."""
+    for exp in METHODS:
+        accepts = _load("experiment", exp).protocol.strategy_slot.accepts
+        for s in STRATEGIES:
+            for p in PRIVACY:
+                if _load("strategy", s).traits.takes in accepts and _load("privacy", p).kind != "he":
+                    fast = p == "none" or s == "fedavg"
+                    yield pytest.param(exp, s, p, marks=() if fast else pytest.mark.slow)
+
+
+@pytest.mark.parametrize("exp,strategy,privacy", list(_weight_pairs()))
+def test_weight_slots_run_every_accepted_pair(slot_context, exp, strategy, privacy):
+    ctx = slot_context(exp)
+    cfg = with_pair(ctx.cfg, strategy, privacy)
     if verdict(cfg) is not None:
         pytest.skip("refused: the first test checks why")
-    loss_key = cfg.protocol.strategy_slot.loss_key
-    messenger = Messenger(InProcessGrid({p + 1: _stand_in(p, loss_key) for p in range(CLIENTS)}), timeout=5)
-    initial = to_record({"w": np.zeros(DIM, np.float32)})
-    strategy_ = build_strategy(cfg, messenger, CLIENTS, fraction_evaluate=0.0)
-    result = strategy_.start(messenger.grid("slot", Policy(ANY, model_reply(initial))), initial, ROUNDS, 5,
-                             ConfigRecord({}))
-    w = from_record(result.arrays)["w"]
-    assert np.all(np.isfinite(w)) and np.abs(w).max() > 1e-3  # the global model moved off zero
+    messenger = Messenger(ctx.messenger.raw, timeout=60)
+    initial, final, phase = METHODS[exp](replace(ctx, cfg=cfg, messenger=messenger), f"{strategy}-{privacy}")
+    assert list(final) == list(initial)
+    assert all(np.all(np.isfinite(final[k])) for k in final)
+    assert any(not np.allclose(final[k], initial[k]) for k in final)  # the global model moved
     for rnd in range(1, ROUNDS + 1):
-        assert messenger.faults["slot/train"][rnd]["failed"] == 1, messenger.faults
-        assert messenger.faults["slot/train"][rnd]["accepted"] == CLIENTS - 1
+        assert messenger.faults[phase][rnd]["failed"] == 1, messenger.faults
+        assert messenger.faults[phase][rnd]["accepted"] == CLIENTS - 1
     if cfg.privacy.kind == "dp":  # every round one release, in the account results.json reports
-        assert messenger.central_dp.releases == {"slot": ROUNDS}
+        assert messenger.central_dp.releases == {phase.removesuffix("/train"): ROUNDS}
 
 
 FEDTP_SLICE = ["task.max_per_split=5", "data_root=../shared/data"]
