@@ -287,3 +287,23 @@ def test_a_corpus_with_other_texts_under_the_same_ids_gets_its_own_store(tmp_pat
     key = corpus_store(tiny_encoder, "w", plain, tmp_path, 10, "torch").key
     assert key == corpus_store(tiny_encoder, "w", dict(plain), tmp_path, 10, "torch").key
     assert key != corpus_store(tiny_encoder, "w", titled, tmp_path, 10, "torch").key
+
+
+def test_training_leaves_the_collectors_freeze_as_it_found_it():
+    import gc
+
+    from fedsim_tasks.financebench_rag.train import collect_only_new_objects
+    frozen = gc.get_freeze_count()
+    gc.unfreeze()
+    try:
+        with collect_only_new_objects():
+            assert gc.get_freeze_count() > 0
+        assert gc.get_freeze_count() == 0  # nothing stays frozen in a process that froze nothing
+        gc.freeze()  # a warm ClientApp's fork: its preloaded heap stays frozen
+        with collect_only_new_objects():
+            pass
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        if frozen:
+            gc.freeze()

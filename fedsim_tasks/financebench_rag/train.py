@@ -82,12 +82,16 @@ def collect_only_new_objects():
     memory). A full collection rescans every object the process holds, ~0.7M once torch,
     transformers, datasets (and in a Ray actor Ray and Flower) are imported: 0.3-0.9 s per
     training call here. Freezing what exists leaves it the objects the call makes; unfreezing
-    afterwards hands everything back to the normal collections (nothing stays frozen)."""
+    afterwards hands everything back to the normal collections (nothing stays frozen), unless
+    the process had frozen its heap before (a warm ClientApp's fork, ``fedsim/superexec.py``:
+    unfreezing would hand the preloaded libraries' objects back to every later collection)."""
+    frozen_before = gc.get_freeze_count() > 0
     gc.freeze()
     try:
         yield
     finally:
-        gc.unfreeze()
+        if not frozen_before:
+            gc.unfreeze()
 
 
 @contextmanager
