@@ -33,6 +33,7 @@ from flwr.supercore.cli.flower_superexec import flower_superexec
 from flwr.supercore.superexec.executor import subprocess_executor
 
 from fedsim.flower_waits import shorten_pull_backoff
+from fedsim.supernode import after_separator
 
 CLIENTAPP = "flwr-clientapp"
 APP_PACKAGES = ("fedsim", "fedsim_")  # the FAB's top-level packages (and this launcher's)
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     context.set_forkserver_preload(["flwr.supernode.cli", *filter(None, args.preload.split(","))])
     forkserver.ensure_running()  # the imports happen now, while the run starts, not at its first message
     subprocess_executor.subprocess = ForkingPopen(context, args.pull_backoff)
-    sys.argv = ["flower-superexec", *[a for i, a in enumerate(args.flower_args) if i or a != "--"]]
+    sys.argv = ["flower-superexec", *after_separator(args.flower_args)]
     flower_superexec()
 
 

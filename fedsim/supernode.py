@@ -22,6 +22,11 @@ from flwr.supernode.cli import flower_supernode
 from fedsim.flower_waits import Sleeps, shorten_pull_backoff
 
 
+def after_separator(remainder: list[str]) -> list[str]:
+    """The wrapped Flower command's arguments: argparse's REMAINDER keeps the leading ``--``."""
+    return remainder[1:] if remainder[:1] == ["--"] else remainder
+
+
 class WarmSuperExec:
     """Stands in for ``subprocess`` in start_client_internal, whose one call starts
     ``flower-superexec``: the same arguments go to ``fedsim.superexec``."""
@@ -48,8 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         shorten_pull_backoff(args.pull_backoff)
     if args.preload is not None:
         start_client_internal.subprocess = WarmSuperExec(args.preload, args.pull_backoff)
-    flower = [a for i, a in enumerate(args.flower_args) if i or a != "--"]
-    sys.argv = ["flower-supernode", *flower]  # flower_supernode parses sys.argv
+    sys.argv = ["flower-supernode", *after_separator(args.flower_args)]  # flower_supernode parses sys.argv
     flower_supernode()
 
 
