@@ -307,7 +307,7 @@ def sft_train(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, 
     weights, ``w_start`` being the (global) weights this call starts from. Dropout masks are
     drawn from ``seed`` too: torch's global generator otherwise holds whatever the process did
     before (a Ray actor serves many clients, in the order the scheduler gives). ``dp`` enabled:
-    the steps are DP-SGD's (:func:`private_sft`; ``dp_state``: its history and horizon)."""
+    the steps are DP-SGD's (:func:`private_sft`; ``dp_state``: its horizon)."""
     if dp is not None and dp.enabled:
         if proximal_mu > 0:
             raise ValueError("dp_sgd with FedProx: the proximal term's gradient is not per record "
@@ -339,15 +339,15 @@ def sft_train(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, 
 
 
 def private_sft(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, batch_size: int, lr: float,
-                max_length: int, dp: DPSGD, history: list | None = None, horizon_steps: int = 0,
+                max_length: int, dp: DPSGD, horizon_steps: int = 0,
                 noise_seed: int | None = None) -> dict:
     """SFT under DP-SGD (``fedsim_tasks/dp_sgd.py``): Poisson batches of expected size ``batch_size``
     drawn from the client's own randomness (not the run's seed: the server would know them),
     each record's loss its own mean token nll (so its gradient depends on it alone), clipped
-    and noised. The stats add the epsilon spent so far (``history``: this client's earlier
-    steps on these records) and this call's steps."""
+    and noised. The stats add this call's epsilon and its steps (a client composes its trainings
+    with a ``StepsLedger``)."""
     private = PrivateSteps(dp, model, _optimizer(model, lr), len(examples), batch_size,
-                           horizon_steps or steps, history, noise_seed)
+                           horizon_steps or steps, noise_seed)
     model.train()
     losses, start = [], time.perf_counter()
     try:

@@ -10,9 +10,9 @@ each record's gradient to ``max_grad_norm`` and adds Gaussian noise of std
 ``DPOptimizer``); Opacus's RDP accountant turns the steps taken so far into the epsilon spent at
 ``delta``. A task's loop turns it on with :class:`PrivateSteps`:
 
-    steps = PrivateSteps(cfg, model, optimizer, n, batch_size, horizon, history)
+    steps = PrivateSteps(cfg, model, optimizer, n, batch_size, horizon)
     for idx in steps.batches(local_steps): loss = mean of per-record losses; steps.step(loss)
-    steps.close(); steps.epsilon(); steps.steps  # steps: this call's, for the client's StepsLedger
+    steps.close(); ledger.add(account, steps.steps); spent_epsilon(ledger.history(), delta)
 
 The batches and the noise are drawn from the OS's randomness, never the run's public seed: a
 server knowing the seed would know which steps used a record (each such step a Gaussian release
@@ -113,8 +113,8 @@ class StepsLedger:
 
 class PrivateSteps:
     """One local training call under DP-SGD: Poisson batches over ``num_examples`` records,
-    per-record clipping and noise on ``optimizer``'s step, the epsilon counted over ``history``
-    (this client's earlier steps on the same records) and this call's. ``horizon_steps``:
+    per-record clipping and noise on ``optimizer``'s step, its steps accounted (a client's
+    :class:`StepsLedger` composes them with its other trainings). ``horizon_steps``:
     the steps the whole run may take on these records (``target_epsilon`` is spent over them).
     The loss handed to :meth:`step` must be the mean of per-record losses, each depending on
     its own record only (a mean over the batch's tokens would couple records); the step is the
@@ -122,7 +122,7 @@ class PrivateSteps:
 
     def __init__(self, cfg: DPSGD, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  num_examples: int, batch_size: int, horizon_steps: int,
-                 history: list | None = None, noise_seed: int | None = None):
+                 noise_seed: int | None = None):
         if not cfg.enabled:
             raise ValueError("PrivateSteps needs dp_sgd.enabled")
         if num_examples < 1:
@@ -132,8 +132,7 @@ class PrivateSteps:
         self.sigma = cfg.noise_multiplier or get_noise_multiplier(
             target_epsilon=cfg.target_epsilon, target_delta=cfg.delta, sample_rate=self.rate,
             steps=max(horizon_steps, 1), accountant="rdp")
-        self.earlier = [list(h) for h in history or []]
-        self.accountant = RDPAccountant()  # this call's steps
+        self.accountant = RDPAccountant()
         self.module = GradSampleModule(model, loss_reduction="mean")  # hooks on the model's layers
         self.generator = torch.Generator().manual_seed(secrets.randbits(63) if noise_seed is None else noise_seed)
         self.optimizer = DPOptimizer(optimizer, noise_multiplier=self.sigma, max_grad_norm=cfg.max_grad_norm,
@@ -168,9 +167,6 @@ class PrivateSteps:
         """This call's steps (the accountant's entries), for the client's :class:`StepsLedger`."""
         return [list(h) for h in self.accountant.history]
 
-    @property
-    def history(self) -> list:
-        return self.earlier + self.steps
-
     def epsilon(self) -> float:
-        return spent_epsilon(self.history, self.cfg.delta)
+        """This call's epsilon alone."""
+        return spent_epsilon(self.steps, self.cfg.delta)

@@ -1,6 +1,7 @@
 """DP-SGD (Opacus) for a client's local training: per-record clipping and noise really happen,
-the epsilon is reported and grows with the steps (also across calls, through the history), the
-model is left without hooks, and wrong settings are refused before a run."""
+the epsilon is reported and grows with the steps (also across calls, through a client's ledger),
+the batches are no function of the run's seed, the model is left without hooks, and wrong
+settings are refused before a run."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from fedsim.config import compose
 from fedsim.schema import check
 from fedsim_tasks import causal_lm
 from fedsim_tasks.causal_lm import load_policy, load_tokenizer, prepare_base, sft_train
-from fedsim_tasks.dp_sgd import DP_EPSILON, DPSGD, PrivateSteps
+from fedsim_tasks.dp_sgd import DP_EPSILON, DPSGD, PrivateSteps, StepsLedger, spent_epsilon
 from fedsim_tasks.test_causal_lm import encoder_dir, one_thread  # noqa: F401 (fixtures: a tiny BERT, one thread)
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["query", "value"]}
@@ -57,16 +58,19 @@ def test_each_record_is_clipped_and_noise_is_added():
     assert 0 < float(w.norm()) < 1.0 and abs(float(w.std()) - 2.0 / 64) < 2.0 / 64
 
 
-def test_epsilon_grows_with_steps_and_carries_over_rounds():
+def test_epsilon_grows_with_steps_and_carries_over_rounds(tmp_path):
     dp = dp_sgd(enabled=True, max_grad_norm=1.0, noise_multiplier=1.0, delta=1e-5)
     records = torch.randn(100, 3)
     _, two = _linear_steps(dp, records[:, :], steps=2)
     _, four = _linear_steps(dp, records, steps=4)
     assert 0 < two.epsilon() < four.epsilon()
-    model = torch.nn.Linear(3, 1)
-    again = PrivateSteps(dp, model, torch.optim.SGD(model.parameters(), lr=0.1), 100, 100, 4, two.history)
-    again.close()
-    assert again.epsilon() == pytest.approx(two.epsilon())  # the history is what the epsilon is of
+    ledger = StepsLedger(tmp_path / "ledger.jsonl")
+    ledger.add("a", two.steps)
+    assert spent_epsilon(ledger.history(), dp.delta) == pytest.approx(two.epsilon())
+    ledger.add("a", two.steps)  # the same 2 steps again: as much as 4 steps at once
+    ledger.add("b", four.steps)
+    assert spent_epsilon(ledger.history("a"), dp.delta) == pytest.approx(four.epsilon())
+    assert spent_epsilon(ledger.history(), dp.delta) > four.epsilon()
 
 
 def test_target_epsilon_sets_the_noise_for_the_horizon():
@@ -102,9 +106,6 @@ def test_sft_under_dp_sgd_trains_differently_reports_epsilon_and_leaves_no_hooks
     assert all(torch.isfinite(d).all() for d in dp_moved.values())
     assert any(not torch.allclose(dp_moved[n], plain_moved[n]) for n in plain_moved)
     assert not any(m._forward_hooks or m._backward_hooks for m in model.modules())  # reusable for the next client
-    more = sft_train(model, tokenizer, EXAMPLES, steps=3, batch_size=2, lr=1e-2, max_length=32, seed=1,
-                     dp=dp_sgd(enabled=True, max_grad_norm=0.1, noise_multiplier=1.0), history=dp_stats["dp-steps"])
-    assert more[DP_EPSILON] > dp_stats[DP_EPSILON]  # round 2 of this client spends more
 
 
 def test_two_runs_with_one_seed_draw_different_batches_at_the_same_epsilon(encoder_dir, tmp_path, monkeypatch):  # noqa: F811
