@@ -30,6 +30,7 @@ SEED = "seed"                    # config (train): the run's seed
 SERVER_ROUND = "server-round"    # config (train): the round (seeds the local shuffle and scoring sample)
 TORCH_THREADS = "torch-threads"  # config: torch threads for this message's work
 DP_ACCOUNT = "dp-account"        # config (generator): whose DP-SGD budget the steps spend (dataset / method)
+DP_EPSILON_METHOD = "dp-epsilon-method"  # metric (generator): DP-SGD epsilon of this account's trainings alone
 
 # evaluate message after a generator method's rounds: the client's personalized model (its kept
 # LOCAL_MODEL, else the global model in ARRAYS) and the global model on its own held-out contexts;
