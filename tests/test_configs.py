@@ -78,7 +78,8 @@ def test_no_schema_field_carries_a_default():
     nothing."""
     core = _with_nested({RunConfig})
     blocks = [compose([f"experiment={e}"]) for e in EXPERIMENTS]
-    protocols = _with_nested({Settings, *(get_class(cfg[block].schema) for cfg in blocks for block in ("protocol", "task"))})
+    protocols = _with_nested({Settings, *(get_class(cfg[block].schema) for cfg in blocks
+                                          for block in ("protocol", "task"))})
     allowed = {cls: {omegaconf.MISSING} if cls in core else set() for cls in core | protocols}
     defaults = [f"{cls.__module__}.{cls.__qualname__}.{f.name} = {f.default!r}" for cls in allowed
                 for f in dataclasses.fields(cls)
