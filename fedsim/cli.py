@@ -14,7 +14,7 @@ from fedsim.comparison import POINT_FILE, Settings
 from fedsim.comparison import write as write_comparison
 from fedsim.config import CONF_DIR, GROUPS, ConfigError, choices, compose_checked
 from fedsim.launcher import Interrupted, RunFailed, launch, user_certificates
-from fedsim.schema import layout, sweep_settings
+from fedsim.schema import layout, protocol_of, sweep_settings
 from fedsim.secret import Tampered, derive, open_sealed, run_secret, seal
 from fedsim.sweep import Sweep
 from fedsim.tls import make_federation
@@ -72,6 +72,8 @@ def prepare(overrides: list[str]) -> tuple[DictConfig, list[str], int, int]:
     population = 0 if cfg.hardware.num_clients or cfg.hardware.num_supernodes else \
         get_class(task["client"]).population_size(task, cfg.data_root)
     clients, nodes = layout(cfg.hardware, population)
+    if population:  # the protocol's rules that need the number of clients (checked above when it was given)
+        protocol_of(cfg).check_run(cfg, clients)
     user_certificates(cfg.hardware, nodes)  # missing certificate files: refused here
     return cfg, overrides, clients, nodes
 

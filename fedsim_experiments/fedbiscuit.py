@@ -61,6 +61,10 @@ class FedBiscuitProtocol(Protocol):
     def __post_init__(self):
         if self.client_weights not in WEIGHT_KEYS:
             raise ValueError(f"protocol.client_weights={self.client_weights!r} is not one of {sorted(WEIGHT_KEYS)}")
+        for name, spec in self.methods.items():
+            if spec and spec.get("run") == f"{__name__}.oracle_groups" and int(spec.get("num_selectors", 0)) < 3:
+                raise ValueError(f"protocol.methods.{name}.num_selectors must be >= 3 (one minority group, "
+                                 "majority groups)")
 
 
 WEIGHT_KEYS = {"data_share": keys.NUM_EXAMPLES, "uniform": keys.UNIT_WEIGHT}
@@ -118,8 +122,6 @@ def oracle_groups(ctx: Context, name: str, spec: DictConfig) -> dict:
     are dealt in partition order over the other ``spec.num_selectors - 1``. It separates "the
     grouping failed" from "grouped selectors cannot win here"."""
     u = int(spec.num_selectors)
-    if u < 3:
-        raise ValueError(f"{name}: num_selectors must be >= 3 (one minority group, majority groups)")
     majority = sorted(partition_id for partition_id, i in ctx.info.items() if i[keys.POPULATION] != "minority")
     groups = {ctx.nodes[partition_id]: 0 for partition_id, i in ctx.info.items() if i[keys.POPULATION] == "minority"}
     groups |= {ctx.nodes[partition_id]: 1 + k % (u - 1) for k, partition_id in enumerate(majority)}

@@ -112,6 +112,15 @@ class FedDTREProtocol(Protocol):
             raise ValueError(f"protocol.generator.dp_sgd with FedProx methods {proximal}: drop them "
                              f"(~protocol.methods.{proximal[0]})")
 
+    def check_run(self, cfg: DictConfig, clients: int | None) -> None:
+        """Flower would wait for nodes that never come: no round may sample more clients than
+        the task has."""
+        for key, per_round in (("clients_per_round", self.clients_per_round),
+                               ("evaluator.clients_per_round", self.evaluator.clients_per_round)):
+            if per_round > int(cfg.task.num_clients):
+                raise ValueError(f"protocol.{key}={per_round} but the task has {cfg.task.num_clients} "
+                                 "clients (task.num_clients)")
+
     def refuses_strategy(self, settings: dict) -> str | None:
         """The slot's methods (federated, naming no strategy) under DP-SGD: FedProx's term escapes it."""
         slot_methods = [name for name, spec in self.methods.items()
@@ -301,9 +310,6 @@ def context(messenger: Messenger, cfg: DictConfig, protocol: FedDTREProtocol, ba
 
 def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
     protocol = check(cfg)  # the protocol block as its typed dataclass
-    if protocol.clients_per_round > int(cfg.task.num_clients):  # Flower would wait for nodes that never come
-        raise ValueError(f"protocol.clients_per_round={protocol.clients_per_round} but the task has "
-                         f"{cfg.task.num_clients} clients (task.num_clients)")
     task = OmegaConf.to_container(cfg.task, resolve=True)
     g = protocol.generator
     start = time.perf_counter()

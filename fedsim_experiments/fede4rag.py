@@ -72,6 +72,13 @@ class FedE4RAGProtocol(Protocol):
         if self.eval_nodes < 1:
             raise ValueError(f"protocol.eval_nodes={self.eval_nodes} must be >= 1")
 
+    def check_run(self, cfg: DictConfig, clients: int | None) -> None:
+        """The evaluator and the encoding nodes must be clients of the federation."""
+        if clients is not None and not (self.eval_nodes <= clients and 0 <= self.evaluator_partition < clients):
+            raise ValueError(f"protocol.eval_nodes={self.eval_nodes} and protocol.evaluator_partition="
+                             f"{self.evaluator_partition} need a federation of at least that many clients, "
+                             f"this one has {clients}")
+
 
 @dataclass
 class Context(RunContext):
@@ -127,10 +134,6 @@ class Context(RunContext):
         first = int(self.cfg.protocol.evaluator_partition)
         return [self.nodes[(first + j) % len(self.nodes)] for j in range(int(self.cfg.protocol.eval_nodes))]
 
-    def __post_init__(self):
-        if int(self.cfg.protocol.eval_nodes) > len(self.nodes):  # refused before any method runs
-            raise ValueError(f"protocol.eval_nodes={self.cfg.protocol.eval_nodes} but the federation "
-                             f"has {len(self.nodes)} clients")
 
 
 def _threads(cfg: DictConfig, parallel: int) -> int:
