@@ -161,6 +161,17 @@ class RunOutput:
     def figure(self, name: str):
         """Context-free helper: a new figure whose ``save()`` writes ``<name>.png`` here."""
         fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+        return fig, ax, self._saving(fig, name)
+
+    def panels(self, name: str, rows: list[int]):
+        """A figure of one panel per entry of ``rows`` (its row count sets its height), stacked,
+        each with its own x axis: a figure with one unit per axis. ``save()`` as :meth:`figure`."""
+        fig, axes = plt.subplots(len(rows), 1, figsize=(7, 0.9 * len(rows) + 0.22 * sum(rows)), dpi=120,
+                                 squeeze=False, gridspec_kw={"height_ratios": [r + 2 for r in rows]})
+        return fig, list(axes[:, 0]), self._saving(fig, name)
+
+    def _saving(self, fig, name: str):
+        """``save()``: lay out, write ``<name>.png`` here, close the figure."""
         path = self.path / f"{name}.png"
 
         def save():
@@ -169,7 +180,7 @@ class RunOutput:
             plt.close(fig)
             return path
 
-        return fig, ax, save
+        return save
 
 
 def markdown_table(rows: list[dict], columns: list[str], digits: int = 4) -> str:

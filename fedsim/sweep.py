@@ -128,12 +128,12 @@ class Sweep:
                 print(f"fedsim: sweep interrupted; `fedsim run -m ... resume={self.folder}` continues it",
                       file=sys.stderr)
                 return code
-        self.compare()
+        compared = self.compare()
         failed = [r["name"] for r in self.manifest["runs"] if r["status"] != "completed"]
         if failed:
             print(f"fedsim: sweep: {len(failed)} runs failed: {', '.join(failed)} (errors in {MANIFEST})",
                   file=sys.stderr)
-        return 1 if failed else 0
+        return 1 if failed or not compared else 0
 
     def _run_point(self, entry: dict, total: int) -> int:
         folder = self.folder / entry["name"]
@@ -157,11 +157,19 @@ class Sweep:
         self.save()
         return code
 
-    def compare(self) -> None:
+    def compare(self) -> bool:
+        """The sweep's own comparison (replacing its earlier one, e.g. before a resume); False
+        when it is refused (the runs stay; ``fedsim compare`` with other settings rebuilds it)."""
         if not any(r["status"] == "completed" for r in self.manifest["runs"]):
-            return
-        comparison.write(self.folder, self.settings)
+            return True
+        try:
+            comparison.write(self.folder, self.settings, force=True)
+        except comparison.ComparisonRefused as exc:
+            print(f"fedsim: sweep comparison refused: {exc}\n`fedsim compare {self.folder} sweep.KEY=...` "
+                  "builds it with other settings", file=sys.stderr)
+            return False
         print(f"fedsim: sweep comparison in {self.folder / 'summary.md'} and comparison.json", flush=True)
+        return True
 
 
 @contextmanager
