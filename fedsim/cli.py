@@ -145,10 +145,11 @@ def compare(folder: str, overrides: list[str], output: str | None = None, force:
             raise ConfigError(f"no sweep run (a {POINT_FILE} beside a config.yaml) under {folder}")
         sweep = sweep_settings(OmegaConf.load(CONF_DIR / "config.yaml").sweep, OmegaConf.load(first).get("sweep", {}),
                                OmegaConf.from_dotlist([o.removeprefix("sweep.") for o in overrides]))
+        given = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
         if pilot:
-            print(plan(build_comparison(folder, Settings.of(sweep))), end="")
+            print(plan(build_comparison(folder, Settings.of(sweep), given)), end="")
             return 0
-        result, written = write_comparison(folder, Settings.of(sweep), output, force)
+        result, written = write_comparison(folder, Settings.of(sweep), output, force, given)
     except REFUSED as exc:
         print(f"fedsim: compare: {exc}", file=sys.stderr)
         return 2

@@ -223,15 +223,16 @@ def _varying(runs: list[Run], seed_keys: tuple[str, ...]) -> dict[str, list[str]
     return {k: [v for v in vs if v is not None] for k, vs in values.items() if len(vs) > 1}
 
 
-def families(paths: set[str], settings: Settings) -> tuple[dict[str, list[str]], list[str]]:
+def families(paths: set[str], settings: Settings, strict: bool = True) -> tuple[dict[str, list[str]], list[str]]:
     """(headline family -> its metrics, bookkeeping metrics). A family is a ``sweep.metrics``
     pattern (the first that matches a path), in the configured order; with none configured,
     each path's last component, for every path that is not bookkeeping. A pattern that matches
-    nothing is refused, naming the nearest paths."""
+    nothing is refused, naming the nearest paths, when ``strict`` (the user wrote it); an
+    experiment's own pattern for a phase these runs left out (e.g. RLHF off) is an empty family."""
     headline: dict[str, list[str]] = {}
     for pattern in settings.metrics:
         found = sorted(p for p in paths if path_pattern(pattern).fullmatch(p))
-        if not found:
+        if not found and strict:
             near = difflib.get_close_matches(pattern, sorted(paths), n=8, cutoff=0.4)
             raise ComparisonRefused(f"sweep.metrics pattern {pattern!r} matches no number in the runs' results.json"
                                     f"; nearest paths: {', '.join(near) or '(none)'}")
@@ -284,15 +285,16 @@ def _check_baseline(settings: Settings, headline: set[str], varying: dict[str, l
                                 f"{', '.join(names) or '(none)'}; or KEY=VALUE of an override that varies: {swept}")
 
 
-def compare(runs: list[Run], settings: Settings) -> dict:
+def compare(runs: list[Run], settings: Settings, strict: bool = True) -> dict:
     """Per group and headline metric: mean, std and CI over seeds; per baseline pair: the
     paired difference per seed, its CI and verdict; bookkeeping metrics over seeds apart.
-    Raises :class:`ComparisonRefused` for a pattern or baseline the runs do not have."""
+    Raises :class:`ComparisonRefused` for a baseline the runs do not have, and (``strict``) a
+    metric pattern."""
     by_group: dict[tuple, dict[tuple, Run]] = {}
     for run in runs:
         by_group.setdefault(_group_key(run, settings.seed_keys), {})[_seed_of(run, settings.seed_keys)] = run
     varying = _varying(runs, settings.seed_keys)
-    family_of, bookkeeping = families({k for r in runs for k in r.values}, settings)
+    family_of, bookkeeping = families({k for r in runs for k in r.values}, settings, strict)
     headline = {m: f for f, ms in family_of.items() for m in ms}
     _check_baseline(settings, set(headline), varying)
     groups = []
@@ -314,6 +316,7 @@ def compare(runs: list[Run], settings: Settings) -> dict:
     return {"settings": {"seed_keys": list(settings.seed_keys), "baseline": settings.baseline,
                          "interval": settings.interval, "level": settings.level, "power": settings.power},
             "runs": len(runs), "families": family_of, "bookkeeping": bookkeeping, "groups": groups, "paired": paired,
+            "not_in_runs": [p for p in settings.metrics if p not in family_of],
             "warnings": [f"sweep.interval=bootstrap over fewer than {BOOTSTRAP_MIN_SEEDS} seeds: the BCa interval "
                          "is too narrow there (it undercovers); sweep.interval=t is the default"] if few else []}
 
@@ -411,6 +414,8 @@ def summary_markdown(comparison: dict) -> str:
     if rows:
         text.append("## Bookkeeping (counters, bytes, timings: sweep.bookkeeping)\n\n"
                     + markdown_table(rows, OVER_SEEDS_COLUMNS[:-1]))
+    if comparison["not_in_runs"]:
+        text.append(f"Headline patterns these runs hold no number for: {', '.join(comparison['not_in_runs'])}.")
     if len(comparison["families"]) > MAX_PANELS:
         text.append(f"The plots show the first {MAX_PANELS} of {len(comparison['families'])} families.")
     return "\n\n".join(text) + "\n"
@@ -495,20 +500,20 @@ def _named(name: str, suffix: str) -> str:
     return f"{stem}{suffix}.{ext}"
 
 
-def build(folder: str | Path, settings: Settings) -> dict:
+def build(folder: str | Path, settings: Settings, strict: bool = True) -> dict:
     """The comparison of the runs under ``folder``; writes nothing (refusals happen here)."""
     runs = load_runs(folder)
     if not runs:
         raise ComparisonRefused(f"no completed run (a {POINT_FILE} beside a results.json) under {folder}")
-    return compare(runs, settings)
+    return compare(runs, settings, strict)
 
 
 def write(folder: str | Path, settings: Settings, output: str | Path | None = None,
-          force: bool = False) -> tuple[dict, list[Path]]:
+          force: bool = False, strict: bool = True) -> tuple[dict, list[Path]]:
     """Compare the runs under ``folder`` and write ``summary.md``, ``comparison.json`` and the
     plots to ``output`` (default: ``folder``), under new names (``summary-2.md``...) when an
     earlier comparison is there, unless ``force``. Returns the comparison and the files written."""
-    result = build(folder, settings)
+    result = build(folder, settings, strict)
     out = RunOutput(output or folder)
     suffix = _suffix(out.path, force)
     (out.path / _named("summary.md", suffix)).write_text(summary_markdown(result))

@@ -81,6 +81,8 @@ class Sweep:
                 raise ConfigError(f"sweep point {' '.join(point)}:\n{exc}") from exc
         self.folder = Path(folder[-1]).expanduser().resolve() if folder else _sweep_folder(overrides, checked[0])
         self.settings = comparison.Settings.of(checked[0].sweep)
+        self.strict = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
+        _check_swept_baseline(self.settings.baseline, self.points)
         self.manifest = self._manifest(bool(folder))
 
     def _manifest(self, resume: bool) -> dict:
@@ -163,13 +165,25 @@ class Sweep:
         if not any(r["status"] == "completed" for r in self.manifest["runs"]):
             return True
         try:
-            comparison.write(self.folder, self.settings, force=True)
+            comparison.write(self.folder, self.settings, force=True, strict=self.strict)
         except comparison.ComparisonRefused as exc:
             print(f"fedsim: sweep comparison refused: {exc}\n`fedsim compare {self.folder} sweep.KEY=...` "
                   "builds it with other settings", file=sys.stderr)
             return False
         print(f"fedsim: sweep comparison in {self.folder / 'summary.md'} and comparison.json", flush=True)
         return True
+
+
+def _check_swept_baseline(baseline: str | None, points: list[list[str]]) -> None:
+    """A ``KEY=VALUE`` baseline names a swept key and one of its values: else refused before
+    any run (a method-name baseline is checked against the results, at the comparison)."""
+    key, sep, value = (baseline or "").partition("=")
+    if not sep:
+        return
+    values = sorted({v for p in points for k, _, v in (o.partition("=") for o in p) if k == key})
+    if len(values) < 2 or value not in values:
+        raise ConfigError(f"sweep.baseline={baseline}: the sweep gives {key} the values {values or 'none'}; the "
+                          f"baseline must be one of two or more swept values (KEY=VALUE)")
 
 
 @contextmanager

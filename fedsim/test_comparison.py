@@ -280,6 +280,13 @@ def test_a_wrong_metric_or_baseline_is_refused_naming_the_choices():
         compare(runs, settings(baseline="w=v"))
 
 
+def test_an_experiments_own_pattern_for_a_phase_left_out_is_an_empty_family():
+    runs = _seed_runs([0.01, 0.02])
+    out = compare(runs, settings(metrics=("m.*.acc", "policy.*.win_rate")), strict=False)
+    assert list(out["families"]) == ["m.*.acc"] and out["not_in_runs"] == ["policy.*.win_rate"]
+    assert "hold no number for: policy.*.win_rate" in comparison.summary_markdown(out)
+
+
 def test_plan_prints_the_seeds_each_difference_needs():
     d = [-0.01, 0.01, 0.0, 0.02]
     out = compare(_seed_runs(d), settings(baseline="old", effect_of_interest=_effect(0.02)))

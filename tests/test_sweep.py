@@ -39,6 +39,16 @@ def test_a_bad_point_is_refused_before_anything_runs(tmp_path):
     assert code.returncode == 2 and "'nope' is not a strategy" in code.stderr and not out.exists()
 
 
+def test_a_baseline_value_the_sweep_does_not_run_is_refused_before_anything_runs(tmp_path):
+    out = tmp_path / "sweep"
+    with pytest.raises(ConfigError, match=r"gives num_rounds the values \['1', '2'\]"):
+        Sweep(["num_rounds=1,2", "sweep.baseline='num_rounds=3'", f"results_dir={out}"], prepare)
+    with pytest.raises(ConfigError, match="gives protocol.alpha the values none"):
+        Sweep(["seed=0,1", "sweep.baseline='protocol.alpha=0.5'", f"results_dir={out}"], prepare)
+    assert Sweep(["num_rounds=1,2", "sweep.baseline='num_rounds=1'", f"results_dir={out}"], prepare).strict is False
+    assert not out.exists()
+
+
 @pytest.mark.e2e
 def test_failed_point_is_recorded_and_resume_reruns_only_what_did_not_complete(tmp_path):
     # the second point's exchanges time out at once: a real run that fails after it started
