@@ -10,13 +10,16 @@ from hydra.errors import InstantiationException
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
+from fedsim import provenance
 from fedsim.comparison import POINT_FILE, Settings, plan
 from fedsim.comparison import build as build_comparison
 from fedsim.comparison import write as write_comparison
 from fedsim.config import CONF_DIR, GROUPS, ConfigError, choices, compose_checked
 from fedsim.launcher import Interrupted, RunFailed, launch, user_certificates
+from fedsim.mlflow_sink import annotate as annotate_mlflow
 from fedsim.schema import layout, sweep_settings
 from fedsim.secret import Tampered, derive, open_sealed, run_secret, seal
+from fedsim.sinks import tensorboard_text
 from fedsim.sweep import Sweep
 from fedsim.tls import make_federation
 
@@ -97,6 +100,7 @@ def groups_help() -> str:
 
 
 def run(overrides: list[str]) -> int:
+    given, started, git = list(overrides), provenance.now(), provenance.git_state()
     try:
         cfg, overrides, clients, nodes = prepare(overrides)
     except REFUSED as exc:
@@ -117,8 +121,21 @@ def run(overrides: list[str]) -> int:
     except Interrupted as exc:
         print("fedsim: interrupted; nothing left running", file=sys.stderr)
         return exc.exit_code
+    record_provenance(cfg, Path(outcome["results_dir"]), {"git": git, "command": {
+        **provenance.command(["fedsim", "run", *given], pinned), "started": started, "ended": provenance.now()}})
     print(f"fedsim: run {outcome['run_id']} {outcome['status']}; results in {outcome['results_dir']}")
     return 0
+
+
+def record_provenance(cfg, results_dir: Path, part: dict) -> None:
+    """What only this process knows (the checkout's commit, the command) joins the ServerApp's
+    provenance in results.json and summary.md, and goes to the run's MLflow run (source tags,
+    the two files again) and TensorBoard log (a text)."""
+    merged = provenance.stamp(results_dir, part)
+    if cfg.logging.mlflow:
+        annotate_mlflow(results_dir, merged, [results_dir / "results.json", results_dir / "summary.md"])
+    if cfg.logging.tensorboard:
+        tensorboard_text(results_dir, "provenance", provenance.section(merged))
 
 
 def multirun(overrides: list[str]) -> int:

@@ -247,6 +247,13 @@ def families(paths: set[str], settings: Settings, strict: bool = True) -> tuple[
             sorted(p for p in paths if p not in chosen and _matches(settings.bookkeeping, p)))
 
 
+def headline(results: dict, settings: Settings) -> dict[str, float]:
+    """A run's headline numbers: its results.json paths in the families of ``sweep.metrics``."""
+    values = flatten(results)
+    family_of, _ = families(set(values), settings, strict=False)
+    return {m: values[m] for ms in family_of.values() for m in ms}
+
+
 def _baseline_path(path: str, name: str, known: set[str]) -> str | None:
     """``path`` with one component replaced by ``name``, if that path exists (and differs)."""
     parts = path.split(".")

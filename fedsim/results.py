@@ -155,6 +155,10 @@ class RunOutput:
         (self.path / "results.json").write_text(json.dumps(_jsonable(results), indent=2))
         (self.path / "summary.md").write_text(summary_md)
 
+    def files(self) -> list[Path]:
+        """The run's result files: config, results, summary, plots (what a tracker keeps)."""
+        return sorted(p for p in self.path.iterdir() if p.is_file() and p.suffix in (".json", ".md", ".yaml", ".png"))
+
     def write_error(self, text: str) -> None:
         (self.path / "error.txt").write_text(text)
 

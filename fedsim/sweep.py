@@ -22,8 +22,9 @@ from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from fedsim import comparison
+from fedsim import comparison, provenance
 from fedsim.config import ConfigError
+from fedsim.mlflow_sink import SweepRun
 
 MANIFEST = "sweep.json"
 INTERRUPTED = (130, 143)  # SIGINT / SIGTERM stopped the point: the sweep stops too
@@ -83,6 +84,9 @@ class Sweep:
         self.settings = comparison.Settings.of(checked[0].sweep)
         self.strict = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
         _check_swept_baseline(self.settings.baseline, self.points)
+        self.first = checked[0]  # where the points' MLflow runs go (logging.*, protocol.name)
+        self.session = {"git": provenance.git_state(), **provenance.environment(),
+                        "command": provenance.command(["fedsim", "run", "-m", *overrides]), "started": provenance.now()}
         self.manifest = self._manifest(bool(folder))
 
     def _manifest(self, resume: bool) -> dict:
@@ -95,6 +99,7 @@ class Sweep:
                 raise ConfigError(f"resume: these overrides expand to other points than the sweep in "
                                   f"{self.folder} ({len(self.points)} vs {len(manifest['runs'])}); "
                                   f"repeat the sweep's own overrides")
+            manifest.setdefault("resumed", []).append(self.session)
             return manifest
         if path.exists():
             raise ConfigError(f"{self.folder} already holds a sweep; resume={self.folder} continues it")
@@ -102,7 +107,7 @@ class Sweep:
         names = [r["name"] for r in runs]
         if len(set(names)) != len(names):
             raise ConfigError("two sweep points would share a folder (repeated values?)")
-        return {"swept": self.swept, "runs": runs}
+        return {"swept": self.swept, "provenance": self.session, "runs": runs}
 
     def save(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -113,7 +118,16 @@ class Sweep:
     def run(self) -> int:
         """Every point not yet completed, in order; returns 0 if all completed, 1 if any
         failed, the signal's exit code if one stopped the sweep."""
+        self.parent = self._mlflow_parent()
         self.save()
+        try:
+            code = self._run_all()
+        finally:
+            self.session["ended"] = provenance.now()
+            self.save()
+        return code
+
+    def _run_all(self) -> int:
         todo = [r for r in self.manifest["runs"] if r["status"] != "completed"]
         start, done = time.monotonic(), 0
         print(f"fedsim: sweep of {len(self.points)} runs in {self.folder} "
@@ -126,16 +140,34 @@ class Sweep:
             print(f"fedsim: sweep {entry['status']}: {entry['name']} ({entry['seconds']:.0f} s); "
                   f"{sum(r['status'] == 'completed' for r in self.manifest['runs'])}/{len(self.points)} "
                   f"completed, elapsed {elapsed / 60:.1f} min, ~{left / 60:.1f} min left", flush=True)
+            if code == 0 and self.parent is not None:
+                self.parent.adopt(self.folder / entry["name"])
             if code in INTERRUPTED:
+                if self.parent is not None:
+                    self.parent.stop()
                 print(f"fedsim: sweep interrupted; `fedsim run -m ... resume={self.folder}` continues it",
                       file=sys.stderr)
                 return code
-        compared = self.compare()
+        result = self.compare()
         failed = [r["name"] for r in self.manifest["runs"] if r["status"] != "completed"]
         if failed:
             print(f"fedsim: sweep: {len(failed)} runs failed: {', '.join(failed)} (errors in {MANIFEST})",
                   file=sys.stderr)
-        return 1 if failed or not compared else 0
+        if self.parent is not None:
+            self.parent.close(_paired_means(result), [self.folder / n for n in comparison.OUTPUTS
+                                                      if (self.folder / n).is_file()], time.time(), bool(failed))
+        return 1 if failed or result is None else 0
+
+    def _mlflow_parent(self) -> SweepRun | None:
+        """With logging.mlflow: the sweep's MLflow run (its id kept in the manifest for a resume)."""
+        if not self.first.logging.mlflow:
+            return None
+        parent = SweepRun(self.first.logging.mlflow_dir, self.first.protocol.name, self.folder.name,
+                          self.manifest.get("mlflow_run_id"), self.manifest["provenance"],
+                          {"sweep.command": self.session["command"]["line"][:6000], "sweep.swept": ",".join(self.swept),
+                           "sweep.points": str(len(self.points))})
+        self.manifest["mlflow_run_id"] = parent.run_id
+        return parent
 
     def _run_point(self, entry: dict, total: int) -> int:
         folder = self.folder / entry["name"]
@@ -159,19 +191,24 @@ class Sweep:
         self.save()
         return code
 
-    def compare(self) -> bool:
-        """The sweep's own comparison (replacing its earlier one, e.g. before a resume); False
+    def compare(self) -> dict | None:
+        """The sweep's own comparison (replacing its earlier one, e.g. before a resume); None
         when it is refused (the runs stay; ``fedsim compare`` with other settings rebuilds it)."""
         if not any(r["status"] == "completed" for r in self.manifest["runs"]):
-            return True
+            return {"paired": []}
         try:
-            comparison.write(self.folder, self.settings, force=True, strict=self.strict)
+            result, _ = comparison.write(self.folder, self.settings, force=True, strict=self.strict)
         except comparison.ComparisonRefused as exc:
             print(f"fedsim: sweep comparison refused: {exc}\n`fedsim compare {self.folder} sweep.KEY=...` "
                   "builds it with other settings", file=sys.stderr)
-            return False
+            return None
         print(f"fedsim: sweep comparison in {self.folder / 'summary.md'} and comparison.json", flush=True)
-        return True
+        return result
+
+
+def _paired_means(result: dict | None) -> dict[str, float]:
+    """The sweep's paired mean differences as MLflow metrics ``paired/<group>/<metric>``."""
+    return {f"paired/{p['label']}/{p['metric']}"[:250]: p["mean"] for p in (result or {}).get("paired", [])}
 
 
 def _check_swept_baseline(baseline: str | None, points: list[list[str]]) -> None:

@@ -7,23 +7,25 @@ from functools import cache
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 from scipy import stats as scipy_stats
 
 from fedsim import cli, comparison, stats
 from fedsim.comparison import Run, Settings, compare, flatten
-from fedsim.config import compose
+from fedsim.config import CONF_DIR
+from fedsim.schema import sweep_settings
 
 T_975_DF3 = 3.182446305284263  # Student t quantile, 0.975 with 3 degrees of freedom (tables)
 
 
 @cache
 def _configured() -> Settings:
-    return Settings.of(compose().sweep)
+    return Settings.of(sweep_settings(OmegaConf.load(CONF_DIR / "config.yaml").sweep))
 
 
 def settings(**changes) -> Settings:
-    """conf/config.yaml's sweep settings with ``changes``: the values a test does not set come
-    from conf/, not from a second copy here."""
+    """conf/config.yaml's sweep settings (not an experiment's) with ``changes``: the values a
+    test does not set come from conf/, not from a second copy here."""
     return dataclasses.replace(_configured(), **changes)
 
 
