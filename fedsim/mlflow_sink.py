@@ -11,6 +11,11 @@ become ``_`` (``metric/ndcg@10`` is ``metric/ndcg_10``).
 A resumed run replays its journaled exchanges into the sinks: its earlier MLflow run (tag
 ``fedsim.run_key``, the same across a resume) is deleted and the new one holds the whole run, so
 nothing repeats, as metrics.csv is rewritten.
+
+At the end of a run the ServerApp adds its headline metrics (``headline/<results path>``, the
+experiment's ``sweep.metrics``) and its result files as artifacts; ``fedsim run`` then adds what
+only it knows (:func:`annotate`: the commit as MLflow's source tag, the command, the files with
+the whole provenance). A sweep is a :class:`SweepRun` whose children are its points' runs.
 """
 
 from __future__ import annotations
