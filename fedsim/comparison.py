@@ -190,10 +190,12 @@ def judge(values: np.ndarray, metric: str, baseline: str | None, by_seed: dict, 
         spread = "every seed gives the same value" if out["constant"] else "one seed"
         out["basis"] = f"{spread}; no claim over seeds"
         out["mde"] = out["seeds_needed"] = None
-        if own is not None:
+        if own is not None and own["ci"][1] > own["ci"][0]:
             out["ci"], out["run_interval"] = own["ci"], own
             out["basis"] = f"{spread}; the run's own {own['method']} ({own['path']}, run {own['run']})"
             out["mde"] = detectable_effect_of_interval(own["ci"], settings.level, settings.power)
+        elif own is not None:  # every item gives the same difference too: nothing to infer from
+            out["basis"] = f"{spread}; the run's own {own['method']} has no width either; no claim"
     size = effect["size"] if effect else None
     out["verdict"] = verdict(out["ci"], size) if baseline is not None else None
     out["excludes_effect"] = None if size is None or out["ci"] is None else \
@@ -438,7 +440,8 @@ def plan(comparison: dict) -> str:
         sd = p["std"] if p["ci"] is not None and "run_interval" not in p else None
         observed = seeds_needed(p["mean"], sd, s["level"], s["power"]) if sd else None
         rows.append({"group": p["label"], "metric": p["metric"], "n": p["n"], "mean diff": p["mean"],
-                     "sd of diff": sd, "MDE now": _num(p["mde"]).lstrip("+"), "effect of interest": _effect_text(p),
+                     "sd of diff": "" if sd is None else sd, "MDE now": _num(p["mde"]).lstrip("+"),
+                     "effect of interest": _effect_text(p),
                      "seeds for it": p["seeds_needed"] or "", "seeds for the observed diff": observed or "",
                      "note": "" if sd else p["basis"]})
     if not rows:
@@ -473,18 +476,18 @@ def plot(comparison: dict, out: RunOutput, suffix: str = "") -> None:
     """``paired_differences.png`` and ``metrics.png``: one panel per headline family."""
     s = comparison["settings"]
     ci = f"{int(round(s['level'] * 100))}% CI"
-    paired: dict[str, list[dict]] = {}
+    paired: dict[str, list[dict]] = {f: [] for f in comparison["families"]}  # the families' order
     for p in comparison["paired"]:
-        paired.setdefault(p["family"], []).append({**p, "name": f"{p['label']} {p['metric']}"})
-    over: dict[str, list[dict]] = {}
+        paired[p["family"]].append({**p, "name": f"{p['label']} {p['metric']}"})
+    over: dict[str, list[dict]] = {f: [] for f in comparison["families"]}
     for g in comparison["groups"]:
         for m, d in g["metrics"].items():
-            over.setdefault(d["family"], []).append({**d, "name": f"{g['label']} {m}"})
+            over[d["family"]].append({**d, "name": f"{g['label']} {m}"})
     for name, rows, xlabel, zero in (
             ("paired_differences", paired, lambda f: f"{f}: difference against {s['baseline']} ({ci}; x: effect "
                                                       "of interest)", True),
             ("metrics", over, lambda f: f"{f} ({ci} over seeds)", False)):
-        rows = dict(list(rows.items())[:MAX_PANELS])
+        rows = dict([(f, r) for f, r in rows.items() if r][:MAX_PANELS])
         if rows:
             fig, axes, save = out.panels(f"{name}{suffix}", [len(r) for r in rows.values()])
             _forest(axes, rows, xlabel, zero)

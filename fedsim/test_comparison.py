@@ -239,6 +239,18 @@ def test_zero_spread_falls_back_to_the_runs_own_interval_and_names_it():
     assert row["seeds_needed"] is None and "p_value" not in row  # more seeds would not move it
 
 
+def test_a_run_interval_without_width_makes_no_claim_either():
+    """A real 2-seed FedTP sweep on the test slice: FedMix routes every turn as TF-IDF does, so
+    the run's own bootstrap over turns is [0, 0]: it excludes nothing."""
+    same = {**FEDTP, "routers": {r: {"overall": {"ehr": 0.6988}} for r in ("tfidf", "fedmix")},
+            "bootstrap_ci_ehr_gain": [0.0, 0.0]}
+    out = compare(_runs({s: flatten(same) for s in (0, 1)}),
+                  settings(baseline="tfidf", run_intervals=FEDTP_INTERVAL, effect_of_interest=_effect(0.01)))
+    (row,) = out["paired"]
+    assert row["ci"] is None and row["verdict"] is None and row["mde"] is None
+    assert row["basis"].endswith("paired bootstrap over turns has no width either; no claim")
+
+
 def test_a_run_interval_path_takes_the_metrics_wildcards_in_turn():
     results = {"h2h": {"u3": {"2": {"win": 0.55, "ci": [0.45, 0.65]}, "4": {"win": 0.6, "ci": [0.51, 0.7]}}}}
     runs = _runs({0: flatten(results)})
