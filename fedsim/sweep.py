@@ -202,6 +202,8 @@ class Sweep:
             print(f"fedsim: sweep comparison refused: {exc}\n`fedsim compare {self.folder} sweep.KEY=...` "
                   "builds it with other settings", file=sys.stderr)
             return None
+        for warning in result["warnings"]:
+            print(f"fedsim: sweep comparison: warning: {warning}", file=sys.stderr)
         print(f"fedsim: sweep comparison in {self.folder / 'summary.md'} and comparison.json", flush=True)
         return result
 
