@@ -155,12 +155,27 @@ class RunOutput:
         (self.path / "results.json").write_text(json.dumps(_jsonable(results), indent=2))
         (self.path / "summary.md").write_text(summary_md)
 
+    def files(self) -> list[Path]:
+        """The run's result files: config, results, summary, plots (what a tracker keeps)."""
+        return sorted(p for p in self.path.iterdir() if p.is_file() and p.suffix in (".json", ".md", ".yaml", ".png"))
+
     def write_error(self, text: str) -> None:
         (self.path / "error.txt").write_text(text)
 
     def figure(self, name: str):
         """Context-free helper: a new figure whose ``save()`` writes ``<name>.png`` here."""
         fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+        return fig, ax, self._saving(fig, name)
+
+    def panels(self, name: str, rows: list[int]):
+        """A figure of one panel per entry of ``rows`` (its row count sets its height), stacked,
+        each with its own x axis: a figure with one unit per axis. ``save()`` as :meth:`figure`."""
+        fig, axes = plt.subplots(len(rows), 1, figsize=(7, 0.9 * len(rows) + 0.22 * sum(rows)), dpi=120,
+                                 squeeze=False, gridspec_kw={"height_ratios": [r + 2 for r in rows]})
+        return fig, list(axes[:, 0]), self._saving(fig, name)
+
+    def _saving(self, fig, name: str):
+        """``save()``: lay out, write ``<name>.png`` here, close the figure."""
         path = self.path / f"{name}.png"
 
         def save():
@@ -169,7 +184,7 @@ class RunOutput:
             plt.close(fig)
             return path
 
-        return fig, ax, save
+        return save
 
 
 def markdown_table(rows: list[dict], columns: list[str], digits: int = 4) -> str:

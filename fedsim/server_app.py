@@ -27,7 +27,9 @@ from flwr.serverapp import Grid, ServerApp
 from hydra.utils import get_method
 from omegaconf import DictConfig
 
+from fedsim import provenance
 from fedsim.client_state import FORGET, RUN_KEY, STATE_KEY, forget_request
+from fedsim.comparison import Settings, headline
 from fedsim.config import compose_checked
 from fedsim.flower_waits import shorten_pull_backoff
 from fedsim.journal import Journal
@@ -87,6 +89,7 @@ def _forget_client_state(messenger: Messenger, cfg) -> None:
 
 def _run(grid: Grid, cfg, out: RunOutput) -> None:
     log = logging.getLogger("fedsim")
+    started = provenance.now()
     out.clear_outcome()
     keep = cfg.checkpoint and not cfg.ship_results  # a remote run's folder is temporary
     secret = run_secret(out.path / "checkpoint" / "run.key" if keep else None, bool(cfg.resume))
@@ -120,7 +123,11 @@ def _run(grid: Grid, cfg, out: RunOutput) -> None:
         if journal is not None:
             results["checkpoint"] = {"exchanges": len(journal.recorded),
                                      "replayed": journal.resumed_from}
+        results["provenance"] = {**provenance.environment(), "started": started, "ended": provenance.now()}
+        summary = f"{summary.rstrip()}\n\n{provenance.section(results['provenance'])}\n"
         out.write_results(results, summary)
+        sinks.finish(headline(results, Settings.of(cfg.sweep)), int(cfg.num_rounds),
+                     (out.path / "config.yaml").read_text(), summary, out.files())
         print(summary, flush=True)
         _forget_client_state(messenger, cfg)
         failed = False

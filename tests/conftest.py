@@ -79,11 +79,11 @@ def journaled(out: Path) -> list[dict]:
 
 def without_timings(value):
     """results.json without what differs between two runs of one experiment (timings, the
-    checkpoint's counts), floats compared to 1e-12: the order replies arrive in may change a
-    float sum in its last bit."""
+    checkpoint's counts, the provenance's times and command), floats compared to 1e-12: the
+    order replies arrive in may change a float sum in its last bit."""
     if isinstance(value, dict):
         return {k: without_timings(v) for k, v in value.items()
-                if "seconds" not in k and not k.startswith("ms_") and k not in ("checkpoint", "timings")}
+                if "seconds" not in k and not k.startswith("ms_") and k not in ("checkpoint", "timings", "provenance")}
     if isinstance(value, list):
         return [without_timings(v) for v in value]
     if isinstance(value, float):
