@@ -118,7 +118,7 @@ def test_mlflow_settings_are_refused_before_the_run(tmp_path):
     with pytest.raises(ValueError, match="remote SuperLink"):
         check(compose([*remote, "logging.mlflow=true"]))
     (tmp_path / "store").write_text("")
-    with pytest.raises(ValueError, match="is a file"):
+    with pytest.raises(ValueError, match="logging.mlflow_dir must be a folder"):
         check(compose(["logging.mlflow=true", f"logging.mlflow_dir={tmp_path / 'store'}"]))
     check(compose([*remote, f"logging.mlflow_dir={tmp_path / 'store'}"]))  # off: nothing to refuse
 
