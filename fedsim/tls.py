@@ -10,6 +10,12 @@ Private keys are created owner-only from their first byte (``O_EXCL``, mode 0600
 which another user could open them) in a folder of mode 0700. Certificates carry subject and
 authority key identifiers and key usage: Python 3.13 verifies with ``VERIFY_X509_STRICT`` by
 default and refuses a chain without them.
+
+Why not ``trustme`` (the usual test CA): it makes certificates for tests in memory and writes
+their keys where it is told with the process's umask, and it makes no SuperNode key pairs; here
+the same code serves ``deploy_local`` runs and ``fedsim certs``, whose keys must be owner-only
+from their first byte and whose nodes need OpenSSH-format EC keys. The certificate part is a
+few calls of ``cryptography``, which trustme itself wraps.
 """
 
 from __future__ import annotations
