@@ -14,7 +14,7 @@ from fedsim import provenance
 from fedsim.comparison import POINT_FILE, Settings, plan
 from fedsim.comparison import build as build_comparison
 from fedsim.comparison import write as write_comparison
-from fedsim.config import CONF_DIR, GROUPS, ConfigError, choices, compose_checked
+from fedsim.config import CONF_DIR, GROUPS, ConfigError, choices, compose_checked, hydra_config
 from fedsim.launcher import Interrupted, RunFailed, launch, user_certificates
 from fedsim.mlflow_sink import annotate as annotate_mlflow
 from fedsim.schema import layout, protocol_of, sweep_settings
@@ -82,16 +82,42 @@ def prepare(overrides: list[str]) -> tuple[DictConfig, list[str], int, int]:
     return cfg, overrides, clients, nodes
 
 
-def show(overrides: list[str]) -> int:
-    """``fedsim run --cfg job``: the config a run would use, composed and checked, as YAML;
-    nothing starts (Hydra's own flag, for a reader checking what an override does)."""
+def show(overrides: list[str], part: str) -> int:
+    """``fedsim run --cfg job|hydra|all``: the config a run would use, composed and checked, as
+    YAML (``job``), Hydra's own node (``hydra``: its search path, the chosen options, the
+    overrides), or both (``all``); nothing starts (Hydra's own flag, for a reader checking what
+    an override does)."""
     try:
-        cfg = prepare(overrides)[0]
+        cfg, overrides = prepare(overrides)[:2]
     except REFUSED as exc:
         print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
         return 2
-    print(OmegaConf.to_yaml(cfg, resolve=True), end="")
+    shown = {"job": cfg, "hydra": {"hydra": hydra_config(overrides)},
+             "all": {"hydra": hydra_config(overrides), **OmegaConf.to_container(cfg, resolve=True)}}[part]
+    print(OmegaConf.to_yaml(shown, resolve=part == "job"), end="")
     return 0
+
+
+def info(overrides: list[str]) -> int:
+    """``fedsim run --info``: as Hydra's ``--info``, where the config comes from (the search
+    path), which option of each group the overrides choose, and the overrides; nothing starts."""
+    try:
+        hydra = hydra_config(prepare(overrides)[1])
+    except REFUSED as exc:
+        print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    sources = [f"  {s.provider}: {s.schema}://{s.path}" for s in hydra.runtime.config_sources]
+    chosen = [f"  {group}: {option}" for group, option in hydra.runtime.choices.items()
+              if not group.startswith("hydra/")]
+    print("\n".join([versions(), "Config search path:", *sources, "Chosen options (group: option):", *chosen,
+                     "Overrides:", *(f"  {o}" for o in hydra.overrides.task)]))
+    return 0
+
+
+def versions() -> str:
+    """fedsim's version and the versions of the two frameworks it runs on."""
+    from importlib.metadata import version
+    return f"fedsim {version('fedsim')} (Flower {version('flwr')}, Hydra {version('hydra-core')})"
 
 
 def groups_help() -> str:
@@ -181,6 +207,7 @@ def compare(folder: str, overrides: list[str], output: str | None = None, force:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fedsim", description=__doc__)
+    parser.add_argument("--version", action="version", version=versions())
     sub = parser.add_subparsers(dest="command", required=True)
     run_p = sub.add_parser("run", help="run an experiment: fedsim run experiment=fedtp_paper ...",
                            epilog=groups_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -188,7 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     run_p.add_argument("-m", "--multirun", action="store_true",
                        help="sweep: KEY=a,b / KEY=range(0,5) run the cartesian product into one folder "
                        "(resume=<sweep folder> re-runs what did not complete)")
-    run_p.add_argument("--cfg", choices=["job"], help="print the composed, checked config and exit")
+    run_p.add_argument("--cfg", choices=["job", "hydra", "all"],
+                       help="print the composed, checked config (job), Hydra's node (hydra) or both, and exit")
+    run_p.add_argument("--info", action="store_true",
+                       help="print the config search path, each group's chosen option and the overrides, and exit")
     cmp_p = sub.add_parser("compare", help="rebuild a sweep's comparison (summary.md, comparison.json) "
                            "from its run folders")
     cmp_p.add_argument("folder", help="a sweep folder, or any folder holding sweep runs")
@@ -212,10 +242,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "compare":
         return compare(args.folder, args.overrides, args.output, args.force, args.plan)
-    if args.cfg and args.multirun:
-        parser.error("--cfg job shows one run's config; give one point's overrides without -m")
+    if (args.cfg or args.info) and args.multirun:
+        parser.error("--cfg and --info show one run's config; give one point's overrides without -m")
+    if args.info:
+        return info(args.overrides)
     if args.cfg:
-        return show(args.overrides)
+        return show(args.overrides, args.cfg)
     return multirun(args.overrides) if args.multirun else run(args.overrides)
 
 

@@ -6,6 +6,7 @@ import shlex
 import subprocess
 
 import pytest
+from omegaconf import OmegaConf
 
 from conftest import SMALL, read_results
 from fedsim import provenance
@@ -44,6 +45,17 @@ def test_fedtp_small_slice_end_to_end(run_small):
     assert "Routers on test" in (out / "summary.md").read_text()
     assert "clients done" in log or "replies in" in log  # progress output
     _check_provenance(res["provenance"], out)
+    _check_hydra_record(out)
+
+
+def _check_hydra_record(out) -> None:
+    """Hydra's record of the run where a Hydra user looks: the overrides the ServerApp composed
+    (the user's and those fedsim run pinned), the same config, Hydra's own node."""
+    overrides = OmegaConf.load(out / ".hydra" / "overrides.yaml")
+    assert "task.max_per_split=5" in overrides and f"results_dir={out}" in overrides
+    assert (out / ".hydra" / "config.yaml").read_text() == (out / "config.yaml").read_text()
+    hydra = OmegaConf.load(out / ".hydra" / "hydra.yaml").hydra
+    assert list(hydra.overrides.task) == list(overrides) and hydra.runtime.choices.experiment == "fedtp"
 
 
 def _check_provenance(prov: dict, out) -> None:
