@@ -4,9 +4,10 @@
   FLWR_HOME and free loopback ports, so no other checkout's app can be imported or shared;
 - runtime dependency installation off (the venv already has everything);
 - the real outcome read back with ``flwr ls`` (``flwr run --stream`` exits 0 on failure);
-- every process started here is stopped by process group when the run ends; SIGTERM and
-  SIGINT stop the run the same way (``Interrupted``), and a watchdog (``fedsim/watchdog.py``)
-  ends every process of the run when the launcher itself is killed (SIGKILL, OOM killer).
+- every process started here is stopped by process group when the run ends, the ServerApp first;
+  SIGTERM and SIGINT stop the run the same way (``Interrupted``), and a watchdog
+  (``fedsim/watchdog.py``) ends every process of the run, the ServerApp first, when the launcher
+  itself is killed (SIGKILL, OOM killer).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from fedsim.flower_waits import SUPEREXEC_POLL_ENV
 from fedsim.node_local import environment, from_run, supernode_config
 from fedsim.results import RESULTS_MARKER, unpack_results
 from fedsim.tls import Certificates, make_federation
-from fedsim.watchdog import ENV_KEY
+from fedsim.watchdog import ENV_KEY, end_server_apps
 
 BIN = Path(sys.executable).parent
 RUN_ID = re.compile(r"Successfully started run (\d+)")
@@ -371,6 +372,9 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
             wait_healthy(address, None, certs, timeout=30.0)
         else:
             address = _start_local(stack, cfg, workdir, env, simulation, num_supernodes, certs)
+        # first on the way out, before SuperNodes, SuperLink and Ray: a ServerApp left running while
+        # they stop would journal their ClientApps' deaths as client failures (fedsim/watchdog.py)
+        stack.callback(end_server_apps, workdir, token)
         run_config = workdir / "run_config.toml"
         run_config.write_text(tomli_w.dumps({"overrides": shlex.join(
             [*overrides, *(["ship_results=true"] if remote else [])])}))
