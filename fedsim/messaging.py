@@ -47,6 +47,7 @@ from fedsim.faults import FAULTS_KEY
 from fedsim.journal import Journal, ResumeMismatch, ask_partitions
 from fedsim.message_metadata import set_src_node_id
 from fedsim.metric_keys import DP_EPSILON
+from fedsim.node_local import sent_task
 from fedsim.privacy import CentralDP, NoiseSource
 from fedsim.sharded_grid import MALFORMED_CODE
 from fedsim.sinks import Sinks, reply_metrics
@@ -83,14 +84,15 @@ class PhaseFailed(RuntimeError):
 
 
 def client_config(cfg: DictConfig) -> dict:
-    """The config entries every client message carries: the resolved task, the fault spec, the
-    run's seed (the ClientApp reseeds each handler from it), the run's key (:func:`run_key_of`),
-    under which clients keep state between rounds, and where they keep it
+    """The config entries every client message carries: the resolved task (without the folders
+    each node chooses for itself, ``fedsim/node_local.py``), the fault spec, the run's seed (the
+    ClientApp reseeds each handler from it), the run's key (:func:`run_key_of`), under which
+    clients keep state between rounds, and whether they keep it after the run
     (``fedsim/client_state.py``)."""
-    task = OmegaConf.to_container(cfg.task, resolve=True)
+    task = sent_task(OmegaConf.to_container(cfg.task, resolve=True))
     return {TASK_KEY: json.dumps(task), FAULTS_KEY: json.dumps(OmegaConf.to_container(cfg.faults)),
             SEED_KEY: int(cfg.seed), RUN_KEY: run_key_of(cfg),
-            STATE_KEY: json.dumps({"dir": cfg.client_state.dir, "keep": bool(cfg.client_state.keep)})}
+            STATE_KEY: json.dumps({"keep": bool(cfg.client_state.keep)})}
 
 
 def run_key_of(cfg: DictConfig) -> str:

@@ -112,7 +112,7 @@ class Logging:
 @dataclass
 class ClientStateSettings:
     """Where clients keep state across rounds (``fedsim/client_state.py``)."""
-    dir: str | None = MISSING      # node-local root; null: <tmp>/fedsim-clients (a SuperNode's state-dir wins)
+    dir: str | None = MISSING      # root of the clients fedsim run starts (fedsim/node_local.py); never sent
     keep: bool = MISSING           # keep the run's client state after it completes
     run_key: str | None = MISSING  # set by the ServerApp, not by hand: the run's folder run-<key>
 

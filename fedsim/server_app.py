@@ -98,14 +98,19 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
     started = provenance.now()
     out.clear_outcome()
     keep = cfg.checkpoint and not cfg.ship_results  # a remote run's folder is temporary
-    secret = run_secret(out.path / "checkpoint" / "run.key" if keep else None, bool(cfg.resume))
+    checkpoint = out.path / "checkpoint"
+    # a run killed before its journal began (before this point, or before the ServerApp started)
+    # sent nothing: resumed, it starts from its beginning, under a new secret
+    resume = bool(cfg.resume) and keep and Journal.begun(checkpoint / "journal")
+    if cfg.resume and not resume:
+        log.info("resume: the killed run had journaled nothing; it starts from its beginning")
+    secret = run_secret(checkpoint / "run.key" if keep else None, resume)
     # the clients' state folders: new for a fresh run (an earlier run in this results folder may
     # have left its own), the same when resumed (fedsim/client_state.py)
     cfg.client_state.run_key = derive(secret, b"client-state").hex()[:16]
     out.write_config(cfg, overrides, hydra_config(overrides))
     log.info("results -> %s", out.path)
-    journal = Journal(out.path / "checkpoint" / "journal", bool(cfg.resume),
-                      derive(secret, b"journal")) if keep else None
+    journal = Journal(checkpoint / "journal", resume, derive(secret, b"journal")) if keep else None
     if journal is not None and journal.resumed_from:
         log.info("resume: replaying %d journaled exchanges", journal.resumed_from)
     noise = noise_source(cfg, secret)

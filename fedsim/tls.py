@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from fedsim.secret import create_private_file
+from fedsim.secret import create_private_file, private_folder
 
 VALID_DAYS = 30
 
@@ -136,11 +136,7 @@ def make_node_key(certs: Certificates, index: int) -> None:
 def make_federation(folder: str | Path, hosts: list[str], nodes: int,
                     days: int = VALID_DAYS) -> Certificates:
     """A private CA, a SuperLink certificate for ``hosts`` and ``nodes`` node key pairs."""
-    certs = Certificates(Path(folder))
-    certs.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if certs.folder.stat().st_mode & 0o077:
-        raise PermissionError(f"{certs.folder} is open to other users; private keys go into a "
-                              "folder of mode 0700 (a new folder, or chmod 700 it)")
+    certs = Certificates(private_folder(Path(folder)))
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca = _certificate("fedsim test CA", ca_key, "fedsim test CA", ca_key, days, ca=True)
     server_key = ec.generate_private_key(ec.SECP384R1())

@@ -1,7 +1,10 @@
 """CKKS homomorphic encryption (TenSEAL) for weight averaging.
 
-Clients share one secret context (key material in ``key_dir``, created once by the first
-client under a file lock; a multi-machine deployment copies that folder to every client).
+Clients share one secret context (key material in the node's key folder, created once by the
+first client under a file lock; a multi-machine deployment copies that folder to every client).
+The key is private the way the run's secret and the TLS keys are (``fedsim/secret.py``): written
+0600 from its first byte into a 0700 folder, and refused on load when another user could read
+or replace it.
 The server only ever builds a context from the public bytes: no secret key, so it can
 multiply ciphertexts by public weights and add them, never decrypt. A chunk of floats is
 sent as one ciphertext per ``slots`` values, so no ciphertext spans more than its slots.
@@ -11,12 +14,15 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import tenseal as ts
 from flwr.app import Array, ArrayRecord
+
+from fedsim.secret import create_private_file, private_folder, read_private_file
 
 
 @dataclass(frozen=True)
@@ -38,18 +44,18 @@ def new_secret_context(params: CKKSParams) -> ts.Context:
 
 
 def client_context(params: CKKSParams, key_dir: str | Path) -> ts.Context:
-    """The clients' shared secret context: loaded from ``key_dir``, created there if absent."""
-    folder = Path(key_dir).expanduser()
-    folder.mkdir(parents=True, exist_ok=True)
+    """The clients' shared secret context: loaded from ``key_dir``, created there if absent
+    (whole or not at all: a new file, then renamed)."""
+    folder = private_folder(Path(key_dir).expanduser())
     path = folder / f"ckks-{params.poly_modulus_degree}-{params.global_scale_bits}.secret"
     with open(folder / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not path.is_file():
             tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(new_secret_context(params).serialize(save_secret_key=True))
-            tmp.replace(path)
-            path.chmod(0o600)
-        ctx = ts.context_from(path.read_bytes())
+            tmp.unlink(missing_ok=True)  # a creator killed mid-write (the lock is ours now)
+            create_private_file(tmp, new_secret_context(params).serialize(save_secret_key=True))
+            os.replace(tmp, path)
+        ctx = ts.context_from(read_private_file(path, size=None))
     if not ctx.is_private():
         raise ValueError(f"{path} holds no secret key")
     return ctx
