@@ -80,10 +80,14 @@ ANY = Quorum(0.0, 1)  # one usable reply is enough; the others are left out and 
 class Policy:
     """A phase's quorum, the check of each reply (``fedsim/validators.py``) and, where replies
     claim something for their own (a partition at discovery), ``claim``: what a reply claims;
-    replies claiming the same are all refused (``duplicate``), so that none takes another's place."""
+    replies claiming the same are all refused (``duplicate``), so that none takes another's place.
+    Where replies must agree on a setting no single reply may fix (HEFedAvg: the key, the model's
+    size), ``agree``: the setting of a reply; those outside the strict majority are ``malformed``
+    (a tie refuses every reply: no one reply decides)."""
     quorum: Quorum = ALL
     validator: Validator | None = None
     claim: Callable[[RecordDict], Hashable] | None = None
+    agree: Callable[[RecordDict], Hashable] | None = None
 
 
 class PhaseFailed(RuntimeError):
@@ -304,9 +308,9 @@ class Messenger:
     @staticmethod
     def _screen(phase: str, server_round: int, sent: int, replies: list[Message], policy: Policy):
         good, counts, first_error = [], {"sent": sent, "failed": 0, "malformed": 0}, ""
-        # in the order sent (partitions), not arrival order nor node ids (random per run): a
-        # validator that adopts the first reply's setting (HEFedAvg: key and model size) must
-        # not depend on which node answered first
+        # in the order sent (partitions), not arrival order nor node ids (random per run): what
+        # a validator keeps (HEFedAvg: the public contexts it builds) must not depend on which
+        # node answered first
         for msg in replies:
             node = msg.metadata.src_node_id
             if msg.has_error() and msg.error.code == MALFORMED_CODE:  # the grid could not read it
@@ -326,6 +330,12 @@ class Messenger:
         if policy.claim is not None:
             good, refused, counts["duplicate"] = _claims(good, policy.claim)
             counts["malformed"] += len(refused) - counts["duplicate"]
+            for reason in refused:
+                first_error = first_error or reason
+                log.warning("%s round %d: %s", phase, server_round, reason)
+        if policy.agree is not None:
+            good, refused = _agreeing(good, policy.agree)
+            counts["malformed"] += len(refused)
             for reason in refused:
                 first_error = first_error or reason
                 log.warning("%s round %d: %s", phase, server_round, reason)
@@ -375,6 +385,21 @@ def _claims(replies: list[Message], claim: Callable[[RecordDict], Hashable]) -> 
     return kept, refused, sum(c is not None and taken[c] > 1 for c in claims)
 
 
+def _agreeing(replies: list[Message], agree: Callable[[RecordDict], Hashable]) -> tuple[list[Message], list[str]]:
+    """The replies of the setting most replies share (strictly), and why each other one is refused."""
+    settings = []
+    for msg in replies:
+        try:
+            settings.append(agree(msg.content))
+        except Exception:  # noqa: BLE001 - a validated reply has its setting; this one has none
+            settings.append(None)
+    ranked = Counter(s for s in settings if s is not None).most_common(2)
+    chosen = ranked[0][0] if ranked and (len(ranked) == 1 or ranked[0][1] > ranked[1][1]) else None
+    refused = [f"node {m.metadata.src_node_id} refused: its setting {s!r:.80} is not the majority's"
+               for m, s in zip(replies, settings) if chosen is None or s != chosen]
+    return [m for m, s in zip(replies, settings) if chosen is not None and s == chosen], refused
+
+
 class PhaseGrid(Grid):
     """A Grid view for Flower's ``Strategy.start``: ``send_and_receive`` is a
     :meth:`Messenger.exchange` under ``<label>/<message type>`` with the view's policy, and
@@ -398,10 +423,11 @@ class PhaseGrid(Grid):
 
     def _with_checks(self, suffix: str, policy: Policy) -> Policy:
         """``policy`` with the view's checks of ``suffix`` first: a strategy's own validator may
-        adopt state from the first reply it accepts (HEFedAvg: the key, the model's size), so it
-        sees only replies every other check accepted."""
+        keep state from the replies it accepts (HEFedAvg: their public contexts), so it sees only
+        replies every other check accepted."""
         extra = self._checks.get(suffix)
-        return policy if extra is None else Policy(policy.quorum, both(extra, policy.validator), policy.claim)
+        return policy if extra is None else Policy(policy.quorum, both(extra, policy.validator), policy.claim,
+                                                   policy.agree)
 
     def exchange(self, suffix: str, messages: Iterable[Message], policy: Policy,
                  server_round: int) -> list[Message]:

@@ -10,6 +10,7 @@ from flwr.app import ArrayRecord, RecordDict
 
 from fedsim.trust_mixing import ALPHA, MIXING, S_GLOBAL, S_LOCAL  # noqa: F401 (the mixing's keys)
 from fedsim.validators import Arrays, Bound, Config, Metrics, Number, Reply, weight
+from fedsim_tasks.dialogue.metrics import REPLY_METRICS, REPLY_RANGES
 
 CONFIG = "config"                # ConfigRecord of every message
 ARRAYS = "arrays"                # ArrayRecord: adapters / evaluator weights to train (train) or trained (reply)
@@ -67,6 +68,9 @@ def discover_reply(partition_of: Callable[[int], int | None], datasets: list[str
     return Reply({INFO: Config({PARTITION_ID: Number(0, partitions - 1, whole=True), **examples})}, check=check)
 
 
+TRUST = Number(*REPLY_RANGES["trust_bertscore"])  # a trust score: a BERTScore F1
+
+
 def train_reply(sent: ArrayRecord, examples: Bound, loss_key: str | None, mixing: bool = False,
                 trust: bool = False) -> Reply:
     """Trained weights (the evaluator's, a generator's adapters): the arrays of the model ``sent``,
@@ -74,13 +78,16 @@ def train_reply(sent: ArrayRecord, examples: Bound, loss_key: str | None, mixing
     loss-weighted strategy reads; under a ``mixing`` its alpha in [0, 1], with ``trust`` the two
     trust scores it came from."""
     required = {NUM_EXAMPLES: weight(examples)} | ({loss_key: Number()} if loss_key else {}) | \
-        ({ALPHA: Number(0.0, 1.0)} if mixing else {}) | ({S_LOCAL: Number(), S_GLOBAL: Number()} if trust else {})
+        ({ALPHA: Number(0.0, 1.0)} if mixing else {}) | ({S_LOCAL: TRUST, S_GLOBAL: TRUST} if trust else {})
     return Reply({ARRAYS: Arrays(sent), METRICS: Metrics(required)})
 
 
-def personal_reply(metrics: tuple[str, ...]) -> Reply:
+MAX_DISTANCE = 1e6  # ||W_personal - W_global|| / ||W_global|| beyond this is no model of this federation
+
+
+def personal_reply() -> Reply:
     """A client's personalized evaluation: whether it kept a model of its own, its distance to the
-    global one, the contexts scored, and every reply metric of both models."""
-    scores = {prefix + m: Number() for prefix in (PERSONAL, GLOBAL) for m in metrics}
-    return Reply({METRICS: Metrics({KEPT_LOCAL: Number(0, 1, whole=True), DISTANCE: Number(0.0),
+    global one, the contexts scored, and every reply metric of both models, each in its range."""
+    scores = {prefix + m: Number(*REPLY_RANGES[m]) for prefix in (PERSONAL, GLOBAL) for m in REPLY_METRICS}
+    return Reply({METRICS: Metrics({KEPT_LOCAL: Number(0, 1, whole=True), DISTANCE: Number(0.0, MAX_DISTANCE),
                                     CONTEXTS: Number(0, whole=True), **scores})})

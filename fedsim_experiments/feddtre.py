@@ -198,7 +198,7 @@ def evaluate_personalized(ctx: Context, name: str, dataset: str, global_arrays) 
     messages = [Message(RecordDict({keys.CONFIG: config, keys.ARRAYS: global_arrays}), dst_node_id=ctx.nodes[p],
                         message_type=MessageType.EVALUATE) for p in sorted(ctx.nodes)]
     replies = ctx.messenger.exchange(f"{dataset}/{name}/personal", messages,
-                                     Policy(ANY, keys.personal_reply(REPLY_METRICS)), rounds + 1)
+                                     Policy(ANY, keys.personal_reply()), rounds + 1)
     return _personalized({ctx.partition_of(m.metadata.src_node_id): m.content[keys.METRICS] for m in replies})
 
 

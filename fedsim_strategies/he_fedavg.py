@@ -59,8 +59,9 @@ class HEFedAvg(Strategy):
         self.slots = slots
         self.context = None  # the public context, built from client bytes
         self.probe = None  # ciphertexts a client sends must add to encryptions under it
+        self._probes: dict[str, ckks.Probe] = {}  # key id -> probe, until the federation's key is known
         self.key_id = None
-        self.num_floats = None  # the model's size, fixed by the first accepted train reply
+        self.num_floats = None  # the model's size, fixed with the key by the first round's majority
         self.rounds: dict[int, dict] = {}
 
     def summary(self) -> None:
@@ -119,7 +120,8 @@ class HEFedAvg(Strategy):
 
     def _round(self, grid: PhaseGrid, rnd: int, base: dict) -> dict:
         accepted = grid.exchange("train", self._train_messages(grid, rnd, base),
-                                 Policy(ANY, self._train_problem), rnd)
+                                 Policy(ANY, self._train_problem, agree=self._setting), rnd)
+        self._adopt(accepted)
         self.carry = None
         weights = {m.metadata.src_node_id: float(m.content[keys.METRICS][self.weight_key])
                    for m in accepted}
@@ -185,27 +187,35 @@ class HEFedAvg(Strategy):
 
     def _train_problem(self, content: RecordDict, node: int) -> str | None:
         """Why an HE train reply is unusable (None if usable): it must be :meth:`_train_reply`,
-        under the federation's key, for a model of the federation's size, its ciphertexts (one
-        trip) summable. The first reply that passes everything fixes the key (its public context
-        becomes the server's) and the size; a validator runs in send order (partitions)."""
+        under the federation's key and for a model of the federation's size once they are known,
+        its ciphertexts (one trip) summable under its own public context."""
         if why := self._train_reply(content, node):
             return why
         public, floats = content[keys.CONTEXT][keys.PUBLIC_CONTEXT], int(content[keys.METRICS][keys.NUM_FLOATS])
-        if self.key_id is not None and ckks.key_id(public) != self.key_id:
+        key = ckks.key_id(public)
+        if self.key_id is not None and key != self.key_id:
             return "encrypted under another key"
         if self.num_floats is not None and floats != self.num_floats:  # ciphertexts of two sizes cannot be summed
             return f"a model of {floats} floats; this federation's has {self.num_floats}"
         try:
-            probe = self.probe or ckks.Probe(ckks.server_context(public))
+            probe = self._probes.get(key) or self._probes.setdefault(key, ckks.Probe(ckks.server_context(public)))
         except ValueError as exc:
             return str(exc)
         inline = content.array_records.get(keys.CIPHERTEXTS)
-        if inline is not None and (why := self._ciphertexts_problem(probe, inline, floats)):
-            return why
+        return None if inline is None else self._ciphertexts_problem(probe, inline, floats)
+
+    def _setting(self, content: RecordDict) -> tuple[str, int]:
+        """What the train replies must agree on: their key and their model's size. The first round's
+        majority fixes both for the run (:meth:`_adopt`): no one reply does."""
+        return ckks.key_id(content[keys.CONTEXT][keys.PUBLIC_CONTEXT]), int(content[keys.METRICS][keys.NUM_FLOATS])
+
+    def _adopt(self, accepted: list[Message]) -> None:
+        """The federation's key and model size, those of the accepted replies (they agree)."""
         if self.key_id is None:
-            self.probe, self.context, self.key_id = probe, probe.ctx, ckks.key_id(public)
-            self.num_floats = floats
-        return None
+            self.key_id, self.num_floats = self._setting(accepted[0].content)
+            self.probe = self._probes[self.key_id]
+            self.context = self.probe.ctx
+            self._probes = {self.key_id: self.probe}
 
     def _train_reply(self, content: RecordDict, node: int) -> str | None:
         """Its records: the public context, a positive weight and the model's size, ciphertexts
