@@ -188,7 +188,9 @@ class HEFedAvg(Strategy):
     def _train_problem(self, content: RecordDict, node: int) -> str | None:
         """Why an HE train reply is unusable (None if usable): it must be :meth:`_train_reply`,
         under the federation's key and for a model of the federation's size once they are known,
-        its ciphertexts (one trip) summable under its own public context."""
+        carrying its update inline exactly when the message asked (one trip, an update that fits:
+        a reply without it would send every node to the chunk phase, for an update none kept),
+        its ciphertexts summable under its own public context."""
         if why := self._train_reply(content, node):
             return why
         public, floats = content[keys.CONTEXT][keys.PUBLIC_CONTEXT], int(content[keys.METRICS][keys.NUM_FLOATS])
@@ -202,6 +204,8 @@ class HEFedAvg(Strategy):
         except ValueError as exc:
             return str(exc)
         inline = content.array_records.get(keys.CIPHERTEXTS)
+        if (inline is not None) != (self.one_trip and floats <= self.chunk_floats):  # as the message asked
+            return f"the update {'' if inline is not None else 'not '}sent inline, against the round's mode"
         return None if inline is None else self._ciphertexts_problem(probe, inline, floats)
 
     def _setting(self, content: RecordDict) -> tuple[str, int]:

@@ -217,7 +217,8 @@ def test_a_node_under_another_key_refuses_the_aggregate(tmp_path, client_class):
     clients = {i + 1: client_class(tmp_path / ("other-keys" if i == 2 else "keys"), tmp_path / f"node{i}",
                                    vectors[i], 10) for i in range(3)}
     messenger = Messenger(InProcessGrid(clients), timeout=5)
-    HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096).start(
+    HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096,
+             one_trip=client_class is OneTripClient).start(
         messenger.grid("he"), ArrayRecord(), num_rounds=2, train_config=ConfigRecord())
     holders = set()
     for node, client in clients.items():

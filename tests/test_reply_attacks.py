@@ -331,8 +331,16 @@ def _garbage(reply):
     return reply
 
 
-@pytest.mark.parametrize("hostile", [_weight(1e12), _renamed, _garbage],
-                         ids=["weight 1e12 (declared 50)", "renamed ciphertexts", "undecodable ciphertexts"])
+def _kept(reply):
+    """The update not sent inline though it fits (the fuzzer found it): every node was sent to the
+    chunk phase for an update none of them kept."""
+    del reply[he_keys.CIPHERTEXTS]
+    return reply
+
+
+@pytest.mark.parametrize("hostile", [_weight(1e12), _renamed, _garbage, _kept],
+                         ids=["weight 1e12 (declared 50)", "renamed ciphertexts", "undecodable ciphertexts",
+                              "no inline update"])
 def test_a_hostile_he_reply_is_counted_and_the_aggregate_is_the_honest_one(tmp_path, hostile):
     installed, vectors, faults = _he_run(tmp_path, hostile)
     np.testing.assert_allclose(installed, np.mean(vectors[:HONEST], axis=0), atol=1e-4)
