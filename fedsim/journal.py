@@ -39,6 +39,7 @@ import hashlib
 import logging
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
@@ -52,30 +53,46 @@ PARTITION = "partition-id"
 HEAD = "head"                   # the journal's sealed count and last digest
 
 
-def ask_partitions(grid, timeout: float, poll: float) -> dict[int, int]:
-    """Every node's partition id (node id -> partition), asked with ``WHOAMI`` and not counted
-    as a phase: the Messenger maps node ids across a resume, the ShardedGrid places logical
-    clients. Raises naming the first error when a node does not tell."""
+def ask_partitions(grid, timeout: float, poll: float) -> tuple[dict[int, int], dict[str, int]]:
+    """Every node's partition id (node id -> partition), asked with ``WHOAMI``, and the counts of
+    the ``whoami`` phase: the Messenger maps node ids across a resume and lists nodes in partition
+    order, the ShardedGrid places logical clients. A node that fails or does not answer in time,
+    or names no whole partition in [0, nodes), is left out; so is every node of a partition that
+    several claim (``duplicate``): a node that claims another's partition never takes its place."""
     nodes = list(grid.get_node_ids())
     pending = set(grid.push_messages([
         Message(RecordDict({WHOAMI: ConfigRecord()}), dst_node_id=n, message_type=MessageType.QUERY)
         for n in nodes]))
-    partitions, errors, start = {}, [], time.monotonic()
+    claims, counts, start = {}, {"sent": len(nodes), "failed": 0, "malformed": 0}, time.monotonic()
     while pending and time.monotonic() - start < timeout:
         for reply in grid.pull_messages(list(pending)):
             pending.discard(reply.metadata.reply_to_message_id)
             if reply.has_error():
-                errors.append(reply.error.reason)
+                counts["failed"] += 1
+            elif (partition := _partition(reply.content, len(nodes))) is None:
+                counts["malformed"] += 1
             else:
-                partitions[reply.metadata.src_node_id] = int(reply.content[WHOAMI][PARTITION])
+                claims[reply.metadata.src_node_id] = partition
         if pending:
             time.sleep(poll)
-    logging.getLogger("fedsim").info("[whoami] %d/%d nodes told their partition in %.1f s",
-                                     len(partitions), len(nodes), time.monotonic() - start)
-    if len(partitions) != len(nodes):
-        raise RuntimeError(f"whoami: {len(partitions)} of {len(nodes)} nodes told their partition"
-                           + (f"; e.g. {errors[0]!r}" if errors else ""))
-    return partitions
+    claimed = Counter(claims.values())
+    partitions = {n: p for n, p in claims.items() if claimed[p] == 1}
+    counts |= {"duplicate": len(claims) - len(partitions), "timed_out": len(pending), "accepted": len(partitions)}
+    log = logging.getLogger("fedsim")
+    log.info("[whoami] %d/%d nodes told their partition in %.1f s", len(partitions), len(nodes),
+             time.monotonic() - start)
+    if len(partitions) < len(nodes):
+        log.warning("whoami: nodes left out of the federation: %s (taken partitions refused: %s)", counts,
+                    sorted(p for p, k in claimed.items() if k > 1))
+    return partitions, counts
+
+
+def _partition(content: RecordDict, nodes: int) -> int | None:
+    """The partition a WHOAMI reply names: a whole number in [0, nodes), else None."""
+    record = content.config_records.get(WHOAMI)
+    value = None if record is None else record.get(PARTITION)
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < nodes
+    return value if ok else None
 
 
 class ResumeMismatch(RuntimeError):

@@ -83,11 +83,11 @@ def test_replayed_replies_pass_the_validator_again(tmp_path):
     seen = []
     message = Message(RecordDict({"config": ConfigRecord({"round": 1})}), dst_node_id=1,
                       message_type=MessageType.TRAIN)
-    resumed.exchange("fit/train", [message], Policy(validator=lambda c: seen.append(c) or None))
+    resumed.exchange("fit/train", [message], Policy(validator=lambda c, node: seen.append(c) or None))
     assert len(seen) == 2  # both journaled replies
     resumed = Messenger(_grid([5, 6], []), timeout=5, journal=Journal(tmp_path, resume=True, key=KEY))
     with pytest.raises(ResumeMismatch, match="now rejected"):
-        resumed.exchange("fit/train", [message], Policy(validator=lambda c: "changed rule"))
+        resumed.exchange("fit/train", [message], Policy(validator=lambda c, node: "changed rule"))
 
 
 def _journaled_run(tmp_path) -> None:

@@ -109,6 +109,34 @@ def weighted_sum(ctx: ts.Context, per_client: list[list[bytes]], weights: list[f
     return out
 
 
+class Probe:
+    """Encrypted zeros under the server's (public) context, one per vector size: a client's
+    ciphertext that cannot be weighted and added to them cannot enter :func:`weighted_sum`."""
+
+    def __init__(self, ctx: ts.Context):
+        self.ctx, self._zeros = ctx, {}
+
+    def problem(self, blobs: list[bytes], floats: int, slots: int) -> str | None:
+        """Why ``blobs`` (``floats`` values, ``slots`` per ciphertext) cannot be summed: one that
+        does not parse, holds another number of values, or was made at another scale or level
+        (TenSEAL refuses to add it)."""
+        for i, blob in enumerate(blobs):
+            size = min(slots, floats - i * slots)
+            try:
+                vector = ts.ckks_vector_from(self.ctx, blob)
+                if vector.size() != size:
+                    return f"ciphertext {i} holds {vector.size()} values, expected {size}"
+                _ = vector * 1.0 + self._zero(size)
+            except Exception as exc:  # noqa: BLE001 - whatever TenSEAL refuses in a client's bytes
+                return f"ciphertext {i} cannot be summed: {type(exc).__name__}: {exc!s:.100}"
+        return None
+
+    def _zero(self, size: int):
+        if size not in self._zeros:
+            self._zeros[size] = ts.ckks_vector(self.ctx, np.zeros(size)) * 1.0
+        return self._zeros[size]
+
+
 def blobs_record(blobs: list[bytes]) -> ArrayRecord:
     return ArrayRecord({f"ct-{i}": Array(np.frombuffer(b, dtype=np.uint8))
                         for i, b in enumerate(blobs)})
@@ -116,3 +144,13 @@ def blobs_record(blobs: list[bytes]) -> ArrayRecord:
 
 def record_blobs(record: ArrayRecord) -> list[bytes]:
     return [record[f"ct-{i}"].numpy().tobytes() for i in range(len(record))]
+
+
+def record_problem(record: ArrayRecord, count: int) -> str | None:
+    """Why ``record`` is not ``count`` ciphertexts as :func:`blobs_record` makes them: ``ct-0``
+    .. ``ct-<count-1>``, each a flat uint8 array."""
+    if set(record) != {f"ct-{i}" for i in range(count)}:
+        return f"expected ciphertexts ct-0 .. ct-{count - 1}"
+    if any(a.dtype != "uint8" or len(a.shape) != 1 for a in record.values()):
+        return "ciphertexts must be flat uint8 bytes"
+    return None
