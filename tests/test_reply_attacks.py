@@ -278,10 +278,10 @@ class HEVectorClient:
     """A FedE4RAG node under HE: installs the aggregate its train message carries and sends its
     vector, encrypted in the reply (one trip), as ``fedsim_clients/retriever.py`` does."""
 
-    def __init__(self, tmp_path, partition: int, vector: np.ndarray, pairs: int, hostile=None):
+    def __init__(self, tmp_path, partition: int, vector: np.ndarray, pairs: int, hostile=None, key_dir=None):
         folder = tmp_path / f"node{partition}"
         folder.mkdir()
-        self.he = HEClient(ckks.CKKSParams(), str(tmp_path / "keys"), folder)
+        self.he = HEClient(ckks.CKKSParams(), str(key_dir or tmp_path / "keys"), folder)
         self.partition, self.vector, self.pairs, self.hostile = partition, vector, pairs, hostile
 
     def __call__(self, msg):

@@ -466,15 +466,15 @@ def _he_drive(tmp_path_factory, floats: int):
     """FedE4RAG's HE method over HE clients of ``floats`` floats (one trip at most 4096, else the
     chunk phases); what the honest node of partition 0 installed."""
     tmp = tmp_path_factory.mktemp("he")
-    (tmp / "keys").mkdir()
+    (tmp / "keys").mkdir(mode=0o700)  # one key for every drive, made once
     cfg = _rag_cfg(str(tmp))
     vectors = [np.full(floats, 1.0 + p) for p in range(HOSTILE)]
     spec = OmegaConf.create({"run": "fedsim_experiments.fede4rag.federated", "he": True, "kd_weight": 0.0})
 
     def drive(send):
         folder = tmp_path_factory.mktemp("run")
-        (folder / "keys").symlink_to(tmp / "keys", target_is_directory=True)  # one key, made once
-        clients = {n: HEVectorClient(folder, n - 1, vectors[n - 1], EXAMPLES) for n in range(1, HOSTILE + 1)}
+        clients = {n: HEVectorClient(folder, n - 1, vectors[n - 1], EXAMPLES, key_dir=tmp / "keys")
+                   for n in range(1, HOSTILE + 1)}
         handlers = _with_hostile(clients, send)
         messenger = Messenger(InProcessGrid(handlers), timeout=5)
         ctx = fede4rag.Context(messenger, cfg, {}, *fede4rag._discover(Messenger(InProcessGrid(clients), 5), {}),
