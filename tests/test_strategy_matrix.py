@@ -18,8 +18,8 @@
    finite values and count the crash as failed, the other replies as accepted; under a DP
    wrapper, each round is one release in the run's privacy account.
 
-Cost: the fast loop runs each weight slot's every strategy without privacy and FedAvg in every
-privacy wrapper; the rest of the cross product is marked ``slow``.
+Cost: the default suite runs each weight slot's every strategy without privacy and FedAvg in every
+privacy wrapper; the rest of the cross product is marked ``exhaustive`` (``pytest -m exhaustive``).
 """
 
 import gc
@@ -223,7 +223,7 @@ def _weight_pairs():
             for p in PRIVACY:
                 if _load("strategy", s).traits.takes in accepts and _load("privacy", p).kind != "he":
                     fast = p == "none" or s == "fedavg"
-                    yield pytest.param(exp, s, p, marks=() if fast else pytest.mark.slow)
+                    yield pytest.param(exp, s, p, marks=() if fast else [pytest.mark.slow, pytest.mark.exhaustive])
 
 
 @pytest.mark.parametrize("exp,strategy,privacy", list(_weight_pairs()))
