@@ -28,7 +28,7 @@ from hydra.utils import instantiate
 
 from fedsim import client_state
 from fedsim.records import from_bytes, from_record, to_record
-from fedsim.seeding import stream
+from fedsim.seeding import Stream, stream
 from fedsim.trust_mixing import client_alpha, mix, relative_distance
 from fedsim_clients import feddtre_messages as keys
 from fedsim_tasks.causal_lm import sft_train, shared_policy, turn_separator
@@ -122,10 +122,10 @@ class DialogueClient:
                                   trust["labels"])
         return out
 
-    def _seed(self, of, config, **keys_) -> int:
-        """The seed of stream ``of`` for this client in the message's round."""
+    def _seed(self, of: Stream, config, **more) -> int:
+        """The seed of stream ``of`` for this client in the message's round (``more``: its other keys)."""
         return of.seed(config[keys.SEED], round=int(config.get(keys.SERVER_ROUND, 0)), partition=self.partition_id,
-                       **keys_)
+                       **more)
 
     def _train_evaluator(self, msg: Message):
         config = msg.content[keys.CONFIG]
