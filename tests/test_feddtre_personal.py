@@ -11,8 +11,8 @@ replies 0.2 against 0.0 and 0.0 on 10 contexts; mean s_l 0.22 against 0.30; mean
 trust evaluator scores its local replies lower than the clean clients', and FedDTRE gives it
 the larger alpha. The margins are small here: with a 40-step base the global model's
 replies score below most local models (s_g < s_l gives alpha_min), so only the leaking
-client's rounds earn much more than alpha_min, and 10 contexts resolve a PII rate in tenths. docs/methods/feddtre.md gives the larger run where the alphas
-separate clearly (0.203 against 0.110).
+client's rounds earn much more than alpha_min, and 10 contexts resolve a PII rate in tenths.
+docs/methods/feddtre.md gives the larger run where the alphas separate clearly (0.203 against 0.110).
 """
 
 import functools
@@ -26,6 +26,7 @@ from test_determinism import serve
 from fedsim import server_app
 from fedsim.config import compose
 from fedsim.inprocess_grid import InProcessGrid
+from fedsim.node_local import from_run
 from fedsim.results import RunOutput
 from fedsim_experiments import feddtre
 
@@ -50,8 +51,8 @@ SLICE = ["experiment=feddtre_paper", "data_root=../shared/data", f"task.num_clie
          f"+protocol.methods={{feddtre: {{run: fedsim_experiments.feddtre.federated, strategy: {FEDDTRE}}}}}"]
 
 
-def _serve(msg, partition):
-    return serve(msg, partition, CLIENTS)
+def _serve(msg, partition, node):
+    return serve(msg, partition, CLIENTS, node)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("feddtre-personal")
     cfg = compose([*SLICE, f"results_dir={tmp / 'results'}", f"protocol.generator.base_dir={tmp / 'gen'}",
                    f"client_state.dir={tmp / 'state'}", "client_state.keep=true"])
-    grid = InProcessGrid({1000 + p: functools.partial(_serve, partition=p) for p in range(CLIENTS)})
+    grid = InProcessGrid({1000 + p: functools.partial(_serve, partition=p, node=from_run(cfg)) for p in range(CLIENTS)})
     patch = pytest.MonkeyPatch()
     patch.setattr(strategy_utils, "random", strategy_utils.random)  # seed_server replaces it: given back
     try:
