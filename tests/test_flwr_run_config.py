@@ -9,6 +9,7 @@ import tomllib
 
 import pytest
 from flwr.cli.flower_config import read_superlink_connection
+from flwr.cli.run.run import _parse_federation_config_overrides
 from flwr.common.config import get_fused_config_from_dir, parse_config_args
 
 from conftest import SMALL
@@ -96,6 +97,8 @@ def test_federations_writes_connections_flower_reads_sized_for_the_run(tmp_path,
         assert read_superlink_connection(name).address == ":local:" and options.num_supernodes == 20
         assert (options.backend.client_resources.num_cpus, options.backend.client_resources.num_gpus,
                 options.backend.init_args.num_cpus) == (hw.client_cpus, hw.client_gpus, hw.num_cpus)
+        sent = _parse_federation_config_overrides(None, read_superlink_connection(name))  # what `flwr run` sends
+        assert (sent.num_supernodes, sent.client_resources_num_gpus) == (20, hw.client_gpus)
     assert "`flwr run . gpu-simulation`: 20 SuperNodes for 20 clients" in capsys.readouterr().out
     assert read_superlink_connection("local").address == ":local:"  # Flower's own default kept
     assert cli.main(["federations", "experiment=fedtpp"]) == 2
