@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from fedsim.comparison import POINT_FILE, Settings
 from fedsim.comparison import write as write_comparison
 from fedsim.config import CONF_DIR, GROUPS, ConfigError, choices, compose_checked
-from fedsim.launcher import Interrupted, RunFailed, launch, user_certificates
+from fedsim.launcher import Interrupted, RunFailed, check_private_network, launch, user_certificates
 from fedsim.schema import layout, sweep_settings
 from fedsim.secret import Tampered, derive, open_sealed, run_secret, seal
 from fedsim.sweep import Sweep
@@ -73,6 +73,7 @@ def prepare(overrides: list[str]) -> tuple[DictConfig, list[str], int, int]:
         get_class(task["client"]).population_size(task, cfg.data_root)
     clients, nodes = layout(cfg.hardware, population)
     user_certificates(cfg.hardware, nodes)  # missing certificate files: refused here
+    check_private_network(cfg.hardware)  # no network namespace for this user: refused here
     return cfg, overrides, clients, nodes
 
 

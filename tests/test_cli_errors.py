@@ -1,8 +1,11 @@
 """Bad input answers fast with a clear message and exit code 2, before Flower starts."""
 
+import subprocess
 from pathlib import Path
 
-from conftest import fedsim_run
+import pytest
+
+from conftest import FEDSIM, fedsim_run
 
 
 def test_wrong_group_choice_names_valid_choices():
@@ -80,3 +83,21 @@ def test_a_client_layout_that_leaves_a_supernode_empty_is_refused():
     assert code == 2 and "5 clients do not fit 10 SuperNodes" in log and "SuperLink" not in log
     code, log = fedsim_run("hardware.clients_per_supernode=0")
     assert code == 2 and "clients_per_supernode must be >= 1" in log
+
+
+def test_a_machine_without_network_namespaces_is_refused_before_anything_starts():
+    """Where this user may not make a network namespace (here: inside a user namespace whose
+    limit of network namespaces is 0), a local run is refused with the two ways on; with
+    hardware.private_network=false it goes on."""
+    denied = ["unshare", "--user", "--map-root-user", "sh", "-c",
+              'echo 0 > /proc/sys/user/max_net_namespaces && exec "$@"', "sh"]
+    if subprocess.run([*denied, "true"], capture_output=True).returncode != 0:
+        pytest.skip("no user namespace here to deny network namespaces in")
+    refused = subprocess.run([*denied, FEDSIM, "run", "--cfg", "job"], capture_output=True, text=True)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "refuses this user a network namespace" in refused.stderr
+    assert "hardware.private_network=false" in refused.stderr
+    assert "apparmor_restrict_unprivileged_userns" in refused.stderr
+    shared = subprocess.run([*denied, FEDSIM, "run", "--cfg", "job", "hardware.private_network=false"],
+                            capture_output=True, text=True)
+    assert shared.returncode == 0 and "private_network: false" in shared.stdout, shared.stderr
