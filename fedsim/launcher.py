@@ -436,11 +436,11 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
                     f"num-supernodes={num_supernodes} client-resources-num-cpus={int(hw.client_cpus)} "
                     f"client-resources-num-gpus={float(hw.client_gpus)} "
                     f"init-args-num-cpus={int(hw.num_cpus)}"]
-        security = ("plain text" if certs is None else "TLS" + (
-            " + node authentication" if hw.node_auth and not simulation else "")) + (
-            ", network namespace of its own" if isinstance(net, Namespace) else "")
+        security = "plain text" if certs is None else "TLS" + (
+            " + node authentication" if hw.node_auth and not simulation else "")
+        where = " in the run's own network namespace" if isinstance(net, Namespace) else ""
         echo(f"fedsim: {num_supernodes} SuperNodes, {hw.backend} via SuperLink {address} "
-             f"({security}); results -> {results_dir}")
+             f"({security}){where}; results -> {results_dir}")
         shipped = _Results(echo)
         code, run_id = _stream(cmd, workdir, env, shipped, net)
         if shipped.lines:
