@@ -81,7 +81,8 @@ NOT_PRIVATE = ("privacy.reproducible_noise=true: the DP noise is drawn from the 
 
 def poisson_sample(nodes: list[int], rate: float, rng: np.random.Generator) -> list[int]:
     """Each node independently with probability ``rate``: the sampling the RDP accountant's
-    amplification assumes (a fixed-size sample is another mechanism)."""
+    amplification assumes (a fixed-size sample is another mechanism). The i-th node's coin is the
+    i-th draw of ``rng``: one more node at the end leaves the others' coins as they were."""
     return [n for n, keep in zip(nodes, rng.random(len(nodes)) < rate) if keep]
 
 
@@ -181,14 +182,18 @@ def adaptive_noise_multiplier(update_noise_multiplier: float, clipped_count_stdd
 
 
 SAMPLING = ("none claimed: every round is accounted as a Gaussian release without amplification "
-            "by sampling. Flower samples a fixed number of clients without replacement (not the "
-            "Poisson sampling the usual amplification bound assumes), and fedsim draws that sample "
-            "from the public run seed (fedsim/seeding.py), so it is no secret; the bound holds for "
-            "any sampling")
+            "by sampling. With a strategy's fraction_train < 1 each client is in a round on its own "
+            "coin at that rate (Poisson sampling, fedsim_strategies/numpy_noise.py), drawn from the "
+            "run's secret noise source: the public seed does not tell who trained, and one more "
+            "client leaves the others' coins as they were, so a neighbouring population changes a "
+            "round by that client's clipped update alone. Amplification would also need the number "
+            "of replies kept secret, and results.json publishes it (the mean's divisor, the fault "
+            "counts)")
 COVERS = ("one client's whole contribution (add or remove one client) to the released global models "
           "and, under adaptive clipping, to the clipping norm; not what the strategy aggregates "
-          "without noise (train metrics, update norms, fault counts in results.json and metrics.csv), "
-          "and not against the server, which sees every client's update")
+          "without noise (train metrics, update norms, the number of clients each round averaged and "
+          "the fault counts in results.json and metrics.csv), and not against the server, which sees "
+          "every client's update")
 
 
 @dataclass

@@ -12,6 +12,10 @@ a second default here).
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import os
+import re
+import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +24,18 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from hydra.utils import get_class, get_method, instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
+
+
+def require(ok: bool, key: str, rule: str, value) -> None:
+    """Refuse ``key``'s ``value`` unless ``ok``, naming the key and the rule it breaks."""
+    if not ok:
+        raise ValueError(f"{key} must be {rule}, got {value!r}")
+
+
+def count_or_null(key: str, value: int | None) -> None:
+    """A count where null means "all": 0 would read as "all" by accident."""
+    require(value is None or value >= 1, key, ">= 1 (null: all)", value)
 
 
 @dataclass
@@ -33,6 +49,14 @@ class Faults:
     timeout_seconds: float = MISSING    # sleep of the timeout fault
     message_types: list[str] = MISSING  # replies affected
 
+    def __post_init__(self):
+        for kind in ("crash", "timeout", "nan", "wrong_length", "negative"):
+            ids = getattr(self, kind)
+            require(all(i >= 0 for i in ids), f"faults.{kind}", "partition ids >= 0", ids)
+        require(self.timeout_seconds >= 0, "faults.timeout_seconds", ">= 0", self.timeout_seconds)
+        bad = sorted(set(self.message_types) - set(MESSAGE_TYPES))
+        require(not bad, "faults.message_types", f"a list of {MESSAGE_TYPES}", self.message_types)
+
 
 @dataclass
 class Waits:
@@ -42,6 +66,11 @@ class Waits:
     supernode_idle: float | None = MISSING   # a SuperNode's wait after a pull found no message (Flower: 3)
     supernode_reply: float | None = MISSING  # a SuperNode's poll for its ClientApp's reply (Flower: 0.5)
     pull_backoff: float | None = MISSING     # first retry of an object not uploaded yet (Flower: 1, doubling to 10)
+
+    def __post_init__(self):
+        for name in ("superexec_poll", "supernode_idle", "supernode_reply", "pull_backoff"):
+            value = getattr(self, name)
+            require(value is None or value > 0, f"hardware.waits.{name}", "> 0 seconds (null: Flower's)", value)
 
 
 @dataclass
@@ -63,6 +92,14 @@ class Hardware:
     waits: Waits = MISSING                # deployment: Flower's polls shortened
     clientapp_preload: list[str] | None = MISSING  # libraries a warm process per SuperNode imports once
 
+    def __post_init__(self):
+        require(self.backend in BACKENDS, "hardware.backend", f"one of {BACKENDS}", self.backend)
+        count_or_null("hardware.num_supernodes", self.num_supernodes)
+        count_or_null("hardware.num_clients", self.num_clients)
+        for name in ("clients_per_supernode", "num_cpus", "client_cpus"):
+            require(getattr(self, name) >= 1, f"hardware.{name}", ">= 1", getattr(self, name))
+        require(self.client_gpus >= 0, "hardware.client_gpus", ">= 0 (a share of a GPU per client)", self.client_gpus)
+
 
 @dataclass
 class Logging:
@@ -76,9 +113,27 @@ class Logging:
 @dataclass
 class ClientStateSettings:
     """Where clients keep state across rounds (``fedsim/client_state.py``)."""
-    dir: str | None = MISSING      # node-local root; null: <tmp>/fedsim-clients (a SuperNode's state-dir wins)
+    dir: str | None = MISSING      # root of the clients fedsim run starts (fedsim/node_local.py); never sent
     keep: bool = MISSING           # keep the run's client state after it completes
     run_key: str | None = MISSING  # set by the ServerApp, not by hand: the run's folder run-<key>
+
+
+@dataclass
+class EffectOfInterest:
+    """A paired difference (method minus baseline) that matters: the paper's, or a stated one."""
+    metric: str = MISSING  # pattern of the compared results path (its paired rows get this effect)
+    size: float = MISSING  # the difference, signed, in the metric's units
+    source: str = MISSING  # where the size comes from (the paper's table, or why it was chosen)
+
+
+@dataclass
+class RunInterval:
+    """An interval the experiment computes inside one run (e.g. a paired bootstrap over items),
+    for a difference the seeds do not move."""
+    metric: str = MISSING          # pattern of the compared results path
+    baseline: str | None = MISSING  # pattern of its baseline's path; null: the metric itself (no pairing)
+    ci: str = MISSING              # results path of the run's [low, high]; each * takes the metric's * in turn
+    method: str = MISSING          # what the interval is, for the summary
 
 
 @dataclass
@@ -86,9 +141,13 @@ class Sweep:
     """How ``fedsim run -m`` / ``fedsim compare`` summarize a sweep (``fedsim/comparison.py``)."""
     seed_keys: list[str] = MISSING  # overrides that are replicates
     baseline: str | None = MISSING  # a method name inside results, or KEY=VALUE of a swept override
-    metrics: list[str] = MISSING    # glob patterns of results.json paths; [] = every number
+    metrics: list[str] = MISSING    # the headline: results.json path patterns, a family each; [] = all
+    bookkeeping: list[str] = MISSING  # patterns of counters, bytes, timings: their own section, never headline
     interval: str = MISSING         # t (Student t over seeds) | bootstrap (scipy.stats.bootstrap, BCa)
     level: float = MISSING          # confidence level of every interval
+    power: float = MISSING          # power of the minimum detectable effect and of the seeds needed
+    effect_of_interest: list[EffectOfInterest] = MISSING  # effects whose exclusion is a verdict
+    run_intervals: list[RunInterval] = MISSING  # per-run intervals used when the seeds give no spread
 
 
 @dataclass
@@ -122,6 +181,23 @@ class RunConfig:
     sweep: Sweep = MISSING
     client_state: ClientStateSettings = MISSING
 
+    def __post_init__(self):
+        require(self.num_rounds >= 1, "num_rounds", ">= 1", self.num_rounds)
+        require(self.round_timeout > 0, "round_timeout", "> 0 seconds", self.round_timeout)
+        if self.results_dir is not None:
+            _check_output_folder("results_dir", Path(self.results_dir))
+        if self.logging.mlflow:
+            _check_output_folder("logging.mlflow_dir", Path(self.logging.mlflow_dir))
+
+
+def _check_output_folder(key: str, path: Path) -> None:
+    """A folder the run will write: not an existing file, and creatable where it does not exist yet
+    (its nearest existing parent a writable folder)."""
+    require(not path.exists() or path.is_dir(), key, "a folder (it names an existing file)", str(path))
+    parent = next(p for p in (path, *path.parents) if p.exists())
+    require(parent.is_dir() and os.access(parent, os.W_OK | os.X_OK), key,
+            f"a folder this user can create or write ({parent} is not writable)", str(path))
+
 
 @dataclass(frozen=True, kw_only=True)
 class StrategySlot:
@@ -150,6 +226,22 @@ class Protocol:
         """Why this protocol's own settings cannot run the slot's strategy (its constructor
         ``settings``), when that depends on more than the slot's fixed ``refuses``."""
         return None
+
+    def check_run(self, cfg: DictConfig, clients: int | None) -> None:
+        """Refuse a setting that does not fit the rest of the run (``clients``: its logical
+        clients, None until the population is known): a cross-field rule, checked with the other
+        checks before any process starts, not minutes into the run."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSettings:
+    """Keys every ``task`` block has (``conf/task/*.yaml``); the dataclass its ``schema`` names
+    (a subclass, beside the task's code) types the rest, so a task's wrong key or value is
+    refused before the run as a protocol's is."""
+    name: str       # task name in results
+    client: str     # ClientApp handler class
+    schema: str     # this block's dataclass (a subclass of TaskSettings)
+    data_root: str  # data folder, sent to clients
 
 
 ConfigStore.instance().store(name="fedsim_schema", node=RunConfig)
@@ -196,18 +288,18 @@ def sweep_settings(*layers) -> DictConfig:
         raise ValueError(f"sweep: {exc}") from exc
     if unset := OmegaConf.missing_keys(sweep):
         raise ValueError(f"sweep: no value for {sorted(unset)}")
-    if sweep.interval not in INTERVALS or not 0.0 < sweep.level < 1.0:
-        raise ValueError(f"sweep.interval must be one of {INTERVALS} and 0 < sweep.level < 1, got "
-                         f"{sweep.interval!r}, {sweep.level}")
+    if sweep.interval not in INTERVALS or not 0.0 < sweep.level < 1.0 or not 0.0 < sweep.power < 1.0:
+        raise ValueError(f"sweep.interval must be one of {INTERVALS}, 0 < sweep.level < 1 and 0 < sweep.power < 1, "
+                         f"got {sweep.interval!r}, {sweep.level}, {sweep.power}")
     return sweep
 
 
 def check(cfg: DictConfig) -> Protocol:
-    """Refuse what composition cannot see: enums, callables, the protocol block's keys and
-    types. Returns the protocol block as its dataclass."""
-    if cfg.hardware.backend not in BACKENDS:
-        raise ValueError(f"hardware.backend must be one of {BACKENDS}, got "
-                         f"{cfg.hardware.backend!r}")
+    """Refuse what composition cannot see: keys added with ``+``, values out of range (each
+    block's ``__post_init__``), callables, cross-field rules, the protocol block's keys and types.
+    Returns the protocol block as its dataclass."""
+    refuse_unknown_keys(cfg, RunConfig)
+    OmegaConf.to_object(cfg)  # every typed block's __post_init__: ranges and enums
     hw = cfg.hardware
     if hw.backend == "deployment" and not (hw.launch_local or hw.superlink):
         raise ValueError("hardware.superlink (host:port) is required for a remote deployment")
@@ -220,32 +312,102 @@ def check(cfg: DictConfig) -> Protocol:
     if cfg.logging.mlflow and hw.backend == "deployment" and not hw.launch_local:
         raise ValueError("logging.mlflow writes where the ServerApp runs: simulation or "
                          "hardware.launch_local only, refused for a remote SuperLink")
-    if cfg.logging.mlflow and Path(cfg.logging.mlflow_dir).is_file():
-        raise ValueError(f"logging.mlflow_dir={cfg.logging.mlflow_dir} is a file; the MLflow store is a folder")
     layout(hw, 1)  # the client / SuperNode counts fit (the population is checked by the CLI)
-    bad = set(cfg.faults.message_types) - set(MESSAGE_TYPES)
-    if bad:
-        raise ValueError(f"faults.message_types: {sorted(bad)} not in {MESSAGE_TYPES}")
     sweep_settings(cfg.sweep)
     check_privacy(cfg.privacy)
-    for key in ("run", "schema"):
-        if key not in cfg.protocol:
-            raise ValueError(f"protocol.{key} is missing")
+    typed_block(cfg, "task", TaskSettings)
+    protocol = protocol_of(cfg)
+    check_strategy(cfg, protocol)
+    protocol.check_run(cfg, hw.num_clients)
+    return protocol
+
+
+def protocol_of(cfg: DictConfig) -> Protocol:
+    """The ``protocol`` block as the dataclass its ``protocol.schema`` names; ``protocol.run``
+    must name a callable."""
+    protocol = typed_block(cfg, "protocol", Protocol)
     try:
         get_method(cfg.protocol.run)
-        schema = get_class(cfg.protocol.schema)
     except Exception as exc:
-        raise ValueError(f"protocol.run / protocol.schema do not resolve: {exc}") from exc
-    if not (dataclasses.is_dataclass(schema) and issubclass(schema, Protocol)):
-        raise ValueError(f"protocol.schema {cfg.protocol.schema} is not a Protocol dataclass")
-    typed = _writable(schema)
-    try:
-        merged = OmegaConf.merge(typed, OmegaConf.to_container(cfg.protocol, resolve=True))
-        protocol = OmegaConf.to_object(merged)
-    except Exception as exc:
-        raise ValueError(f"protocol block does not fit {schema.__name__}: {exc}") from exc
-    check_strategy(cfg, protocol)
+        raise ValueError(f"protocol.run does not resolve: {exc}") from exc
     return protocol
+
+
+def typed_block(cfg: DictConfig, block: str, base: type):
+    """``cfg[block]`` as the dataclass its ``schema`` key names (a subclass of ``base``): an
+    unknown key, a missing one or a wrong type is refused, naming the key and the type it
+    needs; each ``_target_`` entry's settings are checked against its class's constructor."""
+    node = cfg[block]
+    if "schema" not in node:
+        raise ValueError(f"{block}.schema is missing: the dataclass that types the {block} block")
+    try:
+        schema = get_class(node.schema)
+    except Exception as exc:
+        raise ValueError(f"{block}.schema does not resolve: {exc}") from exc
+    if not (dataclasses.is_dataclass(schema) and issubclass(schema, base)):
+        raise ValueError(f"{block}.schema {node.schema} is not a {base.__name__} dataclass")
+    values = OmegaConf.to_container(node, resolve=True)
+    try:
+        typed = OmegaConf.to_object(OmegaConf.merge(_writable(schema), values))
+    except OmegaConfBaseException as exc:
+        raise ValueError(typed_error(block, schema, exc)) from exc
+    for key, settings in _entries(values, block):
+        check_entry(key, settings)
+    return typed
+
+
+def _entries(value, key: str):
+    """Every ``_target_`` entry inside ``value`` (a partitioner, a selector), with its key."""
+    if isinstance(value, dict):
+        if "_target_" in value:
+            yield key, value
+        for name, inner in value.items():
+            yield from _entries(inner, f"{key}.{name}")
+
+
+def refuse_unknown_keys(node: DictConfig, schema: type, prefix: str = "") -> None:
+    """Hydra refuses an unknown key of a typed block, except one added with ``+`` (``+foo=1``,
+    ``+hardware.foo=1``), which the run would carry and ignore: refused here, with the near keys."""
+    hints = typing.get_type_hints(schema)
+    for key in node:
+        if key not in hints:
+            raise ValueError(unknown_key(f"{prefix}{key}", list(hints)))
+        if dataclasses.is_dataclass(hints[key]) and isinstance(node[key], DictConfig):
+            refuse_unknown_keys(node[key], hints[key], f"{prefix}{key}.")
+
+
+def unknown_key(key: str, valid: list[str]) -> str:
+    parent, _, leaf = key.rpartition(".")
+    near = difflib.get_close_matches(leaf, valid, n=3)
+    return (f"Unknown config key '{key}'." + (f" Did you mean: {', '.join(near)}?" if near else "")
+            + f" Keys under '{parent or '<root>'}': {', '.join(valid)}")
+
+
+def typed_error(block: str, schema: type, exc: OmegaConfBaseException) -> str:
+    """OmegaConf's error about ``block`` (typed by ``schema``) as one line naming the key, the type
+    it needs and the value given (OmegaConf's own says "AnyNode is not a ListConfig")."""
+    path = re.sub(r"\[\d+\]", "", str(exc.full_key or exc.key or ""))
+    key = f"{block}.{exc.full_key}" if exc.full_key else block
+    parts, kind = path.split(".") if path else [], schema
+    for part in parts[:-1]:
+        kind = typing.get_type_hints(kind).get(part) if dataclasses.is_dataclass(kind) else None
+    hints = typing.get_type_hints(kind) if dataclasses.is_dataclass(kind) else {}
+    if isinstance(exc, ConfigKeyError) and parts and parts[-1] not in hints:
+        return unknown_key(f"{block}.{path}", list(hints))
+    if isinstance(exc, MissingMandatoryValue):
+        return f"{key}: missing mandatory value (every key needs one in conf/ or an override)"
+    expected = hints.get(parts[-1]) if parts else None
+    if expected is not None and str(exc.full_key).endswith("]"):  # an element of a list or dict
+        expected = typing.get_args(expected)[-1]
+    value = getattr(exc, "value", None)
+    value = getattr(value, "_value", lambda: value)() if hasattr(value, "_value") else value
+    return (f"{key}: expected {type_name(expected)}, got {value!r}" if expected is not None
+            else f"{key}: {exc.msg.splitlines()[0]}")
+
+
+def type_name(kind) -> str:
+    plain = isinstance(kind, type) and typing.get_origin(kind) is None
+    return kind.__name__ if plain else str(kind).replace("typing.", "")
 
 
 def check_privacy(privacy: DictConfig) -> None:
@@ -257,7 +419,7 @@ def check_privacy(privacy: DictConfig) -> None:
         raise ValueError(f"privacy.delta must be in (0, 1) (the chance the reported epsilon fails), "
                          f"got {privacy.delta}")
     sigma = privacy.wrapper.get("noise_multiplier")
-    if sigma is None or sigma <= 0:
+    if not is_number(sigma) or sigma <= 0:
         raise ValueError(f"privacy.wrapper.noise_multiplier must be > 0 for a run that reports an "
                          f"epsilon, got {sigma} (no noise: no DP; privacy=none runs without a wrapper)")
 
@@ -271,13 +433,68 @@ def entry(node) -> dict:
 
 def try_strategy(cfg: DictConfig) -> None:
     """Build the run's strategy and its privacy wrapper once, so that a bad value (a negative
-    noise multiplier, an unknown argument) fails before any process starts."""
-    strategy = instantiate(entry(cfg.strategy))
+    noise multiplier, an unknown argument, a word where a number goes) fails before any process
+    starts, naming the key."""
+    strategy = build_entry("strategy", entry(cfg.strategy))
     if cfg.privacy.wrapper:
         wrapper = entry(cfg.privacy.wrapper)
         if wrapper.get("num_sampled_clients", 0) is None:  # the run fills it from its slot
             wrapper["num_sampled_clients"] = 1
-        instantiate(wrapper, strategy=strategy)
+        build_entry("privacy.wrapper", wrapper, strategy=strategy)
+
+
+def check_entry(key: str, settings: dict) -> None:
+    """Each setting of a ``_target_`` entry against the type its class's constructor declares
+    (Flower's strategies and flwr-datasets' partitioners type every argument):
+    ``strategy.fraction_train=high`` is refused as such, not by a ``'<' not supported`` from
+    deep inside the constructor, or minutes into the run."""
+    try:
+        declared = typing.get_type_hints(get_class(settings["_target_"]).__init__)
+    except Exception as exc:  # an annotation naming what its module imports for type checkers only
+        if isinstance(exc, (ImportError, AttributeError, ValueError)) and "Error locating" in str(exc):
+            raise ValueError(f"{key}._target_: {exc}") from exc
+        declared = {}
+    for name, value in settings.items():
+        if name in declared and not fits(value, declared[name]):
+            raise ValueError(f"{key}.{name}: expected {type_name(declared[name])}, got {value!r}")
+
+
+def build_entry(key: str, settings: dict, **given):
+    """``instantiate(settings)`` once its settings passed :func:`check_entry`."""
+    check_entry(key, settings)
+    try:
+        return instantiate(settings, **given)
+    except Exception as exc:
+        raise ValueError(f"{key} ({settings['_target_']}): {exc}") from exc
+
+
+def is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+SCALAR_CHECKS = {bool: lambda v: isinstance(v, bool), int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+                 float: lambda v: is_number(v), str: lambda v: isinstance(v, str), type(None): lambda v: v is None}
+
+
+def fits(value, kind) -> bool:
+    """Whether a scalar config value (a number, a word, a bool, null) fits a declared type: one
+    of its options is that scalar type, or a class the check cannot judge (left to the
+    constructor); a list, a dict or an array type takes no scalar. A list or dict value is left
+    to the constructor."""
+    if isinstance(value, list | dict):
+        return True
+    options = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
+    for option in options:
+        if option in SCALAR_CHECKS:
+            if SCALAR_CHECKS[option](value):
+                return True
+        elif typing.get_origin(option) is typing.Literal:
+            if value in typing.get_args(option):
+                return True
+        elif option is typing.Any or (isinstance(option, type) and typing.get_origin(option) is None
+                                      and not issubclass(option, list | dict | tuple | set)):
+            return True
+    return False
 
 
 def check_strategy(cfg: DictConfig, protocol: Protocol) -> None:

@@ -8,7 +8,9 @@ clients had run in the same process before (``tests/test_determinism.py``).
 
 On the server, Flower's strategies sample nodes with the module ``random``, from which Flower's
 own threads also draw at moments that depend on timing (the heartbeat's intervals, retry
-jitter): the sampling gets a generator of its own (:func:`seed_server`).
+jitter): the sampling gets a generator of its own (:func:`seed_server`). That sample is public
+(anyone with the seed recomputes it): under DP the clients are sampled from the run's secret
+instead (``fedsim_strategies/numpy_noise.py``, ``fedsim_strategies/dp_mean.py``).
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ def test_the_account_reports_each_phase_and_the_run():
     assert report["phases"]["fedavg"]["epsilon_by_round"] == [unamplified_epsilon(1.0, DELTA, t) for t in (1, 2, 3)]
     assert report["phases"]["fedprox"]["epsilon"] == report["epsilon_per_round"] == unamplified_epsilon(1.0, DELTA, 1)
     assert report["epsilon"] == unamplified_epsilon(1.0, DELTA, 4)
-    assert "no secret" in report["amplification_by_sampling"] and "not against the server" in report["covers"]
+    assert "Poisson sampling" in report["amplification_by_sampling"] and "not against the server" in report["covers"]
 
 
 DP = ["experiment=fede4rag_paper", "strategy=fedprox", "privacy=dp_server_fixed", "protocol.methods.fede4rag=null"]

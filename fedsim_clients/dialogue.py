@@ -34,7 +34,7 @@ from fedsim_tasks.causal_lm import sft_train, shared_policy, turn_separator
 from fedsim_tasks.dialogue.dataset import answer_sample, contamination, load_tasks
 from fedsim_tasks.dialogue.metrics import reply_scores
 from fedsim_tasks.dialogue.trust_data import contaminate, trust_examples
-from fedsim_tasks.dp_sgd import DP_EPSILON, DPSGD
+from fedsim_tasks.dp_sgd import DP_EPSILON, DPSGD, StepsLedger, spent_epsilon
 from fedsim_tasks.hf import load_trainable, trainable_arrays
 
 
@@ -48,10 +48,6 @@ def round_lr(settings: dict, server_round: int) -> float:
     """The learning rate of round t: linear from ``lr`` (round 1) to ``lr_final`` (the last)."""
     share = (server_round - 1) / max(settings["rounds"] - 1, 1)
     return settings["lr"] + (settings["lr_final"] - settings["lr"]) * min(max(share, 0.0), 1.0)
-
-
-def _read_history(path) -> list:
-    return json.loads(path.read_text()) if path.is_file() else []
 
 
 def _threads(config) -> None:
@@ -167,27 +163,29 @@ class DialogueClient:
         return mixed, {**metrics, keys.ALPHA: alpha, **scores, keys.STATE_BYTES: state.bytes()}
 
     def _sft(self, msg: Message, model, tokenizer, train: list, s: dict, seed: int) -> dict:
-        """Local SFT of the adapters; its metrics. Under ``dp_sgd`` the steps are DP-SGD's, the
-        accountant's history stays on this client's disk across rounds and the epsilon its
-        records have spent so far goes into the reply (results.json, metrics.csv)."""
+        """Local SFT of the adapters; its metrics. Under ``dp_sgd`` the steps are DP-SGD's, every
+        training's steps are appended to this client's ledger of the dataset's records on its disk
+        (a round sent again counts again: its batches and noise are new), and the reply carries
+        the epsilon the records have spent in every training that ended so far, every method's
+        (``dp-epsilon``: what the server has seen of them; results.json, metrics.csv), and in this
+        method's alone (``dp-epsilon-method``)."""
         config = msg.content[keys.CONFIG]
         steps, dp = int(config[keys.LOCAL_STEPS]), DPSGD(**s["dp_sgd"])  # checked again: a client trusts no sender
-        account = self._dp_account(msg, config[keys.DATASET]) if dp.enabled else None
-        dp_state = {"history": _read_history(account), "horizon_steps": s["rounds"] * steps} if account else {}
+        dp_state = {"horizon_steps": s["rounds"] * steps} if dp.enabled else {}
         stats = sft_train(model, tokenizer, train, steps=steps, batch_size=int(config[keys.BATCH_SIZE]),
                           lr=round_lr(s, int(config.get(keys.SERVER_ROUND, 1))), max_length=s["max_length"],
                           seed=seed, proximal_mu=float(config.get(keys.PROXIMAL_MU, 0.0)), dp=dp, **dp_state)
         metrics = {keys.NUM_EXAMPLES: len(train), "train-loss": stats["loss"]}
-        if account:
-            account.write_text(json.dumps(stats["dp-history"]))
-            metrics |= {DP_EPSILON: stats[DP_EPSILON], "dp-noise-multiplier": stats["dp-noise-multiplier"]}
+        if dp.enabled:
+            dataset = config[keys.DATASET]
+            folder = client_state.of(msg, self.partition_id).folder
+            ledger = StepsLedger(folder / f"dp-sgd-{dataset.replace('/', '-')}.jsonl")
+            account = str(config.get(keys.DP_ACCOUNT, dataset))
+            ledger.add(account, stats["dp-steps"])
+            metrics |= {DP_EPSILON: spent_epsilon(ledger.history(), dp.delta),
+                        keys.DP_EPSILON_METHOD: spent_epsilon(ledger.history(account), dp.delta),
+                        "dp-noise-multiplier": stats["dp-noise-multiplier"]}
         return metrics
-
-    def _dp_account(self, msg: Message, dataset: str):
-        """Where this client keeps its DP-SGD accountant's history for the method's steps on
-        ``dataset``'s records (its own disk: a Ray actor may not serve its next round)."""
-        name = str(msg.content[keys.CONFIG].get(keys.DP_ACCOUNT, dataset)).replace("/", "-")
-        return client_state.of(msg, self.partition_id).folder / f"dp-sgd-{name}.json"
 
     def _trained_evaluator(self, config):
         """The trust evaluator with the trained weights the message carries."""

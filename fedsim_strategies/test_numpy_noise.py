@@ -6,12 +6,12 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import (
     DifferentialPrivacyClientSideFixedClipping,
-    DifferentialPrivacyServerSideAdaptiveClipping,
     DifferentialPrivacyServerSideFixedClipping,
     FedAvg,
 )
 
 from fedsim.privacy import NoiseSource
+from fedsim_strategies.adaptive_clipping import ServerSideAdaptiveClipping
 from fedsim_strategies.conftest import NodeIds
 from fedsim_strategies.numpy_noise import NumpyNoise, account
 
@@ -45,7 +45,7 @@ def test_every_client_weighs_the_same_under_dp(wrapper):
 
 
 @pytest.mark.parametrize("wrapper", [DifferentialPrivacyServerSideFixedClipping,
-                                     DifferentialPrivacyServerSideAdaptiveClipping])
+                                     ServerSideAdaptiveClipping])
 def test_the_noise_follows_the_clients_that_replied(wrapper):
     """Two of three sampled clients reply: the mean is over two, so the noise is sigma C / 2
     (the noise multiplier, the round's privacy cost, stays sigma), 1.5 times the noise when all

@@ -307,13 +307,13 @@ def sft_train(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, 
     weights, ``w_start`` being the (global) weights this call starts from. Dropout masks are
     drawn from ``seed`` too: torch's global generator otherwise holds whatever the process did
     before (a Ray actor serves many clients, in the order the scheduler gives). ``dp`` enabled:
-    the steps are DP-SGD's (:func:`private_sft`; ``dp_state``: its history and horizon)."""
+    the steps are DP-SGD's (:func:`private_sft`; ``dp_state``: its horizon)."""
     if dp is not None and dp.enabled:
         if proximal_mu > 0:
             raise ValueError("dp_sgd with FedProx: the proximal term's gradient is not per record "
                              "and would escape the clipping; use one or the other")
         return private_sft(model, tokenizer, examples, steps=steps, batch_size=batch_size, lr=lr,
-                           max_length=max_length, seed=seed, dp=dp, **dp_state)
+                           max_length=max_length, dp=dp, **dp_state)
     torch.manual_seed(seed)
     opt = _optimizer(model, lr)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -339,18 +339,19 @@ def sft_train(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, 
 
 
 def private_sft(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, batch_size: int, lr: float,
-                max_length: int, seed: int, dp: DPSGD, history: list | None = None, horizon_steps: int = 0,
+                max_length: int, dp: DPSGD, horizon_steps: int = 0,
                 noise_seed: int | None = None) -> dict:
-    """SFT under DP-SGD (``fedsim_tasks/dp_sgd.py``): Poisson batches of expected size ``batch_size``,
+    """SFT under DP-SGD (``fedsim_tasks/dp_sgd.py``): Poisson batches of expected size ``batch_size``
+    drawn from the client's own randomness (not the run's seed: the server would know them),
     each record's loss its own mean token nll (so its gradient depends on it alone), clipped
-    and noised. The stats add the epsilon spent so far (``history``: this client's earlier
-    steps on these records) and the history to keep for the next call."""
+    and noised. The stats add this call's epsilon and its steps (a client composes its trainings
+    with a ``StepsLedger``)."""
     private = PrivateSteps(dp, model, _optimizer(model, lr), len(examples), batch_size,
-                           horizon_steps or steps, history, noise_seed)
+                           horizon_steps or steps, noise_seed)
     model.train()
     losses, start = [], time.perf_counter()
     try:
-        for step, idx in enumerate(private.batches(steps, seed), 1):
+        for step, idx in enumerate(private.batches(steps), 1):
             loss = None
             if idx:
                 logp, count = _completion_logprobs(model, tokenizer, [examples[i][0] for i in idx],
@@ -365,7 +366,7 @@ def private_sft(model, tokenizer, examples: list[tuple[str, str]], *, steps: int
         model.eval()
     return {"loss": losses[-1] if losses else float("nan"),
             "mean_loss": float(np.mean(losses)) if losses else float("nan"), "steps": steps,
-            DP_EPSILON: private.epsilon(), "dp-noise-multiplier": private.sigma, "dp-history": private.history}
+            DP_EPSILON: private.epsilon(), "dp-noise-multiplier": private.sigma, "dp-steps": private.steps}
 
 
 def _check_gradients(trainable: list) -> None:

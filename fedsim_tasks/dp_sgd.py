@@ -4,36 +4,44 @@ Central DP (``fedsim_strategies/dp_mean.py``) protects a client from the people 
 server's releases; it does nothing against the server itself, which sees each update. DP-SGD
 protects each *training record* of a client from whoever sees the client's update (the server,
 a network observer, other clients through the global model): every step samples records by
-Poisson sampling (rate ``batch_size / n``), clips each record's gradient to ``max_grad_norm``
-and adds Gaussian noise of std ``noise_multiplier * max_grad_norm`` to their sum (Opacus's
-``GradSampleModule`` and ``DPOptimizer``); Opacus's RDP accountant turns the steps taken so
-far into the epsilon spent at ``delta``. A task's loop turns it on with :class:`PrivateSteps`:
+Poisson sampling (rate ``batch_size / n``, Opacus's ``UniformWithReplacementSampler``), clips
+each record's gradient to ``max_grad_norm`` and adds Gaussian noise of std
+``noise_multiplier * max_grad_norm`` to their sum (Opacus's ``GradSampleModule`` and
+``DPOptimizer``); Opacus's RDP accountant turns the steps taken so far into the epsilon spent at
+``delta``. A task's loop turns it on with :class:`PrivateSteps`:
 
-    steps = PrivateSteps(cfg, model, optimizer, n, batch_size, horizon, history)
-    for idx in steps.batches(local_steps, seed): loss = mean of per-record losses; steps.step(loss)
-    steps.close(); steps.epsilon(); steps.history  # history: keep it for the next round
+    steps = PrivateSteps(cfg, model, optimizer, n, batch_size, horizon)
+    for idx in steps.batches(local_steps): loss = mean of per-record losses; steps.step(loss)
+    steps.close(); ledger.add(account, steps.steps); spent_epsilon(ledger.history(), delta)
 
-The noise is drawn from the OS's randomness, never the run's public seed (a server knowing the
-seed could subtract it); ``noise_seed`` exists for tests only.
+The batches and the noise are drawn from the OS's randomness, never the run's public seed: a
+server knowing the seed would know which steps used a record (each such step a Gaussian release
+without amplification: 6 known steps at sigma 1 are epsilon 13.8 at delta 1e-5, whatever the
+accountant says) and could subtract the noise. ``noise_seed`` exists for tests only. Drawn so, a
+round trained again (a resumed run, a server that sends a round twice) is a new release on new
+batches: the client's :class:`StepsLedger` counts every training it ran.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import secrets
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
-import numpy as np
 import torch
 from opacus import GradSampleModule
 from opacus.accountants import RDPAccountant
 from opacus.accountants.utils import get_noise_multiplier
 from opacus.optimizers import DPOptimizer
+from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
 from fedsim.metric_keys import DP_EPSILON
 
-__all__ = ["DP_EPSILON", "DPSGD", "PrivateSteps"]
+__all__ = ["DP_EPSILON", "DPSGD", "PrivateSteps", "StepsLedger", "spent_epsilon"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,10 +73,48 @@ class DPSGD:
         return asdict(self)
 
 
+def spent_epsilon(history: list, delta: float) -> float:
+    """Epsilon at ``delta`` of the steps in ``history`` (Opacus's RDP accountant's entries:
+    noise multiplier, sample rate, steps)."""
+    if not history:
+        return 0.0
+    accountant = RDPAccountant()
+    accountant.history = [tuple(h) for h in history]
+    return float(accountant.get_epsilon(delta))
+
+
+class StepsLedger:
+    """Every DP-SGD training a client ran on one set of records, in a file on its own disk: one
+    JSON line per training (the account it spent, e.g. the method, and its steps), appended when
+    the training ends. A client that read its account, trained and wrote it back lost a training
+    that ended meanwhile (the same round sent twice, a timed-out round still running when the
+    next came); an append loses none. The records' epsilon is over every account: whoever sees
+    the updates (the server) sees every method's trainings on them."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def history(self, account: str | None = None) -> list:
+        """The steps of every training that ended so far (of ``account`` only, if given)."""
+        if not self.path.is_file():
+            return []
+        lines = [json.loads(line) for line in self.path.read_text().splitlines() if line]
+        return [step for line in lines if account in (None, line["account"]) for step in line["steps"]]
+
+    def add(self, account: str, steps: list) -> None:
+        """One training's steps, in one write to a file opened for appending (O_APPEND: no
+        other append lands inside it)."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, (json.dumps({"account": account, "steps": steps}) + "\n").encode())
+        finally:
+            os.close(fd)
+
+
 class PrivateSteps:
     """One local training call under DP-SGD: Poisson batches over ``num_examples`` records,
-    per-record clipping and noise on ``optimizer``'s step, the accountant carried over from
-    ``history`` (the earlier rounds of this client on the same records). ``horizon_steps``:
+    per-record clipping and noise on ``optimizer``'s step, its steps accounted (a client's
+    :class:`StepsLedger` composes them with its other trainings). ``horizon_steps``:
     the steps the whole run may take on these records (``target_epsilon`` is spent over them).
     The loss handed to :meth:`step` must be the mean of per-record losses, each depending on
     its own record only (a mean over the batch's tokens would couple records); the step is the
@@ -76,7 +122,7 @@ class PrivateSteps:
 
     def __init__(self, cfg: DPSGD, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  num_examples: int, batch_size: int, horizon_steps: int,
-                 history: list | None = None, noise_seed: int | None = None):
+                 noise_seed: int | None = None):
         if not cfg.enabled:
             raise ValueError("PrivateSteps needs dp_sgd.enabled")
         if num_examples < 1:
@@ -87,19 +133,18 @@ class PrivateSteps:
             target_epsilon=cfg.target_epsilon, target_delta=cfg.delta, sample_rate=self.rate,
             steps=max(horizon_steps, 1), accountant="rdp")
         self.accountant = RDPAccountant()
-        self.accountant.history = [tuple(h) for h in history or []]
         self.module = GradSampleModule(model, loss_reduction="mean")  # hooks on the model's layers
-        generator = torch.Generator().manual_seed(secrets.randbits(63) if noise_seed is None else noise_seed)
+        self.generator = torch.Generator().manual_seed(secrets.randbits(63) if noise_seed is None else noise_seed)
         self.optimizer = DPOptimizer(optimizer, noise_multiplier=self.sigma, max_grad_norm=cfg.max_grad_norm,
-                                     expected_batch_size=batch_size, loss_reduction="mean", generator=generator)
+                                     expected_batch_size=batch_size, loss_reduction="mean", generator=self.generator)
         self.optimizer.attach_step_hook(self.accountant.get_optimizer_hook_fn(self.rate))
 
-    def batches(self, steps: int, seed: int) -> Iterator[list[int]]:
+    def batches(self, steps: int) -> Iterator[list[int]]:
         """Poisson sampling, the accountant's assumption: each record joins each step's batch
-        with probability ``rate`` (batches vary in size; an empty one still costs a step)."""
-        rng = np.random.default_rng(seed)
-        for _ in range(steps):
-            yield np.flatnonzero(rng.random(self.num_examples) < self.rate).tolist()
+        with probability ``rate`` (batches vary in size; an empty one still costs a step), drawn
+        from this call's private generator."""
+        return iter(UniformWithReplacementSampler(num_samples=self.num_examples, sample_rate=self.rate,
+                                                  generator=self.generator, steps=steps))
 
     def step(self, loss: torch.Tensor | None) -> None:
         """Backward of the mean per-record loss, then the clipped, noised step (``None``: an
@@ -118,8 +163,10 @@ class PrivateSteps:
         self.module.remove_hooks()
 
     @property
-    def history(self) -> list:
+    def steps(self) -> list:
+        """This call's steps (the accountant's entries), for the client's :class:`StepsLedger`."""
         return [list(h) for h in self.accountant.history]
 
     def epsilon(self) -> float:
-        return float(self.accountant.get_epsilon(self.cfg.delta)) if self.accountant.history else 0.0
+        """This call's epsilon alone."""
+        return spent_epsilon(self.steps, self.cfg.delta)

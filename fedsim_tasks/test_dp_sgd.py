@@ -1,6 +1,7 @@
 """DP-SGD (Opacus) for a client's local training: per-record clipping and noise really happen,
-the epsilon is reported and grows with the steps (also across calls, through the history), the
-model is left without hooks, and wrong settings are refused before a run."""
+the epsilon is reported and grows with the steps (also across calls, through a client's ledger),
+the batches are no function of the run's seed, the model is left without hooks, and wrong
+settings are refused before a run."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from omegaconf import OmegaConf
 
 from fedsim.config import compose
 from fedsim.schema import check
+from fedsim_tasks import causal_lm
 from fedsim_tasks.causal_lm import load_policy, load_tokenizer, prepare_base, sft_train
-from fedsim_tasks.dp_sgd import DP_EPSILON, DPSGD, PrivateSteps
+from fedsim_tasks.dp_sgd import DP_EPSILON, DPSGD, PrivateSteps, StepsLedger, spent_epsilon
 from fedsim_tasks.test_causal_lm import encoder_dir, one_thread  # noqa: F401 (fixtures: a tiny BERT, one thread)
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["query", "value"]}
@@ -39,7 +41,7 @@ def _linear_steps(dp: DPSGD, records: torch.Tensor, steps: int = 1):
     torch.nn.init.zeros_(model.weight)
     private = PrivateSteps(dp, model, torch.optim.SGD(model.parameters(), lr=1.0), len(records),
                            batch_size=len(records), horizon_steps=steps, noise_seed=0)
-    for idx in private.batches(steps, seed=0):
+    for idx in private.batches(steps):
         private.step(model(records[idx]).mean() if idx else None)
     private.close()
     return model.weight.detach().ravel(), private
@@ -56,16 +58,19 @@ def test_each_record_is_clipped_and_noise_is_added():
     assert 0 < float(w.norm()) < 1.0 and abs(float(w.std()) - 2.0 / 64) < 2.0 / 64
 
 
-def test_epsilon_grows_with_steps_and_carries_over_rounds():
+def test_epsilon_grows_with_steps_and_carries_over_rounds(tmp_path):
     dp = dp_sgd(enabled=True, max_grad_norm=1.0, noise_multiplier=1.0, delta=1e-5)
     records = torch.randn(100, 3)
     _, two = _linear_steps(dp, records[:, :], steps=2)
     _, four = _linear_steps(dp, records, steps=4)
     assert 0 < two.epsilon() < four.epsilon()
-    model = torch.nn.Linear(3, 1)
-    again = PrivateSteps(dp, model, torch.optim.SGD(model.parameters(), lr=0.1), 100, 100, 4, two.history)
-    again.close()
-    assert again.epsilon() == pytest.approx(two.epsilon())  # the history is what the epsilon is of
+    ledger = StepsLedger(tmp_path / "ledger.jsonl")
+    ledger.add("a", two.steps)
+    assert spent_epsilon(ledger.history(), dp.delta) == pytest.approx(two.epsilon())
+    ledger.add("a", two.steps)  # the same 2 steps again: as much as 4 steps at once
+    ledger.add("b", four.steps)
+    assert spent_epsilon(ledger.history("a"), dp.delta) == pytest.approx(four.epsilon())
+    assert spent_epsilon(ledger.history(), dp.delta) > four.epsilon()
 
 
 def test_target_epsilon_sets_the_noise_for_the_horizon():
@@ -97,13 +102,35 @@ def test_sft_under_dp_sgd_trains_differently_reports_epsilon_and_leaves_no_hooks
         moved = {n: (p.detach() - start[n]) for n, p in model.named_parameters() if p.requires_grad}
         runs[name] = stats, moved, model
     (plain, plain_moved, _), (dp_stats, dp_moved, model) = runs["plain"], runs["dp"]
-    assert DP_EPSILON not in plain and dp_stats[DP_EPSILON] > 0 and sum(h[2] for h in dp_stats["dp-history"]) == 3
+    assert DP_EPSILON not in plain and dp_stats[DP_EPSILON] > 0 and sum(h[2] for h in dp_stats["dp-steps"]) == 3
     assert all(torch.isfinite(d).all() for d in dp_moved.values())
     assert any(not torch.allclose(dp_moved[n], plain_moved[n]) for n in plain_moved)
     assert not any(m._forward_hooks or m._backward_hooks for m in model.modules())  # reusable for the next client
-    more = sft_train(model, tokenizer, EXAMPLES, steps=3, batch_size=2, lr=1e-2, max_length=32, seed=1,
-                     dp=dp_sgd(enabled=True, max_grad_norm=0.1, noise_multiplier=1.0), history=dp_stats["dp-history"])
-    assert more[DP_EPSILON] > dp_stats[DP_EPSILON]  # round 2 of this client spends more
+
+
+def test_two_runs_with_one_seed_draw_different_batches_at_the_same_epsilon(encoder_dir, tmp_path, monkeypatch):  # noqa: F811
+    """Attack: the server knows the run's seed; if the batches came from it, it would know which
+    steps used a record, and each of those steps would be a Gaussian release without
+    amplification (6 such steps at sigma 1: epsilon 13.8, whatever the accountant said). The batches are
+    Poisson samples from randomness the client keeps: one seed, two calls, other batches, and
+    the same reported epsilon (it depends on the rate and the steps only)."""
+    base = prepare_base(str(encoder_dir), tmp_path / "base", seed=0)
+    tokenizer, records = load_tokenizer(base), [(f"question {i}? [SEP]", f" answer {i}.") for i in range(40)]
+    real, batches = causal_lm._completion_logprobs, []
+
+    def recorded(model, tokenizer, prompts, *args, **kwargs):
+        batches[-1].append(sorted(prompts))
+        return real(model, tokenizer, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(causal_lm, "_completion_logprobs", recorded)
+    epsilons = []
+    for _ in range(2):
+        batches.append([])
+        stats = sft_train(load_policy(base, LORA, seed=0), tokenizer, records, steps=6, batch_size=4, lr=1e-2,
+                          max_length=32, seed=0, dp=dp_sgd(enabled=True, max_grad_norm=0.1, noise_multiplier=1.0))
+        epsilons.append(stats[DP_EPSILON])
+    assert batches[0] != batches[1]
+    assert epsilons[0] == epsilons[1] > 0
 
 
 @pytest.mark.parametrize("settings, why", [

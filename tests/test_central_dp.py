@@ -2,17 +2,21 @@
 Ray), ends with what it spent in the results the ServerApp writes: the epsilon of its rounds at
 the privacy entry's delta and noise multiplier, one release per round a client replied in."""
 
+import math
+
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import strategy_utils
 from omegaconf import OmegaConf
 
 from fedsim.client_app import dp_clipping_mod
 from fedsim.config import CONF_DIR
 from fedsim.inprocess_grid import InProcessGrid
 from fedsim.messaging import ANY, Messenger, Policy
-from fedsim.privacy import unamplified_epsilon
+from fedsim.privacy import NoiseSource, adaptive_noise_multiplier, unamplified_epsilon
 from fedsim.records import from_record, to_record
+from fedsim.seeding import seed_server
 from fedsim.server_app import central_dp_section, privacy_results
 from fedsim_experiments.common import build_strategy
 
@@ -48,3 +52,105 @@ def test_a_dp_run_ends_with_its_epsilon_in_the_results(privacy):
     assert spent["phases"]["slot"] == {"rounds": ROUNDS, "epsilon": expected[-1], "epsilon_by_round": expected}
     assert spent["noise_multiplier"] == pytest.approx(1.0) and spent["epsilon"] == expected[-1]
     assert f"({expected[-1]:.3f}, 1e-05)" in central_dp_section(spent)
+
+
+DIM = 20_000  # coordinates the measured noise std is taken over (its error about 0.5%)
+
+
+def _slot(privacy: str, clients: int, moved: float, noise: NoiseSource, fraction_train: float = 1.0):
+    """The fedavg slot inside ``privacy`` (the conf entry as a run composes it) over ``clients``
+    in-process clients, each moving weight 0 by ``moved`` (through the ClientApp's clipping mod);
+    its strategy, its messenger."""
+    load = lambda group, name: OmegaConf.load(CONF_DIR / group / f"{name}.yaml")  # noqa: E731
+    cfg = OmegaConf.create({"strategy": {**load("strategy", "fedavg"), "fraction_train": fraction_train},
+                            "privacy": load("privacy", privacy), "protocol": {"strategy_slot": {"loss_key": "loss"}}})
+
+    def client(partition: int):
+        def train(msg: Message, context) -> Message:
+            w = from_record(msg.content["arrays"])["w"].copy()
+            w[0] += moved
+            return Message(RecordDict({"arrays": to_record({"w": w}), "metrics": MetricRecord({"num-examples": 10})}),
+                           reply_to=msg)
+        context = Context(run_id=1, node_id=partition, state=RecordDict(), run_config={}, node_config={})
+        return lambda msg: dp_clipping_mod(msg, context, train).content
+
+    messenger = Messenger(InProcessGrid({p + 1: client(p) for p in range(clients)}), timeout=5, noise=noise)
+    return build_strategy(cfg, messenger, clients), messenger
+
+
+@pytest.mark.parametrize("privacy", ["dp_server_adaptive", "dp_client_adaptive"])
+@pytest.mark.parametrize("moved, grows", [(50.0, True), (1e-4, False)])
+def test_adaptive_clipping_adds_the_noise_it_reports_and_moves_c_toward_the_quantile(privacy, moved, grows):
+    """Attack: subtract the known clipped mean from each released model and measure the noise.
+    Andrew et al. (Alg. 1) noise the sum with the C its updates were clipped to, then move C
+    toward the target quantile of unclipped updates: up when every update is clipped, down when
+    none is. Flower noised with the C after its update (an effective multiplier 0.9 where 1.0 was
+    reported) and moved C the other way. Measured over 10 rounds of 4 clients, each round's noise
+    std is z_update C_t / m, and with the count's noise the effective multiplier is the reported one."""
+    clients, rounds = 4, 10
+    strategy, messenger = _slot(privacy, clients, moved, NoiseSource.public(0))
+    wrapper, grid = strategy.strategy, messenger.grid("slot", Policy(ANY))
+    initial = to_record({"w": np.zeros(DIM, np.float32)})
+    norms, multipliers = [], []
+    for rnd in range(1, rounds + 1):
+        norms.append(wrapper.clipping_norm)  # C_t: what this round's updates are clipped to
+        replies = grid.send_and_receive(strategy.configure_train(rnd, initial, ConfigRecord({}), grid))
+        arrays, _ = strategy.aggregate_train(rnd, replies)
+        noise = from_record(arrays)["w"][1:]  # the clipped updates are 0 there: what is left is noise
+        multipliers.append(float(np.std(noise)) * clients / norms[-1])
+    assert multipliers == pytest.approx([wrapper.noise_multiplier] * rounds, rel=0.03)
+    effective = adaptive_noise_multiplier(float(np.mean(multipliers)), wrapper.clipped_count_stddev)
+    assert effective == pytest.approx(messenger.central_dp.noise_multiplier, rel=0.01)
+    assert messenger.central_dp.noise_multiplier == pytest.approx(1.0)  # the YAML's sigma, as reported
+    drift = math.log(wrapper.clipping_norm / norms[0])  # 10 rounds of 0.2 x (0.5 - unclipped share)
+    assert drift > 0.5 if grows else drift < -0.5
+
+
+def _samples(clients: int, noise: NoiseSource, rounds: int = 5) -> list[list[int]]:
+    """The partitions (0-based, grid order) each round of the fedavg slot samples at fraction 0.5
+    under dp_server_fixed (fedbiscuit_paper's fraction), the public seed fixed as the ServerApp
+    fixes it."""
+    seed_server(0)
+    strategy, messenger = _slot("dp_server_fixed", clients, 1.0, noise, fraction_train=0.5)
+    grid, initial = messenger.grid("slot", Policy(ANY)), to_record({"w": np.zeros(3, np.float32)})
+    return [sorted(m.metadata.dst_node_id - 1 for m in strategy.configure_train(rnd, initial, ConfigRecord({}), grid))
+            for rnd in range(1, rounds + 1)]
+
+
+def test_adding_a_client_does_not_change_which_others_a_dp_round_samples(monkeypatch):
+    """Attack on the bound's neighbours: one more client must change a round's release by its
+    own clipped update only. Flower's fixed-size sample drawn from the public seed changed which
+    2-6 other clients trained (their updates too entered the difference). Poisson sampling, each
+    client on its own coin from the run's secret noise source, leaves the others as they were;
+    the same secret (a resumed run) draws the same sample."""
+    monkeypatch.setattr(strategy_utils, "random", strategy_utils.random)  # seed_server replaces it: given back
+    secret = NoiseSource.from_key(b"run secret".ljust(32, b"\0"))
+    twelve, thirteen = _samples(12, secret), _samples(13, secret)
+    assert [[p for p in s if p != 12] for s in thirteen] == twelve
+    assert _samples(12, secret) == twelve
+
+
+def test_a_dp_round_samples_what_the_public_seed_cannot_tell(monkeypatch):
+    """Attack: whoever knows the run's public seed recomputes which clients a round trained.
+    Two runs with one seed and their own secrets sample differently; the rate is the slot's
+    share (6 of 12 per round on average: the Poisson sampling the accountant's neighbours assume)."""
+    monkeypatch.setattr(strategy_utils, "random", strategy_utils.random)
+    one, other = (_samples(12, NoiseSource.from_key(bytes([k]) * 32), rounds=200) for k in (1, 2))
+    assert one != other
+    assert np.mean([len(s) for s in one]) == pytest.approx(6.0, abs=0.4)
+
+
+def test_two_phases_never_share_noise():
+    """Attack: two models released in one run (two phases, e.g. FedDTRE's fedavg on each
+    dataset) with the same noise: their difference is the difference of the clipped means, no
+    noise left, though the run's epsilon composes them as independent releases."""
+    strategy, messenger = _slot("dp_server_fixed", 4, 0.5, NoiseSource.public(0))
+    other, _ = _slot("dp_server_fixed", 4, 0.5, NoiseSource.public(0))
+    other.spent = messenger.central_dp  # one run: one account and one noise source
+    initial, released = to_record({"w": np.zeros(DIM, np.float32)}), []
+    for label, phase in (("first", strategy), ("second", other)):
+        grid = messenger.grid(label, Policy(ANY))
+        replies = grid.send_and_receive(phase.configure_train(1, initial, ConfigRecord({}), grid))
+        released.append(from_record(phase.aggregate_train(1, replies)[0])["w"])
+    assert not np.allclose(released[0][1:], released[1][1:])
+    assert messenger.central_dp.releases == {"first": 1, "second": 1}
