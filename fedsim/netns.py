@@ -32,6 +32,9 @@ import sys
 CLONE_NEWUTS, CLONE_NEWUSER, CLONE_NEWNET = 0x04000000, 0x10000000, 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 KINDS = ("user", "uts", "net")  # the order a process must enter them in
+# -P: not the working folder first on the path (``python -m``'s default), where another local user
+# may have planted a ``fedsim`` package (``fedsim run`` started from /tmp)
+MODULE = (sys.executable, "-P", "-m", "fedsim.netns")
 
 
 class NamespaceUnavailable(RuntimeError):
@@ -65,7 +68,7 @@ def create() -> None:
     socket.sethostname("localhost")
 
 
-def _socket_inodes(pid: int) -> set[str]:
+def socket_inodes(pid: int) -> set[str]:
     inodes = set()
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
@@ -84,7 +87,7 @@ def _socket_inodes(pid: int) -> set[str]:
 def listening(pid: int) -> list[tuple[str, int]]:
     """The TCP addresses (ip, port) process ``pid`` listens on, read from its own network
     namespace's tables (/proc/PID/net/tcp, tcp6); psutil reads only the caller's namespace's."""
-    inodes, found = _socket_inodes(pid), []
+    inodes, found = socket_inodes(pid), []
     for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
         try:
             with open(f"/proc/{pid}/net/{table}") as fh:
@@ -127,7 +130,7 @@ class Namespace(Host):
     process has exited."""
 
     def __init__(self):
-        maker = subprocess.Popen([sys.executable, "-m", "fedsim.netns", "create"], stdin=subprocess.PIPE,
+        maker = subprocess.Popen([*MODULE, "create"], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             if maker.stdout.readline() != b"ready\n":
@@ -142,7 +145,7 @@ class Namespace(Host):
             maker.stderr.close()
 
     def command(self, cmd: list[str]) -> list[str]:
-        return [sys.executable, "-m", "fedsim.netns", "join", *map(str, self.fds), "--", *cmd]
+        return [*MODULE, "join", *map(str, self.fds), "--", *cmd]
 
     def close(self) -> None:
         for fd in self.fds:
