@@ -27,7 +27,7 @@ from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
 
 from conftest import FEDSIM, SMALL, cmdline, private_tmpdir, read_results
 from fedsim.launcher import BIN
-from fedsim.netns import listening
+from fedsim.netns import listening, socket_inodes
 from fedsim.watchdog import run_processes
 
 pytestmark = pytest.mark.e2e
@@ -72,6 +72,30 @@ def run_listening(root: str) -> dict[tuple[str, int], str]:
             except OSError:  # gone: its port too
                 pass
     return found
+
+
+def run_unix_sockets(root: str) -> dict[str, str]:
+    """Every named Unix socket a process of the run listens on, with the process's pid and name:
+    a network namespace keeps its abstract ones to itself, not those on the file system."""
+    found = {}
+    for pid in run_processes(root):
+        inodes = socket_inodes(pid)
+        try:
+            rows = [line.split() for line in Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]]
+        except OSError:  # gone
+            continue
+        # Num RefCount Protocol Flags Type St Inode Path; flag 0x10000: listening
+        found |= {row[7]: f"{pid} {cmdline(pid)[:60]!r}" for row in rows
+                  if len(row) == 8 and row[6] in inodes and int(row[3], 16) & 0x10000 and not row[7].startswith("@")}
+    return found
+
+
+def _owner_only(path: Path, root: str) -> bool:
+    """Whether a folder above ``path`` is this user's and closed to everyone else; under the
+    run's TMPDIR ``root`` (the test's own), only the folders below it count: it plays the
+    machine's shared temporary folder."""
+    above = [f for f in path.parents if Path(root) in f.parents] if Path(root) in path.parents else path.parents
+    return any(f.stat().st_uid == os.getuid() and not f.stat().st_mode & 0o077 for f in above)
 
 
 def _target(ip: str) -> str:
@@ -133,6 +157,18 @@ class Attacker:
         return won
 
 
+def _files_open_to_others(root: str) -> dict[str, list[str]]:
+    """The run's work folder (its Flower home, certificates, logs, Ray's session) must be closed
+    to others, and Ray's session in it: Ray makes its folders 0777 under TMPDIR/ray."""
+    found = {}
+    for workdir in Path(root).glob("fedsim-run-*"):
+        if workdir.stat().st_mode & 0o077:
+            found[str(workdir)] = ["the run's work folder open to others"]
+    if (Path(root) / "ray").exists():
+        found[f"{root}/ray"] = ["Ray's session outside the run's work folder"]
+    return found
+
+
 def _wait_for(proc: subprocess.Popen, log: Path, ready, what: str) -> None:
     deadline = time.monotonic() + 300
     while not ready():
@@ -146,6 +182,7 @@ def _attack_during(tmp_path: Path, overrides: list[str], ready) -> tuple[dict, s
     check those processes were alive throughout, let the run finish; returns what won and the
     run's output."""
     root, out, log = private_tmpdir(), tmp_path / "out", tmp_path / "log.txt"
+    won = {}
     loot = tmp_path / "loot"
     attacker = Attacker(tmp_path / "attacker", _app(tmp_path / "app", out / "checkpoint" / "run.key", loot))
     try:
@@ -157,8 +194,13 @@ def _attack_during(tmp_path: Path, overrides: list[str], ready) -> tuple[dict, s
             ports = run_listening(root)
             print(f"\n{overrides}: the run listens on", sorted(ports.items(), key=lambda p: p[0][1]))
             assert ports, "no listening socket of the run found: the attack would prove nothing"
-            won = {f"{ip}:{port} ({owner})": wins for (ip, port), owner in ports.items()
-                   if (wins := attacker.try_port(ip, port))}
+            sockets = run_unix_sockets(root)
+            print(f"{overrides}: its named Unix sockets", sockets)
+            won |= {f"unix:{path} ({owner})": ["open to other users"] for path, owner in sockets.items()
+                    if not _owner_only(Path(path), root)}
+            won |= _files_open_to_others(root)
+            won |= {f"{ip}:{port} ({owner})": wins for (ip, port), owner in ports.items()
+                    if (wins := attacker.try_port(ip, port))}
             assert proc.poll() is None and all(psutil.pid_exists(int(o.split()[0])) for o in ports.values()), \
                 "the run's processes ended during the attack: the refusals prove nothing"
             assert proc.wait(600) == 0, log.read_text()[-4000:]
@@ -169,6 +211,9 @@ def _attack_during(tmp_path: Path, overrides: list[str], ready) -> tuple[dict, s
         assert run_processes(root) == [], "processes left by the run"
         if loot.exists():
             won["attacker's ServerApp"] = ["copied the run's checkpoint/run.key"]
+        checkpoint = out / "checkpoint"
+        if (checkpoint.stat().st_mode & 0o777, (checkpoint / "run.key").stat().st_mode & 0o777) != (0o700, 0o600):
+            won["checkpoint/"] = ["the journal's folder or key open to others"]
         return won, log.read_text()
     finally:
         shutil.rmtree(root, ignore_errors=True)
