@@ -1,12 +1,16 @@
 """A local process without the run's credentials cannot reach what a run listens on (issue 36).
 
 During a real ``fedsim run`` (Ray simulation, then ``hardware=deploy_local``), this test plays
-another local user: from its own network namespace, with a fresh FLWR_HOME and none of the run's
-files, it finds every TCP port a process of the run listens on (psutil over the run's processes)
-and tries each: a raw TCP connect, ``flwr ls`` and ``flwr run <its own app>``, and the Control
-API's ListRuns with Flower's own HTTP client over TLS without verifying the certificate (TLS
-encrypts, it does not authenticate a client). Every attempt must be refused, and the run must
-complete normally. The attacker's app, were it ever run, copies the run's journal key out.
+another local user: from the machine's network namespace, with a fresh FLWR_HOME and none of the
+run's files, it finds every TCP port a process of the run listens on (read from /proc, in
+whichever namespace) and tries each: a raw TCP connect and, where that connects, ``flwr ls``,
+``flwr run <its own app>`` and the Control API's ListRuns with Flower's own HTTP client over TLS
+without verifying the certificate (TLS encrypts, it does not authenticate a client). Every
+attempt must be refused, and the run must complete normally. The attacker's app, were it ever
+run, copies the run's journal key out. What a network namespace does not cover is checked too:
+named Unix sockets (reachable through the file system) must lie in owner-only folders, the
+run's work folder and Ray's session must be closed to others, ``checkpoint/`` 0700 and
+``run.key`` 0600.
 """
 
 import os
@@ -142,10 +146,12 @@ class Attacker:
                               capture_output=True, text=True, timeout=120)
 
     def try_port(self, ip: str, port: int) -> list[str]:
-        """What succeeded against ``ip:port`` (empty: every attempt was refused)."""
-        won = []
-        if _connects(ip, port):
-            won.append("TCP connect")
+        """What succeeded against ``ip:port`` (empty: every attempt was refused). A port that
+        refuses a TCP connect refuses every client over TCP, so Flower's (seconds each) are tried
+        only on one that accepts."""
+        if not _connects(ip, port):
+            return []
+        won = ["TCP connect"]
         ls = self._flwr(ip, port, "ls", "--format", "json")
         if ls.returncode == 0 and '"runs"' in ls.stdout:
             won.append("flwr ls: " + " ".join(ls.stdout.split())[:160])
