@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -40,6 +41,7 @@ from fedsim.data import REPO_ROOT
 from fedsim.flower_waits import SUPEREXEC_POLL_ENV
 from fedsim.netns import HOST, Host, Namespace, NamespaceUnavailable, listening
 from fedsim.node_local import environment, from_run, supernode_config
+from fedsim.provenance import HOST_ENV
 from fedsim.results import RESULTS_MARKER, unpack_results
 from fedsim.tls import Certificates, make_federation
 from fedsim.watchdog import ENV_KEY, end_server_apps
@@ -416,7 +418,8 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
     # Ray's session (logs, sockets, runtime resources) in the 0700 work folder: Ray makes its
     # folders 0777 for other users to share, which under /tmp/ray would let them read the
     # workers' logs and plant files the workers use
-    env = {**environment(cfg, _env(home, token)), "RAY_TMPDIR": str(workdir)}  # + the node's folders
+    env = {**environment(cfg, _env(home, token)), "RAY_TMPDIR": str(workdir),  # + the node's folders
+           HOST_ENV: platform.node()}  # the run's namespace names its host localhost
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         _watchdog(stack, token, workdir)

@@ -2,6 +2,7 @@
 its processes keep the user's identity, and the launcher still sees their ports."""
 
 import os
+import platform
 import socket
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import sys
 import pytest
 
 from fedsim.netns import Namespace, NamespaceUnavailable, listening
+from fedsim.provenance import HOST_ENV
 
 SERVER = """
 import os, socket, sys
@@ -106,3 +108,16 @@ def test_a_module_planted_in_the_working_folder_is_not_run(tmp_path, monkeypatch
     except NamespaceUnavailable:
         pass
     assert not (tmp_path / "owned").exists()
+
+
+def test_a_run_in_the_namespace_records_the_machines_name(namespace):
+    """The namespace names its host ``localhost`` (Ray's node address); results.json's provenance
+    must still name the machine, as fedsim run hands it over (the e2e run recorded localhost)."""
+    host = [sys.executable, "-c", "from fedsim.provenance import machine; print(machine()['host'])"]
+    env = {k: v for k, v in os.environ.items() if k != HOST_ENV}
+    inside = subprocess.run(namespace.command(host), pass_fds=namespace.fds, capture_output=True, text=True,
+                            env=env, check=True)
+    assert inside.stdout.strip() == "localhost"  # without it
+    given = subprocess.run(namespace.command(host), pass_fds=namespace.fds, capture_output=True, text=True,
+                           env={**env, HOST_ENV: platform.node()}, check=True)
+    assert given.stdout.strip() == platform.node()
