@@ -44,7 +44,7 @@ from fedsim.inprocess_grid import InProcessGrid
 from fedsim.journal import WHOAMI
 from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy
 from fedsim.records import from_record, to_record
-from fedsim.seeding import seed_server
+from fedsim.server_app import seed_server
 from fedsim.sharded_grid import ShardedGrid
 from fedsim_clients import feddtre_messages as dtre
 from fedsim_clients import fede4rag_messages as rag
@@ -60,7 +60,7 @@ PROFILES = {"replies-fast": 6, "replies-long": 200}
 for _name, _examples in PROFILES.items():
     settings.register_profile(_name, max_examples=_examples, deadline=None, derandomize=_name == "replies-fast",
                               database=None, suppress_health_check=list(HealthCheck))
-PROFILE = [pytest.param("replies-fast"), pytest.param("replies-long", marks=pytest.mark.slow)]
+PROFILE = [pytest.param("replies-fast"), pytest.param("replies-long", marks=[pytest.mark.slow, pytest.mark.exhaustive])]
 
 # --- hostile replies ------------------------------------------------------------------------
 
