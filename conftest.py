@@ -1,7 +1,7 @@
 """Every test (and every `fedsim run` a test starts) sees a private, empty HOME: no test reads
 or writes the user's ~/.cache (embedding cache, HE keys, Hugging Face, matplotlib), and a client
 handler driven in process keeps its state there too, not in the machine's shared
-<tmp>/fedsim-clients."""
+<tmp>/fedsim-clients-<uid>."""
 
 import os
 import shutil

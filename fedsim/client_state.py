@@ -5,7 +5,7 @@ server.
 Where: ``<root>/run-<run key>/client-<partition id>/``. The root is the node's own
 (``fedsim/node_local.py``): the SuperNode's node config ``state-dir``, else ``$FEDSIM_STATE_DIR``
 (``fedsim run`` sets it from ``client_state.dir`` for the clients it starts), else
-``<tmp>/fedsim-clients``; never a message's (a server that named the root could remove or create
+``<tmp>/fedsim-clients-<uid>``, owner-only; never a message's (a server that named the root could remove or create
 folders anywhere on the client's machine). The run key (``client_state.run_key``,
 shown in the run's config.yaml) is drawn from the run's secret (``fedsim/secret.py``): the same
 when a run is resumed, unlike Flower's run id, and new for every fresh run, even in a results
@@ -42,6 +42,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Message
 
 from fedsim.node_local import setting
+from fedsim.secret import private_folder
 
 RUN_KEY = "fedsim-run-key"           # config: the run's key, stable across a resume
 STATE_KEY = "fedsim-client-state"   # config: JSON {"keep": bool}, in every message
@@ -73,21 +74,28 @@ def _run_path(root: str | None, key: str) -> Path:
     accepted (a key like ``../..`` would let a server write or remove outside the root)."""
     if not re.fullmatch(r"[A-Za-z0-9_-]+", key):
         raise ValueError(f"run key {key!r}: letters, digits, '_' and '-' only")
-    base = Path(root).expanduser() if root else Path(tempfile.gettempdir()) / "fedsim-clients"
-    return base / f"run-{key}"
+    return _base(root) / f"run-{key}"
+
+
+def _base(root: str | None) -> Path:
+    """The root; the default is per user (a root is owner-only, so two users cannot share one)."""
+    return Path(root).expanduser() if root else Path(tempfile.gettempdir()) / f"fedsim-clients-{os.getuid()}"
 
 
 def run_dir(root: str | None, key: str) -> Path:
-    """One run's folder of client state, shared by the clients of one machine."""
+    """One run's folder of client state, shared by the clients of one machine. The root must be
+    this user's and owner-only (another local user who made it, or can enter it, could read the
+    clients' models and DP-SGD ledgers or swap them between rounds), and so is what is made in it."""
+    private_folder(_base(root))
     path = _run_path(root, key)
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, exist_ok=True)
     return path
 
 
 def client_dir(root: str | None, key: str, partition_id: int) -> Path:
     """One client's private folder within its run's."""
     path = run_dir(root, key) / f"client-{partition_id}"
-    path.mkdir(exist_ok=True)
+    path.mkdir(mode=0o700, exist_ok=True)
     return path
 
 

@@ -2,6 +2,9 @@
 
 - a private SuperLink per run, started from a neutral working directory with a private
   FLWR_HOME and free loopback ports, so no other checkout's app can be imported or shared;
+- a local run's processes (SuperLink, ServerApp, Ray, SuperNodes, this module's ``flwr`` calls)
+  in a network namespace of their own (``fedsim/netns.py``): Flower and Ray authenticate no
+  local client, so no other local user may reach their ports;
 - runtime dependency installation off (the venv already has everything);
 - the real outcome read back with ``flwr ls`` (``flwr run --stream`` exits 0 on failure);
 - every process started here is stopped by process group when the run ends, the ServerApp first;
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -35,7 +39,9 @@ from omegaconf import DictConfig
 
 from fedsim.data import REPO_ROOT
 from fedsim.flower_waits import SUPEREXEC_POLL_ENV
+from fedsim.netns import HOST, Host, Namespace, NamespaceUnavailable, listening
 from fedsim.node_local import environment, from_run, supernode_config
+from fedsim.provenance import HOST_ENV
 from fedsim.results import RESULTS_MARKER, unpack_results
 from fedsim.tls import Certificates, make_federation
 from fedsim.watchdog import ENV_KEY, end_server_apps
@@ -77,13 +83,14 @@ def _env(home: Path, token: str) -> dict:
 
 
 class Process:
-    """A child in its own process group, killed with its whole tree on exit."""
+    """A child in its own process group (on ``net``), killed with its whole tree on exit."""
 
-    def __init__(self, cmd: list[str], cwd: Path, env: dict, log: Path):
+    def __init__(self, cmd: list[str], cwd: Path, env: dict, log: Path, net: Host = HOST):
         self.cmd, self.log = cmd, log
         self._fh = open(log, "ab")
-        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=self._fh,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(net.command(cmd), cwd=cwd, env=env, stdout=self._fh,
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     pass_fds=net.fds)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -172,40 +179,50 @@ def _health_client(certs: Certificates | None) -> tuple[str, dict]:
     return "https", {"verify": ssl.create_default_context(cafile=str(certs.ca))}
 
 
-def wait_healthy(address: str, proc: Process | None, certs: Certificates | None,
-                 timeout: float = 60.0) -> None:
-    """Wait for the SuperLink's ``/health``; fail early when its process died."""
+def wait_healthy(address: str, certs: Certificates | None, timeout: float = 60.0) -> None:
+    """Wait for a remote SuperLink's ``/health``, over this machine's network."""
     scheme, options = _health_client(certs)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc is not None and not proc.alive():
-            raise RunFailed(f"{proc.cmd[0]} exited with {proc.proc.returncode}; "
-                            f"log: {proc.log}\n{proc.log.read_text()[-3000:]}")
         try:
             if httpx.get(f"{scheme}://{address}/health", timeout=0.5, **options).is_success:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.3)
-    raise RunFailed(f"SuperLink {address} not healthy after {timeout:.0f} s"
-                    + (f"; log: {proc.log}" if proc else ""))
+    raise RunFailed(f"SuperLink {address} not healthy after {timeout:.0f} s")
+
+
+def wait_listening(proc: Process, port: int, timeout: float = 60.0) -> None:
+    """Wait until the local SuperLink ``proc`` listens on ``port``: uvicorn binds once the
+    SuperLink's startup is done, so its ``/health`` answers from then on. Read from /proc, which
+    shows the port also when it lies in the run's network namespace, out of this process's reach."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise RunFailed(f"{proc.cmd[0]} exited with {proc.proc.returncode}; "
+                            f"log: {proc.log}\n{proc.log.read_text()[-3000:]}")
+        if port in {p for _, p in listening(proc.proc.pid)}:
+            return
+        time.sleep(0.3)
+    raise RunFailed(f"SuperLink not listening on port {port} after {timeout:.0f} s; log: {proc.log}")
 
 
 def start_superlink(workdir: Path, env: dict, simulation: bool, certs: Certificates | None = None,
-                    node_auth: bool = False) -> tuple[Process, int]:
+                    node_auth: bool = False, net: Host = HOST) -> tuple[Process, int]:
     port = free_port()
     proc = Process(superlink_command(port, workdir / "state.db", certs, node_auth,
                                      simulation=simulation),
-                   workdir, env, workdir / "superlink.log")
-    wait_healthy(f"127.0.0.1:{port}", proc, certs)
+                   workdir, env, workdir / "superlink.log", net)
+    wait_listening(proc, port)
     return proc, port
 
 
-def register_nodes(certs: Certificates, count: int, env: dict, cwd: Path) -> None:
+def register_nodes(certs: Certificates, count: int, env: dict, cwd: Path, net: Host) -> None:
     """Register every SuperNode's public key with the SuperLink (``--enable-supernode-auth``
     refuses any node whose key was not registered)."""
     for i in range(count):
-        res = _flwr(["supernode", "register", str(certs.node_pub(i)), "fedsim"], env, cwd)
+        res = _flwr(["supernode", "register", str(certs.node_pub(i)), "fedsim"], env, cwd, net)
         if res.returncode != 0:
             raise RunFailed(f"could not register SuperNode {i}: {res.stdout}{res.stderr}")
 
@@ -213,10 +230,10 @@ def register_nodes(certs: Certificates, count: int, env: dict, cwd: Path) -> Non
 def start_supernodes(workdir: Path, env: dict, superlink_port: int, count: int,
                      node: Mapping[str, str], certs: Certificates | None = None,
                      node_auth: bool = False, waits: Mapping | None = None,
-                     preload: list[str] | None = None) -> list[Process]:
+                     preload: list[str] | None = None, net: Host = HOST) -> list[Process]:
     return [Process(supernode_command(f"127.0.0.1:{superlink_port}", partition_id, count, node,
                                       certs, node_auth, free_port(), waits, preload),
-                    workdir, supernode_env(env, waits), workdir / f"supernode-{partition_id}.log")
+                    workdir, supernode_env(env, waits), workdir / f"supernode-{partition_id}.log", net)
             for partition_id in range(count)]
 
 
@@ -246,13 +263,13 @@ def certificates(hw: DictConfig, workdir: Path, nodes: int, echo) -> Certificate
     return make_federation(workdir / "certs", ["127.0.0.1", "localhost"], nodes)
 
 
-def _flwr(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "flwr"), *args], env=env, cwd=cwd, capture_output=True,
-                          text=True)
+def _flwr(args: list[str], env: dict, cwd: Path, net: Host = HOST) -> subprocess.CompletedProcess:
+    return subprocess.run(net.command([str(BIN / "flwr"), *args]), env=env, cwd=cwd, capture_output=True,
+                          text=True, pass_fds=net.fds)
 
 
-def run_status(run_id: str, env: dict, cwd: Path) -> str:
-    res = _flwr(["ls", "--run-id", run_id, "--format", "json"], env, cwd)
+def run_status(run_id: str, env: dict, cwd: Path, net: Host) -> str:
+    res = _flwr(["ls", "--run-id", run_id, "--format", "json"], env, cwd, net)
     try:
         runs = json.loads(res.stdout)["runs"]
         return runs[0]["status"]
@@ -294,12 +311,12 @@ def _watchdog(stack: ExitStack, token: str, workdir: Path) -> None:
     stack.callback(release)
 
 
-def _stream(cmd: list[str], workdir: Path, env: dict, echo) -> tuple[int, str | None]:
+def _stream(cmd: list[str], workdir: Path, env: dict, echo, net: Host) -> tuple[int, str | None]:
     """Run ``flwr run --stream`` in its own process group, echo its output, return its exit
     code and the run id; its group is killed if we leave early (an interrupt)."""
-    proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(net.command(cmd), cwd=workdir, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            start_new_session=True)
+                            start_new_session=True, pass_fds=net.fds)
     run_id = None
     try:
         for line in proc.stdout:
@@ -317,20 +334,58 @@ def _stream(cmd: list[str], workdir: Path, env: dict, echo) -> tuple[int, str | 
         proc.stdout.close()
 
 
+def private_network(hw: DictConfig) -> bool:
+    """Whether the run's processes get a network namespace of their own: a local SuperLink's
+    (a remote one is reached over this machine's network) unless ``hardware.private_network``
+    is off."""
+    return bool(hw.private_network) and (hw.backend == "simulation" or bool(hw.launch_local))
+
+
+def check_private_network(hw: DictConfig) -> None:
+    """Refuse, before the run, a private network this machine does not allow (unprivileged user
+    namespaces off, as under Ubuntu 24.04's AppArmor default, or a container's seccomp)."""
+    if not private_network(hw):
+        return
+    try:
+        Namespace().close()
+    except NamespaceUnavailable as exc:
+        raise ValueError(
+            f"hardware.private_network: this machine refuses this user a network namespace ({exc}). "
+            "Allow unprivileged user namespaces (e.g. sysctl kernel.apparmor_restrict_unprivileged_userns=0) "
+            "or set hardware.private_network=false: the run's SuperLink, SuperNodes and Ray then "
+            "listen on this machine's network, where any local user can list, stop or join the run "
+            "(docs/architecture.md#threat-model)") from exc
+
+
+def _network(stack: ExitStack, hw: DictConfig, echo) -> Host:
+    """The network the run's processes are started on; warns when a local run's is shared."""
+    if private_network(hw):
+        try:
+            net = Namespace()
+        except NamespaceUnavailable as exc:
+            raise RunFailed(f"no network namespace for the run: {exc}") from exc
+        stack.callback(net.close)
+        return net
+    if hw.backend == "simulation" or hw.launch_local:
+        echo("fedsim: WARNING: hardware.private_network=false: the run's SuperLink, SuperNodes and "
+             "Ray listen on this machine's network; any local user can list, stop or join the run")
+    return HOST
+
+
 def _start_local(stack: ExitStack, cfg: DictConfig, workdir: Path, env: dict, simulation: bool,
-                 nodes: int, certs: Certificates | None) -> str:
+                 nodes: int, certs: Certificates | None, net: Host) -> str:
     """A private SuperLink (and, for a deployment, its SuperNodes, registered first when node
-    authentication is on); returns its address."""
+    authentication is on) on ``net``; returns its address."""
     auth = bool(not simulation and certs is not None and cfg.hardware.node_auth)
-    link, port = start_superlink(workdir, env, simulation, certs, auth)
+    link, port = start_superlink(workdir, env, simulation, certs, auth, net)
     stack.enter_context(link)
     address = f"127.0.0.1:{port}"
     write_connection(workdir / "flwr_home", address, certs)
     if not simulation:
         if auth:
-            register_nodes(certs, nodes, env, workdir)
+            register_nodes(certs, nodes, env, workdir, net)
         for node in start_supernodes(workdir, env, port, nodes, from_run(cfg), certs, auth,
-                                     cfg.hardware.waits, cfg.hardware.clientapp_preload):
+                                     cfg.hardware.waits, cfg.hardware.clientapp_preload, net):
             stack.enter_context(node)
     return address
 
@@ -360,18 +415,23 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
     home = workdir / "flwr_home"
     home.mkdir()
     token = uuid.uuid4().hex  # fresh per run: two runs never share one (and never end each other)
-    env = environment(cfg, _env(home, token))  # a simulation's clients inherit their node's folders
+    # Ray's session (logs, sockets, runtime resources) in the 0700 work folder: Ray makes its
+    # folders 0777 for other users to share, which under /tmp/ray would let them read the
+    # workers' logs and plant files the workers use
+    env = {**environment(cfg, _env(home, token)), "RAY_TMPDIR": str(workdir),  # + the node's folders
+           HOST_ENV: platform.node()}  # the run's namespace names its host localhost
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         _watchdog(stack, token, workdir)
         stack.enter_context(_signals_interrupt())
         certs = None if simulation else certificates(hw, workdir, num_supernodes, echo)
+        net = _network(stack, hw, echo)
         if remote:
             address = str(hw.superlink)
             write_connection(home, address, certs)
-            wait_healthy(address, None, certs, timeout=30.0)
+            wait_healthy(address, certs, timeout=30.0)
         else:
-            address = _start_local(stack, cfg, workdir, env, simulation, num_supernodes, certs)
+            address = _start_local(stack, cfg, workdir, env, simulation, num_supernodes, certs, net)
         # first on the way out, before SuperNodes, SuperLink and Ray: a ServerApp left running while
         # they stop would journal their ClientApps' deaths as client failures (fedsim/watchdog.py)
         stack.callback(end_server_apps, workdir, token)
@@ -387,10 +447,11 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
                     f"init-args-num-cpus={int(hw.num_cpus)}"]
         security = "plain text" if certs is None else "TLS" + (
             " + node authentication" if hw.node_auth and not simulation else "")
+        where = " in the run's own network namespace" if isinstance(net, Namespace) else ""
         echo(f"fedsim: {num_supernodes} SuperNodes, {hw.backend} via SuperLink {address} "
-             f"({security}); results -> {results_dir}")
+             f"({security}){where}; results -> {results_dir}")
         shipped = _Results(echo)
-        code, run_id = _stream(cmd, workdir, env, shipped)
+        code, run_id = _stream(cmd, workdir, env, shipped, net)
         if shipped.lines:
             try:
                 unpack_results(shipped.lines, results_dir)
@@ -398,7 +459,7 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
                 raise RunFailed(f"the run's results did not arrive whole: {exc}") from exc
         if code != 0 or run_id is None:
             raise RunFailed(f"`flwr run` could not start the run (exit {code})")
-        status = run_status(run_id, env, workdir)
+        status = run_status(run_id, env, workdir, net)
         error = results_dir / "error.txt"
         if status != "finished:completed" or error.exists():
             detail = error.read_text() if error.exists() else "(no error.txt; see the log above)"

@@ -12,7 +12,7 @@ read. So each of these is node configuration, looked up in this order:
    clients it starts, hands its run config's values (``data_root``, ``client_state.dir``,
    ``task.he.key_dir``, ``task.embedding_cache``) to a simulation's Ray clients, which inherit the
    environment of the SuperLink it starts (its local SuperNodes get the node config keys too);
-3. the default: the data root beside the checkout, ``<tmp>/fedsim-clients``, ``~/.cache/fedsim/he_keys``,
+3. the default: the data root beside the checkout, ``<tmp>/fedsim-clients-<uid>``, ``~/.cache/fedsim/he_keys``,
    no embedding cache (a run-local store).
 
 The server sends none of them (:func:`sent_task`), and the ClientApp writes the node's own values

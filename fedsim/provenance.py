@@ -28,6 +28,7 @@ from fedsim.data import REPO_ROOT
 
 PACKAGES = ("fedsim", "flwr", "torch", "transformers", "peft", "ray")
 HEADING = "## Provenance"  # the summary's last section
+HOST_ENV = "FEDSIM_HOST"  # the machine's name, from the fedsim run that started a local run
 
 
 def now() -> str:
@@ -91,8 +92,11 @@ def _gpus() -> list[str]:
 
 
 def machine() -> dict:
-    """The host: name, OS, Python, CPU model, logical and physical cores, memory, GPUs."""
-    return {"host": platform.node(), "os": platform.platform(), "python": platform.python_version(),
+    """The host: name, OS, Python, CPU model, logical and physical cores, memory, GPUs. The name is
+    the one ``fedsim run`` gives (``HOST_ENV``) where it started the run on its machine: in the
+    run's network namespace the host is named ``localhost`` (``fedsim/netns.py``)."""
+    return {"host": os.environ.get(HOST_ENV) or platform.node(), "os": platform.platform(),
+            "python": platform.python_version(),
             "cpu_model": _cpu_model(), "cores": psutil.cpu_count(logical=True),
             "physical_cores": psutil.cpu_count(logical=False),
             "memory_gib": round(psutil.virtual_memory().total / 2**30, 1), "gpus": _gpus()}

@@ -85,6 +85,7 @@ class Hardware:
     client_gpus: float = MISSING          # GPU share per ClientApp actor
     superlink: str | None = MISSING       # deployment: SuperLink address host:port
     launch_local: bool = MISSING          # deployment: start SuperLink + SuperNodes on loopback
+    private_network: bool = MISSING       # simulation, launch_local: the run's processes in a network namespace
     insecure: bool = MISSING              # deployment: plain text, no node authentication (warns)
     certificates: str | None = MISSING    # deployment: folder with ca.pem (+ superlink / node keys)
     node_auth: bool = MISSING             # launch_local: SuperNodes authenticate with registered keys

@@ -33,8 +33,8 @@ def private_folder(path: Path) -> Path:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = path.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise PermissionError(f"{path}: a key folder must be a folder of this user with mode 0700 "
-                              f"(it is {stat.filemode(info.st_mode)}); `chmod 700 {path}` if it is yours")
+        raise PermissionError(f"{path}: a private folder (keys, client state) must be a folder of this user "
+                              f"with mode 0700 (it is {stat.filemode(info.st_mode)}); `chmod 700 {path}` if yours")
     return path
 
 

@@ -180,7 +180,9 @@ class Sweep:
             {"overrides": entry["overrides"], "swept": _swept_values(entry["overrides"], self.swept)}, indent=1))
         began = time.monotonic()
         with open(folder / "fedsim.log", "a") as log:
-            child = subprocess.Popen([sys.executable, "-m", "fedsim.cli", "run", *args], stdout=log,
+            # -P: not the working folder first on the path, where another local user may have
+            # planted a fedsim package (a sweep started from /tmp)
+            child = subprocess.Popen([sys.executable, "-P", "-m", "fedsim.cli", "run", *args], stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
             with _forwarding(child):
                 code = child.wait()

@@ -2,6 +2,7 @@
 run and client, the node's own root (never the server's), and the end-of-run forget."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -110,3 +111,28 @@ def test_a_run_key_from_the_server_cannot_leave_the_root(tmp_path):
     with pytest.raises(ValueError, match="run key"):
         client_state.of(_msg(tmp_path / "root", key="../keep-me"), 0)
     assert (tmp_path / "keep-me").is_dir()
+
+
+def _mode(path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_another_local_user_cannot_read_or_plant_client_state(tmp_path, monkeypatch):
+    """The attack: another local user creates the state root first, open to all (the default
+    one lies in the machine's shared temporary folder), then reads the clients' models and
+    DP-SGD ledgers or swaps them between rounds. A root open to others (or another user's) is
+    refused; the root, run and client folders are made owner-only; the default is per user."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)  # past the umask, as another user's folder would be
+    with pytest.raises(PermissionError, match="mode 0700"):
+        client_state.client_dir(str(shared), "abc", 0)
+    assert not (shared / "run-abc").exists()
+
+    own = tmp_path / "own"
+    folder = client_state.client_dir(str(own), "abc", 0)
+    assert [_mode(p) for p in (own, own / "run-abc", folder)] == [0o700] * 3
+
+    monkeypatch.setattr(client_state.tempfile, "gettempdir", lambda: str(tmp_path))
+    default = client_state.client_dir(None, "abc", 0)
+    assert default.parent.parent == tmp_path / f"fedsim-clients-{os.getuid()}" and _mode(default.parent.parent) == 0o700

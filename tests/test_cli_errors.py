@@ -1,10 +1,11 @@
 """Bad input answers fast with a clear message and exit code 2, before Flower starts."""
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import fedsim_run
+from conftest import FEDSIM, fedsim_run
 
 
 def test_wrong_group_choice_names_valid_choices():
@@ -108,3 +109,21 @@ def test_what_the_run_would_fail_on_is_refused_before_any_process_starts(overrid
     a_file.write_text("")
     code, log = fedsim_run(*(o.replace("<a file>", str(a_file)) for o in overrides), timeout=60)
     assert code == 2 and named in log and "SuperLink" not in log, log
+
+
+def test_a_machine_without_network_namespaces_is_refused_before_anything_starts():
+    """Where this user may not make a network namespace (here: inside a user namespace whose
+    limit of network namespaces is 0), a local run is refused with the two ways on; with
+    hardware.private_network=false it goes on."""
+    denied = ["unshare", "--user", "--map-root-user", "sh", "-c",
+              'echo 0 > /proc/sys/user/max_net_namespaces && exec "$@"', "sh"]
+    if subprocess.run([*denied, "true"], capture_output=True).returncode != 0:
+        pytest.skip("no user namespace here to deny network namespaces in")
+    refused = subprocess.run([*denied, FEDSIM, "run", "--cfg", "job"], capture_output=True, text=True)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "refuses this user a network namespace" in refused.stderr
+    assert "hardware.private_network=false" in refused.stderr
+    assert "apparmor_restrict_unprivileged_userns" in refused.stderr
+    shared = subprocess.run([*denied, FEDSIM, "run", "--cfg", "job", "hardware.private_network=false"],
+                            capture_output=True, text=True)
+    assert shared.returncode == 0 and "private_network: false" in shared.stdout, shared.stderr

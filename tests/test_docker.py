@@ -108,7 +108,7 @@ def federation(tmp_path_factory):
     fed = Federation(tmp_path_factory.mktemp("docker"))
     try:
         fed.dc("up", "-d", "superlink")
-        wait_healthy(fed.address, None, fed.certs, timeout=90)
+        wait_healthy(fed.address, fed.certs, timeout=90)
         fed.dc("run", "--rm", "register", *(f"/certs/node-{i}.pub" for i in range(NODES)))
         fed.dc("up", "-d", "serverapp", *(f"supernode-{i}" for i in range(NODES)))
         fed.wait_online(NODES)

@@ -131,3 +131,19 @@ def test_sigterm_stops_the_running_point_and_the_sweep_leaving_nothing(tmp_path)
         assert "resume=" in (tmp_path / "log.txt").read_text()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_fedsim_package_planted_in_the_working_folder_is_not_run(tmp_path, monkeypatch):
+    """The attack: another local user plants ``fedsim/cli.py`` in a shared folder (``/tmp``) the
+    user starts a sweep from; ``python -m fedsim.cli`` put the working folder first on the path,
+    so each point ran the planted module as the user. The point here is refused by the real CLI
+    before anything starts (exit 2)."""
+    planted = tmp_path / "fedsim"
+    planted.mkdir()
+    (planted / "__init__.py").write_text("")
+    (planted / "cli.py").write_text(f"open({str(tmp_path / 'owned')!r}, 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    sweep = Sweep(["seed=0", "strategy=nope", f"results_dir={tmp_path / 'sweep'}"], lambda point: prepare(["seed=0"]))
+    assert sweep.run() == 1
+    assert not (tmp_path / "owned").exists()
+    assert "'nope' is not a strategy" in sweep.manifest["runs"][0]["error"]
