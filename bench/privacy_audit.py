@@ -8,9 +8,11 @@
     Synthetic-Persona-Chat replies, with gradient canaries sampled beside the records, at each
     sigma: Opacus's RDP epsilon and the audit's bound from every step's noised gradient.
 
-Prints both tables (markdown) and writes the plot of both bounds against sigma.
+Prints both tables (markdown), an ideal attacker's bound on the same Gaussian mechanism (the reference
+for FedTP's), and writes the plot of both bounds against sigma.
 
-    .venv/bin/python bench/privacy_audit.py --fedtp <results_dir> [--sigmas 0.5 1 2 4] [--out docs/privacy_audit.png]
+    .venv/bin/python bench/privacy_audit.py --fedtp <results_dir> [--sigmas 0.5 1 2 4] [--seed 0] \
+        [--out docs/privacy_audit.png]
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ import time
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
 from transformers import BertConfig, BertModel
 
-from fedsim.audit import AuditReport, Bound, audit_release
+from fedsim.audit import AuditReport, Bound, audit_release, fair_coins
 from fedsim.data import resolve_data_root
 from fedsim.results import markdown_table
 from fedsim_tasks.causal_lm import load_policy, load_tokenizer, prepare_base, sft_train
@@ -46,6 +49,25 @@ def fedtp_bounds(results_dir: Path) -> list[Bound]:
             for row in rows]
 
 
+def ideal_gaussian_bounds(sigmas: list[float], canaries: int, significance: float, delta: float,
+                          shares: list[float], trials: int, seed: int) -> list[dict]:
+    """The bound an ideal attacker reaches on a Gaussian mechanism with Dirac canaries (each canary's
+    coordinate is b + sigma z, b its coin) at an audit's settings, over ``trials`` runs: the
+    reference that tells a weak attack from the one-run method's own looseness at a few hundred
+    canaries (Steinke et al. 2023, Section 7)."""
+    rng, rows = np.random.default_rng(seed), []
+    for sigma in sigmas:
+        lows = []
+        for _ in range(trials):
+            included = fair_coins(canaries, rng)
+            scores = included + sigma * rng.standard_normal(canaries)
+            lows.append(audit_release("ideal", sigma, {"ideal": scores}, included, math.inf, delta, significance,
+                                      1 - significance, shares).epsilon_lower)
+        rows.append({"noise_multiplier": sigma, "median": float(np.median(lows)),
+                     "p5": float(np.percentile(lows, 5)), "p95": float(np.percentile(lows, 95))})
+    return rows
+
+
 def tiny_lm(folder: Path):
     """A tiny BERT (2 layers, hidden 32) as a causal decoder with LoRA, as the tests build it."""
     tokenizer = load_tokenizer("all-MiniLM-L6-v2")
@@ -57,14 +79,17 @@ def tiny_lm(folder: Path):
 
 
 def dp_sgd_bound(base, records: list[tuple[str, str]], sigma: float, canaries: int, steps: int,
-                 batch_size: int, delta: float, confidence: float, shares: list[float]) -> tuple[Bound, float]:
-    """One private SFT at ``sigma`` with ``canaries`` gradient canaries: its bound, and its seconds."""
+                 batch_size: int, delta: float, confidence: float, shares: list[float],
+                 seed: int) -> tuple[Bound, float]:
+    """One private SFT at ``sigma`` with ``canaries`` gradient canaries: its bound, and its seconds.
+    ``seed`` draws the coins, the batches and the noise (a benchmark's figures are reproduced; a
+    client's are not: fedsim_tasks/dp_sgd.py)."""
     model, tokenizer = load_policy(base, LORA, seed=0), load_tokenizer(base)
-    audit = GradientCanaries(canaries)
+    audit = GradientCanaries(canaries, np.random.default_rng(seed))
     dp = DPSGD(enabled=True, max_grad_norm=0.1, noise_multiplier=sigma, target_epsilon=None, delta=delta)
     start = time.perf_counter()
     stats = sft_train(model, tokenizer, records, steps=steps, batch_size=batch_size, lr=1e-2, max_length=64,
-                      seed=0, dp=dp, canaries=audit)
+                      seed=0, dp=dp, noise_seed=seed, canaries=audit)
     rate = batch_size / len(records)
     bound = audit_release(f"dp-sgd sigma {sigma:g}", sigma, {"every step's noised gradient": audit.scores(rate, sigma)},
                           audit.included, stats[DP_EPSILON], delta, 1 - confidence, confidence, shares)
@@ -79,6 +104,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--canaries", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=0, help="the DP-SGD runs' coins, batches and noise")
+    parser.add_argument("--ideal-trials", type=int, default=100, help="trials of the ideal attacker's reference")
     parser.add_argument("--out", type=Path, default=Path("docs/privacy_audit.png"))
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -91,10 +118,16 @@ def main() -> None:
         dp_sgd = []
         for sigma in args.sigmas:
             bound, seconds = dp_sgd_bound(base, records, sigma, args.canaries, args.steps, args.batch_size,
-                                          fedtp[0].delta, fedtp[0].confidence, [0.1, 0.25, 0.5, 1.0])
+                                          fedtp[0].delta, fedtp[0].confidence, [0.1, 0.25, 0.5, 1.0], args.seed)
             print(f"DP-SGD sigma {sigma:g}: {seconds:.0f} s", flush=True)
             dp_sgd.append(bound)
     print(f"\n## FedTP DPMean (client level)\n\n{markdown_table([b.as_dict() for b in fedtp], COLUMNS, digits=3)}")
+    # the FedTP run's share of 1 - confidence per attack: its releases x its two attackers
+    ideal = ideal_gaussian_bounds(sorted({b.noise_multiplier for b in fedtp}), fedtp[0].canaries,
+                                  (1 - fedtp[0].confidence) / (2 * len(fedtp)), fedtp[0].delta,
+                                  [0.1, 0.25, 0.5, 1.0], args.ideal_trials, args.seed)
+    print(f"\n## An ideal attacker on the same Gaussian mechanism, {args.ideal_trials} trials\n\n"
+          f"{markdown_table(ideal, ['noise_multiplier', 'median', 'p5', 'p95'], digits=2)}")
     print(f"\n## DP-SGD, tiny causal LM, {len(records)} records, rate {args.batch_size / len(records):g}, "
           f"{args.steps} steps (record level)\n\n{markdown_table([b.as_dict() for b in dp_sgd], COLUMNS, digits=3)}")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=120)

@@ -10,13 +10,17 @@ the number of right guesses bounds epsilon from below at a stated confidence. A 
 the accountant's epsilon means the guarantee does not hold, and the run fails
 (:func:`enforce`).
 
-Written here rather than imported: jax_privacy's ``auditing`` module has this estimator
-(``CanaryScoreAuditor.epsilon_one_run``, numpy and scipy inside), but the package imports jax,
-optax and chex on import (its wheel requires them), frameworks fedsim does not use;
+Written here rather than imported, because no package on PyPI offers the one-run bound without
+a framework fedsim does not use: jax_privacy 2.0.0's ``auditing`` module has it
+(``CanaryScoreAuditor.epsilon_one_run``; the module itself is numpy and scipy), but
+``jax_privacy/__init__`` imports jax, optax and chex, which its wheel requires;
 ml_privacy_meter's DP-audit guide is scripts in its repository (PyPI's ``privacy-meter`` 1.0.1
-predates it). What is written here is the paper's p-value (:func:`p_value`) on
-``scipy.stats.binom``, its root by ``scipy.optimize.brentq``, and the two attackers fedsim's
-mechanisms need (:class:`MeanCanaries`, :func:`sampled_gaussian_scores`).
+predates it); ``privacy-estimates`` 0.1.0 bounds epsilon from false-positive and false-negative
+rates over independent trainings (not one run's guesses with abstentions); ``auditml`` 0.1.0 has
+membership-inference attacks only. What is written here is the paper's p-value
+(:func:`p_value`, equal to jax_privacy's ``_one_run_p_value``) on ``scipy.stats.binom``, its root
+by ``scipy.optimize.brentq``, and the two attackers fedsim's mechanisms need
+(:class:`MeanCanaries`, :func:`sampled_gaussian_scores`).
 """
 
 from __future__ import annotations

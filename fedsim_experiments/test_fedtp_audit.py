@@ -95,4 +95,7 @@ def test_noise_from_the_public_seed_is_caught():
 def test_an_audit_the_run_cannot_do_is_refused_before_it_starts(overrides, why):
     with pytest.raises(ValueError, match=why):
         check(compose(["privacy.audit.enabled=true", *overrides]))
+
+
+def test_fedtps_own_audit_is_accepted():
     check(compose(["privacy.audit.enabled=true"]))
