@@ -54,7 +54,7 @@ def ideal_gaussian_bounds(sigmas: list[float], canaries: int, significance: floa
     """The bound an ideal attacker reaches on a Gaussian mechanism with Dirac canaries (each canary's
     coordinate is b + sigma z, b its coin) at an audit's settings, over ``trials`` runs: the
     reference that tells a weak attack from the one-run method's own looseness at a few hundred
-    canaries (Steinke et al. 2023, Section 7)."""
+    canaries."""
     rng, rows = np.random.default_rng(seed), []
     for sigma in sigmas:
         lows = []
