@@ -17,6 +17,7 @@ so that the same seed samples, sends and sums in the same order in every run.
 from __future__ import annotations
 
 import logging
+import random
 import shlex
 import tempfile
 import traceback
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import strategy_utils
 from hydra.utils import get_method
 from omegaconf import DictConfig
 
@@ -40,7 +42,7 @@ from fedsim.mlflow_sink import MlflowSink
 from fedsim.privacy import NOT_PRIVATE, NoiseSource
 from fedsim.results import RunOutput, markdown_table, ship_results
 from fedsim.secret import derive, run_secret
-from fedsim.seeding import seed_server
+from fedsim.seeding import SERVER, SERVER_SAMPLING, reseed
 from fedsim.sharded_grid import ShardedGrid
 from fedsim.sinks import Sinks
 
@@ -194,6 +196,14 @@ def audit_section(audit: AuditReport, out: RunOutput) -> str:
         markdown_table([b.as_dict() for b in audit.bounds],
                        ["release", "noise_multiplier", "epsilon_upper", "epsilon_lower", "canaries", "guesses",
                         "correct", "confidence", "attack", "holds"], digits=3)])
+
+
+def seed_server(seed: int) -> None:
+    """The ServerApp's random state, and a generator of Flower's node sampling of its own:
+    with the shared one, which clients a round trained depended on how often the heartbeat
+    thread had drawn before (``fedsim/seeding.py``)."""
+    reseed(SERVER.seed(seed))
+    strategy_utils.random = random.Random(SERVER_SAMPLING.seed(seed))
 
 
 def noise_source(cfg, secret: bytes) -> NoiseSource:
