@@ -74,7 +74,8 @@ class NoiseSource:
         return np.random.default_rng(np.random.SeedSequence(self.entropy, spawn_key=labels))
 
 
-RELEASE, SWEEP, SAMPLE, FLOWER_DP = 1, 2, 3, 4  # a NoiseSource's uses (FLOWER_DP: fedsim_strategies/numpy_noise.py)
+# a NoiseSource's uses (FLOWER_DP: fedsim_strategies/numpy_noise.py; AUDIT: an audit's coins, fedsim/audit.py)
+RELEASE, SWEEP, SAMPLE, FLOWER_DP, AUDIT = 1, 2, 3, 4, 5
 NOT_PRIVATE = ("privacy.reproducible_noise=true: the DP noise is drawn from the public seed, so "
                "anyone who knows the seed can remove it; these releases are NOT private")
 
@@ -93,6 +94,12 @@ class Release:
     noise_std: float  # std of the noise added to the sum
 
 
+def gaussian_noise(rng: np.random.Generator, std: float, size) -> np.ndarray:
+    """One release's noise: N(0, std^2) per coordinate from ``rng``, none drawn at std 0. The
+    one way it is drawn, so that an audit's attacker who knows the stream regenerates it."""
+    return rng.normal(0.0, std, size=size) if std > 0 else np.zeros(size)
+
+
 def gaussian_mean(
     vectors: np.ndarray,
     clip_norm: float,
@@ -107,9 +114,7 @@ def gaussian_mean(
     if vectors.ndim != 2 or (len(vectors) == 0 and not denominator):
         raise ValueError(f"need a non-empty (clients, dim) matrix, got shape {vectors.shape}")
     std = noise_multiplier * clip_norm
-    total = clip_rows(vectors, clip_norm).sum(axis=0)
-    if std > 0:
-        total = total + rng.normal(0.0, std, size=total.shape)
+    total = clip_rows(vectors, clip_norm).sum(axis=0) + gaussian_noise(rng, std, vectors.shape[1])
     mean = total / (denominator or len(vectors))
     return Release(clamp_to_simplex(mean) if simplex else mean, len(vectors), std)
 

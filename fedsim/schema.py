@@ -151,10 +151,26 @@ class Sweep:
 
 
 @dataclass
+class Audit:
+    """The empirical privacy audit beside the accountant (``fedsim/audit.py``)."""
+    enabled: bool = MISSING                # canaries in the run's DP releases, a measured lower bound on epsilon
+    canaries: int = MISSING                # canaries, each in or out on a secret fair coin
+    confidence: float = MISSING            # of all the run's lower bounds together
+    guess_shares: list[float] = MISSING    # shares of the canaries guessed; the best bound over them
+
+    def __post_init__(self):
+        require(self.canaries >= 2, "privacy.audit.canaries", ">= 2", self.canaries)
+        require(0 < self.confidence < 1, "privacy.audit.confidence", "in (0, 1)", self.confidence)
+        require(bool(self.guess_shares) and all(0 < s <= 1 for s in self.guess_shares),
+                "privacy.audit.guess_shares", "a non-empty list of shares in (0, 1]", self.guess_shares)
+
+
+@dataclass
 class Privacy:
     """How private the run's DP releases are (``fedsim/privacy.py``), and the wrapper around the
     run's strategy (``conf/privacy/*.yaml``)."""
     reproducible_noise: bool = MISSING  # noise from the public seed: reproducible, not private
+    audit: Audit = MISSING              # the measured lower bound beside the accountant's epsilon
     kind: str = MISSING                 # none | dp (Flower's central DP wrappers) | he (HEFedAvg)
     wrapper: Any = MISSING              # the wrapper's _target_ and settings; null: none
     he: str | None = MISSING            # why this wrapper cannot run inside HE (null: it can)
@@ -231,6 +247,11 @@ class Protocol:
         """Refuse a setting that does not fit the rest of the run (``clients``: its logical
         clients, None until the population is known): a cross-field rule, checked with the other
         checks before any process starts, not minutes into the run."""
+
+    def refuses_audit(self, cfg: DictConfig) -> str | None:
+        """Why ``privacy.audit`` cannot run here (None: it can): an experiment audits only the
+        releases it puts canaries into."""
+        return "it puts no canaries into its releases (privacy.audit runs on FedTP's DPMean release)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -319,6 +340,8 @@ def check(cfg: DictConfig) -> Protocol:
     protocol = protocol_of(cfg)
     check_strategy(cfg, protocol)
     protocol.check_run(cfg, hw.num_clients)
+    if cfg.privacy.audit.enabled and (why := protocol.refuses_audit(cfg)):
+        raise ValueError(f"privacy.audit.enabled=true is refused for experiment {protocol.name}: {why}")
     return protocol
 
 

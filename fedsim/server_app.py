@@ -32,6 +32,8 @@ from hydra.utils import get_method
 from omegaconf import DictConfig
 
 from fedsim import provenance
+from fedsim.audit import METHOD as AUDIT_METHOD
+from fedsim.audit import AuditReport
 from fedsim.client_state import FORGET, RUN_KEY, STATE_KEY, forget_request
 from fedsim.comparison import Settings, headline
 from fedsim.config import REFUSED, compose_checked, hydra_config, population
@@ -165,9 +167,13 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
                               noise=noise, know_partitions=True)
         seed_server(int(cfg.seed))
         results, summary = get_method(cfg.protocol.run)(messenger, cfg, out)
+        audit: AuditReport | None = results.pop("audit", None)
         results["privacy"] = privacy_results(messenger, noise)
         if "central_dp" in results["privacy"]:
             summary = f"{summary.rstrip()}\n\n{central_dp_section(results['privacy']['central_dp'])}\n"
+        if audit:
+            results["privacy"]["audit"] = audit.as_dict()
+            summary = f"{summary.rstrip()}\n\n{audit_section(audit, out)}\n"
         summary = summary if noise.private else f"**Warning: {NOT_PRIVATE}.**\n\n{summary}"
         # traffic per phase and round, beside any per-method summary the protocol made
         results.update(faults=messenger.faults,
@@ -182,6 +188,8 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
                      (out.path / "config.yaml").read_text(), summary, out.files())
         print(summary, flush=True)
         _forget_client_state(messenger, cfg)
+        if audit:
+            audit.enforce()  # a measured epsilon above the reported one fails the run, results written
         failed = False
     except BaseException:
         faults = messenger.faults if messenger else {}
@@ -213,6 +221,20 @@ def central_dp_section(spent: dict) -> str:
         markdown_table(rows, ["phase", "rounds", "epsilon"], digits=3),
         f"Accountant: {spent['accountant']}. Amplification by sampling: {spent['amplification_by_sampling']}. "
         f"Covers: {spent['covers']}."])
+
+
+def audit_section(audit: AuditReport, out: RunOutput) -> str:
+    """The summary's audit: each release's accountant epsilon beside the measured lower bound,
+    and ``privacy_audit.png``, both against sigma."""
+    fig, ax, save = out.figure("privacy_audit")
+    audit.plot(ax)
+    save()
+    return "\n\n".join([
+        "## Privacy audit: measured lower bound beside the accountant's epsilon",
+        f"{AUDIT_METHOD}. Canaries: {audit.covers}. A release holds when epsilon_lower <= epsilon_upper.",
+        markdown_table([b.as_dict() for b in audit.bounds],
+                       ["release", "noise_multiplier", "epsilon_upper", "epsilon_lower", "canaries", "guesses",
+                        "correct", "confidence", "attack", "holds"], digits=3)])
 
 
 def seed_server(seed: int) -> None:

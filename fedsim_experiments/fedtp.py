@@ -25,8 +25,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Rec
 from flwr.serverapp.strategy import Strategy
 from omegaconf import DictConfig, OmegaConf
 
+from fedsim.audit import AuditReport, audit_release
 from fedsim.messaging import ANY, Messenger, Policy, client_config
-from fedsim.privacy import SWEEP, one_shot_epsilon
+from fedsim.privacy import RELEASE, SWEEP, NoiseSource, gaussian_noise, one_shot_epsilon
 from fedsim.results import RunOutput, markdown_table
 from fedsim.schema import Protocol
 from fedsim.stats import gain_distribution, group_gains, paired_bootstrap_ci
@@ -50,6 +51,21 @@ class FedTPProtocol(Protocol):
     dp_seeds: int   # noise seeds per sigma
     bootstrap: int  # paired bootstrap resamples of the EHR gain CI
 
+    def refuses_audit(self, cfg: DictConfig) -> str | None:
+        """The audit puts canary clients into DPMean's one release of every client's row (and so
+        into each sigma's sweep release of them), each canary on a topic of its own."""
+        if not str(cfg.strategy.get("_target_", "")).endswith("dp_mean.DPMean"):
+            return "it audits DPMean's release (strategy=dp_mean)"
+        if int(cfg.num_rounds) != 1 or float(cfg.strategy.fraction_train) < 1:
+            return ("it audits one release of every client's row (num_rounds=1, strategy.fraction_train=1): "
+                    "sampled or repeated rounds would need the canaries sampled and composed as the clients are")
+        topics = len(load_topics(cfg.data_root))
+        if cfg.privacy.audit.canaries > topics // 2:
+            return (f"privacy.audit.canaries={cfg.privacy.audit.canaries} exceeds half the prior's {topics} "
+                    f"topics ({topics // 2}): each canary needs a topic of its own, and the release's scale "
+                    "is read off the others")
+        return None
+
 
 ROUTERS = ("tfidf", "global", "local", "fedmix")
 SCORE_COLUMNS = ["turns", "ehr", "err", "support_ratio"]
@@ -72,6 +88,8 @@ def dp_strategy(cfg: DictConfig, messenger: Messenger):
     strategy = build_strategy(cfg, messenger, len(messenger.node_ids()))
     if hasattr(innermost(strategy), "release"):
         innermost(strategy).noise = messenger.noise
+        if cfg.privacy.audit.enabled:
+            innermost(strategy).audit_canaries = int(cfg.privacy.audit.canaries)
     return strategy
 
 
@@ -101,6 +119,31 @@ def sweep_priors(strategy, sigmas: list[float], seeds: int) -> dict[str, tuple[f
     return {f"dp/{float(sigma)}/{k}": (float(sigma), strategy.release(
                 strategy.received, float(sigma), strategy.noise.rng(SWEEP, i, k)).mean)
             for i, sigma in enumerate(sigmas) for k in range(seeds)}
+
+
+AUDIT_COVERS = ("FedTP's DP prior: canary clients beside the prior clients, each a row C e_t on a topic t of "
+                "its own, in the prior release and in every sigma's first sweep release of the same rows; "
+                "these releases, and every routing result of this run, carry the canaries")
+
+
+def audit_releases(cfg: DictConfig, strategy, prior: np.ndarray) -> AuditReport:
+    """The audit run's releases, each against its own accountant (the smaller of the one-shot
+    and the RDP epsilon, both upper bounds): the prior, and each sigma's first sweep release.
+    The attacker knows the prior clients' rows and the public seed, not the coins nor the run's
+    secret noise; the run's confidence is split over the releases."""
+    settings, public = cfg.privacy.audit, NoiseSource.public(int(cfg.seed))
+    releases = [("prior", strategy.noise_multiplier, prior, (RELEASE, int(cfg.num_rounds)))]
+    releases += [(name, sigma, released, (SWEEP, i, 0)) for i, (name, (sigma, released)) in
+                 enumerate(sweep_priors(strategy, list(cfg.protocol.dp_sigmas), 1).items())]
+    significance = (1 - float(settings.confidence)) / len(releases)
+    bounds = []
+    for name, sigma, released, labels in releases:
+        guessed = gaussian_noise(public.rng(*labels), sigma * strategy.clip_norm, len(released))
+        upper = min(one_shot_epsilon(sigma, strategy.delta), strategy.epsilon_rdp(sigma))
+        bounds.append(audit_release(name, sigma, strategy.canaries.attacks(released, strategy.simplex, guessed),
+                                    strategy.canaries.included, upper, strategy.delta, significance,
+                                    float(settings.confidence), list(settings.guess_shares)))
+    return AuditReport(bounds, AUDIT_COVERS)
 
 
 def _broadcast(messenger: Messenger, phase: str, nodes: list[int], message_type: str,
@@ -320,6 +363,7 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     test = ctx.task["test_splits"]
     analyses, gains = _paired_analyses(turns, int(proto.bootstrap), int(cfg.seed))
     dp_sweep = _dp_sweep(strategy, sums, test, sweep_keys)
+    audit = audit_releases(cfg, innermost(strategy), prior.vector) if cfg.privacy.audit.enabled else None
     timings["total_s"] = time.monotonic() - t_all
     results = {
         "experiment": proto.name,
@@ -337,6 +381,7 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
         "train_metrics": prior.train_metrics,
         "faults": messenger.faults,
         "timings": timings,
+        **({"audit": audit} if audit else {}),
     }
     _plots(out, results, gains)
     return results, _summary(results, test)

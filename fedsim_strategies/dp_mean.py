@@ -36,11 +36,14 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from fedsim.audit import MeanCanaries
 from fedsim.privacy import (
+    AUDIT,
     RELEASE,
     SAMPLE,
     NoiseSource,
     Release,
+    clip_rows,
     gaussian_mean,
     one_shot_epsilon,
     poisson_sample,
@@ -80,6 +83,8 @@ class DPMean(Strategy):
         self.denominator: float | None = None  # last round's divisor (None: the row count)
         self._sampling: list[tuple[int, int]] = []  # (expected sample size, population) per round
         self._dim: int | None = None  # length of the released vector (a noise-only release)
+        self.audit_canaries = 0  # canary clients an audit run adds (fedsim/audit.py); 0: none
+        self.canaries: MeanCanaries | None = None  # the last round's, with their coins
 
     @property
     def max_rows_per_reply(self) -> int | None:
@@ -120,6 +125,10 @@ class DPMean(Strategy):
             log.warning("DPMean round %d: no usable client vectors, nothing released", server_round)
             return None, None
         self.received = np.concatenate(rows, axis=0) if rows else np.zeros((0, self._dim))
+        if self.audit_canaries:  # canary clients beside the received ones, coins from the run's secret
+            self.canaries = MeanCanaries.place(clip_rows(self.received, self.clip_norm).sum(axis=0),
+                                               self.audit_canaries, self.clip_norm, self.noise.rng(AUDIT, server_round))
+            self.received = np.vstack([self.received, self.canaries.rows()])
         release = self.release(self.received, self.noise_multiplier,
                                self.noise.rng(RELEASE, server_round))
         metrics = MetricRecord({

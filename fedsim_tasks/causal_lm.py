@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from fedsim.seeding import stream
-from fedsim_tasks.dp_sgd import DP_EPSILON, DPSGD, PrivateSteps
+from fedsim_tasks.dp_sgd import DP_EPSILON, DPSGD, GradientCanaries, PrivateSteps
 from fedsim_tasks.hf import default_device, lora_config, resolve_model
 from fedsim_tasks.proximal import ProximalTerm
 
@@ -342,14 +342,14 @@ def sft_train(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, 
 
 def private_sft(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, batch_size: int, lr: float,
                 max_length: int, dp: DPSGD, horizon_steps: int = 0,
-                noise_seed: int | None = None) -> dict:
+                noise_seed: int | None = None, canaries: GradientCanaries | None = None) -> dict:
     """SFT under DP-SGD (``fedsim_tasks/dp_sgd.py``): Poisson batches of expected size ``batch_size``
     drawn from the client's own randomness (not the run's seed: the server would know them),
     each record's loss its own mean token nll (so its gradient depends on it alone), clipped
     and noised. The stats add this call's epsilon and its steps (a client composes its trainings
-    with a ``StepsLedger``)."""
+    with a ``StepsLedger``). ``canaries``: an audit's (``fedsim/audit.py``), sampled beside the records."""
     private = PrivateSteps(dp, model, _optimizer(model, lr), len(examples), batch_size,
-                           horizon_steps or steps, noise_seed)
+                           horizon_steps or steps, noise_seed, canaries)
     model.train()
     losses, start = [], time.perf_counter()
     try:

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from opacus import GradSampleModule
 from opacus.accountants import RDPAccountant
@@ -39,9 +40,10 @@ from opacus.accountants.utils import get_noise_multiplier
 from opacus.optimizers import DPOptimizer
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
+from fedsim.audit import fair_coins, sampled_gaussian_scores
 from fedsim.metric_keys import DP_EPSILON
 
-__all__ = ["DP_EPSILON", "DPSGD", "PrivateSteps", "StepsLedger", "spent_epsilon"]
+__all__ = ["DP_EPSILON", "DPSGD", "GradientCanaries", "PrivateSteps", "StepsLedger", "spent_epsilon"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +113,43 @@ class StepsLedger:
             os.close(fd)
 
 
+class GradientCanaries:
+    """Record-level canaries of DP-SGD (the privacy audit, ``fedsim/audit.py``): canary i is a
+    record whose gradient is C e_i in a parameter of its own, which no real record reaches (the
+    white-box Dirac canaries of Steinke et al. 2023 and Nasr et al. 2023: one canary never masks
+    another, and the model's own weights are untouched). :class:`PrivateSteps` samples the
+    canaries' slots beside the real records; an excluded canary's slot stays with no gradient,
+    which releases exactly what no record there would (each slot's coin is its own). The attacker
+    of DP-SGD's accountant sees every step's noised gradient: :attr:`observed`, in units of C."""
+
+    def __init__(self, count: int, rng: np.random.Generator | None = None):
+        self.included = fair_coins(count, rng or np.random.default_rng(secrets.randbits(128)))
+        self.param = torch.nn.Parameter(torch.zeros(count))
+        self.observed: list[np.ndarray] = []  # per step, each canary's coordinate of the noised gradient / C
+
+    def __len__(self) -> int:
+        return len(self.included)
+
+    def add_rows(self, params: list[torch.nn.Parameter], slots: list[int], clip_norm: float) -> None:
+        """After the real records' backward: the sampled included canaries' per-record gradients,
+        zero in every parameter but their own coordinate of :attr:`param`."""
+        rows = [i for i in slots if self.included[i]]
+        real = next(len(p.grad_sample) for p in params if p is not self.param and p.grad_sample is not None)
+        for p in params:
+            given = p.grad_sample if p.grad_sample is not None else torch.zeros((real, *p.shape), dtype=p.dtype)
+            added = torch.zeros((len(rows), *p.shape), dtype=p.dtype)
+            if p is self.param:
+                added[range(len(rows)), rows] = clip_norm
+            p.grad_sample = torch.cat([given, added])
+
+    def observe(self, expected_batch_size: int, clip_norm: float) -> None:
+        self.observed.append(self.param.grad.detach().numpy() * expected_batch_size / clip_norm)
+
+    def scores(self, rate: float, noise_multiplier: float, sampled: np.ndarray | None = None) -> np.ndarray:
+        """Each canary's score from every step (:func:`fedsim.audit.sampled_gaussian_scores`)."""
+        return sampled_gaussian_scores(np.array(self.observed), rate, noise_multiplier, sampled)
+
+
 class PrivateSteps:
     """One local training call under DP-SGD: Poisson batches over ``num_examples`` records,
     per-record clipping and noise on ``optimizer``'s step, its steps accounted (a client's
@@ -122,7 +161,7 @@ class PrivateSteps:
 
     def __init__(self, cfg: DPSGD, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  num_examples: int, batch_size: int, horizon_steps: int,
-                 noise_seed: int | None = None):
+                 noise_seed: int | None = None, canaries: GradientCanaries | None = None):
         if not cfg.enabled:
             raise ValueError("PrivateSteps needs dp_sgd.enabled")
         if num_examples < 1:
@@ -133,6 +172,9 @@ class PrivateSteps:
             target_epsilon=cfg.target_epsilon, target_delta=cfg.delta, sample_rate=self.rate,
             steps=max(horizon_steps, 1), accountant="rdp")
         self.accountant = RDPAccountant()
+        self.canaries, self._canary_slots = canaries, []
+        if canaries is not None:  # clipped, noised and accounted with the model's weights; never moved
+            optimizer.add_param_group({"params": [canaries.param], "lr": 0.0, "weight_decay": 0.0})
         self.module = GradSampleModule(model, loss_reduction="mean")  # hooks on the model's layers
         self.generator = torch.Generator().manual_seed(secrets.randbits(63) if noise_seed is None else noise_seed)
         self.optimizer = DPOptimizer(optimizer, noise_multiplier=self.sigma, max_grad_norm=cfg.max_grad_norm,
@@ -142,9 +184,13 @@ class PrivateSteps:
     def batches(self, steps: int) -> Iterator[list[int]]:
         """Poisson sampling, the accountant's assumption: each record joins each step's batch
         with probability ``rate`` (batches vary in size; an empty one still costs a step), drawn
-        from this call's private generator."""
-        return iter(UniformWithReplacementSampler(num_samples=self.num_examples, sample_rate=self.rate,
-                                                  generator=self.generator, steps=steps))
+        from this call's private generator. An audit's canary slots follow the records, at the
+        same rate; the records' indices are yielded, the canaries' kept for :meth:`step`."""
+        slots = self.num_examples + (len(self.canaries) if self.canaries else 0)
+        for idx in UniformWithReplacementSampler(num_samples=slots, sample_rate=self.rate,
+                                                 generator=self.generator, steps=steps):
+            self._canary_slots = [i - self.num_examples for i in idx if i >= self.num_examples]
+            yield [i for i in idx if i < self.num_examples]
 
     def step(self, loss: torch.Tensor | None) -> None:
         """Backward of the mean per-record loss, then the clipped, noised step (``None``: an
@@ -155,7 +201,11 @@ class PrivateSteps:
                 p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
         else:
             loss.backward()
+        if self.canaries is not None:
+            self.canaries.add_rows(self.optimizer.params, self._canary_slots, self.cfg.max_grad_norm)
         self.optimizer.step()
+        if self.canaries is not None:
+            self.canaries.observe(self.optimizer.expected_batch_size, self.cfg.max_grad_norm)
 
     def close(self) -> None:
         """Take the hooks off the model (a process reuses it for other clients and evaluation)."""
