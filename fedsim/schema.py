@@ -110,6 +110,13 @@ class Logging:
 
 
 @dataclass
+class Checkpoint:
+    """The run's journal under results_dir/checkpoint (``fedsim/journal.py``)."""
+    enabled: bool = MISSING  # journal every completed exchange (resume needs it)
+    keep: bool = MISSING     # keep the folder after the run completes (else removed)
+
+
+@dataclass
 class ClientStateSettings:
     """Where clients keep state across rounds (``fedsim/client_state.py``)."""
     dir: str | None = MISSING      # root of the clients fedsim run starts (fedsim/node_local.py); never sent
@@ -172,7 +179,7 @@ class RunConfig:
     num_rounds: int = MISSING
     round_timeout: float = MISSING
     ship_results: bool = MISSING  # set by the launcher for a remote SuperLink
-    checkpoint: bool = MISSING    # journal every exchange under results_dir/checkpoint
+    checkpoint: Checkpoint = MISSING
     resume: bool = MISSING        # set by `fedsim run resume=DIR`: replay the journal
     privacy: Privacy = MISSING
     logging: Logging = MISSING

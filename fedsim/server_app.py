@@ -97,7 +97,7 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
     log = logging.getLogger("fedsim")
     started = provenance.now()
     out.clear_outcome()
-    keep = cfg.checkpoint and not cfg.ship_results  # a remote run's folder is temporary
+    keep = cfg.checkpoint.enabled and not cfg.ship_results  # a remote run's folder is temporary
     checkpoint = out.path / "checkpoint"
     # a run killed before its journal began (before this point, or before the ServerApp started)
     # sent nothing: resumed, it starts from its beginning, under a new secret
