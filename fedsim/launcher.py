@@ -36,6 +36,7 @@ from omegaconf import DictConfig
 from fedsim.data import REPO_ROOT
 from fedsim.flower_waits import SUPEREXEC_POLL_ENV
 from fedsim.node_local import environment, from_run, supernode_config
+from fedsim.progress import Bars
 from fedsim.results import RESULTS_MARKER, unpack_results
 from fedsim.tls import Certificates, make_federation
 from fedsim.watchdog import ENV_KEY, end_server_apps
@@ -389,7 +390,7 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
             " + node authentication" if hw.node_auth and not simulation else "")
         echo(f"fedsim: {num_supernodes} SuperNodes, {hw.backend} via SuperLink {address} "
              f"({security}); results -> {results_dir}")
-        shipped = _Results(echo)
+        shipped = _Results(stack.enter_context(Bars(echo)))
         code, run_id = _stream(cmd, workdir, env, shipped)
         if shipped.lines:
             try:

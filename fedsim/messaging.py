@@ -45,7 +45,7 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim import exchange_trace
+from fedsim import exchange_trace, progress
 from fedsim.client_app import SEED_KEY, TASK_KEY
 from fedsim.client_state import RUN_KEY, STATE_KEY
 from fedsim.faults import FAULTS_KEY
@@ -298,8 +298,7 @@ class Messenger:
             pending.difference_update(m.metadata.reply_to_message_id for m in got)
             now = time.monotonic()
             if pending and now - last >= self.report_seconds:
-                log.info("[%s] %d/%d clients done, %.0f s elapsed", phase, total - len(pending),
-                         total, now - start)
+                log.info("%s", progress.line(phase, total - len(pending), total, now - start))
                 last = now
             if pending:
                 time.sleep(self.poll_seconds)
