@@ -138,7 +138,7 @@ def run(overrides: list[str]) -> int:
     # the ServerApp composes again from the same overrides: pin what was resolved here (a remote
     # ServerApp finds its data by its own host's data root and ships its results back)
     remote = cfg.hardware.backend == "deployment" and not cfg.hardware.launch_local
-    pinned = [*overrides, *([] if remote else [f"data_root={cfg.data_root}"]),
+    pinned = [*overrides, *([] if remote or cfg.data_root is None else [f"data_root={cfg.data_root}"]),
               f"results_dir={cfg.results_dir}", f"logging.mlflow_dir={cfg.logging.mlflow_dir}",
               f"hardware.num_clients={clients}"]
     _save_run(cfg, [o for o in pinned if o != "resume=true"])

@@ -247,7 +247,7 @@ class TaskSettings:
     name: str       # task name in results
     client: str     # ClientApp handler class
     schema: str     # this block's dataclass (a subclass of TaskSettings)
-    data_root: str  # data folder, sent to clients
+    data_root: str | None  # data folder, never sent to clients; null: the task reads no data
 
 
 ConfigStore.instance().store(name="fedsim_schema", node=RunConfig)
