@@ -15,7 +15,7 @@ from fedsim.config import CONF_DIR
 from fedsim.results import RunOutput
 from fedsim.schema import sweep_settings
 from fedsim.server_app import faults_section
-from fedsim_experiments import fedtp
+from fedsim_experiments import fede4rag_kd_sweep, fedtp
 
 # a float printed with more than 6 decimals, or a Python dict / list of dicts printed raw
 RAW = re.compile(r"\d\.\d{7,}|\{'|\[\{|': ")
@@ -127,3 +127,18 @@ def test_the_sweep_plots_have_a_labelled_point_and_interval_per_row(tmp_path):
         assert ax.get_xlabel() and "95% CI" in ax.get_xlabel()
         assert len([t for t in ax.get_yticklabels() if t.get_text()]) == rows
         assert len([c for c in ax.containers if isinstance(c, ErrorbarContainer) and c.has_xerr]) == rows
+
+
+def test_a_log_axis_reads_in_plain_numbers(tmp_path):
+    """The KD sweep's log axes: a point per round of each cell, labels like "2", never "2x10^0"."""
+    cells = {f"steps{s}_kd1": {"local_steps": s, "rounds": {k: {"kd": 1.2 + k, "client-distance": 2.0 * k}
+                                                             for k in (1, 2, 3)}} for s in (2, 4)}
+    out = Kept(tmp_path)
+    fede4rag_kd_sweep._plot({"cells": cells}, out)
+    for name in ("kd_by_round", "client-distance_by_round"):
+        (ax,) = out.figures[name].axes
+        out.figures[name].canvas.draw()
+        assert ax.get_xlabel() == "optimizer steps per client" and ax.get_ylabel() and ax.get_yscale() == "log"
+        assert [len(line.get_xdata()) for line in ax.get_lines()] == [3, 3]
+        labels = [t.get_text() for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True) if t.get_text()]
+        assert labels and not any("times" in t or "^" in t for t in labels), labels
