@@ -1,7 +1,13 @@
 """Progress: plain lines with rate and time left in a log, one live bar per phase on a terminal."""
 
 import io
+import logging
 
+import pytest
+from flwr.app import Message, MessageType, RecordDict
+
+from fedsim.inprocess_grid import InProcessGrid
+from fedsim.messaging import Messenger, PhaseFailed
 from fedsim.progress import LINE, Bars, line
 
 
@@ -36,3 +42,16 @@ def test_on_a_terminal_a_phase_is_one_bar_closed_by_any_other_line():
     drawn = stream.getvalue()
     assert "[prior]:  75%" in drawn and "3/4" in drawn and "clients/s" in drawn
     assert "[sft]:  10%" in drawn and "loss 0.500" in drawn
+
+
+def test_an_exchange_that_waits_reports_its_progress_in_plain_lines(caplog):
+    """The Messenger's wait: one node answers at once, one never does; while it waits, plain
+    progress lines (count, rate, time left) go to the log."""
+    grid = InProcessGrid({1: lambda msg: RecordDict(), 2: lambda msg: None})
+    messenger = Messenger(grid, timeout=0.5, poll_seconds=0.05, report_seconds=0.1)
+    messages = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in (1, 2)]
+    with caplog.at_level(logging.INFO, logger="fedsim"):
+        with pytest.raises(PhaseFailed):  # the default quorum: every node
+            messenger.exchange("probe", messages)
+    reports = [LINE.search(r.getMessage()) for r in caplog.records]
+    assert [(m["phase"], m["done"], m["total"]) for m in reports if m][:1] == [("probe", "1", "2")]
