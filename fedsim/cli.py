@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def _resume_folder(overrides: list[str]) -> tuple[str | None, list[str]]:
 
 
 def _save_run(cfg, pinned: list[str]) -> None:
-    if cfg.checkpoint and not cfg.resume:
+    if cfg.checkpoint.enabled and not cfg.resume:
         path = Path(cfg.results_dir) / RUN_FILE
         key = derive(run_secret(Path(cfg.results_dir) / RUN_KEY, resume=False), b"run.json")
         path.write_bytes(seal(key, path.name, {"overrides": pinned}))
@@ -143,7 +144,7 @@ def run(overrides: list[str]) -> int:
     # the ServerApp composes again from the same overrides: pin what was resolved here (a remote
     # ServerApp finds its data by its own host's data root and ships its results back)
     remote = cfg.hardware.backend == "deployment" and not cfg.hardware.launch_local
-    pinned = [*overrides, *([] if remote else [f"data_root={cfg.data_root}"]),
+    pinned = [*overrides, *([] if remote or cfg.data_root is None else [f"data_root={cfg.data_root}"]),
               f"results_dir={cfg.results_dir}", f"logging.mlflow_dir={cfg.logging.mlflow_dir}",
               f"hardware.num_clients={clients}"]
     _save_run(cfg, [o for o in pinned if o != "resume=true"])
@@ -157,6 +158,8 @@ def run(overrides: list[str]) -> int:
         return exc.exit_code
     record_provenance(cfg, Path(outcome["results_dir"]), {"git": git, "command": {
         **provenance.command(["fedsim", "run", *given], pinned), "started": started, "ended": provenance.now()}})
+    if not cfg.checkpoint.keep:  # a completed run is never resumed: its journal is megabytes of nothing
+        shutil.rmtree(Path(outcome["results_dir"]) / RUN_FILE.parent, ignore_errors=True)
     print(f"fedsim: run {outcome['run_id']} {outcome['status']}; results in {outcome['results_dir']}")
     return 0
 

@@ -72,9 +72,12 @@ def _client(task_json: str, data_root: str, partition_id: int, num_partitions: i
 
 
 @lru_cache(maxsize=16)
-def _data_root(node_root: str | None) -> str:
+def _data_root(node_root: str | None, task_json: str) -> str:
     """The node's data root (``fedsim/node_local.py``), resolved once: a SuperNode hosting many
-    logical clients answers thousands of messages."""
+    logical clients answers thousands of messages. "" for a task that reads no data (its
+    ``data_root`` is null in the message, ``fedsim/node_local.py``'s ``sent_task``)."""
+    if json.loads(task_json).get("data_root", "") is None:
+        return ""
     return str(resolve_data_root(node_root))
 
 
@@ -98,7 +101,7 @@ def _client_reply(msg: Message, context: Context, method: str) -> Message:
     task_json = msg.content["config"][TASK_KEY]
     partition_id = int(context.node_config["partition-id"])
     exchange_trace.mark("enter", msg.metadata.message_id)
-    client = _client(task_json, _data_root(node_local.setting(msg, "data-root")),
+    client = _client(task_json, _data_root(node_local.setting(msg, "data-root"), task_json),
                      partition_id, int(context.node_config["num-partitions"]))
     exchange_trace.mark("built", msg.metadata.message_id)
     reseed(message_seed(msg, partition_id))  # after building the client: it may import torch

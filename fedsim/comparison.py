@@ -36,7 +36,7 @@ from omegaconf import OmegaConf
 from scipy import stats
 
 from fedsim.results import RunOutput, markdown_table
-from fedsim.stats import detectable_effect, detectable_effect_of_interval, seeds_needed, verdict
+from fedsim.stats import detectable_effect, detectable_effect_of_interval, seeds_needed, t_interval, verdict
 
 POINT_FILE = "point.json"  # a sweep run's overrides, beside its results.json
 OUTPUTS = ("summary.md", "comparison.json", "paired_differences.png", "metrics.png")
@@ -131,14 +131,12 @@ def interval(x: np.ndarray, settings: Settings, seed: int = 0) -> tuple[float, f
     """CI of the mean of ``x`` (one value per seed): Student t, or scipy's BCa bootstrap. None
     with fewer than two values or no spread: a constant over seeds supports no interval."""
     x = np.asarray(x, float)
-    if x.size < 2 or np.ptp(x) == 0:
-        return None
-    if settings.interval == "t":
-        lo, hi = stats.t.interval(settings.level, x.size - 1, loc=x.mean(), scale=stats.sem(x))
-    else:
-        res = stats.bootstrap((x,), np.mean, confidence_level=settings.level, method="BCa",
-                              n_resamples=9999, rng=np.random.default_rng(seed))
-        lo, hi = res.confidence_interval
+    t = t_interval(x, settings.level)
+    if settings.interval == "t" or t is None:
+        return t
+    res = stats.bootstrap((x,), np.mean, confidence_level=settings.level, method="BCa",
+                          n_resamples=9999, rng=np.random.default_rng(seed))
+    lo, hi = res.confidence_interval
     return float(lo), float(hi)
 
 

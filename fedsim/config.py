@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from fedsim import schema  # registers the typed schema with Hydra
-from fedsim.data import REPO_ROOT, DataNotFoundError, resolve_data_root
+from fedsim.data import REPO_ROOT, DataNotFoundError, reads_data, resolve_data_root
 
 CONF_DIR = REPO_ROOT / "conf"
 GROUPS = ("task", "strategy", "privacy", "hardware", "experiment")
@@ -80,7 +80,8 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
         raise ConfigError(f"No value for {', '.join(sorted(unset))}: every key needs one in conf/ or an override")
     OmegaConf.set_struct(cfg, False)
     try:
-        cfg.data_root = str(resolve_data_root(cfg.data_root))
+        if reads_data(cfg.task):
+            cfg.data_root = str(resolve_data_root(cfg.data_root))
     except DataNotFoundError:
         if cfg.hardware.backend == "simulation" or cfg.hardware.launch_local:
             raise  # a remote run's data lives on the SuperLink and SuperNode hosts

@@ -4,13 +4,16 @@ Order of precedence: an explicit setting (the server's config ``data_root``, or 
 ``data-root``: a client never reads the server's, ``fedsim/node_local.py``), then the
 ``FEDSIM_DATA_ROOT`` environment variable, then
 ``../shared/data`` beside the checkout, then beside the working directory (under ``flwr run .``
-the app runs from Flower's installed copy, and the working directory is the checkout).
+the app runs from Flower's installed copy, and the working directory is the checkout). A task
+whose YAML sets ``data_root: null`` reads no data: no root is looked for (:func:`reads_data`).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
 
 ENV_VAR = "FEDSIM_DATA_ROOT"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -19,6 +22,12 @@ DEFAULT_DATA_ROOTS = (REPO_ROOT.parent / "shared" / "data", Path.cwd().parent / 
 
 class DataNotFoundError(FileNotFoundError):
     """A data file is missing; the message names the path and the upstream source."""
+
+
+def reads_data(task: DictConfig) -> bool:
+    """False for a task whose YAML sets ``data_root: null`` itself (not ``${data_root}``): it
+    reads no data, so no data root is looked for, by the run or by its clients."""
+    return OmegaConf.is_interpolation(task, "data_root") or task.get("data_root") is not None
 
 
 def resolve_data_root(explicit: str | os.PathLike | None = None) -> Path:

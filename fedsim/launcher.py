@@ -41,6 +41,7 @@ from fedsim.data import REPO_ROOT
 from fedsim.flower_waits import SUPEREXEC_POLL_ENV
 from fedsim.netns import HOST, Host, Namespace, NamespaceUnavailable, listening
 from fedsim.node_local import environment, from_run, supernode_config
+from fedsim.progress import Bars
 from fedsim.provenance import HOST_ENV
 from fedsim.results import RESULTS_MARKER, unpack_results
 from fedsim.tls import Certificates, make_federation
@@ -450,7 +451,7 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
         where = " in the run's own network namespace" if isinstance(net, Namespace) else ""
         echo(f"fedsim: {num_supernodes} SuperNodes, {hw.backend} via SuperLink {address} "
              f"({security}){where}; results -> {results_dir}")
-        shipped = _Results(echo)
+        shipped = _Results(stack.enter_context(Bars(echo)))
         code, run_id = _stream(cmd, workdir, env, shipped, net)
         if shipped.lines:
             try:

@@ -45,9 +45,10 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim import exchange_trace
+from fedsim import exchange_trace, progress
 from fedsim.client_app import SEED_KEY, TASK_KEY
 from fedsim.client_state import RUN_KEY, STATE_KEY
+from fedsim.data import reads_data
 from fedsim.faults import FAULTS_KEY
 from fedsim.journal import Journal, ResumeMismatch, ask_partitions
 from fedsim.message_metadata import set_src_node_id
@@ -101,7 +102,7 @@ def client_config(cfg: DictConfig) -> dict:
     ClientApp reseeds each handler from it), the run's key (:func:`run_key_of`), under which
     clients keep state between rounds, and whether they keep it after the run
     (``fedsim/client_state.py``)."""
-    task = sent_task(OmegaConf.to_container(cfg.task, resolve=True))
+    task = sent_task(OmegaConf.to_container(cfg.task, resolve=True), reads_data(cfg.task))
     return {TASK_KEY: json.dumps(task), FAULTS_KEY: json.dumps(OmegaConf.to_container(cfg.faults)),
             SEED_KEY: int(cfg.seed), RUN_KEY: run_key_of(cfg),
             STATE_KEY: json.dumps({"keep": bool(cfg.client_state.keep)})}
@@ -298,8 +299,7 @@ class Messenger:
             pending.difference_update(m.metadata.reply_to_message_id for m in got)
             now = time.monotonic()
             if pending and now - last >= self.report_seconds:
-                log.info("[%s] %d/%d clients done, %.0f s elapsed", phase, total - len(pending),
-                         total, now - start)
+                log.info("%s", progress.line(phase, total - len(pending), total, now - start))
                 last = now
             if pending:
                 time.sleep(self.poll_seconds)

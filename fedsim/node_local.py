@@ -85,13 +85,15 @@ def setting(msg: Message, key: str) -> str | None:
     return (json.loads(raw) if raw else resolve({}))[key]
 
 
-def sent_task(task: dict) -> dict:
+def sent_task(task: dict, reads_data: bool = True) -> dict:
     """The task config a message carries: without its node-local keys, which no client reads
-    from a message (and the task's copy of the run's data root, ``conf/task/*.yaml``)."""
+    from a message (and the task's copy of the run's data root, ``conf/task/*.yaml``). A task
+    that reads no data (``fedsim.data.reads_data``) carries ``data_root: null`` instead, so
+    its clients look for no data root either."""
     task = copy.deepcopy(task)
     for *parents, leaf in TASK_COPIES:
         folder = task
         for part in parents:
             folder = folder.get(part) or {}
         folder.pop(leaf, None)
-    return task
+    return task if reads_data else {**task, "data_root": None}

@@ -17,6 +17,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import LogFormatter  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 
@@ -195,6 +196,15 @@ class RunOutput:
             return path
 
         return save
+
+
+def plain_log_scale(ax, which: str = "y") -> None:
+    """``ax``'s ``which`` axis on a log scale labelled in plain numbers ("2", "30", not
+    "2x10^0"), its minor ticks labelled only where it spans few decades (matplotlib's rule)."""
+    getattr(ax, f"set_{which}scale")("log")
+    axis = getattr(ax, f"{which}axis")
+    axis.set_major_formatter(LogFormatter())
+    axis.set_minor_formatter(LogFormatter(minor_thresholds=(2, 0.5)))
 
 
 def markdown_table(rows: list[dict], columns: list[str], digits: int = 4) -> str:

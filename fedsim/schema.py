@@ -111,6 +111,13 @@ class Logging:
 
 
 @dataclass
+class Checkpoint:
+    """The run's journal under results_dir/checkpoint (``fedsim/journal.py``)."""
+    enabled: bool = MISSING  # journal every completed exchange (resume needs it)
+    keep: bool = MISSING     # keep the folder after the run completes (else removed)
+
+
+@dataclass
 class ClientStateSettings:
     """Where clients keep state across rounds (``fedsim/client_state.py``)."""
     dir: str | None = MISSING      # root of the clients fedsim run starts (fedsim/node_local.py); never sent
@@ -189,7 +196,7 @@ class RunConfig:
     num_rounds: int = MISSING
     round_timeout: float = MISSING
     ship_results: bool = MISSING  # set by the launcher for a remote SuperLink
-    checkpoint: bool = MISSING    # journal every exchange under results_dir/checkpoint
+    checkpoint: Checkpoint = MISSING
     resume: bool = MISSING        # set by `fedsim run resume=DIR`: replay the journal
     privacy: Privacy = MISSING
     logging: Logging = MISSING
@@ -262,7 +269,7 @@ class TaskSettings:
     name: str       # task name in results
     client: str     # ClientApp handler class
     schema: str     # this block's dataclass (a subclass of TaskSettings)
-    data_root: str  # data folder, sent to clients
+    data_root: str | None  # data folder, never sent to clients; null: the task reads no data
 
 
 ConfigStore.instance().store(name="fedsim_schema", node=RunConfig)

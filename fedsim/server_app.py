@@ -139,7 +139,7 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
     log = logging.getLogger("fedsim")
     started = provenance.now()
     out.clear_outcome()
-    keep = cfg.checkpoint and not cfg.ship_results  # a remote run's folder is temporary
+    keep = cfg.checkpoint.enabled and not cfg.ship_results  # a remote run's folder is temporary
     checkpoint = out.path / "checkpoint"
     # a run killed before its journal began (before this point, or before the ServerApp started)
     # sent nothing: resumed, it starts from its beginning, under a new secret
@@ -178,6 +178,7 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
         # traffic per phase and round, beside any per-method summary the protocol made
         results.update(faults=messenger.faults,
                        communication={**messenger.traffic, **results.get("communication", {})})
+        summary = f"{summary.rstrip()}\n\n{faults_section(messenger.faults)}\n"
         if journal is not None:
             results["checkpoint"] = {"exchanges": len(journal.recorded),
                                      "replayed": journal.resumed_from}
@@ -206,6 +207,14 @@ def privacy_results(messenger: Messenger, noise: NoiseSource) -> dict:
             **({} if noise.private else {"warning": NOT_PRIVATE}),
             **({"dp_sgd_epsilon": messenger.epsilon} if messenger.epsilon else {}),
             **({"central_dp": messenger.central_dp.report()} if messenger.central_dp else {})}
+
+
+def faults_section(faults: dict) -> str:
+    """The summary's table of what every exchange got back: one row per phase and round."""
+    rows = [{"phase": phase, "round": rnd, **counts} for phase, rounds in faults.items()
+            for rnd, counts in rounds.items()]
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    return "## Replies per exchange\n\n" + (markdown_table(rows, columns) if rows else "(no exchange)")
 
 
 def central_dp_section(spent: dict) -> str:

@@ -26,7 +26,20 @@ def group_gains(groups: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (np.bincount(inverse, b) - np.bincount(inverse, a)) / counts
 
 
-def gain_distribution(gains: np.ndarray, tol: float = 1e-12) -> dict:
+GAIN_TOL = 1e-12  # a gain this close to 0 is "unchanged" (float sums of equal hit counts)
+
+
+def t_interval(x: np.ndarray, level: float) -> tuple[float, float] | None:
+    """Student t CI of the mean of ``x`` (one value per seed); None with fewer than two values
+    or no spread: a constant over seeds supports no interval."""
+    x = np.asarray(x, float)
+    if x.size < 2 or np.ptp(x) == 0:
+        return None
+    lo, hi = stats.t.interval(level, x.size - 1, loc=x.mean(), scale=stats.sem(x))
+    return float(lo), float(hi)
+
+
+def gain_distribution(gains: np.ndarray, tol: float = GAIN_TOL) -> dict:
     return {"groups": int(gains.size), "improved": int(np.sum(gains > tol)),
             "worsened": int(np.sum(gains < -tol)), "unchanged": int(np.sum(np.abs(gains) <= tol)),
             "mean_gain": float(gains.mean()) if gains.size else 0.0}

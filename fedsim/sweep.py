@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from fedsim import comparison, provenance
+from fedsim import comparison, progress, provenance
 from fedsim.config import ConfigError
 from fedsim.mlflow_sink import SweepRun
 
@@ -135,11 +135,10 @@ class Sweep:
         for entry in todo:
             code = self._run_point(entry, len(self.points))
             done += 1
-            elapsed = time.monotonic() - start
-            left = elapsed / done * (len(todo) - done)
+            completed = sum(r["status"] == "completed" for r in self.manifest["runs"])
             print(f"fedsim: sweep {entry['status']}: {entry['name']} ({entry['seconds']:.0f} s); "
-                  f"{sum(r['status'] == 'completed' for r in self.manifest['runs'])}/{len(self.points)} "
-                  f"completed, elapsed {elapsed / 60:.1f} min, ~{left / 60:.1f} min left", flush=True)
+                  + progress.line("sweep", done, len(todo), time.monotonic() - start, "runs",
+                                  f"{completed}/{len(self.points)} completed"), flush=True)
             if code == 0 and self.parent is not None:
                 self.parent.adopt(self.folder / entry["name"])
             if code in INTERRUPTED:

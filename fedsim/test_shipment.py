@@ -7,6 +7,7 @@ import gzip
 import io
 import json
 import tarfile
+from types import SimpleNamespace
 
 import pytest
 
@@ -101,7 +102,7 @@ def test_the_checkpoint_of_the_remote_side_is_not_shipped(tmp_path):
 def test_resume_refuses_a_run_file_it_did_not_write(tmp_path):
     """A planted checkpoint/run.json (e.g. by a former shipment) names any _target_: refused."""
     class Cfg:
-        checkpoint, resume, results_dir = True, False, str(tmp_path)
+        checkpoint, resume, results_dir = SimpleNamespace(enabled=True), False, str(tmp_path)
     _save_run(Cfg, ["seed=3"])
     assert resumed(str(tmp_path), []) == ["seed=3", "resume=true"]
     run_file = tmp_path / RUN_FILE

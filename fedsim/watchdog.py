@@ -17,9 +17,9 @@ of its own, so stopping the SuperLink's process group does not reach it.
 A process belongs to the run when its environment carries ``FEDSIM_RUN_TOKEN=TOKEN`` (inherited
 from the launcher through SuperLink, ServerApp and Ray) or its working directory lies in the run's
 WORKDIR (where the launcher starts everything). Both are needed: Ray's ``DashboardAgent`` and
-``RuntimeEnvAgent`` overwrite their environment with their process title (``/proc/PID/environ``
-then shows no token) and outlive the raylet by a minute or more; a process that changed directory
-still carries the token.
+``RuntimeEnvAgent`` overwrite their environment with their process title (it then shows no
+token) and outlive the raylet by a minute or more; a process that changed directory still
+carries the token. psutil reads both (and the command line) from the kernel.
 """
 
 from __future__ import annotations
@@ -30,33 +30,33 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 ENV_KEY = "FEDSIM_RUN_TOKEN"
-SERVER_APPS = {b"flwr-serverapp", b"flwr-simulation"}  # Flower's commands that run a ServerApp
+SERVER_APPS = {"flwr-serverapp", "flwr-simulation"}  # Flower's commands that run a ServerApp
 
 
-def _belongs(proc: Path, needle: bytes | None, root: str) -> bool:
+def _belongs(proc: psutil.Process, token: str | None, root: str) -> bool:
     try:
-        cwd = os.readlink(proc / "cwd")
+        cwd = proc.cwd()
         if cwd == root or cwd.startswith(root + os.sep):
             return True
-        return needle is not None and needle in (proc / "environ").read_bytes().split(b"\0")
-    except OSError:  # gone, or not ours
+        return token is not None and proc.environ().get(ENV_KEY) == token
+    except psutil.Error:  # gone, or not ours
         return False
 
 
 def run_processes(root: str | Path, token: str | None = None, spare: int = -1) -> list[int]:
     """Pids (other than this one and ``spare``) working under ``root`` or carrying ``token``."""
-    needle = f"{ENV_KEY}={token}".encode() if token else None
     root = os.path.realpath(root)
-    return [int(p.name) for p in Path("/proc").iterdir()
-            if p.name.isdigit() and int(p.name) not in (os.getpid(), spare)
-            and _belongs(p, needle, root)]
+    return [p.pid for p in psutil.process_iter()
+            if p.pid not in (os.getpid(), spare) and _belongs(p, token, root)]
 
 
 def _runs_server_app(pid: int) -> bool:
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2]
-    except OSError:
+        argv = psutil.Process(pid).cmdline()[:2]
+    except psutil.Error:
         return False
     return any(os.path.basename(arg) in SERVER_APPS for arg in argv)
 

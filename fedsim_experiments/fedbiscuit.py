@@ -321,9 +321,10 @@ def _plot_accuracy(r: dict, out: RunOutput) -> None:
     for i, pop in enumerate(("majority", "minority")):
         ax.bar([x + (i - 0.5) * 0.4 for x in range(len(names))],
                [r["selectors"][n][f"accuracy_{pop}"] for n in names], 0.4, label=pop)
-    ax.axhline(0.5, color="grey", lw=0.8, ls="--")
+    ax.axhline(0.5, color="grey", lw=0.8, ls="--", label="chance (0.5)")
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
-    ax.set_ylabel("test accuracy")
+    ax.set_xlabel("selector")
+    ax.set_ylabel("test accuracy (share of held-out pairs)")
     ax.set_title("Selector accuracy by population")
     ax.legend(fontsize=7)
     save()
@@ -337,7 +338,7 @@ def _plot_purity(r: dict, out: RunOutput) -> None:
         for u in range(shares.shape[1]):
             ax.plot(rounds, shares[:, u], marker="o", label=f"{name} selector {u}")
     ax.set_xlabel("round")
-    ax.set_ylabel("minority share of the group")
+    ax.set_ylabel("minority share of the group's clients")
     ax.set_title("Group purity after each regroup")
     ax.legend(fontsize=6)
     save()

@@ -430,7 +430,8 @@ def _plot(r: dict, out: RunOutput) -> None:
         ax.bar([x + (i - (len(bars) - 1) / 2) * width for x in range(len(names))],
                [r["methods"][n][split][metric] for n in names], width, label=f"{split} {metric}")
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
-    ax.set_ylabel("score")
+    ax.set_xlabel("method")
+    ax.set_ylabel("retrieval score on test questions (0 to 1)")
     ax.set_title("FinanceBench retrieval by method")
     ax.legend(fontsize=7)
     save()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, OmegaConf
 
 from fedsim.messaging import Messenger, client_config
-from fedsim.results import RunOutput, markdown_table
+from fedsim.results import RunOutput, markdown_table, plain_log_scale
 from fedsim_experiments import fede4rag
 
 log = logging.getLogger("fedsim")
@@ -133,6 +133,6 @@ def _plot(r: dict, out: RunOutput) -> None:
                 ax.plot([k * cell["local_steps"] for k in rounds], y, marker="o", label=name)
         ax.set_xlabel("optimizer steps per client")
         ax.set_ylabel(what)
-        ax.set_yscale("log")
+        plain_log_scale(ax)
         ax.legend(fontsize=6)
         save()

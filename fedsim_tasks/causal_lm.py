@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from fedsim import progress
 from fedsim.seeding import stream
 from fedsim_tasks.dp_sgd import DP_EPSILON, DPSGD, GradientCanaries, PrivateSteps
 from fedsim_tasks.hf import default_device, lora_config, resolve_model
@@ -245,7 +246,7 @@ def index_batches(n: int, batch_size: int, steps: int, seed: int):
 def _progress(what: str, step: int, steps: int, loss: float, start: float) -> None:
     """A line every tenth of a long run (>= 50 steps), so a user sees it move."""
     if steps >= 50 and step % (steps // 10) == 0:
-        log.info("[%s] step %d/%d, loss %.3f, %.0f s", what, step, steps, loss, time.perf_counter() - start)
+        log.info("%s", progress.line(what, step, steps, time.perf_counter() - start, "steps", f"loss {loss:.3f}"))
 
 
 def _optimizer(model, lr: float):

@@ -43,7 +43,7 @@ from fedsim_clients.state_probe import HOLD_ENV, NAME, secret
 CLIENTS, ROUNDS = 4, 3
 RUN = ["experiment=fedtp_aggregate", "task.client=fedsim_clients.state_probe.StateProbeClient",
        f"hardware.num_clients={CLIENTS}", "strategy.noise_multiplier=0", f"num_rounds={ROUNDS}",
-       "client_state.keep=true"]
+       "client_state.keep=true", "checkpoint.keep=true"]  # the tests read the journal after the run
 LAYOUTS = {"one_per_node": [], "sharded": ["hardware.clients_per_supernode=2"],
            "deploy_local": ["hardware=deploy_local", "hardware.clients_per_supernode=2"]}
 HELD = 3  # the client that holds its round-2 reply in the resume tests

@@ -19,7 +19,7 @@ from conftest import SMALL, fedsim_run, journaled, kill_when, private_tmpdir, re
 pytestmark = pytest.mark.e2e
 
 RUN = [*SMALL, "privacy.reproducible_noise=true", "num_rounds=4", "strategy.fraction_train=0.5",
-       "protocol.dp_sigmas=[1.0]",
+       "protocol.dp_sigmas=[1.0]", "checkpoint.keep=true",  # the test reads the journal after the run
        "faults.timeout=[0,1,2,3,4,5,6,7,8,9]", "faults.timeout_seconds=1"]
 
 
