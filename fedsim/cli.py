@@ -10,12 +10,16 @@ from hydra.errors import InstantiationException
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim.comparison import POINT_FILE, Settings
+from fedsim import provenance
+from fedsim.comparison import POINT_FILE, Settings, plan
+from fedsim.comparison import build as build_comparison
 from fedsim.comparison import write as write_comparison
-from fedsim.config import CONF_DIR, GROUPS, ConfigError, choices, compose_checked
+from fedsim.config import CONF_DIR, GROUPS, ConfigError, choices, compose_checked, hydra_config
 from fedsim.launcher import Interrupted, RunFailed, launch, user_certificates
+from fedsim.mlflow_sink import annotate as annotate_mlflow
 from fedsim.schema import layout, protocol_of, sweep_settings
 from fedsim.secret import Tampered, derive, open_sealed, run_secret, seal
+from fedsim.sinks import tensorboard_text
 from fedsim.sweep import Sweep
 from fedsim.tls import make_federation
 
@@ -78,16 +82,42 @@ def prepare(overrides: list[str]) -> tuple[DictConfig, list[str], int, int]:
     return cfg, overrides, clients, nodes
 
 
-def show(overrides: list[str]) -> int:
-    """``fedsim run --cfg job``: the config a run would use, composed and checked, as YAML;
-    nothing starts (Hydra's own flag, for a reader checking what an override does)."""
+def show(overrides: list[str], part: str) -> int:
+    """``fedsim run --cfg job|hydra|all``: the config a run would use, composed and checked, as
+    YAML (``job``), Hydra's own node (``hydra``: its search path, the chosen options, the
+    overrides), or both (``all``); nothing starts (Hydra's own flag, for a reader checking what
+    an override does)."""
     try:
-        cfg = prepare(overrides)[0]
+        cfg, overrides = prepare(overrides)[:2]
     except REFUSED as exc:
         print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
         return 2
-    print(OmegaConf.to_yaml(cfg, resolve=True), end="")
+    shown = {"job": cfg, "hydra": {"hydra": hydra_config(overrides)},
+             "all": {"hydra": hydra_config(overrides), **OmegaConf.to_container(cfg, resolve=True)}}[part]
+    print(OmegaConf.to_yaml(shown, resolve=part == "job"), end="")
     return 0
+
+
+def info(overrides: list[str]) -> int:
+    """``fedsim run --info``: as Hydra's ``--info``, where the config comes from (the search
+    path), which option of each group the overrides choose, and the overrides; nothing starts."""
+    try:
+        hydra = hydra_config(prepare(overrides)[1])
+    except REFUSED as exc:
+        print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    sources = [f"  {s.provider}: {s.schema}://{s.path}" for s in hydra.runtime.config_sources]
+    chosen = [f"  {group}: {option}" for group, option in hydra.runtime.choices.items()
+              if not group.startswith("hydra/")]
+    print("\n".join([versions(), "Config search path:", *sources, "Chosen options (group: option):", *chosen,
+                     "Overrides:", *(f"  {o}" for o in hydra.overrides.task)]))
+    return 0
+
+
+def versions() -> str:
+    """fedsim's version and the versions of the two frameworks it runs on."""
+    from importlib.metadata import version
+    return f"fedsim {version('fedsim')} (Flower {version('flwr')}, Hydra {version('hydra-core')})"
 
 
 def groups_help() -> str:
@@ -98,6 +128,7 @@ def groups_help() -> str:
 
 
 def run(overrides: list[str]) -> int:
+    given, started, git = list(overrides), provenance.now(), provenance.git_state()
     try:
         cfg, overrides, clients, nodes = prepare(overrides)
     except REFUSED as exc:
@@ -118,8 +149,21 @@ def run(overrides: list[str]) -> int:
     except Interrupted as exc:
         print("fedsim: interrupted; nothing left running", file=sys.stderr)
         return exc.exit_code
+    record_provenance(cfg, Path(outcome["results_dir"]), {"git": git, "command": {
+        **provenance.command(["fedsim", "run", *given], pinned), "started": started, "ended": provenance.now()}})
     print(f"fedsim: run {outcome['run_id']} {outcome['status']}; results in {outcome['results_dir']}")
     return 0
+
+
+def record_provenance(cfg, results_dir: Path, part: dict) -> None:
+    """What only this process knows (the checkout's commit, the command) joins the ServerApp's
+    provenance in results.json and summary.md, and goes to the run's MLflow run (source tags,
+    the two files again) and TensorBoard log (a text)."""
+    merged = provenance.stamp(results_dir, part)
+    if cfg.logging.mlflow:
+        annotate_mlflow(results_dir, merged, [results_dir / "results.json", results_dir / "summary.md"])
+    if cfg.logging.tensorboard:
+        tensorboard_text(results_dir, "provenance", provenance.section(merged))
 
 
 def multirun(overrides: list[str]) -> int:
@@ -131,10 +175,12 @@ def multirun(overrides: list[str]) -> int:
     return sweep.run()
 
 
-def compare(folder: str, overrides: list[str], output: str | None = None) -> int:
+def compare(folder: str, overrides: list[str], output: str | None = None, force: bool = False,
+            pilot: bool = False) -> int:
     """The sweep settings of the first run found under ``folder`` (its resolved config.yaml, so
     the data is not needed; a key it lacks keeps ``conf/config.yaml``'s value), then
-    ``overrides``, applied to every run found there."""
+    ``overrides``, applied to every run found there. ``pilot``: print the seeds each paired
+    difference needs (``--plan``) and write nothing."""
     try:
         if any(not o.startswith("sweep.") for o in overrides):
             raise ConfigError(f"compare takes sweep.* overrides only, got {overrides}")
@@ -144,16 +190,24 @@ def compare(folder: str, overrides: list[str], output: str | None = None) -> int
             raise ConfigError(f"no sweep run (a {POINT_FILE} beside a config.yaml) under {folder}")
         sweep = sweep_settings(OmegaConf.load(CONF_DIR / "config.yaml").sweep, OmegaConf.load(first).get("sweep", {}),
                                OmegaConf.from_dotlist([o.removeprefix("sweep.") for o in overrides]))
-        write_comparison(folder, Settings.of(sweep), output)
+        given = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
+        if pilot:
+            print(plan(build_comparison(folder, Settings.of(sweep), given)), end="")
+            return 0
+        result, written = write_comparison(folder, Settings.of(sweep), output, force, given)
     except REFUSED as exc:
         print(f"fedsim: compare: {exc}", file=sys.stderr)
         return 2
-    print(f"fedsim: comparison in {Path(output or folder) / 'summary.md'} and comparison.json")
+    for warning in result["warnings"]:
+        print(f"fedsim: compare: warning: {warning}", file=sys.stderr)
+    print(f"fedsim: comparison in {written[0].parent}: {', '.join(p.name for p in written)}"
+          f"{'' if written[0].name == 'summary.md' else ' (an earlier comparison is there; --force replaces it)'}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fedsim", description=__doc__)
+    parser.add_argument("--version", action="version", version=versions())
     sub = parser.add_subparsers(dest="command", required=True)
     run_p = sub.add_parser("run", help="run an experiment: fedsim run experiment=fedtp_paper ...",
                            epilog=groups_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -161,12 +215,19 @@ def main(argv: list[str] | None = None) -> int:
     run_p.add_argument("-m", "--multirun", action="store_true",
                        help="sweep: KEY=a,b / KEY=range(0,5) run the cartesian product into one folder "
                        "(resume=<sweep folder> re-runs what did not complete)")
-    run_p.add_argument("--cfg", choices=["job"], help="print the composed, checked config and exit")
+    run_p.add_argument("--cfg", choices=["job", "hydra", "all"],
+                       help="print the composed, checked config (job), Hydra's node (hydra) or both, and exit")
+    run_p.add_argument("--info", action="store_true",
+                       help="print the config search path, each group's chosen option and the overrides, and exit")
     cmp_p = sub.add_parser("compare", help="rebuild a sweep's comparison (summary.md, comparison.json) "
                            "from its run folders")
     cmp_p.add_argument("folder", help="a sweep folder, or any folder holding sweep runs")
     cmp_p.add_argument("overrides", nargs="*", help="sweep.* overrides, e.g. sweep.baseline=fedbis")
     cmp_p.add_argument("--output", help="where to write it (default: the folder itself)")
+    cmp_p.add_argument("--force", action="store_true",
+                       help="replace an earlier comparison there (default: write summary-2.md, ... beside it)")
+    cmp_p.add_argument("--plan", action="store_true",
+                       help="from a pilot sweep: print the seeds each paired difference needs; write nothing")
     certs_p = sub.add_parser("certs", help="make a private CA, a SuperLink certificate and "
                              "SuperNode keys for a test federation")
     certs_p.add_argument("folder", help="where to write ca.pem, superlink.pem/.key, node-I.key/.pub")
@@ -180,11 +241,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.nodes} SuperNode keys in {certs.folder}")
         return 0
     if args.command == "compare":
-        return compare(args.folder, args.overrides, args.output)
-    if args.cfg and args.multirun:
-        parser.error("--cfg job shows one run's config; give one point's overrides without -m")
+        return compare(args.folder, args.overrides, args.output, args.force, args.plan)
+    if (args.cfg or args.info) and args.multirun:
+        parser.error("--cfg and --info show one run's config; give one point's overrides without -m")
+    if args.info:
+        return info(args.overrides)
     if args.cfg:
-        return show(args.overrides)
+        return show(args.overrides, args.cfg)
     return multirun(args.overrides) if args.multirun else run(args.overrides)
 
 

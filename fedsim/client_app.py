@@ -22,7 +22,7 @@ from flwr.clientapp.mod import adaptiveclipping_mod
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 from hydra.utils import get_class
 
-from fedsim import client_state, exchange_trace
+from fedsim import client_state, exchange_trace, node_local
 from fedsim.data import resolve_data_root
 from fedsim.faults import fault_injection_mod
 from fedsim.journal import PARTITION, WHOAMI
@@ -72,10 +72,10 @@ def _client(task_json: str, data_root: str, partition_id: int, num_partitions: i
 
 
 @lru_cache(maxsize=16)
-def _data_root(task_json: str, node_root: str | None) -> str:
-    """The node's data root, else the task's (once per task: a SuperNode hosting many logical
-    clients answers thousands of messages)."""
-    return str(resolve_data_root(node_root or json.loads(task_json).get("data_root")))
+def _data_root(node_root: str | None) -> str:
+    """The node's data root (``fedsim/node_local.py``), resolved once: a SuperNode hosting many
+    logical clients answers thousands of messages."""
+    return str(resolve_data_root(node_root))
 
 
 def message_seed(msg: Message, partition_id: int) -> int:
@@ -91,14 +91,14 @@ def _client_reply(msg: Message, context: Context, method: str) -> Message:
     if WHOAMI in msg.content.config_records:  # the Messenger maps node ids to partitions
         record = ConfigRecord({PARTITION: int(context.node_config["partition-id"])})
         return Message(RecordDict({WHOAMI: record}), reply_to=msg)
-    client_state.with_node_root(msg, context.node_config.get("state-dir"))
+    node_local.attach(msg, context.node_config)  # this node's folders, never the server's
     if client_state.FORGET in msg.content.config_records:  # the run ended: its client state goes
         removed = client_state.forget(msg)
         return Message(RecordDict({client_state.FORGET: ConfigRecord({"removed": removed})}), reply_to=msg)
     task_json = msg.content["config"][TASK_KEY]
     partition_id = int(context.node_config["partition-id"])
     exchange_trace.mark("enter", msg.metadata.message_id)
-    client = _client(task_json, _data_root(task_json, context.node_config.get("data-root")),
+    client = _client(task_json, _data_root(node_local.setting(msg, "data-root")),
                      partition_id, int(context.node_config["num-partitions"]))
     exchange_trace.mark("built", msg.metadata.message_id)
     reseed(message_seed(msg, partition_id))  # after building the client: it may import torch

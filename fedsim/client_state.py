@@ -2,9 +2,11 @@
 a run's embedding store): one platform mechanism, on the client's machine, never sent to the
 server.
 
-Where: ``<root>/run-<run key>/client-<partition id>/``. The root is the SuperNode's node config
-``state-dir`` where it sets one (a deployment host's own disk), else the run's
-``client_state.dir``, else ``<tmp>/fedsim-clients``. The run key (``client_state.run_key``,
+Where: ``<root>/run-<run key>/client-<partition id>/``. The root is the node's own
+(``fedsim/node_local.py``): the SuperNode's node config ``state-dir``, else ``$FEDSIM_STATE_DIR``
+(``fedsim run`` sets it from ``client_state.dir`` for the clients it starts), else
+``<tmp>/fedsim-clients``; never a message's (a server that named the root could remove or create
+folders anywhere on the client's machine). The run key (``client_state.run_key``,
 shown in the run's config.yaml) is drawn from the run's secret (``fedsim/secret.py``): the same
 when a run is resumed, unlike Flower's run id, and new for every fresh run, even in a results
 folder that an earlier run used (whose clients may have kept their state there: keyed by the
@@ -22,7 +24,9 @@ a resumed run ends with the client states of an uninterrupted one. The two newes
 kept: disk per client and name is two copies of the value (``bytes`` reports it).
 
 End: when a run completes, the ServerApp asks every node to forget it
-(:func:`forget_request`); the node removes the run's folder unless ``client_state.keep``.
+(:func:`forget_request`); the node removes the run's folder under its own root unless
+``client_state.keep``. The key is the server's and only a plain name: a server can have a node
+remove any run's folder under that root, nothing outside it.
 """
 
 from __future__ import annotations
@@ -37,8 +41,10 @@ from pathlib import Path
 import numpy as np
 from flwr.app import ConfigRecord, Message
 
+from fedsim.node_local import setting
+
 RUN_KEY = "fedsim-run-key"           # config: the run's key, stable across a resume
-STATE_KEY = "fedsim-client-state"   # config: JSON {"dir": root or null, "keep": bool}, in every message
+STATE_KEY = "fedsim-client-state"   # config: JSON {"keep": bool}, in every message
 FORGET = "fedsim-forget"            # config record of the end-of-run query: {run key entry}
 KEPT_VERSIONS = 2
 
@@ -50,18 +56,16 @@ def run_key(msg: Message) -> str:
     return str(config[RUN_KEY]) if config is not None and RUN_KEY in config else str(msg.metadata.run_id)
 
 
-def settings(msg: Message) -> dict:
-    """The run's client-state settings the message carries (defaults where it carries none)."""
+def _kept(msg: Message) -> bool:
+    """Whether the run asks its clients to keep their state after it completes."""
     config = msg.content.config_records.get("config")
     raw = config.get(STATE_KEY) if config is not None else None
-    return {"dir": None, "keep": False, **(json.loads(raw) if raw else {})}
+    return bool(json.loads(raw).get("keep", False)) if raw else False
 
 
-def with_node_root(msg: Message, node_root: str | None) -> None:
-    """A SuperNode's own ``state-dir`` replaces the run's root in the message (node-local disk)."""
-    config = msg.content.config_records.get("config")
-    if node_root and config is not None:
-        config[STATE_KEY] = json.dumps({**settings(msg), "dir": node_root})
+def root(msg: Message) -> str | None:
+    """The node's own root for client state (None: the default under the temporary folder)."""
+    return setting(msg, "state-dir")
 
 
 def _run_path(root: str | None, key: str) -> Path:
@@ -124,7 +128,12 @@ class ClientState:
 
 def of(msg: Message, partition_id: int) -> ClientState:
     """The state of the client ``partition_id`` in the run ``msg`` belongs to."""
-    return ClientState(client_dir(settings(msg)["dir"], run_key(msg), partition_id))
+    return ClientState(client_dir(root(msg), run_key(msg), partition_id))
+
+
+def run_folder(msg: Message) -> Path:
+    """The folder of the run ``msg`` belongs to on this machine, shared by its clients here."""
+    return run_dir(root(msg), run_key(msg))
 
 
 def forget_request(key: str) -> ConfigRecord:
@@ -134,7 +143,7 @@ def forget_request(key: str) -> ConfigRecord:
 def forget(msg: Message) -> bool:
     """Remove the run's client state on this machine, unless the run asked to keep it; whether
     it was removed."""
-    if settings(msg)["keep"]:
+    if _kept(msg):
         return False
-    shutil.rmtree(_run_path(settings(msg)["dir"], str(msg.content[FORGET][FORGET])), ignore_errors=True)
+    shutil.rmtree(_run_path(root(msg), str(msg.content[FORGET][FORGET])), ignore_errors=True)
     return True

@@ -87,6 +87,14 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     return cfg
 
 
+def hydra_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Hydra's own node for ``overrides`` (its version, the config search path, the chosen
+    option of every group, the overrides), as an ``@hydra.main`` app has it in
+    ``.hydra/hydra.yaml``: what ``fedsim run --cfg hydra`` and ``--info`` print."""
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return hydra_compose("config", overrides=list(overrides), return_hydra_config=True).hydra
+
+
 def compose_checked(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """:func:`compose`, then every check that needs no data or process: the schema, the protocol
     block, the strategy and its privacy wrapper built once. ``fedsim run`` and the ServerApp

@@ -1,7 +1,8 @@
 """Data-root resolution and file checks shared by every task.
 
-Order of precedence: an explicit setting (config ``data_root`` or a node's
-``data-root``), then the ``FEDSIM_DATA_ROOT`` environment variable, then
+Order of precedence: an explicit setting (the server's config ``data_root``, or a client node's
+``data-root``: a client never reads the server's, ``fedsim/node_local.py``), then the
+``FEDSIM_DATA_ROOT`` environment variable, then
 ``../shared/data`` beside the checkout, then beside the working directory (under ``flwr run .``
 the app runs from Flower's installed copy, and the working directory is the checkout).
 """

@@ -20,50 +20,79 @@ An entry is JSON (replies in Flower's own wire format, base64), never a pickle: 
 no code. Each file is authenticated with an HMAC under a key derived from the run's secret
 (``fedsim/secret.py``) and bound to its name, so a planted, altered, renamed or reordered entry
 is refused on resume (:class:`JournalTampered`) instead of steering the resumed server.
+
+Length and order are sealed too: each entry names the digest of the one before it (a chain), and
+a sealed ``head`` holds the count and the last entry's digest, rewritten after every entry. A
+journal with entries deleted (at its end too), reordered, spliced or without its head is refused:
+a resumed run would send the missing exchanges again, and a redone DP round draws the same noise
+(the run's secret) over replies that may differ, so the two releases together give a client's
+row exactly. A kill between an entry and its head leaves one entry more than the head counts,
+chained to the head's last: that journal resumes with the entry (nothing was released between
+the two writes). Not detectable: the whole journal folder put back as an older copy of itself
+(its head then counts its own entries), which only a record kept outside the folder could tell.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.serde import message_from_proto, message_to_proto
 from flwr.proto.message_pb2 import Message as ProtoMessage
 
-from fedsim.secret import Tampered, open_sealed, seal
+from fedsim.secret import Tampered, open_sealed, private_folder, seal
 
 WHOAMI = "fedsim-whoami"        # the core query every ClientApp answers with its partition id
 PARTITION = "partition-id"
+HEAD = "head"                   # the journal's sealed count and last digest
 
 
-def ask_partitions(grid, timeout: float, poll: float) -> dict[int, int]:
-    """Every node's partition id (node id -> partition), asked with ``WHOAMI`` and not counted
-    as a phase: the Messenger maps node ids across a resume, the ShardedGrid places logical
-    clients. Raises naming the first error when a node does not tell."""
+def ask_partitions(grid, timeout: float, poll: float) -> tuple[dict[int, int], dict[str, int]]:
+    """Every node's partition id (node id -> partition), asked with ``WHOAMI``, and the counts of
+    the ``whoami`` phase: the Messenger maps node ids across a resume and lists nodes in partition
+    order, the ShardedGrid places logical clients. A node that fails or does not answer in time,
+    or names no whole partition in [0, nodes), is left out; so is every node of a partition that
+    several claim (``duplicate``): a node that claims another's partition never takes its place."""
     nodes = list(grid.get_node_ids())
     pending = set(grid.push_messages([
         Message(RecordDict({WHOAMI: ConfigRecord()}), dst_node_id=n, message_type=MessageType.QUERY)
         for n in nodes]))
-    partitions, errors, start = {}, [], time.monotonic()
+    claims, counts, start = {}, {"sent": len(nodes), "failed": 0, "malformed": 0}, time.monotonic()
     while pending and time.monotonic() - start < timeout:
         for reply in grid.pull_messages(list(pending)):
             pending.discard(reply.metadata.reply_to_message_id)
             if reply.has_error():
-                errors.append(reply.error.reason)
+                counts["failed"] += 1
+            elif (partition := _partition(reply.content, len(nodes))) is None:
+                counts["malformed"] += 1
             else:
-                partitions[reply.metadata.src_node_id] = int(reply.content[WHOAMI][PARTITION])
+                claims[reply.metadata.src_node_id] = partition
         if pending:
             time.sleep(poll)
-    logging.getLogger("fedsim").info("[whoami] %d/%d nodes told their partition in %.1f s",
-                                     len(partitions), len(nodes), time.monotonic() - start)
-    if len(partitions) != len(nodes):
-        raise RuntimeError(f"whoami: {len(partitions)} of {len(nodes)} nodes told their partition"
-                           + (f"; e.g. {errors[0]!r}" if errors else ""))
-    return partitions
+    claimed = Counter(claims.values())
+    partitions = {n: p for n, p in claims.items() if claimed[p] == 1}
+    counts |= {"duplicate": len(claims) - len(partitions), "timed_out": len(pending), "accepted": len(partitions)}
+    log = logging.getLogger("fedsim")
+    log.info("[whoami] %d/%d nodes told their partition in %.1f s", len(partitions), len(nodes),
+             time.monotonic() - start)
+    if len(partitions) < len(nodes):
+        log.warning("whoami: nodes left out of the federation: %s (taken partitions refused: %s)", counts,
+                    sorted(p for p, k in claimed.items() if k > 1))
+    return partitions, counts
+
+
+def _partition(content: RecordDict, nodes: int) -> int | None:
+    """The partition a WHOAMI reply names: a whole number in [0, nodes), else None."""
+    record = content.config_records.get(WHOAMI)
+    value = None if record is None else record.get(PARTITION)
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < nodes
+    return value if ok else None
 
 
 class ResumeMismatch(RuntimeError):
@@ -90,19 +119,66 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 class Journal:
     """The exchanges of one run, in order, under ``folder``; those already there are replayed.
     ``key`` authenticates every file (a key derived from the run's secret)."""
 
     def __init__(self, folder: str | Path, resume: bool, key: bytes):
-        self.folder, self.key = Path(folder), key
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if not resume:
+        self.folder, self.key = private_folder(Path(folder)), key
+        if resume:
+            self.recorded, self._last = self._verified()
+        else:
             for path in self.folder.iterdir():
                 path.unlink()
-        self.recorded = sorted(self.folder.glob("*.exchange"))
+            self.recorded, self._last = [], ""
+            self._write_head()
         self.position = 0
         self.resumed_from = len(self.recorded)  # exchanges the resumed run replays
+
+    @staticmethod
+    def begun(folder: str | Path) -> bool:
+        """Whether a killed run's journal has its head (its ServerApp got that far: otherwise
+        nothing was sent, and the run starts again from its beginning); entries without a head
+        are refused."""
+        folder = Path(folder)
+        if (folder / HEAD).is_file():
+            return True
+        if any(folder.glob("*.exchange")):
+            raise JournalTampered(f"{folder}: journal entries without their {HEAD}; refusing to resume")
+        return False
+
+    def _verified(self) -> tuple[list[Path], str]:
+        """The journaled entries and the last one's digest, once the head and the chain hold:
+        names 0..n-1 without a gap, n the head's count (or one more: killed before the head was
+        rewritten), each entry naming its predecessor's digest, the head's last on its entry."""
+        if not (self.folder / HEAD).is_file():
+            raise JournalTampered(f"{self.folder}: the journal's {HEAD} is missing; refusing to resume")
+        head = _open_sealed(self.key, self.folder / HEAD)
+        entries = sorted(self.folder.glob("*.exchange"))
+        if [p.name for p in entries] != [f"{i:07d}.exchange" for i in range(len(entries))] or \
+                len(entries) not in (head["count"], head["count"] + 1):
+            raise JournalTampered(f"{self.folder}: {len(entries)} entries ({[p.name for p in entries][:3]}...) "
+                                  f"where the {HEAD} counts {head['count']}: entries were removed or "
+                                  "added; refusing to resume")
+        last = ""
+        for index, path in enumerate(entries):
+            data = path.read_bytes()
+            if _open_sealed(self.key, path).get("previous") != last or \
+                    (index + 1 == head["count"] and _digest(data) != head["last"]):
+                raise JournalTampered(f"{path}: not the entry that followed the one before it; "
+                                      "refusing to resume")
+            last = _digest(data)
+        if head["count"] == 0 and head["last"]:
+            raise JournalTampered(f"{self.folder}: the {HEAD} is not this journal's; refusing to resume")
+        return entries, last
+
+    def _write_head(self) -> None:
+        """After each entry: a kill before this leaves the entry, which a resume accepts."""
+        _atomic_write(self.folder / HEAD, seal(self.key, HEAD, {"count": len(self.recorded), "last": self._last}))
 
     @property
     def replaying(self) -> bool:
@@ -123,14 +199,16 @@ class Journal:
 
     def record(self, phase: str, server_round: int, replies: list[Message], faults: dict,
                traffic: dict) -> None:
-        entry = {"phase": phase, "round": server_round, "counts": [faults, traffic],
+        entry = {"phase": phase, "round": server_round, "counts": [faults, traffic], "previous": self._last,
                  "replies": [base64.b64encode(message_to_proto(m).SerializeToString()).decode()
                              for m in replies]}
         index = len(self.recorded)
         path = self.folder / f"{index:07d}.exchange"
-        _atomic_write(path, seal(self.key, path.name, entry))
+        data = seal(self.key, path.name, entry)
+        _atomic_write(path, data)
         self.recorded.append(path)
-        self.position = index + 1
+        self.position, self._last = index + 1, _digest(data)
+        self._write_head()
 
     @property
     def partitions_path(self) -> Path:

@@ -4,9 +4,10 @@
   FLWR_HOME and free loopback ports, so no other checkout's app can be imported or shared;
 - runtime dependency installation off (the venv already has everything);
 - the real outcome read back with ``flwr ls`` (``flwr run --stream`` exits 0 on failure);
-- every process started here is stopped by process group when the run ends; SIGTERM and
-  SIGINT stop the run the same way (``Interrupted``), and a watchdog (``fedsim/watchdog.py``)
-  ends every process of the run when the launcher itself is killed (SIGKILL, OOM killer).
+- every process started here is stopped by process group when the run ends, the ServerApp first;
+  SIGTERM and SIGINT stop the run the same way (``Interrupted``), and a watchdog
+  (``fedsim/watchdog.py``) ends every process of the run, the ServerApp first, when the launcher
+  itself is killed (SIGKILL, OOM killer).
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from omegaconf import DictConfig
 
 from fedsim.data import REPO_ROOT
 from fedsim.flower_waits import SUPEREXEC_POLL_ENV
+from fedsim.node_local import environment, from_run, supernode_config
 from fedsim.results import RESULTS_MARKER, unpack_results
 from fedsim.tls import Certificates, make_federation
-from fedsim.watchdog import ENV_KEY
+from fedsim.watchdog import ENV_KEY, end_server_apps
 
 BIN = Path(sys.executable).parent
 RUN_ID = re.compile(r"Successfully started run (\d+)")
@@ -122,13 +124,14 @@ def superlink_command(port: int, database: Path, certs: Certificates | None, nod
             *(["--simulation"] if simulation else [])]
 
 
-def supernode_command(superlink: str, partition: int, partitions: int, data_root: str,
+def supernode_command(superlink: str, partition: int, partitions: int, node: Mapping[str, str],
                       certs: Certificates | None, node_auth: bool, port: int,
                       waits: Mapping | None = None, preload: list[str] | None = None) -> list[str]:
-    """``flower-supernode``'s command line for client ``partition`` of ``partitions``; run
+    """``flower-supernode``'s command line for client ``partition`` of ``partitions``, with the
+    node's own folders ``node`` (``fedsim/node_local.py``: data-root, state-dir, ...); run
     through ``fedsim.supernode`` when ``waits`` (``hardware.waits``) shortens a SuperNode wait
     or ``preload`` (``hardware.clientapp_preload``) warms its ClientApp processes."""
-    node_config = f'partition-id={partition} num-partitions={partitions} data-root="{data_root}"'
+    node_config = f"partition-id={partition} num-partitions={partitions} {supernode_config(node)}".rstrip()
     tls = ["--root-certificates", str(certs.ca)] if certs else ["--insecure"]
     auth = ["--auth-supernode-private-key", str(certs.node_key(partition))] if node_auth else []
     flower = [*tls, *auth, "--superlink", superlink, "--node-config", node_config,
@@ -208,10 +211,10 @@ def register_nodes(certs: Certificates, count: int, env: dict, cwd: Path) -> Non
 
 
 def start_supernodes(workdir: Path, env: dict, superlink_port: int, count: int,
-                     data_root: str, certs: Certificates | None = None,
+                     node: Mapping[str, str], certs: Certificates | None = None,
                      node_auth: bool = False, waits: Mapping | None = None,
                      preload: list[str] | None = None) -> list[Process]:
-    return [Process(supernode_command(f"127.0.0.1:{superlink_port}", partition_id, count, data_root,
+    return [Process(supernode_command(f"127.0.0.1:{superlink_port}", partition_id, count, node,
                                       certs, node_auth, free_port(), waits, preload),
                     workdir, supernode_env(env, waits), workdir / f"supernode-{partition_id}.log")
             for partition_id in range(count)]
@@ -326,7 +329,7 @@ def _start_local(stack: ExitStack, cfg: DictConfig, workdir: Path, env: dict, si
     if not simulation:
         if auth:
             register_nodes(certs, nodes, env, workdir)
-        for node in start_supernodes(workdir, env, port, nodes, cfg.data_root, certs, auth,
+        for node in start_supernodes(workdir, env, port, nodes, from_run(cfg), certs, auth,
                                      cfg.hardware.waits, cfg.hardware.clientapp_preload):
             stack.enter_context(node)
     return address
@@ -357,7 +360,7 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
     home = workdir / "flwr_home"
     home.mkdir()
     token = uuid.uuid4().hex  # fresh per run: two runs never share one (and never end each other)
-    env = _env(home, token)
+    env = environment(cfg, _env(home, token))  # a simulation's clients inherit their node's folders
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         _watchdog(stack, token, workdir)
@@ -369,6 +372,9 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
             wait_healthy(address, None, certs, timeout=30.0)
         else:
             address = _start_local(stack, cfg, workdir, env, simulation, num_supernodes, certs)
+        # first on the way out, before SuperNodes, SuperLink and Ray: a ServerApp left running while
+        # they stop would journal their ClientApps' deaths as client failures (fedsim/watchdog.py)
+        stack.callback(end_server_apps, workdir, token)
         run_config = workdir / "run_config.toml"
         run_config.write_text(tomli_w.dumps({"overrides": shlex.join(
             [*overrides, *(["ship_results=true"] if remote else [])])}))

@@ -4,10 +4,11 @@ A *phase* is a named exchange (``discover``, ``prior``, ``fedavg/train``,
 ``eval/fede4rag/encode``...). Every reply of every phase goes through :meth:`Messenger.exchange`:
 
 - a reply that carries an error (the ClientApp raised) counts as ``failed``, one that did not
-  arrive before the timeout as ``timed_out``, one that the phase's validator rejects (or the
-  grid could not read: an Error with ``MALFORMED_CODE``) as
-  ``malformed``; all three are left out and counted per phase and round in ``faults``
-  (``results.json``);
+  arrive before the timeout as ``timed_out``, one that the phase's validator rejects, whose
+  validator raises, whose metrics are not finite (``fedsim/validators.py``) or that the grid
+  could not read (an Error with ``MALFORMED_CODE``) as ``malformed``, replies that claim one
+  thing for their own (a partition) as ``duplicate``; all are left out and counted per phase and
+  round in ``faults`` (``results.json``); nothing a client sends raises out of an exchange;
 - bytes and seconds of each exchange are metered once, here, in ``traffic``;
 - every completed exchange is journaled (``fedsim/journal.py``) and, on resume, replayed (its
   replies pass the phase's validator again);
@@ -24,6 +25,9 @@ order, then depends on the seed only, not on which reply arrived first or on Flo
 Flower's own round loop (``Strategy.start``) calls ``grid.send_and_receive``; hand it a
 :class:`PhaseGrid` (``messenger.grid(label, policy)``) and its train / evaluate exchanges take the
 same path, as phases ``<label>/train`` and ``<label>/evaluate``.
+
+Every node first tells its partition (``WHOAMI``, counted as phase ``whoami``); a node that
+cannot, or claims a partition another node claims too, is left out of the federation.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
 from flwr.app import Message, RecordDict
@@ -47,13 +52,13 @@ from fedsim.faults import FAULTS_KEY
 from fedsim.journal import Journal, ResumeMismatch, ask_partitions
 from fedsim.message_metadata import set_src_node_id
 from fedsim.metric_keys import DP_EPSILON
+from fedsim.node_local import sent_task
 from fedsim.privacy import CentralDP, NoiseSource
 from fedsim.sharded_grid import MALFORMED_CODE
 from fedsim.sinks import Sinks, reply_metrics
+from fedsim.validators import Validator, both, common_metrics, metric_values
 
 log = logging.getLogger("fedsim")
-
-Validator = Callable[[RecordDict], "str | None"]  # returns why a reply is malformed, or None
 
 
 @dataclass(frozen=True)
@@ -74,8 +79,16 @@ ANY = Quorum(0.0, 1)  # one usable reply is enough; the others are left out and 
 
 @dataclass(frozen=True)
 class Policy:
+    """A phase's quorum, the check of each reply (``fedsim/validators.py``) and, where replies
+    claim something for their own (a partition at discovery), ``claim``: what a reply claims;
+    replies claiming the same are all refused (``duplicate``), so that none takes another's place.
+    Where replies must agree on a setting no single reply may fix (HEFedAvg: the key, the model's
+    size), ``agree``: the setting of a reply; those outside the strict majority are ``malformed``
+    (a tie refuses every reply: no one reply decides)."""
     quorum: Quorum = ALL
     validator: Validator | None = None
+    claim: Callable[[RecordDict], Hashable] | None = None
+    agree: Callable[[RecordDict], Hashable] | None = None
 
 
 class PhaseFailed(RuntimeError):
@@ -83,14 +96,15 @@ class PhaseFailed(RuntimeError):
 
 
 def client_config(cfg: DictConfig) -> dict:
-    """The config entries every client message carries: the resolved task, the fault spec, the
-    run's seed (the ClientApp reseeds each handler from it), the run's key (:func:`run_key_of`),
-    under which clients keep state between rounds, and where they keep it
+    """The config entries every client message carries: the resolved task (without the folders
+    each node chooses for itself, ``fedsim/node_local.py``), the fault spec, the run's seed (the
+    ClientApp reseeds each handler from it), the run's key (:func:`run_key_of`), under which
+    clients keep state between rounds, and whether they keep it after the run
     (``fedsim/client_state.py``)."""
-    task = OmegaConf.to_container(cfg.task, resolve=True)
+    task = sent_task(OmegaConf.to_container(cfg.task, resolve=True))
     return {TASK_KEY: json.dumps(task), FAULTS_KEY: json.dumps(OmegaConf.to_container(cfg.faults)),
             SEED_KEY: int(cfg.seed), RUN_KEY: run_key_of(cfg),
-            STATE_KEY: json.dumps({"dir": cfg.client_state.dir, "keep": bool(cfg.client_state.keep)})}
+            STATE_KEY: json.dumps({"keep": bool(cfg.client_state.keep)})}
 
 
 def run_key_of(cfg: DictConfig) -> str:
@@ -109,9 +123,10 @@ def payload_bytes(content: RecordDict) -> int:
 
 
 def _num_examples(content: RecordDict) -> float:
-    """How many clients / examples a reply stands for (FedAvg's weight key; 1 if absent)."""
+    """How many clients / examples a reply stands for (FedAvg's weight key; 1 if absent). Its
+    metrics are finite (screened); a list is no count."""
     for record in content.metric_records.values():
-        if "num-examples" in record:
+        if isinstance(record.get("num-examples"), (int, float)):
             return float(record["num-examples"])
     return 1.0
 
@@ -150,9 +165,10 @@ class Messenger:
             self._map_nodes(journal)
 
     def _map_nodes(self, journal: Journal | None) -> None:
-        """Ask every node its partition (not journaled, not counted); a resumed run maps the
-        journaled run's node ids to this run's by partition."""
-        self.partitions = partitions = ask_partitions(self.raw, self.timeout, self.poll_seconds)
+        """Ask every node its partition (not journaled; counted as phase ``whoami``: a node left
+        out takes no part in the run); a resumed run maps the journaled run's node ids to this
+        run's by partition."""
+        self.partitions = partitions = self._whoami()
         if journal is None:
             return
         if journal.resumed_from == 0:
@@ -166,13 +182,33 @@ class Messenger:
         self._to_new = {o: by_partition[p] for o, p in old.items()}
         self._to_old = {n: o for o, n in self._to_new.items()}
 
+    def _whoami(self) -> dict[int, int]:
+        partitions, counts = ask_partitions(self.raw, self.timeout, self.poll_seconds)
+        counts["examples"] = counts["accepted"]
+        self._record(self.faults, "whoami", 1, counts)
+        if not partitions:
+            raise PhaseFailed(f"whoami: no node told a partition of its own ({counts})")
+        return partitions
+
     def node_ids(self) -> list[int]:
-        """The nodes, in partition order where the partitions are known (else as the grid
-        lists them)."""
+        """The nodes, in partition order where the partitions are known (those that told one of
+        their own; else every node as the grid lists them)."""
         nodes = list(self.raw.get_node_ids())
         if self._to_old:
             nodes = [self._to_old[n] for n in nodes if n in self._to_old]
+        if self.partitions:
+            nodes = [n for n in nodes if n in self.partitions]
         return sorted(nodes, key=lambda n: self.partitions.get(n, -1))
+
+    def partition_of(self, node: int) -> int | None:
+        """The partition ``node`` told at ``whoami`` (None where the partitions are not asked)."""
+        return self.partitions.get(node)
+
+    @property
+    def num_partitions(self) -> int:
+        """The federation's partitions: one per node the grid lists (``num-partitions`` of every
+        node's config)."""
+        return len(list(self.raw.get_node_ids()))
 
     def grid(self, label: str, policy: Policy = Policy(ANY), nodes: Iterable[int] | None = None
              ) -> PhaseGrid:
@@ -187,14 +223,13 @@ class Messenger:
             return []
         if self.journal is not None and self.journal.replaying:
             entry = self.journal.replay(phase, server_round)
-            self._revalidate(phase, server_round, entry["replies"], policy.validator)
+            self._revalidate(phase, server_round, entry["replies"], policy)
             return self._done(phase, server_round, entry["replies"], entry["faults"], entry["traffic"])
         start = time.monotonic()
         replies = self._send_and_wait(phase, server_round, self._to_this_run(messages),
                                       self.timeout if timeout is None else timeout)
         seconds = time.monotonic() - start
-        good, counts, first_error = self._screen(phase, server_round, len(messages), replies,
-                                                 policy.validator)
+        good, counts, first_error = self._screen(phase, server_round, len(messages), replies, policy)
         traffic = {"messages": len(messages), "seconds": seconds,
                    "bytes_down": sum(payload_bytes(m.content) for m in messages),
                    "bytes_up": sum(payload_bytes(m.content) for m in replies if not m.has_error())}
@@ -221,18 +256,18 @@ class Messenger:
         """Each client's DP-SGD epsilon (``fedsim_tasks/dp_sgd.py``) per round, for results.json, and
         their max for the sinks: it is per client, and a mean over clients hides the largest."""
         spent = {m.metadata.src_node_id: float(r[DP_EPSILON]) for m in good
-                 for r in m.content.metric_records.values() if DP_EPSILON in r}
+                 for r in m.content.metric_records.values() if isinstance(r.get(DP_EPSILON), (int, float))}
         if not spent:
             return {}
         self.epsilon.setdefault(phase, {})[server_round] = spent
         return {f"metric/{DP_EPSILON}-max": max(spent.values())}
 
     @staticmethod
-    def _revalidate(phase: str, server_round: int, replies: list[Message], validator: Validator | None) -> None:
+    def _revalidate(phase: str, server_round: int, replies: list[Message], policy: Policy) -> None:
         """Replayed replies pass the phase's validator again, as they did live: a validator may
         hold state the strategy needs (HEFedAvg adopts the clients' public context there)."""
         for msg in replies:
-            if validator and (why := validator(msg.content)):
+            if why := _problem(msg, policy.validator):
                 raise ResumeMismatch(f"{phase} round {server_round}: a journaled reply is now "
                                      f"rejected ({why}); was the code or the config changed?")
 
@@ -273,12 +308,11 @@ class Messenger:
         return sorted(replies, key=lambda m: position[m.metadata.reply_to_message_id])
 
     @staticmethod
-    def _screen(phase: str, server_round: int, sent: int, replies: list[Message],
-                validator: Validator | None):
+    def _screen(phase: str, server_round: int, sent: int, replies: list[Message], policy: Policy):
         good, counts, first_error = [], {"sent": sent, "failed": 0, "malformed": 0}, ""
-        # in the order sent (partitions), not arrival order nor node ids (random per run): a
-        # validator that adopts the first reply's setting (HEFedAvg: key and model size) must
-        # not depend on which node answered first
+        # in the order sent (partitions), not arrival order nor node ids (random per run): what
+        # a validator keeps (HEFedAvg: the public contexts it builds) must not depend on which
+        # node answered first
         for msg in replies:
             node = msg.metadata.src_node_id
             if msg.has_error() and msg.error.code == MALFORMED_CODE:  # the grid could not read it
@@ -287,7 +321,7 @@ class Messenger:
             elif msg.has_error():
                 counts["failed"] += 1
                 reason = f"node {node} failed: {msg.error.reason!r}"  # repr: one line, whatever it holds
-            elif validator and (why := validator(msg.content)):
+            elif why := _problem(msg, policy.validator):
                 counts["malformed"] += 1
                 reason = f"node {node} rejected: {why!r}"
             else:
@@ -295,6 +329,18 @@ class Messenger:
                 continue
             first_error = first_error or reason
             log.warning("%s round %d: %s", phase, server_round, reason)
+        if policy.claim is not None:
+            good, refused, counts["duplicate"] = _claims(good, policy.claim)
+            counts["malformed"] += len(refused) - counts["duplicate"]
+            for reason in refused:
+                first_error = first_error or reason
+                log.warning("%s round %d: %s", phase, server_round, reason)
+        if policy.agree is not None:
+            good, refused = _agreeing(good, policy.agree)
+            counts["malformed"] += len(refused)
+            for reason in refused:
+                first_error = first_error or reason
+                log.warning("%s round %d: %s", phase, server_round, reason)
         counts["timed_out"] = max(0, sent - len(replies))
         counts["accepted"] = len(good)
         counts["examples"] = int(sum(_num_examples(m.content) for m in good))
@@ -315,6 +361,47 @@ class Messenger:
         return dict(self.traffic.get(phase, {}).get(server_round, {}))
 
 
+def _problem(msg: Message, validator: Validator | None) -> str | None:
+    """Why a reply is malformed: metrics that are not finite numbers, or its phase's validator
+    says so, or raises on it (a validator is code reading what a client sent)."""
+    try:
+        return metric_values(msg.content) or (validator and validator(msg.content, msg.metadata.src_node_id))
+    except Exception as exc:  # noqa: BLE001 - a validator that raises counts the reply malformed
+        return f"its check raised {type(exc).__name__}: {exc!s:.200}"
+
+
+def _claims(replies: list[Message], claim: Callable[[RecordDict], Hashable]) -> tuple[list[Message], list[str], int]:
+    """The replies making a claim no other reply makes; why each other one is refused; how many
+    of those made a claim another reply makes too (the rest make none that can be read)."""
+    claims = []
+    for msg in replies:
+        try:
+            claims.append(claim(msg.content))
+        except Exception:  # noqa: BLE001 - a reply without a readable claim
+            claims.append(None)
+    taken = Counter(c for c in claims if c is not None)
+    refused = [f"node {m.metadata.src_node_id} refused: "
+               + ("makes no claim that can be read" if c is None else f"claims {c!r:.80}, as {taken[c]} nodes do")
+               for m, c in zip(replies, claims) if c is None or taken[c] > 1]
+    kept = [m for m, c in zip(replies, claims) if c is not None and taken[c] == 1]
+    return kept, refused, sum(c is not None and taken[c] > 1 for c in claims)
+
+
+def _agreeing(replies: list[Message], agree: Callable[[RecordDict], Hashable]) -> tuple[list[Message], list[str]]:
+    """The replies of the setting most replies share (strictly), and why each other one is refused."""
+    settings = []
+    for msg in replies:
+        try:
+            settings.append(agree(msg.content))
+        except Exception:  # noqa: BLE001 - a validated reply has its setting; this one has none
+            settings.append(None)
+    ranked = Counter(s for s in settings if s is not None).most_common(2)
+    chosen = ranked[0][0] if ranked and (len(ranked) == 1 or ranked[0][1] > ranked[1][1]) else None
+    refused = [f"node {m.metadata.src_node_id} refused: its setting {s!r:.80} is not the majority's"
+               for m, s in zip(replies, settings) if chosen is None or s != chosen]
+    return [m for m, s in zip(replies, settings) if chosen is not None and s == chosen], refused
+
+
 class PhaseGrid(Grid):
     """A Grid view for Flower's ``Strategy.start``: ``send_and_receive`` is a
     :meth:`Messenger.exchange` under ``<label>/<message type>`` with the view's policy, and
@@ -323,35 +410,44 @@ class PhaseGrid(Grid):
     def __init__(self, messenger: Messenger, label: str, policy: Policy,
                  nodes: list[int] | None, checks: dict[str, Validator] | None = None):
         self.messenger, self.label, self.policy, self._nodes = messenger, label, policy, nodes
-        self._checks = checks or {}  # message type -> a further validator of its replies
+        self._checks = checks or {}  # sub-phase (a message type, or a strategy's own) -> a further check
 
-    def checked(self, message_type: str, validator: Validator) -> PhaseGrid:
-        """This view, its ``message_type`` replies also passing ``validator`` (a strategy's own
-        check, e.g. the shapes of the model it sent: a reply failing it is counted, not
-        averaged)."""
+    def checked(self, suffix: str, validator: Validator) -> PhaseGrid:
+        """This view, the replies of its sub-phase ``suffix`` (a message type of Flower's loop, or
+        a strategy's own exchange: ``regroup``, HEFedAvg's ``train``) also passing ``validator``:
+        a protocol's schema of that reply with its per-node bounds, or a strategy's own check
+        (the shapes of the model it sent). A reply failing it is counted, not averaged."""
         return PhaseGrid(self.messenger, self.label, self.policy, self._nodes,
-                         {**self._checks, message_type: validator})
+                         {**self._checks, suffix: both(self._checks.get(suffix), validator)})
 
     def _policy(self, message_type: str) -> Policy:
-        extra, inner = self._checks.get(message_type), self.policy.validator
-        if extra is None:
-            return self.policy
-        both = extra if inner is None else (lambda content: inner(content) or extra(content))
-        return Policy(self.policy.quorum, both)
+        return self._with_checks(message_type, self.policy)
+
+    def _with_checks(self, suffix: str, policy: Policy) -> Policy:
+        """``policy`` with the view's checks of ``suffix`` first: a strategy's own validator may
+        keep state from the replies it accepts (HEFedAvg: their public contexts), so it sees only
+        replies every other check accepted."""
+        extra = self._checks.get(suffix)
+        return policy if extra is None else Policy(policy.quorum, both(extra, policy.validator), policy.claim,
+                                                   policy.agree)
 
     def exchange(self, suffix: str, messages: Iterable[Message], policy: Policy,
                  server_round: int) -> list[Message]:
-        """A sub-phase of this view's label (e.g. HEFedAvg's ``<label>/he-encrypt``)."""
-        return self.messenger.exchange(f"{self.label}/{suffix}", messages, policy, server_round)
+        """A sub-phase of this view's label (e.g. HEFedAvg's ``<label>/he-encrypt``), its replies
+        also passing the checks the view holds for ``suffix``."""
+        return self.messenger.exchange(f"{self.label}/{suffix}", messages, self._with_checks(suffix, policy),
+                                       server_round)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
                          ) -> Iterable[Message]:
+        """Flower's exchange; the replies keep only the informational metric keys they all carry
+        (Flower's strategies raise on replies whose keys differ)."""
         messages = list(messages)
         if not messages:
             return []
         message_type = messages[0].metadata.message_type
-        return self.messenger.exchange(f"{self.label}/{message_type}", messages,
-                                       self._policy(message_type), _round_of(messages), timeout)
+        return common_metrics(self.messenger.exchange(f"{self.label}/{message_type}", messages,
+                                                      self._policy(message_type), _round_of(messages), timeout))
 
     def get_node_ids(self) -> Iterable[int]:
         return self.messenger.node_ids() if self._nodes is None else list(self._nodes)

@@ -39,6 +39,7 @@ MAX_SHIPMENT_BYTES = 128 << 20  # the whole shipment, decompressed (a gzip bomb 
 # What a shipment may hold: flat result files, and TensorBoard's event files. Never checkpoint/
 # (a planted run.json or journal entry would be trusted by a later resume), never a path.
 SHIPPABLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,100}\.(json|md|yaml|csv|txt|png)"
+                       r"|\.hydra/(config|overrides|hydra)\.yaml"
                        r"|tensorboard/events\.out\.tfevents\.[A-Za-z0-9_-][A-Za-z0-9_.-]{0,150}")
 
 
@@ -48,7 +49,8 @@ class ShipmentRefused(ValueError):
 
 def _shippable(folder: Path) -> dict[str, bytes]:
     """The files of ``folder`` a shipment may carry, by their relative names."""
-    paths = [*folder.iterdir(), *((folder / "tensorboard").glob("*") if (folder / "tensorboard").is_dir() else [])]
+    paths = [*folder.iterdir(), *(p for sub in ("tensorboard", ".hydra") if (folder / sub).is_dir()
+                                  for p in (folder / sub).glob("*"))]
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(paths)
             if p.is_file() and not p.is_symlink() and SHIPPABLE.fullmatch(p.relative_to(folder).as_posix())}
 
@@ -148,12 +150,24 @@ class RunOutput:
         for name in ("results.json", "summary.md", "error.txt"):
             (self.path / name).unlink(missing_ok=True)
 
-    def write_config(self, cfg: DictConfig) -> None:
-        (self.path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    def write_config(self, cfg: DictConfig, overrides: list[str], hydra: DictConfig) -> None:
+        """``config.yaml``, and Hydra's own record of the run where a Hydra user looks for it:
+        ``.hydra/config.yaml``, ``.hydra/overrides.yaml`` and ``.hydra/hydra.yaml``."""
+        config = OmegaConf.to_yaml(cfg, resolve=True)
+        (self.path / "config.yaml").write_text(config)
+        record = self.path / ".hydra"
+        record.mkdir(exist_ok=True)
+        (record / "config.yaml").write_text(config)
+        (record / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
+        (record / "hydra.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra})))
 
     def write_results(self, results: dict, summary_md: str) -> None:
         (self.path / "results.json").write_text(json.dumps(_jsonable(results), indent=2))
         (self.path / "summary.md").write_text(summary_md)
+
+    def files(self) -> list[Path]:
+        """The run's result files: config, results, summary, plots (what a tracker keeps)."""
+        return sorted(p for p in self.path.iterdir() if p.is_file() and p.suffix in (".json", ".md", ".yaml", ".png"))
 
     def write_error(self, text: str) -> None:
         (self.path / "error.txt").write_text(text)
@@ -161,6 +175,17 @@ class RunOutput:
     def figure(self, name: str):
         """Context-free helper: a new figure whose ``save()`` writes ``<name>.png`` here."""
         fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+        return fig, ax, self._saving(fig, name)
+
+    def panels(self, name: str, rows: list[int]):
+        """A figure of one panel per entry of ``rows`` (its row count sets its height), stacked,
+        each with its own x axis: a figure with one unit per axis. ``save()`` as :meth:`figure`."""
+        fig, axes = plt.subplots(len(rows), 1, figsize=(7, 0.9 * len(rows) + 0.22 * sum(rows)), dpi=120,
+                                 squeeze=False, gridspec_kw={"height_ratios": [r + 2 for r in rows]})
+        return fig, list(axes[:, 0]), self._saving(fig, name)
+
+    def _saving(self, fig, name: str):
+        """``save()``: lay out, write ``<name>.png`` here, close the figure."""
         path = self.path / f"{name}.png"
 
         def save():
@@ -169,7 +194,7 @@ class RunOutput:
             plt.close(fig)
             return path
 
-        return fig, ax, save
+        return save
 
 
 def markdown_table(rows: list[dict], columns: list[str], digits: int = 4) -> str:

@@ -112,9 +112,27 @@ class Logging:
 @dataclass
 class ClientStateSettings:
     """Where clients keep state across rounds (``fedsim/client_state.py``)."""
-    dir: str | None = MISSING      # node-local root; null: <tmp>/fedsim-clients (a SuperNode's state-dir wins)
+    dir: str | None = MISSING      # root of the clients fedsim run starts (fedsim/node_local.py); never sent
     keep: bool = MISSING           # keep the run's client state after it completes
     run_key: str | None = MISSING  # set by the ServerApp, not by hand: the run's folder run-<key>
+
+
+@dataclass
+class EffectOfInterest:
+    """A paired difference (method minus baseline) that matters: the paper's, or a stated one."""
+    metric: str = MISSING  # pattern of the compared results path (its paired rows get this effect)
+    size: float = MISSING  # the difference, signed, in the metric's units
+    source: str = MISSING  # where the size comes from (the paper's table, or why it was chosen)
+
+
+@dataclass
+class RunInterval:
+    """An interval the experiment computes inside one run (e.g. a paired bootstrap over items),
+    for a difference the seeds do not move."""
+    metric: str = MISSING          # pattern of the compared results path
+    baseline: str | None = MISSING  # pattern of its baseline's path; null: the metric itself (no pairing)
+    ci: str = MISSING              # results path of the run's [low, high]; each * takes the metric's * in turn
+    method: str = MISSING          # what the interval is, for the summary
 
 
 @dataclass
@@ -122,9 +140,13 @@ class Sweep:
     """How ``fedsim run -m`` / ``fedsim compare`` summarize a sweep (``fedsim/comparison.py``)."""
     seed_keys: list[str] = MISSING  # overrides that are replicates
     baseline: str | None = MISSING  # a method name inside results, or KEY=VALUE of a swept override
-    metrics: list[str] = MISSING    # glob patterns of results.json paths; [] = every number
+    metrics: list[str] = MISSING    # the headline: results.json path patterns, a family each; [] = all
+    bookkeeping: list[str] = MISSING  # patterns of counters, bytes, timings: their own section, never headline
     interval: str = MISSING         # t (Student t over seeds) | bootstrap (scipy.stats.bootstrap, BCa)
     level: float = MISSING          # confidence level of every interval
+    power: float = MISSING          # power of the minimum detectable effect and of the seeds needed
+    effect_of_interest: list[EffectOfInterest] = MISSING  # effects whose exclusion is a verdict
+    run_intervals: list[RunInterval] = MISSING  # per-run intervals used when the seeds give no spread
 
 
 @dataclass
@@ -265,9 +287,9 @@ def sweep_settings(*layers) -> DictConfig:
         raise ValueError(f"sweep: {exc}") from exc
     if unset := OmegaConf.missing_keys(sweep):
         raise ValueError(f"sweep: no value for {sorted(unset)}")
-    if sweep.interval not in INTERVALS or not 0.0 < sweep.level < 1.0:
-        raise ValueError(f"sweep.interval must be one of {INTERVALS} and 0 < sweep.level < 1, got "
-                         f"{sweep.interval!r}, {sweep.level}")
+    if sweep.interval not in INTERVALS or not 0.0 < sweep.level < 1.0 or not 0.0 < sweep.power < 1.0:
+        raise ValueError(f"sweep.interval must be one of {INTERVALS}, 0 < sweep.level < 1 and 0 < sweep.power < 1, "
+                         f"got {sweep.interval!r}, {sweep.level}, {sweep.power}")
     return sweep
 
 

@@ -27,6 +27,17 @@ def derive(secret: bytes, label: bytes) -> bytes:
     return hmac.new(secret, label, hashlib.sha256).digest()
 
 
+def private_folder(path: Path) -> Path:
+    """``path`` as a folder of this user's that no one else can list or enter: created 0700, and
+    refused when it exists open to others (a key created there could be read or swapped)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(f"{path}: a key folder must be a folder of this user with mode 0700 "
+                              f"(it is {stat.filemode(info.st_mode)}); `chmod 700 {path}` if it is yours")
+    return path
+
+
 def create_private_file(path: Path, data: bytes) -> None:
     """Write ``data`` to a new file readable by its owner only: mode 0600 from the first byte
     (no chmod window), refused if the name exists or is a symlink."""
@@ -35,16 +46,18 @@ def create_private_file(path: Path, data: bytes) -> None:
         fh.write(data)
 
 
-def _read_private_file(path: Path) -> bytes:
-    """The key file's bytes, refused when it is a symlink, another user's, or readable by others."""
+def read_private_file(path: Path, size: int | None = SIZE) -> bytes:
+    """The key file's bytes, refused when it is a symlink, another user's, or readable by others
+    (and, with ``size``, when it does not hold that many bytes)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as fh:
         info = os.fstat(fh.fileno())
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-            raise PermissionError(f"{path}: must be a regular file of this user with mode 0600")
+            raise PermissionError(f"{path}: must be a regular file of this user with mode 0600 "
+                                  f"(it is {stat.filemode(info.st_mode)})")
         data = fh.read()
-    if len(data) != SIZE:
-        raise ValueError(f"{path}: expected a {SIZE}-byte key, got {len(data)} bytes")
+    if size is not None and len(data) != size:
+        raise ValueError(f"{path}: expected a {size}-byte key, got {len(data)} bytes")
     return data
 
 
@@ -53,8 +66,8 @@ def run_secret(path: Path | None, resume: bool) -> bytes:
     if path is None:
         return secrets.token_bytes(SIZE)
     if resume:
-        return _read_private_file(path)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return read_private_file(path)
+    private_folder(path.parent)
     path.unlink(missing_ok=True)  # a new run in an old folder: a new secret
     secret = secrets.token_bytes(SIZE)
     create_private_file(path, secret)

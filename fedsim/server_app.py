@@ -27,8 +27,10 @@ from flwr.serverapp import Grid, ServerApp
 from hydra.utils import get_method
 from omegaconf import DictConfig
 
+from fedsim import provenance
 from fedsim.client_state import FORGET, RUN_KEY, STATE_KEY, forget_request
-from fedsim.config import compose_checked
+from fedsim.comparison import Settings, headline
+from fedsim.config import compose_checked, hydra_config
 from fedsim.flower_waits import shorten_pull_backoff
 from fedsim.journal import Journal
 from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
@@ -52,23 +54,29 @@ def main(grid: Grid, context: Context) -> None:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False
-    cfg = config_from_run(context.run_config)
+    overrides = run_overrides(context.run_config)
+    cfg = compose_checked(overrides)
     if cfg.hardware.backend == "deployment" and cfg.hardware.waits.pull_backoff is not None:
         shorten_pull_backoff(cfg.hardware.waits.pull_backoff)  # replies are pulled from the SuperLink
     if cfg.ship_results:  # a remote SuperLink: results go back in the log, not to the user's path
         with tempfile.TemporaryDirectory(prefix="fedsim-results-") as folder:
             try:
-                _run(grid, cfg, RunOutput(folder))
+                _run(grid, cfg, RunOutput(folder), overrides)
             finally:
                 print("\n".join(ship_results(Path(folder))), flush=True)
     else:
-        _run(grid, cfg, RunOutput(cfg.results_dir))
+        _run(grid, cfg, RunOutput(cfg.results_dir), overrides)
+
+
+def run_overrides(run_config) -> list[str]:
+    """The Hydra overrides Flower's run config carries (its ``overrides`` string)."""
+    return shlex.split(str(run_config.get("overrides", "")))
 
 
 def config_from_run(run_config) -> DictConfig:
-    """The run's config from Flower's run config (its ``overrides`` string), with ``fedsim
-    run``'s checks: a wrong key, type, strategy or wrapper fails here, before any client works."""
-    return compose_checked(shlex.split(str(run_config.get("overrides", ""))))
+    """The run's config from Flower's run config, with ``fedsim run``'s checks: a wrong key,
+    type, strategy or wrapper fails here, before any client works."""
+    return compose_checked(run_overrides(run_config))
 
 
 def _forget_client_state(messenger: Messenger, cfg) -> None:
@@ -85,18 +93,24 @@ def _forget_client_state(messenger: Messenger, cfg) -> None:
         logging.getLogger("fedsim").warning("client state not removed: %s", exc)
 
 
-def _run(grid: Grid, cfg, out: RunOutput) -> None:
+def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
     log = logging.getLogger("fedsim")
+    started = provenance.now()
     out.clear_outcome()
     keep = cfg.checkpoint and not cfg.ship_results  # a remote run's folder is temporary
-    secret = run_secret(out.path / "checkpoint" / "run.key" if keep else None, bool(cfg.resume))
+    checkpoint = out.path / "checkpoint"
+    # a run killed before its journal began (before this point, or before the ServerApp started)
+    # sent nothing: resumed, it starts from its beginning, under a new secret
+    resume = bool(cfg.resume) and keep and Journal.begun(checkpoint / "journal")
+    if cfg.resume and not resume:
+        log.info("resume: the killed run had journaled nothing; it starts from its beginning")
+    secret = run_secret(checkpoint / "run.key" if keep else None, resume)
     # the clients' state folders: new for a fresh run (an earlier run in this results folder may
     # have left its own), the same when resumed (fedsim/client_state.py)
     cfg.client_state.run_key = derive(secret, b"client-state").hex()[:16]
-    out.write_config(cfg)
+    out.write_config(cfg, overrides, hydra_config(overrides))
     log.info("results -> %s", out.path)
-    journal = Journal(out.path / "checkpoint" / "journal", bool(cfg.resume),
-                      derive(secret, b"journal")) if keep else None
+    journal = Journal(checkpoint / "journal", resume, derive(secret, b"journal")) if keep else None
     if journal is not None and journal.resumed_from:
         log.info("resume: replaying %d journaled exchanges", journal.resumed_from)
     noise = noise_source(cfg, secret)
@@ -120,7 +134,11 @@ def _run(grid: Grid, cfg, out: RunOutput) -> None:
         if journal is not None:
             results["checkpoint"] = {"exchanges": len(journal.recorded),
                                      "replayed": journal.resumed_from}
+        results["provenance"] = {**provenance.environment(), "started": started, "ended": provenance.now()}
+        summary = f"{summary.rstrip()}\n\n{provenance.section(results['provenance'])}\n"
         out.write_results(results, summary)
+        sinks.finish(headline(results, Settings.of(cfg.sweep)), int(cfg.num_rounds),
+                     (out.path / "config.yaml").read_text(), summary, out.files())
         print(summary, flush=True)
         _forget_client_state(messenger, cfg)
         failed = False

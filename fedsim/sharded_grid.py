@@ -99,16 +99,23 @@ def _parts(content: RecordDict, clients: list[int]) -> list[RecordDict | Error]:
         manifest = content[SHARD]
         layout = json.loads(str(manifest[LAYOUT]))
         answered, records, errors = [int(c) for c in manifest[CLIENTS]], layout["records"], layout["errors"]
-    except (KeyError, TypeError, ValueError) as exc:
-        return [Error(MALFORMED_CODE, f"unreadable batch manifest: {type(exc).__name__}: {exc}")] * len(clients)
+    except Exception as exc:  # noqa: BLE001 - whatever the SuperNode sent (a nesting too deep for json: RecursionError)
+        return [Error(MALFORMED_CODE, f"unreadable batch manifest: {type(exc).__name__}: {exc!s:.200}")] * len(clients)
     if answered != clients or not isinstance(records, list) or len(records) != len(clients) \
             or not isinstance(errors, dict):
-        why = f"batch answers clients {answered} with {len(records)} parts; sent to {clients}"
+        why = f"batch answers clients {answered!s:.200} with {records!s:.200}; sent to {clients}"
         return [Error(MALFORMED_CODE, why)] * len(clients)
     return [_part(content, layout, i) for i in range(len(clients))]
 
 
 def _part(content: RecordDict, layout: dict, i: int) -> RecordDict | Error:
+    try:
+        return _read_part(content, layout, i)
+    except Exception as exc:  # noqa: BLE001 - whatever the SuperNode sent
+        return Error(MALFORMED_CODE, f"client part {i} of the batch is unreadable: {type(exc).__name__}")
+
+
+def _read_part(content: RecordDict, layout: dict, i: int) -> RecordDict | Error:
     if str(i) in layout["errors"]:
         return Error(ERROR_CODE, str(layout["errors"][str(i)]))
     names = layout["records"][i]
@@ -131,7 +138,9 @@ class ShardedGrid(Grid):
 
     def __init__(self, grid: Grid, num_clients: int, timeout: float = 600.0, poll: float = 0.2):
         self.raw, self.num_clients = grid, num_clients
-        partitions = ask_partitions(grid, timeout, poll)
+        partitions, _ = ask_partitions(grid, timeout, poll)  # a SuperNode left out hosts none
+        if not partitions:
+            raise RuntimeError("ShardedGrid: no SuperNode told its partition")
         hosts = sorted(partitions, key=partitions.get)  # the SuperNodes in partition order
         if len(hosts) > num_clients:
             raise ValueError(f"{len(hosts)} SuperNodes for {num_clients} clients: some would host none")

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from flwr.app import Message
+from matplotlib.image import imread
 
 from fedsim.mlflow_sink import MlflowSink
 
@@ -68,6 +69,24 @@ class Sinks:
         if self._mlflow is not None:
             self._mlflow.write(phase, server_round, numbers, now)
 
+    def finish(self, headline: dict[str, float], step: int, config_yaml: str, summary: str, files: list[Path]) -> None:
+        """The run's end: its headline metrics (``sweep.metrics`` of results.json) at ``step``,
+        tag ``headline/<path>``; TensorBoard also gets the composed config and the summary as
+        text and the plots as images, MLflow the ``files`` as artifacts (its params hold the
+        config already)."""
+        now = time.time()
+        if self._writer is not None:
+            for key, value in headline.items():
+                self._writer.add_scalar(f"headline/{key}", value, step, walltime=now)
+            self._writer.add_text("config", _indented(config_yaml), step)
+            self._writer.add_text("summary", summary, step)
+            for png in (f for f in files if f.suffix == ".png"):
+                self._writer.add_image(f"plots/{png.stem}", imread(png)[..., :3], step, dataformats="HWC")
+            self._writer.flush()
+        if self._mlflow is not None:
+            self._mlflow.metrics({f"headline/{k}": v for k, v in headline.items()}, step, now)
+            self._mlflow.artifacts(files)
+
     def close(self, failed: bool = False) -> None:
         if self._fh is not None:
             self._fh.close()
@@ -75,3 +94,16 @@ class Sinks:
             self._writer.close()
         if self._mlflow is not None:
             self._mlflow.close(failed)
+
+
+def _indented(text: str) -> str:
+    """Markdown code (TensorBoard renders its text as markdown)."""
+    return "\n".join(f"    {line}" for line in text.splitlines())
+
+
+def tensorboard_text(folder: str | Path, tag: str, text: str) -> None:
+    """Add ``text`` to a finished run's TensorBoard log (a new event file beside the run's)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(Path(folder) / "tensorboard")) as writer:
+        writer.add_text(tag, text)

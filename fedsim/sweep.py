@@ -22,8 +22,9 @@ from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from fedsim import comparison
+from fedsim import comparison, provenance
 from fedsim.config import ConfigError
+from fedsim.mlflow_sink import SweepRun
 
 MANIFEST = "sweep.json"
 INTERRUPTED = (130, 143)  # SIGINT / SIGTERM stopped the point: the sweep stops too
@@ -81,6 +82,11 @@ class Sweep:
                 raise ConfigError(f"sweep point {' '.join(point)}:\n{exc}") from exc
         self.folder = Path(folder[-1]).expanduser().resolve() if folder else _sweep_folder(overrides, checked[0])
         self.settings = comparison.Settings.of(checked[0].sweep)
+        self.strict = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
+        _check_swept_baseline(self.settings.baseline, self.points)
+        self.first = checked[0]  # where the points' MLflow runs go (logging.*, protocol.name)
+        self.session = {"git": provenance.git_state(), **provenance.environment(),
+                        "command": provenance.command(["fedsim", "run", "-m", *overrides]), "started": provenance.now()}
         self.manifest = self._manifest(bool(folder))
 
     def _manifest(self, resume: bool) -> dict:
@@ -93,6 +99,7 @@ class Sweep:
                 raise ConfigError(f"resume: these overrides expand to other points than the sweep in "
                                   f"{self.folder} ({len(self.points)} vs {len(manifest['runs'])}); "
                                   f"repeat the sweep's own overrides")
+            manifest.setdefault("resumed", []).append(self.session)
             return manifest
         if path.exists():
             raise ConfigError(f"{self.folder} already holds a sweep; resume={self.folder} continues it")
@@ -100,7 +107,7 @@ class Sweep:
         names = [r["name"] for r in runs]
         if len(set(names)) != len(names):
             raise ConfigError("two sweep points would share a folder (repeated values?)")
-        return {"swept": self.swept, "runs": runs}
+        return {"swept": self.swept, "provenance": self.session, "runs": runs}
 
     def save(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -111,7 +118,16 @@ class Sweep:
     def run(self) -> int:
         """Every point not yet completed, in order; returns 0 if all completed, 1 if any
         failed, the signal's exit code if one stopped the sweep."""
+        self.parent = self._mlflow_parent()
         self.save()
+        try:
+            code = self._run_all()
+        finally:
+            self.session["ended"] = provenance.now()
+            self.save()
+        return code
+
+    def _run_all(self) -> int:
         todo = [r for r in self.manifest["runs"] if r["status"] != "completed"]
         start, done = time.monotonic(), 0
         print(f"fedsim: sweep of {len(self.points)} runs in {self.folder} "
@@ -124,16 +140,34 @@ class Sweep:
             print(f"fedsim: sweep {entry['status']}: {entry['name']} ({entry['seconds']:.0f} s); "
                   f"{sum(r['status'] == 'completed' for r in self.manifest['runs'])}/{len(self.points)} "
                   f"completed, elapsed {elapsed / 60:.1f} min, ~{left / 60:.1f} min left", flush=True)
+            if code == 0 and self.parent is not None:
+                self.parent.adopt(self.folder / entry["name"])
             if code in INTERRUPTED:
+                if self.parent is not None:
+                    self.parent.stop()
                 print(f"fedsim: sweep interrupted; `fedsim run -m ... resume={self.folder}` continues it",
                       file=sys.stderr)
                 return code
-        self.compare()
+        result = self.compare()
         failed = [r["name"] for r in self.manifest["runs"] if r["status"] != "completed"]
         if failed:
             print(f"fedsim: sweep: {len(failed)} runs failed: {', '.join(failed)} (errors in {MANIFEST})",
                   file=sys.stderr)
-        return 1 if failed else 0
+        if self.parent is not None:
+            self.parent.close(_paired_means(result), [self.folder / n for n in comparison.OUTPUTS
+                                                      if (self.folder / n).is_file()], time.time(), bool(failed))
+        return 1 if failed or result is None else 0
+
+    def _mlflow_parent(self) -> SweepRun | None:
+        """With logging.mlflow: the sweep's MLflow run (its id kept in the manifest for a resume)."""
+        if not self.first.logging.mlflow:
+            return None
+        parent = SweepRun(self.first.logging.mlflow_dir, self.first.protocol.name, self.folder.name,
+                          self.manifest.get("mlflow_run_id"), self.manifest["provenance"],
+                          {"sweep.command": self.session["command"]["line"][:6000], "sweep.swept": ",".join(self.swept),
+                           "sweep.points": str(len(self.points))})
+        self.manifest["mlflow_run_id"] = parent.run_id
+        return parent
 
     def _run_point(self, entry: dict, total: int) -> int:
         folder = self.folder / entry["name"]
@@ -157,11 +191,38 @@ class Sweep:
         self.save()
         return code
 
-    def compare(self) -> None:
+    def compare(self) -> dict | None:
+        """The sweep's own comparison (replacing its earlier one, e.g. before a resume); None
+        when it is refused (the runs stay; ``fedsim compare`` with other settings rebuilds it)."""
         if not any(r["status"] == "completed" for r in self.manifest["runs"]):
-            return
-        comparison.write(self.folder, self.settings)
+            return {"paired": []}
+        try:
+            result, _ = comparison.write(self.folder, self.settings, force=True, strict=self.strict)
+        except comparison.ComparisonRefused as exc:
+            print(f"fedsim: sweep comparison refused: {exc}\n`fedsim compare {self.folder} sweep.KEY=...` "
+                  "builds it with other settings", file=sys.stderr)
+            return None
+        for warning in result["warnings"]:
+            print(f"fedsim: sweep comparison: warning: {warning}", file=sys.stderr)
         print(f"fedsim: sweep comparison in {self.folder / 'summary.md'} and comparison.json", flush=True)
+        return result
+
+
+def _paired_means(result: dict | None) -> dict[str, float]:
+    """The sweep's paired mean differences as MLflow metrics ``paired/<group>/<metric>``."""
+    return {f"paired/{p['label']}/{p['metric']}"[:250]: p["mean"] for p in (result or {}).get("paired", [])}
+
+
+def _check_swept_baseline(baseline: str | None, points: list[list[str]]) -> None:
+    """A ``KEY=VALUE`` baseline names a swept key and one of its values: else refused before
+    any run (a method-name baseline is checked against the results, at the comparison)."""
+    key, sep, value = (baseline or "").partition("=")
+    if not sep:
+        return
+    values = sorted({v for p in points for k, _, v in (o.partition("=") for o in p) if k == key})
+    if len(values) < 2 or value not in values:
+        raise ConfigError(f"sweep.baseline={baseline}: the sweep gives {key} the values {values or 'none'}; the "
+                          f"baseline must be one of two or more swept values (KEY=VALUE)")
 
 
 @contextmanager

@@ -1,21 +1,24 @@
 """Client state across rounds: versions by round (what a resumed round reads), the folder per
-run and client, the node's own root, and the end-of-run forget."""
+run and client, the node's own root (never the server's), and the end-of-run forget."""
 
 import json
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
-from fedsim import client_state
+from fedsim import client_app, client_state, node_local
 from fedsim.client_state import RUN_KEY, STATE_KEY, ClientState
 from fedsim.inprocess_grid import InProcessGrid
 
 
 def _msg(root, keep=False, key="abc", extra=None) -> Message:
+    """A message of run ``key`` as a handler on a node whose state root is ``root`` sees it."""
     InProcessGrid({})  # this process plays the run (message metadata needs a run id)
-    config = ConfigRecord({RUN_KEY: key, STATE_KEY: json.dumps({"dir": str(root), "keep": keep})})
-    return Message(RecordDict({"config": config, **(extra or {})}), dst_node_id=1, message_type=MessageType.TRAIN)
+    config = ConfigRecord({RUN_KEY: key, STATE_KEY: json.dumps({"keep": keep})})
+    msg = Message(RecordDict({"config": config, **(extra or {})}), dst_node_id=1, message_type=MessageType.TRAIN)
+    node_local.attach(msg, {"state-dir": str(root)})
+    return msg
 
 
 def test_a_round_reads_the_newest_value_saved_before_it(tmp_path):
@@ -39,11 +42,53 @@ def test_names_are_plain_and_values_are_not_pickled(tmp_path):
         state.save("w", 1, {"a": np.array([object()], dtype=object)})
 
 
-def test_each_client_has_its_folder_under_the_run_and_the_node_root_wins(tmp_path):
-    msg = _msg(tmp_path / "run-root")
-    assert client_state.of(msg, 3).folder == tmp_path / "run-root" / "run-abc" / "client-3"
-    client_state.with_node_root(msg, str(tmp_path / "node-root"))
-    assert client_state.of(msg, 3).folder == tmp_path / "node-root" / "run-abc" / "client-3"
+def test_each_client_has_its_folder_under_the_run_of_the_node_root(tmp_path):
+    assert client_state.of(_msg(tmp_path / "node-root"), 3).folder == tmp_path / "node-root" / "run-abc" / "client-3"
+
+
+def _served(msg: Message, node_config: dict) -> Message:
+    context = Context(run_id=1, node_id=1, state=RecordDict(), run_config={},
+                      node_config={"partition-id": 0, "num-partitions": 1, **node_config})
+    return client_app._client_reply(msg, context, msg.metadata.message_type)
+
+
+def _from_server(victim, extra: dict, message_type=MessageType.QUERY) -> Message:
+    """A message of a server that names ``victim`` as the clients' root, in every way a message
+    could: the run's client-state settings and the node's own entry."""
+    InProcessGrid({})
+    config = ConfigRecord({RUN_KEY: "abc", STATE_KEY: json.dumps({"dir": str(victim), "keep": False}),
+                           node_local.NODE_KEY: json.dumps({"state-dir": str(victim)}), **extra.pop("config", {})})
+    return Message(RecordDict({"config": config, **extra}), dst_node_id=1, message_type=message_type)
+
+
+@pytest.mark.parametrize("node_config", [{}, {"state-dir": "node"}], ids=["environment", "node-config"])
+def test_a_server_cannot_choose_where_a_client_keeps_or_removes_state(tmp_path, monkeypatch, node_config):
+    """The attack: a server names the root of another folder in its end-of-run forget (it
+    removed ``/victim/run-<key>/``) or in a train message (the client created folders where the
+    server said). The node's own root (its node config, else its environment) is used, always."""
+    victim = tmp_path / "victim"
+    (victim / "run-abc" / "client-0").mkdir(parents=True)
+    (victim / "run-abc" / "client-0" / "precious").write_text("not the server's")
+    monkeypatch.setenv("FEDSIM_STATE_DIR", str(tmp_path / "env"))
+    node_config = {k: str(tmp_path / v) for k, v in node_config.items()}
+    own = tmp_path / ("node" if node_config else "env")
+    client_state.ClientState(client_state.client_dir(str(own), "abc", 0)).save("w", 1, {"a": np.zeros(1)})
+
+    roots = []  # the data roots the ClientApp builds clients with
+    build = client_app._client
+    monkeypatch.setattr(client_app, "_client", lambda task, root, *a: roots.append(root) or build(task, root, *a))
+    task = {"client": "fedsim_clients.state_probe.StateProbeClient", "data_root": str(victim)}
+    train = _from_server(victim / "new", {"config": {client_app.TASK_KEY: json.dumps(task), "server-round": 1},
+                                          "arrays": ArrayRecord({"vectors": Array(np.full((1, 4), 0.25))})},
+                         MessageType.TRAIN)
+    assert not _served(train, node_config).has_error()
+    assert not (victim / "new").exists() and (own / "run-abc" / "client-0" / "probe.r1.npz").is_file()
+    assert roots and str(victim) not in roots  # nor does it read data where the server says
+
+    forget = _from_server(victim, {client_state.FORGET: client_state.forget_request("abc")})
+    assert _served(forget, node_config).content[client_state.FORGET]["removed"]
+    assert (victim / "run-abc" / "client-0" / "precious").is_file()  # untouched
+    assert not (own / "run-abc").exists()  # the node's own run folder went
 
 
 @pytest.mark.parametrize("keep", [False, True])

@@ -36,7 +36,7 @@ def test_flower_still_hard_codes_the_sleeps_the_wrapper_maps():
 
 def test_supernode_command_runs_the_wrapper_only_when_a_wait_is_shortened(tmp_path):
     certs = make_federation(tmp_path, ["127.0.0.1"], nodes=1)
-    args = ("127.0.0.1:9092", 0, 1, "/data", certs, True, 9094)
+    args = ("127.0.0.1:9092", 0, 1, {"data-root": "/data"}, certs, True, 9094)
     stock = launcher.supernode_command(*args)
     assert stock[0].endswith("flower-supernode") and launcher.supernode_command(*args, STOCK) == stock
     fast = launcher.supernode_command(*args, WAITS)

@@ -83,11 +83,11 @@ def test_replayed_replies_pass_the_validator_again(tmp_path):
     seen = []
     message = Message(RecordDict({"config": ConfigRecord({"round": 1})}), dst_node_id=1,
                       message_type=MessageType.TRAIN)
-    resumed.exchange("fit/train", [message], Policy(validator=lambda c: seen.append(c) or None))
+    resumed.exchange("fit/train", [message], Policy(validator=lambda c, node: seen.append(c) or None))
     assert len(seen) == 2  # both journaled replies
     resumed = Messenger(_grid([5, 6], []), timeout=5, journal=Journal(tmp_path, resume=True, key=KEY))
     with pytest.raises(ResumeMismatch, match="now rejected"):
-        resumed.exchange("fit/train", [message], Policy(validator=lambda c: "changed rule"))
+        resumed.exchange("fit/train", [message], Policy(validator=lambda c, node: "changed rule"))
 
 
 def _journaled_run(tmp_path) -> None:
@@ -127,3 +127,69 @@ def test_a_journal_under_another_key_is_refused(tmp_path):
     with pytest.raises(JournalTampered):
         _resume(tmp_path, key=b"x" * 32)
     assert _resume(tmp_path)  # the run's own key replays it
+
+
+def _three_rounds(tmp_path) -> None:
+    _rounds(Messenger(_grid([1, 2], []), timeout=5, journal=Journal(tmp_path, resume=False, key=KEY)),
+            range(1, 4))
+
+
+def _resume_three(tmp_path) -> list[dict]:
+    return _rounds(Messenger(_grid([5, 6], []), timeout=5, journal=Journal(tmp_path, resume=True, key=KEY)),
+                   range(1, 4))
+
+
+@pytest.mark.parametrize("cut", [[2], [1, 2], [1], [0]], ids=["last", "last-two", "middle", "first"])
+def test_a_journal_with_entries_deleted_is_refused(tmp_path, cut):
+    """The attack: delete journaled exchanges, so that the resumed run sends them again. A redone
+    round draws the same noise (the run's secret) over replies that may differ (another sample, a
+    client missing): two releases with one noise give a client's row exactly."""
+    _three_rounds(tmp_path)
+    for index in cut:
+        (tmp_path / f"{index:07d}.exchange").unlink()
+    with pytest.raises(JournalTampered):
+        _resume_three(tmp_path)
+
+
+def test_a_journal_with_its_head_removed_or_rolled_back_is_refused(tmp_path):
+    _three_rounds(tmp_path)
+    head = tmp_path / "head"
+    old = head.read_bytes()
+    _three_rounds(tmp_path)  # the same rounds again, in a new run: another head
+    head.unlink()
+    with pytest.raises(JournalTampered, match="head"):
+        _resume_three(tmp_path)
+    _journaled_run(tmp_path)  # two rounds: its head, then one of the first run's
+    two = head.read_bytes()
+    _three_rounds(tmp_path)
+    head.write_bytes(two)  # an older head of this run (two entries) beside three entries
+    with pytest.raises(JournalTampered):
+        _resume_three(tmp_path)
+    head.write_bytes(old)  # another run's head (same key here: the chain does not match)
+    with pytest.raises(JournalTampered):
+        _resume_three(tmp_path)
+
+
+def test_a_kill_between_an_entry_and_its_head_resumes_with_the_entry(tmp_path, monkeypatch):
+    """Each entry is written (then renamed) before the head that counts it: a kill between the
+    two leaves one entry more than the head counts, chained to the head's last, and resumes."""
+    journal = Journal(tmp_path, resume=False, key=KEY)
+    messenger = Messenger(_grid([1, 2], []), timeout=5, journal=journal)
+    _rounds(messenger, range(1, 3))
+    monkeypatch.setattr(Journal, "_write_head", lambda self: None)  # killed before the head
+    _rounds(messenger, range(3, 4))
+    (tmp_path / "head.tmp").write_bytes(b"cut short")  # or during the head's write
+    calls = []
+    resumed = Journal(tmp_path, resume=True, key=KEY)
+    assert resumed.resumed_from == 3
+    _rounds(Messenger(_grid([5, 6], calls), timeout=5, journal=resumed), range(1, 5))
+    assert sorted(calls) == [(0, 4), (1, 4)]  # round 3 replayed, round 4 live
+
+
+def test_a_journal_killed_before_its_first_entry_resumes_from_the_start(tmp_path):
+    Journal(tmp_path, resume=False, key=KEY)  # the head of no entry, then the kill
+    calls = []
+    resumed = Journal(tmp_path, resume=True, key=KEY)
+    assert resumed.resumed_from == 0
+    _rounds(Messenger(_grid([5, 6], calls), timeout=5, journal=resumed), range(1, 2))
+    assert len(calls) == 2

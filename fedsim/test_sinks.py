@@ -13,8 +13,9 @@ from fedsim.inprocess_grid import InProcessGrid
 from fedsim.messaging import Messenger
 from fedsim.metric_keys import DP_EPSILON
 from fedsim.mlflow_sink import RUN_KEY_TAG, MlflowSink, store_uri
+from fedsim.results import RunOutput
 from fedsim.schema import check
-from fedsim.sinks import Sinks
+from fedsim.sinks import Sinks, tensorboard_text
 from fedsim.test_journal import _grid, _rounds
 
 
@@ -117,6 +118,29 @@ def test_mlflow_settings_are_refused_before_the_run(tmp_path):
     with pytest.raises(ValueError, match="remote SuperLink"):
         check(compose([*remote, "logging.mlflow=true"]))
     (tmp_path / "store").write_text("")
-    with pytest.raises(ValueError, match="is a file"):
+    with pytest.raises(ValueError, match="logging.mlflow_dir must be a folder"):
         check(compose(["logging.mlflow=true", f"logging.mlflow_dir={tmp_path / 'store'}"]))
     check(compose([*remote, f"logging.mlflow_dir={tmp_path / 'store'}"]))  # off: nothing to refuse
+
+
+def test_the_run_end_gives_tensorboard_and_mlflow_the_headline_config_summary_and_plots(tmp_path):
+    out = RunOutput(tmp_path / "results")
+    fig, ax, save = out.figure("curve")
+    ax.plot([0, 1], [0, 1])
+    save()
+    (out.path / "summary.md").write_text("# toy\n")
+    sinks = Sinks(out.path, tensorboard=True, mlflow=_mlflow_run(tmp_path, "a1"))
+    sinks.finish({"m.acc": 0.5}, 3, "seed: 3\n", "# toy", out.files())
+    sinks.close()
+    tensorboard_text(out.path, "provenance", "commit abc")  # fedsim run's own note, after the ServerApp's
+    events = EventAccumulator(str(out.path / "tensorboard"), size_guidance={"tensors": 0, "images": 0})
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("headline/m.acc")] == [(3, 0.5)]
+    texts = {t: events.Tensors(t)[0].tensor_proto.string_val[0].decode() for t in events.Tags()["tensors"]}
+    assert texts == {"config/text_summary": "    seed: 3", "summary/text_summary": "# toy",
+                     "provenance/text_summary": "commit abc"}
+    assert events.Tags()["images"] == ["plots/curve"]
+    client = MlflowClient(tracking_uri=store_uri(tmp_path / "mlflow"))
+    (run,) = _active_runs(client)
+    assert client.get_metric_history(run.info.run_id, "headline/m.acc")[0].value == 0.5
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"curve.png", "summary.md"}

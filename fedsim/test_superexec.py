@@ -56,7 +56,7 @@ def test_the_supernode_starts_fedsims_superexec_with_flowers_arguments():
 
 def test_supernode_command_passes_the_preload_list(tmp_path):
     certs = make_federation(tmp_path, ["127.0.0.1"], nodes=1)
-    args = ("127.0.0.1:9092", 0, 1, "/data", certs, True, 9094, None)
+    args = ("127.0.0.1:9092", 0, 1, {"data-root": "/data"}, certs, True, 9094, None)
     stock = launcher.supernode_command(*args)
     warm = launcher.supernode_command(*args, ["numpy", "torch"])
     assert warm[:4] == [sys.executable, "-m", "fedsim.supernode", "--preload=numpy,torch"]

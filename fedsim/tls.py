@@ -10,6 +10,12 @@ Private keys are created owner-only from their first byte (``O_EXCL``, mode 0600
 which another user could open them) in a folder of mode 0700. Certificates carry subject and
 authority key identifiers and key usage: Python 3.13 verifies with ``VERIFY_X509_STRICT`` by
 default and refuses a chain without them.
+
+Why not ``trustme`` (the usual test CA): it makes certificates for tests in memory and writes
+their keys where it is told with the process's umask, and it makes no SuperNode key pairs; here
+the same code serves ``deploy_local`` runs and ``fedsim certs``, whose keys must be owner-only
+from their first byte and whose nodes need OpenSSH-format EC keys. The certificate part is a
+few calls of ``cryptography``, which trustme itself wraps.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from fedsim.secret import create_private_file
+from fedsim.secret import create_private_file, private_folder
 
 VALID_DAYS = 30
 
@@ -130,11 +136,7 @@ def make_node_key(certs: Certificates, index: int) -> None:
 def make_federation(folder: str | Path, hosts: list[str], nodes: int,
                     days: int = VALID_DAYS) -> Certificates:
     """A private CA, a SuperLink certificate for ``hosts`` and ``nodes`` node key pairs."""
-    certs = Certificates(Path(folder))
-    certs.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if certs.folder.stat().st_mode & 0o077:
-        raise PermissionError(f"{certs.folder} is open to other users; private keys go into a "
-                              "folder of mode 0700 (a new folder, or chmod 700 it)")
+    certs = Certificates(private_folder(Path(folder)))
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca = _certificate("fedsim test CA", ca_key, "fedsim test CA", ca_key, days, ca=True)
     server_key = ec.generate_private_key(ec.SECP384R1())

@@ -4,7 +4,15 @@
 the launcher on stdin. A pipe reaches EOF when its writer closes it or dies, and the kernel closes
 it for a killed process too: no polling, no parent-death signal (which only reaches direct
 children, not the ServerApp and Ray processes the SuperLink spawns). On EOF the watchdog ends
-every process of the run, sparing the launcher: SIGTERM, then SIGKILL.
+every process of the run, sparing the launcher: the ServerApp first, at once (SIGKILL), then the
+rest: SIGTERM, then SIGKILL.
+
+Why the ServerApp first: it journals every exchange it completes (``fedsim/journal.py``). Ended
+after the SuperNodes or Ray's actors, it would see their ClientApps die mid-exchange, count them
+``failed`` and journal that exchange; a resumed run would then replay the failures as if a
+client had failed, and end with other results than an uninterrupted run. The SuperLink starts
+the ServerApp (``flwr-serverapp``, or ``flwr-simulation`` with Ray's driver inside) in a session
+of its own, so stopping the SuperLink's process group does not reach it.
 
 A process belongs to the run when its environment carries ``FEDSIM_RUN_TOKEN=TOKEN`` (inherited
 from the launcher through SuperLink, ServerApp and Ray) or its working directory lies in the run's
@@ -23,6 +31,7 @@ import time
 from pathlib import Path
 
 ENV_KEY = "FEDSIM_RUN_TOKEN"
+SERVER_APPS = {b"flwr-serverapp", b"flwr-simulation"}  # Flower's commands that run a ServerApp
 
 
 def _belongs(proc: Path, needle: bytes | None, root: str) -> bool:
@@ -44,16 +53,37 @@ def run_processes(root: str | Path, token: str | None = None, spare: int = -1) -
             and _belongs(p, needle, root)]
 
 
+def _runs_server_app(pid: int) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2]
+    except OSError:
+        return False
+    return any(os.path.basename(arg) in SERVER_APPS for arg in argv)
+
+
+def _signal_and_wait(pids, sig: int, still, grace: float) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while still() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def end_server_apps(root: str | Path, token: str | None = None, grace: float = 5.0) -> None:
+    """SIGKILL the run's ServerApp processes and wait until they are gone: from then on nothing
+    the rest of the run does while it stops can be journaled."""
+    def server_apps() -> list[int]:
+        return [pid for pid in run_processes(root, token) if _runs_server_app(pid)]
+    _signal_and_wait(server_apps(), signal.SIGKILL, server_apps, grace)
+
+
 def sweep(token: str, root: str, spare: int, grace: float = 5.0) -> None:
+    end_server_apps(root, token)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in run_processes(root, token, spare):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace
-        while run_processes(root, token, spare) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _signal_and_wait(run_processes(root, token, spare), sig, lambda: run_processes(root, token, spare), grace)
 
 
 def main() -> None:

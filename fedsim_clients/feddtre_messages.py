@@ -1,9 +1,16 @@
 """FedDTRE's message format: the record and config keys that the protocol
 (``fedsim_experiments/feddtre.py``), its strategies (``fedsim_strategies/trust_alpha.py``: the mixing keys,
 defined in ``fedsim.trust_mixing``; Flower's FedProx: ``proximal-mu``) and the client
-(``fedsim_clients/dialogue.py``) exchange."""
+(``fedsim_clients/dialogue.py``) exchange, and what each phase's reply must be."""
+
+import math
+from collections.abc import Callable
+
+from flwr.app import ArrayRecord, RecordDict
 
 from fedsim.trust_mixing import ALPHA, MIXING, S_GLOBAL, S_LOCAL  # noqa: F401 (the mixing's keys)
+from fedsim.validators import Arrays, Bound, Config, Metrics, Number, Reply, weight
+from fedsim_tasks.dialogue.metrics import REPLY_METRICS, REPLY_RANGES
 
 CONFIG = "config"                # ConfigRecord of every message
 ARRAYS = "arrays"                # ArrayRecord: adapters / evaluator weights to train (train) or trained (reply)
@@ -42,3 +49,46 @@ GLOBAL = "global/"               # METRICS prefix (evaluate): "global/<metric>",
 KEPT_LOCAL = "kept-local"        # METRICS (evaluate): 1 if the client had its own W_local, 0 if it used the global
 DISTANCE = "distance-to-global"  # METRICS (evaluate): ||W_personal - W_global|| / ||W_global|| (0: the global itself)
 CONTEXTS = "contexts"            # METRICS (evaluate): contexts scored
+
+
+# --- what each phase's reply must be (checked in the Messenger's screen: fedsim/validators.py) --
+
+def discover_reply(partition_of: Callable[[int], int | None], datasets: list[str],
+                   expected: Callable[[int], dict[str, int]] | None, partitions: int) -> Reply:
+    """Who a client is: its partition (the one it told at ``whoami``, where known) and its
+    training examples of every dataset, exactly those the public partitioning gives that
+    partition (``expected``, where the server computes them)."""
+    def check(content: RecordDict, node: int) -> str | None:
+        info, told = content[INFO], partition_of(node)
+        if told is not None and info[PARTITION_ID] != told:
+            return f"claims partition {info[PARTITION_ID]}, told {told} at whoami"
+        want = None if expected is None else expected(int(info[PARTITION_ID]))
+        return None if want is None or all(info[EXAMPLES_PREFIX + d] == n for d, n in want.items()) else \
+            "not the examples its partition holds"
+    examples = {EXAMPLES_PREFIX + d: weight(math.inf, low=0) for d in datasets}
+    return Reply({INFO: Config({PARTITION_ID: Number(0, partitions - 1, whole=True), **examples})}, check=check)
+
+
+TRUST = Number(*REPLY_RANGES["trust_bertscore"])  # a trust score: a BERTScore F1
+
+
+def train_reply(sent: ArrayRecord, examples: Bound, loss_key: str | None, mixing: bool = False,
+                trust: bool = False) -> Reply:
+    """Trained weights (the evaluator's, a generator's adapters): the arrays of the model ``sent``,
+    the client's examples (FedAvg's weight, at most ``examples``: what it declared), the loss a
+    loss-weighted strategy reads; under a ``mixing`` its alpha in [0, 1], with ``trust`` the two
+    trust scores it came from."""
+    required = {NUM_EXAMPLES: weight(examples)} | ({loss_key: Number()} if loss_key else {}) | \
+        ({ALPHA: Number(0.0, 1.0)} if mixing else {}) | ({S_LOCAL: TRUST, S_GLOBAL: TRUST} if trust else {})
+    return Reply({ARRAYS: Arrays(sent), METRICS: Metrics(required)})
+
+
+MAX_DISTANCE = 1e6  # ||W_personal - W_global|| / ||W_global|| beyond this is no model of this federation
+
+
+def personal_reply() -> Reply:
+    """A client's personalized evaluation: whether it kept a model of its own, its distance to the
+    global one, the contexts scored, and every reply metric of both models, each in its range."""
+    scores = {prefix + m: Number(*REPLY_RANGES[m]) for prefix in (PERSONAL, GLOBAL) for m in REPLY_METRICS}
+    return Reply({METRICS: Metrics({KEPT_LOCAL: Number(0, 1, whole=True), DISTANCE: Number(0.0, MAX_DISTANCE),
+                                    CONTEXTS: Number(0, whole=True), **scores})})

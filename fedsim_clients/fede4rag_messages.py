@@ -1,6 +1,14 @@
 """FedE4RAG's message format: the record and config keys that the protocol
 (``fedsim_experiments/fede4rag.py``) and the client (``fedsim_clients/retriever.py``) exchange. HE chunk
-operations use ``fedsim.he.messages``."""
+operations use ``fedsim.he.messages``; what each phase's reply must be."""
+
+import math
+from collections.abc import Callable
+
+from flwr.app import ArrayRecord, RecordDict
+
+from fedsim.he import messages as he_keys
+from fedsim.validators import Arrays, Bound, Config, Metrics, Number, Numbers, Reply, Text, Texts, Validator, weight
 
 CONFIG = "config"                # ConfigRecord of every message
 ARRAYS = "arrays"                # ArrayRecord: trainable weights (plaintext)
@@ -48,3 +56,66 @@ PIECES = "pieces"                # METRICS (encode): pieces of the corpus in all
 CORPUS_PAGES = "corpus-pages"    # METRICS (encode): pages of the corpus
 WEIGHTS_INFO = "weights-info"    # ConfigRecord of evaluate replies ...
 WEIGHTS_KEY = "key"              # ... fingerprint of the weights evaluated
+
+
+# --- what each phase's reply must be (checked in the Messenger's screen: fedsim/validators.py) --
+
+def discover_reply(partition_of: Callable[[int], int | None], documents: Callable[[int], list[str]] | None,
+                   partitions: int) -> Reply:
+    """Who a node is: its partition (the one it told at ``whoami``, where known), the documents
+    the public partitioning gives that partition (``documents``, where the server computes them),
+    their companies and its training pairs (a claim the server cannot check: its FedAvg weight)."""
+    def check(content: RecordDict, node: int) -> str | None:
+        info, told = content[INFO], partition_of(node)
+        if told is not None and info[PARTITION_ID] != told:
+            return f"claims partition {info[PARTITION_ID]}, told {told} at whoami"
+        if documents is not None and list(info[DOCUMENTS]) != documents(int(info[PARTITION_ID])):
+            return "not the documents its partition holds"
+        return None
+    return Reply({INFO: Config({PARTITION_ID: Number(0, partitions - 1, whole=True), DOCUMENTS: Texts(),
+                                COMPANIES: Texts(), NUM_PAIRS: weight(math.inf, low=0)})}, check=check)
+
+
+def weights_reply(like: ArrayRecord | None = None) -> Reply:
+    """A retriever's weights (the initial ones; a single node's trained ones): finite arrays, shaped
+    as ``like`` where the server holds the model."""
+    return Reply({ARRAYS: Arrays(like)})
+
+
+def train_reply(sent: ArrayRecord | None, pairs: Bound, loss_key: str | None) -> Reply:
+    """A trained retriever: the arrays of the model ``sent``, its pairs (FedAvg's weight, at most
+    ``pairs``: what the node declared) and the loss a loss-weighted strategy reads."""
+    required = {NUM_EXAMPLES: weight(pairs)} | ({loss_key: Number()} if loss_key else {})
+    return Reply({ARRAYS: Arrays(sent), METRICS: Metrics(required)})
+
+
+def he_train_weight(pairs: Bound) -> Validator:
+    """An HE train reply's pairs (its weight) within what its node declared (``HEFedAvg`` checks
+    the rest of the reply)."""
+    declared = weight(pairs)
+    return lambda content, node: declared.problem(content[he_keys.METRICS][NUM_EXAMPLES], node)
+
+
+def encode_reply(pages_per_piece: int) -> Reply:
+    """A corpus piece encoded: the pieces still missing (indices below the pieces in all), the
+    pages of the corpus and its pieces of ``pages_per_piece``, the key of the weights used."""
+    def check(content: RecordDict, node: int) -> str | None:
+        metrics = content[METRICS]
+        if metrics[PIECES] != max(1, math.ceil(metrics[CORPUS_PAGES] / pages_per_piece)):
+            return f"{metrics[PIECES]} pieces of {pages_per_piece} for {metrics[CORPUS_PAGES]} pages"
+        return None if all(i < metrics[PIECES] for i in metrics[MISSING]) else "missing pieces beyond the corpus"
+    count = Number(0, whole=True)
+    return Reply({METRICS: Metrics({MISSING: Numbers(count), PIECES: Number(1, whole=True), CORPUS_PAGES: count}),
+                  WEIGHTS_INFO: Config({WEIGHTS_KEY: Text()})}, check=check)
+
+
+def score_reply(labels: list[str], metrics: tuple[str, ...], key: str | None) -> Reply:
+    """Retrieval scores of every label (split, per filing) in [0, 1], its questions and corpus
+    pages, and the key of the weights scored: ``key`` where the server holds the model (a node
+    must score the weights the method produced)."""
+    count = Number(0, whole=True)
+    required = {f"{label}/{m}": Number(0.0, 1.0) for label in labels for m in metrics} | {
+        f"{label}/{n}": count for label in labels for n in ("questions", "corpus-pages")}
+    optional = {f"{label}/corpus-entries": count for label in labels}
+    scored = Text(choices=None if key is None else (key,))
+    return Reply({METRICS: Metrics(required, optional), WEIGHTS_INFO: Config({WEIGHTS_KEY: scored})})

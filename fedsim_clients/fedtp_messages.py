@@ -1,5 +1,13 @@
 """FedTP's message format: the record and config keys that the protocol
-(``fedsim_experiments/fedtp.py``) and the client (``fedsim_clients/topic_preference.py``) exchange."""
+(``fedsim_experiments/fedtp.py``) and the client (``fedsim_clients/topic_preference.py``) exchange,
+and what each phase's reply must be."""
+
+from collections.abc import Callable
+
+import numpy as np
+from flwr.app import RecordDict
+
+from fedsim.validators import Arrays, Bound, Config, Metrics, Number, Numbers, Reply, Texts, at, decoded, weight
 
 CONFIG = "config"                  # ConfigRecord of every message
 SPLITS = "splits"                  # config: the conversations (splits) the message is about
@@ -17,3 +25,61 @@ TURN_PREFIX = "turn/"              # METRICS keys with per-turn lists
 INFO = "info"                      # ConfigRecord of the discovery (query) reply
 INFO_SPLITS = "splits"             # INFO: the split of each hosted conversation
 INFO_ROWS = "rows"                 # INFO: the population row of each hosted conversation
+
+
+# --- what each phase's reply must be (checked in the Messenger's screen: fedsim/validators.py) --
+
+def discover_reply(hosted: Callable[[int], tuple[list[int], list[str]] | None]) -> Reply:
+    """The conversations a node hosts: their population rows and splits, exactly those the public
+    partitioning gives the node's partition (``hosted(node)``; None where the server does not
+    know the node's partition)."""
+    def check(content: RecordDict, node: int) -> str | None:
+        info, want = content[INFO], hosted(node)
+        rows, splits = list(info[INFO_ROWS]), list(info[INFO_SPLITS])
+        if len(rows) != len(splits):
+            return f"{len(rows)} rows, {len(splits)} splits"
+        return None if want is None or (rows, splits) == (list(want[0]), list(want[1])) else \
+            "not the conversations its partition holds"
+    return Reply({INFO: Config({INFO_SPLITS: Texts(), INFO_ROWS: Numbers(Number(0, whole=True))})}, check=check)
+
+
+def train_reply(dim: int, rows: Bound) -> Reply:
+    """A prior reply: a finite, non-negative (r, dim) matrix of preference rows, r at most
+    ``rows`` (the node's conversations in the prior splits, or a DP strategy's bound), and
+    ``num-examples`` (a weight strategy's weight) at most as many."""
+    def check(content: RecordDict, node: int) -> str | None:
+        vectors = decoded(VECTORS, content[ARRAYS][VECTORS])
+        if isinstance(vectors, str) or set(content[ARRAYS]) != {VECTORS}:
+            return f"expected only {VECTORS!r}"
+        most = at(rows, node)
+        if vectors.ndim != 2 or vectors.shape[1] != dim or not 1 <= vectors.shape[0] <= most:
+            return f"{VECTORS} of shape {vectors.shape}, expected (1..{most:g}, {dim})"
+        return "negative mass" if np.any(vectors < 0) else None
+    return Reply({ARRAYS: Arrays(), METRICS: Metrics({NUM_EXAMPLES: weight(rows)})}, check=check)
+
+
+def evaluate_reply(splits: list[str], variants: list[str], turn_level: bool, topics: int,
+                   rows: Callable[[int], list[int] | None]) -> Reply:
+    """An evaluation reply: per split hosted, its turns and every variant's hits (at most the
+    turns), error and support sums (each turn's in [0, 1]); with ``turn_level`` every turn's
+    outcome, all lists as long as the turns, of the node's own conversations (``rows(node)``)."""
+    count, share, sums = Number(0, whole=True), Number(0.0), ("hits", "err", "support")
+    per_split = {f"{s}/turns": count for s in splits} | {
+        f"{s}/{v}/{m}": count if m == "hits" else share for s in splits for v in variants for m in sums}
+    topic, unit = Number(0, topics - 1, whole=True), Number(0.0, 1.0)
+    turns = {"gold": topic, "ambiguous": Number(0, 1, whole=True), "row": Number(0, whole=True)} | {
+        f"{m}/{v}": topic if m == "pick" else unit for v in variants for m in ("pick", "err", "support")}
+
+    def check(content: RecordDict, node: int) -> str | None:
+        metrics = content[METRICS]
+        total = sum(metrics.get(f"{s}/turns", 0) for s in splits)
+        if any(metrics.get(f"{s}/{v}/{m}", 0) > metrics.get(f"{s}/turns", 0)
+               for s in splits for v in variants for m in sums):
+            return "more hits, error or support than turns"
+        if turn_level and any(len(metrics[TURN_PREFIX + k]) != total for k in turns):
+            return f"turn lists not {total:g} long"
+        own = rows(node)
+        return None if not turn_level or own is None or set(metrics[TURN_PREFIX + "row"]) <= set(own) else \
+            "turns of conversations it does not host"
+    required = {NUM_EXAMPLES: count} | ({TURN_PREFIX + k: Numbers(f) for k, f in turns.items()} if turn_level else {})
+    return Reply({METRICS: Metrics(required, per_split, informational=False)}, check=check)

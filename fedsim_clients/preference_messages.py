@@ -1,7 +1,14 @@
 """FedBis / FedBiscuit's message format: the record and config keys that the protocol
 (``fedsim_experiments/fedbiscuit.py``), the strategy it configures (``fedsim_strategies/selector_groups.py``
 takes them as arguments, like Flower's FedAvg) and the client (``fedsim_clients/preference.py``)
-exchange."""
+exchange, and what each phase's reply must be."""
+
+import math
+from collections.abc import Callable
+
+from flwr.app import ArrayRecord, RecordDict
+
+from fedsim.validators import Arrays, Bound, Config, Metrics, Number, Reply, Text, Validator, weight
 
 CONFIG = "config"                # ConfigRecord of every message
 ARRAYS = "arrays"                # ArrayRecord: the weights to train (train) / trained (reply)
@@ -16,6 +23,7 @@ INFO = "info"                    # ConfigRecord of the discovery (query) reply .
 PARTITION_ID = "partition-id"    # ... the node's partition
 NUM_VALID = "num-valid"          # ... its validation examples
 POPULATION = "population"        # ... majority | minority (simulation ground truth, for reporting only)
+POPULATIONS = ("majority", "minority")
 
 OBJECTIVE = "objective"          # config (train): what to train, one of:
 SELECTOR = "selector"            #   the binary selector on the client's pairs (cross-entropy)
@@ -30,3 +38,37 @@ POLICY = "policy"                # config (SFT / DPO): the policy settings (JSON
 SEED = "seed"                    # config (train): the run's seed
 SERVER_ROUND = "server-round"    # config (train): the round (seeds the local shuffle)
 TORCH_THREADS = "torch-threads"  # config: torch threads for this message's work
+
+
+# --- what each phase's reply must be (checked in the Messenger's screen: fedsim/validators.py) --
+
+def discover_reply(partition_of: Callable[[int], int | None], expected: Callable[[int], dict] | None,
+                   partitions: int) -> Reply:
+    """Who a client is: its partition (the one it told at ``whoami``, where known) and exactly
+    the data sizes and population the public partitioning gives that partition (``expected``,
+    where the server computes them)."""
+    def check(content: RecordDict, node: int) -> str | None:
+        info, told = content[INFO], partition_of(node)
+        if told is not None and info[PARTITION_ID] != told:
+            return f"claims partition {info[PARTITION_ID]}, told {told} at whoami"
+        want = None if expected is None else expected(int(info[PARTITION_ID]))
+        return None if want is None or all(info[k] == v for k, v in want.items()) else \
+            "not the data its partition holds"
+    return Reply({INFO: Config({PARTITION_ID: Number(0, partitions - 1, whole=True), NUM_EXAMPLES: weight(math.inf),
+                                NUM_VALID: Number(0, whole=True), POPULATION: Text(choices=POPULATIONS)})},
+                 check=check)
+
+
+def train_reply(sent: ArrayRecord, examples: Bound, loss_key: str | None) -> Reply:
+    """A trained selector or policy: the arrays of the model ``sent``, the client's examples (the
+    data-share weight, at most what it declared), 1 as the uniform weight, and the loss a
+    loss-weighted strategy reads."""
+    required = {NUM_EXAMPLES: weight(examples), UNIT_WEIGHT: Number(1, 1)} | ({loss_key: Number()} if loss_key else {})
+    return Reply({ARRAYS: Arrays(sent), METRICS: Metrics(required)})
+
+
+def report_weight(examples: Bound) -> Validator:
+    """A regroup report's weights: its examples at most what it declared, 1 as the uniform one
+    (``SelectorGroups`` checks the losses)."""
+    weights = Metrics({NUM_EXAMPLES: weight(examples), UNIT_WEIGHT: Number(1, 1)})
+    return lambda content, node: weights.problem(content[METRICS], node)

@@ -26,8 +26,8 @@ import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from hydra.utils import instantiate
 
-from fedsim import client_state
-from fedsim.client_state import client_dir, run_dir, run_key, settings
+from fedsim import client_state, node_local
+from fedsim.client_state import run_key
 from fedsim.he import messages as he_keys
 from fedsim.he.ckks import CKKSParams
 from fedsim.he.client import HEClient, is_he_operation
@@ -102,14 +102,14 @@ class RetrieverClient:
 
     def _he(self, msg: Message) -> HEClient:
         """This node's HE state for the message's run, kept so the secret context is read
-        from ``key_dir`` once, not on every chunk."""
+        from the node's key folder once, not on every chunk."""
         run_id = run_key(msg)
         if run_id not in self._he_clients:
             h = self.task["he"]
             params = CKKSParams(h["poly_modulus_degree"], tuple(h["coeff_mod_bit_sizes"]),
                                 h["global_scale_bits"])
             self._he_clients[run_id] = HEClient(
-                params, h["key_dir"], client_dir(settings(msg)["dir"], run_id, self.pid))
+                params, node_local.setting(msg, "he-key-dir"), client_state.of(msg, self.pid).folder)
         return self._he_clients[run_id]
 
     def _load_weights(self, msg: Message) -> str:
@@ -224,8 +224,7 @@ class RetrieverClient:
         questions, corpus = self.evaluation
         # without a cache, the run's folder (not this client's): the evaluating nodes of one
         # machine fill one store (protocol.eval_nodes)
-        folder = self.task.get("embedding_cache") or \
-            run_dir(settings(msg)["dir"], run_key(msg)) / "embeddings"
+        folder = node_local.setting(msg, "embedding-cache") or client_state.run_folder(msg) / "embeddings"
         backend = str(config[keys.EVAL_BACKEND])
         store = corpus_store(self.model, key, corpus, folder, int(config[keys.PAGES_PER_MESSAGE]), backend)
         start = time.perf_counter()

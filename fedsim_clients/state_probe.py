@@ -12,11 +12,19 @@ value, and send ``(w_t + own) / 2``: the state moves the release, yet no state a
 The saved value also holds the rounds it has seen and whose it is (a resumed round that read
 its own value, or two clients sharing a folder, would show there) and a secret that no message
 may carry.
+
+``FEDSIM_STATE_PROBE_HOLD=<partition>:<round>:<file>`` in the client's environment (the test is
+the node's operator; a simulation's clients inherit ``fedsim run``'s environment) holds that
+client's reply to that round, after it saved the round, until ``file`` exists: a test kills the
+run at that point, which no timing decides, and creates the file to release the client.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import time
+from pathlib import Path
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
@@ -25,6 +33,7 @@ from fedsim import client_state
 from fedsim_clients import fedtp_messages as keys
 
 NAME = "probe"  # the client-state name of the value
+HOLD_ENV = "FEDSIM_STATE_PROBE_HOLD"
 
 
 def secret(partition_id: int) -> np.ndarray:
@@ -46,5 +55,11 @@ class StateProbeClient:
         state.save(NAME, server_round, {"w": w, "rounds": np.append(before["rounds"], server_round),
                                         "partition": np.array([self.partition_id]),
                                         "secret": secret(self.partition_id)})
+        self._hold(server_round)
         return RecordDict({keys.ARRAYS: ArrayRecord({keys.VECTORS: Array((w + own) / 2)}),
                            keys.METRICS: MetricRecord({keys.NUM_EXAMPLES: 1})})
+
+    def _hold(self, server_round: int) -> None:
+        partition, held_round, release = os.environ.get(HOLD_ENV, "-1:-1:").split(":", 2)
+        while (int(partition), int(held_round)) == (self.partition_id, server_round) and not Path(release).exists():
+            time.sleep(0.05)

@@ -1,7 +1,6 @@
 """A dialogue client's DP-SGD epsilon counts every training it performed and sent: a server that
 sends a round again, even while the client is still training it, gets no training for free."""
 
-import json
 from pathlib import Path
 
 import pytest
@@ -21,19 +20,21 @@ STEPS, BATCH = 3, 2
 
 
 @pytest.fixture(autouse=True)
-def _run_identity(monkeypatch):
-    """Messages built outside a Flower run need a run id, as the SuperLink sets in a run."""
+def _run_identity(monkeypatch, tmp_path):
+    """Messages built outside a Flower run need a run id, as the SuperLink sets in a run; the
+    node's client-state root is the test's own folder (node-local configuration, never the
+    message's)."""
+    monkeypatch.setenv("FEDSIM_STATE_DIR", str(tmp_path / "state"))
     from flwr.supercore.task_identity import TaskIdentity
     monkeypatch.setattr(TaskIdentity, "_run_id", 1)
     monkeypatch.setattr(TaskIdentity, "_node_id", 0, raising=False)
     monkeypatch.setattr(TaskIdentity, "_task_id", 0, raising=False)
 
 
-def _train_message(state_dir, method: str = "fedavg") -> Message:
+def _train_message(method: str = "fedavg") -> Message:
     return Message(RecordDict({keys.CONFIG: ConfigRecord({
         keys.LOCAL_STEPS: STEPS, keys.BATCH_SIZE: BATCH, keys.DATASET: "persona_chat", keys.SERVER_ROUND: 1,
-        keys.DP_ACCOUNT: f"persona_chat-{method}", client_state.RUN_KEY: "run",
-        client_state.STATE_KEY: json.dumps({"dir": str(state_dir), "keep": False})})}),
+        keys.DP_ACCOUNT: f"persona_chat-{method}", client_state.RUN_KEY: "run"})}),
         dst_node_id=1, message_type=MessageType.TRAIN)
 
 
@@ -63,7 +64,7 @@ def test_a_round_sent_again_while_training_is_counted_twice(encoder_dir, tmp_pat
     it started and wrote it back when it ended, so the second one to end overwrote the first's
     steps: every reply and every later round reported one training of the two."""
     sft, dp = _client(encoder_dir, tmp_path)
-    msg, replies, real = _train_message(tmp_path / "state"), [], dialogue.sft_train
+    msg, replies, real = _train_message(), [], dialogue.sft_train
 
     def sent_again_meanwhile(*args, **kwargs):
         if not replies:  # the first copy has started; the second copy trains and replies
@@ -86,8 +87,8 @@ def test_every_method_trained_on_the_records_is_counted(encoder_dir, tmp_path): 
     server had seen only that method's trainings. ``dp-epsilon`` is over every method's;
     ``dp-epsilon-method`` still gives the method's own."""
     sft, dp = _client(encoder_dir, tmp_path)
-    sft(_train_message(tmp_path / "state", "fedavg"))
-    second = sft(_train_message(tmp_path / "state", "feddtre"))
+    sft(_train_message("fedavg"))
+    second = sft(_train_message("feddtre"))
     sigma = second["dp-noise-multiplier"]
     assert second[DP_EPSILON] == pytest.approx(_epsilon(sigma, 2, dp.delta))
     assert second[keys.DP_EPSILON_METHOD] == pytest.approx(_epsilon(sigma, 1, dp.delta))

@@ -31,10 +31,16 @@ def _partitioner(population: int, num_partitions: int) -> RoundRobinResamplingPa
     return partitioner
 
 
+def hosted_rows(population: int, num_partitions: int, partition_id: int) -> list[int]:
+    """The population rows partition ``partition_id`` hosts: public and deterministic, so the
+    server checks what a node says it hosts against it."""
+    return _partitioner(population, num_partitions).partition_indices(partition_id)
+
+
 class TopicPreferenceClient:
     def __init__(self, task: dict, data_root: str, partition_id: int, num_partitions: int):
         population = load_conversations(data_root, tuple(task["splits"]), task.get("max_per_split"))
-        self.rows = _partitioner(len(population), num_partitions).partition_indices(partition_id)
+        self.rows = hosted_rows(len(population), num_partitions, partition_id)
         self.conversations = [population[i] for i in self.rows]
         self.data_root = data_root
         self.num_topics = len(load_topics(data_root))

@@ -3,6 +3,7 @@ gets."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
@@ -12,7 +13,7 @@ from omegaconf import DictConfig
 
 from fedsim.messaging import ANY, Messenger, Policy
 from fedsim.schema import entry as schema_entry
-from fedsim.validators import model_reply
+from fedsim.validators import Validator
 from fedsim_strategies.numpy_noise import NumpyNoise, account
 
 
@@ -76,25 +77,35 @@ class RunContext:
         in every run."""
         return self.messenger.grid(label, policy or Policy(ANY), [self.nodes[p] for p in sorted(self.nodes)])
 
+    def declared(self, key: str) -> Callable[[int], float]:
+        """What each node declared at discovery under ``key`` (its examples): the bound of its
+        replies' weight."""
+        return lambda node: float(self.info[self.partition_of(node)][key])
+
     def fedavg(self, label: str, initial: ArrayRecord, rounds: int, config: dict,
-               fraction_train: float, entry=None, **strategy_args) -> Result:
+               fraction_train: float, reply: Callable[[ArrayRecord], Validator], entry=None,
+               **strategy_args) -> Result:
         """A weight-averaging strategy (``entry``; None: the experiment's slot, ``build_strategy``)
-        with ``strategy_args`` over ``fraction_train`` of the clients per round; replies need
-        finite weights shaped as the model sent and a plausible weight, a round goes on with
-        any of them."""
+        with ``strategy_args`` over ``fraction_train`` of the clients per round; replies must be
+        ``reply(initial)`` (the model's arrays, a weight within the node's declaration), a round
+        goes on with any of them."""
         strategy = build_strategy(self.cfg, self.messenger, len(self.nodes), entry, fraction_train=fraction_train,
                                   fraction_evaluate=0.0, **strategy_args)
-        return strategy.start(self.grid(label, Policy(ANY, model_reply(initial))), initial, rounds,
+        return strategy.start(self.grid(label, Policy(ANY, reply(initial))), initial, rounds,
                               self.cfg.round_timeout, ConfigRecord(config))
 
 
-def discover(messenger: Messenger, base: dict, config_key: str, info_key: str, partition_key: str
-             ) -> tuple[dict[int, int], dict[int, ConfigRecord]]:
+def discover(messenger: Messenger, base: dict, config_key: str, info_key: str, partition_key: str,
+             reply: Validator | None = None) -> tuple[dict[int, int], dict[int, ConfigRecord]]:
     """Every node's discovery reply (quorum: all; a method needs every client), by partition:
-    node ids and the ``info_key`` record of each."""
+    node ids and the ``info_key`` record of each. Each must be ``reply`` (the method's
+    declaration); a partition two nodes claim is refused to both (``duplicate``): neither takes
+    the other's place."""
+    def claim(content: RecordDict) -> int:
+        return int(content[info_key][partition_key])
     replies = messenger.exchange("discover", [
         Message(RecordDict({config_key: ConfigRecord(base)}), dst_node_id=n, message_type=MessageType.QUERY)
-        for n in messenger.node_ids()], Policy())
+        for n in messenger.node_ids()], Policy(validator=reply, claim=claim))
     nodes, info = {}, {}
     for msg in replies:
         record = msg.content[info_key]

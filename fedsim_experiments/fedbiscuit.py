@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import ConfigRecord
+from flwr.app import ArrayRecord, ConfigRecord
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -29,7 +29,7 @@ from fedsim.messaging import ANY, Messenger, Policy, client_config
 from fedsim.records import from_record, to_record
 from fedsim.results import RunOutput, markdown_table
 from fedsim.schema import Protocol
-from fedsim.validators import finite_arrays
+from fedsim.validators import Validator
 from fedsim_clients import preference_messages as keys
 from fedsim_experiments.common import RunContext, base_line, discover
 from fedsim_experiments.fedbiscuit_rlhf import RLHF, run_rlhf
@@ -82,6 +82,10 @@ class Context(RunContext):
     def weight_key(self) -> str:
         return WEIGHT_KEYS[self.cfg.protocol.client_weights]
 
+    def train_reply(self, sent: ArrayRecord) -> Validator:
+        """A client's trained model: shaped as ``sent``, weighing at most the examples it declared."""
+        return keys.train_reply(sent, self.declared(keys.NUM_EXAMPLES), self.cfg.protocol.strategy_slot.loss_key)
+
     def train_config(self) -> dict:
         p = self.cfg.protocol
         return {**self.base, keys.OBJECTIVE: keys.SELECTOR, keys.LOCAL_STEPS: p.local_steps,
@@ -104,7 +108,7 @@ def central(ctx: Context, name: str, spec: DictConfig) -> dict:
 def fedbis(ctx: Context, name: str, spec: DictConfig) -> dict:
     """Flower FedAvg of one selector over sampled clients (``fraction_train`` per round)."""
     result = ctx.fedavg(name, to_record(ctx.initial), int(ctx.cfg.num_rounds), ctx.train_config(),
-                        ctx.cfg.protocol.fraction_train, weighted_by_key=ctx.weight_key)
+                        ctx.cfg.protocol.fraction_train, ctx.train_reply, weighted_by_key=ctx.weight_key)
     return {"selectors": [from_record(result.arrays)],
             "details": {"rounds": {int(r): dict(m) for r, m in result.train_metrics_clientapp.items()}}}
 
@@ -139,8 +143,11 @@ def _group_args(ctx: Context) -> dict:
 
 
 def _selector_groups(ctx: Context, name: str, num_selectors: int, strategy: SelectorGroups) -> dict:
-    result = strategy.start(ctx.grid(name, Policy(ANY, finite_arrays)), to_record(ctx.initial),
-                            int(ctx.cfg.num_rounds), ctx.cfg.round_timeout, ConfigRecord(ctx.train_config()))
+    initial = to_record(ctx.initial)
+    grid = ctx.grid(name, Policy(ANY, ctx.train_reply(initial))).checked(
+        "regroup", keys.report_weight(ctx.declared(keys.NUM_EXAMPLES)))
+    result = strategy.start(grid, initial, int(ctx.cfg.num_rounds), ctx.cfg.round_timeout,
+                            ConfigRecord(ctx.train_config()))
     minority = {partition_id for partition_id, i in ctx.info.items() if i[keys.POPULATION] == "minority"}
     groups = [_group_row(g, ctx, minority, num_selectors) for g in result.groups]
     if strategy.fixed:
@@ -182,11 +189,18 @@ def context(messenger: Messenger, cfg: DictConfig, selector) -> Context:
     ``selector``'s weights as the initial ones (a function of its own, so that a test drives a
     runner with the messages a run sends)."""
     base = client_config(cfg)
-    nodes, records = discover(messenger, base, keys.CONFIG, keys.INFO, keys.PARTITION_ID)
+    task = OmegaConf.to_container(cfg.task, resolve=True)
+    federation = Federation(task, task["data_root"])
+
+    def holds(partition: int) -> dict:
+        """What the public partitioning gives ``partition``: what its client must declare."""
+        data = federation.client(partition)
+        return {keys.NUM_EXAMPLES: len(data.train), keys.NUM_VALID: len(data.valid), keys.POPULATION: data.population}
+    reply = keys.discover_reply(messenger.partition_of, holds, federation.num_clients)
+    nodes, records = discover(messenger, base, keys.CONFIG, keys.INFO, keys.PARTITION_ID, reply)
     info = {partition_id: {k: r[k] for k in (keys.NUM_EXAMPLES, keys.NUM_VALID, keys.POPULATION)}
             for partition_id, r in records.items()}
-    task = OmegaConf.to_container(cfg.task, resolve=True)
-    return Context(messenger, cfg, base, nodes, info, Federation(task, task["data_root"]), selector.weights())
+    return Context(messenger, cfg, base, nodes, info, federation, selector.weights())
 
 
 def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:

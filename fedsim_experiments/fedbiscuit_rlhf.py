@@ -187,5 +187,5 @@ def _federated_policy(ctx, name: str, objective: str, base_path, r: RLHF, seed: 
               keys.LOCAL_STEPS: r.baseline_steps, keys.BATCH_SIZE: r.dpo_batch_size, keys.LR: r.dpo_lr,
               keys.SEED: seed, keys.TORCH_THREADS: 1}
     result = ctx.fedavg(f"rlhf-{name}", to_record(initial), r.baseline_rounds, config,
-                        ctx.cfg.protocol.fraction_train)
+                        ctx.cfg.protocol.fraction_train, ctx.train_reply)
     return from_record(result.arrays)

@@ -35,7 +35,6 @@ from fedsim.messaging import ANY, Messenger, Policy, client_config
 from fedsim.records import from_record, to_bytes, to_record
 from fedsim.results import RunOutput, markdown_table
 from fedsim.schema import Protocol, check
-from fedsim.validators import finite_metrics, model_reply
 from fedsim_clients import feddtre_messages as keys
 from fedsim_experiments.common import RunContext, base_line, build_strategy, discover, innermost
 from fedsim_tasks.causal_lm import load_policy, load_tokenizer, saved_sft_base, turn_separator
@@ -140,6 +139,12 @@ class Context(RunContext):
     initial: dict                   # the adapters' initial weights (a zero LoRA update: the base)
     evaluator_blob: bytes = b""     # the trained evaluator's weights, sent with trust mixing
 
+    def trust_examples(self, node: int) -> float:
+        """The trust examples a client holds: 3 per sampled context of each dataset (the most
+        weight its evaluator reply carries)."""
+        contexts, info = int(self.cfg.task.trust.contexts_per_client), self.info[self.partition_of(node)]
+        return float(sum(3 * min(contexts, info[keys.EXAMPLES_PREFIX + d]) for d in self.tasks))
+
     def generator_config(self, dataset: str, method: str) -> dict:
         g = self.protocol.generator
         settings = {**asdict(g), "base": self.base_path, "rounds": int(self.cfg.num_rounds)}
@@ -167,7 +172,10 @@ def federated(ctx: Context, name: str, spec: DictConfig, dataset: str) -> dict:
     if getattr(own, "scores_trust", False):
         config[keys.EVALUATOR_WEIGHTS] = ctx.evaluator_blob
     initial = to_record(ctx.initial)
-    result = strategy.start(ctx.grid(f"{dataset}/{name}", Policy(ANY, _generator_reply(initial))),
+    reply = keys.train_reply(initial, ctx.declared(keys.EXAMPLES_PREFIX + dataset),
+                             ctx.cfg.protocol.strategy_slot.loss_key, mixing=hasattr(own, "alphas"),
+                             trust=getattr(own, "scores_trust", False))
+    result = strategy.start(ctx.grid(f"{dataset}/{name}", Policy(ANY, reply)),
                             initial, int(ctx.cfg.num_rounds), ctx.cfg.round_timeout, ConfigRecord(config))
     out = {"weights": from_record(result.arrays), "strategy": _strategy_name(strategy),
            "rounds": {int(r): dict(m) for r, m in result.train_metrics_clientapp.items()}}
@@ -187,10 +195,6 @@ def _strategy_name(strategy) -> str:
     return " in ".join(reversed(names))
 
 
-PERSONAL_KEYS = [keys.KEPT_LOCAL, keys.DISTANCE, keys.CONTEXTS,
-                 *(prefix + m for prefix in (keys.PERSONAL, keys.GLOBAL) for m in REPLY_METRICS)]
-
-
 def evaluate_personalized(ctx: Context, name: str, dataset: str, global_arrays) -> dict:
     """One evaluate message to every client: its personalized model and the final global
     model on its own held-out contexts (``personal_contexts``, with the final evaluation's
@@ -203,7 +207,7 @@ def evaluate_personalized(ctx: Context, name: str, dataset: str, global_arrays) 
     messages = [Message(RecordDict({keys.CONFIG: config, keys.ARRAYS: global_arrays}), dst_node_id=ctx.nodes[p],
                         message_type=MessageType.EVALUATE) for p in sorted(ctx.nodes)]
     replies = ctx.messenger.exchange(f"{dataset}/{name}/personal", messages,
-                                     Policy(ANY, finite_metrics(PERSONAL_KEYS)), rounds + 1)
+                                     Policy(ANY, keys.personal_reply()), rounds + 1)
     return _personalized({ctx.partition_of(m.metadata.src_node_id): m.content[keys.METRICS] for m in replies})
 
 
@@ -226,21 +230,6 @@ def _spread(values: list[float]) -> dict:
     """Mean, standard deviation (ddof 1; 0 for one value), min and max."""
     return {"mean": float(np.mean(values)), "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
             "min": float(np.min(values)), "max": float(np.max(values))}
-
-
-def _generator_reply(sent):
-    """Adapters shaped as the model sent (keys, shapes, dtypes, finite, a plausible weight:
-    ``model_reply``), and an alpha in [0, 1] where the reply carries one."""
-    shaped = model_reply(sent)
-
-    def check(content: RecordDict) -> str | None:
-        if why := shaped(content):
-            return why
-        alpha = next(iter(content.metric_records.values()), {}).get(keys.ALPHA)
-        if alpha is not None and not (np.isfinite(alpha) and 0.0 <= alpha <= 1.0):
-            return f"alpha {alpha} outside [0, 1]"
-        return None
-    return check
 
 
 def base_generator(g: Generator, data_root: str, seed: int) -> tuple[str, dict]:
@@ -275,8 +264,10 @@ def train_evaluator(ctx: Context, evaluator) -> dict:
     start = time.perf_counter()
     config = {**ctx.base, keys.OBJECTIVE: keys.EVALUATOR, keys.LOCAL_STEPS: e.local_steps,
               keys.BATCH_SIZE: e.batch_size, keys.LR: e.lr, keys.SEED: int(ctx.cfg.seed), keys.TORCH_THREADS: 1}
+    loss_key = ctx.cfg.protocol.strategy_slot.loss_key
     result = ctx.fedavg("evaluator", to_record(evaluator.weights()), e.rounds, config,
-                        e.clients_per_round / len(ctx.nodes), entry=e.strategy)
+                        e.clients_per_round / len(ctx.nodes),
+                        lambda sent: keys.train_reply(sent, ctx.trust_examples, loss_key), entry=e.strategy)
     evaluator.load(from_record(result.arrays))
     after = {name: evaluator.auc(x) for name, x in held_out.items()}
     log.info("[feddtre] trust evaluator AUC after: %.3f", after["all"]["auc"])
@@ -302,10 +293,16 @@ def context(messenger: Messenger, cfg: DictConfig, protocol: FedDTREProtocol, ba
     ``base_path`` and the initial weights of ``model``'s adapters (a function of its own, so that a
     test drives a runner with the messages a run sends)."""
     base_cfg = client_config(cfg)
-    nodes, info = discover(messenger, base_cfg, keys.CONFIG, keys.INFO, keys.PARTITION_ID)
     task = OmegaConf.to_container(cfg.task, resolve=True)
+    tasks = load_tasks(task, task["data_root"])
+
+    def holds(partition: int) -> dict[str, int]:
+        """Each dataset's training examples the public partitioning gives ``partition``."""
+        return {name: len(d.examples(d.client(partition).train, " [SEP] ")) for name, d in tasks.items()}
+    reply = keys.discover_reply(messenger.partition_of, list(tasks), holds, int(cfg.task.num_clients))
+    nodes, info = discover(messenger, base_cfg, keys.CONFIG, keys.INFO, keys.PARTITION_ID, reply)
     return Context(messenger, cfg, base_cfg, nodes, {p: dict(i) for p, i in info.items()}, protocol,
-                   load_tasks(task, task["data_root"]), base_path, trainable_arrays(model))
+                   tasks, base_path, trainable_arrays(model))
 
 
 def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:

@@ -22,23 +22,25 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
-from hydra.utils import get_method
+from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig
 
 from fedsim.he import messages as he_keys
-from fedsim.messaging import ANY, Messenger, Policy, client_config
+from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
 from fedsim.records import from_record
 from fedsim.results import RunOutput, markdown_table
 from fedsim.schema import Protocol
-from fedsim.validators import model_reply
+from fedsim.validators import Validator
 from fedsim_clients import fede4rag_messages as keys
 from fedsim_experiments.common import RunContext, build_strategy, discover
 from fedsim_strategies.client_spread import ClientSpread
+from fedsim_tasks.financebench_rag.dataset import client_documents
 from fedsim_tasks.financebench_rag.inference import BACKENDS
 from fedsim_tasks.financebench_rag.retrieval import METRICS, weights_key
 
@@ -96,15 +98,15 @@ class Context(RunContext):
                 keys.SEED: self.cfg.seed, keys.TORCH_THREADS: threads,
                 **({keys.LOCAL_MODEL: local} if local else {})}
 
-    def ask(self, node: int, message_type: str, config: dict, phase: str,
+    def ask(self, node: int, message_type: str, config: dict, phase: str, reply: Validator,
             arrays: ArrayRecord | None = None, server_round: int = 1, rounds_of_work: int = 1) -> RecordDict:
-        """One node, one message: the phase needs its reply (quorum: all). A message carrying
-        ``rounds_of_work`` rounds' worth of training waits that many ``round_timeout``s: the
-        timeout follows the size of the work, so a long run alone is not cut short on a busy
-        machine."""
-        return self.ask_each({node: config}, message_type, phase, arrays, server_round, rounds_of_work)[0]
+        """One node, one message: the phase needs its reply (quorum: all), which must be ``reply``.
+        A message carrying ``rounds_of_work`` rounds' worth of training waits that many
+        ``round_timeout``s: the timeout follows the size of the work, so a long run alone is not
+        cut short on a busy machine."""
+        return self.ask_each({node: config}, message_type, phase, reply, arrays, server_round, rounds_of_work)[0]
 
-    def ask_each(self, configs: dict[int, dict], message_type: str, phase: str,
+    def ask_each(self, configs: dict[int, dict], message_type: str, phase: str, reply: Validator,
                  arrays: ArrayRecord | None = None, server_round: int = 1,
                  rounds_of_work: int = 1) -> list[RecordDict]:
         """One message per node (node -> its config) in one exchange, as ``ask``; the replies'
@@ -115,9 +117,14 @@ class Context(RunContext):
             if arrays is not None:
                 content[keys.ARRAYS] = arrays
             messages.append(Message(content, dst_node_id=node, message_type=message_type))
-        replies = self.messenger.exchange(phase, messages, Policy(), server_round,
+        replies = self.messenger.exchange(phase, messages, Policy(validator=reply), server_round,
                                           timeout=self.cfg.round_timeout * rounds_of_work)
-        return [reply.content for reply in replies]
+        return [msg.content for msg in replies]
+
+    @property
+    def pairs(self) -> Callable[[int], float]:
+        """Each node's training pairs as it declared them: the most weight its reply carries."""
+        return lambda node: float(self.info[self.partition_of(node)][keys.NUM_PAIRS])
 
     @property
     def budget_rounds(self) -> int:
@@ -161,7 +168,7 @@ def alone(ctx: Context, name: str, spec: DictConfig) -> Trained:
     pick = max(sizes, key=sizes.get) if spec.which == "largest" else min(sizes, key=sizes.get)
     config = ctx.train_config(name, keys.FROM_INITIAL, 0.0, ctx.budget, _threads(ctx.cfg, 1))
     reply = ctx.ask(ctx.nodes[pick], MessageType.TRAIN, config, f"{name}/train",
-                    rounds_of_work=ctx.budget_rounds)
+                    keys.train_reply(None, ctx.pairs, None), rounds_of_work=ctx.budget_rounds)
     return Trained(keys.FROM_ARRAYS, {"steps": ctx.budget, "partition": pick,
                                       "pairs": sizes[pick],
                                       "companies": ctx.info[pick][keys.COMPANIES]},
@@ -172,8 +179,9 @@ def centralized(ctx: Context, name: str, spec: DictConfig) -> Trained:
     """The union of every client's pairs on one node: the non-private upper reference."""
     config = {**ctx.train_config(name, keys.FROM_INITIAL, 0.0, ctx.budget, _threads(ctx.cfg, 1)),
               keys.POOL_PARTITIONS: sorted(ctx.nodes)}
+    pooled = sum(i[keys.NUM_PAIRS] for i in ctx.info.values())
     reply = ctx.ask(ctx.evaluator, MessageType.TRAIN, config, f"{name}/train",
-                    rounds_of_work=ctx.budget_rounds)
+                    keys.train_reply(None, pooled, None), rounds_of_work=ctx.budget_rounds)
     return Trained(keys.FROM_ARRAYS, {"steps": ctx.budget,
                                       "pairs": int(reply[keys.METRICS][keys.NUM_EXAMPLES])},
                    reply[keys.ARRAYS])
@@ -193,15 +201,17 @@ def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
     if spec.he or ctx.cfg.privacy.kind == "he":
         config = ConfigRecord(ctx.train_config(name, keys.FROM_HE, spec.kd_weight,
                                                ctx.cfg.protocol.local_steps, threads, local))
-        result = strategy.start(ctx.grid(name), ArrayRecord(), rounds, ctx.cfg.round_timeout, config)
+        grid = ctx.grid(name).checked(MessageType.TRAIN, keys.he_train_weight(ctx.pairs))
+        result = strategy.start(grid, ArrayRecord(), rounds, ctx.cfg.round_timeout, config)
         ctx.cost[name] = list(strategy.rounds.values())
         return Trained(keys.FROM_HE, {"steps": ctx.budget, "rounds": _round_metrics(result)},
                        he_round=rounds, local=local)
     config = ConfigRecord(ctx.train_config(name, keys.FROM_ARRAYS, spec.kd_weight,
                                            ctx.cfg.protocol.local_steps, threads, local))
     start = time.perf_counter()
-    result = ClientSpread(strategy).start(ctx.grid(name, Policy(ANY, model_reply(_initial(ctx)))),
-                            _initial(ctx), rounds, ctx.cfg.round_timeout, config)
+    reply = keys.train_reply(_initial(ctx), ctx.pairs, ctx.cfg.protocol.strategy_slot.loss_key)
+    result = ClientSpread(strategy).start(ctx.grid(name, Policy(ANY, reply)), _initial(ctx), rounds,
+                                          ctx.cfg.round_timeout, config)
     seconds = (time.perf_counter() - start) / rounds
     traffic = [ctx.messenger.round_traffic(f"{name}/train", r) for r in range(1, rounds + 1)]
     ctx.cost[name] = [{"round-seconds": seconds, "bytes-up-per-client": t["bytes_up"] / t["messages"]}
@@ -215,8 +225,8 @@ def _initial(ctx: Context) -> ArrayRecord:
     real model like every other round."""
     if ctx.initial is None:
         config = {**ctx.base, keys.QUERY_OP: keys.INITIAL_WEIGHTS}
-        ctx.initial = ctx.ask(ctx.evaluator, MessageType.QUERY, config,
-                              "initial-weights")[keys.ARRAYS]
+        ctx.initial = ctx.ask(ctx.evaluator, MessageType.QUERY, config, "initial-weights",
+                              keys.weights_reply())[keys.ARRAYS]
     return ctx.initial
 
 
@@ -229,22 +239,26 @@ def _encode_corpus(ctx: Context, name: str, trained: Trained, config: dict,
     """Encode the corpus one bounded piece per message (each reply's work is capped by
     ``eval_pages_per_message``, so ``round_timeout`` holds on a busy machine), on the
     ``encoders`` side by side: each wave gives each encoder one missing piece. A piece is
-    missing after a wave only if every encoder saw it missing after its own."""
+    missing after a wave only if every encoder saw it missing after its own; one the wave asked
+    for is encoded by then, else the encoding stops here (it would never end)."""
     start = time.perf_counter()
     config = {**config, keys.EVAL_OP: keys.ENCODE, keys.TORCH_THREADS: _threads(ctx.cfg, len(encoders))}
     todo, wave = list(range(len(encoders))), 0  # the number of pieces is known after wave 1
+    pages = int(ctx.cfg.protocol.eval_pages_per_message)
     while todo:
         wave += 1
-        replies = ctx.ask_each({node: {**config, keys.PIECE: i} for node, i in zip(encoders, todo)},
-                               MessageType.EVALUATE, f"eval/{name}/encode",
+        asked = dict(zip(encoders, todo))
+        replies = ctx.ask_each({node: {**config, keys.PIECE: i} for node, i in asked.items()},
+                               MessageType.EVALUATE, f"eval/{name}/encode", keys.encode_reply(pages),
                                None if config[keys.WEIGHTS] == keys.FROM_LOCAL else trained.arrays,
                                server_round=wave)
         pieces = int(replies[0][keys.METRICS][keys.PIECES])
         todo = sorted(set.intersection(*(set(r[keys.METRICS][keys.MISSING]) for r in replies)))
         log.info("[eval %s] corpus pieces %d/%d encoded on %d node(s), %.0f s", name, pieces - len(todo),
                  pieces, len(encoders), time.perf_counter() - start)
-        if todo and wave > pieces:
-            raise RuntimeError(f"eval {name}: corpus encoding makes no progress ({len(todo)} left)")
+        if set(todo) & set(asked.values()):
+            raise PhaseFailed(f"eval {name}: corpus encoding makes no progress ({len(todo)} pieces left, "
+                              f"those of wave {wave} among them)")
 
 
 def _evaluate(ctx: Context, name: str, trained: Trained, node: int | None = None) -> dict:
@@ -261,15 +275,12 @@ def _evaluate(ctx: Context, name: str, trained: Trained, node: int | None = None
               **({keys.LOCAL_MODEL: trained.local} if own else {})}
     label, arrays = (f"{name}/local", None) if own else (name, trained.arrays)
     _encode_corpus(ctx, label, trained, config, [node] if own else ctx.encoders)
-    reply = ctx.ask(node if own else ctx.evaluator, MessageType.EVALUATE,
-                    {**config, keys.EVAL_OP: keys.SCORE}, f"eval/{label}/score", arrays)
-    evaluated = reply[keys.WEIGHTS_INFO][keys.WEIGHTS_KEY]
     task = ctx.cfg.task
-    expected = weights_key(task.model, task.lora, None if trained.arrays is None else
-                           from_record(trained.arrays))
-    if not own and trained.source != keys.FROM_HE and evaluated != expected:
-        raise RuntimeError(f"eval {name}: node evaluated weights {evaluated}, the method "
-                           f"produced {expected}")
+    expected = None if own or trained.source == keys.FROM_HE else \
+        weights_key(task.model, task.lora, None if trained.arrays is None else from_record(trained.arrays))
+    reply = ctx.ask(node if own else ctx.evaluator, MessageType.EVALUATE, {**config, keys.EVAL_OP: keys.SCORE},
+                    f"eval/{label}/score", keys.score_reply(scored(ctx.cfg), METRICS, expected), arrays)
+    evaluated = reply[keys.WEIGHTS_INFO][keys.WEIGHTS_KEY]
     metrics = reply[keys.METRICS]
     return {"weights_key": evaluated} | {
         split: {m: float(metrics[f"{split}/{m}"]) for m in METRICS}
@@ -331,8 +342,14 @@ def _cost_summary(rounds: list[dict]) -> dict:
     return out
 
 
-def _discover(messenger: Messenger, base: dict) -> tuple[dict[int, int], dict[int, dict]]:
-    nodes, records = discover(messenger, base, keys.CONFIG, keys.INFO, keys.PARTITION_ID)
+def _discover(messenger: Messenger, base: dict, cfg: DictConfig | None = None
+              ) -> tuple[dict[int, int], dict[int, dict]]:
+    """Every company's node; where ``cfg`` is given, each must hold exactly the documents the
+    public partitioning gives its partition (the pairs it declares are its claim)."""
+    def documents(partition: int) -> list[str]:
+        return client_documents(cfg.data_root, cfg.task.companies, instantiate(cfg.task.partitioner), partition)
+    reply = keys.discover_reply(messenger.partition_of, None if cfg is None else documents, messenger.num_partitions)
+    nodes, records = discover(messenger, base, keys.CONFIG, keys.INFO, keys.PARTITION_ID, reply)
     return nodes, {partition_id: {keys.NUM_PAIRS: int(r[keys.NUM_PAIRS]), keys.COMPANIES: list(r[keys.COMPANIES]),
                                   keys.DOCUMENTS: len(r[keys.DOCUMENTS])} for partition_id, r in records.items()}
 
@@ -355,7 +372,7 @@ def context(messenger: Messenger, cfg: DictConfig) -> Context:
     """The runners' context: every client discovered, the step budget (a function of its own, so
     that a test drives a runner with the messages a run sends)."""
     base = client_config(cfg)
-    nodes, info = _discover(messenger, base)
+    nodes, info = _discover(messenger, base, cfg)
     return Context(messenger, cfg, base, nodes, info, int(cfg.num_rounds * cfg.protocol.local_steps * len(nodes)))
 
 

@@ -60,7 +60,7 @@ def cell_name(steps: int, kd: float) -> str:
 
 def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
     base = client_config(cfg)
-    nodes, info = fede4rag._discover(messenger, base)
+    nodes, info = fede4rag._discover(messenger, base, cfg)
     p = cfg.protocol
     budget = int(p.budget_steps) * len(nodes)
     log.info("[kd-sweep] %d clients; %d steps per client per cell; cells %s x kd %s", len(nodes),

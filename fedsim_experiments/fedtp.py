@@ -15,7 +15,9 @@ with noise of its own: two points sharing one draw would give the exact mean by 
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,10 +30,11 @@ from fedsim.privacy import SWEEP, one_shot_epsilon
 from fedsim.results import RunOutput, markdown_table
 from fedsim.schema import Protocol
 from fedsim.stats import gain_distribution, group_gains, paired_bootstrap_ci
-from fedsim.validators import vector_rows
+from fedsim.validators import Bound, Validator
 from fedsim_clients import fedtp_messages as keys
+from fedsim_clients.topic_preference import hosted_rows
 from fedsim_experiments.common import build_strategy, innermost
-from fedsim_tasks.topical_chat.dataset import load_topics
+from fedsim_tasks.topical_chat.dataset import load_topics, row_splits
 
 log = logging.getLogger("fedsim")
 
@@ -51,14 +54,15 @@ class FedTPProtocol(Protocol):
 ROUTERS = ("tfidf", "global", "local", "fedmix")
 SCORE_COLUMNS = ["turns", "ehr", "err", "support_ratio"]
 # Phase policies: every phase goes on with the clients that answered (left-out ones are counted
-# in results.json faults); a phase with no usable reply stops the run.
-POLICY = Policy(ANY)
+# in results.json faults); a phase with no usable reply stops the run. What each reply must be:
+# fedsim_clients/fedtp_messages.py.
 
 
-def prior_policy(dim: int, max_rows: int | None = None) -> Policy:
+def prior_policy(dim: int, max_rows: Bound = math.inf) -> Policy:
     """Train replies must be finite, non-negative (rows, dim) preference matrices of at most
-    ``max_rows`` rows (a DP strategy's bound, e.g. one row per reply under sampling)."""
-    return Policy(ANY, vector_rows(keys.VECTORS, dim, nonnegative=True, max_rows=max_rows))
+    ``max_rows`` rows (per node: the conversations it hosts in the prior splits, and a DP
+    strategy's bound, e.g. one row per reply under sampling)."""
+    return Policy(ANY, keys.train_reply(dim, max_rows))
 
 
 def dp_strategy(cfg: DictConfig, messenger: Messenger):
@@ -100,9 +104,9 @@ def sweep_priors(strategy, sigmas: list[float], seeds: int) -> dict[str, tuple[f
 
 
 def _broadcast(messenger: Messenger, phase: str, nodes: list[int], message_type: str,
-               content: RecordDict) -> list[Message]:
+               content: RecordDict, reply: Validator) -> list[Message]:
     return messenger.exchange(phase, [Message(content, dst_node_id=n, message_type=message_type)
-                                      for n in nodes], POLICY)
+                                      for n in nodes], Policy(ANY, reply))
 
 
 def _sum_metrics(replies: list[Message]) -> tuple[dict, dict]:
@@ -144,12 +148,22 @@ def _evaluate_content(priors: dict, variants: list[tuple], splits: list[str], ba
     })
 
 
-def discover(messenger: Messenger, base: dict) -> dict[int, ConfigRecord]:
-    """Which conversations (rows, splits) each node hosts."""
+def discover(messenger: Messenger, base: dict, splits: list[str] | None = None) -> dict[int, ConfigRecord]:
+    """Which conversations (rows, splits) each node hosts: where the nodes told their partitions,
+    exactly those the public partitioning of the population gives it (``splits``: the split of
+    each population row), so that no node claims more conversations, and more weight, than it
+    holds."""
     nodes = messenger.node_ids()
     log.info("FedTP: %d SuperNodes connected", len(nodes))
+
+    def hosted(node: int) -> tuple[list[int], list[str]] | None:
+        partition = messenger.partition_of(node)
+        if partition is None or splits is None:
+            return None
+        rows = hosted_rows(len(splits), messenger.num_partitions, partition)
+        return rows, [splits[r] for r in rows]
     infos = _broadcast(messenger, "discover", nodes, MessageType.QUERY,
-                       RecordDict({keys.CONFIG: ConfigRecord(base)}))
+                       RecordDict({keys.CONFIG: ConfigRecord(base)}), keys.discover_reply(hosted))
     return {m.metadata.src_node_id: m.content[keys.INFO] for m in infos}
 
 
@@ -167,6 +181,20 @@ class Context:
     def holders(self, splits: list[str]) -> list[int]:
         """The nodes hosting any of ``splits``, in the messenger's node order (as discovered)."""
         return [n for n, info in self.hosted.items() if set(info[keys.INFO_SPLITS]) & set(splits)]
+
+    def rows_in(self, splits: list[str]) -> Callable[[int], int]:
+        """How many of its conversations each node hosts in ``splits``: the most rows, and the
+        most weight, its reply may carry."""
+        return lambda node: sum(s in splits for s in self.hosted[node][keys.INFO_SPLITS])
+
+    def rows_of(self, node: int) -> list[int]:
+        return list(self.hosted[node][keys.INFO_ROWS])
+
+    def evaluate_reply(self, splits: list[str], content: RecordDict, topics: int) -> Validator:
+        """What an evaluation of ``content`` (its splits, variants, turn level) must answer."""
+        config = content[keys.CONFIG]
+        return keys.evaluate_reply(splits, list(config[keys.VARIANT_NAMES]), bool(config[keys.TURN_LEVEL]),
+                                   topics, self.rows_of)
 
 
 @dataclass
@@ -186,7 +214,8 @@ def train_prior(ctx: Context, num_topics: int) -> Prior:
         raise RuntimeError(f"no SuperNode hosts a prior split {splits}")
     check_records(ctx.hosted, splits, ctx.strategy)
     uniform = np.full(num_topics, 1.0 / num_topics)
-    policy = prior_policy(num_topics, getattr(ctx.strategy, "max_rows_per_reply", None))
+    hosted, cap = ctx.rows_in(splits), getattr(ctx.strategy, "max_rows_per_reply", None) or math.inf
+    policy = prior_policy(num_topics, lambda node: min(hosted(node), cap))
     rounds = int(ctx.cfg.num_rounds)
     result = ctx.strategy.start(ctx.messenger.grid("prior", policy, nodes),
                                 initial_arrays=ArrayRecord({keys.VECTORS: Array(uniform)}),
@@ -206,7 +235,7 @@ def tune_lambda(ctx: Context, prior: np.ndarray) -> tuple[list[dict], float]:
     content = _evaluate_content({"main": prior}, [(f"fedmix@{lam}", "main", alpha, lam)
                                                   for lam in lambdas], tune, ctx.base, False)
     sums, _ = _sum_metrics(_broadcast(ctx.messenger, "tune", ctx.holders(tune), MessageType.EVALUATE,
-                                      content))
+                                      content, ctx.evaluate_reply(tune, content, len(prior))))
     lambda_sweep = [{"lambda": lam, **_scores(sums, tune, f"fedmix@{lam}")} for lam in lambdas]
     best = max(lambda_sweep, key=lambda r: (r["ehr"] or 0.0))["lambda"]
     log.info("FedTP: lambda sweep %s -> lambda=%g", [(r["lambda"], r["ehr"]) for r in lambda_sweep], best)
@@ -229,8 +258,9 @@ def evaluate_routers(ctx: Context, prior: np.ndarray, best: float) -> tuple[dict
         variants.append((name, name, alpha, best))
         sweep_keys.setdefault(sigma, []).append(name)
     test = ctx.task["test_splits"]
+    content = _evaluate_content(priors, variants, test, ctx.base, True)
     sums, turns = _sum_metrics(_broadcast(ctx.messenger, "test", ctx.holders(test), MessageType.EVALUATE,
-                                          _evaluate_content(priors, variants, test, ctx.base, True)))
+                                          content, ctx.evaluate_reply(test, content, len(prior))))
     return sums, turns, sweep_keys
 
 
@@ -281,7 +311,8 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     base = client_config(cfg)
     strategy = dp_strategy(cfg, messenger)
     supernodes = len(messenger.node_ids())
-    hosted = _timed(timings, "discover_s", discover, messenger, base)
+    splits = row_splits(cfg.data_root, tuple(cfg.task.splits), cfg.task.get("max_per_split"))
+    hosted = _timed(timings, "discover_s", discover, messenger, base, splits)
     ctx = Context(messenger, cfg, base, OmegaConf.to_container(cfg.task, resolve=True), strategy, hosted)
     prior = _timed(timings, "prior_s", train_prior, ctx, num_topics)
     lambda_sweep, best = _timed(timings, "tune_s", tune_lambda, ctx, prior.vector)

@@ -6,6 +6,7 @@ length is the data's number of topics.
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -16,8 +17,9 @@ from fedsim.messaging import Messenger, client_config
 from fedsim.results import RunOutput, markdown_table
 from fedsim.schema import layout
 from fedsim_clients import fedtp_messages as keys
+from fedsim_clients.topic_preference import hosted_rows
 from fedsim_experiments.fedtp import dp_strategy, prior_policy
-from fedsim_tasks.topical_chat.dataset import load_topics
+from fedsim_tasks.topical_chat.dataset import load_topics, row_splits
 
 
 def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
@@ -25,8 +27,16 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     nodes = messenger.node_ids()
     t0 = time.monotonic()
     strategy = dp_strategy(cfg, messenger)
+    splits = row_splits(cfg.data_root, tuple(cfg.task.splits), cfg.task.get("max_per_split"))
+    cap = getattr(strategy, "max_rows_per_reply", None) or math.inf
+
+    def rows(node: int) -> float:
+        """The conversations the node's partition hosts (any number where it told none)."""
+        partition = messenger.partition_of(node)
+        hosted = math.inf if partition is None else len(hosted_rows(len(splits), messenger.num_partitions, partition))
+        return min(hosted, cap)
     result = strategy.start(
-        messenger.grid("aggregate", prior_policy(dim, getattr(strategy, "max_rows_per_reply", None))),
+        messenger.grid("aggregate", prior_policy(dim, rows)),
         initial_arrays=ArrayRecord({keys.VECTORS: Array(np.full(dim, 1.0 / dim))}),
         num_rounds=rounds, timeout=float(cfg.round_timeout),
         train_config=ConfigRecord({**client_config(cfg), keys.SPLITS: list(cfg.task.splits)}))

@@ -13,7 +13,8 @@ sample or a divisor equal to the realized count would be another mechanism.
 
 Each reply carries an ArrayRecord with ``array_key``: a (rows, dim) matrix, one row per client
 the node hosts (normally one). Malformed replies never reach it: the phase's validator
-(``fedsim.validators``, e.g. ``vector_rows`` in FedTP) screens every reply in
+(``fedsim.validators``; FedTP's ``fedsim_clients/fedtp_messages.train_reply``: at most the rows its
+node hosts) screens every reply in
 :meth:`fedsim.messaging.Messenger.exchange`, which leaves them out and counts them as ``malformed``.
 """
 

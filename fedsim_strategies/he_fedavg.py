@@ -41,6 +41,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from fedsim.he import ckks
 from fedsim.he import messages as keys
 from fedsim.messaging import ANY, PhaseGrid, Policy, phase_grid
+from fedsim.validators import Arrays, Blob, Config, Metrics, Number, Reply, Text
 
 log = logging.getLogger("fedsim")
 
@@ -57,8 +58,10 @@ class HEFedAvg(Strategy):
         self.chunk_floats = int(math.ceil(chunk_floats / slots) * slots)
         self.slots = slots
         self.context = None  # the public context, built from client bytes
+        self.probe = None  # ciphertexts a client sends must add to encryptions under it
+        self._probes: dict[str, ckks.Probe] = {}  # key id -> probe, until the federation's key is known
         self.key_id = None
-        self.num_floats = None  # the model's size, fixed by the first accepted train reply
+        self.num_floats = None  # the model's size, fixed with the key by the first round's majority
         self.rounds: dict[int, dict] = {}
 
     def summary(self) -> None:
@@ -117,7 +120,8 @@ class HEFedAvg(Strategy):
 
     def _round(self, grid: PhaseGrid, rnd: int, base: dict) -> dict:
         accepted = grid.exchange("train", self._train_messages(grid, rnd, base),
-                                 Policy(ANY, self._train_problem), rnd)
+                                 Policy(ANY, self._train_problem, agree=self._setting), rnd)
+        self._adopt(accepted)
         self.carry = None
         weights = {m.metadata.src_node_id: float(m.content[keys.METRICS][self.weight_key])
                    for m in accepted}
@@ -181,44 +185,54 @@ class HEFedAvg(Strategy):
                     "decrypt-seconds-per-client": seconds["decrypt"] / len(everyone)})
         return out
 
-    def _train_problem(self, content: RecordDict) -> str | None:
-        """Why an HE train reply is unusable (None if usable); the first reply's public
-        context becomes the server's, later ones must share its key."""
-        metrics = content.metric_records.get(keys.METRICS)
-        record = content.config_records.get(keys.CONTEXT)
-        if metrics is None or record is None or keys.PUBLIC_CONTEXT not in record:
-            return "not an HE train reply (metrics and public context expected)"
-        weight, floats = metrics.get(self.weight_key), metrics.get(keys.NUM_FLOATS)
-        if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
-            return f"weight {self.weight_key}={weight!r} is not a positive finite number"
-        if not isinstance(floats, int) or floats <= 0:
-            return f"{keys.NUM_FLOATS}={floats!r} is not a positive integer"
-        inline = content.array_records.get(keys.CIPHERTEXTS)
-        if inline is not None and (len(inline) != math.ceil(floats / self.slots)
-                                   or any(a.dtype != "uint8" for a in inline.values())):
-            return f"expected {math.ceil(floats / self.slots)} uint8 ciphertexts in the train reply"
-        return self._key_problem(record[keys.PUBLIC_CONTEXT]) or self._size_problem(floats)
-
-    def _key_problem(self, public: bytes) -> str | None:
-        """The first reply's public context becomes the server's; later ones must share its key."""
-        if self.key_id is None:
-            try:
-                self.context = ckks.server_context(public)
-            except ValueError as exc:
-                return str(exc)
-            self.key_id = ckks.key_id(public)
-        elif ckks.key_id(public) != self.key_id:
+    def _train_problem(self, content: RecordDict, node: int) -> str | None:
+        """Why an HE train reply is unusable (None if usable): it must be :meth:`_train_reply`,
+        under the federation's key and for a model of the federation's size once they are known,
+        carrying its update inline exactly when the message asked (one trip, an update that fits:
+        a reply without it would send every node to the chunk phase, for an update none kept),
+        its ciphertexts summable under its own public context."""
+        if why := self._train_reply(content, node):
+            return why
+        public, floats = content[keys.CONTEXT][keys.PUBLIC_CONTEXT], int(content[keys.METRICS][keys.NUM_FLOATS])
+        key = ckks.key_id(public)
+        if self.key_id is not None and key != self.key_id:
             return "encrypted under another key"
-        return None
-
-    def _size_problem(self, floats: int) -> str | None:
-        """Ciphertexts of models of different sizes cannot be summed: the first accepted reply
-        fixes the size, a reply of another is malformed (counted; the round goes on)."""
-        if self.num_floats is None:
-            self.num_floats = floats
-        elif floats != self.num_floats:
+        if self.num_floats is not None and floats != self.num_floats:  # ciphertexts of two sizes cannot be summed
             return f"a model of {floats} floats; this federation's has {self.num_floats}"
-        return None
+        try:
+            probe = self._probes.get(key) or self._probes.setdefault(key, ckks.Probe(ckks.server_context(public)))
+        except ValueError as exc:
+            return str(exc)
+        inline = content.array_records.get(keys.CIPHERTEXTS)
+        if (inline is not None) != (self.one_trip and floats <= self.chunk_floats):  # as the message asked
+            return f"the update {'' if inline is not None else 'not '}sent inline, against the round's mode"
+        return None if inline is None else self._ciphertexts_problem(probe, inline, floats)
+
+    def _setting(self, content: RecordDict) -> tuple[str, int]:
+        """What the train replies must agree on: their key and their model's size. The first round's
+        majority fixes both for the run (:meth:`_adopt`): no one reply does."""
+        return ckks.key_id(content[keys.CONTEXT][keys.PUBLIC_CONTEXT]), int(content[keys.METRICS][keys.NUM_FLOATS])
+
+    def _adopt(self, accepted: list[Message]) -> None:
+        """The federation's key and model size, those of the accepted replies (they agree)."""
+        if self.key_id is None:
+            self.key_id, self.num_floats = self._setting(accepted[0].content)
+            self.probe = self._probes[self.key_id]
+            self.context = self.probe.ctx
+            self._probes = {self.key_id: self.probe}
+
+    def _train_reply(self, content: RecordDict, node: int) -> str | None:
+        """Its records: the public context, a positive weight and the model's size, ciphertexts
+        where it carries its update (one trip)."""
+        metrics = Metrics({self.weight_key: Number(math.ulp(0.0)), keys.NUM_FLOATS: Number(1, whole=True)})
+        schema = Reply({keys.CONTEXT: Config({keys.PUBLIC_CONTEXT: Blob()}), keys.METRICS: metrics,
+                        keys.CIPHERTEXTS: Arrays()}, optional=frozenset({keys.CIPHERTEXTS}))
+        return schema(content, node)
+
+    def _ciphertexts_problem(self, probe: ckks.Probe, record: ArrayRecord, values: int) -> str | None:
+        """Why ``record`` does not hold ``values`` floats in ciphertexts this server can sum."""
+        return ckks.record_problem(record, math.ceil(values / self.slots)) or \
+            probe.problem(ckks.record_blobs(record), values, self.slots)
 
     def _query(self, nodes: list[int], config: dict, record: ArrayRecord | None
                ) -> list[Message]:
@@ -236,17 +250,15 @@ class HEFedAvg(Strategy):
         config = {**base, keys.OP: keys.ENCRYPT, keys.SERVER_ROUND: rnd, keys.CHUNK: chunk,
                   keys.CHUNK_FLOATS: self.chunk_floats, keys.KEY_ID: self.key_id}
         values = min(self.chunk_floats, num_floats - chunk * self.chunk_floats)
-        expected = math.ceil(values / self.slots)
+        schema = Reply({keys.CIPHERTEXTS: Arrays(), keys.CONTEXT: Config({keys.KEY_ID: Text()}),
+                        keys.METRICS: Metrics({keys.ENCRYPT_SECONDS: Number(0.0)})})
 
-        def problem(content: RecordDict) -> str | None:
-            record = content.array_records.get(keys.CIPHERTEXTS)
-            if record is None or len(record) != expected:
-                return f"expected {expected} ciphertexts for chunk {chunk}"
-            if any(a.dtype != "uint8" for a in record.values()):
-                return "ciphertexts must be uint8 bytes"
-            if content.config_records.get(keys.CONTEXT, {}).get(keys.KEY_ID) != self.key_id:
+        def problem(content: RecordDict, node: int) -> str | None:
+            if why := schema(content, node):
+                return why
+            if content[keys.CONTEXT][keys.KEY_ID] != self.key_id:
                 return "encrypted under another key"
-            return None
+            return self._ciphertexts_problem(self.probe, content[keys.CIPHERTEXTS], values)
 
         replies = grid.exchange("he-encrypt", self._query(list(weights), config, None),
                                 Policy(ANY, problem), rnd)
@@ -261,8 +273,11 @@ class HEFedAvg(Strategy):
                   keys.NUM_FLOATS: num_floats, keys.KEY_ID: self.key_id}
         replies = grid.exchange("he-install",
                                 self._query(nodes, config, ckks.blobs_record(aggregate)),
-                                Policy(ANY), rnd)
+                                Policy(ANY, INSTALL_REPLY), rnd)
         return _seconds(replies, keys.DECRYPT_SECONDS)
+
+
+INSTALL_REPLY = Reply({keys.METRICS: Metrics({keys.DECRYPT_SECONDS: Number(0.0)})})
 
 
 def _seconds(replies: list[Message], key: str) -> float:

@@ -43,12 +43,18 @@ import logging
 from contextlib import contextmanager
 
 import numpy as np
-from flwr.app import Message, MetricRecord
+from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Strategy
-from flwr.serverapp.strategy.dp_adaptive_clipping import DifferentialPrivacyAdaptiveBase
+from flwr.serverapp.strategy.dp_adaptive_clipping import (
+    DifferentialPrivacyAdaptiveBase,
+    DifferentialPrivacyClientSideAdaptiveClipping,
+)
+from flwr.supercore.differential_privacy import KEY_NORM_BIT
 
+from fedsim.messaging import phase_grid
 from fedsim.privacy import FLOWER_DP, SAMPLE, CentralDP, NoiseSource, adaptive_noise_multiplier, poisson_sample
 from fedsim.seeding import derived_seed
+from fedsim.validators import Metrics, Number
 
 log = logging.getLogger("fedsim")
 
@@ -103,6 +109,14 @@ class Among:
         return getattr(self.grid, name)
 
 
+CLIPPED_BIT = Metrics({KEY_NORM_BIT: Number(0, 1, whole=True)})
+
+
+def _clipped_bit(content: RecordDict, node: int) -> str | None:
+    records = list(content.metric_records.values())
+    return "expected one MetricRecord" if len(records) != 1 else CLIPPED_BIT.problem(records[0], node)
+
+
 class NumpyNoise(Strategy):
     """``strategy`` (a Flower DP wrapper) with its global-numpy noise and its clients' sample from
     ``noise``; its releases counted in ``spent``."""
@@ -122,6 +136,13 @@ class NumpyNoise(Strategy):
     def rng(self, use: int, server_round: int) -> np.random.Generator:
         """The noise source's stream for ``use`` in this phase's round ``server_round``."""
         return self.noise.rng(use, derived_seed(self.phase), server_round)
+
+    def start(self, grid, initial_arrays, *args, **kwargs):
+        """Flower's round loop; under client-side adaptive clipping every train reply must say
+        whether its client clipped (Flower's wrapper raises on a reply without it)."""
+        if isinstance(self.strategy, DifferentialPrivacyClientSideAdaptiveClipping):
+            grid = phase_grid(grid, "dp").checked(MessageType.TRAIN, _clipped_bit)
+        return super().start(grid, initial_arrays, *args, **kwargs)
 
     def configure_train(self, server_round, arrays, config, grid):
         self.phase = getattr(grid, "label", self.phase)  # a PhaseGrid names its phase

@@ -22,6 +22,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from fedsim.messaging import Policy, Quorum, phase_grid
 from fedsim.records import from_record, to_record
+from fedsim.validators import Metrics, Number, like_model
 
 log = logging.getLogger("fedsim")
 
@@ -216,7 +217,8 @@ class SelectorGroups(FedAvg):
         if num_rounds <= warmup:
             raise ValueError(f"num_rounds ({num_rounds}) must exceed the warm-up, {self.num_selectors} "
                              f"selectors x {self.warmup_rounds} rounds")
-        grid = phase_grid(grid, "selector-groups", timeout)
+        # an update unlike the selectors (keys, shapes, dtypes) cannot be mixed into one: counted, not mixed
+        grid = phase_grid(grid, "selector-groups", timeout).checked(MessageType.TRAIN, like_model(initial_arrays))
         config = ConfigRecord() if train_config is None else train_config
         result = GroupsResult([ArrayRecord(dict(initial_arrays.items())) for _ in range(self.num_selectors)])
         for rnd in range(1, num_rounds + 1):
@@ -294,11 +296,12 @@ class SelectorGroups(FedAvg):
                 "joined": int((missing & (previous < 0)).sum()),
                 "mean_loss": float(np.nanmean(chosen)) if (~missing).any() else None}
 
-    def _valid_report(self, content: RecordDict) -> str | None:
-        """A regroup reply must report a finite loss on every selector."""
-        records = list(content.metric_records.values())
-        if len(records) != 1:
+    def _valid_report(self, content: RecordDict, node: int) -> str | None:
+        """A regroup reply: one MetricRecord with a finite loss on every selector and a positive
+        weight (a protocol bounds it by what the node declared: ``PhaseGrid.checked``)."""
+        records = list(content.metric_records)
+        if len(records) != 1 or set(content) != set(records):
             return "expected one MetricRecord"
-        need = [f"{self.loss_prefix}{u}" for u in range(self.num_selectors)] + [self.weighted_by_key]
-        bad = [k for k in need if k not in records[0] or not math.isfinite(float(records[0][k]))]
-        return f"missing or non-finite {bad}" if bad else None
+        losses = {f"{self.loss_prefix}{u}": Number() for u in range(self.num_selectors)}
+        metrics = Metrics({**losses, self.weighted_by_key: Number(math.ulp(0.0))})
+        return metrics.problem(content[records[0]], node)

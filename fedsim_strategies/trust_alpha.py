@@ -15,14 +15,14 @@ import json
 from collections.abc import Iterable
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from fedsim.messaging import phase_grid
 from fedsim.records import from_record, to_record
 from fedsim.trust_mixing import ALPHA, MIXING, S_GLOBAL, S_LOCAL
-from fedsim.validators import model_reply
+from fedsim.validators import Metrics, Number, both, like_model
 
 
 def k_at(server_round: int, k0: float, k_growth: float) -> float:
@@ -38,6 +38,14 @@ def plain_mean(weights: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
         raise ValueError("no weights to average")
     return {key: np.mean([np.asarray(w[key], dtype=np.float64) for w in weights], axis=0).astype(value.dtype)
             for key, value in weights[0].items()}
+
+
+MIXING_METRICS = Metrics(optional={ALPHA: Number(0.0, 1.0), S_LOCAL: Number(), S_GLOBAL: Number()})
+
+
+def _mixing(content: RecordDict, node: int) -> str | None:
+    records = list(content.metric_records.values())
+    return "expected one MetricRecord" if len(records) != 1 else MIXING_METRICS.problem(records[0], node)
 
 
 class TrustAlpha(FedAvg):
@@ -72,9 +80,10 @@ class TrustAlpha(FedAvg):
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, *args, **kwargs):
         """Flower's round loop, every train reply checked against the model's keys, shapes and
-        dtypes (``plain_mean`` cannot average arrays of different shapes): a client's wrong
-        reply is counted ``malformed`` and left out instead of stopping the run."""
-        view = phase_grid(grid, "trust-alpha").checked(MessageType.TRAIN, model_reply(initial_arrays))
+        dtypes (``plain_mean`` cannot average arrays of different shapes) and its alpha and trust
+        scores numbers (alpha in [0, 1]): a client's wrong reply is counted ``malformed`` and left
+        out instead of stopping the run."""
+        view = phase_grid(grid, "trust-alpha").checked(MessageType.TRAIN, both(like_model(initial_arrays), _mixing))
         return super().start(view, initial_arrays, *args, **kwargs)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,

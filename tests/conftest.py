@@ -51,18 +51,19 @@ def read_results(path: Path) -> dict:
     return json.loads((path / "results.json").read_text())
 
 
-def kill_when(overrides: list[str], root: str, ready: Callable[[], bool]) -> None:
-    """Start ``fedsim run overrides`` with TMPDIR ``root``, SIGKILL it once ``ready()`` holds,
-    wait until its watchdog has ended every process of the run, and remove ``root`` (the killed
-    launcher left its work folder and Ray's session there)."""
+def kill_when(overrides: list[str], root: str, ready: Callable[[], bool], sig: int = signal.SIGKILL) -> None:
+    """Start ``fedsim run overrides`` with TMPDIR ``root``, send it ``sig`` once ``ready()``
+    holds, wait until it has exited and every process of the run has ended (SIGTERM / SIGINT: the
+    launcher stops them; SIGKILL: its watchdog), and remove ``root`` (a killed launcher left its
+    work folder and Ray's session there)."""
     proc = subprocess.Popen([FEDSIM, "run", *overrides], stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": root})
     deadline = time.monotonic() + 300
     while not ready():
         assert proc.poll() is None and time.monotonic() < deadline, "the run ended before the kill"
         time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
+    proc.send_signal(sig)
+    assert proc.wait(120) == (-sig if sig == signal.SIGKILL else 128 + sig)
     deadline = time.monotonic() + 60
     while run_processes(root) and time.monotonic() < deadline:  # the watchdog ends the rest
         time.sleep(0.5)
@@ -79,11 +80,11 @@ def journaled(out: Path) -> list[dict]:
 
 def without_timings(value):
     """results.json without what differs between two runs of one experiment (timings, the
-    checkpoint's counts), floats compared to 1e-12: the order replies arrive in may change a
-    float sum in its last bit."""
+    checkpoint's counts, the provenance's times and command), floats compared to 1e-12: the
+    order replies arrive in may change a float sum in its last bit."""
     if isinstance(value, dict):
         return {k: without_timings(v) for k, v in value.items()
-                if "seconds" not in k and not k.startswith("ms_") and k not in ("checkpoint", "timings")}
+                if "seconds" not in k and not k.startswith("ms_") and k not in ("checkpoint", "timings", "provenance")}
     if isinstance(value, list):
         return [without_timings(v) for v in value]
     if isinstance(value, float):

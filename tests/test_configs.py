@@ -25,6 +25,7 @@ def test_experiment_composes_and_fits_its_schema(experiment):
     cfg = compose([f"experiment={experiment}"])
     protocol = check(cfg)
     assert protocol.name == cfg.protocol.name
+    assert cfg.sweep.metrics, f"{experiment} names no headline metrics (sweep.metrics)"  # the summary leads with them
 
 
 def test_a_preset_turns_off_datasets_and_methods_with_null():

@@ -27,6 +27,7 @@ from fedsim import client_app
 from fedsim.config import compose
 from fedsim.inprocess_grid import InProcessGrid
 from fedsim.messaging import ANY, Messenger, Policy, client_config
+from fedsim.node_local import from_run
 from fedsim.records import from_record, to_bytes, to_record
 from fedsim.schema import check
 from fedsim.seeding import seed_server
@@ -42,11 +43,12 @@ from fedsim_tasks.topical_chat.dataset import load_topics
 DATA = "data_root=../shared/data"
 
 
-def serve(msg: Message, partition: int, num_partitions: int) -> RecordDict:
+def serve(msg: Message, partition: int, num_partitions: int, node: dict | None = None) -> RecordDict:
     """``msg`` through the real ClientApp (its mods: fault injection, client-side clipping; the
-    per-message seeding) as partition ``partition`` of this process."""
+    per-message seeding) as partition ``partition`` of this process, on a node whose config
+    gives ``node`` (its folders: ``fedsim.node_local.from_run(cfg)``)."""
     context = Context(run_id=1, node_id=100 + partition, state=RecordDict(), run_config={},
-                      node_config={"partition-id": partition, "num-partitions": num_partitions})
+                      node_config={**(node or {}), "partition-id": partition, "num-partitions": num_partitions})
     return client_app.app(msg, context).content
 
 
@@ -62,14 +64,14 @@ def assert_same_reply(a: RecordDict, b: RecordDict) -> None:
         assert timeless(record) == timeless(b.metric_records[name])
 
 
-def assert_history_free(config: dict, arrays: ArrayRecord, num_partitions: int) -> None:
+def assert_history_free(config: dict, arrays: ArrayRecord, num_partitions: int, node: dict | None = None) -> None:
     """Partition 0's reply to a train message (every method's keys: ``config``, ``arrays``) is
     the same served first (the process builds everything) and served again after every other
     partition's message in the same process."""
     def train(p: int) -> RecordDict:
         msg = Message(RecordDict({"config": ConfigRecord(config), "arrays": arrays}), dst_node_id=100 + p,
                       message_type=MessageType.TRAIN)
-        return serve(msg, p, num_partitions)
+        return serve(msg, p, num_partitions, node)
     first = train(0)
     for p in range(1, num_partitions):
         train(p)
@@ -99,8 +101,8 @@ def test_feddtre_clients_reply_the_same_whatever_the_process_served_before(tmp_p
                         dtre.SETTINGS: json.dumps({**asdict(g), "base": str(base), "rounds": 2}),
                         dtre.EVALUATOR_WEIGHTS: to_bytes(evaluator),
                         MIXING: json.dumps({"k": 0.7, "midpoint": 0.01, "alpha_min": 0.1, "alpha_max": 1.0})}
-    assert_history_free(evaluator_config, to_record(evaluator), 2)
-    assert_history_free(generator_config, to_record(generator), 2)
+    assert_history_free(evaluator_config, to_record(evaluator), 2, from_run(cfg))
+    assert_history_free(generator_config, to_record(generator), 2, from_run(cfg))
 
 
 @pytest.mark.parametrize("selector", ["frozen", "lora"])
@@ -119,11 +121,11 @@ def test_fede4rag_clients_reply_the_same_whatever_the_process_served_before(tmp_
                    f"client_state.dir={tmp_path / 'state'}"])
     ask = {**client_config(cfg), rag.QUERY_OP: rag.INITIAL_WEIGHTS}
     initial = serve(Message(RecordDict({rag.CONFIG: ConfigRecord(ask)}), dst_node_id=100,
-                            message_type=MessageType.QUERY), 0, 2)[rag.ARRAYS]
+                            message_type=MessageType.QUERY), 0, 2, from_run(cfg))[rag.ARRAYS]
     config = {**client_config(cfg), rag.METHOD: "fede4rag", rag.WEIGHTS: rag.FROM_ARRAYS, rag.LOCAL_STEPS: 2,
               rag.BATCH_SIZE: 4, rag.LR: 1e-3, rag.TEMPERATURE: 0.05, rag.KD_WEIGHT: 1.0, rag.SEED: 0,
               rag.SERVER_ROUND: 1, rag.TORCH_THREADS: 1}
-    assert_history_free(config, initial, 2)
+    assert_history_free(config, initial, 2, from_run(cfg))
 
 
 class ShuffledGrid(InProcessGrid):

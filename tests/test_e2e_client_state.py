@@ -1,19 +1,28 @@
-"""Client state across rounds (``fedsim/client_state.py``) in real runs: 3 rounds of the
-stateful test client ``fedsim_clients/state_probe.py`` under FedTP's aggregation, 4 logical clients,
-in each layout: one SuperNode per client (Ray), two clients per SuperNode (sharded, Ray), and
-a real SuperLink with two SuperNode processes of two clients each (``hardware=deploy_local``,
-TLS + node authentication; its SuperNodes set no ``state-dir``, so the run's
-``client_state.dir`` is the root). In each: every client's round t read what it saved in round
-t-1, in its own folder under ``client_state.dir``; no state array reaches the server (results,
-journal, replies); and the clients end with the same states and the server with the same
-release in every layout. Then a run SIGKILLed while its clients had saved round 2 that the
-server had not journaled, resumed, ends as the uninterrupted run. Last, in process: a fresh
-run in a results folder whose earlier run kept its client state does not read it.
+"""Client state across rounds (``fedsim/client_state.py``) and resume in real runs: 3 rounds of
+the stateful test client ``fedsim_clients/state_probe.py`` under FedTP's aggregation, 4 logical
+clients, in each layout: one SuperNode per client (Ray), two clients per SuperNode (sharded,
+Ray), and a real SuperLink with two SuperNode processes of two clients each
+(``hardware=deploy_local``, TLS + node authentication; ``client_state.dir`` reaches its
+SuperNodes as their node config ``state-dir``). In each: every client's round t read what it
+saved in round t-1, in its own folder under ``client_state.dir``; no state array reaches the
+server (results, journal, replies); and the clients end with the same states and the server
+with the same release in every layout.
 
-Times on the 2-core machine, nothing else running: the uninterrupted run (one per node) ~35 s,
-sharded ~30 s, deploy_local ~55 s, kill + resume ~60 s, in process ~1 s."""
+Resume, in each layout: ``fedsim run`` stopped by SIGTERM or SIGKILL (deploy_local: SIGINT too)
+while client 3 holds its round-2 reply (``FEDSIM_STATE_PROBE_HOLD``: it saved round 2, the
+server journaled round 1 only; the test releases it after the stop, so no timing decides the
+kill point), then ``fedsim run resume=``, ends with the client states and results of the
+layout's uninterrupted run. SIGINT is the same launcher code as SIGTERM (one handler, another
+exit code: ``tests/test_launcher_signals.py``), so it runs in one layout only. deploy_local is
+also stopped before its ServerApp began (no ``run.key`` yet) and resumed. Last, in process: a
+fresh run in a results folder whose earlier run kept its client state does not read it, and a
+resume of a run whose journal never began starts from the beginning.
+
+Times on the 2-core machine, nothing else running: an uninterrupted run ~35 s (one per node),
+~30 s (sharded), ~55 s (deploy_local); a stop and resume ~60-90 s; in process ~1 s each."""
 
 import base64
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -23,19 +32,21 @@ from flwr.proto.message_pb2 import Message as ProtoMessage
 from omegaconf import OmegaConf
 from test_sharded_grid import supernodes
 
-from conftest import fedsim_run, journaled, kill_when, private_tmpdir, read_results, without_timings
+from conftest import cmdline, fedsim_run, journaled, kill_when, private_tmpdir, read_results, without_timings
 from fedsim import server_app
 from fedsim.config import compose
+from fedsim.node_local import from_run
 from fedsim.results import RunOutput
-from fedsim_clients.state_probe import NAME, secret
+from fedsim.watchdog import run_processes
+from fedsim_clients.state_probe import HOLD_ENV, NAME, secret
 
 CLIENTS, ROUNDS = 4, 3
 RUN = ["experiment=fedtp_aggregate", "task.client=fedsim_clients.state_probe.StateProbeClient",
        f"hardware.num_clients={CLIENTS}", "strategy.noise_multiplier=0", f"num_rounds={ROUNDS}",
        "client_state.keep=true"]
-# partition 3's train replies wait 2 s (an in-time timeout fault): a round is journaled about
-# 2 s after the other clients saved it, the window in which the resume test kills the run
-DELAYED = ["faults.timeout=[3]", "faults.timeout_seconds=2"]
+LAYOUTS = {"one_per_node": [], "sharded": ["hardware.clients_per_supernode=2"],
+           "deploy_local": ["hardware=deploy_local", "hardware.clients_per_supernode=2"]}
+HELD = 3  # the client that holds its round-2 reply in the resume tests
 
 
 def _run(folder: Path, *extra: str) -> Path:
@@ -115,64 +126,101 @@ def _same_states(got: dict, want: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def one_per_node(tmp_path_factory) -> Path:
-    """The uninterrupted run, one SuperNode per client: each layout must end as it does (the
-    delay changes no value)."""
-    return _run(tmp_path_factory.mktemp("one-per-node"), *DELAYED)
+def uninterrupted(tmp_path_factory):
+    """The uninterrupted run of a layout, made once and shared by the layout's tests."""
+    runs = {}
+
+    def run(layout: str) -> Path:
+        if layout not in runs:
+            runs[layout] = _run(tmp_path_factory.mktemp(layout), *LAYOUTS[layout])
+        return runs[layout]
+    return run
 
 
 @pytest.mark.e2e
-def test_state_chains_per_client_and_stays_on_the_client_one_per_node(one_per_node):
-    _check_run(one_per_node)
-    assert read_results(one_per_node / "results")["supernodes"] == CLIENTS
-
-
-@pytest.mark.e2e
-@pytest.mark.parametrize("layout", [
-    pytest.param(["hardware.clients_per_supernode=2"], id="sharded"),
-    pytest.param(["hardware=deploy_local", "hardware.clients_per_supernode=2"], id="deploy_local"),
-])
-def test_state_chains_per_client_and_stays_on_the_client(one_per_node, tmp_path, layout):
-    folder = _run(tmp_path, *layout)
-    _same_states(_check_run(folder), _states(one_per_node))
-    res, ref = read_results(folder / "results"), read_results(one_per_node / "results")
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_state_chains_per_client_and_stays_on_the_client(uninterrupted, layout):
+    folder = uninterrupted(layout)
+    states = _check_run(folder)
+    res = read_results(folder / "results")
+    if layout == "one_per_node":
+        assert (res["clients"], res["supernodes"]) == (CLIENTS, CLIENTS)
+        return
+    reference = uninterrupted("one_per_node")
+    _same_states(states, _states(reference))
     assert (res["clients"], res["supernodes"]) == (CLIENTS, 2)
-    np.testing.assert_allclose(res["released"], ref["released"], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(res["released"], read_results(reference / "results")["released"], rtol=0, atol=1e-12)
 
 
-@pytest.mark.e2e
-def test_sigkill_after_clients_saved_an_unjournaled_round_then_resume(one_per_node, tmp_path):
-    """Killed while every client but the delayed one had saved round 2 and the server had
-    journaled round 1 only: the resumed run sends round 2 again, each client re-does it from
-    its round-1 value (not from the round-2 value it saved), and the run ends as the
-    uninterrupted one: the same client states, the same results."""
-    out, state = tmp_path / "results", tmp_path / "state"
-    journal = out / "checkpoint" / "journal"
-
-    def saved() -> bool:  # client 0 saved round 2
-        return any(state.glob(f"run-*/client-0/{NAME}.r2.npz"))
-
-    kill_when([*RUN, *DELAYED, f"results_dir={out}", f"client_state.dir={state}"], private_tmpdir(),
-              lambda: saved() and len(list(journal.glob("*.exchange"))) >= 1)
-    assert len(list(journal.glob("*.exchange"))) == 1 and saved() and not (out / "results.json").exists()
-    key = OmegaConf.load(out / "config.yaml").client_state.run_key
-
+def _resumed_as_uninterrupted(tmp_path: Path, reference: Path, replayed: int, said: str) -> None:
+    """``fedsim run resume=`` of the run in ``tmp_path`` says ``said`` and ends as ``reference``:
+    the same client states, in the same folder, and the same results."""
+    out = tmp_path / "results"
     code, log = fedsim_run(f"resume={out}")
     assert code == 0, log[-3000:]
-    assert "resume: replaying 1 journaled exchanges" in log
+    assert said in log
+    _same_states(_check_run(tmp_path), _states(reference))
+    resumed, expected = read_results(out), read_results(reference / "results")
+    assert resumed["checkpoint"] == {"exchanges": ROUNDS, "replayed": replayed}
+    assert without_timings(resumed) == without_timings(expected)
+    assert resumed["released"] == expected["released"] and resumed["faults"] == expected["faults"]
+
+
+STOPS = [pytest.param(layout, sig, id=f"{layout}-{sig.name}") for layout, sig in [
+    ("one_per_node", signal.SIGTERM), ("one_per_node", signal.SIGKILL),
+    ("sharded", signal.SIGTERM), ("sharded", signal.SIGKILL),
+    ("deploy_local", signal.SIGTERM), ("deploy_local", signal.SIGINT), ("deploy_local", signal.SIGKILL)]]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("layout,sig", STOPS)
+def test_stopped_after_clients_saved_an_unjournaled_round_then_resumed(uninterrupted, tmp_path, monkeypatch,
+                                                                       layout, sig):
+    """Stopped while client 3 held its round-2 reply (every client it shares nothing with had
+    saved round 2) and the server had journaled round 1 only: nothing more is journaled while
+    the run stops (the ServerApp is ended first: its clients dying would otherwise be journaled
+    as failures of round 2), the resumed run sends round 2 again, each client re-does it from its
+    round-1 value (not from the round-2 value it saved), and the run ends as the uninterrupted
+    one: the same client states, the same results."""
+    out, state, release = tmp_path / "results", tmp_path / "state", tmp_path / "release"
+    journal = out / "checkpoint" / "journal"
+    monkeypatch.setenv(HOLD_ENV, f"{HELD}:2:{release}")
+
+    def saved() -> bool:  # client 0 and the held client saved round 2
+        return all(any(state.glob(f"run-*/client-{p}/{NAME}.r2.npz")) for p in (0, HELD))
+
+    kill_when([*RUN, *LAYOUTS[layout], f"results_dir={out}", f"client_state.dir={state}"], private_tmpdir(),
+              lambda: saved() and len(list(journal.glob("*.exchange"))) >= 1, sig)
+    assert len(list(journal.glob("*.exchange"))) == 1 and saved() and not (out / "results.json").exists()
+    key = OmegaConf.load(out / "config.yaml").client_state.run_key
+    release.touch()
+    _resumed_as_uninterrupted(tmp_path, uninterrupted(layout), 1, "resume: replaying 1 journaled exchanges")
     assert OmegaConf.load(out / "config.yaml").client_state.run_key == key  # the same folder
-    _same_states(_check_run(tmp_path), _states(one_per_node))
-    resumed, reference = read_results(out), read_results(one_per_node / "results")
-    assert resumed["checkpoint"] == {"exchanges": ROUNDS, "replayed": 1}
-    assert without_timings(resumed) == without_timings(reference)
-    assert resumed["released"] == reference["released"]
 
 
-def _in_process(folder: Path) -> Path:
+@pytest.mark.e2e
+def test_deploy_local_stopped_before_its_server_app_began_then_resumed(uninterrupted, tmp_path):
+    """SIGTERM while the SuperLink is up and the ServerApp has not begun: no ``run.key``, no
+    journal. The resume starts the run from its beginning (under a new secret: nothing was sent
+    under the first) and ends as the uninterrupted run."""
+    out = tmp_path / "results"
+    root = private_tmpdir()
+
+    def superlink_up() -> bool:
+        return any(b"flower-superlink" in cmdline(pid) for pid in run_processes(root))
+
+    kill_when([*RUN, *LAYOUTS["deploy_local"], f"results_dir={out}", f"client_state.dir={tmp_path / 'state'}"],
+              root, superlink_up, signal.SIGTERM)
+    assert (out / "checkpoint" / "run.json").is_file() and not (out / "checkpoint" / "run.key").exists()
+    _resumed_as_uninterrupted(tmp_path, uninterrupted("deploy_local"), 0,
+                              "resume: the killed run had journaled nothing")
+
+
+def _in_process(folder: Path, *extra: str) -> Path:
     """RUN through the ServerApp's code in this process, each client served by the real
     ClientApp handler (no Flower process: seconds, not a layout)."""
-    cfg = compose([*RUN, f"results_dir={folder / 'results'}", f"client_state.dir={folder / 'state'}"])
-    server_app._run(supernodes(CLIENTS), cfg, RunOutput(cfg.results_dir))
+    cfg = compose([*RUN, f"results_dir={folder / 'results'}", f"client_state.dir={folder / 'state'}", *extra])
+    server_app._run(supernodes(CLIENTS, node=from_run(cfg)), cfg, RunOutput(cfg.results_dir))
     return folder
 
 
@@ -185,3 +233,13 @@ def test_a_fresh_run_in_a_used_folder_starts_from_no_client_state(tmp_path):
     key = _run_folder(tmp_path).name
     _same_states(_check_run(_in_process(tmp_path), only=False), first)
     assert _run_folder(tmp_path).name != key and (tmp_path / "state" / key).is_dir()  # kept, not read
+
+
+def test_a_run_whose_journal_never_began_resumes_from_its_beginning(tmp_path):
+    """Stopped before its ServerApp wrote ``checkpoint/run.key`` (``fedsim run`` had written
+    ``run.json``; a deployment's start takes seconds): the resume used to fail on the missing
+    key. It starts the run from its beginning and ends as an uninterrupted run."""
+    reference = _check_run(_in_process(tmp_path / "whole"))
+    (tmp_path / "cut" / "results" / "checkpoint").mkdir(parents=True, mode=0o700)
+    _same_states(_check_run(_in_process(tmp_path / "cut", "resume=true")), reference)
+    assert read_results(tmp_path / "cut" / "results")["checkpoint"] == {"exchanges": ROUNDS, "replayed": 0}

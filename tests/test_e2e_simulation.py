@@ -1,8 +1,16 @@
 """End-to-end `fedsim run` through Flower's Ray simulation on a real 20-conversation slice."""
 
-import pytest
+import os
+import platform
+import shlex
+import subprocess
 
-from conftest import read_results
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import SMALL, read_results
+from fedsim import provenance
+from fedsim.data import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
 
@@ -36,6 +44,36 @@ def test_fedtp_small_slice_end_to_end(run_small):
         assert (out / name).stat().st_size > 0
     assert "Routers on test" in (out / "summary.md").read_text()
     assert "clients done" in log or "replies in" in log  # progress output
+    _check_provenance(res["provenance"], out)
+    _check_hydra_record(out)
+
+
+def _check_hydra_record(out) -> None:
+    """Hydra's record of the run where a Hydra user looks: the overrides the ServerApp composed
+    (the user's and those fedsim run pinned), the same config, Hydra's own node."""
+    overrides = OmegaConf.load(out / ".hydra" / "overrides.yaml")
+    assert "task.max_per_split=5" in overrides and f"results_dir={out}" in overrides
+    assert (out / ".hydra" / "config.yaml").read_text() == (out / "config.yaml").read_text()
+    hydra = OmegaConf.load(out / ".hydra" / "hydra.yaml").hydra
+    assert list(hydra.overrides.task) == list(overrides) and hydra.runtime.choices.experiment == "fedtp"
+
+
+def _check_provenance(prov: dict, out) -> None:
+    """Every field present and true: the checkout's commit and state, this venv's packages,
+    this machine, the command as run, and times in order."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True).stdout.strip()
+
+    assert prov["git"] == {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
+    assert prov["packages"] == provenance.packages() and prov["packages"]["flwr"] == "1.41.0"
+    assert prov["machine"]["cores"] == os.cpu_count() and prov["machine"]["host"] == platform.node()
+    assert prov["machine"]["cpu_model"] == provenance.machine()["cpu_model"]
+    assert prov["command"]["line"] == shlex.join(["fedsim", "run", *SMALL, f"results_dir={out}"])
+    assert f"results_dir={out}" in prov["command"]["overrides"] and prov["command"]["cwd"] == os.getcwd()
+    command = prov["command"]
+    assert command["started"] <= prov["started"] <= prov["ended"] <= command["ended"]  # ISO UTC sorts as time
+    summary = (out / "summary.md").read_text()
+    assert summary.count("## Provenance") == 1 and f"- commit {prov['git']['commit']}" in summary
 
 
 def test_faulty_clients_are_left_out_and_counted(run_small):

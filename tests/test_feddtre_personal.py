@@ -25,6 +25,7 @@ from test_determinism import serve
 from fedsim import server_app
 from fedsim.config import compose
 from fedsim.inprocess_grid import InProcessGrid
+from fedsim.node_local import from_run
 from fedsim.results import RunOutput
 from fedsim_experiments import feddtre
 
@@ -49,8 +50,8 @@ SLICE = ["experiment=feddtre_paper", "data_root=../shared/data", f"task.num_clie
          f"+protocol.methods={{feddtre: {{run: fedsim_experiments.feddtre.federated, strategy: {FEDDTRE}}}}}"]
 
 
-def _serve(msg, partition):
-    return serve(msg, partition, CLIENTS)
+def _serve(msg, partition, node):
+    return serve(msg, partition, CLIENTS, node)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("feddtre-personal")
     cfg = compose([*SLICE, f"results_dir={tmp / 'results'}", f"protocol.generator.base_dir={tmp / 'gen'}",
                    f"client_state.dir={tmp / 'state'}", "client_state.keep=true"])
-    grid = InProcessGrid({1000 + p: functools.partial(_serve, partition=p) for p in range(CLIENTS)})
+    grid = InProcessGrid({1000 + p: functools.partial(_serve, partition=p, node=from_run(cfg)) for p in range(CLIENTS)})
     patch = pytest.MonkeyPatch()
     patch.setattr(strategy_utils, "random", strategy_utils.random)  # seed_server replaces it: given back
     try:

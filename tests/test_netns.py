@@ -116,8 +116,11 @@ def federation(tmp_path):
             res = subprocess.run([*flwr, "supernode", "register", str(certs.node_pub(i)), "fedsim"],
                                  env=env, capture_output=True, text=True, timeout=60)
             assert res.returncode == 0, res.stdout + res.stderr
+            # each node's own folders (one machine here: the key folder is the federation's copy)
+            node = {"data-root": str(resolve_data_root()), "state-dir": str(tmp_path / f"state-{i}"),
+                    "he-key-dir": str(tmp_path / "keys")}
             hosts.start(ns, launcher.supernode_command(
-                f"{LINK_IP}:{PORT}", i, 2, str(resolve_data_root()), certs, True, 9094, waits, preload),
+                f"{LINK_IP}:{PORT}", i, 2, node, certs, True, 9094, waits, preload),
                 tmp_path, launcher.supernode_env(env, waits), tmp_path / f"supernode-{i}.log")
         yield hosts, certs
     finally:
@@ -156,10 +159,8 @@ def test_fedtp_and_fede4rag_he_across_namespaces(federation, tmp_path):
     code, log = _user_run(
         hosts, certs, tmp_path / "fede4rag", "experiment=fede4rag_paper",
         "task.companies=[AES Corporation,Boeing]", "task.pages_per_client=30", "task.n_valid=4",
-        "task.n_test=6", "task.corpus_pages_per_doc=8", "task.embedding_cache=null",
-        f"task.he.key_dir={tmp_path / 'keys'}", f"client_state.dir={tmp_path / 'state'}",
-        "num_rounds=1", "protocol.local_steps=2", "protocol.batch_size=4",
-        "protocol.eval_pages_per_message=64", "~protocol.methods",
+        "task.n_test=6", "task.corpus_pages_per_doc=8", "num_rounds=1", "protocol.local_steps=2",
+        "protocol.batch_size=4", "protocol.eval_pages_per_message=64", "~protocol.methods",
         "+protocol.methods={fede4rag: {run: fedsim_experiments.fede4rag.federated, kd_weight: 1.0, he: true}}")
     assert code == 0, log[-4000:]
     res = read_results(tmp_path / "fede4rag")

@@ -29,7 +29,7 @@ def test_registered_node_joins_unregistered_node_is_refused(tmp_path):
         res = launcher._flwr(["supernode", "register", str(certs.node_pub(0)), "fedsim",
                               "--format", "json"], env, tmp_path)
         registered = json.loads(res.stdout)["node-id"]
-        good, bad = launcher.start_supernodes(tmp_path, env, port, 2, str(tmp_path), certs, True)
+        good, bad = launcher.start_supernodes(tmp_path, env, port, 2, {"data-root": str(tmp_path)}, certs, True)
         with good, bad:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and (bad.alive() or not _online(env, tmp_path)):

@@ -2,6 +2,9 @@
 no HE copy, an incomplete HE copy, missing or empty arrays are errors naming method and node;
 the key of the weights evaluated is the key of the weights sent."""
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
@@ -11,6 +14,7 @@ from fedsim.config import compose
 from fedsim.he import ckks
 from fedsim.he import messages as he_keys
 from fedsim.inprocess_grid import InProcessGrid
+from fedsim.node_local import environment, sent_task
 from fedsim_clients import fede4rag_messages as keys
 from fedsim_clients.retriever import MissingWeights, RetrieverClient
 from fedsim_tasks.financebench_rag.retrieval import weights_key
@@ -19,13 +23,18 @@ from fedsim_tasks.hf import flatten
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
+    """Node 0 of 2, its folders (key, cache, state) in this process's environment, as
+    ``fedsim run`` gives a simulation's clients theirs (``fedsim/node_local.py``)."""
     tmp = tmp_path_factory.mktemp("retriever")
     cfg = compose(["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]",
                    "task.pages_per_client=5", "task.n_valid=2", "task.n_test=2",
                    "task.corpus_pages_per_doc=2", f"task.embedding_cache={tmp / 'cache'}",
                    f"task.he.key_dir={tmp / 'keys'}", f"client_state.dir={tmp / 'state'}"])
     InProcessGrid({})  # this process plays the run (message metadata needs a run id)
-    return RetrieverClient(OmegaConf.to_container(cfg.task, resolve=True), cfg.data_root, 0, 2)
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in environment(cfg, {}).items():
+            patch.setenv(name, value)
+        yield RetrieverClient(sent_task(OmegaConf.to_container(cfg.task, resolve=True)), cfg.data_root, 0, 2)
 
 
 def _message(config: dict, message_type=MessageType.EVALUATE, **records) -> Message:
@@ -84,3 +93,18 @@ def test_evaluated_key_is_the_key_of_the_weights_sent(client):
     evaluated = reply[keys.WEIGHTS_INFO][keys.WEIGHTS_KEY]
     assert evaluated == weights_key(client.task["model"], client.task["lora"], sent)
     assert evaluated != weights_key(client.task["model"], client.task["lora"], None)
+
+
+def test_the_server_does_not_choose_the_key_folder_or_the_cache(client, tmp_path, monkeypatch):
+    """The attack: a server's task names the CKKS key folder and the embedding cache (a folder
+    where it can read the federation's secret key, or plant one it knows; a cache it fills). The
+    node's own folders are used: nothing is created where the task says."""
+    key_victim, cache_victim = tmp_path / "server-keys", tmp_path / "server-cache"
+    monkeypatch.setattr(client, "task", {**client.task, "embedding_cache": str(cache_victim),
+                                         "he": {**client.task["he"], "key_dir": str(key_victim)}})
+    monkeypatch.setattr(client, "_he_clients", {})
+    he = client._he(_message({}))
+    assert he.ctx.is_private() and Path(he.key_dir) == Path(os.environ["FEDSIM_HE_KEY_DIR"])
+    client.evaluate(_message(_evaluate(keys.FROM_INITIAL)))
+    assert not key_victim.exists() and not cache_victim.exists()
+    assert any(Path(os.environ["FEDSIM_EMBEDDING_CACHE"]).iterdir())  # the node's own cache

@@ -20,17 +20,19 @@ from fedsim_tasks.topical_chat.dataset import load_topics
 SLICE = ["task.max_per_split=3", "data_root=../shared/data"]
 
 
-def supernodes(k: int, crash_batches: bool = False) -> InProcessGrid:
-    """K SuperNodes (node ids 100+p) serving the real ClientApp handler."""
-    def node(p):
+def supernodes(k: int, crash_batches: bool = False, node: dict | None = None) -> InProcessGrid:
+    """K SuperNodes (node ids 100+p) serving the real ClientApp handler, each with the node
+    config ``node`` (its folders: ``fedsim.node_local.from_run(cfg)``, as ``fedsim run`` gives
+    the clients it starts)."""
+    def supernode(p):
         def handle(msg: Message) -> RecordDict:
             if crash_batches and SHARD in msg.content.config_records:
                 raise RuntimeError("the SuperNode's process died")
             context = Context(run_id=1, node_id=100 + p, state=RecordDict(), run_config={},
-                              node_config={"partition-id": p, "num-partitions": k})
+                              node_config={**(node or {}), "partition-id": p, "num-partitions": k})
             return client_app._handle(msg, context, msg.metadata.message_type).content
         return handle
-    return InProcessGrid({100 + p: node(p) for p in range(k)})
+    return InProcessGrid({100 + p: supernode(p) for p in range(k)})
 
 
 def fedtp_round(grid, cfg, strategy=None) -> tuple[np.ndarray, dict]:

@@ -37,6 +37,7 @@ from test_determinism import serve
 from fedsim.config import CONF_DIR, choices, compose
 from fedsim.inprocess_grid import InProcessGrid
 from fedsim.messaging import Messenger, client_config
+from fedsim.node_local import from_run
 from fedsim.records import from_record, to_bytes
 from fedsim.schema import check
 from fedsim_clients import fedtp_messages as keys
@@ -186,12 +187,12 @@ def _fedbis(ctx, name: str) -> tuple[dict, dict, str]:
 METHODS = {"fede4rag_paper": _fede4rag, "feddtre_paper": _feddtre, "fedbiscuit_paper": _fedbis}
 
 
-def _serve_frozen(msg, partition: int):
+def _serve_frozen(msg, partition: int, node: dict):
     """A client's reply, then what is alive frozen again: FedE4RAG's trainer unfreezes everything
     as it returns (``collect_only_new_objects``), after which each ``gc.collect()`` Flower's Bulyan
     and QFedAvg run per reply they read rescans the whole process (~0.5 s each here)."""
     try:
-        return serve(msg, partition, CLIENTS)
+        return serve(msg, partition, CLIENTS, node)
     finally:
         gc.freeze()
 
@@ -206,7 +207,8 @@ def slot_context(encoder_dir, tmp_path_factory):  # noqa: F811 (the imported fix
         cfg = compose([f"experiment={exp}", "data_root=../shared/data", f"num_rounds={ROUNDS}",
                        f"faults.crash=[{CRASH}]", f"client_state.dir={tmp / 'state'}",
                        *WEIGHT_SLICES[exp](encoder_dir, tmp)])
-        grid = InProcessGrid({100 + p: partial(_serve_frozen, partition=p) for p in range(CLIENTS)}, keep_replies=False)
+        grid = InProcessGrid({100 + p: partial(_serve_frozen, partition=p, node=from_run(cfg)) for p in range(CLIENTS)},
+                             keep_replies=False)
         return CONTEXTS[exp](Messenger(grid, timeout=60), cfg)
     return build
 

@@ -4,16 +4,21 @@ stops the sweep with nothing left running."""
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import time
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from conftest import FEDSIM, SMALL, cmdline, fedsim_run, private_tmpdir
+from fedsim import provenance
 from fedsim.cli import prepare
 from fedsim.config import ConfigError
+from fedsim.data import REPO_ROOT
+from fedsim.mlflow_sink import store_uri
 from fedsim.sweep import MANIFEST, Sweep, expand, point_name
 from fedsim.watchdog import run_processes
 
@@ -39,14 +44,37 @@ def test_a_bad_point_is_refused_before_anything_runs(tmp_path):
     assert code.returncode == 2 and "'nope' is not a strategy" in code.stderr and not out.exists()
 
 
+def test_a_baseline_value_the_sweep_does_not_run_is_refused_before_anything_runs(tmp_path):
+    out = tmp_path / "sweep"
+    with pytest.raises(ConfigError, match=r"gives num_rounds the values \['1', '2'\]"):
+        Sweep(["num_rounds=1,2", "sweep.baseline='num_rounds=3'", f"results_dir={out}"], prepare)
+    with pytest.raises(ConfigError, match="gives protocol.alpha the values none"):
+        Sweep(["seed=0,1", "sweep.baseline='protocol.alpha=0.5'", f"results_dir={out}"], prepare)
+    assert Sweep(["num_rounds=1,2", "sweep.baseline='num_rounds=1'", f"results_dir={out}"], prepare).strict is False
+    assert not out.exists()
+
+
 @pytest.mark.e2e
 def test_failed_point_is_recorded_and_resume_reruns_only_what_did_not_complete(tmp_path):
     # the second point's exchanges time out at once: a real run that fails after it started
-    sweep = [*SMALL, "round_timeout=600,0.01"]
+    sweep = [*SMALL, "round_timeout=600,0.01", "logging.mlflow=true", f"logging.mlflow_dir={tmp_path / 'mlflow'}"]
     out = tmp_path / "sweep"
     code, log = fedsim_run("-m", *sweep, f"results_dir={out}", timeout=600)
     assert code == 1, log
-    runs = json.loads((out / MANIFEST).read_text())["runs"]
+    manifest = json.loads((out / MANIFEST).read_text())
+    runs, prov = manifest["runs"], manifest["provenance"]
+    head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert prov["git"]["commit"] == head.stdout.strip() and prov["packages"] == provenance.packages()
+    assert prov["command"]["line"] == shlex.join(["fedsim", "run", "-m", *sweep, f"results_dir={out}"])
+    assert prov["machine"]["cores"] == os.cpu_count() and prov["started"] <= prov["ended"]
+    parent = _mlflow_runs(tmp_path)[manifest["mlflow_run_id"]]  # the sweep's MLflow run, parent of the points'
+    assert parent.info.status == "FAILED" and parent.data.tags["mlflow.source.git.commit"] == prov["git"]["commit"]
+    children = [r for r in _mlflow_runs(tmp_path).values()
+                if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert [c.info.run_name for c in children] == [runs[0]["name"]]  # the completed point
+    assert children[0].data.tags["mlflow.source.git.commit"] == prov["git"]["commit"]
+    assert "summary.md" in {a.path for a in MlflowClient(store_uri(tmp_path / "mlflow")).list_artifacts(
+        parent.info.run_id)}
     assert [r["status"] for r in runs] == ["completed", "failed"] and runs[1]["error"]
     assert "sweep run 2/2" in log and "min left" in log and "1 runs failed" in log
     ok = out / runs[0]["name"]
@@ -56,6 +84,9 @@ def test_failed_point_is_recorded_and_resume_reruns_only_what_did_not_complete(t
 
     code, log = fedsim_run("-m", *sweep, f"resume={out}", timeout=600)
     assert code == 1 and "1 already completed" in log and "sweep run 1/2" not in log, log
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["provenance"] == prov and len(manifest["resumed"]) == 1  # the first session's, then the resume's
+    assert manifest["resumed"][0]["command"]["line"].endswith(f"resume={out}")
     assert (ok / "fedsim.log").read_text() == ok_log  # the completed point did not run again
     assert (out / runs[1]["name"] / "fedsim.log").read_text().count("fedsim: run failed") == 2
 
@@ -70,6 +101,11 @@ def test_failed_point_is_recorded_and_resume_reruns_only_what_did_not_complete(t
     for bad in ("sweep.interval=nope", "sweep.nokey=1", "seed=1"):
         refused = subprocess.run([FEDSIM, "compare", str(out), bad], capture_output=True, text=True)
         assert refused.returncode == 2 and "fedsim: compare:" in refused.stderr, bad
+
+
+def _mlflow_runs(tmp_path) -> dict:
+    client = MlflowClient(store_uri(tmp_path / "mlflow"))
+    return {r.info.run_id: r for r in client.search_runs([client.get_experiment_by_name("fedtp").experiment_id])}
 
 
 @pytest.mark.e2e

@@ -12,6 +12,9 @@ from fedsim_tasks.dialogue.dataset import Example
 from fedsim_tasks.dialogue.trust_data import leaks_pii
 
 REPLY_METRICS = ("bleu1", "bleu4", "rouge1", "rouge2", "trust_bertscore", "pii_rate")
+REPLY_RANGES = {"bleu1": (0.0, 100.0), "bleu4": (0.0, 100.0), "rouge1": (0.0, 100.0), "rouge2": (0.0, 100.0),
+                "trust_bertscore": (-1.0, 1.0), "pii_rate": (0.0, 1.0)}
+"""where each of :data:`REPLY_METRICS` lies (a BERTScore F1 is a cosine): a client's report is checked against it"""
 
 
 def generation_metrics(hypotheses: list[str], references: list[str]) -> dict[str, float]:

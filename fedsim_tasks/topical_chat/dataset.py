@@ -106,6 +106,19 @@ def load_conversations(
     return tuple(out)
 
 
+def row_splits(data_root: str, splits: tuple[str, ...], max_per_split: int | None = None) -> list[str]:
+    """The split of each row of :func:`load_conversations`' population, from the conversation
+    files alone (the server checks what the clients say they host, without parsing turns)."""
+    root = Path(data_root) / "topical_chat" / "conversations"
+    out: list[str] = []
+    for split in splits:
+        if split not in SPLITS:
+            raise ValueError(f"unknown Topical-Chat split {split!r}; available here: {SPLITS}")
+        size = len(json.loads(require_file(root / f"{split}.json", UPSTREAM).read_text()))
+        out += [split] * (size if max_per_split is None else min(size, max_per_split))
+    return out
+
+
 def local_preference(conv: Conversation, num_topics: int) -> np.ndarray:
     """p_c: normalized histogram of the gold evidence of first-half grounded turns (uniform if none)."""
     golds = [t.gold for t in conv.turns[: conv.half] if t.gold >= 0]
