@@ -129,10 +129,10 @@ def unpack_results(lines: list[str], folder: Path) -> Path:
     try:
         for name, data in files.items():
             _write_new(staging, name, data)
-        if (staging / "tensorboard").is_dir():
-            if (folder / "tensorboard").is_symlink():
-                raise ShipmentRefused(f"{folder / 'tensorboard'} is a link; results not written")
-            (folder / "tensorboard").mkdir(exist_ok=True)
+        for sub in {name.split("/")[0] for name in files if "/" in name}:
+            if (folder / sub).is_symlink():
+                raise ShipmentRefused(f"{folder / sub} is a link; results not written")
+            (folder / sub).mkdir(exist_ok=True)
         for name in files:
             os.replace(staging / name, folder / name)
     finally:

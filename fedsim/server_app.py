@@ -17,6 +17,7 @@ so that the same seed samples, sends and sums in the same order in every run.
 from __future__ import annotations
 
 import logging
+import random
 import shlex
 import tempfile
 import traceback
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import strategy_utils
 from hydra.utils import get_method
 from omegaconf import DictConfig
 
@@ -38,7 +40,7 @@ from fedsim.mlflow_sink import MlflowSink
 from fedsim.privacy import NOT_PRIVATE, NoiseSource
 from fedsim.results import RunOutput, markdown_table, ship_results
 from fedsim.secret import derive, run_secret
-from fedsim.seeding import seed_server
+from fedsim.seeding import SERVER, SERVER_SAMPLING, reseed
 from fedsim.sharded_grid import ShardedGrid
 from fedsim.sinks import Sinks
 
@@ -172,6 +174,14 @@ def central_dp_section(spent: dict) -> str:
         markdown_table(rows, ["phase", "rounds", "epsilon"], digits=3),
         f"Accountant: {spent['accountant']}. Amplification by sampling: {spent['amplification_by_sampling']}. "
         f"Covers: {spent['covers']}."])
+
+
+def seed_server(seed: int) -> None:
+    """The ServerApp's random state, and a generator of Flower's node sampling of its own:
+    with the shared one, which clients a round trained depended on how often the heartbeat
+    thread had drawn before (``fedsim/seeding.py``)."""
+    reseed(SERVER.seed(seed))
+    strategy_utils.random = random.Random(SERVER_SAMPLING.seed(seed))
 
 
 def noise_source(cfg, secret: bytes) -> NoiseSource:

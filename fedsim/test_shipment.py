@@ -141,3 +141,19 @@ def test_a_client_error_reason_cannot_forge_a_log_line(caplog):
     text = caplog.text
     assert "failed" in text and not any(line.startswith(RESULTS_MARKER) for line in text.splitlines())
     assert messenger.faults["p"][1]["failed"] == 1
+
+
+def test_hydras_record_arrives_in_its_own_folder_and_a_planted_link_there_is_refused(tmp_path):
+    """``.hydra/`` is a folder the receiver creates; a link planted in its place is not followed."""
+    src, dst, outside = tmp_path / "src", tmp_path / "dst", tmp_path / "outside"
+    (src / ".hydra").mkdir(parents=True)
+    (src / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    unpack_results(ship_results(src), dst)
+    assert (dst / ".hydra" / "config.yaml").read_text() == "seed: 1\n"
+    other = tmp_path / "other"
+    other.mkdir()
+    outside.mkdir()
+    (other / ".hydra").symlink_to(outside)
+    with pytest.raises(ValueError, match="is a link"):
+        unpack_results(ship_results(src), other)
+    assert list(outside.iterdir()) == []

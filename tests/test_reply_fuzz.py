@@ -60,7 +60,7 @@ PROFILES = {"replies-fast": 6, "replies-long": 200}
 for _name, _examples in PROFILES.items():
     settings.register_profile(_name, max_examples=_examples, deadline=None, derandomize=_name == "replies-fast",
                               database=None, suppress_health_check=list(HealthCheck))
-PROFILE = [pytest.param("replies-fast"), pytest.param("replies-long", marks=pytest.mark.slow)]
+PROFILE = [pytest.param("replies-fast"), pytest.param("replies-long", marks=[pytest.mark.slow, pytest.mark.exhaustive])]
 
 # --- hostile replies ------------------------------------------------------------------------
 
