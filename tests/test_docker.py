@@ -232,7 +232,7 @@ def test_supernode_killed_mid_run_comes_back(federation, run_small):
     restart policy retries until it is admitted. The run completes: the node's training
     exchange is counted as failed or timed out, node 0's replies are all kept and results.json
     is whole; afterwards the node is online again under its node id."""
-    before = sorted(node["node_id"] for node in federation.nodes())
+    before = sorted(node["node-id"] for node in federation.nodes())
     container = federation.container("supernode-1")
     receiving = "Receiving: train message"
     seen = log_count(container, receiving)
@@ -255,4 +255,4 @@ def test_supernode_killed_mid_run_comes_back(federation, run_small):
     assert res["conversations"] == 8 and 0 < res["prior_clients"]["count"] < 4
     assert all(res["routers"][router]["overall"]["turns"] > 0 for router in ("tfidf", "global", "local", "fedmix"))
     federation.wait_online(NODES, timeout=300)
-    assert sorted(node["node_id"] for node in federation.nodes()) == before
+    assert sorted(node["node-id"] for node in federation.nodes()) == before
