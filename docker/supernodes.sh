@@ -33,8 +33,8 @@ YAML
     fi
     i=$((i + 1))
 done
-# registration mounts the N public keys (and nothing else)
-printf '  register:\n    volumes: ['
+# registration mounts the CA (its TLS to the SuperLink) and the N public keys, nothing else
+printf '  register:\n    volumes: ["${FEDSIM_CERTS:-./certs}/ca.pem:/certs/ca.pem:ro", '
 i=0
 while [ "$i" -lt "$n" ]; do
     printf '"${FEDSIM_CERTS:-./certs}/node-%s.pub:/certs/node-%s.pub:ro"%s' "$i" "$i" "$([ $((i + 1)) -lt "$n" ] && echo ', ')"
