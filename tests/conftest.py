@@ -1,3 +1,5 @@
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -36,6 +38,21 @@ def fedsim_run(*overrides, timeout=400):
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def fedsim_refusal(*overrides) -> tuple[int, str]:
+    """``fedsim run`` in this process, for a run that must be refused before anything starts:
+    (exit code, stderr). Saves each case the console script's start (imports, 5-20 s); a case
+    that is not refused fails here instead of starting a run. One test per path
+    (tests/test_cli_errors.py) keeps the console script's own exit 2."""
+    from unittest import mock
+
+    from fedsim import cli
+    err = io.StringIO()
+    with mock.patch.object(cli, "launch", side_effect=AssertionError(f"not refused: {overrides}")), \
+            contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main(["run", *overrides])
+    return code, err.getvalue()
 
 
 def cmdline(pid: int) -> bytes:

@@ -1,11 +1,12 @@
-"""Bad input answers fast with a clear message and exit code 2, before Flower starts."""
+"""Bad input answers fast with a clear message and exit code 2, before Flower starts. The first
+test runs the console script; the others call its ``main`` in this process (``fedsim_refusal``)."""
 
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import FEDSIM, fedsim_run
+from conftest import FEDSIM, fedsim_refusal, fedsim_run
 
 
 def test_wrong_group_choice_names_valid_choices():
@@ -16,29 +17,29 @@ def test_wrong_group_choice_names_valid_choices():
 
 
 def test_unknown_key_suggests_the_close_one():
-    code, log = fedsim_run("strategy.noise_multipler=2")
+    code, log = fedsim_refusal("strategy.noise_multipler=2")
     assert code == 2
     assert "noise_multiplier" in log and "Unknown config key" in log
 
 
 def test_bad_strategy_value():
-    code, log = fedsim_run("strategy.noise_multiplier=-1")
+    code, log = fedsim_refusal("strategy.noise_multiplier=-1")
     assert code == 2 and "noise_multiplier must be >= 0" in log
 
 
 def test_missing_data_names_the_path(tmp_path):
-    code, log = fedsim_run(f"data_root={tmp_path}")
+    code, log = fedsim_refusal(f"data_root={tmp_path}")
     assert code == 2
     assert str(tmp_path / "topical_chat") in log and "github.com/alexa/Topical-Chat" in log
 
 
 def test_missing_data_root(tmp_path):
-    code, log = fedsim_run(f"data_root={tmp_path}/nope")
+    code, log = fedsim_refusal(f"data_root={tmp_path}/nope")
     assert code == 2 and "No data root found" in log
 
 
 def test_wrong_type_names_the_key_before_anything_starts():
-    code, log = fedsim_run("num_rounds=abc")
+    code, log = fedsim_refusal("num_rounds=abc")
     assert code == 2 and "full_key: num_rounds" in log and "SuperLink" not in log
 
 
@@ -48,40 +49,40 @@ def test_a_key_without_a_value_is_refused_before_anything_starts():
     for override, refusal in (("~protocol.alpha", "protocol.alpha: missing mandatory value"),
                               ("~seed", "No value for seed"),
                               ("hardware.waits.pull_backoff=???", "No value for hardware.waits.pull_backoff")):
-        code, log = fedsim_run(override)
+        code, log = fedsim_refusal(override)
         assert code == 2 and refusal in log and "SuperLink" not in log, log
 
 
 def test_unknown_protocol_callable():
-    code, log = fedsim_run("protocol.run=fedsim_experiments.fedtp.rnu")
+    code, log = fedsim_refusal("protocol.run=fedsim_experiments.fedtp.rnu")
     assert code == 2 and "protocol.run does not resolve" in log
 
 
 def test_protocol_block_is_typed():
-    code, log = fedsim_run("protocol.dp_seeds=two")
+    code, log = fedsim_refusal("protocol.dp_seeds=two")
     assert code == 2 and "protocol.dp_seeds: expected int, got 'two'" in log
 
 
 def test_feddtre_partitions_that_do_not_give_num_clients_are_refused_before_anything_starts():
-    code, log = fedsim_run("experiment=feddtre_paper", "task.num_clients=7")
+    code, log = fedsim_refusal("experiment=feddtre_paper", "task.num_clients=7")
     assert code == 2 and "gives 10 clients but task.num_clients is 7" in log and "SuperLink" not in log
 
 
 def test_remote_superlink_needs_its_ca():
-    code, log = fedsim_run("hardware=deploy_remote", "hardware.superlink=10.0.0.1:9093")
+    code, log = fedsim_refusal("hardware=deploy_remote", "hardware.superlink=10.0.0.1:9093")
     assert code == 2 and "hardware.certificates" in log and "SuperLink" in log
 
 
 def test_missing_certificate_files_are_named(tmp_path):
     (tmp_path / "ca.pem").write_text("x")
-    code, log = fedsim_run("hardware=deploy_local", f"hardware.certificates={tmp_path}")
+    code, log = fedsim_refusal("hardware=deploy_local", f"hardware.certificates={tmp_path}")
     assert code == 2 and str(tmp_path / "superlink.pem") in log and "fedsim certs" in log
 
 
 def test_a_client_layout_that_leaves_a_supernode_empty_is_refused():
-    code, log = fedsim_run("hardware.num_clients=5", "hardware.num_supernodes=10")
+    code, log = fedsim_refusal("hardware.num_clients=5", "hardware.num_supernodes=10")
     assert code == 2 and "5 clients do not fit 10 SuperNodes" in log and "SuperLink" not in log
-    code, log = fedsim_run("hardware.clients_per_supernode=0")
+    code, log = fedsim_refusal("hardware.clients_per_supernode=0")
     assert code == 2 and "clients_per_supernode must be >= 1" in log
 
 
@@ -108,7 +109,7 @@ def test_what_the_run_would_fail_on_is_refused_before_any_process_starts(overrid
     minute, or a full run with the setting ignored): now exit 2, the key named, no SuperLink."""
     a_file = tmp_path / "a-file"
     a_file.write_text("")
-    code, log = fedsim_run(*(o.replace("<a file>", str(a_file)) for o in overrides), timeout=60)
+    code, log = fedsim_refusal(*(o.replace("<a file>", str(a_file)) for o in overrides))
     assert code == 2 and named in log and "SuperLink" not in log, log
 
 
