@@ -39,7 +39,7 @@ from opacus.accountants.utils import get_noise_multiplier
 from opacus.optimizers import DPOptimizer
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
-from fedsim.metric_keys import DP_EPSILON
+from fedsim.message_keys import DP_EPSILON
 
 __all__ = ["DP_EPSILON", "DPSGD", "PrivateSteps", "StepsLedger", "spent_epsilon"]
 

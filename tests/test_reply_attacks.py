@@ -17,7 +17,8 @@ from fedsim.he import ckks
 from fedsim.he import messages as he_keys
 from fedsim.he.client import HEClient
 from fedsim.inprocess_grid import InProcessGrid
-from fedsim.journal import PARTITION, WHOAMI
+from fedsim.journal import WHOAMI
+from fedsim.message_keys import PARTITION_ID
 from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
 from fedsim.records import from_record, to_record
 from fedsim.sharded_grid import LAYOUT, SHARD, ShardedGrid
@@ -51,7 +52,7 @@ def _fedtp_client(topic: int, hostile=None):
             return RecordDict({tp.ARRAYS: ArrayRecord({tp.VECTORS: Array(np.eye(DIM)[[topic]])}),
                                tp.METRICS: MetricRecord({tp.NUM_EXAMPLES: 1})})
         if WHOAMI in msg.content.config_records:
-            return RecordDict({WHOAMI: ConfigRecord({PARTITION: topic})})
+            return RecordDict({WHOAMI: ConfigRecord({PARTITION_ID: topic})})
         names = list(msg.content[tp.CONFIG][tp.VARIANT_NAMES])
         return RecordDict({tp.METRICS: MetricRecord({tp.NUM_EXAMPLES: 2, "valid_freq/turns": 2, **{
             f"valid_freq/{name}/{m}": (topic % 2 if m == "hits" else 0.5) for name in names
@@ -267,7 +268,7 @@ def test_a_partition_claimed_twice_at_whoami_is_refused_and_the_run_goes_on():
 def _whoami(handler, partition: int):
     def handle(msg):
         if WHOAMI in msg.content.config_records:
-            return RecordDict({WHOAMI: ConfigRecord({PARTITION: partition})})
+            return RecordDict({WHOAMI: ConfigRecord({PARTITION_ID: partition})})
         return handler(msg)
     return handle
 
