@@ -7,12 +7,12 @@ defined in ``fedsim.trust_mixing``; Flower's FedProx: ``proximal-mu``, read by
 import math
 from collections.abc import Callable
 
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord
 
 from fedsim.message_keys import *  # noqa: F403 (the shared keys, re-exported: both ends read every key here)
-from fedsim.message_keys import ARRAYS, INFO, METRICS, NUM_EXAMPLES, PARTITION_ID
+from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
 from fedsim.trust_mixing import ALPHA, MIXING, S_GLOBAL, S_LOCAL  # noqa: F401 (the mixing's keys)
-from fedsim.validators import Arrays, Bound, Config, Metrics, Number, Reply, weight
+from fedsim.validators import Arrays, Bound, Metrics, Number, Reply, discovery_reply, weight
 from fedsim_tasks.dialogue.metrics import REPLY_METRICS, REPLY_RANGES
 
 # the shared keys as FedDTRE uses them: ARRAYS the adapters / evaluator weights to train (train) or
@@ -51,15 +51,12 @@ def discover_reply(partition_of: Callable[[int], int | None], datasets: list[str
     """Who a client is: its partition (the one it told at ``whoami``, where known) and its
     training examples of every dataset, exactly those the public partitioning gives that
     partition (``expected``, where the server computes them)."""
-    def check(content: RecordDict, node: int) -> str | None:
-        info, told = content[INFO], partition_of(node)
-        if told is not None and info[PARTITION_ID] != told:
-            return f"claims partition {info[PARTITION_ID]}, told {told} at whoami"
-        want = None if expected is None else expected(int(info[PARTITION_ID]))
+    def check(info: ConfigRecord, partition: int) -> str | None:
+        want = None if expected is None else expected(partition)
         return None if want is None or all(info[EXAMPLES_PREFIX + d] == n for d, n in want.items()) else \
             "not the examples its partition holds"
     examples = {EXAMPLES_PREFIX + d: weight(math.inf, low=0) for d in datasets}
-    return Reply({INFO: Config({PARTITION_ID: Number(0, partitions - 1, whole=True), **examples})}, check=check)
+    return discovery_reply(partition_of, partitions, examples, check)
 
 
 TRUST = Number(*REPLY_RANGES["trust_bertscore"])  # a trust score: a BERTScore F1

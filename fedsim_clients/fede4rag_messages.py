@@ -5,12 +5,25 @@ operations use ``fedsim.he.messages``; what each phase's reply must be."""
 import math
 from collections.abc import Callable
 
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedsim.he import messages as he_keys
 from fedsim.message_keys import *  # noqa: F403 (the shared keys, re-exported: both ends read every key here)
-from fedsim.message_keys import ARRAYS, INFO, METRICS, NUM_EXAMPLES, PARTITION_ID
-from fedsim.validators import Arrays, Bound, Config, Metrics, Number, Numbers, Reply, Text, Texts, Validator, weight
+from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
+from fedsim.validators import (
+    Arrays,
+    Bound,
+    Config,
+    Metrics,
+    Number,
+    Numbers,
+    Reply,
+    Text,
+    Texts,
+    Validator,
+    discovery_reply,
+    weight,
+)
 
 # the shared keys as FedE4RAG uses them: ARRAYS trainable weights (plaintext); NUM_EXAMPLES (train)
 # the pairs, FedAvg's weight; LR AdamW's; LOCAL_MODEL the name under which the node keeps its own
@@ -57,15 +70,11 @@ def discover_reply(partition_of: Callable[[int], int | None], documents: Callabl
     """Who a node is: its partition (the one it told at ``whoami``, where known), the documents
     the public partitioning gives that partition (``documents``, where the server computes them),
     their companies and its training pairs (a claim the server cannot check: its FedAvg weight)."""
-    def check(content: RecordDict, node: int) -> str | None:
-        info, told = content[INFO], partition_of(node)
-        if told is not None and info[PARTITION_ID] != told:
-            return f"claims partition {info[PARTITION_ID]}, told {told} at whoami"
-        if documents is not None and list(info[DOCUMENTS]) != documents(int(info[PARTITION_ID])):
-            return "not the documents its partition holds"
-        return None
-    return Reply({INFO: Config({PARTITION_ID: Number(0, partitions - 1, whole=True), DOCUMENTS: Texts(),
-                                COMPANIES: Texts(), NUM_PAIRS: weight(math.inf, low=0)})}, check=check)
+    def check(info: ConfigRecord, partition: int) -> str | None:
+        return None if documents is None or list(info[DOCUMENTS]) == documents(partition) else \
+            "not the documents its partition holds"
+    return discovery_reply(partition_of, partitions, {DOCUMENTS: Texts(), COMPANIES: Texts(),
+                                                      NUM_PAIRS: weight(math.inf, low=0)}, check)
 
 
 def weights_reply(like: ArrayRecord | None = None) -> Reply:

@@ -6,11 +6,11 @@ exchange, and what each phase's reply must be."""
 import math
 from collections.abc import Callable
 
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord
 
 from fedsim.message_keys import *  # noqa: F403 (the shared keys, re-exported: both ends read every key here)
-from fedsim.message_keys import ARRAYS, INFO, METRICS, NUM_EXAMPLES, PARTITION_ID
-from fedsim.validators import Arrays, Bound, Config, Metrics, Number, Reply, Text, Validator, weight
+from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
+from fedsim.validators import Arrays, Bound, Metrics, Number, Reply, Text, Validator, discovery_reply, weight
 
 # the shared keys as FedBis / FedBiscuit use them: NUM_EXAMPLES the client's training examples
 # (data-share FedAvg / eq. 6 weight; in INFO what it declares at discovery)
@@ -40,16 +40,12 @@ def discover_reply(partition_of: Callable[[int], int | None], expected: Callable
     """Who a client is: its partition (the one it told at ``whoami``, where known) and exactly
     the data sizes and population the public partitioning gives that partition (``expected``,
     where the server computes them)."""
-    def check(content: RecordDict, node: int) -> str | None:
-        info, told = content[INFO], partition_of(node)
-        if told is not None and info[PARTITION_ID] != told:
-            return f"claims partition {info[PARTITION_ID]}, told {told} at whoami"
-        want = None if expected is None else expected(int(info[PARTITION_ID]))
+    def check(info: ConfigRecord, partition: int) -> str | None:
+        want = None if expected is None else expected(partition)
         return None if want is None or all(info[k] == v for k, v in want.items()) else \
             "not the data its partition holds"
-    return Reply({INFO: Config({PARTITION_ID: Number(0, partitions - 1, whole=True), NUM_EXAMPLES: weight(math.inf),
-                                NUM_VALID: Number(0, whole=True), POPULATION: Text(choices=POPULATIONS)})},
-                 check=check)
+    return discovery_reply(partition_of, partitions, {NUM_EXAMPLES: weight(math.inf), NUM_VALID: Number(0, whole=True),
+                                                      POPULATION: Text(choices=POPULATIONS)}, check)
 
 
 def train_reply(sent: ArrayRecord, examples: Bound, loss_key: str | None) -> Reply:
