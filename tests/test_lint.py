@@ -31,7 +31,7 @@ def test_tests_run_in_a_private_home():
     assert Path("~/.cache").expanduser().is_relative_to(home)
 
 
-SOURCES = ("fedsim", "fedsim_clients", "fedsim_strategies", "fedsim_tasks", "fedsim_experiments")
+SOURCES = ("fedsim", "fedsim_clients", "fedsim_strategies", "fedsim_tasks", "fedsim_experiments", "bench")
 RECORDS = {"RecordDict", "ConfigRecord", "MetricRecord", "ArrayRecord"}
 READ_FROM = ("content", "record", "config")  # what a message key is read from: a message's records and config
 
