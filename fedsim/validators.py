@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from fedsim.message_keys import INFO, PARTITION_ID
+from fedsim.message_keys import ARRAYS, INFO, METRICS, PARTITION_ID
 
 Validator = Callable[[RecordDict, int], "str | None"]  # (reply, its node) -> why it is malformed, or None
 Bound = float | Callable[[int], float]  # a limit, or each node's (what it declared at discovery)
@@ -261,7 +261,7 @@ def weight(bound: Bound, low: float = 1) -> Number:
     return Number(low, bound, whole=True)
 
 
-def model_reply(sent: ArrayRecord, metrics: Metrics, arrays: str = "arrays", metric: str = "metrics") -> Reply:
+def model_reply(sent: ArrayRecord, metrics: Metrics, arrays: str = ARRAYS, metric: str = METRICS) -> Reply:
     """A trained model's reply: ``arrays`` shaped as the model ``sent``, ``metrics`` as declared."""
     return Reply({arrays: Arrays(sent), metric: metrics})
 

@@ -52,6 +52,8 @@ def _message_literals(tree: ast.AST, keys: set[str]):
             found = [literal(node)]
         elif isinstance(node, ast.Assign):
             found = [literal(node.value)]
+        elif isinstance(node, ast.FunctionDef):  # a record's name as a default: model_reply(arrays="arrays")
+            found = [literal(d) for d in node.args.defaults + node.args.kw_defaults if d is not None]
         elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in RECORDS:
             found = [literal(k) for a in node.args if isinstance(a, ast.Dict) for k in a.keys if k is not None]
         elif isinstance(node, ast.Subscript) and _is_record(node.value):
