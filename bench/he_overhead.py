@@ -24,6 +24,7 @@ from fedsim.he import ckks as he
 from fedsim.he import messages as keys
 from fedsim.he.client import HEClient
 from fedsim.inprocess_grid import InProcessGrid
+from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
 from fedsim_strategies.he_fedavg import HEFedAvg
 from fedsim_tasks.hf import build_encoder, flatten, trainable_arrays
 
@@ -41,8 +42,8 @@ def _updates(kind: str, clients: int) -> list[dict]:
 def plain_round(updates: list[dict]) -> dict:
     def handler(weights):
         def reply(msg):
-            return RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in weights.items()}),
-                               "metrics": MetricRecord({"num-examples": 100})})
+            return RecordDict({ARRAYS: ArrayRecord({k: Array(v) for k, v in weights.items()}),
+                               METRICS: MetricRecord({NUM_EXAMPLES: 100})})
         return reply
     grid = InProcessGrid({i + 1: handler(u) for i, u in enumerate(updates)}, keep_replies=False)
     start = time.perf_counter()
@@ -64,8 +65,8 @@ def he_round(updates: list[dict], chunk_floats: int, one_trip: bool) -> dict:
 
         def reply(msg):
             if msg.metadata.message_type == MessageType.TRAIN:
-                return client.train_reply(flat, {"num-examples": 100},
-                                          int(msg.content["config"][keys.INLINE_FLOATS]))
+                return client.train_reply(flat, {NUM_EXAMPLES: 100},
+                                          int(msg.content[keys.CONFIG][keys.INLINE_FLOATS]))
             return client.handle(msg)
         return reply
     grid = InProcessGrid({i + 1: handler(i, u) for i, u in enumerate(updates)},

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from fedsim.message_keys import TORCH_THREADS
 from fedsim_clients.retriever import TRAINING, RetrieverClient
 from fedsim_tasks.financebench_rag.train import train_encoder
 from fedsim_tasks.hf import load_trainable, trainable_arrays
@@ -114,7 +115,7 @@ def main() -> None:
     fl, exchanges = flower_rows(results)
     cfg = OmegaConf.load(results / "config.yaml")
     clients = len(json.loads((results / "results.json").read_text())["clients"])
-    threads = {int(r["torch-threads"]) for r in fl.values()}
+    threads = {int(r[TORCH_THREADS]) for r in fl.values()}
     if len(threads) != 1:
         raise SystemExit(f"the actor's torch threads changed between rounds: {threads}")
     pl = plain(cfg, args.rounds, args.kd_weight, threads.pop(), clients)

@@ -25,7 +25,8 @@ from hydra.utils import get_class
 from fedsim import client_state, exchange_trace, node_local
 from fedsim.data import resolve_data_root
 from fedsim.faults import fault_injection_mod
-from fedsim.journal import PARTITION, WHOAMI
+from fedsim.journal import WHOAMI
+from fedsim.message_keys import CONFIG, NODE_NUM_PARTITIONS, NODE_PARTITION_ID, PARTITION_ID, SERVER_ROUND
 from fedsim.seeding import PROCESS, reseed
 from fedsim.sharded_grid import SHARD, serve_batch
 
@@ -43,7 +44,7 @@ def dp_clipping_mod(msg: Message, context: Context, call_next) -> Message:
     needs and the fixed one ignores, so one mod serves both. Flower's clipping writes the
     update in the dtype of the model received (float64 after FedAdam, say); the reply keeps the
     dtype the client trained in, which the server's reply check expects."""
-    config = msg.content.config_records.get("config", {})
+    config = msg.content.config_records.get(CONFIG, {})
     if msg.metadata.message_type != MessageType.TRAIN or KEY_CLIPPING_NORM not in config:
         return call_next(msg, context)
     dtypes = {}
@@ -85,24 +86,24 @@ def message_seed(msg: Message, partition_id: int) -> int:
     """The seed of one client's work on one message: the run's seed (``client_config``), the
     round (Flower's strategies put ``server-round`` in the config; 0 for other phases), the
     partition and the message type. Nothing in it depends on scheduling or node ids."""
-    config = msg.content.config_records["config"]
-    return PROCESS.seed(config.get(SEED_KEY, 0), round=config.get("server-round", 0), partition=partition_id,
+    config = msg.content.config_records[CONFIG]
+    return PROCESS.seed(config.get(SEED_KEY, 0), round=config.get(SERVER_ROUND, 0), partition=partition_id,
                         message_type=msg.metadata.message_type)
 
 
 def _client_reply(msg: Message, context: Context, method: str) -> Message:
     if WHOAMI in msg.content.config_records:  # the Messenger maps node ids to partitions
-        record = ConfigRecord({PARTITION: int(context.node_config["partition-id"])})
+        record = ConfigRecord({PARTITION_ID: int(context.node_config[NODE_PARTITION_ID])})
         return Message(RecordDict({WHOAMI: record}), reply_to=msg)
     node_local.attach(msg, context.node_config)  # this node's folders, never the server's
     if client_state.FORGET in msg.content.config_records:  # the run ended: its client state goes
         removed = client_state.forget(msg)
         return Message(RecordDict({client_state.FORGET: ConfigRecord({"removed": removed})}), reply_to=msg)
-    task_json = msg.content["config"][TASK_KEY]
-    partition_id = int(context.node_config["partition-id"])
+    task_json = msg.content[CONFIG][TASK_KEY]
+    partition_id = int(context.node_config[NODE_PARTITION_ID])
     exchange_trace.mark("enter", msg.metadata.message_id)
     client = _client(task_json, _data_root(node_local.setting(msg, "data-root"), task_json),
-                     partition_id, int(context.node_config["num-partitions"]))
+                     partition_id, int(context.node_config[NODE_NUM_PARTITIONS]))
     exchange_trace.mark("built", msg.metadata.message_id)
     reseed(message_seed(msg, partition_id))  # after building the client: it may import torch
     reply = Message(getattr(client, method)(msg), reply_to=msg)

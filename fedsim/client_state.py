@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 from flwr.app import ConfigRecord, Message
 
+from fedsim.message_keys import CONFIG
 from fedsim.node_local import setting
 from fedsim.secret import private_folder
 
@@ -53,13 +54,13 @@ KEPT_VERSIONS = 2
 def run_key(msg: Message) -> str:
     """The key of the run a message belongs to, stable across a resume (``client_config``);
     Flower's run id where the server sent none."""
-    config = msg.content.config_records.get("config")
+    config = msg.content.config_records.get(CONFIG)
     return str(config[RUN_KEY]) if config is not None and RUN_KEY in config else str(msg.metadata.run_id)
 
 
 def _kept(msg: Message) -> bool:
     """Whether the run asks its clients to keep their state after it completes."""
-    config = msg.content.config_records.get("config")
+    config = msg.content.config_records.get(CONFIG)
     raw = config.get(STATE_KEY) if config is not None else None
     return bool(json.loads(raw).get("keep", False)) if raw else False
 

@@ -16,6 +16,8 @@ from functools import lru_cache
 import numpy as np
 from flwr.app import Array, Context, Message, MetricRecord
 
+from fedsim.message_keys import CONFIG, NODE_PARTITION_ID
+
 FAULTS_KEY = "fedsim-faults"
 KINDS = ("crash", "timeout", "nan", "wrong_length", "negative")
 
@@ -62,9 +64,9 @@ def _spec(text: str) -> dict:
 
 
 def fault_injection_mod(msg: Message, context: Context, call_next) -> Message:
-    config = msg.content.config_records.get("config")
+    config = msg.content.config_records.get(CONFIG)
     spec = _spec(str(config[FAULTS_KEY])) if config and FAULTS_KEY in config else {}
-    partition_id = int(context.node_config.get("partition-id", -1))
+    partition_id = int(context.node_config.get(NODE_PARTITION_ID, -1))
     hits = [kind for kind in KINDS if partition_id in spec.get(kind, [])]
     if not hits or msg.metadata.message_type not in spec["message_types"]:
         return call_next(msg, context)

@@ -46,10 +46,10 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.serde import message_from_proto, message_to_proto
 from flwr.proto.message_pb2 import Message as ProtoMessage
 
+from fedsim.message_keys import PARTITION_ID
 from fedsim.secret import Tampered, open_sealed, private_folder, seal
 
 WHOAMI = "fedsim-whoami"        # the core query every ClientApp answers with its partition id
-PARTITION = "partition-id"
 HEAD = "head"                   # the journal's sealed count and last digest
 
 
@@ -90,7 +90,7 @@ def ask_partitions(grid, timeout: float, poll: float) -> tuple[dict[int, int], d
 def _partition(content: RecordDict, nodes: int) -> int | None:
     """The partition a WHOAMI reply names: a whole number in [0, nodes), else None."""
     record = content.config_records.get(WHOAMI)
-    value = None if record is None else record.get(PARTITION)
+    value = None if record is None else record.get(PARTITION_ID)
     ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < nodes
     return value if ok else None
 

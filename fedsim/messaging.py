@@ -51,8 +51,8 @@ from fedsim.client_state import RUN_KEY, STATE_KEY
 from fedsim.data import reads_data
 from fedsim.faults import FAULTS_KEY
 from fedsim.journal import Journal, ResumeMismatch, ask_partitions
+from fedsim.message_keys import DP_EPSILON, NUM_EXAMPLES, SERVER_ROUND
 from fedsim.message_metadata import set_src_node_id
-from fedsim.metric_keys import DP_EPSILON
 from fedsim.node_local import sent_task
 from fedsim.privacy import CentralDP, NoiseSource
 from fedsim.sharded_grid import MALFORMED_CODE
@@ -127,16 +127,16 @@ def _num_examples(content: RecordDict) -> float:
     """How many clients / examples a reply stands for (FedAvg's weight key; 1 if absent). Its
     metrics are finite (screened); a list is no count."""
     for record in content.metric_records.values():
-        if isinstance(record.get("num-examples"), (int, float)):
-            return float(record["num-examples"])
+        if isinstance(record.get(NUM_EXAMPLES), (int, float)):
+            return float(record[NUM_EXAMPLES])
     return 1.0
 
 
 def _round_of(messages: list[Message]) -> int:
     """The server round a strategy's messages belong to (Flower puts it in their config)."""
     for record in messages[0].content.config_records.values():
-        if "server-round" in record:
-            return int(record["server-round"])
+        if SERVER_ROUND in record:
+            return int(record[SERVER_ROUND])
     return 1
 
 

@@ -31,6 +31,7 @@ from flwr.app import ConfigRecord, Message
 from omegaconf import DictConfig, OmegaConf
 
 from fedsim.data import ENV_VAR as DATA_ROOT_ENV
+from fedsim.message_keys import CONFIG
 
 NODE_KEY = "fedsim-node"  # config entry the ClientApp fills with the node's values (JSON)
 SETTINGS = {  # node config key: (environment variable, the run config key fedsim run gives it from)
@@ -72,15 +73,15 @@ def resolve(node_config: Mapping) -> dict[str, str | None]:
 
 def attach(msg: Message, node_config: Mapping) -> None:
     """Write the node's values into ``msg``'s config, over anything the server sent there."""
-    if "config" not in msg.content.config_records:
-        msg.content["config"] = ConfigRecord()
-    msg.content["config"][NODE_KEY] = json.dumps(resolve(node_config))
+    if CONFIG not in msg.content.config_records:
+        msg.content[CONFIG] = ConfigRecord()
+    msg.content[CONFIG][NODE_KEY] = json.dumps(resolve(node_config))
 
 
 def setting(msg: Message, key: str) -> str | None:
     """The node's value of ``key`` for a handler serving ``msg`` (:func:`attach` put it there;
     a handler called directly, as in tests, gets this process's own)."""
-    config = msg.content.config_records.get("config")
+    config = msg.content.config_records.get(CONFIG)
     raw = config.get(NODE_KEY) if config is not None else None
     return (json.loads(raw) if raw else resolve({}))[key]
 

@@ -39,6 +39,7 @@ from fedsim.comparison import Settings, headline
 from fedsim.config import REFUSED, compose_checked, hydra_config, population
 from fedsim.flower_waits import shorten_pull_backoff
 from fedsim.journal import Journal
+from fedsim.message_keys import CONFIG
 from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
 from fedsim.mlflow_sink import MlflowSink
 from fedsim.privacy import NOT_PRIVATE, NoiseSource
@@ -127,7 +128,7 @@ def _forget_client_state(messenger: Messenger, cfg) -> None:
     journaled: a completed run is never resumed."""
     messenger.journal = None
     config = ConfigRecord({k: v for k, v in client_config(cfg).items() if k in (RUN_KEY, STATE_KEY)})
-    messages = [Message(RecordDict({"config": config, FORGET: forget_request(str(config[RUN_KEY]))}),
+    messages = [Message(RecordDict({CONFIG: config, FORGET: forget_request(str(config[RUN_KEY]))}),
                         dst_node_id=n, message_type=MessageType.QUERY) for n in messenger.node_ids()]
     try:
         messenger.exchange("forget", messages, Policy(ANY))

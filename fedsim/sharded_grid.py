@@ -31,6 +31,7 @@ from flwr.app.message import make_message
 from flwr.serverapp import Grid
 
 from fedsim.journal import ask_partitions
+from fedsim.message_keys import NODE_NUM_PARTITIONS, NODE_PARTITION_ID
 from fedsim.message_metadata import set_message_id
 
 SHARD = "fedsim-shard"      # the batch's manifest record
@@ -81,8 +82,8 @@ def serve_batch(msg: Message, context: Context, handler: Callable[[Message, Cont
     for i, client in enumerate(clients):
         sub = make_message(copy(msg.metadata), unpack(msg.content, layout, i))  # as if sent on its own
         set_message_id(sub, f"{msg.metadata.message_id}/{i}")
-        sub_context = replace(context, node_config={**context.node_config, "partition-id": client,
-                                                    "num-partitions": num_clients})
+        sub_context = replace(context, node_config={**context.node_config, NODE_PARTITION_ID: client,
+                                                    NODE_NUM_PARTITIONS: num_clients})
         try:
             replies.append(handler(sub, sub_context).content)
         except Exception as exc:  # noqa: BLE001 - one client's crash is its own failed reply

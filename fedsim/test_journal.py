@@ -6,7 +6,8 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fedsim.inprocess_grid import InProcessGrid
-from fedsim.journal import PARTITION, WHOAMI, Journal, JournalTampered, ResumeMismatch
+from fedsim.journal import WHOAMI, Journal, JournalTampered, ResumeMismatch
+from fedsim.message_keys import PARTITION_ID
 from fedsim.messaging import Messenger, Policy
 
 KEY = b"k" * 32
@@ -17,7 +18,7 @@ def _grid(node_ids: list[int], calls: list) -> InProcessGrid:
     def handler(partition_id):
         def handle(msg):
             if WHOAMI in msg.content.config_records:
-                return RecordDict({WHOAMI: ConfigRecord({PARTITION: partition_id})})
+                return RecordDict({WHOAMI: ConfigRecord({PARTITION_ID: partition_id})})
             rnd = int(msg.content["config"]["round"])
             calls.append((partition_id, rnd))
             return RecordDict({"arrays": ArrayRecord([np.full(3, partition_id * rnd, dtype=np.float32)]),

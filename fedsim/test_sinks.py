@@ -10,8 +10,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from fedsim.config import ConfigError, compose
 from fedsim.inprocess_grid import InProcessGrid
+from fedsim.message_keys import DP_EPSILON
 from fedsim.messaging import Messenger
-from fedsim.metric_keys import DP_EPSILON
 from fedsim.mlflow_sink import RUN_KEY_TAG, MlflowSink, store_uri
 from fedsim.results import RunOutput
 from fedsim.schema import check

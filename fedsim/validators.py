@@ -24,7 +24,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from fedsim.message_keys import ARRAYS, INFO, METRICS, PARTITION_ID
 
 Validator = Callable[[RecordDict, int], "str | None"]  # (reply, its node) -> why it is malformed, or None
 Bound = float | Callable[[int], float]  # a limit, or each node's (what it declared at discovery)
@@ -259,7 +261,7 @@ def weight(bound: Bound, low: float = 1) -> Number:
     return Number(low, bound, whole=True)
 
 
-def model_reply(sent: ArrayRecord, metrics: Metrics, arrays: str = "arrays", metric: str = "metrics") -> Reply:
+def model_reply(sent: ArrayRecord, metrics: Metrics, arrays: str = ARRAYS, metric: str = METRICS) -> Reply:
     """A trained model's reply: ``arrays`` shaped as the model ``sent``, ``metrics`` as declared."""
     return Reply({arrays: Arrays(sent), metric: metrics})
 
@@ -282,3 +284,18 @@ def finite_arrays(content: RecordDict, node: int) -> str | None:
     if len(records) != 1:
         return "expected one non-empty ArrayRecord"
     return Arrays().problem(records[0], node)
+
+
+def discovery_reply(partition_of: Callable[[int], int | None], partitions: int, fields: Mapping[str, Field],
+                    check: Callable[[ConfigRecord, int], str | None]) -> Reply:
+    """A discovery reply: its INFO names the node's partition, the one it told at ``whoami``
+    (``partition_of``, the Messenger's map, where it asked; else a whole number below
+    ``partitions``), and the method's ``fields``, which ``check(info, partition)`` holds against
+    what the public partitioning gives that partition. Every method's discovery shares this, so
+    a partition is checked against the Messenger's map in one place."""
+    def checked(content: RecordDict, node: int) -> str | None:
+        info, told = content[INFO], partition_of(node)
+        if told is not None and info[PARTITION_ID] != told:
+            return f"claims partition {info[PARTITION_ID]}, told {told} at whoami"
+        return check(info, int(info[PARTITION_ID]))
+    return Reply({INFO: Config({PARTITION_ID: Number(0, partitions - 1, whole=True), **fields})}, check=checked)

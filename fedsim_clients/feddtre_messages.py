@@ -7,35 +7,28 @@ defined in ``fedsim.trust_mixing``; Flower's FedProx: ``proximal-mu``, read by
 import math
 from collections.abc import Callable
 
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord
 
+from fedsim.message_keys import *  # noqa: F403 (the shared keys, re-exported: both ends read every key here)
+from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
 from fedsim.trust_mixing import ALPHA, MIXING, S_GLOBAL, S_LOCAL  # noqa: F401 (the mixing's keys)
-from fedsim.validators import Arrays, Bound, Config, Metrics, Number, Reply, weight
+from fedsim.validators import Arrays, Bound, Metrics, Number, Reply, discovery_reply, weight
 from fedsim_tasks.dialogue.metrics import REPLY_METRICS, REPLY_RANGES
 
-CONFIG = "config"                # ConfigRecord of every message
-ARRAYS = "arrays"                # ArrayRecord: adapters / evaluator weights to train (train) or trained (reply)
-METRICS = "metrics"              # MetricRecord of replies
-NUM_EXAMPLES = "num-examples"    # METRICS: the client's training examples (FedAvg's weight)
+# the shared keys as FedDTRE uses them: ARRAYS the adapters / evaluator weights to train (train) or
+# trained (reply); NUM_EXAMPLES the client's training examples (FedAvg's weight); LR the evaluator's
+# (the generator's is in SETTINGS, per round); SERVER_ROUND seeds the local shuffle and scoring
+# sample; LOCAL_MODEL (generator) the name under which a mixing client keeps its own W_local;
+# STATE_BYTES the state mixing clients keep
 
-INFO = "info"                    # ConfigRecord of the discovery (query) reply ...
-PARTITION_ID = "partition-id"    # ... the node's partition
-EXAMPLES_PREFIX = "examples-"    # ... "examples-<dataset>": its training examples per dataset
+EXAMPLES_PREFIX = "examples-"    # INFO: "examples-<dataset>", the client's training examples per dataset
 
-OBJECTIVE = "objective"          # config (train): what to train, one of:
+# OBJECTIVE (config, train): what to train, one of:
 EVALUATOR = "evaluator"          #   the trust evaluator on the client's trust data (FedAvg)
 GENERATOR = "generator"          #   the generator's adapters on one dataset (FedAvg, FedProx, alpha mixing)
 DATASET = "dataset"              # config (generator): which dataset of the task
 SETTINGS = "settings"            # config (generator): JSON of the generator settings (base, LoRA, decoding)
-LOCAL_MODEL = "local-model"      # config (generator): the name under which a mixing client keeps its own W_local
-STATE_BYTES = "state-bytes"      # METRICS: bytes of the client's kept state on its disk (mixing clients)
 EVALUATOR_WEIGHTS = "evaluator-weights"  # config (trust mixing): the trained evaluator's weights (.npz bytes)
-LOCAL_STEPS = "local-steps"      # config (train): optimizer steps
-BATCH_SIZE = "batch-size"        # config (train): examples per step
-LR = "lr"                        # config (evaluator): learning rate (the generator's is in SETTINGS, per round)
-SEED = "seed"                    # config (train): the run's seed
-SERVER_ROUND = "server-round"    # config (train): the round (seeds the local shuffle and scoring sample)
-TORCH_THREADS = "torch-threads"  # config: torch threads for this message's work
 DP_ACCOUNT = "dp-account"        # config (generator): whose DP-SGD budget the steps spend (dataset / method)
 DP_EPSILON_METHOD = "dp-epsilon-method"  # metric (generator): DP-SGD epsilon of this account's trainings alone
 
@@ -58,15 +51,12 @@ def discover_reply(partition_of: Callable[[int], int | None], datasets: list[str
     """Who a client is: its partition (the one it told at ``whoami``, where known) and its
     training examples of every dataset, exactly those the public partitioning gives that
     partition (``expected``, where the server computes them)."""
-    def check(content: RecordDict, node: int) -> str | None:
-        info, told = content[INFO], partition_of(node)
-        if told is not None and info[PARTITION_ID] != told:
-            return f"claims partition {info[PARTITION_ID]}, told {told} at whoami"
-        want = None if expected is None else expected(int(info[PARTITION_ID]))
+    def check(info: ConfigRecord, partition: int) -> str | None:
+        want = None if expected is None else expected(partition)
         return None if want is None or all(info[EXAMPLES_PREFIX + d] == n for d, n in want.items()) else \
             "not the examples its partition holds"
     examples = {EXAMPLES_PREFIX + d: weight(math.inf, low=0) for d in datasets}
-    return Reply({INFO: Config({PARTITION_ID: Number(0, partitions - 1, whole=True), **examples})}, check=check)
+    return discovery_reply(partition_of, partitions, examples, check)
 
 
 TRUST = Number(*REPLY_RANGES["trust_bertscore"])  # a trust score: a BERTScore F1

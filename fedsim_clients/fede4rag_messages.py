@@ -5,17 +5,32 @@ operations use ``fedsim.he.messages``; what each phase's reply must be."""
 import math
 from collections.abc import Callable
 
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedsim.he import messages as he_keys
-from fedsim.validators import Arrays, Bound, Config, Metrics, Number, Numbers, Reply, Text, Texts, Validator, weight
+from fedsim.message_keys import *  # noqa: F403 (the shared keys, re-exported: both ends read every key here)
+from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
+from fedsim.validators import (
+    Arrays,
+    Bound,
+    Config,
+    Metrics,
+    Number,
+    Numbers,
+    Reply,
+    Text,
+    Texts,
+    Validator,
+    discovery_reply,
+    weight,
+)
 
-CONFIG = "config"                # ConfigRecord of every message
-ARRAYS = "arrays"                # ArrayRecord: trainable weights (plaintext)
-METRICS = "metrics"              # MetricRecord of replies
-INFO = "info"                    # ConfigRecord of the discovery reply ...
-PARTITION_ID = "partition-id"    # ... the node's partition
-DOCUMENTS = "documents"          # ... its documents
+# the shared keys as FedE4RAG uses them: ARRAYS trainable weights (plaintext); NUM_EXAMPLES (train)
+# the pairs, FedAvg's weight; LR AdamW's; LOCAL_MODEL the name under which the node keeps its own
+# retriever across rounds (train: the student continues from it, the received weights are KD's
+# frozen teacher; absent: train from the received weights)
+
+DOCUMENTS = "documents"          # INFO: the node's documents
 COMPANIES = "companies"          # ... their companies
 NUM_PAIRS = "num-pairs"          # ... its training pairs
 QUERY_OP = "query-op"            # config (query): INITIAL_WEIGHTS, else discovery
@@ -23,25 +38,15 @@ INITIAL_WEIGHTS = "initial-weights"  # QUERY_OP value: reply with the common ini
 
 METHOD = "method"                # config: the method the message serves (named in errors)
 WEIGHTS = "weights"              # config: the weights to train / evaluate, one of:
-FROM_ARRAYS = "arrays"           #   the message's ARRAYS (must be present and non-empty)
+FROM_ARRAYS = ARRAYS             #   the message's ARRAYS (must be present and non-empty)
 FROM_HE = "he-global"            #   the node's complete HE aggregate of he-global-round
 FROM_INITIAL = "initial"         #   the common initial model (seeded adapters)
 FROM_LOCAL = "local"             #   the node's own local retriever kept under LOCAL_MODEL (evaluate)
 WEIGHT_SOURCES = (FROM_ARRAYS, FROM_HE, FROM_INITIAL, FROM_LOCAL)
-LOCAL_MODEL = "local-model"      # config: the name under which the node keeps its own retriever across
-                                 # rounds (train: the student continues from it, the received weights are
-                                 # KD's frozen teacher); absent: train from the received weights
 
-LOCAL_STEPS = "local-steps"      # config (train): optimizer steps
-BATCH_SIZE = "batch-size"        # config (train): pairs per step
-LR = "lr"                        # config (train): AdamW learning rate
 TEMPERATURE = "temperature"      # config (train): InfoNCE temperature
 KD_WEIGHT = "kd-weight"          # config (train): weight of KD-GLE
-SEED = "seed"                    # config (train): the run's seed
-SERVER_ROUND = "server-round"    # config (train): the round (seeds the local shuffle)
 POOL_PARTITIONS = "pool-partitions"  # config (train): pool these partitions' pairs (centralized)
-TORCH_THREADS = "torch-threads"  # config: torch threads for this message's work
-NUM_EXAMPLES = "num-examples"    # METRICS (train): pairs, FedAvg's weight
 
 EVAL_OP = "eval-op"              # config (evaluate): ENCODE or SCORE
 ENCODE = "encode"                # encode one piece of the corpus (PIECE) under the weights
@@ -65,15 +70,11 @@ def discover_reply(partition_of: Callable[[int], int | None], documents: Callabl
     """Who a node is: its partition (the one it told at ``whoami``, where known), the documents
     the public partitioning gives that partition (``documents``, where the server computes them),
     their companies and its training pairs (a claim the server cannot check: its FedAvg weight)."""
-    def check(content: RecordDict, node: int) -> str | None:
-        info, told = content[INFO], partition_of(node)
-        if told is not None and info[PARTITION_ID] != told:
-            return f"claims partition {info[PARTITION_ID]}, told {told} at whoami"
-        if documents is not None and list(info[DOCUMENTS]) != documents(int(info[PARTITION_ID])):
-            return "not the documents its partition holds"
-        return None
-    return Reply({INFO: Config({PARTITION_ID: Number(0, partitions - 1, whole=True), DOCUMENTS: Texts(),
-                                COMPANIES: Texts(), NUM_PAIRS: weight(math.inf, low=0)})}, check=check)
+    def check(info: ConfigRecord, partition: int) -> str | None:
+        return None if documents is None or list(info[DOCUMENTS]) == documents(partition) else \
+            "not the documents its partition holds"
+    return discovery_reply(partition_of, partitions, {DOCUMENTS: Texts(), COMPANIES: Texts(),
+                                                      NUM_PAIRS: weight(math.inf, low=0)}, check)
 
 
 def weights_reply(like: ArrayRecord | None = None) -> Reply:

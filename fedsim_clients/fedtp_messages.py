@@ -7,9 +7,13 @@ from collections.abc import Callable
 import numpy as np
 from flwr.app import RecordDict
 
+from fedsim.message_keys import *  # noqa: F403 (the shared keys, re-exported: both ends read every key here)
+from fedsim.message_keys import ARRAYS, INFO, METRICS, NUM_EXAMPLES
 from fedsim.validators import Arrays, Bound, Config, Metrics, Number, Numbers, Reply, Texts, at, decoded, weight
 
-CONFIG = "config"                  # ConfigRecord of every message
+# the shared keys as FedTP uses them: ARRAYS of a train reply; METRICS of train / evaluate replies,
+# NUM_EXAMPLES in it the clients (train) or turns (evaluate) covered; INFO of the discovery reply
+
 SPLITS = "splits"                  # config: the conversations (splits) the message is about
 TURN_LEVEL = "turn-level"          # config (evaluate): also return per-turn outcomes
 VARIANT_NAMES = "variant-names"    # config (evaluate): router variants to score ...
@@ -17,12 +21,8 @@ VARIANT_PRIORS = "variant-priors"  # ... the prior each uses (a key of PRIORS, "
 VARIANT_ALPHAS = "variant-alphas"  # ... its FedMix global weight
 VARIANT_LAMBDAS = "variant-lambdas"  # ... its prior weight lambda
 PRIORS = "priors"                  # ArrayRecord (evaluate): released priors by name
-ARRAYS = "arrays"                  # ArrayRecord of a train reply
 VECTORS = "vectors"                # ARRAYS entry: (clients hosted, topics) preference rows
-METRICS = "metrics"                # MetricRecord of train / evaluate replies
-NUM_EXAMPLES = "num-examples"      # METRICS: clients (train) or turns (evaluate) covered
 TURN_PREFIX = "turn/"              # METRICS keys with per-turn lists
-INFO = "info"                      # ConfigRecord of the discovery (query) reply
 INFO_SPLITS = "splits"             # INFO: the split of each hosted conversation
 INFO_ROWS = "rows"                 # INFO: the population row of each hosted conversation
 

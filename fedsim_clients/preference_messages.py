@@ -6,38 +6,31 @@ exchange, and what each phase's reply must be."""
 import math
 from collections.abc import Callable
 
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord
 
-from fedsim.validators import Arrays, Bound, Config, Metrics, Number, Reply, Text, Validator, weight
+from fedsim.message_keys import *  # noqa: F403 (the shared keys, re-exported: both ends read every key here)
+from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
+from fedsim.validators import Arrays, Bound, Metrics, Number, Reply, Text, Validator, discovery_reply, weight
 
-CONFIG = "config"                # ConfigRecord of every message
-ARRAYS = "arrays"                # ArrayRecord: the weights to train (train) / trained (reply)
-METRICS = "metrics"              # MetricRecord of replies
-NUM_EXAMPLES = "num-examples"    # METRICS: the client's training examples (data-share FedAvg / eq. 6 weight)
+# the shared keys as FedBis / FedBiscuit use them: NUM_EXAMPLES the client's training examples
+# (data-share FedAvg / eq. 6 weight; in INFO what it declares at discovery)
+
 UNIT_WEIGHT = "unit-weight"      # METRICS: 1 in every reply (uniform p_m = 1/M: the public code's ignore_weight)
 MODEL_PREFIX = "model-"          # ArrayRecords "model-<u>" of a regroup request: every selector
 LOSS_PREFIX = "loss-"            # METRICS "loss-<u>" of a regroup reply: validation loss on selector u
 GROUP = "group"                  # config (train): the selector the client trains (FedBiscuit)
 
-INFO = "info"                    # ConfigRecord of the discovery (query) reply ...
-PARTITION_ID = "partition-id"    # ... the node's partition
-NUM_VALID = "num-valid"          # ... its validation examples
+NUM_VALID = "num-valid"          # INFO: the client's validation examples
 POPULATION = "population"        # ... majority | minority (simulation ground truth, for reporting only)
 POPULATIONS = ("majority", "minority")
 
-OBJECTIVE = "objective"          # config (train): what to train, one of:
+# OBJECTIVE (config, train): what to train, one of:
 SELECTOR = "selector"            #   the binary selector on the client's pairs (cross-entropy)
 SFT = "sft"                      #   the policy on the client's preferred responses (FedAvg baseline)
 DPO = "dpo"                      #   the policy by DPO on the client's pairs (FedDPO baseline)
-LOCAL_STEPS = "local-steps"      # config (train): optimizer steps
-BATCH_SIZE = "batch-size"        # config (train): examples per step
-LR = "lr"                        # config (train): learning rate
 WEIGHT_DECAY = "weight-decay"    # config (train): L2 penalty (selector)
 POLICY_BASE = "policy-base"      # config (SFT / DPO): folder of the shared base policy
 POLICY = "policy"                # config (SFT / DPO): the policy settings (JSON of experiments' RLHF)
-SEED = "seed"                    # config (train): the run's seed
-SERVER_ROUND = "server-round"    # config (train): the round (seeds the local shuffle)
-TORCH_THREADS = "torch-threads"  # config: torch threads for this message's work
 
 
 # --- what each phase's reply must be (checked in the Messenger's screen: fedsim/validators.py) --
@@ -47,16 +40,12 @@ def discover_reply(partition_of: Callable[[int], int | None], expected: Callable
     """Who a client is: its partition (the one it told at ``whoami``, where known) and exactly
     the data sizes and population the public partitioning gives that partition (``expected``,
     where the server computes them)."""
-    def check(content: RecordDict, node: int) -> str | None:
-        info, told = content[INFO], partition_of(node)
-        if told is not None and info[PARTITION_ID] != told:
-            return f"claims partition {info[PARTITION_ID]}, told {told} at whoami"
-        want = None if expected is None else expected(int(info[PARTITION_ID]))
+    def check(info: ConfigRecord, partition: int) -> str | None:
+        want = None if expected is None else expected(partition)
         return None if want is None or all(info[k] == v for k, v in want.items()) else \
             "not the data its partition holds"
-    return Reply({INFO: Config({PARTITION_ID: Number(0, partitions - 1, whole=True), NUM_EXAMPLES: weight(math.inf),
-                                NUM_VALID: Number(0, whole=True), POPULATION: Text(choices=POPULATIONS)})},
-                 check=check)
+    return discovery_reply(partition_of, partitions, {NUM_EXAMPLES: weight(math.inf), NUM_VALID: Number(0, whole=True),
+                                                      POPULATION: Text(choices=POPULATIONS)}, check)
 
 
 def train_reply(sent: ArrayRecord, examples: Bound, loss_key: str | None) -> Reply:

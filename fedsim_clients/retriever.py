@@ -203,11 +203,11 @@ class RetrieverClient:
         end = time.perf_counter()
         metrics = {keys.NUM_EXAMPLES: len(pairs), "train-seconds": end - start,
                    "weights-seconds": loaded - begin, "pairs-seconds": start - loaded,
-                   "torch-threads": torch.get_num_threads(), **{k: float(v) for k, v in stats.items()}}
+                   keys.TORCH_THREADS: torch.get_num_threads(), **{k: float(v) for k, v in stats.items()}}
         trained = trainable_arrays(self.model)
         if state is not None:
             state.save(str(config[keys.LOCAL_MODEL]), int(config.get(keys.SERVER_ROUND, 0)), trained)
-            metrics["state-bytes"] = state.bytes()
+            metrics[keys.STATE_BYTES] = state.bytes()
         if he_round:
             return self._he(msg).train_reply(flatten(trained), {**metrics, he_keys.DECRYPT_SECONDS: decrypt},
                                              int(config.get(he_keys.INLINE_FLOATS, 0)))

@@ -30,6 +30,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedsim import client_state
+from fedsim.message_keys import SERVER_ROUND
 from fedsim_clients import fedtp_messages as keys
 
 NAME = "probe"  # the client-state name of the value
@@ -46,7 +47,7 @@ class StateProbeClient:
         self.partition_id = partition_id
 
     def train(self, msg: Message) -> RecordDict:
-        server_round = int(msg.content[keys.CONFIG]["server-round"])
+        server_round = int(msg.content[keys.CONFIG][SERVER_ROUND])
         g = msg.content[keys.ARRAYS][keys.VECTORS].numpy().reshape(1, -1)
         own = np.random.default_rng(self.partition_id).dirichlet(np.ones(g.shape[1]))[None]
         state = client_state.of(msg, self.partition_id)

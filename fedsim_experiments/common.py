@@ -11,6 +11,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from fedsim.message_keys import CONFIG, INFO, PARTITION_ID
 from fedsim.messaging import ANY, Messenger, Policy
 from fedsim.schema import entry as schema_entry
 from fedsim.validators import Validator
@@ -95,22 +96,25 @@ class RunContext:
                               self.cfg.round_timeout, ConfigRecord(config))
 
 
-def discover(messenger: Messenger, base: dict, config_key: str, info_key: str, partition_key: str,
-             reply: Validator | None = None) -> tuple[dict[int, int], dict[int, ConfigRecord]]:
+def discover(messenger: Messenger, base: dict, reply: Validator | None = None
+             ) -> tuple[dict[int, int], dict[int, ConfigRecord]]:
     """Every node's discovery reply (quorum: all; a method needs every client), by partition:
-    node ids and the ``info_key`` record of each. Each must be ``reply`` (the method's
-    declaration); a partition two nodes claim is refused to both (``duplicate``): neither takes
-    the other's place."""
+    node ids and the INFO record of each. Each must be ``reply`` (the method's declaration,
+    ``fedsim.validators.discovery_reply``). A node's partition is the one it told at ``whoami``
+    (the Messenger's map, which ``reply`` holds its INFO to); only where the Messenger did not ask
+    (a protocol driven without the ServerApp) is it the reply's claim. A partition two nodes
+    claim is refused to both (``duplicate``): neither takes the other's place."""
     def claim(content: RecordDict) -> int:
-        return int(content[info_key][partition_key])
+        return int(content[INFO][PARTITION_ID])
     replies = messenger.exchange("discover", [
-        Message(RecordDict({config_key: ConfigRecord(base)}), dst_node_id=n, message_type=MessageType.QUERY)
+        Message(RecordDict({CONFIG: ConfigRecord(base)}), dst_node_id=n, message_type=MessageType.QUERY)
         for n in messenger.node_ids()], Policy(validator=reply, claim=claim))
     nodes, info = {}, {}
     for msg in replies:
-        record = msg.content[info_key]
-        partition_id = int(record[partition_key])
-        nodes[partition_id], info[partition_id] = msg.metadata.src_node_id, record
+        node = msg.metadata.src_node_id
+        partition_id = messenger.partition_of(node)
+        partition_id = claim(msg.content) if partition_id is None else partition_id
+        nodes[partition_id], info[partition_id] = node, msg.content[INFO]
     return nodes, info
 
 

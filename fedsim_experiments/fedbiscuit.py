@@ -200,7 +200,7 @@ def context(messenger: Messenger, cfg: DictConfig, selector) -> Context:
         data = federation.client(partition)
         return {keys.NUM_EXAMPLES: len(data.train), keys.NUM_VALID: len(data.valid), keys.POPULATION: data.population}
     reply = keys.discover_reply(messenger.partition_of, holds, federation.num_clients)
-    nodes, records = discover(messenger, base, keys.CONFIG, keys.INFO, keys.PARTITION_ID, reply)
+    nodes, records = discover(messenger, base, reply)
     info = {partition_id: {k: r[k] for k in (keys.NUM_EXAMPLES, keys.NUM_VALID, keys.POPULATION)}
             for partition_id, r in records.items()}
     return Context(messenger, cfg, base, nodes, info, federation, selector.weights())

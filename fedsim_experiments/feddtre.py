@@ -305,7 +305,7 @@ def context(messenger: Messenger, cfg: DictConfig, protocol: FedDTREProtocol, ba
         """Each dataset's training examples the public partitioning gives ``partition``."""
         return {name: len(d.examples(d.client(partition).train, " [SEP] ")) for name, d in tasks.items()}
     reply = keys.discover_reply(messenger.partition_of, list(tasks), holds, int(cfg.task.num_clients))
-    nodes, info = discover(messenger, base_cfg, keys.CONFIG, keys.INFO, keys.PARTITION_ID, reply)
+    nodes, info = discover(messenger, base_cfg, reply)
     return Context(messenger, cfg, base_cfg, nodes, {p: dict(i) for p, i in info.items()}, protocol,
                    tasks, base_path, trainable_arrays(model))
 

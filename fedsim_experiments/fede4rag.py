@@ -349,7 +349,7 @@ def _discover(messenger: Messenger, base: dict, cfg: DictConfig | None = None
     def documents(partition: int) -> list[str]:
         return client_documents(cfg.data_root, cfg.task.companies, instantiate(cfg.task.partitioner), partition)
     reply = keys.discover_reply(messenger.partition_of, None if cfg is None else documents, messenger.num_partitions)
-    nodes, records = discover(messenger, base, keys.CONFIG, keys.INFO, keys.PARTITION_ID, reply)
+    nodes, records = discover(messenger, base, reply)
     return nodes, {partition_id: {keys.NUM_PAIRS: int(r[keys.NUM_PAIRS]), keys.COMPANIES: list(r[keys.COMPANIES]),
                                   keys.DOCUMENTS: len(r[keys.DOCUMENTS])} for partition_id, r in records.items()}
 

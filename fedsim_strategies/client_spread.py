@@ -15,6 +15,8 @@ import numpy as np
 from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp.strategy import Strategy
 
+from fedsim.message_keys import NUM_EXAMPLES
+
 
 def spread(updated: list[np.ndarray], weights: list[float], start: np.ndarray) -> dict[str, float]:
     """Distances of flat client weight vectors ``updated`` (weighted by ``weights``) from their
@@ -61,7 +63,7 @@ class ClientSpread(Strategy):
     def _spread(self, valid: list) -> dict[str, float] | None:
         if not valid or self.sent is None:
             return None
-        key = getattr(self.strategy, "weighted_by_key", "num-examples")
+        key = getattr(self.strategy, "weighted_by_key", NUM_EXAMPLES)
         weights = [float(next(iter(c.metric_records.values()))[key]) for c in valid]
         return spread([_flat(next(iter(c.array_records.values()))) for c in valid], weights, self.sent)
 

@@ -37,6 +37,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedsim.audit import MeanCanaries
+from fedsim.message_keys import ARRAYS, CONFIG, SERVER_ROUND
 from fedsim.privacy import (
     AUDIT,
     RELEASE,
@@ -109,8 +110,7 @@ class DPMean(Strategy):
         if self.array_key in arrays:
             self._dim = arrays[self.array_key].numpy().size
         # one shared RecordDict, as FedAvg does: Flower stores identical content once
-        content = RecordDict({"arrays": arrays,
-                              "config": ConfigRecord({**config, "server-round": server_round})})
+        content = RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord({**config, SERVER_ROUND: server_round})})
         log.info("DPMean round %d: %d of %d nodes sampled (expected %d)", server_round,
                  len(sampled), len(nodes), size)
         return [Message(content, dst_node_id=node, message_type=MessageType.TRAIN)

@@ -40,6 +40,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedsim.he import ckks
 from fedsim.he import messages as keys
+from fedsim.message_keys import NUM_EXAMPLES
 from fedsim.messaging import ANY, PhaseGrid, Policy, phase_grid
 from fedsim.validators import Arrays, Blob, Config, Metrics, Number, Reply, Text
 
@@ -54,7 +55,7 @@ class HEFedAvg(Strategy):
         self.strategy = strategy
         self.one_trip = one_trip
         self.carry = None  # one trip: (round, encrypted aggregate, floats) for the next messages
-        self.weight_key = getattr(strategy, "weighted_by_key", "num-examples")
+        self.weight_key = getattr(strategy, "weighted_by_key", NUM_EXAMPLES)
         self.chunk_floats = int(math.ceil(chunk_floats / slots) * slots)
         self.slots = slots
         self.context = None  # the public context, built from client bytes
@@ -238,7 +239,7 @@ class HEFedAvg(Strategy):
                ) -> list[Message]:
         out = []
         for node in nodes:
-            content = RecordDict({"config": ConfigRecord(config)})
+            content = RecordDict({keys.CONFIG: ConfigRecord(config)})
             if record is not None:
                 content[keys.CIPHERTEXTS] = record
             out.append(Message(content, dst_node_id=node, message_type=MessageType.QUERY))

@@ -20,6 +20,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
+from fedsim.message_keys import SERVER_ROUND
 from fedsim.messaging import Policy, Quorum, phase_grid
 from fedsim.records import from_record, to_record
 from fedsim.validators import Metrics, Number, like_model
@@ -235,7 +236,7 @@ class SelectorGroups(FedAvg):
         return result
 
     def _train_config(self, config: ConfigRecord, rnd: int, group: int) -> ConfigRecord:
-        return ConfigRecord({**dict(config.items()), "server-round": rnd, self.group_key: group})
+        return ConfigRecord({**dict(config.items()), SERVER_ROUND: rnd, self.group_key: group})
 
     def _warmup_round(self, rnd, u, result, config, grid) -> None:
         """FedBis on selector u: FedAvg over the sampled clients."""
@@ -273,7 +274,7 @@ class SelectorGroups(FedAvg):
         nodes = sorted(grid.get_node_ids())
         content = {f"{self.model_prefix}{u}": s for u, s in enumerate(selectors)}
         messages = [Message(RecordDict({**content, self.configrecord_key: ConfigRecord(
-            {**dict(config.items()), "server-round": rnd})}), dst_node_id=n, message_type=MessageType.EVALUATE)
+            {**dict(config.items()), SERVER_ROUND: rnd})}), dst_node_id=n, message_type=MessageType.EVALUATE)
             for n in nodes]
         replies = grid.exchange("regroup", messages, Policy(Quorum(self.regroup_quorum), self._valid_report), rnd)
         losses = np.full((len(nodes), self.num_selectors), np.nan)

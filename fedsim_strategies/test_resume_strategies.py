@@ -10,7 +10,8 @@ import pytest
 from flwr.app import ConfigRecord, RecordDict
 
 from fedsim.inprocess_grid import InProcessGrid
-from fedsim.journal import PARTITION, WHOAMI, Journal
+from fedsim.journal import WHOAMI, Journal
+from fedsim.message_keys import PARTITION_ID
 from fedsim.messaging import Messenger
 from fedsim.records import from_record, to_record
 from fedsim.server_app import seed_server
@@ -31,7 +32,7 @@ def _nodes(handlers: list, ids: list[int], kill_at: tuple[str, int] | None = Non
     def node(partition_id, handle):
         def answer(msg):
             if WHOAMI in msg.content.config_records:
-                return RecordDict({WHOAMI: ConfigRecord({PARTITION: partition_id})})
+                return RecordDict({WHOAMI: ConfigRecord({PARTITION_ID: partition_id})})
             config = msg.content.config_records.get("config", {})
             if kill_at == (msg.metadata.message_type, int(config.get("server-round", 0))):
                 raise Killed()

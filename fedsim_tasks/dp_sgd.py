@@ -41,7 +41,7 @@ from opacus.optimizers import DPOptimizer
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
 from fedsim.audit import fair_coins, sampled_gaussian_scores
-from fedsim.metric_keys import DP_EPSILON
+from fedsim.message_keys import DP_EPSILON
 
 __all__ = ["DP_EPSILON", "DPSGD", "GradientCanaries", "PrivateSteps", "StepsLedger", "spent_epsilon"]
 

@@ -1,6 +1,7 @@
 """Static checks in the test command: the one-way layers (import-linter contracts in
 pyproject.toml) and ruff."""
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -28,3 +29,50 @@ def test_tests_run_in_a_private_home():
     home = Path.home()  # set by the repository's root conftest.py
     assert home.name.startswith("fedsim-test-home-")
     assert Path("~/.cache").expanduser().is_relative_to(home)
+
+
+SOURCES = ("fedsim", "fedsim_clients", "fedsim_strategies", "fedsim_tasks", "fedsim_experiments", "bench")
+RECORDS = {"RecordDict", "ConfigRecord", "MetricRecord", "ArrayRecord"}
+READ_FROM = ("content", "record", "config")  # what a message key is read from: a message's records and config
+
+
+def _is_record(node: ast.AST) -> bool:
+    return any(word in ast.unparse(node) for word in READ_FROM)
+
+
+def _message_literals(tree: ast.AST, keys: set[str]):
+    """The string constants of ``keys`` a module writes where a message key goes: anywhere for a
+    key no other config uses ("num-examples"), else in a record built (``ConfigRecord({...})``) or
+    read (``content["config"]``, ``config.get("seed")``, ``"seed" in record``), or a name given it."""
+    def literal(node):
+        return node.value if isinstance(node, ast.Constant) and node.value in keys else None
+    for node in ast.walk(tree):
+        found = []
+        if isinstance(node, ast.Constant) and "-" in str(node.value):
+            found = [literal(node)]
+        elif isinstance(node, ast.Assign):
+            found = [literal(node.value)]
+        elif isinstance(node, ast.FunctionDef):  # a record's name as a default: model_reply(arrays="arrays")
+            found = [literal(d) for d in node.args.defaults + node.args.kw_defaults if d is not None]
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in RECORDS:
+            found = [literal(k) for a in node.args if isinstance(a, ast.Dict) for k in a.keys if k is not None]
+        elif isinstance(node, ast.Subscript) and _is_record(node.value):
+            found = [literal(node.slice)]
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "get" and _is_record(node.func.value):
+            found = [literal(a) for a in node.args[:1]]
+        elif isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.In) and _is_record(node.comparators[0]):
+            found = [literal(node.left)]
+        yield from ((node.lineno, k) for k in found if k is not None)
+
+
+def test_message_keys_are_declared_once():
+    """Every key in fedsim/message_keys.py is written there only: everywhere else it is imported,
+    so the sender and the reader of a message cannot spell it two ways."""
+    from fedsim import message_keys
+    keys = {v for k, v in vars(message_keys).items() if k.isupper()}
+    declaring = REPO / "fedsim" / "message_keys.py"
+    restated = [f"{path.relative_to(REPO)}:{line}: {key!r}" for package in SOURCES
+                for path in sorted((REPO / package).rglob("*.py"))
+                if path != declaring and not path.name.startswith(("test_", "conftest"))
+                for line, key in sorted(set(_message_literals(ast.parse(path.read_text()), keys)))]
+    assert not restated, "message keys restated outside fedsim/message_keys.py:\n" + "\n".join(restated)

@@ -17,7 +17,8 @@ from fedsim.he import ckks
 from fedsim.he import messages as he_keys
 from fedsim.he.client import HEClient
 from fedsim.inprocess_grid import InProcessGrid
-from fedsim.journal import PARTITION, WHOAMI
+from fedsim.journal import WHOAMI
+from fedsim.message_keys import PARTITION_ID
 from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
 from fedsim.records import from_record, to_record
 from fedsim.sharded_grid import LAYOUT, SHARD, ShardedGrid
@@ -51,7 +52,7 @@ def _fedtp_client(topic: int, hostile=None):
             return RecordDict({tp.ARRAYS: ArrayRecord({tp.VECTORS: Array(np.eye(DIM)[[topic]])}),
                                tp.METRICS: MetricRecord({tp.NUM_EXAMPLES: 1})})
         if WHOAMI in msg.content.config_records:
-            return RecordDict({WHOAMI: ConfigRecord({PARTITION: topic})})
+            return RecordDict({WHOAMI: ConfigRecord({PARTITION_ID: topic})})
         names = list(msg.content[tp.CONFIG][tp.VARIANT_NAMES])
         return RecordDict({tp.METRICS: MetricRecord({tp.NUM_EXAMPLES: 2, "valid_freq/turns": 2, **{
             f"valid_freq/{name}/{m}": (topic % 2 if m == "hits" else 0.5) for name in names
@@ -143,7 +144,7 @@ def _preference_context(handlers, *overrides) -> fedbiscuit.Context:
                    "protocol.warmup_rounds=1", "protocol.regroup_every=1", *overrides])
     messenger = messenger_of(handlers)
     base = client_config(cfg)
-    nodes, records = discover(messenger, base, pref.CONFIG, pref.INFO, pref.PARTITION_ID)
+    nodes, records = discover(messenger, base)
     info = {p: {k: r[k] for k in (pref.NUM_EXAMPLES, pref.NUM_VALID, pref.POPULATION)} for p, r in records.items()}
     return fedbiscuit.Context(messenger, cfg, base, nodes, info, None, {"w": np.zeros(2, np.float32)})
 
@@ -248,7 +249,7 @@ def test_a_node_claiming_another_nodes_partition_does_not_replace_it():
     handlers[HOSTILE] = _preference_client(0, 1.0)
     messenger = messenger_of(handlers)
     with pytest.raises(PhaseFailed, match="claim"):
-        discover(messenger, {}, pref.CONFIG, pref.INFO, pref.PARTITION_ID)
+        discover(messenger, {})
     assert messenger.faults["discover"][1]["duplicate"] == 2
 
 
@@ -260,14 +261,27 @@ def test_a_partition_claimed_twice_at_whoami_is_refused_and_the_run_goes_on():
     messenger = messenger_of(handlers, partitions=True)
     assert messenger.node_ids() == [2, 3]  # neither claimant of partition 0 is in the federation
     assert messenger.faults["whoami"][1]["duplicate"] == 2
-    nodes, _ = discover(messenger, {}, pref.CONFIG, pref.INFO, pref.PARTITION_ID)
+    nodes, _ = discover(messenger, {})
     assert nodes == {1: 2, 2: 3}
+
+
+def test_a_node_claiming_at_discovery_another_partition_than_it_told_at_whoami_is_refused():
+    """Node 4 tells partition 3 at whoami, then claims partition 0 (node 1's) at discovery: the
+    Messenger's map is the one source of a node's partition, so its reply is refused (malformed,
+    not a duplicate of node 1's: node 1 keeps its place), and discovery, which needs every client,
+    stops naming the mismatch."""
+    handlers = {n: _whoami(_preference_client(n - 1, 1.0), n - 1) for n in range(1, HONEST + 1)}
+    handlers[HOSTILE] = _whoami(_preference_client(0, 1.0), HOSTILE - 1)
+    messenger = messenger_of(handlers, partitions=True)
+    with pytest.raises(PhaseFailed, match="claims partition 0, told 3 at whoami"):
+        discover(messenger, {}, pref.discover_reply(messenger.partition_of, None, HOSTILE))
+    assert (messenger.faults["discover"][1]["malformed"], messenger.faults["discover"][1]["duplicate"]) == (1, 0)
 
 
 def _whoami(handler, partition: int):
     def handle(msg):
         if WHOAMI in msg.content.config_records:
-            return RecordDict({WHOAMI: ConfigRecord({PARTITION: partition})})
+            return RecordDict({WHOAMI: ConfigRecord({PARTITION_ID: partition})})
         return handler(msg)
     return handle
 

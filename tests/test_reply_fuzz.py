@@ -341,7 +341,7 @@ def _preference_drive(run: Callable[[fedbiscuit.Context], object], discovered: b
             messenger = Messenger(InProcessGrid(handlers), timeout=5)
             holds = {pref.NUM_EXAMPLES: EXAMPLES, pref.NUM_VALID: 5, pref.POPULATION: "majority"}
             reply = pref.discover_reply(messenger.partition_of, lambda p: holds, HOSTILE)
-            return Outcome(discover(messenger, {}, pref.CONFIG, pref.INFO, pref.PARTITION_ID, reply)[0], messenger)
+            return Outcome(discover(messenger, {}, reply)[0], messenger)
         honest = {**handlers, HOSTILE: _preference_client(HOSTILE - 1, float(HOSTILE))}
         ctx = _preference_context(honest)  # discovery (fuzzed above) from the honest replies
         ctx.messenger = Messenger(InProcessGrid(handlers), timeout=5)
@@ -529,9 +529,9 @@ def _dtre_drive(run, discovered: bool = True):
         if not discovered:
             holds = {"persona_chat": 40}
             reply = dtre.discover_reply(messenger.partition_of, list(holds), lambda p: holds, HOSTILE)
-            return Outcome(discover(messenger, {}, dtre.CONFIG, dtre.INFO, dtre.PARTITION_ID, reply)[1], messenger)
+            return Outcome(discover(messenger, {}, reply)[1], messenger)
         honest = {n: _dialogue_node(n - 1) for n in range(1, HOSTILE + 1)}
-        nodes, info = discover(Messenger(InProcessGrid(honest), 5), {}, dtre.CONFIG, dtre.INFO, dtre.PARTITION_ID)
+        nodes, info = discover(Messenger(InProcessGrid(honest), 5), {})
         ctx = feddtre.Context(messenger, cfg, {}, nodes, {p: dict(i) for p, i in info.items()},
                               feddtre.check(cfg), {"persona_chat": None}, "unused", INITIAL)
         return Outcome(run(ctx), messenger)

@@ -29,7 +29,7 @@ class IncompleteGlobal(RuntimeError):
 
 def is_he_operation(msg: Message) -> bool:
     """Whether a QUERY message is a chunk operation for :meth:`HEClient.handle`."""
-    config = msg.content.config_records.get("config")
+    config = msg.content.config_records.get(keys.CONFIG)
     return config is not None and keys.OP in config
 
 
@@ -101,15 +101,15 @@ class HEClient:
         the decrypt seconds (0 when it carries none)."""
         if keys.CIPHERTEXTS not in msg.content.array_records:
             return 0.0
-        config = msg.content["config"]
+        config = msg.content[keys.CONFIG]
         self.check_key(config)
         total = int(config[keys.NUM_FLOATS])
         return self._install(msg.content[keys.CIPHERTEXTS], int(config[keys.INSTALL_ROUND]), 0, 1, total, total)
 
     def handle(self, msg: Message) -> RecordDict:
         """The chunk operation the message names (see :func:`is_he_operation`)."""
-        op = msg.content["config"][keys.OP]
-        self.check_key(msg.content["config"])
+        op = msg.content[keys.CONFIG][keys.OP]
+        self.check_key(msg.content[keys.CONFIG])
         if op == keys.ENCRYPT:
             return self.encrypt(msg)
         if op == keys.INSTALL:
@@ -117,7 +117,7 @@ class HEClient:
         raise ValueError(f"unknown HE operation {op!r}")
 
     def encrypt(self, msg: Message) -> RecordDict:
-        config = msg.content["config"]
+        config = msg.content[keys.CONFIG]
         size, chunk = int(config[keys.CHUNK_FLOATS]), int(config[keys.CHUNK])
         pending = np.load(self.folder / "pending.npy", mmap_mode="r")
         start = time.perf_counter()
@@ -130,7 +130,7 @@ class HEClient:
     def install(self, msg: Message) -> RecordDict:
         """Decrypt one aggregate chunk into the round's partial copy; the copy becomes the
         global model when all of the round's chunks are in."""
-        config = msg.content["config"]
+        config = msg.content[keys.CONFIG]
         seconds = self._install(msg.content[keys.CIPHERTEXTS], int(config[keys.SERVER_ROUND]),
                                 int(config[keys.CHUNK]), int(config[keys.NUM_CHUNKS]),
                                 int(config[keys.NUM_FLOATS]), int(config[keys.CHUNK_FLOATS]))
