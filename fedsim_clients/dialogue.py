@@ -166,8 +166,9 @@ class DialogueClient:
         """The loaded model's nll per token on ``loss_gap_examples`` of its training replies and
         as many held-out ones (evenly spaced: the same replies every round, no sampling noise
         between rounds): the gap is how far it overfits its own data, which FedDTRE's alpha
-        should follow. Nothing with ``loss_gap_examples`` 0."""
-        n = int(s.get("loss_gap_examples", 0))
+        should follow. Nothing with ``loss_gap_examples`` 0 or under DP-SGD (the training replies'
+        nll, released as it is, is outside its guarantee: ``Generator.gap_examples``)."""
+        n = 0 if s["dp_sgd"]["enabled"] else int(s["loss_gap_examples"])
         if not n:
             return {}
         held_out = self.examples(dataset, "valid", sep)

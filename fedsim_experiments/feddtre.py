@@ -77,6 +77,11 @@ class Generator:
     dp_sgd: DPSGD
     """record-level DP of the clients' local steps (DP-SGD through Opacus; ``fedsim_tasks/dp_sgd.py``)"""
 
+    def gap_examples(self) -> int:
+        """Replies of each side of a mixing client's loss gap: none under DP-SGD, whose guarantee
+        the nll of the training replies, released as it is, would not cover."""
+        return 0 if self.dp_sgd.enabled else self.loss_gap_examples
+
 
 @dataclass(frozen=True, kw_only=True)
 class EvaluatorTraining:
@@ -118,6 +123,9 @@ class FedDTREProtocol(Protocol):
                                   ("personal_contexts", self.personal_contexts, 1)):
             if value < least:
                 raise ValueError(f"protocol.{key}={value}: at least {least}")
+        if g.dp_sgd.enabled and g.scoring == "trust":
+            raise ValueError("protocol.generator.scoring=trust scores replies to training contexts, which "
+                             "protocol.generator.dp_sgd does not cover: score on heldout")
         proximal = [name for name, spec in self.methods.items()
                     if ((spec or {}).get("strategy") or {}).get("proximal_mu")]
         if self.generator.dp_sgd.enabled and proximal:
@@ -215,7 +223,7 @@ def federated(ctx: Context, name: str, spec: DictConfig, dataset: str) -> dict:
     scores = ctx.protocol.generator.eval_contexts if getattr(own, "scores_trust", False) else 0
     reply = keys.train_reply(initial, ctx.declared(keys.EXAMPLES_PREFIX + dataset),
                              ctx.cfg.protocol.strategy_slot.loss_key, mixing=hasattr(own, "alphas"), trust=scores,
-                             loss_gap=ctx.protocol.generator.loss_gap_examples > 0)
+                             loss_gap=ctx.protocol.generator.gap_examples() > 0)
     result = strategy.start(ctx.grid(f"{dataset}/{name}", Policy(ANY, reply)),
                             initial, int(ctx.cfg.num_rounds), ctx.cfg.round_timeout, ConfigRecord(config))
     out = {"weights": from_record(result.arrays), "strategy": _strategy_name(strategy),

@@ -107,6 +107,12 @@ def test_alpha_vs_gap_by_hand():
     assert "pearson_r" not in feddtre.alpha_vs_gap(rows)
 
 
+def test_no_loss_gap_under_dp_sgd(encoder_dir, tmp_path):  # noqa: F811
+    """The training replies' nll, released as it is, would escape DP-SGD's guarantee."""
+    generator = check(_cfg(encoder_dir, tmp_path, *DP)).generator
+    assert generator.loss_gap_examples == GAP and generator.gap_examples() == 0
+
+
 def test_trust_scoring_contexts_are_the_trust_data(encoder_dir, tmp_path):  # noqa: F811
     """A client's trust-source contexts are its trust data's true-reply contexts (drawn from its
     training conversations), never its held-out ones; the held-out source is its held-out replies."""
@@ -119,13 +125,17 @@ def test_trust_scoring_contexts_are_the_trust_data(encoder_dir, tmp_path):  # no
     assert not {e.conv_id for e in trust} & held_out
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("protocol.generator.scoring=trusted", "one of"),
-    ("protocol.generator.eval_contexts=1", "at least 2"),
-    ("protocol.generator.eval_contexts=9", "holds 8 trust contexts"),
-    ("protocol.personal_contexts=500", "heldout contexts"),
+DP = ["protocol.generator.dp_sgd.enabled=true", "protocol.generator.dp_sgd.noise_multiplier=1.0"]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["protocol.generator.scoring=trusted"], "one of"),
+    (["protocol.generator.eval_contexts=1"], "at least 2"),
+    (["protocol.generator.eval_contexts=9"], "holds 8 trust contexts"),
+    (["protocol.personal_contexts=500"], "heldout contexts"),
+    (DP, "dp_sgd does not cover"),  # trust contexts are training contexts
 ])
-def test_a_setting_no_client_can_honour_is_refused_before_the_run(encoder_dir, tmp_path, override, message):  # noqa: F811
-    cfg = _cfg(encoder_dir, tmp_path, "protocol.generator.scoring=trust", override)
+def test_a_setting_no_client_can_honour_is_refused_before_the_run(encoder_dir, tmp_path, overrides, message):  # noqa: F811
+    cfg = _cfg(encoder_dir, tmp_path, "protocol.generator.scoring=trust", *overrides)
     with pytest.raises(ValueError, match=message):
         check(cfg).check_run(cfg, CLIENTS)
