@@ -33,8 +33,8 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from fedsim_clients.retriever import RetrieverClient
-from fedsim_tasks.financebench_rag.train import local_seed, train_encoder
+from fedsim_clients.retriever import TRAINING, RetrieverClient
+from fedsim_tasks.financebench_rag.train import train_encoder
 from fedsim_tasks.hf import load_trainable, trainable_arrays
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")
@@ -85,7 +85,7 @@ def plain(cfg, rounds: int, kd_weight: float, threads: int, clients: int) -> dic
             load_trainable(c.model, weights)
             t1 = time.perf_counter()
             stats = train_encoder(c.model, c.pairs, p.local_steps, p.batch_size, p.lr, p.temperature,
-                                  kd_weight, seed=local_seed(cfg.seed, rnd, partition_id))
+                                  kd_weight, seed=TRAINING.seed(cfg.seed, round=rnd, partition=partition_id))
             t2 = time.perf_counter()
             updates[partition_id] = trainable_arrays(c.model)
             t3 = time.perf_counter()

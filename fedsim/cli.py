@@ -6,15 +6,21 @@ import argparse
 import sys
 from pathlib import Path
 
-from hydra.errors import InstantiationException
-from hydra.utils import get_class
+from flwr.cli.flower_config import init_flwr_config, write_superlink_connection
+from flwr.cli.typing import (
+    SimulationBackendConfig,
+    SimulationClientResources,
+    SimulationInitArgs,
+    SuperLinkConnection,
+    SuperLinkSimulationOptions,
+)
 from omegaconf import DictConfig, OmegaConf
 
 from fedsim import provenance
 from fedsim.comparison import POINT_FILE, Settings, plan
 from fedsim.comparison import build as build_comparison
 from fedsim.comparison import write as write_comparison
-from fedsim.config import CONF_DIR, GROUPS, ConfigError, choices, compose_checked, hydra_config
+from fedsim.config import CONF_DIR, GROUPS, REFUSED, ConfigError, choices, compose_checked, hydra_config, population
 from fedsim.launcher import Interrupted, RunFailed, launch, user_certificates
 from fedsim.mlflow_sink import annotate as annotate_mlflow
 from fedsim.schema import layout, protocol_of, sweep_settings
@@ -27,7 +33,8 @@ RUN_FILE = Path("checkpoint") / "run.json"
 # authenticates run.json: a resume runs its overrides (any _target_), so only ones this machine
 # wrote may be resumed (the ServerApp's checkpoint/run.key is the journal's, made later)
 RUN_KEY = Path("checkpoint") / "resume.key"
-REFUSED = (ConfigError, InstantiationException, ValueError, FileNotFoundError, ImportError)
+# `flwr run . NAME` -> the hardware profile its simulation is sized from (fedsim federations)
+FEDERATIONS = {"local-simulation": "cpu_2", "gpu-simulation": "gpu_1"}
 RESUMABLE = ("hardware", "round_timeout", "data_root", "logging")  # keys a resume may change
 
 
@@ -72,11 +79,9 @@ def prepare(overrides: list[str]) -> tuple[DictConfig, list[str], int, int]:
     if folder:
         overrides = resumed(folder, overrides)
     cfg = compose_checked(overrides)  # bad strategy or wrapper values fail here, before any process starts
-    task = OmegaConf.to_container(cfg.task, resolve=True)
-    population = 0 if cfg.hardware.num_clients or cfg.hardware.num_supernodes else \
-        get_class(task["client"]).population_size(task, cfg.data_root)
-    clients, nodes = layout(cfg.hardware, population)
-    if population:  # the protocol's rules that need the number of clients (checked above when it was given)
+    natural = 0 if cfg.hardware.num_clients or cfg.hardware.num_supernodes else population(cfg)
+    clients, nodes = layout(cfg.hardware, natural)
+    if natural:  # the protocol's rules that need the number of clients (checked above when it was given)
         protocol_of(cfg).check_run(cfg, clients)
     user_certificates(cfg.hardware, nodes)  # missing certificate files: refused here
     return cfg, overrides, clients, nodes
@@ -152,6 +157,31 @@ def run(overrides: list[str]) -> int:
     record_provenance(cfg, Path(outcome["results_dir"]), {"git": git, "command": {
         **provenance.command(["fedsim", "run", *given], pinned), "started": started, "ended": provenance.now()}})
     print(f"fedsim: run {outcome['run_id']} {outcome['status']}; results in {outcome['results_dir']}")
+    return 0
+
+
+def federations(overrides: list[str]) -> int:
+    """``fedsim federations [OVERRIDES]``: Flower's named connections ``local-simulation`` and
+    ``gpu-simulation`` (:data:`FEDERATIONS`) in ``$FLWR_HOME/config.toml``, each Flower's local
+    SuperLink sized as ``fedsim run`` sizes the run of ``OVERRIDES`` on that hardware profile (one
+    SuperNode per client, the profile's CPUs and GPU shares), written by Flower's own writer.
+    Not in pyproject.toml: Flower 1.41 reads named connections only from its config file, and
+    migrates a ``[tool.flwr.federations]`` table there by rewriting pyproject.toml."""
+    try:
+        sized = {name: prepare([*overrides, f"hardware={profile}"]) for name, profile in FEDERATIONS.items()}
+    except REFUSED as exc:
+        print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    init_flwr_config()
+    for name, (cfg, _, clients, nodes) in sized.items():
+        hw = cfg.hardware
+        backend = SimulationBackendConfig(
+            client_resources=SimulationClientResources(num_cpus=int(hw.client_cpus), num_gpus=float(hw.client_gpus)),
+            init_args=SimulationInitArgs(num_cpus=int(hw.num_cpus)))
+        write_superlink_connection(SuperLinkConnection(name, address=":local:", options=SuperLinkSimulationOptions(
+            num_supernodes=nodes, backend=backend)))
+        print(f"fedsim: `flwr run . {name}`: {nodes} SuperNodes for {clients} clients, "
+              f"hardware={FEDERATIONS[name]} ({hw.client_cpus} CPU, {hw.client_gpus} GPU per ClientApp)")
     return 0
 
 
@@ -234,7 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     certs_p.add_argument("--hosts", default="127.0.0.1,localhost",
                          help="comma-separated names / IPs the SuperLink is reached by")
     certs_p.add_argument("--nodes", type=int, default=2, help="SuperNode key pairs to make")
+    fed_p = sub.add_parser("federations", help="write Flower's named connections local-simulation and "
+                           "gpu-simulation (flwr run . NAME), sized for the overrides' run")
+    fed_p.add_argument("overrides", nargs="*", help="Hydra overrides KEY=VALUE of the run to size for")
     args = parser.parse_args(argv)
+    if args.command == "federations":
+        return federations(args.overrides)
     if args.command == "certs":
         certs = make_federation(args.folder, args.hosts.split(","), args.nodes)
         print(f"fedsim: CA {certs.ca}, SuperLink certificate for {args.hosts}, "

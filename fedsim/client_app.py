@@ -26,7 +26,7 @@ from fedsim import client_state, exchange_trace, node_local
 from fedsim.data import resolve_data_root
 from fedsim.faults import fault_injection_mod
 from fedsim.journal import PARTITION, WHOAMI
-from fedsim.seeding import derived_seed, reseed
+from fedsim.seeding import PROCESS, reseed
 from fedsim.sharded_grid import SHARD, serve_batch
 
 TASK_KEY = "fedsim-task"
@@ -83,8 +83,8 @@ def message_seed(msg: Message, partition_id: int) -> int:
     round (Flower's strategies put ``server-round`` in the config; 0 for other phases), the
     partition and the message type. Nothing in it depends on scheduling or node ids."""
     config = msg.content.config_records["config"]
-    return derived_seed(config.get(SEED_KEY, 0), config.get("server-round", 0), partition_id,
-                        msg.metadata.message_type)
+    return PROCESS.seed(config.get(SEED_KEY, 0), round=config.get("server-round", 0), partition=partition_id,
+                        message_type=msg.metadata.message_type)
 
 
 def _client_reply(msg: Message, context: Context, method: str) -> Message:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
-from hydra.errors import HydraException
+from hydra.errors import HydraException, InstantiationException
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -22,6 +23,11 @@ GROUPS = ("task", "strategy", "privacy", "hardware", "experiment")
 
 class ConfigError(ValueError):
     """A bad override or config value; the message says what is valid."""
+
+
+# what a refused config raises, from composition to the strategy built once: `fedsim run` exits 2
+# with it, the ServerApp logs it before it sends anything
+REFUSED = (ConfigError, InstantiationException, ValueError, FileNotFoundError, ImportError)
 
 
 def choices(group: str) -> list[str]:
@@ -103,3 +109,10 @@ def compose_checked(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     schema.check(cfg)
     schema.try_strategy(cfg)
     return cfg
+
+
+def population(cfg: DictConfig) -> int:
+    """The task's own number of clients (its client class's ``population_size``, which reads
+    the data): what ``hardware.num_clients: null`` stands for."""
+    task = OmegaConf.to_container(cfg.task, resolve=True)
+    return int(get_class(task["client"]).population_size(task, cfg.data_root))

@@ -204,7 +204,7 @@ class StrategySlot:
     what its clients' replies are and what it refuses, with why."""
     role: str                   # the methods / phases that run it
     accepts: list[str]          # reply contracts its clients speak (a strategy's traits.takes)
-    refuses: dict[str, str]     # an aggregation or privacy kind -> why not here
+    refuses: dict[str, str]     # a reply contract, aggregation, client key or privacy kind -> why not here
     loss_key: str | None        # the metric its clients report their training loss under (QFedAvg)
 
 
@@ -498,15 +498,16 @@ def fits(value, kind) -> bool:
 
 def check_strategy(cfg: DictConfig, protocol: Protocol) -> None:
     """Refuse a strategy or privacy wrapper the experiment cannot run, naming why. Everything
-    comes from data: the strategy's ``traits`` (what replies it takes, its aggregation, why HE or
-    DP cannot wrap it), the privacy entry's ``kind``, the experiment's ``strategy_slot``."""
+    comes from data: the strategy's ``traits`` (what replies it takes, its aggregation, the
+    train-config keys its clients must act on, why HE or DP cannot wrap it), the privacy entry's
+    ``kind``, the experiment's ``strategy_slot``."""
     slot, traits, privacy = protocol.strategy_slot, cfg.strategy.get("traits"), cfg.privacy
     name = str(cfg.strategy.get("_target_", "?")).rsplit(".", 1)[-1]
     here = f"experiment {protocol.name} ({slot.role or 'no strategy slot'})"
     if traits is None:
-        raise ValueError(f"strategy {name} has no traits block (takes, aggregation, he, dp): "
+        raise ValueError(f"strategy {name} has no traits block (takes, aggregation, client_keys, he, dp): "
                          "fedsim cannot tell which experiments and wrappers fit it")
-    for what in (traits.takes, traits.aggregation, privacy.kind):
+    for what in (traits.takes, traits.aggregation, *(traits.get("client_keys") or []), privacy.kind):
         if what in slot.refuses:
             subject = f"privacy kind '{what}'" if what == privacy.kind else f"strategy {name}"
             raise ValueError(f"{here} cannot run {subject}: {slot.refuses[what]}")

@@ -3,10 +3,12 @@
 With ``ship_results`` (a run on a remote SuperLink) the outputs are written to a temporary
 folder and printed into the run's log, from which ``fedsim run`` unpacks them locally.
 
-The run config's one key, ``overrides``, holds the same Hydra overrides as ``fedsim run`` takes,
-as one string: ``fedsim run`` passes them that way, and a Flower user passes them with
-``flwr run . --run-config "overrides='experiment=fedtp_paper seed=3'"``; either way they are
-composed and checked as ``fedsim run`` checks them before the first message is sent. The protocol sends every
+The run config (``[tool.flwr.app.config]`` of pyproject.toml) holds Hydra overrides, one path
+into the same config as ``fedsim run``: the typed keys of :data:`RUN_CONFIG_KEYS`
+(``flwr run . --run-config "experiment='fedtp_paper' seed=3"``), each the override it names, and
+``overrides``, any overrides as one string (``fedsim run`` passes its own that way). They are
+composed and checked as ``fedsim run`` checks them before the first message is sent; a refusal
+is logged as fedsim's message (the valid choices, the nearest key). The protocol sends every
 phase through one :class:`~fedsim.messaging.Messenger`, whose fault counts and traffic go into
 every ``results.json`` (``faults``, ``communication``), also when the protocol fails.
 The process's random state and Flower's node sampling are seeded from the run's seed before
@@ -17,6 +19,7 @@ so that the same seed samples, sends and sums in the same order in every run.
 from __future__ import annotations
 
 import logging
+import random
 import shlex
 import tempfile
 import traceback
@@ -24,13 +27,14 @@ from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import strategy_utils
 from hydra.utils import get_method
 from omegaconf import DictConfig
 
 from fedsim import provenance
 from fedsim.client_state import FORGET, RUN_KEY, STATE_KEY, forget_request
 from fedsim.comparison import Settings, headline
-from fedsim.config import compose_checked, hydra_config
+from fedsim.config import REFUSED, compose_checked, hydra_config, population
 from fedsim.flower_waits import shorten_pull_backoff
 from fedsim.journal import Journal
 from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
@@ -38,11 +42,16 @@ from fedsim.mlflow_sink import MlflowSink
 from fedsim.privacy import NOT_PRIVATE, NoiseSource
 from fedsim.results import RunOutput, markdown_table, ship_results
 from fedsim.secret import derive, run_secret
-from fedsim.seeding import seed_server
+from fedsim.seeding import SERVER, SERVER_SAMPLING, reseed
 from fedsim.sharded_grid import ShardedGrid
 from fedsim.sinks import Sinks
 
 app = ServerApp()
+
+# [tool.flwr.app.config]'s keys for the common knobs -> the Hydra override each one sets ("" leaves
+# it to conf/); tests/test_docs.py checks that pyproject.toml declares exactly these and `overrides`
+RUN_CONFIG_KEYS = {"experiment": "experiment", "hardware": "hardware", "strategy": "strategy",
+                   "privacy": "privacy", "num-server-rounds": "num_rounds", "seed": "seed"}
 
 
 @app.main()
@@ -55,7 +64,11 @@ def main(grid: Grid, context: Context) -> None:
         logger.setLevel(logging.INFO)
         logger.propagate = False
     overrides = run_overrides(context.run_config)
-    cfg = compose_checked(overrides)
+    try:
+        cfg = compose_checked(overrides)
+    except REFUSED as exc:  # Flower marks the run failed and logs the traceback after this
+        logger.error("configuration error, nothing was sent:\n%s", exc)
+        raise
     if cfg.hardware.backend == "deployment" and cfg.hardware.waits.pull_backoff is not None:
         shorten_pull_backoff(cfg.hardware.waits.pull_backoff)  # replies are pulled from the SuperLink
     if cfg.ship_results:  # a remote SuperLink: results go back in the log, not to the user's path
@@ -69,8 +82,35 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def run_overrides(run_config) -> list[str]:
-    """The Hydra overrides Flower's run config carries (its ``overrides`` string)."""
-    return shlex.split(str(run_config.get("overrides", "")))
+    """The Hydra overrides Flower's run config carries: each typed key that is set, then the
+    ``overrides`` string. Values go to Hydra as written, so its typed schema checks them
+    (``seed='x'``: could not be converted to Integer), not Flower, which checks only names."""
+    typed = [f"{override}={run_config[key]}" for key, override in RUN_CONFIG_KEYS.items()
+             if run_config.get(key, "") != ""]
+    return typed + shlex.split(str(run_config.get("overrides", "")))
+
+
+def state_layout(grid: Grid, cfg) -> None:
+    """Say how the task's clients sit on the SuperNodes connected at start, and pin their number
+    (``hardware.num_clients``) as ``fedsim run`` does: under ``flwr run`` the federation's size is
+    Flower's (2 SuperNodes unless ``--federation-config "num-supernodes=N"``), and fewer
+    SuperNodes than clients make each SuperNode answer for several clients in one reply."""
+    log = logging.getLogger("fedsim")
+    nodes = len(list(grid.get_node_ids()))
+    clients = int(cfg.hardware.num_clients or population(cfg))
+    cfg.hardware.num_clients = clients
+    per = int(cfg.hardware.clients_per_supernode)
+    if per > 1:
+        log.info("%d SuperNodes connected, %d logical clients (up to %d per SuperNode), one reply per client",
+                 nodes, clients, per)
+    elif nodes < clients:
+        log.warning("%d SuperNodes connected for the task's %d clients: each SuperNode hosts about %d of them and "
+                    "answers for them in one reply; for one client per SuperNode use "
+                    "--federation-config \"num-supernodes=%d\" (or fedsim run, which sizes it)",
+                    nodes, clients, -(-clients // max(nodes, 1)), clients)
+    else:
+        log.info("%d SuperNodes connected for %d clients, one client per SuperNode%s", nodes, clients,
+                 " (the extra SuperNodes resample clients)" if nodes > clients else "")
 
 
 def config_from_run(run_config) -> DictConfig:
@@ -118,6 +158,7 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
                   MlflowSink.for_run(cfg) if cfg.logging.mlflow else None)
     messenger, failed = None, True
     try:
+        state_layout(grid, cfg)
         if cfg.hardware.clients_per_supernode > 1:  # the protocol sees one node per logical client
             grid = ShardedGrid(grid, int(cfg.hardware.num_clients), float(cfg.round_timeout))
         messenger = Messenger(grid, float(cfg.round_timeout), journal=journal, sinks=sinks,
@@ -172,6 +213,14 @@ def central_dp_section(spent: dict) -> str:
         markdown_table(rows, ["phase", "rounds", "epsilon"], digits=3),
         f"Accountant: {spent['accountant']}. Amplification by sampling: {spent['amplification_by_sampling']}. "
         f"Covers: {spent['covers']}."])
+
+
+def seed_server(seed: int) -> None:
+    """The ServerApp's random state, and a generator of Flower's node sampling of its own:
+    with the shared one, which clients a round trained depended on how often the heartbeat
+    thread had drawn before (``fedsim/seeding.py``)."""
+    reseed(SERVER.seed(seed))
+    strategy_utils.random = random.Random(SERVER_SAMPLING.seed(seed))
 
 
 def noise_source(cfg, secret: bytes) -> NoiseSource:

@@ -27,6 +27,7 @@ from hydra.utils import instantiate
 
 from fedsim import client_state
 from fedsim.records import from_bytes, from_record, to_record
+from fedsim.seeding import Stream, stream
 from fedsim.trust_mixing import client_alpha, mix, relative_distance
 from fedsim_clients import feddtre_messages as keys
 from fedsim_tasks.causal_lm import mean_token_nll, sft_train, shared_policy, turn_separator
@@ -35,6 +36,18 @@ from fedsim_tasks.dialogue.metrics import reply_scores
 from fedsim_tasks.dialogue.trust_data import contaminate, trust_examples
 from fedsim_tasks.dp_sgd import DP_EPSILON, DPSGD, StepsLedger, spent_epsilon
 from fedsim_tasks.hf import load_trainable, trainable_arrays
+from fedsim_tasks.proximal import proximal_mu
+
+# the run's seed's streams (a round's training; FedDTRE's trust scoring; the personalized evaluation)
+EVALUATOR_TRAINING = stream("trust-evaluator-training", "round", "partition")
+GENERATOR_TRAINING = stream("generator-training", "round", "partition", "dataset")
+TRUST_SCORE_CONTEXTS = stream("trust-score-contexts", "round", "partition", "dataset")
+TRUST_SCORE_SAMPLING = stream("trust-score-sampling", "round", "partition", "dataset")
+PERSONAL_SAMPLING = stream("personal-sampling", "partition", "dataset")  # the same for every method and model
+# the split seed's streams (the client's data, the same for every method)
+TRUST_DATA = stream("client-trust-data", "partition", "dataset")
+CONTAMINATION = stream("contamination", "partition", "dataset")
+PERSONAL_CONTEXTS = stream("personal-contexts", "partition", "dataset")
 
 
 @lru_cache(maxsize=1)
@@ -86,13 +99,12 @@ class DialogueClient:
     def train(self, msg: Message, context=None) -> RecordDict:
         config = msg.content[keys.CONFIG]
         _threads(config)
-        seed = int(config[keys.SEED]) * 100_003 + int(config.get(keys.SERVER_ROUND, 0)) * 101 + self.partition_id
         start = time.perf_counter()
         objective = config.get(keys.OBJECTIVE)
         if objective == keys.EVALUATOR:
-            weights, metrics = self._train_evaluator(msg, seed)
+            weights, metrics = self._train_evaluator(msg)
         elif objective == keys.GENERATOR:
-            weights, metrics = self._train_generator(msg, seed)
+            weights, metrics = self._train_generator(msg)
         else:
             raise ValueError(f"client {self.partition_id}: unknown objective {objective!r}")
         metrics["train-seconds"] = time.perf_counter() - start
@@ -102,19 +114,26 @@ class DialogueClient:
         """This client's trust examples: a sample of its training contexts of every dataset."""
         trust = self.task["trust"]
         out = []
-        for i, name in enumerate(sorted(self.data)):
+        for name in sorted(self.data):
             examples = self.examples(name, "train", " [SEP] ")
             out += trust_examples(examples, trust["contexts_per_client"],
-                                  self.task["split_seed"] * 1_000_003 + self.partition_id * 10 + i, trust["labels"])
+                                  TRUST_DATA.seed(self.task["split_seed"], partition=self.partition_id, dataset=name),
+                                  trust["labels"])
         return out
 
-    def _train_evaluator(self, msg: Message, seed: int):
+    def _seed(self, of: Stream, config, **more) -> int:
+        """The seed of stream ``of`` for this client in the message's round (``more``: its other keys)."""
+        return of.seed(config[keys.SEED], round=int(config.get(keys.SERVER_ROUND, 0)), partition=self.partition_id,
+                       **more)
+
+    def _train_evaluator(self, msg: Message):
         config = msg.content[keys.CONFIG]
         evaluator = self.evaluator
         evaluator.load(from_record(msg.content[keys.ARRAYS]))
         data = self.trust_data()
         stats = evaluator.train(data, int(config[keys.LOCAL_STEPS]), int(config[keys.BATCH_SIZE]),
-                                float(config[keys.LR]), seed)
+                                float(config[keys.LR]), self._seed(EVALUATOR_TRAINING, config),
+                                proximal_mu=proximal_mu(config))
         return evaluator.weights(), {keys.NUM_EXAMPLES: len(data), "train-loss": stats["loss"]}
 
     def generator_examples(self, dataset: str, sep: str):
@@ -124,7 +143,7 @@ class DialogueClient:
         if key not in self._examples:
             train = self.examples(dataset, "train", sep)
             clients, share = contamination(self.task)
-            seed = self.task["split_seed"] * 1_000_003 + self.partition_id * 10 + sorted(self.data).index(dataset)
+            seed = CONTAMINATION.seed(self.task["split_seed"], partition=self.partition_id, dataset=dataset)
             self._examples[key] = contaminate(train, share, seed) if self.partition_id in clients else train
         return self._examples[key]
 
@@ -134,7 +153,7 @@ class DialogueClient:
         s = json.loads(config[keys.SETTINGS])
         return (*shared_policy(s["base"], json.dumps(s["lora"]), self.task["seed"], s.get("quantization")), s)
 
-    def _train_generator(self, msg: Message, seed: int):
+    def _train_generator(self, msg: Message):
         """Local SFT of the adapters on one dataset, from the global model or (under a mixing)
         the client's own; then the mix the strategy asks for (none: the weights as trained)."""
         config = msg.content[keys.CONFIG]
@@ -146,7 +165,8 @@ class DialogueClient:
         load_trainable(model, global_weights if own is None else own)
         sep, dataset = turn_separator(tokenizer), config[keys.DATASET]
         train = self.generator_examples(dataset, sep)
-        metrics = self._sft(msg, model, tokenizer, [(e.prompt, e.reply) for e in train], s, seed)
+        metrics = self._sft(msg, model, tokenizer, [(e.prompt, e.reply) for e in train], s,
+                            self._seed(GENERATOR_TRAINING, config, dataset=dataset))
         local = trainable_arrays(model)
         if state is None:
             return local, metrics
@@ -154,7 +174,7 @@ class DialogueClient:
 
         def score(which: str) -> list[float]:
             load_trainable(model, weights[which])
-            return self._trust_scores(model, tokenizer, config, dataset, s, seed)
+            return self._trust_scores(model, tokenizer, config, dataset, s)
 
         gap = self._loss_gap(model, tokenizer, train, dataset, sep, s)  # the local model's, before any mix
         alpha, scores = client_alpha(json.loads(config[keys.MIXING]), score)
@@ -189,7 +209,7 @@ class DialogueClient:
         dp_state = {"horizon_steps": s["rounds"] * steps} if dp.enabled else {}
         stats = sft_train(model, tokenizer, train, steps=steps, batch_size=int(config[keys.BATCH_SIZE]),
                           lr=round_lr(s, int(config.get(keys.SERVER_ROUND, 1))), max_length=s["max_length"],
-                          seed=seed, proximal_mu=float(config.get(keys.PROXIMAL_MU, 0.0)), dp=dp, **dp_state)
+                          seed=seed, proximal_mu=proximal_mu(config), dp=dp, **dp_state)
         metrics = {keys.NUM_EXAMPLES: len(train), "train-loss": stats["loss"]}
         if dp.enabled:
             dataset = config[keys.DATASET]
@@ -208,13 +228,15 @@ class DialogueClient:
         evaluator.load(from_bytes(config[keys.EVALUATOR_WEIGHTS]))
         return evaluator
 
-    def _trust_scores(self, model, tokenizer, config, dataset: str, s: dict, seed: int) -> list[float]:
+    def _trust_scores(self, model, tokenizer, config, dataset: str, s: dict) -> list[float]:
         """The trust score of the model's greedy reply to each of ``eval_contexts`` sampled
         scoring contexts of this client (the same sample for the local and the global model)."""
         sep = turn_separator(tokenizer)
         decoding = {"max_new_tokens": s["max_new_tokens"], "temperature": 0.0}
         chosen, replies = answer_sample(model, tokenizer, self.scoring_contexts(dataset, sep, s["scoring"]),
-                                        s["eval_contexts"], seed, decoding, seed)
+                                        s["eval_contexts"],
+                                        self._seed(TRUST_SCORE_CONTEXTS, config, dataset=dataset), decoding,
+                                        self._seed(TRUST_SCORE_SAMPLING, config, dataset=dataset))
         return self._trained_evaluator(config).scores([e.context for e in chosen], replies).tolist()
 
     def scoring_contexts(self, dataset: str, sep: str, source: str) -> list:
@@ -228,8 +250,8 @@ class DialogueClient:
         key = (dataset, "trust", sep)
         if key not in self._examples:
             by_context = {e.context: e for e in self.examples(dataset, "train", sep)}
-            self._examples[key] = list({t.context: by_context[t.context] for t in self.trust_data()
-                                        if t.kind == "true_reply" and t.context in by_context}.values())
+            self._examples[key] = [by_context[t.context] for t in self.trust_data()
+                                   if t.kind == "true_reply" and t.context in by_context]
         return self._examples[key]
 
     def evaluate(self, msg: Message, context=None) -> RecordDict:
@@ -245,9 +267,10 @@ class DialogueClient:
         global_weights = from_record(msg.content[keys.ARRAYS])
         own = client_state.of(msg, self.partition_id).load(config[keys.LOCAL_MODEL], int(config[keys.SERVER_ROUND]))
         personal = global_weights if own is None else own
-        held_out = self.examples(config[keys.DATASET], "valid", turn_separator(tokenizer))
-        pick = self.task["split_seed"] * 1_000_003 + self.partition_id  # the same contexts for every method
-        seed = int(config[keys.SEED]) * 100_003 + self.partition_id
+        dataset = config[keys.DATASET]
+        held_out = self.examples(dataset, "valid", turn_separator(tokenizer))
+        pick = PERSONAL_CONTEXTS.seed(self.task["split_seed"], partition=self.partition_id, dataset=dataset)
+        seed = PERSONAL_SAMPLING.seed(config[keys.SEED], partition=self.partition_id, dataset=dataset)
         decoding = {k: s[k] for k in ("max_new_tokens", "temperature", "top_p")}
         evaluator = self._trained_evaluator(config)
         metrics = {keys.KEPT_LOCAL: float(own is not None), keys.DISTANCE: relative_distance(personal, global_weights)}

@@ -1,6 +1,7 @@
 """FedDTRE's message format: the record and config keys that the protocol
 (``fedsim_experiments/feddtre.py``), its strategies (``fedsim_strategies/trust_alpha.py``: the mixing keys,
-defined in ``fedsim.trust_mixing``; Flower's FedProx: ``proximal-mu``) and the client
+defined in ``fedsim.trust_mixing``; Flower's FedProx: ``proximal-mu``, read by
+``fedsim_tasks/proximal.py`` in every client that trains) and the client
 (``fedsim_clients/dialogue.py``) exchange, and what each phase's reply must be."""
 
 import math
@@ -29,7 +30,6 @@ SETTINGS = "settings"            # config (generator): JSON of the generator set
 LOCAL_MODEL = "local-model"      # config (generator): the name under which a mixing client keeps its own W_local
 STATE_BYTES = "state-bytes"      # METRICS: bytes of the client's kept state on its disk (mixing clients)
 EVALUATOR_WEIGHTS = "evaluator-weights"  # config (trust mixing): the trained evaluator's weights (.npz bytes)
-PROXIMAL_MU = "proximal-mu"      # config (FedProx): proximal term weight (Flower FedProx's key)
 LOCAL_STEPS = "local-steps"      # config (train): optimizer steps
 BATCH_SIZE = "batch-size"        # config (train): examples per step
 LR = "lr"                        # config (evaluator): learning rate (the generator's is in SETTINGS, per round)

@@ -2,7 +2,8 @@
 
 query: who the client is (partition, data sizes, population). train: the selector on its
 pairs (FedBis, FedBiscuit), or the policy's adapters on its preferred responses (SFT, the FedAvg
-baseline) or by DPO on its pairs (FedDPO), from the shared base the message names. evaluate:
+baseline) or by DPO on its pairs (FedDPO), from the shared base the message names; each with
+FedProx's proximal term where the config carries ``proximal-mu``. evaluate:
 the regroup report, its mean validation loss on every selector the message carries.
 """
 
@@ -18,11 +19,15 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from hydra.utils import instantiate
 
 from fedsim.records import from_record, to_record
+from fedsim.seeding import stream
 from fedsim_clients import preference_messages as keys
 from fedsim_tasks.causal_lm import dpo_train, sft_train, shared_policy, turn_separator
 from fedsim_tasks.hf import load_trainable, trainable_arrays
 from fedsim_tasks.hh_preference.dataset import Federation
 from fedsim_tasks.hh_preference.rlhf import policy_prompt
+from fedsim_tasks.proximal import proximal_mu
+
+TRAINING = stream("preference-training", "round", "partition")  # a round's batches and dropout (selector or policy)
 
 
 @lru_cache(maxsize=2)
@@ -62,14 +67,15 @@ class PreferenceClient:
         objective = config.get(keys.OBJECTIVE, keys.SELECTOR)
         if objective not in (keys.SELECTOR, keys.SFT, keys.DPO):
             raise ValueError(f"client {self.data.partition_id}: unknown objective {objective!r}")
-        seed = int(config[keys.SEED]) * 100_003 + int(config.get(keys.SERVER_ROUND, 0)) * 101 \
-            + self.data.partition_id
+        seed = TRAINING.seed(config[keys.SEED], round=int(config.get(keys.SERVER_ROUND, 0)),
+                             partition=self.data.partition_id)
         steps, batch, lr = int(config[keys.LOCAL_STEPS]), int(config[keys.BATCH_SIZE]), float(config[keys.LR])
         start = time.perf_counter()
         if objective == keys.SELECTOR:
             model = self.selector
             model.load(from_record(msg.content[keys.ARRAYS]))
-            stats = model.train(self.data.train, steps, batch, lr, seed, float(config.get(keys.WEIGHT_DECAY, 0.0)))
+            stats = model.train(self.data.train, steps, batch, lr, seed, float(config.get(keys.WEIGHT_DECAY, 0.0)),
+                                proximal_mu=proximal_mu(config))
             trained = model.weights()
         else:
             trained, stats = self._train_policy(msg, objective, steps, batch, lr, seed)
@@ -88,12 +94,13 @@ class PreferenceClient:
         pairs = [(policy_prompt(e.prompt, sep, settings["context_turns"]), *((e.a, e.b) if e.label == 0
                                                                             else (e.b, e.a)))
                  for e in self.data.train[0::2]]  # one order per pair: (prompt, preferred, other)
+        mu = proximal_mu(config)
         if objective == keys.SFT:
             stats = sft_train(model, tokenizer, [(p, good) for p, good, _ in pairs], steps=steps,
-                              batch_size=batch, lr=lr, max_length=length, seed=seed)
+                              batch_size=batch, lr=lr, max_length=length, seed=seed, proximal_mu=mu)
         else:
             stats = dpo_train(model, tokenizer, pairs, steps=steps, batch_size=batch, lr=lr,
-                              beta=float(settings["beta"]), max_length=length, seed=seed)
+                              beta=float(settings["beta"]), max_length=length, seed=seed, proximal_mu=mu)
         return trainable_arrays(model), stats
 
     def evaluate(self, msg: Message, context=None) -> RecordDict:

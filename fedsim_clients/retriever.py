@@ -4,7 +4,7 @@ train: start from the weights the message names (its arrays, this node's complet
 or the common initial model), run the local objective on inverse-cloze pairs from the node's
 own pages, reply with the weights (plaintext) or keep them for the encrypted chunks (HE). With
 ``LOCAL_MODEL`` the company keeps its own retriever across rounds (``fedsim/client_state.py``,
-on its own disk): the received weights become KD-GLE's frozen teacher and the student continues
+on its own disk): the received weights become KD-GLE's frozen teacher (and FedProx's anchor) and the student continues
 from the company's own weights (the received ones before its first round); what it trained is
 kept and sent.
 query: node info, the initial weights, and the HE chunk operations. evaluate: encode the corpus
@@ -32,6 +32,7 @@ from fedsim.he import messages as he_keys
 from fedsim.he.ckks import CKKSParams
 from fedsim.he.client import HEClient, is_he_operation
 from fedsim.records import from_record, to_record
+from fedsim.seeding import stream
 from fedsim_clients import fede4rag_messages as keys
 from fedsim_tasks.financebench_rag.dataset import client_documents, load_documents, load_pages, title
 from fedsim_tasks.financebench_rag.inference import Encode, corpus_encoder
@@ -42,7 +43,7 @@ from fedsim_tasks.financebench_rag.retrieval import (
     score_splits,
     weights_key,
 )
-from fedsim_tasks.financebench_rag.train import frozen_copy, local_seed, train_encoder
+from fedsim_tasks.financebench_rag.train import frozen_copy, train_encoder
 from fedsim_tasks.hf import (
     build_encoder,
     flatten,
@@ -50,6 +51,10 @@ from fedsim_tasks.hf import (
     trainable_arrays,
     unflatten,
 )
+from fedsim_tasks.proximal import ProximalTerm, proximal_mu
+
+TRAINING = stream("retriever-training", "round", "partition", bits=32)  # shuffle and dropout of a round's steps
+PSEUDO_QUERIES = stream("pseudo-queries", "document")  # a filing's inverse-cloze pairs, whichever client holds it
 
 
 class MissingWeights(RuntimeError):
@@ -85,7 +90,7 @@ class RetrieverClient:
                 found = generator.pairs(texts, pq["chunk_size"], pq["chunk_overlap"])
             else:
                 found = inverse_cloze_pairs(texts, pq["chunk_size"], pq["chunk_overlap"], pq["min_query_words"],
-                                            pq["max_query_words"], self.task["seed"] + len(pairs))
+                                            pq["max_query_words"], PSEUDO_QUERIES.seed(self.task["seed"], document=doc))
             name = title(self.root, doc)
             pairs += [((f"{name}: " if pq.get("titles") else "") + q, (f"{name}\n" if titled else "") + positive)
                       for q, positive in found]
@@ -144,18 +149,19 @@ class RetrieverClient:
         return weights_key(self.task["model"], self.task["lora"], weights)
 
     def _own_model(self, msg: Message):
-        """With ``LOCAL_MODEL``: the weights just loaded (the received global) frozen as KD's
-        teacher, the student moved to the company's own retriever; its state to keep the
-        trained one in. Without: (None, None)."""
+        """FedProx's term anchored at the weights just loaded (the received global); with
+        ``LOCAL_MODEL`` also those frozen as KD's teacher, the student moved to the company's
+        own retriever, and its state to keep the trained one in (else None, None)."""
         config = msg.content[keys.CONFIG]
+        proximal = ProximalTerm(self.model, proximal_mu(config))
         if keys.LOCAL_MODEL not in config:
-            return None, None
+            return proximal, None, None
         state = client_state.of(msg, self.pid)
         teacher = frozen_copy(self.model) if float(config[keys.KD_WEIGHT]) else None
         own = state.load(str(config[keys.LOCAL_MODEL]), int(config.get(keys.SERVER_ROUND, 0)))
         if own is not None:
             load_trainable(self.model, own)
-        return teacher, state
+        return proximal, teacher, state
 
     @staticmethod
     def _threads(config: ConfigRecord) -> int:
@@ -183,7 +189,7 @@ class RetrieverClient:
         he_round = config.get(he_keys.HE_ROUND, False)
         decrypt = self._he(msg).install_carried(msg) if he_round else 0.0  # one-trip HE
         self._load_weights(msg)
-        teacher, state = self._own_model(msg)
+        proximal, teacher, state = self._own_model(msg)
         loaded = time.perf_counter()
         pool = list(config.get(keys.POOL_PARTITIONS, []))
         pairs = self.pairs if not pool else \
@@ -192,8 +198,8 @@ class RetrieverClient:
         stats = train_encoder(
             self.model, pairs, int(config[keys.LOCAL_STEPS]), int(config[keys.BATCH_SIZE]),
             float(config[keys.LR]), float(config[keys.TEMPERATURE]), float(config[keys.KD_WEIGHT]),
-            seed=local_seed(int(config[keys.SEED]), int(config.get(keys.SERVER_ROUND, 0)), self.pid),
-            teacher=teacher, dropout=bool(self.task.get("train_dropout", False)))
+            seed=TRAINING.seed(config[keys.SEED], round=int(config.get(keys.SERVER_ROUND, 0)), partition=self.pid),
+            teacher=teacher, dropout=bool(self.task.get("train_dropout", False)), proximal=proximal)
         end = time.perf_counter()
         metrics = {keys.NUM_EXAMPLES: len(pairs), "train-seconds": end - start,
                    "weights-seconds": loaded - begin, "pairs-seconds": start - loaded,

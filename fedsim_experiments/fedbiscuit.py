@@ -29,6 +29,7 @@ from fedsim.messaging import ANY, Messenger, Policy, client_config
 from fedsim.records import from_record, to_record
 from fedsim.results import RunOutput, markdown_table
 from fedsim.schema import Protocol
+from fedsim.seeding import stream
 from fedsim.validators import Validator
 from fedsim_clients import preference_messages as keys
 from fedsim_experiments.common import RunContext, base_line, discover
@@ -38,6 +39,7 @@ from fedsim_tasks.hh_preference.dataset import Federation
 from fedsim_tasks.hh_preference.selector import choices
 
 log = logging.getLogger("fedsim")
+CENTRAL_TRAINING = stream("central-selector-training")  # of the run's seed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,7 +103,8 @@ def central(ctx: Context, name: str, spec: DictConfig) -> dict:
                 for e in c.train]
     selector = instantiate(ctx.cfg.task.selector, seed=ctx.cfg.task.seed)
     p = ctx.cfg.protocol
-    stats = selector.train(examples, p.central_steps, p.batch_size, p.lr, ctx.cfg.seed, p.weight_decay)
+    stats = selector.train(examples, p.central_steps, p.batch_size, p.lr, CENTRAL_TRAINING.seed(ctx.cfg.seed),
+                           p.weight_decay)
     return {"selectors": [selector.weights()], "details": {"examples": len(examples), **stats}}
 
 

@@ -28,6 +28,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from fedsim.records import from_record, to_record
+from fedsim.seeding import stream
 from fedsim.stats import paired_bootstrap_ci
 from fedsim_clients import preference_messages as keys
 from fedsim_strategies.selector_groups import majority_vote
@@ -45,6 +46,10 @@ from fedsim_tasks.hh_preference.rlhf import completion_pairs, persona_chat_examp
 from fedsim_tasks.hh_preference.selector import choices
 
 log = logging.getLogger("fedsim")
+# of the run's seed, the same for every method: the judge, the replies judged, the server's
+# completions per n, the selectors' DPO
+JUDGE_TRAINING, EVAL_SAMPLING = stream("judge-training"), stream("rlhf-eval-sampling")
+COMPLETIONS, DPO_TRAINING = stream("rlhf-completions", "n"), stream("rlhf-dpo-training")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,7 +111,7 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
     judge = instantiate(ctx.cfg.task.judge, seed=seed)
     log.info("[rlhf] judge: training on the %d judge pairs", len(fed.splits["judge"]))
     judge.train(both_orders(fed.splits["judge"]), r.judge_steps, ctx.cfg.protocol.batch_size,
-                ctx.cfg.protocol.lr, seed, ctx.cfg.protocol.weight_decay)
+                ctx.cfg.protocol.lr, JUDGE_TRAINING.seed(seed), ctx.cfg.protocol.weight_decay)
     out = {"base": {"path": str(base_path), "sft": sft}, "judge": {"accuracy": judge.accuracy(fed.test()),
                                                                    "pairs": len(fed.splits["judge"])}}
     eval_raw = [p.prompt for p in fed.splits["test"][:r.eval_prompts]]
@@ -114,7 +119,7 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
 
     def judged(model) -> tuple[np.ndarray, list[str]]:
         replies = [c[0] for c in generate(model, tokenizer, eval_prompts, n=1, max_new_tokens=r.max_new_tokens,
-                                          temperature=r.temperature, top_p=r.top_p, seed=seed + 1)]
+                                          temperature=r.temperature, top_p=r.top_p, seed=EVAL_SAMPLING.seed(seed))]
         return judge.scores(eval_raw, replies).detach().numpy(), replies
 
     base_model = load_policy(base_path)
@@ -135,14 +140,14 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
     as_policy = dict(zip(server_raw, server_prompts))
     for n in r.completions:
         samples = generate(base_model, tokenizer, server_prompts, n=n, max_new_tokens=r.max_new_tokens,
-                           temperature=r.temperature, top_p=r.top_p, seed=seed + 100 + n)
+                           temperature=r.temperature, top_p=r.top_p, seed=COMPLETIONS.seed(seed, n=n))
         for method in (m for m in r.selector_methods if m in selectors):
             start = time.perf_counter()
             pairs = completion_pairs(server_raw, samples, _labeller(selector, selectors[method]))
             model = load_policy(base_path, dict(r.lora), seed)
             stats = dpo_train(model, tokenizer, [(as_policy[x], c, rj) for x, c, rj in pairs], steps=r.dpo_steps,
                               batch_size=r.dpo_batch_size, lr=r.dpo_lr, beta=r.beta, max_length=r.max_length,
-                              seed=seed)
+                              seed=DPO_TRAINING.seed(seed))
             policy.setdefault(method, {})[str(n)] = {**compare(model, method, str(n)), "pairs": len(pairs),
                                                      "dpo": stats, "seconds": time.perf_counter() - start}
             log.info("[rlhf] %s n=%d: %d pairs, win rate %.3f vs base", method, n, len(pairs),

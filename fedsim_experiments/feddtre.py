@@ -36,6 +36,7 @@ from fedsim.messaging import ANY, Messenger, Policy, client_config
 from fedsim.records import from_record, to_bytes, to_record
 from fedsim.results import RunOutput, markdown_table
 from fedsim.schema import Protocol, check
+from fedsim.seeding import stream
 from fedsim_clients import feddtre_messages as keys
 from fedsim_experiments.common import RunContext, base_line, build_strategy, discover, innermost
 from fedsim_tasks.causal_lm import load_policy, load_tokenizer, saved_sft_base, turn_separator
@@ -48,6 +49,9 @@ from fedsim_tasks.hf import load_trainable, trainable_arrays
 log = logging.getLogger("fedsim")
 METRICS = REPLY_METRICS
 SCORING = {"heldout", "trust"}  # where a FedDTRE client's trust scores come from (protocol.generator.scoring)
+HELD_OUT_TRUST = stream("held-out-trust-data", "dataset")  # of the split seed: the evaluator's AUC pairs
+TEST_CONTEXTS = stream("test-contexts", "dataset")  # of the split seed: the final evaluation's contexts
+TEST_SAMPLING = stream("test-sampling", "dataset")  # of the run's seed: its replies (the same for every method)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,7 +309,7 @@ def train_evaluator(ctx: Context, evaluator) -> dict:
     """AUC on held-out trust pairs of every dataset, federated fine-tuning (FedAvg), AUC again."""
     e, task = ctx.protocol.evaluator, ctx.cfg.task
     held_out = {name: trust_examples(d.examples(d.trust_heldout, " [SEP] "), e.heldout_contexts,
-                                     int(task.split_seed) + 7, dict(task.trust.labels))
+                                     HELD_OUT_TRUST.seed(task.split_seed, dataset=name), dict(task.trust.labels))
                 for name, d in ctx.tasks.items()}
     held_out["all"] = [x for name in ctx.tasks for x in held_out[name]]
     before = {name: evaluator.auc(x) for name, x in held_out.items()}
@@ -330,9 +334,10 @@ def evaluate_generator(ctx: Context, weights: dict, dataset: str, evaluator, mod
     g, d = ctx.protocol.generator, ctx.tasks[dataset]
     load_trainable(model, weights)
     chosen, replies = answer_sample(model, tokenizer, d.examples(d.test, turn_separator(tokenizer)),
-                                    ctx.protocol.test_contexts, int(ctx.cfg.task.split_seed),
+                                    ctx.protocol.test_contexts,
+                                    TEST_CONTEXTS.seed(ctx.cfg.task.split_seed, dataset=dataset),
                                     {"max_new_tokens": g.max_new_tokens, "temperature": g.temperature,
-                                     "top_p": g.top_p}, int(ctx.cfg.seed) + 1)
+                                     "top_p": g.top_p}, TEST_SAMPLING.seed(ctx.cfg.seed, dataset=dataset))
     return {**reply_scores(replies, chosen, evaluator), "contexts": len(chosen),
             "example": {"context": chosen[0].prompt, "reply": replies[0], "true": chosen[0].reply}}
 

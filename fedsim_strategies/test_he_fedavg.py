@@ -11,7 +11,7 @@ from fedsim.he import messages as keys
 from fedsim.he.client import HEClient, IncompleteGlobal
 from fedsim.inprocess_grid import InProcessGrid
 from fedsim.messaging import Messenger
-from fedsim.seeding import seed_server
+from fedsim.server_app import seed_server
 from fedsim_strategies.he_fedavg import HEFedAvg
 
 PARAMS = he.CKKSParams()

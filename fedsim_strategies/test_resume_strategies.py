@@ -13,7 +13,7 @@ from fedsim.inprocess_grid import InProcessGrid
 from fedsim.journal import PARTITION, WHOAMI, Journal
 from fedsim.messaging import Messenger
 from fedsim.records import from_record, to_record
-from fedsim.seeding import seed_server
+from fedsim.server_app import seed_server
 from fedsim_strategies.selector_groups import SelectorGroups
 from fedsim_strategies.test_selector_groups import _client as selector_client
 from fedsim_strategies.test_trust_alpha import _client as trust_client

@@ -37,12 +37,16 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from fedsim.seeding import stream
 from fedsim_tasks.dp_sgd import DP_EPSILON, DPSGD, PrivateSteps
 from fedsim_tasks.hf import default_device, lora_config, resolve_model
+from fedsim_tasks.proximal import ProximalTerm
 
 BERT_HEAD = "cls.predictions.transform"
 SFT_RECORD = "fedsim_sft.json"  # how a saved base was made, beside its weights
-SFT_VERSION = 2  # part of a saved base's key: raised when sft_train gives other weights for the same inputs
+SFT_VERSION = 3  # part of a saved base's key: raised when sft_train gives other weights for the same inputs
+# of the seed they are given: the same on every client
+BASE_HEAD_INIT, POLICY_INIT, BASE_SFT = stream("base-head-init"), stream("policy-init"), stream("base-sft")
 log = logging.getLogger("fedsim")
 
 
@@ -76,7 +80,7 @@ def prepare_base(model_name: str, save_dir: str | Path, seed: int) -> Path | str
     save_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{save_dir.name}.", dir=save_dir.parent))
     try:
-        torch.manual_seed(seed)
+        torch.manual_seed(BASE_HEAD_INIT.seed(seed))
         AutoModelForCausalLM.from_pretrained(path, is_decoder=True).save_pretrained(tmp)
         load_tokenizer(path).save_pretrained(tmp)
         try:
@@ -102,7 +106,7 @@ def load_policy(path: str | Path, lora: dict | None = None, seed: int = 0, quant
     (GPU; bitsandbytes 0.50 also runs it on CPU, slowly) and prepares it for adapter training."""
     path = resolve_model(str(path))
     bert = _is_bert(AutoConfig.from_pretrained(path))
-    torch.manual_seed(seed)
+    torch.manual_seed(POLICY_INIT.seed(seed))
     kwargs = {"is_decoder": True} if bert else {}
     if quantization:
         kwargs["quantization_config"] = _bnb_config(quantization)
@@ -268,8 +272,9 @@ def _reference_logprobs(model, tokenizer, prompts, completions, max_length, batc
 
 
 def dpo_train(model, tokenizer, pairs: list[tuple[str, str, str]], *, steps: int, batch_size: int,
-              lr: float, beta: float, max_length: int, seed: int) -> dict:
-    """``steps`` AdamW steps of DPO on (prompt, chosen, rejected) pairs. Dropout stays off (as
+              lr: float, beta: float, max_length: int, seed: int, proximal_mu: float = 0.0) -> dict:
+    """``steps`` AdamW steps of DPO on (prompt, chosen, rejected) pairs, plus FedProx's term
+    (:class:`~fedsim_tasks.proximal.ProximalTerm`, ``proximal_mu``). Dropout stays off (as
     trl's default) so that policy and reference agree exactly before the first update."""
     if not pairs:
         raise ValueError("no preference pairs")
@@ -283,7 +288,7 @@ def dpo_train(model, tokenizer, pairs: list[tuple[str, str, str]], *, steps: int
     ref_chosen = torch.full((len(pairs),), float("nan"), device=ref.device)  # where the policy's log-probs are
     ref_rejected = torch.full((len(pairs),), float("nan"), device=ref.device)
     ref_chosen[used], ref_rejected[used] = ref[:len(used)], ref[len(used):]
-    opt = _optimizer(model, lr)
+    opt, proximal = _optimizer(model, lr), ProximalTerm(model, proximal_mu)
     model.eval()
     loss = margin = torch.tensor(float("nan"))
     start = time.perf_counter()
@@ -293,7 +298,7 @@ def dpo_train(model, tokenizer, pairs: list[tuple[str, str, str]], *, steps: int
                                [chosen[i] for i in idx] + [rejected[i] for i in idx], max_length)
         loss, margin = dpo_loss(pi[:len(idx)], pi[len(idx):], ref_chosen[idx], ref_rejected[idx], beta)
         opt.zero_grad()
-        loss.backward()
+        proximal(loss).backward()
         opt.step()
         _progress("dpo", step, steps, float(loss.detach()), start)
     return {"loss": float(loss.detach()), "reward_margin": float(margin), "steps": steps}
@@ -303,8 +308,8 @@ def sft_train(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, 
               lr: float, max_length: int, seed: int, proximal_mu: float = 0.0,
               dp: DPSGD | None = None, **dp_state) -> dict:
     """``steps`` AdamW steps of SFT: the completion's negative log-likelihood per token given
-    the prompt. ``proximal_mu`` > 0 adds FedProx's ``mu/2 ||w - w_start||^2`` over the trainable
-    weights, ``w_start`` being the (global) weights this call starts from. Dropout masks are
+    the prompt, plus FedProx's term (:class:`~fedsim_tasks.proximal.ProximalTerm`, ``proximal_mu``;
+    its anchor the weights this call starts from). Dropout masks are
     drawn from ``seed`` too: torch's global generator otherwise holds whatever the process did
     before (a Ray actor serves many clients, in the order the scheduler gives). ``dp`` enabled:
     the steps are DP-SGD's (:func:`private_sft`; ``dp_state``: its horizon)."""
@@ -315,9 +320,8 @@ def sft_train(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, 
         return private_sft(model, tokenizer, examples, steps=steps, batch_size=batch_size, lr=lr,
                            max_length=max_length, dp=dp, **dp_state)
     torch.manual_seed(seed)
-    opt = _optimizer(model, lr)
+    opt, proximal = _optimizer(model, lr), ProximalTerm(model, proximal_mu)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    anchor = [p.detach().clone() for p in trainable] if proximal_mu > 0 else []
     model.train()
     losses, start = [], time.perf_counter()
     for step, idx in enumerate(index_batches(len(examples), batch_size, steps, seed), 1):
@@ -325,10 +329,8 @@ def sft_train(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, 
                                            [examples[i][1] for i in idx], max_length)
         loss = -logp.sum() / count.sum()
         losses.append(float(loss.detach()))
-        if anchor:
-            loss = loss + proximal_mu / 2 * sum(((p - a) ** 2).sum() for p, a in zip(trainable, anchor))
         opt.zero_grad()
-        loss.backward()
+        proximal(loss).backward()
         if step == 1:
             _check_gradients(trainable)
         opt.step()
@@ -401,7 +403,7 @@ def saved_sft_base(model_name: str, base_dir: str, key: dict, data: Callable[[st
     log.info("base model: SFT %d steps on %d examples (once; saved under %s)", steps, len(train), root)
     start = time.perf_counter()
     stats = sft_train(model, tokenizer, train, steps=steps, batch_size=batch_size, lr=lr, max_length=max_length,
-                      seed=seed)
+                      seed=BASE_SFT.seed(seed))
     result = {**description, "examples": len(train), "heldout_nll_before": before,
               "heldout_nll": mean_token_nll(model, tokenizer, held_out, max_length),
               "seconds": time.perf_counter() - start, **stats}

@@ -15,6 +15,9 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
+from fedsim.seeding import stream
+
+ENCODER_INIT = stream("encoder-init")  # of the task's seed: the same adapters on every client
 _OFFLINE_ALIASES = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
 
 
@@ -55,7 +58,7 @@ def build_encoder(name: str, max_seq_length: int, lora: dict | None, seed: int,
     model.max_seq_length = max_seq_length
     if lora:
         from peft import TaskType
-        torch.manual_seed(seed)
+        torch.manual_seed(ENCODER_INIT.seed(seed))
         model.add_adapter(lora_config(lora, task_type=TaskType.FEATURE_EXTRACTION))
     return model
 

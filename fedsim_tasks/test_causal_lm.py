@@ -250,8 +250,9 @@ def test_generate_is_seeded(bases, arch):
         assert all(r.strip() for replies in out for r in replies)
 
 
-def test_proximal_term_keeps_adapters_near_their_start(bases):
-    """FedProx: with a large mu the same SFT steps move the adapters far less."""
+@pytest.mark.parametrize("objective", ["sft", "dpo"])
+def test_proximal_term_keeps_adapters_near_their_start(bases, objective):
+    """FedProx: with a large mu the same SFT (or DPO) steps move the adapters far less."""
     tokenizer = load_tokenizer(bases["llama"])
     examples = [("Human: hello there\n\nAssistant:", " I am fine, thanks."),
                 ("Human: how are you?\n\nAssistant:", " Fine.")]
@@ -259,7 +260,11 @@ def test_proximal_term_keeps_adapters_near_their_start(bases):
     for mu in (0.0, 100.0):
         model = load_policy(bases["llama"], {**LORA, "target_modules": None}, seed=0)
         start = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-        sft_train(model, tokenizer, examples, steps=10, batch_size=2, lr=1e-2, max_length=32, seed=0, proximal_mu=mu)
+        common = dict(steps=10, batch_size=2, lr=1e-2, max_length=32, seed=0, proximal_mu=mu)
+        if objective == "sft":
+            sft_train(model, tokenizer, examples, **common)
+        else:
+            dpo_train(model, tokenizer, PAIRS, beta=0.5, **common)
         moved[mu] = sum(float((p.detach() - start[n]).norm()) for n, p in model.named_parameters() if p.requires_grad)
     assert 0 < moved[100.0] < 0.5 * moved[0.0]
 

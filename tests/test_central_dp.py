@@ -16,8 +16,7 @@ from fedsim.inprocess_grid import InProcessGrid
 from fedsim.messaging import ANY, Messenger, Policy
 from fedsim.privacy import NoiseSource, adaptive_noise_multiplier, unamplified_epsilon
 from fedsim.records import from_record, to_record
-from fedsim.seeding import seed_server
-from fedsim.server_app import central_dp_section, privacy_results
+from fedsim.server_app import central_dp_section, privacy_results, seed_server
 from fedsim_experiments.common import build_strategy
 
 CLIENTS, CRASH, ROUNDS = 4, 3, 3

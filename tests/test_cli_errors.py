@@ -98,6 +98,8 @@ def test_a_client_layout_that_leaves_a_supernode_empty_is_refused():
     (["experiment=fede4rag_paper", "strategy=fedavg", "strategy.fraction_train=high"],
      "strategy.fraction_train: expected float, got 'high'"),
     (["task.max_per_split=abc"], "task.max_per_split: expected int | None, got 'abc'"),
+    (["experiment=fedtp", "strategy=fedprox", "strategy.proximal_mu=10"],
+     "cannot run strategy FedProx: FedTP's clients train no model"),  # once FedAvg under FedProx's name
 ])
 def test_what_the_run_would_fail_on_is_refused_before_any_process_starts(overrides, named, tmp_path):
     """Each of these once started the run's processes and failed in them (a traceback after a

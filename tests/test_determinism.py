@@ -30,7 +30,7 @@ from fedsim.messaging import ANY, Messenger, Policy, client_config
 from fedsim.node_local import from_run
 from fedsim.records import from_record, to_bytes, to_record
 from fedsim.schema import check
-from fedsim.seeding import seed_server
+from fedsim.server_app import seed_server
 from fedsim.trust_mixing import MIXING
 from fedsim.validators import finite_arrays
 from fedsim_clients import feddtre_messages as dtre

@@ -190,7 +190,8 @@ def flwr_run_configs() -> list[tuple[str, str]]:
 def test_a_documented_flwr_run_config_reaches_the_serverapp_checked(where, value, tmp_path):
     """Flower's own parsing and fusing with the app's declared keys (what its SuperLink does),
     then the ServerApp's composition and checks."""
-    fused = get_fused_config_from_dir(REPO_ROOT, parse_config_args([value.replace("/abs/", f"{tmp_path}/")]))
+    value = str(REPO_ROOT / value) if value.endswith(".toml") else value.replace("/abs/", f"{tmp_path}/")
+    fused = get_fused_config_from_dir(REPO_ROOT, parse_config_args([value]))  # a preset: conf/flwr/*.toml
     try:
         config_from_run(fused)
     except cli.REFUSED as exc:
@@ -205,8 +206,8 @@ def test_flwr_run_config_carries_the_same_overrides_as_fedsim_run(tmp_path):
         config_from_run({"overrides": "sed=3"})
     with pytest.raises(cli.REFUSED, match="noise_multiplier"):  # the strategy is built, as fedsim run builds it
         config_from_run({"overrides": "strategy.noise_multiplier=-1"})
-    with pytest.raises(ValueError, match="not present"):  # Flower refuses a Hydra key outside `overrides`
-        get_fused_config_from_dir(REPO_ROOT, parse_config_args(["seed=3"]))
+    with pytest.raises(ValueError, match="not present"):  # Flower refuses a Hydra key the app does not declare
+        get_fused_config_from_dir(REPO_ROOT, parse_config_args(["num_rounds=3"]))
 
 
 def _slug(heading: str) -> str:

@@ -65,7 +65,8 @@ def test_every_client_round_scores_the_configured_contexts(runs, scoring):
     rows = _rows(runs[scoring][0])
     assert len(rows) == CLIENTS * ROUNDS
     assert all(r["scored-contexts"] == SCORED for r in rows)
-    assert all(0 < r["s-gap-se"] < 1 for r in rows), rows
+    assert all(0 <= r["s-gap-se"] < 1 for r in rows), rows  # 0: the two models replied alike everywhere
+    assert any(r["s-gap-se"] > 0 for r in rows), rows
 
 
 def test_trust_dataset_scoring_reads_other_contexts_than_held_out_dialogues(runs):

@@ -44,7 +44,7 @@ from fedsim.inprocess_grid import InProcessGrid
 from fedsim.journal import WHOAMI
 from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy
 from fedsim.records import from_record, to_record
-from fedsim.seeding import seed_server
+from fedsim.server_app import seed_server
 from fedsim.sharded_grid import ShardedGrid
 from fedsim_clients import feddtre_messages as dtre
 from fedsim_clients import fede4rag_messages as rag

@@ -17,6 +17,10 @@
    Topical-Chat. Each run must complete, move the global model (the real model's arrays) to
    finite values and count the crash as failed, the other replies as accepted; under a DP
    wrapper, each round is one release in the run's privacy account.
+3. The client keys (config only, then runs): a strategy's ``traits.client_keys`` (FedProx's
+   ``proximal-mu``) must act wherever the pair is accepted: in each weight slot, FedProx at mu 0
+   gives FedAvg's global model to the bit and at mu 10 another one (two local steps: at the first
+   the term's gradient is zero); a slot whose clients train nothing (FedTP) refuses it.
 
 Cost: the default suite runs each weight slot's every strategy without privacy and FedAvg in every
 privacy wrapper; the rest of the cross product is marked ``exhaustive`` (``pytest -m exhaustive``).
@@ -30,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord
+from flwr.serverapp.strategy import strategy_utils
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from test_determinism import serve
@@ -40,6 +45,7 @@ from fedsim.messaging import Messenger, client_config
 from fedsim.node_local import from_run
 from fedsim.records import from_record, to_bytes
 from fedsim.schema import check
+from fedsim.server_app import seed_server
 from fedsim_clients import fedtp_messages as keys
 from fedsim_experiments import fedbiscuit, feddtre, fede4rag, fedtp
 from fedsim_tasks.causal_lm import load_policy
@@ -111,6 +117,7 @@ def test_every_pair_is_accepted_or_refused_with_a_reason_from_the_data(base):
     assert "server optimizer step" in matrix[("fede4rag_paper", "fedadam", "none")]
     assert "Krum compares" not in matrix[("fede4rag_paper", "krum", "he_fedavg")]  # the entry's own words
     assert not ok("fedtp", "fedadam", "none") and ok("fedtp", "fedavg", "none") and ok("fedtp", "dp_mean", "none")
+    assert "train no model" in matrix[("fedtp", "fedprox", "none")]  # its clients would ignore proximal-mu
     assert all(not ok(e, "selector_groups", p) for e in SLOTS for p in PRIVACY)
     assert all(not ok(e, s, "he_fedavg") for e in ("fedtp", "feddtre_paper", "fedbiscuit_paper") for s in STRATEGIES)
 
@@ -123,10 +130,10 @@ def test_dp_around_fede4rag_needs_its_he_method_left_out(base):
 
 
 IID = f"{{_target_: flwr_datasets.partitioner.IidPartitioner, num_partitions: {CLIENTS}}}"
-WEIGHT_SLICES = {  # each weight slot's slice: five clients, one local step, the tiny BERT in every model's place
+WEIGHT_SLICES = {  # each weight slot's slice: five clients, two local steps, the tiny BERT in every model's place
     "fede4rag_paper": lambda tiny, tmp: [
         "task.companies=[Boeing,PepsiCo,Costco,Nike,Apple]", "task.pages_per_client=4", f"task.model={tiny}",
-        "task.max_seq_length=32", f"task.he.key_dir={tmp / 'keys'}", "protocol.local_steps=1",
+        "task.max_seq_length=32", f"task.he.key_dir={tmp / 'keys'}", "protocol.local_steps=2",
         "protocol.batch_size=2", "protocol.methods.fede4rag=null"],  # its HE method: test_he_fedavg.py
     "feddtre_paper": lambda tiny, tmp: [
         f"task.num_clients={CLIENTS}", "task.max_conversations=50", "~task.datasets.cmu_dog",
@@ -134,14 +141,14 @@ WEIGHT_SLICES = {  # each weight slot's slice: five clients, one local step, the
         "task.trust.contexts_per_client=2", f"task.evaluator.model={tiny}", "task.evaluator.max_length=32",
         "task.evaluator.response_length=16", f"protocol.generator.model={tiny}",
         "protocol.generator.base_sft_steps=0", f"protocol.generator.base_dir={tmp / 'generator'}",
-        "protocol.generator.max_length=48", "protocol.generator.local_steps=1", "protocol.generator.batch_size=2",
+        "protocol.generator.max_length=48", "protocol.generator.local_steps=2", "protocol.generator.batch_size=2",
         "protocol.generator.eval_contexts=2", "protocol.generator.max_new_tokens=4", "protocol.personal_contexts=1",
         f"protocol.clients_per_round={CLIENTS}"],
     "fedbiscuit_paper": lambda tiny, tmp: [
         "task.max_pairs=300", "task.splits={test: 10, judge: 10, server: 10}", "task.n_topics=4",
         f"task.topic_model={tiny}", f"task.partitioner.num_partitions={CLIENTS}",
         "task.partitioner.min_partition_size=10", f"task.selector.model={tiny}", "task.selector.max_length=32",
-        "protocol.local_steps=1", "protocol.batch_size=4", "protocol.fraction_train=1.0"],
+        "protocol.local_steps=2", "protocol.batch_size=4", "protocol.fraction_train=1.0"],
 }
 
 
@@ -242,6 +249,41 @@ def test_weight_slots_run_every_accepted_pair(slot_context, exp, strategy, priva
         assert messenger.faults[phase][rnd]["accepted"] == CLIENTS - 1
     if cfg.privacy.kind == "dp":  # every round one release, in the account results.json reports
         assert messenger.central_dp.releases == {phase.removesuffix("/train"): ROUNDS}
+
+
+KNOBS = {"proximal-mu": ("proximal_mu", 0.0, 10.0)}  # client key -> the entry's argument, a value off, one on
+
+
+def _knob_pairs():
+    """Every (weight slot, strategy, client key it sends)."""
+    for exp in METHODS:
+        for s in STRATEGIES:
+            for key in _load("strategy", s).traits.client_keys:
+                yield exp, s, key
+
+
+@pytest.mark.parametrize("exp,strategy,key", list(_knob_pairs()))
+def test_client_keys_act_wherever_the_pair_is_accepted(slot_context, monkeypatch, exp, strategy, key):
+    ctx = slot_context(exp)
+    paired = with_pair(ctx.cfg, strategy, "none")
+    assert verdict(paired) is None  # every weight slot's clients train a torch model
+    monkeypatch.setattr(strategy_utils, "random", strategy_utils.random)  # seed_server replaces it: given back
+
+    def final(cfg, name: str) -> dict:
+        """The slot's global model, Flower's sampling seeded as the ServerApp seeds it (its
+        order is the order the aggregate sums in)."""
+        seed_server(int(cfg.seed))
+        return METHODS[exp](replace(ctx, cfg=cfg, messenger=Messenger(ctx.messenger.raw, timeout=60)), name)[1]
+
+    argument, off, on = KNOBS[key]
+    weights = {}
+    for label, value in (("off", off), ("on", on)):
+        cfg = paired.copy()
+        cfg.strategy[argument] = value
+        weights[value] = final(cfg, f"{strategy}-{label}")
+    fedavg = final(with_pair(ctx.cfg, "fedavg", "none"), "fedavg-reference")
+    assert all(np.array_equal(weights[off][k], fedavg[k]) for k in fedavg), f"{key}={off} is not FedAvg"
+    assert any(not np.array_equal(weights[on][k], weights[off][k]) for k in fedavg), f"{key}={on} changed nothing"
 
 
 FEDTP_SLICE = ["task.max_per_split=5", "data_root=../shared/data"]

@@ -27,6 +27,7 @@ from datasets import Dataset
 from hydra.utils import get_method, instantiate
 
 from fedsim.data import DataNotFoundError, require_file
+from fedsim.seeding import stream
 from fedsim_tasks.causal_lm import format_prompt, generate
 
 SPC_UPSTREAM = "github.com/google-research-datasets/Synthetic-Persona-Chat (CC BY 4.0)"
@@ -164,6 +165,10 @@ def answer_sample(model, tokenizer, examples: list[Example], count: int, pick_se
     return chosen, [r[0] for r in generate(model, tokenizer, [e.prompt for e in chosen], n=1, seed=seed, **decoding)]
 
 
+HELD_OUT_SPLIT = stream("dialogue-held-out-split", "dataset")  # trust pairs / generation contexts halves
+CLIENT_SPLIT = stream("dialogue-client-split", "partition", "dataset")  # a client's train / held-out conversations
+
+
 @dataclass
 class ClientData:
     train: list[Conversation]
@@ -187,15 +192,15 @@ class DialogueTask:
             raise ValueError(f"{name}: the partitioner gives {partitioner.num_partitions} clients but "
                              f"task.num_clients is {task['num_clients']} (set its group_size or num_clients)")
         self.partitioner, self.train = partitioner, train
-        order = np.random.default_rng(task["split_seed"]).permutation(len(held_out))
+        order = np.random.default_rng(HELD_OUT_SPLIT.seed(task["split_seed"], dataset=name)).permutation(len(held_out))
         half = len(order) // 2
         self.trust_heldout = [held_out[i] for i in sorted(order[:half])]
         self.test = [held_out[i] for i in sorted(order[half:])]
 
     def client(self, partition_id: int) -> ClientData:
         mine = self.partitioner.load_partition(partition_id)["row"]
-        rng = np.random.default_rng(self.task["split_seed"] * 1_000_003 + partition_id)
-        order = rng.permutation(mine)
+        order = np.random.default_rng(CLIENT_SPLIT.seed(self.task["split_seed"], partition=partition_id,
+                                                        dataset=self.name)).permutation(mine)
         n_valid = max(1, round(self.task["valid_share"] * len(order))) if len(order) > 1 else 0
         return ClientData([self.train[i] for i in sorted(order[n_valid:])],
                           [self.train[i] for i in sorted(order[:n_valid])])

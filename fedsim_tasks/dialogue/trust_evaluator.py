@@ -20,9 +20,13 @@ from sklearn.metrics import roc_auc_score
 from torch import nn
 from transformers import AutoModel, AutoTokenizer
 
+from fedsim.seeding import stream
 from fedsim_tasks.causal_lm import index_batches
 from fedsim_tasks.dialogue.trust_data import TrustExample
 from fedsim_tasks.hf import default_device, load_trainable, lora_config, resolve_model, trainable_arrays
+from fedsim_tasks.proximal import ProximalTerm
+
+EVALUATOR_INIT = stream("trust-evaluator-init")  # of the task's seed: the same evaluator on every client
 
 
 def bertscore(x: torch.Tensor, x_mask: torch.Tensor, r: torch.Tensor, r_mask: torch.Tensor
@@ -60,7 +64,7 @@ class TrustEvaluator:
         path = resolve_model(model)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.max_length, self.response_length = max_length, response_length
-        torch.manual_seed(seed)
+        torch.manual_seed(EVALUATOR_INIT.seed(seed))
         encoder = AutoModel.from_pretrained(path)
         if lora:
             from peft import get_peft_model
@@ -97,12 +101,14 @@ class TrustEvaluator:
         return np.concatenate([self._f1(contexts[i:i + batch_size], responses[i:i + batch_size]).cpu().numpy()
                                for i in range(0, len(contexts), batch_size)]) if contexts else np.zeros(0)
 
-    def train(self, examples: list[TrustExample], steps: int, batch_size: int, lr: float, seed: int) -> dict:
-        """``steps`` AdamW steps of calibrated binary cross-entropy on the examples' labels;
-        batches and dropout masks drawn from ``seed`` (not from the process's history)."""
+    def train(self, examples: list[TrustExample], steps: int, batch_size: int, lr: float, seed: int,
+              proximal_mu: float = 0.0) -> dict:
+        """``steps`` AdamW steps of calibrated binary cross-entropy on the examples' labels, plus
+        FedProx's term (:class:`~fedsim_tasks.proximal.ProximalTerm`); batches and dropout masks
+        drawn from ``seed`` (not from the process's history)."""
         torch.manual_seed(seed)
         params = [p for p in self.net.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+        opt, proximal = torch.optim.AdamW(params, lr=lr, weight_decay=0.0), ProximalTerm(self.net, proximal_mu)
         self.net.train()
         losses = []
         for idx in index_batches(len(examples), batch_size, steps, seed):
@@ -112,7 +118,7 @@ class TrustEvaluator:
             loss = F.binary_cross_entropy_with_logits(scale * (f1 - offset),
                                                       torch.tensor([e.label for e in batch], device=self.device))
             opt.zero_grad()
-            loss.backward()
+            proximal(loss).backward()
             opt.step()
             losses.append(float(loss.detach()))
         self.net.eval()

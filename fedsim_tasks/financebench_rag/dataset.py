@@ -18,6 +18,7 @@ from datasets import Dataset
 from flwr_datasets.partitioner import Partitioner
 
 from fedsim.data import require_file
+from fedsim.seeding import stream
 
 UPSTREAM = "github.com/patronus-ai/financebench (CC BY-NC 4.0)"
 FOLDER = "financebench"
@@ -69,12 +70,15 @@ def load_questions(root: str) -> tuple[Question, ...]:
          for q in _jsonl(path)), key=lambda q: q.qid))
 
 
+QUESTION_SPLIT = stream("question-split")  # of the split seed
+
+
 def split_questions(root: str, n_valid: int, n_test: int, seed: int) -> dict[str, list[Question]]:
     """Deterministic validation/test split: a seeded shuffle of the id-sorted questions."""
     questions = list(load_questions(root))
     if n_valid + n_test > len(questions):
         raise ValueError(f"n_valid + n_test = {n_valid + n_test} > {len(questions)} questions")
-    random.Random(seed).shuffle(questions)
+    random.Random(QUESTION_SPLIT.seed(seed)).shuffle(questions)
     return {"valid": questions[:n_valid], "test": questions[n_valid:n_valid + n_test]}
 
 

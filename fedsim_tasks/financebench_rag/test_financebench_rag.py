@@ -307,3 +307,24 @@ def test_training_leaves_the_collectors_freeze_as_it_found_it():
         gc.unfreeze()
         if frozen:
             gc.freeze()
+
+
+def test_the_proximal_term_acts_in_the_retrievers_loop(tiny_encoder):
+    """FedProx: the same 4 steps from the same weights move the retriever less at mu 100 than
+    without the term, and mu 0 is no term at all (FedAvg's weights to the bit)."""
+    from fedsim_tasks.financebench_rag.train import frozen_copy, train_encoder
+    from fedsim_tasks.hf import trainable_arrays
+    from fedsim_tasks.proximal import ProximalTerm
+    pairs = [(f"item {i} value {i * 7}", f"the value of item {i} is {i * 7}") for i in range(32)]
+    start = trainable_arrays(frozen_copy(tiny_encoder).requires_grad_(True))
+    after = {}
+    for mu in (None, 0.0, 100.0):
+        model = frozen_copy(tiny_encoder).requires_grad_(True)
+        train_encoder(model, pairs, steps=4, batch_size=8, lr=1e-2, temperature=0.1, kd_weight=0.0, seed=0,
+                      proximal=None if mu is None else ProximalTerm(model, mu))
+        after[mu] = trainable_arrays(model)
+
+    def moved(mu):
+        return sum(float(np.linalg.norm(after[mu][k] - start[k])) for k in start)
+    assert all(np.array_equal(after[0.0][k], after[None][k]) for k in start)
+    assert 0 < moved(100.0) < 0.5 * moved(None)

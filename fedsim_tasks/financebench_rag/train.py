@@ -1,4 +1,5 @@
-"""Local objective of FedE4RAG: InfoNCE with in-batch negatives plus KD-GLE.
+"""Local objective of FedE4RAG: InfoNCE with in-batch negatives plus KD-GLE (plus FedProx's
+proximal term under ``strategy=fedprox``: ``fedsim_tasks/proximal.py``).
 
 KD-GLE is the mean squared difference between the local model's query-chunk cosine
 similarities and those of the frozen global model on the same batch (all pairs of the batch).
@@ -23,13 +24,17 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
+from fedsim_tasks.proximal import ProximalTerm
+
 log = logging.getLogger("fedsim")
 
 
 class KDInfoNCELoss(nn.Module):
-    """InfoNCE(q, p) + kd_weight * mean((sim_local - sim_global)^2) over the batch's q x p."""
+    """InfoNCE(q, p) + kd_weight * mean((sim_local - sim_global)^2) over the batch's q x p
+    (+ the proximal term, where given)."""
 
-    def __init__(self, model, temperature: float, kd_weight: float, teacher=None):
+    def __init__(self, model, temperature: float, kd_weight: float, teacher=None,
+                 proximal: ProximalTerm | None = None):
         super().__init__()
         from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
         from sentence_transformers.util import cos_sim
@@ -37,7 +42,7 @@ class KDInfoNCELoss(nn.Module):
         self.infonce = MultipleNegativesRankingLoss(model, scale=1.0 / temperature)
         self.cos_sim = cos_sim
         self.kd_weight = kd_weight
-        self.teacher = teacher
+        self.teacher, self.proximal = teacher, proximal
         if kd_weight and teacher is None:
             raise ValueError("KD needs the frozen global model (teacher)")
         self.last = {}
@@ -53,7 +58,7 @@ class KDInfoNCELoss(nn.Module):
             self.last["kd"] = float(kd.detach())
             loss = loss + self.kd_weight * kd
         self.history.append(self.last)
-        return loss
+        return self.proximal(loss) if self.proximal else loss
 
     def kd_term(self, embeddings, features) -> torch.Tensor:
         with torch.no_grad():
@@ -117,18 +122,15 @@ def frozen_copy(model):
     return teacher
 
 
-def local_seed(seed: int, server_round: int, partition: int) -> int:
-    """The seed of one client's local training in one round: differs per client and round."""
-    return seed * 1000 + server_round * 10 + partition
-
-
 def train_encoder(model, pairs: list[tuple[str, str]], steps: int, batch_size: int, lr: float,
                   temperature: float, kd_weight: float, seed: int, teacher=None,
-                  dropout: bool = False) -> dict:
-    """``steps`` optimizer steps on ``pairs`` (cycled, seeded shuffle). The teacher of KD-GLE
-    is ``teacher`` (the received global model, frozen), else a frozen copy of ``model`` as it is
-    on entry. Reports each term's mean over the steps and the first step's KD term (zero when
-    the student starts from the teacher's weights and trains without dropout)."""
+                  dropout: bool = False, proximal: ProximalTerm | None = None) -> dict:
+    """``steps`` optimizer steps on ``pairs`` (cycled, seeded shuffle; ``seed`` 32 bits, as
+    transformers' ``set_seed`` takes). The teacher of KD-GLE is ``teacher`` (the received
+    global model, frozen), else a frozen copy of ``model`` as it is on entry; ``proximal``:
+    FedProx's term, anchored where the caller built it. Reports each term's mean over the steps
+    and the first step's KD term (zero when the student starts from the teacher's weights and
+    trains without dropout)."""
     from datasets import Dataset
     from sentence_transformers import (
         SentenceTransformerTrainer,
@@ -140,7 +142,7 @@ def train_encoder(model, pairs: list[tuple[str, str]], steps: int, batch_size: i
         return {"steps": 0}
     clock = StepClock()
     teacher = (teacher or frozen_copy(model)) if kd_weight else None
-    loss = KDInfoNCELoss(model, temperature, kd_weight, teacher)
+    loss = KDInfoNCELoss(model, temperature, kd_weight, teacher, proximal)
     need = steps * batch_size
     rows = (pairs * (need // len(pairs) + 1))[:max(need, len(pairs))]
     data = Dataset.from_dict({"anchor": [q for q, _ in rows], "positive": [p for _, p in rows]})

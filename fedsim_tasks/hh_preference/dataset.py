@@ -25,12 +25,18 @@ from pathlib import Path
 import numpy as np
 
 from fedsim.data import require_file
+from fedsim.seeding import stream
 
 UPSTREAM = "github.com/anthropics/hh-rlhf, harmless-base test (MIT)"
 FILE = Path("hh_rlhf") / "harmless-base-test.jsonl.gz"
 ASSISTANT = "\n\nAssistant:"
 HUMAN = "\n\nHuman:"
 SPLITS = ("test", "judge", "server", "pool")
+# the split seed's streams
+SPLIT = stream("preference-splits")
+TOPICS = stream("preference-topics", bits=32)  # scikit-learn's random_state takes 32 bits
+MINORITY = stream("minority-clients")
+HOLDOUT = stream("preference-holdout", "partition")
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,7 @@ def split_pairs(pairs, sizes: dict[str, int], seed: int) -> dict[str, list[Pair]
     need = sum(sizes[k] for k in SPLITS[:-1])
     if need >= len(pairs):
         raise ValueError(f"splits {sizes} leave no client pairs out of {len(pairs)}")
-    order = np.random.default_rng(seed).permutation(len(pairs))
+    order = np.random.default_rng(SPLIT.seed(seed)).permutation(len(pairs))
     out, start = {}, 0
     for name in SPLITS[:-1]:
         out[name] = [pairs[i] for i in order[start:start + sizes[name]]]
@@ -120,7 +126,7 @@ def topics(pairs, model: str, n_topics: int, seed: int) -> np.ndarray:
     from fedsim_tasks.hf import resolve_model
     encoder = SentenceTransformer(resolve_model(model), device="cpu")
     emb = encoder.encode([p.first_human for p in pairs], batch_size=64, normalize_embeddings=True)
-    return KMeans(n_topics, n_init=4, random_state=seed).fit_predict(emb)
+    return KMeans(n_topics, n_init=4, random_state=TOPICS.seed(seed)).fit_predict(emb)
 
 
 def client_partition(pool: list[Pair], pool_topics: np.ndarray, partitioner, partition_id: int
@@ -136,12 +142,12 @@ def client_partition(pool: list[Pair], pool_topics: np.ndarray, partitioner, par
 def minority_clients(num_clients: int, share: float, seed: int) -> list[int]:
     """The seeded ``round(share * M)`` clients whose labels follow the other preference."""
     count = int(round(share * num_clients))
-    return sorted(np.random.default_rng(seed + 1).choice(num_clients, count, replace=False).tolist())
+    return sorted(np.random.default_rng(MINORITY.seed(seed)).choice(num_clients, count, replace=False).tolist())
 
 
-def holdout(pairs: list[Pair], share: float, seed: int) -> tuple[list[Pair], list[Pair]]:
+def holdout(pairs: list[Pair], share: float, seed: int, partition_id: int) -> tuple[list[Pair], list[Pair]]:
     """A client's own (train, validation) pairs: a seeded ``share`` (at least one) held out."""
-    order = np.random.default_rng(seed).permutation(len(pairs))
+    order = np.random.default_rng(HOLDOUT.seed(seed, partition=partition_id)).permutation(len(pairs))
     n_val = max(1, int(round(share * len(pairs)))) if len(pairs) > 1 else 0
     return [pairs[i] for i in order[n_val:]], [pairs[i] for i in order[:n_val]]
 
@@ -179,7 +185,7 @@ class Federation:
         from hydra.utils import instantiate
         own = client_partition(self.splits["pool"], self.pool_topics, instantiate(self.task["partitioner"]),
                                partition_id)
-        train, valid = holdout(own, self.task["valid_share"], self.task["split_seed"] * 7919 + partition_id)
+        train, valid = holdout(own, self.task["valid_share"], self.task["split_seed"], partition_id)
         reverse = partition_id in self.minority
         return ClientData(partition_id, reverse, both_orders(train, reverse), both_orders(valid, reverse))
 

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedsim.seeding import stream
+from fedsim_tasks.causal_lm import index_batches
 from fedsim_tasks.hf import (
     build_encoder,
     default_device,
@@ -33,6 +35,9 @@ from fedsim_tasks.hf import (
     trainable_arrays,
 )
 from fedsim_tasks.hh_preference.dataset import ASSISTANT, HUMAN, Example
+from fedsim_tasks.proximal import ProximalTerm
+
+SELECTOR_INIT = stream("selector-init")  # of the task's seed: the same selector on every client
 
 
 class _Base:
@@ -51,25 +56,21 @@ class _Base:
         load_trainable(self.module, arrays)
 
     def train(self, examples: list[Example], steps: int, batch_size: int, lr: float, seed: int,
-              weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.95)) -> dict:
+              weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.95), proximal_mu: float = 0.0) -> dict:
         """``steps`` AdamW steps (the paper's betas) of binary cross-entropy on seeded batches,
-        cycling the data; dropout masks (a trained encoder) drawn from ``seed`` as well."""
+        cycling the data, plus FedProx's term (:class:`~fedsim_tasks.proximal.ProximalTerm`);
+        dropout masks (a trained encoder) drawn from ``seed`` as well."""
         if not examples:
             raise ValueError("no training examples")
         torch.manual_seed(seed)
         params = [p for p in self.module.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
-        rng = np.random.default_rng(seed)
-        order, at, losses = rng.permutation(len(examples)), 0, []
+        proximal, losses = ProximalTerm(self.module, proximal_mu), []
         self.module.train()
-        for _ in range(steps):
-            if at + batch_size > len(order):
-                order, at = rng.permutation(len(examples)), 0
-            batch = [examples[i] for i in order[at:at + batch_size]]
-            at += batch_size
-            loss = self._bce(batch)
+        for idx in index_batches(len(examples), batch_size, steps, seed):
+            loss = self._bce([examples[i] for i in idx])
             opt.zero_grad()
-            loss.backward()
+            proximal(loss).backward()
             opt.step()
             losses.append(float(loss.detach()))
         self.module.eval()
@@ -129,7 +130,7 @@ class ScorerSelector(_Base):
         if frozen:
             self.encoder.requires_grad_(False)
         self.frozen, self.human_words = frozen, human_words
-        torch.manual_seed(seed)
+        torch.manual_seed(SELECTOR_INIT.seed(seed))
         head = nn.Linear(self.encoder.get_embedding_dimension(), 1)
         nn.init.zeros_(head.weight)
         nn.init.zeros_(head.bias)
@@ -171,7 +172,7 @@ class CausalABSelector(_Base):
         self.tokenizer.truncation_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        torch.manual_seed(seed)
+        torch.manual_seed(SELECTOR_INIT.seed(seed))
         lm = AutoModelForCausalLM.from_pretrained(path)
         if lora:
             from peft import get_peft_model

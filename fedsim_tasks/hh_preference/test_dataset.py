@@ -65,9 +65,9 @@ def test_splits_are_seeded_and_disjoint():
 
 def test_holdout_keeps_own_validation_pairs():
     pairs = list(load_pairs(ROOT)[:20])
-    train, valid = holdout(pairs, 0.2, 0)
+    train, valid = holdout(pairs, 0.2, 0, partition_id=3)
     assert len(valid) == 4 and not {p.pair_id for p in train} & {p.pair_id for p in valid}
-    assert holdout(pairs, 0.2, 0) == (train, valid)
+    assert holdout(pairs, 0.2, 0, partition_id=3) == (train, valid) != holdout(pairs, 0.2, 0, partition_id=4)
 
 
 def test_minority_is_a_seeded_share_of_clients():
