@@ -5,7 +5,18 @@ import math
 import numpy as np
 import pytest
 
-from fedsim.trust_mixing import ALPHA, S_GLOBAL, S_LOCAL, client_alpha, mix, relative_distance, trust_alpha, trust_phi
+from fedsim.trust_mixing import (
+    ALPHA,
+    S_GAP_SE,
+    S_GLOBAL,
+    S_LOCAL,
+    SCORED,
+    client_alpha,
+    mix,
+    relative_distance,
+    trust_alpha,
+    trust_phi,
+)
 
 
 @pytest.mark.parametrize("delta", [-1.0, -0.01, 0.0])
@@ -58,12 +69,23 @@ def test_client_alpha_scores_only_under_trust_mixing():
 
     def score(which):
         calls.append(which)
-        return {"local": 0.2, "global": 0.5}[which]
+        return {"local": [0.1, 0.3, 0.2], "global": [0.5, 0.4, 0.6]}[which]
 
     assert client_alpha({"fixed_alpha": 0.25}, score) == (0.25, {}) and calls == []
     alpha, report = client_alpha({"k": 0.7, "midpoint": 0.01, "alpha_min": 0.1, "alpha_max": 1.0}, score)
-    assert calls == ["local", "global"] and report == {S_LOCAL: 0.2, S_GLOBAL: 0.5}
+    assert calls == ["local", "global"] and report[SCORED] == 3
+    assert report[S_LOCAL] == pytest.approx(0.2) and report[S_GLOBAL] == pytest.approx(0.5)
+    # paired differences 0.4, 0.1, 0.4: sd 0.1732 (ddof 1), standard error sd / sqrt(3) = 0.1
+    assert report[S_GAP_SE] == pytest.approx(0.1)
     assert alpha == pytest.approx(trust_alpha(0.5, 0.2, 0.7, 0.01, 0.1, 1.0)) and ALPHA == "alpha"
+
+
+def test_client_alpha_refuses_scores_it_cannot_pair():
+    """One context has no standard error; contexts of unequal count are not the same contexts."""
+    schedule = {"k": 0.7, "midpoint": 0.01, "alpha_min": 0.1, "alpha_max": 1.0}
+    for scores in ({"local": [0.2], "global": [0.5]}, {"local": [0.2, 0.3], "global": [0.5, 0.4, 0.6]}):
+        with pytest.raises(ValueError, match="same 2\\+ contexts"):
+            client_alpha(schedule, scores.__getitem__)
 
 
 def test_relative_distance_by_hand():

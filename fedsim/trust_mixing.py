@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy.stats import sem
 
 
 def trust_phi(delta: float, k: float, midpoint: float) -> float:
@@ -69,14 +70,27 @@ MIXING = "mixing"      # config (train): JSON {"k", "midpoint", "alpha_min", "al
 ALPHA = "alpha"        # metrics (reply): the client's alpha this round
 S_LOCAL = "s-local"    # metrics (reply): trust score of the local model (trust mixing only)
 S_GLOBAL = "s-global"  # metrics (reply): trust score of the global model (trust mixing only)
+S_GAP_SE = "s-gap-se"  # metrics (reply): standard error of s_g - s_l over the scoring contexts (trust mixing only)
+SCORED = "scored-contexts"  # metrics (reply): contexts both models were scored on (trust mixing only)
+TRAIN_NLL = "train-nll"      # metrics (reply, mixing): the local model's nll per token on its training replies
+HELDOUT_NLL = "heldout-nll"  # metrics (reply, mixing): ... on its held-out replies (the gap: its overfitting)
+RECORDED = (ALPHA, S_LOCAL, S_GLOBAL, S_GAP_SE, SCORED, TRAIN_NLL, HELDOUT_NLL)  # what the server keeps per client
 
 
 def client_alpha(mixing: dict, score: callable) -> tuple[float, dict]:
     """The alpha a client uses under ``mixing`` (the strategy's message), and what it reports.
-    ``score(which)`` gives the trust score of the "local" or "global" model; it is called only
-    under trust mixing (fixed alphas need no evaluation)."""
+    ``score(which)`` gives the trust scores of the "local" or "global" model's replies, one per
+    scoring context (the same contexts for both); it is called only under trust mixing (fixed
+    alphas need no evaluation). s_g - s_l is a paired mean: its standard error comes from the
+    per-context differences (scipy.stats.sem), so a reader sees whether alpha follows a signal
+    or the noise of the sample."""
     if "fixed_alpha" in mixing:
         return float(mixing["fixed_alpha"]), {}
-    s_local, s_global = score("local"), score("global")
+    local, global_ = np.asarray(score("local"), np.float64), np.asarray(score("global"), np.float64)
+    if local.shape != global_.shape or local.size < 2:
+        raise ValueError(f"trust scores of both models on the same 2+ contexts needed, got {local.size} "
+                         f"and {global_.size}")
+    s_local, s_global = float(local.mean()), float(global_.mean())
     alpha = trust_alpha(s_global, s_local, mixing["k"], mixing["midpoint"], mixing["alpha_min"], mixing["alpha_max"])
-    return alpha, {S_LOCAL: s_local, S_GLOBAL: s_global}
+    return alpha, {S_LOCAL: s_local, S_GLOBAL: s_global, S_GAP_SE: float(sem(global_ - local)),
+                   SCORED: float(local.size)}

@@ -21,7 +21,6 @@ import os
 import time
 from functools import lru_cache
 
-import numpy as np
 import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from hydra.utils import instantiate
@@ -31,7 +30,7 @@ from fedsim.records import from_bytes, from_record, to_record
 from fedsim.seeding import Stream, stream
 from fedsim.trust_mixing import client_alpha, mix, relative_distance
 from fedsim_clients import feddtre_messages as keys
-from fedsim_tasks.causal_lm import sft_train, shared_policy, turn_separator
+from fedsim_tasks.causal_lm import mean_token_nll, sft_train, shared_policy, turn_separator
 from fedsim_tasks.dialogue.dataset import answer_sample, contamination, load_tasks
 from fedsim_tasks.dialogue.metrics import reply_scores
 from fedsim_tasks.dialogue.trust_data import contaminate, trust_examples
@@ -173,14 +172,30 @@ class DialogueClient:
             return local, metrics
         weights = {"local": local, "global": global_weights}
 
-        def score(which: str) -> float:
+        def score(which: str) -> list[float]:
             load_trainable(model, weights[which])
-            return self._trust_score(model, tokenizer, config, dataset, s)
+            return self._trust_scores(model, tokenizer, config, dataset, s)
 
+        gap = self._loss_gap(model, tokenizer, train, dataset, sep, s)  # the local model's, before any mix
         alpha, scores = client_alpha(json.loads(config[keys.MIXING]), score)
         mixed = mix(local, global_weights, alpha)
         state.save(config[keys.LOCAL_MODEL], rnd, mixed)
-        return mixed, {**metrics, keys.ALPHA: alpha, **scores, keys.STATE_BYTES: state.bytes()}
+        return mixed, {**metrics, **gap, keys.ALPHA: alpha, **scores, keys.STATE_BYTES: state.bytes()}
+
+    def _loss_gap(self, model, tokenizer, train: list, dataset: str, sep: str, s: dict) -> dict:
+        """The loaded model's nll per token on ``loss_gap_examples`` of its training replies and
+        as many held-out ones (evenly spaced: the same replies every round, no sampling noise
+        between rounds): the gap is how far it overfits its own data, which FedDTRE's alpha
+        should follow. Nothing with ``loss_gap_examples`` 0 or under DP-SGD (the training replies'
+        nll, released as it is, is outside its guarantee: ``Generator.gap_examples``)."""
+        n = 0 if s["dp_sgd"]["enabled"] else int(s["loss_gap_examples"])
+        if not n:
+            return {}
+        held_out = self.examples(dataset, "valid", sep)
+        pairs = {which: [(e.prompt, e.reply) for e in examples[::max(len(examples) // n, 1)][:n]]
+                 for which, examples in (("train", train), ("held_out", held_out))}
+        return {keys.TRAIN_NLL: mean_token_nll(model, tokenizer, pairs["train"], s["max_length"]),
+                keys.HELDOUT_NLL: mean_token_nll(model, tokenizer, pairs["held_out"], s["max_length"])}
 
     def _sft(self, msg: Message, model, tokenizer, train: list, s: dict, seed: int) -> dict:
         """Local SFT of the adapters; its metrics. Under ``dp_sgd`` the steps are DP-SGD's, every
@@ -213,15 +228,31 @@ class DialogueClient:
         evaluator.load(from_bytes(config[keys.EVALUATOR_WEIGHTS]))
         return evaluator
 
-    def _trust_score(self, model, tokenizer, config, dataset: str, s: dict) -> float:
-        """Mean trust score of the model's greedy replies to ``eval_contexts`` sampled held-out
-        contexts of this client (the same sample for the local and the global model)."""
-        held_out = self.examples(dataset, "valid", turn_separator(tokenizer))
+    def _trust_scores(self, model, tokenizer, config, dataset: str, s: dict) -> list[float]:
+        """The trust score of the model's greedy reply to each of ``eval_contexts`` sampled
+        scoring contexts of this client (the same sample for the local and the global model)."""
+        sep = turn_separator(tokenizer)
         decoding = {"max_new_tokens": s["max_new_tokens"], "temperature": 0.0}
-        chosen, replies = answer_sample(model, tokenizer, held_out, s["eval_contexts"],
+        chosen, replies = answer_sample(model, tokenizer, self.scoring_contexts(dataset, sep, s["scoring"]),
+                                        s["eval_contexts"],
                                         self._seed(TRUST_SCORE_CONTEXTS, config, dataset=dataset), decoding,
                                         self._seed(TRUST_SCORE_SAMPLING, config, dataset=dataset))
-        return float(np.mean(self._trained_evaluator(config).scores([e.context for e in chosen], replies)))
+        return self._trained_evaluator(config).scores([e.context for e in chosen], replies).tolist()
+
+    def scoring_contexts(self, dataset: str, sep: str, source: str) -> list:
+        """Where FedDTRE's trust scores come from: ``heldout``, the client's held-out
+        conversations; ``trust``, the contexts of its trust data (the paper's eq. 9 scores on the
+        trust dataset; here a sample of its training contexts, ``task.trust.contexts_per_client``)."""
+        if source == "heldout":
+            return self.examples(dataset, "valid", sep)
+        if source != "trust":
+            raise ValueError(f"client {self.partition_id}: unknown scoring source {source!r}")
+        key = (dataset, "trust", sep)
+        if key not in self._examples:
+            by_context = {e.context: e for e in self.examples(dataset, "train", sep)}
+            self._examples[key] = [by_context[t.context] for t in self.trust_data()
+                                   if t.kind == "true_reply" and t.context in by_context]
+        return self._examples[key]
 
     def evaluate(self, msg: Message, context=None) -> RecordDict:
         """After a method's rounds: the client's personalized model (its kept W_local; the

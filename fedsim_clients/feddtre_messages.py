@@ -11,7 +11,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 
 from fedsim.message_keys import *  # noqa: F403 (the shared keys, re-exported: both ends read every key here)
 from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
-from fedsim.trust_mixing import ALPHA, MIXING, S_GLOBAL, S_LOCAL  # noqa: F401 (the mixing's keys)
+from fedsim.trust_mixing import ALPHA, HELDOUT_NLL, MIXING, S_GAP_SE, S_GLOBAL, S_LOCAL, SCORED, TRAIN_NLL  # noqa: F401 (the mixing's keys)
 from fedsim.validators import Arrays, Bound, Metrics, Number, Reply, discovery_reply, weight
 from fedsim_tasks.dialogue.metrics import REPLY_METRICS, REPLY_RANGES
 
@@ -63,13 +63,17 @@ TRUST = Number(*REPLY_RANGES["trust_bertscore"])  # a trust score: a BERTScore F
 
 
 def train_reply(sent: ArrayRecord, examples: Bound, loss_key: str | None, mixing: bool = False,
-                trust: bool = False) -> Reply:
+                trust: int = 0, loss_gap: bool = False) -> Reply:
     """Trained weights (the evaluator's, a generator's adapters): the arrays of the model ``sent``,
     the client's examples (FedAvg's weight, at most ``examples``: what it declared), the loss a
-    loss-weighted strategy reads; under a ``mixing`` its alpha in [0, 1], with ``trust`` the two
-    trust scores it came from."""
+    loss-weighted strategy reads; under a ``mixing`` its alpha in [0, 1], with ``trust`` scoring
+    contexts the two trust scores it came from, the standard error of their difference and
+    exactly ``trust`` contexts scored (the run checked that every client holds them), with
+    ``loss_gap`` its local model's train and held-out nll."""
     required = {NUM_EXAMPLES: weight(examples)} | ({loss_key: Number()} if loss_key else {}) | \
-        ({ALPHA: Number(0.0, 1.0)} if mixing else {}) | ({S_LOCAL: TRUST, S_GLOBAL: TRUST} if trust else {})
+        ({ALPHA: Number(0.0, 1.0)} if mixing else {}) | \
+        ({S_LOCAL: TRUST, S_GLOBAL: TRUST, S_GAP_SE: Number(0.0, 2.0), SCORED: Number(trust, trust, whole=True)}
+         if trust else {}) | ({TRAIN_NLL: Number(0.0), HELDOUT_NLL: Number(0.0)} if mixing and loss_gap else {})
     return Reply({ARRAYS: Arrays(sent), METRICS: Metrics(required)})
 
 

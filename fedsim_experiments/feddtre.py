@@ -30,6 +30,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
+from scipy.stats import pearsonr
 
 from fedsim.messaging import ANY, Messenger, Policy, client_config
 from fedsim.records import from_record, to_bytes, to_record
@@ -47,6 +48,7 @@ from fedsim_tasks.hf import load_trainable, trainable_arrays
 
 log = logging.getLogger("fedsim")
 METRICS = REPLY_METRICS
+SCORING = {"heldout", "trust"}  # where a FedDTRE client's trust scores come from (protocol.generator.scoring)
 HELD_OUT_TRUST = stream("held-out-trust-data", "dataset")  # of the split seed: the evaluator's AUC pairs
 TEST_CONTEXTS = stream("test-contexts", "dataset")  # of the split seed: the final evaluation's contexts
 TEST_SAMPLING = stream("test-sampling", "dataset")  # of the run's seed: its replies (the same for every method)
@@ -70,12 +72,19 @@ class Generator:
     batch_size: int           # examples per step (paper: 16)
     lr: float                 # AdamW learning rate in the first round
     lr_final: float           # ... in the last round (linear in between)
-    eval_contexts: int        # held-out contexts a FedDTRE client scores each model on (paper: 100)
+    eval_contexts: int        # contexts a FedDTRE client scores each model on (paper: 100); >= 2
+    scoring: str              # heldout: the client's held-out dialogues | trust: its trust data (paper's eq. 9)
+    loss_gap_examples: int    # train and held-out replies of a mixing client's local-model nll gap (0: off)
     max_new_tokens: int       # reply length cap
     temperature: float        # sampling temperature (seeded)
     top_p: float              # nucleus sampling
     dp_sgd: DPSGD
     """record-level DP of the clients' local steps (DP-SGD through Opacus; ``fedsim_tasks/dp_sgd.py``)"""
+
+    def gap_examples(self) -> int:
+        """Replies of each side of a mixing client's loss gap: none under DP-SGD, whose guarantee
+        the nll of the training replies, released as it is, would not cover."""
+        return 0 if self.dp_sgd.enabled else self.loss_gap_examples
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,6 +118,18 @@ class FedDTREProtocol(Protocol):
         if dotted:
             raise ValueError(f"protocol.methods: names {dotted} contain '.', which splits their results path "
                              f"(methods.<name>.<dataset>) and their overrides; write e.g. 0p5 for 0.5")
+        g = self.generator
+        if g.scoring not in SCORING:
+            raise ValueError(f"protocol.generator.scoring={g.scoring!r}: one of {sorted(SCORING)}")
+        for key, value, least in (("generator.eval_contexts", g.eval_contexts, 2),  # a standard error needs 2
+                                  ("generator.local_steps", g.local_steps, 1),
+                                  ("generator.loss_gap_examples", g.loss_gap_examples, 0),
+                                  ("personal_contexts", self.personal_contexts, 1)):
+            if value < least:
+                raise ValueError(f"protocol.{key}={value}: at least {least}")
+        if g.dp_sgd.enabled and g.scoring == "trust":
+            raise ValueError("protocol.generator.scoring=trust scores replies to training contexts, which "
+                             "protocol.generator.dp_sgd does not cover: score on heldout")
         proximal = [name for name, spec in self.methods.items()
                     if ((spec or {}).get("strategy") or {}).get("proximal_mu")]
         if self.generator.dp_sgd.enabled and proximal:
@@ -123,6 +144,33 @@ class FedDTREProtocol(Protocol):
             if per_round > int(cfg.task.num_clients):
                 raise ValueError(f"protocol.{key}={per_round} but the task has {cfg.task.num_clients} "
                                  "clients (task.num_clients)")
+        if clients is not None:  # the population is known: the data was loaded, the contexts can be counted
+            task = OmegaConf.to_container(cfg.task, resolve=True)
+            if why := self.context_shortfall(task, load_tasks(task, str(cfg.data_root))):
+                raise ValueError(why)
+
+    def scores_trust(self) -> bool:
+        """Whether a method mixes by trust scores (a TrustAlpha strategy without a fixed alpha)."""
+        return any(str(((spec or {}).get("strategy") or {}).get("_target_", "")).endswith(".TrustAlpha")
+                   and ((spec or {}).get("strategy") or {}).get("fixed_alpha") is None
+                   for spec in self.methods.values())
+
+    def context_shortfall(self, task: dict, tasks: dict[str, DialogueTask]) -> str | None:
+        """A client holding fewer contexts than a setting asks for would score or evaluate on
+        fewer (silently, a smaller and noisier sample): which client, dataset and setting."""
+        g, wanted = self.generator, [("personal_contexts", self.personal_contexts, "heldout")]
+        if self.scores_trust():
+            wanted.append(("generator.eval_contexts", g.eval_contexts, g.scoring))
+        for name, d in tasks.items():
+            for partition in range(int(task["num_clients"])):
+                data = d.client(partition)
+                held = {"heldout": len(d.examples(data.valid, " [SEP] ")),
+                        "trust": min(int(task["trust"]["contexts_per_client"]), len(d.examples(data.train, " [SEP] ")))}
+                for key, n, source in wanted:
+                    if held[source] < n:
+                        return (f"protocol.{key}={n} but client {partition} holds {held[source]} {source} contexts "
+                                f"of {name} (raise task.valid_share / task.trust.contexts_per_client, or lower it)")
+        return None
 
     def refuses_strategy(self, settings: dict) -> str | None:
         """The slot's methods (federated, naming no strategy) under DP-SGD: FedProx's term escapes it."""
@@ -176,9 +224,10 @@ def federated(ctx: Context, name: str, spec: DictConfig, dataset: str) -> dict:
     if getattr(own, "scores_trust", False):
         config[keys.EVALUATOR_WEIGHTS] = ctx.evaluator_blob
     initial = to_record(ctx.initial)
+    scores = ctx.protocol.generator.eval_contexts if getattr(own, "scores_trust", False) else 0
     reply = keys.train_reply(initial, ctx.declared(keys.EXAMPLES_PREFIX + dataset),
-                             ctx.cfg.protocol.strategy_slot.loss_key, mixing=hasattr(own, "alphas"),
-                             trust=getattr(own, "scores_trust", False))
+                             ctx.cfg.protocol.strategy_slot.loss_key, mixing=hasattr(own, "alphas"), trust=scores,
+                             loss_gap=ctx.protocol.generator.gap_examples() > 0)
     result = strategy.start(ctx.grid(f"{dataset}/{name}", Policy(ANY, reply)),
                             initial, int(ctx.cfg.num_rounds), ctx.cfg.round_timeout, ConfigRecord(config))
     out = {"weights": from_record(result.arrays), "strategy": _strategy_name(strategy),
@@ -305,6 +354,8 @@ def context(messenger: Messenger, cfg: DictConfig, protocol: FedDTREProtocol, ba
         """Each dataset's training examples the public partitioning gives ``partition``."""
         return {name: len(d.examples(d.client(partition).train, " [SEP] ")) for name, d in tasks.items()}
     reply = keys.discover_reply(messenger.partition_of, list(tasks), holds, int(cfg.task.num_clients))
+    if why := protocol.context_shortfall(task, tasks):  # a run started without the CLI's checks
+        raise ValueError(why)
     nodes, info = discover(messenger, base_cfg, reply)
     return Context(messenger, cfg, base_cfg, nodes, {p: dict(i) for p, i in info.items()}, protocol,
                    tasks, base_path, trainable_arrays(model))
@@ -348,6 +399,7 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
             results["rounds"].setdefault(name, {})[dataset] = trained.get("rounds", {})
             if "alphas" in trained:
                 results["alpha"].setdefault(name, {})[dataset] = _alpha_rows(trained["alphas"])
+                results.setdefault("alpha_gap", {}).setdefault(name, {})[dataset] = alpha_vs_gap(trained["alphas"])
             if contaminated and personal:
                 results["contamination"]["methods"].setdefault(name, {})[dataset] = _contamination(
                     trained, contaminated)
@@ -361,6 +413,32 @@ def _alpha_rows(alphas: dict[int, list[dict]]) -> dict:
     """Per round: every client's alpha (and trust scores), their mean, std, min and max."""
     return {str(rnd): {**_spread([r[keys.ALPHA] for r in rows]), "clients": rows}
             for rnd, rows in sorted(alphas.items())}
+
+
+def alpha_vs_gap(alphas: dict[int, list[dict]]) -> dict:
+    """Does a client's alpha follow its overfitting? Over every client-round: the correlation of
+    alpha with the local model's held-out minus train nll (Pearson's r, its 95% CI by Fisher's z:
+    scipy.stats.pearsonr; client-rounds of one client are not independent, so the CI is a lower
+    bound on the uncertainty), and whether s_g - s_l stood above its own noise (its mean, the mean
+    standard error over the scoring contexts, the share of client-rounds beyond 2 standard errors).
+    Empty where the clients measured no gap; no r where alpha or the gap does not vary."""
+    rows = [r for rs in alphas.values() for r in rs]
+    out: dict[str, Any] = {"client_rounds": len(rows)}
+    if rows and all(keys.S_GAP_SE in r for r in rows):
+        gaps = np.array([r[keys.S_GLOBAL] - r[keys.S_LOCAL] for r in rows])
+        se = np.array([r[keys.S_GAP_SE] for r in rows])
+        out |= {"s_gap_mean": float(gaps.mean()), "s_gap_se_mean": float(se.mean()),
+                "share_beyond_2se": float(np.mean(np.abs(gaps) > 2 * se))}
+    if not rows or not all(keys.TRAIN_NLL in r for r in rows):
+        return out
+    alpha = np.array([r[keys.ALPHA] for r in rows])
+    gap = np.array([r[keys.HELDOUT_NLL] - r[keys.TRAIN_NLL] for r in rows])
+    out |= {"loss_gap_mean": float(gap.mean()), "alpha_mean": float(alpha.mean())}
+    if len(rows) >= 3 and np.ptp(alpha) > 0 and np.ptp(gap) > 0:
+        test = pearsonr(alpha, gap)
+        ci = test.confidence_interval(0.95)
+        out |= {"pearson_r": float(test.statistic), "ci": [float(ci.low), float(ci.high)], "p": float(test.pvalue)}
+    return out
 
 
 def _contamination(trained: dict, contaminated: frozenset[int]) -> dict:
@@ -402,8 +480,9 @@ def _summary(r: dict, out: RunOutput) -> str:
                 for m, v in r["methods"].items()]
         text += (f"\n## {dataset} ({r['data'][dataset]['evaluation']})\n"
                  + markdown_table(rows, ["method", "strategy", *METRICS, "MB/round"], digits=3) + "\n"
-                 + _personalized_table(r, dataset) + _contamination_table(r, dataset))
+                 + _personalized_table(r, dataset) + _alpha_gap_table(r, dataset) + _contamination_table(r, dataset))
     _plot_alpha(r, out)
+    _plot_alpha_gap(r, out)
     return text
 
 
@@ -424,6 +503,21 @@ def _personalized_table(r: dict, dataset: str) -> str:
             f"clients; gain: personalized minus global on the same contexts)\n"
             + markdown_table(rows, ["method", "clients", "own W_local", *METRICS, "gain_trust_bertscore",
                                     "distance_to_global"]) + "\n")
+
+
+def _alpha_gap_table(r: dict, dataset: str) -> str:
+    """Each mixing method's s_g - s_l against its noise and alpha against the overfitting gap."""
+    columns = ["client_rounds", "s_gap_mean", "s_gap_se_mean", "share_beyond_2se", "alpha_mean", "loss_gap_mean",
+               "pearson_r", "ci", "p"]
+    rows = [{"method": m, **{k: v[dataset][k] for k in columns if k in v[dataset]}}
+            for m, v in r.get("alpha_gap", {}).items() if dataset in v]
+    if not rows:
+        return ""
+    for row in rows:
+        row["ci"] = "[{:.3f}, {:.3f}]".format(*row["ci"]) if "ci" in row else ""
+    return (f"\n### {dataset}: alpha against the local model's overfitting (held-out minus train nll per token), "
+            f"over client-rounds; s_g - s_l against its standard error over the scoring contexts\n"
+            + markdown_table(rows, ["method", *columns], digits=3) + "\n")
 
 
 def _contamination_table(r: dict, dataset: str) -> str:
@@ -453,5 +547,25 @@ def _plot_alpha(r: dict, out: RunOutput) -> None:
     ax.set_xlabel("round")
     ax.set_ylabel("alpha (mean, min-max over clients)")
     ax.set_title("FedDTRE: weight of the global model in each client's mix")
+    ax.legend(fontsize=7)
+    save()
+
+
+def _plot_alpha_gap(r: dict, out: RunOutput) -> None:
+    """Every client-round's alpha against its local model's overfitting gap, per mixing method."""
+    points = {(m, d): [(row[keys.HELDOUT_NLL] - row[keys.TRAIN_NLL], row[keys.ALPHA])
+                       for rnd in rounds.values() for row in rnd["clients"] if keys.TRAIN_NLL in row]
+              for m, by_dataset in r["alpha"].items() for d, rounds in by_dataset.items()}
+    if not any(points.values()):
+        return
+    fig, ax, save = out.figure("alpha_vs_gap")
+    for (m, d), xy in points.items():
+        if xy:
+            stats = r["alpha_gap"][m][d]
+            label = f"{m} / {d}" + (f" (r {stats['pearson_r']:+.2f})" if "pearson_r" in stats else "")
+            ax.scatter(*zip(*xy), s=12, alpha=0.7, label=label)
+    ax.set_xlabel("local model: held-out minus train nll per token")
+    ax.set_ylabel("alpha")
+    ax.set_title("FedDTRE: alpha against each client's overfitting, per client-round")
     ax.legend(fontsize=7)
     save()

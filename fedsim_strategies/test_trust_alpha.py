@@ -34,7 +34,7 @@ def _client(local_value: float, s_local: float, s_global: float, examples: int, 
         seen.append((int(config["server-round"]), mixing))
         global_ = from_record(msg.content["arrays"])
         local = {"w": np.full_like(global_["w"], local_value)}
-        alpha, scores = client_alpha(mixing, lambda which: {"local": s_local, "global": s_global}[which])
+        alpha, scores = client_alpha(mixing, lambda which: [{"local": s_local, "global": s_global}[which]] * 2)
         return RecordDict({"arrays": to_record(mix(local, global_, alpha)),
                            "metrics": MetricRecord({"num-examples": examples, ALPHA: alpha, **scores})})
     return handle

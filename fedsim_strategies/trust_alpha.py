@@ -21,7 +21,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from fedsim.messaging import phase_grid
 from fedsim.records import from_record, to_record
-from fedsim.trust_mixing import ALPHA, MIXING, S_GLOBAL, S_LOCAL
+from fedsim.trust_mixing import ALPHA, MIXING, RECORDED, S_GLOBAL, S_LOCAL
 from fedsim.validators import Metrics, Number, both, like_model
 
 
@@ -40,7 +40,7 @@ def plain_mean(weights: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
             for key, value in weights[0].items()}
 
 
-MIXING_METRICS = Metrics(optional={ALPHA: Number(0.0, 1.0), S_LOCAL: Number(), S_GLOBAL: Number()})
+MIXING_METRICS = Metrics(optional={ALPHA: Number(0.0, 1.0), **{k: Number() for k in RECORDED if k != ALPHA}})
 
 
 def _mixing(content: RecordDict, node: int) -> str | None:
@@ -51,7 +51,9 @@ def _mixing(content: RecordDict, node: int) -> str | None:
 class TrustAlpha(FedAvg):
     """FedAvg's sampling with FedDTRE's schedule in every train message and a plain mean.
 
-    ``alphas`` holds, per round, every replying client's alpha (and s_l, s_g under trust mixing).
+    ``alphas`` holds, per round, every replying client's alpha (and s_l, s_g, the standard error
+    of their difference under trust mixing; its local model's train and held-out nll where the
+    client measured them).
     """
 
     def __init__(self, k0: float = 0.7, k_growth: float = 0.1, midpoint: float = 0.01, alpha_min: float = 0.1,
@@ -100,7 +102,7 @@ class TrustAlpha(FedAvg):
         for msg in valid:
             metrics = next(iter(msg.content.metric_records.values()))
             rows.append({"node": msg.metadata.src_node_id,
-                         **{k: float(metrics[k]) for k in (ALPHA, S_LOCAL, S_GLOBAL) if k in metrics}})
+                         **{k: float(metrics[k]) for k in RECORDED if k in metrics}})
         self.alphas[server_round] = rows
         arrays = to_record(plain_mean([from_record(m.content[self.arrayrecord_key]) for m in valid]))
         summary = {f"{k}-mean": float(np.mean([r[k] for r in rows])) for k in (ALPHA, S_LOCAL, S_GLOBAL)

@@ -17,6 +17,7 @@ docs/methods/feddtre.md gives the larger run where the alphas separate clearly (
 
 import functools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -51,8 +52,17 @@ SLICE = ["experiment=feddtre_paper", "data_root=../shared/data", f"task.num_clie
          f"+protocol.methods={{feddtre: {{run: fedsim_experiments.feddtre.federated, strategy: {FEDDTRE}}}}}"]
 
 
-def _serve(msg, partition, node):
-    return serve(msg, partition, CLIENTS, node)
+def play(cfg, clients: int) -> dict:
+    """The run of ``cfg`` in process over ``clients`` real ClientApps: its results.json."""
+    grid = InProcessGrid({1000 + p: functools.partial(serve, partition=p, num_partitions=clients, node=from_run(cfg))
+                          for p in range(clients)})
+    patch = pytest.MonkeyPatch()
+    patch.setattr(strategy_utils, "random", strategy_utils.random)  # seed_server replaces it: given back
+    try:
+        server_app._run(grid, cfg, RunOutput(cfg.results_dir))
+    finally:
+        patch.undo()
+    return json.loads((Path(cfg.results_dir) / "results.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -61,14 +71,7 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("feddtre-personal")
     cfg = compose([*SLICE, f"results_dir={tmp / 'results'}", f"protocol.generator.base_dir={tmp / 'gen'}",
                    f"client_state.dir={tmp / 'state'}", "client_state.keep=true"])
-    grid = InProcessGrid({1000 + p: functools.partial(_serve, partition=p, node=from_run(cfg)) for p in range(CLIENTS)})
-    patch = pytest.MonkeyPatch()
-    patch.setattr(strategy_utils, "random", strategy_utils.random)  # seed_server replaces it: given back
-    try:
-        server_app._run(grid, cfg, RunOutput(cfg.results_dir))
-    finally:
-        patch.undo()
-    return json.loads((tmp / "results" / "results.json").read_text()), tmp / "state"
+    return play(cfg, CLIENTS), tmp / "state"
 
 
 def test_every_client_evaluates_its_own_model_beside_the_global_one(run):

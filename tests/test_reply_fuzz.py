@@ -508,7 +508,8 @@ def _dialogue_node(partition: int):
         examples = 30 if config.get(dtre.OBJECTIVE) == dtre.EVALUATOR else 40  # 3 per trust context (10)
         metrics = {dtre.NUM_EXAMPLES: examples, "train-loss": 0.5, "train-seconds": 0.1}
         if dtre.MIXING in config:
-            metrics |= {dtre.ALPHA: 0.5, dtre.S_LOCAL: 0.4, dtre.S_GLOBAL: 0.6}
+            metrics |= {dtre.ALPHA: 0.5, dtre.S_LOCAL: 0.4, dtre.S_GLOBAL: 0.6, dtre.S_GAP_SE: 0.05,
+                        dtre.SCORED: 10, dtre.TRAIN_NLL: 2.0, dtre.HELDOUT_NLL: 2.5}  # feddtre_paper's eval_contexts
         return RecordDict({dtre.ARRAYS: to_record({k: np.full_like(v, 1.0 + partition) for k, v in w.items()}),
                            dtre.METRICS: MetricRecord(metrics)})
     return handle

@@ -142,7 +142,7 @@ WEIGHT_SLICES = {  # each weight slot's slice: five clients, two local steps, th
         "task.evaluator.response_length=16", f"protocol.generator.model={tiny}",
         "protocol.generator.base_sft_steps=0", f"protocol.generator.base_dir={tmp / 'generator'}",
         "protocol.generator.max_length=48", "protocol.generator.local_steps=2", "protocol.generator.batch_size=2",
-        "protocol.generator.eval_contexts=1", "protocol.generator.max_new_tokens=4", "protocol.personal_contexts=1",
+        "protocol.generator.eval_contexts=2", "protocol.generator.max_new_tokens=4", "protocol.personal_contexts=1",
         f"protocol.clients_per_round={CLIENTS}"],
     "fedbiscuit_paper": lambda tiny, tmp: [
         "task.max_pairs=300", "task.splits={test: 10, judge: 10, server: 10}", "task.n_topics=4",

@@ -151,12 +151,17 @@ def examples(conversations, sep: str, context_turns: int, grounding_words: int,
     return out
 
 
+def sample(examples: list, count: int, pick_seed: int) -> list:
+    """``count`` examples drawn with ``pick_seed``, kept in data order (all of them if fewer)."""
+    pick = np.random.default_rng(pick_seed).permutation(len(examples))[:count]
+    return [examples[i] for i in sorted(pick)]
+
+
 def answer_sample(model, tokenizer, examples: list[Example], count: int, pick_seed: int, decoding: dict,
                   seed: int) -> tuple[list[Example], list[str]]:
     """``count`` examples drawn with ``pick_seed`` (kept in data order) and the model's sampled
     reply to each (``decoding``: max_new_tokens, temperature, top_p; sampling seeded by ``seed``)."""
-    pick = np.random.default_rng(pick_seed).permutation(len(examples))[:count]
-    chosen = [examples[i] for i in sorted(pick)]
+    chosen = sample(examples, count, pick_seed)
     return chosen, [r[0] for r in generate(model, tokenizer, [e.prompt for e in chosen], n=1, seed=seed, **decoding)]
 
 

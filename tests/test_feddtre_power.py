@@ -1,0 +1,142 @@
+"""What the FedDTRE power sweep reads (issue 41), on a tiny run played in process (the protocol's
+ServerApp code and the real ClientApp handler behind an InProcessGrid, no Ray): real data (a
+slice of Synthetic-Persona-Chat), the tiny BERT of ``fedsim_tasks/test_causal_lm.py`` as
+generator and trust evaluator (no base SFT). Each client-round reports exactly the configured
+number of scoring contexts, the standard error of s_g - s_l over them and its local model's
+train and held-out nll; the scores come from the held-out dialogues or, as the paper's eq. 9
+has it, the trust data; results.json and summary.md carry alpha against the overfitting gap."""
+
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+from scipy.stats import pearsonr
+from test_feddtre_personal import play
+
+from fedsim.config import compose
+from fedsim.schema import check
+from fedsim_clients.dialogue import DialogueClient
+from fedsim_experiments import feddtre
+from fedsim_tasks.test_causal_lm import encoder_dir  # noqa: F401 (fixture: the tiny BERT of every model here)
+
+CLIENTS, ROUNDS, SCORED, GAP = 2, 3, 5, 6
+IID = f"{{_target_: flwr_datasets.partitioner.IidPartitioner, num_partitions: {CLIENTS}}}"
+FEDDTRE = ("{_target_: fedsim_strategies.trust_alpha.TrustAlpha, k0: 0.7, k_growth: 0.1, midpoint: 0.0, "
+           "alpha_min: 0.1, alpha_max: 1.0}")
+SLICE = ["experiment=feddtre_power", "data_root=../shared/data", f"task.num_clients={CLIENTS}",
+         "task.max_conversations=40", "~task.datasets.persona_chat.partitioner",
+         f"+task.datasets.persona_chat.partitioner={IID}", "task.trust.contexts_per_client=8",
+         "task.evaluator.max_length=32", "task.evaluator.response_length=16",
+         "protocol.generator.base_sft_steps=0", "protocol.generator.max_length=48",
+         "protocol.generator.local_steps=2", "protocol.generator.batch_size=2",
+         f"protocol.generator.eval_contexts={SCORED}", f"protocol.generator.loss_gap_examples={GAP}",
+         "protocol.generator.max_new_tokens=4", "protocol.test_contexts=2", "protocol.personal_contexts=2",
+         f"protocol.clients_per_round={CLIENTS}", "protocol.evaluator.rounds=1",
+         f"protocol.evaluator.clients_per_round={CLIENTS}", "protocol.evaluator.local_steps=1",
+         "protocol.evaluator.heldout_contexts=3", f"num_rounds={ROUNDS}", "~protocol.methods",
+         f"+protocol.methods={{feddtre: {{run: fedsim_experiments.feddtre.federated, strategy: {FEDDTRE}}}}}"]
+
+
+def _cfg(tiny, tmp, *extra):
+    return compose([*SLICE, f"task.evaluator.model={tiny}", f"protocol.generator.model={tiny}",
+                    f"results_dir={tmp / 'results'}", f"protocol.generator.base_dir={tmp / 'gen'}",
+                    f"client_state.dir={tmp / 'state'}", *extra])
+
+
+@pytest.fixture(scope="module")
+def runs(encoder_dir, tmp_path_factory):  # noqa: F811 (the imported fixture)
+    """The tiny run once per scoring source: its results.json and its output folder."""
+    out = {}
+    for scoring in ("heldout", "trust"):
+        tmp = tmp_path_factory.mktemp(f"feddtre-{scoring}")
+        cfg = _cfg(encoder_dir, tmp, f"protocol.generator.scoring={scoring}")
+        out[scoring] = play(cfg, CLIENTS), tmp / "results"
+    return out
+
+
+def _rows(results: dict) -> list[dict]:
+    return [row for rnd in results["alpha"]["feddtre"]["persona_chat"].values() for row in rnd["clients"]]
+
+
+@pytest.mark.parametrize("scoring", ["heldout", "trust"])
+def test_every_client_round_scores_the_configured_contexts(runs, scoring):
+    """Each client-round scored both models on exactly eval_contexts contexts (the reply is
+    refused otherwise) and reports the standard error of s_g - s_l over them."""
+    rows = _rows(runs[scoring][0])
+    assert len(rows) == CLIENTS * ROUNDS
+    assert all(r["scored-contexts"] == SCORED for r in rows)
+    assert all(0 <= r["s-gap-se"] < 1 for r in rows), rows  # 0: the two models replied alike everywhere
+    assert any(r["s-gap-se"] > 0 for r in rows), rows
+
+
+def test_trust_dataset_scoring_reads_other_contexts_than_held_out_dialogues(runs):
+    """The same run (seeds, models, rounds) scored on the trust data gives other trust scores
+    than on the held-out dialogues: the option reaches the clients."""
+    held, trust = (_rows(runs[s][0]) for s in ("heldout", "trust"))
+    assert [r["s-local"] for r in held] != [r["s-local"] for r in trust]
+
+
+def test_alpha_against_the_overfitting_gap_is_logged(runs):
+    """Every client-round carries its local model's train and held-out nll; results.json's
+    alpha_gap holds their mean gap and Pearson's r of alpha with it (as scipy computes it from
+    the rows), summary.md its table and the run a scatter plot."""
+    results, folder = runs["heldout"]
+    rows = _rows(results)
+    assert all(r["train-nll"] > 0 and r["heldout-nll"] > 0 for r in rows)
+    gap = np.array([r["heldout-nll"] - r["train-nll"] for r in rows])
+    alpha = np.array([r["alpha"] for r in rows])
+    logged = results["alpha_gap"]["feddtre"]["persona_chat"]
+    assert logged["client_rounds"] == CLIENTS * ROUNDS and logged["loss_gap_mean"] == pytest.approx(gap.mean())
+    assert logged["s_gap_se_mean"] == pytest.approx(np.mean([r["s-gap-se"] for r in rows]))
+    assert np.ptp(alpha) > 0, alpha  # midpoint 0: any client whose global replies score higher earns more
+    expected = pearsonr(alpha, gap)
+    assert logged["pearson_r"] == pytest.approx(expected.statistic)
+    assert logged["ci"][0] <= logged["pearson_r"] <= logged["ci"][1]
+    assert "alpha against the local model's overfitting" in (folder / "summary.md").read_text()
+    assert (folder / "alpha_vs_gap.png").stat().st_size > 0
+
+
+def test_alpha_vs_gap_by_hand():
+    """r of (0.1, 0.2, 0.3, 0.4) with gaps (1, 2, 3, 5): 0.9827; a constant alpha has none."""
+    rows = {1: [{"alpha": a, "train-nll": 1.0, "heldout-nll": 1.0 + g, "s-local": 0.5, "s-global": 0.5 + a,
+                 "s-gap-se": 0.1} for a, g in ((0.1, 1), (0.2, 2), (0.3, 3), (0.4, 5))]}
+    out = feddtre.alpha_vs_gap(rows)
+    assert out["pearson_r"] == pytest.approx(0.98270, abs=1e-5) and out["loss_gap_mean"] == pytest.approx(2.75)
+    assert out["share_beyond_2se"] == 0.5 and out["s_gap_se_mean"] == pytest.approx(0.1)  # 0.3, 0.4 > 0.2
+    for r in rows[1]:
+        r["alpha"] = 0.1
+    assert "pearson_r" not in feddtre.alpha_vs_gap(rows)
+
+
+def test_no_loss_gap_under_dp_sgd(encoder_dir, tmp_path):  # noqa: F811
+    """The training replies' nll, released as it is, would escape DP-SGD's guarantee."""
+    generator = check(_cfg(encoder_dir, tmp_path, *DP)).generator
+    assert generator.loss_gap_examples == GAP and generator.gap_examples() == 0
+
+
+def test_trust_scoring_contexts_are_the_trust_data(encoder_dir, tmp_path):  # noqa: F811
+    """A client's trust-source contexts are its trust data's true-reply contexts (drawn from its
+    training conversations), never its held-out ones; the held-out source is its held-out replies."""
+    cfg = _cfg(encoder_dir, tmp_path)
+    client = DialogueClient(OmegaConf.to_container(cfg.task, resolve=True), "../shared/data", 0, CLIENTS)
+    trust = client.scoring_contexts("persona_chat", " [SEP] ", "trust")
+    assert [e.context for e in trust] == [t.context for t in client.trust_data() if t.kind == "true_reply"]
+    held_out = {e.conv_id for e in client.scoring_contexts("persona_chat", " [SEP] ", "heldout")}
+    assert held_out == {c.conv_id for c in client.data["persona_chat"].valid}
+    assert not {e.conv_id for e in trust} & held_out
+
+
+DP = ["protocol.generator.dp_sgd.enabled=true", "protocol.generator.dp_sgd.noise_multiplier=1.0"]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["protocol.generator.scoring=trusted"], "one of"),
+    (["protocol.generator.eval_contexts=1"], "at least 2"),
+    (["protocol.generator.eval_contexts=9"], "holds 8 trust contexts"),
+    (["protocol.personal_contexts=500"], "heldout contexts"),
+    (DP, "dp_sgd does not cover"),  # trust contexts are training contexts
+])
+def test_a_setting_no_client_can_honour_is_refused_before_the_run(encoder_dir, tmp_path, overrides, message):  # noqa: F811
+    cfg = _cfg(encoder_dir, tmp_path, "protocol.generator.scoring=trust", *overrides)
+    with pytest.raises(ValueError, match=message):
+        check(cfg).check_run(cfg, CLIENTS)
