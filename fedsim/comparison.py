@@ -112,12 +112,14 @@ def _matches(patterns, path: str) -> bool:
 
 
 def load_runs(folder: str | Path) -> list[Run]:
-    """Every run under ``folder`` that has a ``point.json`` and a ``results.json`` (runs copied
-    in from other machines count alike), with every number of its results."""
+    """Every run under ``folder`` that has a ``point.json`` and a ``results.json`` and no
+    ``error.txt`` (runs copied in from other machines count alike), with every number of its
+    results. A run that failed after writing its results (a privacy audit refuting its epsilon,
+    a phase after them) is left out: its numbers are not a result."""
     runs = []
     for point in sorted(Path(folder).rglob(POINT_FILE)):
         results = point.parent / "results.json"
-        if not results.is_file():
+        if not results.is_file() or (point.parent / "error.txt").exists():
             continue
         overrides = json.loads(point.read_text())["overrides"]
         runs.append(Run(str(point.parent), dict(o.partition("=")[::2] for o in overrides),

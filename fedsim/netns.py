@@ -136,8 +136,10 @@ class Namespace(Host):
             if maker.stdout.readline() != b"ready\n":
                 maker.wait()
                 raise NamespaceUnavailable(maker.stderr.read().decode().strip())
-            self.fds = tuple(os.open(f"/proc/{maker.pid}/ns/{kind}", os.O_RDONLY)
-                             for kind in KINDS if not _same(kind, maker.pid))
+            kinds = [kind for kind in KINDS if not _same(kind, maker.pid)]
+            if "net" not in kinds:  # e.g. the helper's pid taken by a process on this machine's network
+                raise NamespaceUnavailable(f"process {maker.pid} is on this process's network namespace")
+            self.fds = tuple(os.open(f"/proc/{maker.pid}/ns/{kind}", os.O_RDONLY) for kind in kinds)
         finally:
             maker.stdin.close()
             maker.wait()

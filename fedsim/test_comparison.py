@@ -117,6 +117,18 @@ def test_write_rebuilds_from_run_folders_with_metric_patterns(tmp_path):
     assert (tmp_path / "paired_differences.png").stat().st_size > 0
 
 
+def test_a_run_that_failed_after_writing_its_results_is_not_compared(tmp_path):
+    """A run whose privacy audit refuted its epsilon writes results.json, then error.txt: its
+    numbers must not enter a comparison as if it had completed."""
+    for seed in range(2):
+        run = tmp_path / f"seed={seed}"
+        run.mkdir()
+        (run / comparison.POINT_FILE).write_text(json.dumps({"overrides": [f"seed={seed}"], "swept": {}}))
+        (run / "results.json").write_text(json.dumps({"acc": 0.5 + seed}))
+    (tmp_path / "seed=1" / "error.txt").write_text("privacy audit: the reported epsilon does not hold")
+    assert [r.folder for r in comparison.load_runs(tmp_path)] == [str(tmp_path / "seed=0")]
+
+
 def test_runs_of_two_sweeps_with_other_constants_stay_apart_and_pair_by_seed(tmp_path):
     """Two sweeps over seeds, each with its own constant override, compared from their parent:
     the constant tells the groups apart, and the paired difference matches seeds across them."""

@@ -121,3 +121,13 @@ def test_a_run_in_the_namespace_records_the_machines_name(namespace):
     given = subprocess.run(namespace.command(host), pass_fds=namespace.fds, capture_output=True, text=True,
                            env={**env, HOST_ENV: platform.node()}, check=True)
     assert given.stdout.strip() == platform.node()
+
+
+def test_a_helper_on_this_machines_network_is_refused(monkeypatch):
+    """Were the helper's pid another process on this machine's network (the helper killed, its pid
+    reused), the run would listen on the machine's network while saying it does not: refused."""
+    import fedsim.netns as netns
+    same = netns._same
+    monkeypatch.setattr(netns, "_same", lambda kind, pid: kind == "net" or same(kind, pid))
+    with pytest.raises(NamespaceUnavailable, match="on this process's network namespace"):
+        Namespace()
