@@ -204,6 +204,7 @@ def test_stopped_after_clients_saved_an_unjournaled_round_then_resumed(uninterru
 
 
 @pytest.mark.e2e
+@pytest.mark.exhaustive  # its rule runs by default in process: test_a_run_whose_journal_never_began_...
 def test_deploy_local_stopped_before_its_server_app_began_then_resumed(uninterrupted, tmp_path):
     """SIGTERM while the SuperLink is up and the ServerApp has not begun: no ``run.key``, no
     journal. The resume starts the run from its beginning (under a new secret: nothing was sent

@@ -6,7 +6,9 @@ import pytest
 
 from conftest import fedsim_run, read_results
 
-pytestmark = pytest.mark.e2e
+# minutes through Ray: the default suite plays each phase of the method through its real clients in
+# process (tests/test_strategy_matrix.py, tests/test_reply_fuzz.py); this run is exhaustive
+pytestmark = [pytest.mark.e2e, pytest.mark.exhaustive]
 
 SLICE = ["experiment=fedbiscuit_paper", "task.max_pairs=300", "task.splits={test: 40, judge: 40, server: 20}",
          "task.n_topics=4", "task.partitioner.num_partitions=4", "task.partitioner.min_partition_size=10",

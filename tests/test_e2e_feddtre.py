@@ -8,7 +8,9 @@ import pytest
 
 from conftest import fedsim_run, read_results
 
-pytestmark = pytest.mark.e2e
+# minutes through Ray: the default suite plays each phase of the method through its real clients in
+# process (tests/test_strategy_matrix.py, tests/test_reply_fuzz.py); this run is exhaustive
+pytestmark = [pytest.mark.e2e, pytest.mark.exhaustive]
 
 IID = "{_target_: flwr_datasets.partitioner.IidPartitioner, num_partitions: 2}"
 SLICE = ["experiment=feddtre_paper", "task.num_clients=2", "task.max_conversations=30",

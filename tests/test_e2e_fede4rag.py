@@ -13,7 +13,9 @@ from fedsim_tasks.financebench_rag.inference import corpus_encoder
 from fedsim_tasks.financebench_rag.retrieval import METRICS, evaluation_data, score_splits
 from fedsim_tasks.hf import build_encoder
 
-pytestmark = pytest.mark.e2e
+# minutes through Ray: the default suite plays each phase of the method through its real clients in
+# process (tests/test_strategy_matrix.py, tests/test_reply_fuzz.py); this run is exhaustive
+pytestmark = [pytest.mark.e2e, pytest.mark.exhaustive]
 
 SLICE = ["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]", "task.pages_per_client=30",
          "task.n_valid=4", "task.n_test=6", "task.corpus_pages_per_doc=8"]

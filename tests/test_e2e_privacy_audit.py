@@ -11,6 +11,7 @@ pytestmark = pytest.mark.e2e
 AUDIT = "privacy.audit.enabled=true"
 
 
+@pytest.mark.exhaustive  # the failing run below reports both bounds too
 def test_an_audited_run_reports_both_bounds_and_holds(run_small):
     code, log, out = run_small(AUDIT)
     assert code == 0, log

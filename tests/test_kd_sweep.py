@@ -29,6 +29,7 @@ def test_sweep_config_is_refused_when_wrong(override, refusal):
 
 
 @pytest.mark.e2e
+@pytest.mark.exhaustive  # a sweep of Flower runs; its refusals above run by default
 def test_sweep_cells_share_the_budget_and_record_kd_and_distance(tmp_path):
     out = tmp_path / "results"
     code, log = fedsim_run(

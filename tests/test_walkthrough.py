@@ -112,6 +112,7 @@ def test_the_page_followed_literally_passes_its_own_checks(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.exhaustive  # five Flower runs; the default suite follows the page without them
 def test_the_page_followed_literally_with_its_runs(tmp_path):
     """Every command as printed: a run, a sweep of four runs and its comparison, through Flower
     and Ray; what the page says they give; nothing left running (each run's watchdog)."""
