@@ -12,7 +12,8 @@ from conftest import fedsim_run, read_results
 from fedsim.config import compose
 from fedsim.schema import entry
 
-pytestmark = pytest.mark.e2e
+# the sharded grid runs by default in process (tests/test_sharded_grid.py)
+pytestmark = [pytest.mark.e2e, pytest.mark.exhaustive]
 
 SLICE = ["experiment=fedtp_aggregate", "strategy.noise_multiplier=0", "task.max_per_split=6"]
 

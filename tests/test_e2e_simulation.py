@@ -76,6 +76,7 @@ def _check_provenance(prov: dict, out) -> None:
     assert summary.count("## Provenance") == 1 and f"- commit {prov['git']['commit']}" in summary
 
 
+@pytest.mark.exhaustive  # 150 s (a 60 s round timeout); each fault is refused in process by tests/test_reply_attacks.py
 def test_faulty_clients_are_left_out_and_counted(run_small):
     # round_timeout need only be shorter than the injected sleep; at 20 s the discovery of 20 cold
     # ClientApps outlasted it on a busy machine
@@ -90,6 +91,7 @@ def test_faulty_clients_are_left_out_and_counted(run_small):
     assert "injected crash" in log and "non-finite" in log and "negative mass" in log
 
 
+@pytest.mark.exhaustive  # FedAvg in FedTP's slot runs by default in process (tests/test_strategy_matrix.py)
 def test_fedavg_strategy_swap_also_rejects_malformed_vectors(run_small):
     code, log, out = run_small("strategy=fedavg", "faults.nan=[1]")
     assert code == 0, log

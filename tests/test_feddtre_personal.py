@@ -74,6 +74,7 @@ def run(tmp_path_factory):
     return play(cfg, CLIENTS), tmp / "state"
 
 
+@pytest.mark.exhaustive  # the module's run builds for 4 min; tests/test_feddtre_power.py plays FedDTRE in 30 s
 def test_every_client_evaluates_its_own_model_beside_the_global_one(run):
     """Every client trained every round and keeps its own mix: its personalized model is
     away from the global one (FedAvg's case, the global model itself, is in the e2e test)."""
@@ -87,6 +88,7 @@ def test_every_client_evaluates_its_own_model_beside_the_global_one(run):
     assert feddtre["distance_to_global"]["min"] > 0 and feddtre["trust_bertscore"]["std"] >= 0
 
 
+@pytest.mark.exhaustive  # the module's run builds for 4 min; tests/test_feddtre_power.py plays FedDTRE in 30 s
 def test_the_feddtre_local_model_persists_across_rounds(run):
     """Each client's W_local is saved every round (the two newest kept), and each round's is
     not the last one's: the client carries on from its own model."""
@@ -99,6 +101,7 @@ def test_the_feddtre_local_model_persists_across_rounds(run):
         assert any(not np.array_equal(older[k], newer[k]) for k in older.files)
 
 
+@pytest.mark.exhaustive  # the module's run builds for 4 min; tests/test_feddtre_power.py plays FedDTRE in 30 s
 def test_a_contaminated_client_leaks_and_scores_lower(run):
     """Its personalized replies leak PII wording more often than any clean client's, its
     local replies' trust score s_l is lower than the clean clients' (mean over rounds), and the

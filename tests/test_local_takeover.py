@@ -193,7 +193,7 @@ def _attack_during(tmp_path: Path, overrides: list[str], ready) -> tuple[dict, s
     attacker = Attacker(tmp_path / "attacker", _app(tmp_path / "app", out / "checkpoint" / "run.key", loot))
     try:
         with open(log, "w") as fh:
-            proc = subprocess.Popen([FEDSIM, "run", *SMALL, f"results_dir={out}", *overrides],
+            proc = subprocess.Popen([FEDSIM, "run", *SMALL, f"results_dir={out}", "checkpoint.keep=true", *overrides],
                                     stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": root})
         try:
             _wait_for(proc, log, lambda: ready(root), "the run's processes were up")
