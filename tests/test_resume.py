@@ -29,6 +29,7 @@ def _kill_after(out, entries: int, root: str) -> None:
     kill_when([*RUN, f"results_dir={out}"], root, lambda: len(list(journal.glob("*.exchange"))) >= entries)
 
 
+@pytest.mark.exhaustive  # 170 s; by default tests/test_e2e_client_state.py resumes a SIGKILLed run to the same end
 def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     whole = tmp_path / "whole"
     code, log = fedsim_run(*RUN, f"results_dir={whole}")
