@@ -110,6 +110,7 @@ def test_failed_run_exits_nonzero_with_the_error(run_small):
     assert (out / "error.txt").exists() and not (out / "results.json").exists()
 
 
+@pytest.mark.exhaustive  # 55 s; by default runs of two rounds play in process (tests/test_strategy_matrix.py)
 def test_several_rounds_with_client_sampling(run_small):
     code, log, out = run_small("num_rounds=3", "strategy.fraction_train=0.5",
                                "protocol.dp_sigmas=[1.0]")

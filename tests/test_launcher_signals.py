@@ -47,7 +47,8 @@ def _left(root: str, wait: float = 30.0) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143),
+                                      pytest.param(signal.SIGINT, 130, marks=pytest.mark.exhaustive)])
 def test_terminate_and_ctrl_c_stop_everything(tmp_path, root, sig, code):
     proc, log = _start(tmp_path, root)
     proc.send_signal(sig)
