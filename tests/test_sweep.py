@@ -55,6 +55,7 @@ def test_a_baseline_value_the_sweep_does_not_run_is_refused_before_anything_runs
 
 
 @pytest.mark.e2e
+@pytest.mark.exhaustive  # 170 s of Flower runs; the SIGTERMed sweep below runs by default
 def test_failed_point_is_recorded_and_resume_reruns_only_what_did_not_complete(tmp_path):
     # the second point's exchanges time out at once: a real run that fails after it started
     sweep = [*SMALL, "round_timeout=600,0.01", "logging.mlflow=true", f"logging.mlflow_dir={tmp_path / 'mlflow'}"]
