@@ -40,7 +40,15 @@ from fedsim.seeding import stream
 from fedsim_clients import feddtre_messages as keys
 from fedsim_experiments.common import RunContext, base_line, build_strategy, discover, innermost
 from fedsim_tasks.causal_lm import load_policy, load_tokenizer, saved_sft_base, turn_separator
-from fedsim_tasks.dialogue.dataset import DialogueTask, answer_sample, contamination, examples, load_tasks, topical_chat
+from fedsim_tasks.dialogue.dataset import (
+    DialogueTask,
+    answer_sample,
+    contamination,
+    examples,
+    load_tasks,
+    topical_chat,
+    topical_chat_file,
+)
 from fedsim_tasks.dialogue.metrics import REPLY_METRICS, reply_scores
 from fedsim_tasks.dialogue.trust_data import trust_examples
 from fedsim_tasks.dp_sgd import DPSGD
@@ -145,6 +153,8 @@ class FedDTREProtocol(Protocol):
                 raise ValueError(f"protocol.{key}={per_round} but the task has {cfg.task.num_clients} "
                                  "clients (task.num_clients)")
         if clients is not None:  # the population is known: the data was loaded, the contexts can be counted
+            for split in (*BASE_TRAIN_SPLITS, BASE_HELDOUT_SPLIT):  # the base generator's corpus, read in the ServerApp
+                topical_chat_file(str(cfg.data_root), split)
             task = OmegaConf.to_container(cfg.task, resolve=True)
             if why := self.context_shortfall(task, load_tasks(task, str(cfg.data_root))):
                 raise ValueError(why)
@@ -285,6 +295,9 @@ def _spread(values: list[float]) -> dict:
             "min": float(np.min(values)), "max": float(np.max(values))}
 
 
+BASE_TRAIN_SPLITS, BASE_HELDOUT_SPLIT = ("valid_freq", "valid_rare"), "test_freq"  # Topical-Chat, the base's corpus
+
+
 def base_generator(g: Generator, data_root: str, seed: int) -> tuple[str, dict]:
     """The generator's base, taught to answer on Topical-Chat (valid), its held-out loss on
     Topical-Chat test_freq: built once per settings and reused."""
@@ -292,9 +305,8 @@ def base_generator(g: Generator, data_root: str, seed: int) -> tuple[str, dict]:
                                       "base_heldout", "max_length")} | {"seed": seed, "corpus": "topical_chat"}
 
     def data(sep: str):
-        train = [e for split in ("valid_freq", "valid_rare")
-                 for e in examples(topical_chat(data_root, split), sep, 2, 0)]
-        held_out = examples(topical_chat(data_root, "test_freq"), sep, 2, 0)[:g.base_heldout]
+        train = [e for split in BASE_TRAIN_SPLITS for e in examples(topical_chat(data_root, split), sep, 2, 0)]
+        held_out = examples(topical_chat(data_root, BASE_HELDOUT_SPLIT), sep, 2, 0)[:g.base_heldout]
         return ([(e.prompt, e.reply) for e in train], [(e.prompt, e.reply) for e in held_out],
                 {"data": "Topical-Chat valid_freq + valid_rare (every reply, 2 turns of context)",
                  "heldout": f"Topical-Chat test_freq, {len(held_out)} replies"})

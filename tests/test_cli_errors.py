@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FEDSIM, fedsim_refusal, fedsim_run
+from fedsim.data import resolve_data_root
 
 
 def test_wrong_group_choice_names_valid_choices():
@@ -129,3 +130,13 @@ def test_a_machine_without_network_namespaces_is_refused_before_anything_starts(
     shared = subprocess.run([*denied, FEDSIM, "run", "--cfg", "job", "hardware.private_network=false"],
                             capture_output=True, text=True)
     assert shared.returncode == 0 and "private_network: false" in shared.stdout, shared.stderr
+
+
+def test_feddtre_base_corpus_missing_is_refused_before_anything_starts(tmp_path):
+    """FedDTRE's generator base trains on Topical-Chat: a data root holding only the clients'
+    Synthetic-Persona-Chat used to pass the check and fail 48 s into the run, inside the
+    ServerApp (seen on a GPU machine, 2026-11-26)."""
+    (tmp_path / "synthetic_persona_chat").symlink_to(resolve_data_root() / "synthetic_persona_chat")
+    code, log = fedsim_refusal("experiment=feddtre_power_pilot", f"data_root={tmp_path}")
+    assert code == 2, log
+    assert str(tmp_path / "topical_chat" / "conversations" / "valid_freq.json") in log

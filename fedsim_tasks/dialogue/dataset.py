@@ -117,10 +117,15 @@ def cmu_dog(data_root: str, split: str) -> tuple[Conversation, ...]:
     return tuple(out)
 
 
+def topical_chat_file(data_root: str, split: str) -> Path:
+    """Topical-Chat ``split``'s file; a missing one names its path and upstream source."""
+    return require_file(Path(data_root) / "topical_chat" / "conversations" / f"{split}.json", TOPICAL_CHAT_UPSTREAM)
+
+
 @lru_cache(maxsize=8)
 def topical_chat(data_root: str, split: str) -> tuple[Conversation, ...]:
     """Topical-Chat ``split`` (valid_freq | valid_rare | test_freq | test_rare), ungrounded."""
-    path = require_file(Path(data_root) / "topical_chat" / "conversations" / f"{split}.json", TOPICAL_CHAT_UPSTREAM)
+    path = topical_chat_file(data_root, split)
     out = []
     for conv_id, conv in json.loads(path.read_text(encoding="utf-8")).items():
         turns = [Turn(t["agent"], " ".join(t["message"].split()), "") for t in conv["content"] if t["message"].strip()]
