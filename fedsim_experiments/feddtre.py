@@ -15,6 +15,7 @@
    and sends back metrics only: their spread over clients and the paired gains.
 With ``task.contamination``, the contaminated clients' alphas, trust scores and PII rates are
 set beside the clean clients'.
+Settings and checks: ``feddtre_schema.py``; tables and plots: ``feddtre_report.py``.
 """
 
 from __future__ import annotations
@@ -24,172 +25,37 @@ import logging
 import re
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
 
-import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
-from scipy.stats import pearsonr
 
 from fedsim.messaging import ANY, Messenger, Policy, client_config
 from fedsim.records import from_record, to_bytes, to_record
-from fedsim.results import RunOutput, markdown_table
-from fedsim.schema import Protocol, check
+from fedsim.results import RunOutput
+from fedsim.schema import check
 from fedsim.seeding import stream
 from fedsim_clients import feddtre_messages as keys
-from fedsim_experiments.common import RunContext, base_line, build_strategy, discover, innermost
-from fedsim_tasks.causal_lm import load_policy, load_tokenizer, saved_sft_base, turn_separator
-from fedsim_tasks.dialogue.dataset import (
-    DialogueTask,
-    answer_sample,
-    contamination,
-    examples,
-    load_tasks,
-    topical_chat,
-    topical_chat_file,
+from fedsim_experiments.common import RunContext, build_strategy, discover, innermost
+from fedsim_experiments.feddtre_report import (
+    alpha_rows,
+    alpha_vs_gap,
+    communication,
+    contamination_rows,
+    spread,
+    summary,
 )
+from fedsim_experiments.feddtre_schema import BASE_HELDOUT_SPLIT, BASE_TRAIN_SPLITS, FedDTREProtocol, Generator
+from fedsim_tasks.causal_lm import load_policy, load_tokenizer, saved_sft_base, turn_separator
+from fedsim_tasks.dialogue.dataset import DialogueTask, answer_sample, contamination, examples, load_tasks, topical_chat
 from fedsim_tasks.dialogue.metrics import REPLY_METRICS, reply_scores
 from fedsim_tasks.dialogue.trust_data import trust_examples
-from fedsim_tasks.dp_sgd import DPSGD
 from fedsim_tasks.hf import load_trainable, trainable_arrays
 
 log = logging.getLogger("fedsim")
-METRICS = REPLY_METRICS
-SCORING = {"heldout", "trust"}  # where a FedDTRE client's trust scores come from (protocol.generator.scoring)
 HELD_OUT_TRUST = stream("held-out-trust-data", "dataset")  # of the split seed: the evaluator's AUC pairs
 TEST_CONTEXTS = stream("test-contexts", "dataset")  # of the split seed: the final evaluation's contexts
 TEST_SAMPLING = stream("test-sampling", "dataset")  # of the run's seed: its replies (the same for every method)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Generator:
-    """The dialogue generator (``protocol.generator``)."""
-    model: str                # causal LM; BERT names load as the warm-started decoder
-    quantization: str | None  # null | 4bit (QLoRA, bitsandbytes NF4) | 8bit
-    base_dir: str             # where the base SFT'd on Topical-Chat is saved once
-    base_sft_steps: int       # full fine-tuning steps of the base on Topical-Chat valid
-    base_sft_batch_size: int  # examples per base SFT step
-    base_sft_lr: float        # AdamW learning rate of the base SFT
-    base_seed: int | None     # base SFT seed (null: the run's); fixed: every run seed shares one base
-    base_heldout: int         # Topical-Chat test_freq replies of the base's held-out loss
-    lora: dict
-    """the adapters every client trains (paper: r 8, alpha 16)"""
-    max_length: int           # tokens of context + reply (the context is cut from the left)
-    local_steps: int          # local optimizer steps per client and round (paper: 5)
-    batch_size: int           # examples per step (paper: 16)
-    lr: float                 # AdamW learning rate in the first round
-    lr_final: float           # ... in the last round (linear in between)
-    eval_contexts: int        # contexts a FedDTRE client scores each model on (paper: 100); >= 2
-    scoring: str              # heldout: the client's held-out dialogues | trust: its trust data (paper's eq. 9)
-    loss_gap_examples: int    # train and held-out replies of a mixing client's local-model nll gap (0: off)
-    max_new_tokens: int       # reply length cap
-    temperature: float        # sampling temperature (seeded)
-    top_p: float              # nucleus sampling
-    dp_sgd: DPSGD
-    """record-level DP of the clients' local steps (DP-SGD through Opacus; ``fedsim_tasks/dp_sgd.py``)"""
-
-    def gap_examples(self) -> int:
-        """Replies of each side of a mixing client's loss gap: none under DP-SGD, whose guarantee
-        the nll of the training replies, released as it is, would not cover."""
-        return 0 if self.dp_sgd.enabled else self.loss_gap_examples
-
-
-@dataclass(frozen=True, kw_only=True)
-class EvaluatorTraining:
-    """Federated training of the trust evaluator (``protocol.evaluator``)."""
-    strategy: dict
-    """its Flower strategy (the same for every method: the evaluator is their shared instrument)"""
-    rounds: int             # FedAvg rounds
-    clients_per_round: int  # clients sampled per round
-    local_steps: int        # optimizer steps per client and round
-    batch_size: int         # trust examples per step
-    lr: float               # AdamW learning rate of adapters and calibration
-    heldout_contexts: int   # held-out contexts per dataset (3 trust pairs each) of the AUC
-
-
-@dataclass(frozen=True, kw_only=True)
-class FedDTREProtocol(Protocol):
-    """FedDTRE's protocol settings (``conf/experiment/feddtre_paper.yaml``)."""
-    clients_per_round: int  # clients sampled per generator round (paper: 2)
-    test_contexts: int      # held-out contexts per dataset of the final evaluation
-    personal_contexts: int  # own held-out contexts per client of the personalized evaluation
-    generator: Generator
-    evaluator: EvaluatorTraining
-    methods: dict[str, Any]
-    """name -> {run: runner function, strategy: Flower strategy (federated runners)}, in run order"""
-
-    def __post_init__(self):
-        """Method names are components of dotted results paths and overrides, so they hold no
-        dot; DP-SGD clips per-record gradients only: FedProx's proximal term would escape it."""
-        dotted = [name for name in self.methods if "." in str(name)]
-        if dotted:
-            raise ValueError(f"protocol.methods: names {dotted} contain '.', which splits their results path "
-                             f"(methods.<name>.<dataset>) and their overrides; write e.g. 0p5 for 0.5")
-        g = self.generator
-        if g.scoring not in SCORING:
-            raise ValueError(f"protocol.generator.scoring={g.scoring!r}: one of {sorted(SCORING)}")
-        for key, value, least in (("generator.eval_contexts", g.eval_contexts, 2),  # a standard error needs 2
-                                  ("generator.local_steps", g.local_steps, 1),
-                                  ("generator.loss_gap_examples", g.loss_gap_examples, 0),
-                                  ("personal_contexts", self.personal_contexts, 1)):
-            if value < least:
-                raise ValueError(f"protocol.{key}={value}: at least {least}")
-        if g.dp_sgd.enabled and g.scoring == "trust":
-            raise ValueError("protocol.generator.scoring=trust scores replies to training contexts, which "
-                             "protocol.generator.dp_sgd does not cover: score on heldout")
-        proximal = [name for name, spec in self.methods.items()
-                    if ((spec or {}).get("strategy") or {}).get("proximal_mu")]
-        if self.generator.dp_sgd.enabled and proximal:
-            raise ValueError(f"protocol.generator.dp_sgd with FedProx methods {proximal}: drop them "
-                             f"(~protocol.methods.{proximal[0]})")
-
-    def check_run(self, cfg: DictConfig, clients: int | None) -> None:
-        """Flower would wait for nodes that never come: no round may sample more clients than
-        the task has."""
-        for key, per_round in (("clients_per_round", self.clients_per_round),
-                               ("evaluator.clients_per_round", self.evaluator.clients_per_round)):
-            if per_round > int(cfg.task.num_clients):
-                raise ValueError(f"protocol.{key}={per_round} but the task has {cfg.task.num_clients} "
-                                 "clients (task.num_clients)")
-        if clients is not None:  # the population is known: the data was loaded, the contexts can be counted
-            for split in (*BASE_TRAIN_SPLITS, BASE_HELDOUT_SPLIT):  # the base generator's corpus, read in the ServerApp
-                topical_chat_file(str(cfg.data_root), split)
-            task = OmegaConf.to_container(cfg.task, resolve=True)
-            if why := self.context_shortfall(task, load_tasks(task, str(cfg.data_root))):
-                raise ValueError(why)
-
-    def scores_trust(self) -> bool:
-        """Whether a method mixes by trust scores (a TrustAlpha strategy without a fixed alpha)."""
-        return any(str(((spec or {}).get("strategy") or {}).get("_target_", "")).endswith(".TrustAlpha")
-                   and ((spec or {}).get("strategy") or {}).get("fixed_alpha") is None
-                   for spec in self.methods.values())
-
-    def context_shortfall(self, task: dict, tasks: dict[str, DialogueTask]) -> str | None:
-        """A client holding fewer contexts than a setting asks for would score or evaluate on
-        fewer (silently, a smaller and noisier sample): which client, dataset and setting."""
-        g, wanted = self.generator, [("personal_contexts", self.personal_contexts, "heldout")]
-        if self.scores_trust():
-            wanted.append(("generator.eval_contexts", g.eval_contexts, g.scoring))
-        for name, d in tasks.items():
-            for partition in range(int(task["num_clients"])):
-                data = d.client(partition)
-                held = {"heldout": len(d.examples(data.valid, " [SEP] ")),
-                        "trust": min(int(task["trust"]["contexts_per_client"]), len(d.examples(data.train, " [SEP] ")))}
-                for key, n, source in wanted:
-                    if held[source] < n:
-                        return (f"protocol.{key}={n} but client {partition} holds {held[source]} {source} contexts "
-                                f"of {name} (raise task.valid_share / task.trust.contexts_per_client, or lower it)")
-        return None
-
-    def refuses_strategy(self, settings: dict) -> str | None:
-        """The slot's methods (federated, naming no strategy) under DP-SGD: FedProx's term escapes it."""
-        slot_methods = [name for name, spec in self.methods.items()
-                        if spec and spec.get("run") == f"{__name__}.federated" and not spec.get("strategy")]
-        if self.generator.dp_sgd.enabled and settings.get("proximal_mu") and slot_methods:
-            return (f"protocol.generator.dp_sgd clips per-record gradients only, and the proximal term of "
-                    f"methods {slot_methods} would escape it")
-        return None
 
 
 @dataclass
@@ -286,16 +152,7 @@ def _personalized(metrics: dict[int, dict]) -> dict:
                      **{f"global_{k}": float(m[keys.GLOBAL + k]) for k in REPLY_METRICS},
                      **{f"gain_{k}": float(m[keys.PERSONAL + k] - m[keys.GLOBAL + k]) for k in REPLY_METRICS}})
     numbers = [k for k in rows[0] if k not in ("partition", "kept_local", "contexts")]
-    return {k: _spread([r[k] for r in rows]) for k in numbers} | {"clients": rows}
-
-
-def _spread(values: list[float]) -> dict:
-    """Mean, standard deviation (ddof 1; 0 for one value), min and max."""
-    return {"mean": float(np.mean(values)), "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
-            "min": float(np.min(values)), "max": float(np.max(values))}
-
-
-BASE_TRAIN_SPLITS, BASE_HELDOUT_SPLIT = ("valid_freq", "valid_rare"), "test_freq"  # Topical-Chat, the base's corpus
+    return {k: spread([r[k] for r in rows]) for k in numbers} | {"clients": rows}
 
 
 def base_generator(g: Generator, data_root: str, seed: int) -> tuple[str, dict]:
@@ -410,174 +267,13 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
                                                                 "seconds": time.perf_counter() - start}
             results["rounds"].setdefault(name, {})[dataset] = trained.get("rounds", {})
             if "alphas" in trained:
-                results["alpha"].setdefault(name, {})[dataset] = _alpha_rows(trained["alphas"])
+                results["alpha"].setdefault(name, {})[dataset] = alpha_rows(trained["alphas"])
                 results.setdefault("alpha_gap", {}).setdefault(name, {})[dataset] = alpha_vs_gap(trained["alphas"])
             if contaminated and personal:
-                results["contamination"]["methods"].setdefault(name, {})[dataset] = _contamination(
+                results["contamination"]["methods"].setdefault(name, {})[dataset] = contamination_rows(
                     trained, contaminated)
-            results["communication"].setdefault(name, {})[dataset] = _communication(messenger, f"{dataset}/{name}")
+            results["communication"].setdefault(name, {})[dataset] = communication(messenger, f"{dataset}/{name}")
             log.info("[feddtre] %s / %s: BLEU-1 %.2f ROUGE-1 %.2f trust %.3f (%.0f s)", dataset, name,
                      scores["bleu1"], scores["rouge1"], scores["trust_bertscore"], time.perf_counter() - start)
-    return results, _summary(results, out)
+    return results, summary(results, out)
 
-
-def _alpha_rows(alphas: dict[int, list[dict]]) -> dict:
-    """Per round: every client's alpha (and trust scores), their mean, std, min and max."""
-    return {str(rnd): {**_spread([r[keys.ALPHA] for r in rows]), "clients": rows}
-            for rnd, rows in sorted(alphas.items())}
-
-
-def alpha_vs_gap(alphas: dict[int, list[dict]]) -> dict:
-    """Does a client's alpha follow its overfitting? Over every client-round: the correlation of
-    alpha with the local model's held-out minus train nll (Pearson's r, its 95% CI by Fisher's z:
-    scipy.stats.pearsonr; client-rounds of one client are not independent, so the CI is a lower
-    bound on the uncertainty), and whether s_g - s_l stood above its own noise (its mean, the mean
-    standard error over the scoring contexts, the share of client-rounds beyond 2 standard errors).
-    Empty where the clients measured no gap; no r where alpha or the gap does not vary."""
-    rows = [r for rs in alphas.values() for r in rs]
-    out: dict[str, Any] = {"client_rounds": len(rows)}
-    if rows and all(keys.S_GAP_SE in r for r in rows):
-        gaps = np.array([r[keys.S_GLOBAL] - r[keys.S_LOCAL] for r in rows])
-        se = np.array([r[keys.S_GAP_SE] for r in rows])
-        out |= {"s_gap_mean": float(gaps.mean()), "s_gap_se_mean": float(se.mean()),
-                "share_beyond_2se": float(np.mean(np.abs(gaps) > 2 * se))}
-    if not rows or not all(keys.TRAIN_NLL in r for r in rows):
-        return out
-    alpha = np.array([r[keys.ALPHA] for r in rows])
-    gap = np.array([r[keys.HELDOUT_NLL] - r[keys.TRAIN_NLL] for r in rows])
-    out |= {"loss_gap_mean": float(gap.mean()), "alpha_mean": float(alpha.mean())}
-    if len(rows) >= 3 and np.ptp(alpha) > 0 and np.ptp(gap) > 0:
-        test = pearsonr(alpha, gap)
-        ci = test.confidence_interval(0.95)
-        out |= {"pearson_r": float(test.statistic), "ci": [float(ci.low), float(ci.high)], "p": float(test.pvalue)}
-    return out
-
-
-def _contamination(trained: dict, contaminated: frozenset[int]) -> dict:
-    """The contaminated clients beside the clean ones: mean alpha, s_l and s_g over their
-    client-rounds (mixing methods), and their personalized models' mean trust score and PII
-    rate (every method)."""
-    rounds = [row for rows in trained.get("alphas", {}).values() for row in rows]
-    clients = trained["personalized"]["clients"]
-    out = {}
-    for group, members in (("contaminated", lambda p: p in contaminated), ("clean", lambda p: p not in contaminated)):
-        mine = [r for r in rounds if members(r["partition"])]
-        personal = [c for c in clients if members(c["partition"])]
-        out[group] = {"client_rounds": len(mine), "clients": len(personal),
-                      **{k.replace("-", "_"): float(np.mean([r[k] for r in mine]))
-                         for k in (keys.ALPHA, keys.S_LOCAL, keys.S_GLOBAL) if mine and all(k in r for r in mine)},
-                      **{f"personal_{k}": float(np.mean([c[k] for c in personal]))
-                         for k in ("trust_bertscore", "pii_rate") if personal}}
-    return out
-
-
-def _communication(messenger: Messenger, phase: str) -> dict:
-    rows = list(messenger.traffic.get(f"{phase}/train", {}).values())
-    if not rows:
-        return {"bytes_per_round": 0.0, "rounds": 0}
-    return {"bytes_per_round": float(np.mean([r["bytes_down"] + r["bytes_up"] for r in rows])),
-            "bytes_down_per_round": float(np.mean([r["bytes_down"] for r in rows])),
-            "bytes_up_per_round": float(np.mean([r["bytes_up"] for r in rows])), "rounds": len(rows)}
-
-
-def _summary(r: dict, out: RunOutput) -> str:
-    ev = r["evaluator"]
-    text = (f"# FedDTRE on {', '.join(r['data'])}\n\n"
-            f"Trust evaluator AUC on held-out trust pairs: {ev['auc_before']:.3f} before, "
-            f"{ev['auc_after']:.3f} after federated fine-tuning.\n"
-            + base_line(r["base"]["sft"]).replace("Base:", "Base generator:", 1) + "\n")
-    for dataset in r["data"]:
-        rows = [{"method": m, "strategy": v[dataset].get("strategy", ""), **{k: v[dataset][k] for k in METRICS},
-                 "MB/round": r["communication"][m][dataset]["bytes_per_round"] / 1e6}
-                for m, v in r["methods"].items()]
-        text += (f"\n## {dataset} ({r['data'][dataset]['evaluation']})\n"
-                 + markdown_table(rows, ["method", "strategy", *METRICS, "MB/round"], digits=3) + "\n"
-                 + _personalized_table(r, dataset) + _alpha_gap_table(r, dataset) + _contamination_table(r, dataset))
-    _plot_alpha(r, out)
-    _plot_alpha_gap(r, out)
-    return text
-
-
-def _personalized_table(r: dict, dataset: str) -> str:
-    """Each federated method's personalized models on the clients' own held-out contexts (mean
-    ± std over clients), the paired trust gain over the global model, the distance to it."""
-    rows = []
-    for m, v in r["methods"].items():
-        p = v[dataset].get("personalized")
-        if p:
-            rows.append({"method": m, "clients": len(p["clients"]),
-                         "own W_local": sum(c["kept_local"] for c in p["clients"]),
-                         **{k: f"{p[k]['mean']:.3f} ± {p[k]['std']:.3f}"
-                            for k in (*METRICS, "gain_trust_bertscore", "distance_to_global")}})
-    if not rows:
-        return ""
-    return (f"\n### {dataset}: personalized models on each client's own held-out contexts (mean ± std over "
-            f"clients; gain: personalized minus global on the same contexts)\n"
-            + markdown_table(rows, ["method", "clients", "own W_local", *METRICS, "gain_trust_bertscore",
-                                    "distance_to_global"]) + "\n")
-
-
-def _alpha_gap_table(r: dict, dataset: str) -> str:
-    """Each mixing method's s_g - s_l against its noise and alpha against the overfitting gap."""
-    columns = ["client_rounds", "s_gap_mean", "s_gap_se_mean", "share_beyond_2se", "alpha_mean", "loss_gap_mean",
-               "pearson_r", "ci", "p"]
-    rows = [{"method": m, **{k: v[dataset][k] for k in columns if k in v[dataset]}}
-            for m, v in r.get("alpha_gap", {}).items() if dataset in v]
-    if not rows:
-        return ""
-    for row in rows:
-        row["ci"] = "[{:.3f}, {:.3f}]".format(*row["ci"]) if "ci" in row else ""
-    return (f"\n### {dataset}: alpha against the local model's overfitting (held-out minus train nll per token), "
-            f"over client-rounds; s_g - s_l against its standard error over the scoring contexts\n"
-            + markdown_table(rows, ["method", *columns], digits=3) + "\n")
-
-
-def _contamination_table(r: dict, dataset: str) -> str:
-    """The contaminated clients beside the clean ones, per method (``task.contamination``)."""
-    c = r.get("contamination")
-    if not c:
-        return ""
-    columns = ["alpha", "s_local", "s_global", "personal_trust_bertscore", "personal_pii_rate"]
-    rows = [{"method": m, **{f"{k} ({g})": v[dataset][g][k] for k in columns for g in ("contaminated", "clean")
-                             if k in v[dataset][g]}}
-            for m, v in c["methods"].items() if dataset in v]
-    return (f"\n### {dataset}: contaminated clients {c['clients']} (share {c['share']} of their training replies "
-            f"with planted PII) against the clean ones\n"
-            + markdown_table(rows, ["method", *(f"{k} ({g})" for k in columns for g in ("contaminated", "clean"))],
-                             digits=3) + "\n")
-
-
-def _plot_alpha(r: dict, out: RunOutput) -> None:
-    fig, ax, save = out.figure("alpha_per_round")
-    for name, by_dataset in r["alpha"].items():
-        for dataset, rounds in by_dataset.items():
-            x = [int(k) for k in rounds]
-            mean = [v["mean"] for v in rounds.values()]
-            line, = ax.plot(x, mean, marker="o", label=f"{name} / {dataset}")
-            ax.fill_between(x, [v["min"] for v in rounds.values()], [v["max"] for v in rounds.values()],
-                            color=line.get_color(), alpha=0.2)
-    ax.set_xlabel("round")
-    ax.set_ylabel("alpha (mean, min-max over clients)")
-    ax.set_title("FedDTRE: weight of the global model in each client's mix")
-    ax.legend(fontsize=7)
-    save()
-
-
-def _plot_alpha_gap(r: dict, out: RunOutput) -> None:
-    """Every client-round's alpha against its local model's overfitting gap, per mixing method."""
-    points = {(m, d): [(row[keys.HELDOUT_NLL] - row[keys.TRAIN_NLL], row[keys.ALPHA])
-                       for rnd in rounds.values() for row in rnd["clients"] if keys.TRAIN_NLL in row]
-              for m, by_dataset in r["alpha"].items() for d, rounds in by_dataset.items()}
-    if not any(points.values()):
-        return
-    fig, ax, save = out.figure("alpha_vs_gap")
-    for (m, d), xy in points.items():
-        if xy:
-            stats = r["alpha_gap"][m][d]
-            label = f"{m} / {d}" + (f" (r {stats['pearson_r']:+.2f})" if "pearson_r" in stats else "")
-            ax.scatter(*zip(*xy), s=12, alpha=0.7, label=label)
-    ax.set_xlabel("local model: held-out minus train nll per token")
-    ax.set_ylabel("alpha")
-    ax.set_title("FedDTRE: alpha against each client's overfitting, per client-round")
-    ax.legend(fontsize=7)
-    save()

@@ -16,7 +16,7 @@ from test_feddtre_personal import play
 from fedsim.config import compose
 from fedsim.schema import check
 from fedsim_clients.dialogue import DialogueClient
-from fedsim_experiments import feddtre
+from fedsim_experiments import feddtre_report
 from fedsim_tasks.test_causal_lm import encoder_dir  # noqa: F401 (fixture: the tiny BERT of every model here)
 
 CLIENTS, ROUNDS, SCORED, GAP = 2, 3, 5, 6
@@ -100,12 +100,12 @@ def test_alpha_vs_gap_by_hand():
     """r of (0.1, 0.2, 0.3, 0.4) with gaps (1, 2, 3, 5): 0.9827; a constant alpha has none."""
     rows = {1: [{"alpha": a, "train-nll": 1.0, "heldout-nll": 1.0 + g, "s-local": 0.5, "s-global": 0.5 + a,
                  "s-gap-se": 0.1} for a, g in ((0.1, 1), (0.2, 2), (0.3, 3), (0.4, 5))]}
-    out = feddtre.alpha_vs_gap(rows)
+    out = feddtre_report.alpha_vs_gap(rows)
     assert out["pearson_r"] == pytest.approx(0.98270, abs=1e-5) and out["loss_gap_mean"] == pytest.approx(2.75)
     assert out["share_beyond_2se"] == 0.5 and out["s_gap_se_mean"] == pytest.approx(0.1)  # 0.3, 0.4 > 0.2
     for r in rows[1]:
         r["alpha"] = 0.1
-    assert "pearson_r" not in feddtre.alpha_vs_gap(rows)
+    assert "pearson_r" not in feddtre_report.alpha_vs_gap(rows)
 
 
 def test_no_loss_gap_under_dp_sgd(encoder_dir, tmp_path):  # noqa: F811

@@ -51,7 +51,7 @@ from fedsim_clients import fede4rag_messages as rag
 from fedsim_clients import fedtp_messages as tp
 from fedsim_clients import preference_messages as pref
 from fedsim_clients.topic_preference import hosted_rows
-from fedsim_experiments import fedbiscuit, feddtre, fede4rag, fedtp
+from fedsim_experiments import fedbiscuit, feddtre, feddtre_report, fede4rag, fedtp
 from fedsim_experiments.common import discover
 from fedsim_tasks.financebench_rag.retrieval import METRICS as RETRIEVAL
 from fedsim_tasks.financebench_rag.retrieval import weights_key
@@ -501,7 +501,7 @@ def _dialogue_node(partition: int):
             return RecordDict({dtre.INFO: ConfigRecord({dtre.PARTITION_ID: partition, "examples-persona_chat": 40})})
         config = msg.content[dtre.CONFIG]
         if msg.metadata.message_type == MessageType.EVALUATE:
-            scores = {prefix + m: 0.5 for prefix in (dtre.PERSONAL, dtre.GLOBAL) for m in feddtre.METRICS}
+            scores = {prefix + m: 0.5 for prefix in (dtre.PERSONAL, dtre.GLOBAL) for m in feddtre_report.METRICS}
             return RecordDict({dtre.METRICS: MetricRecord({dtre.KEPT_LOCAL: 1, dtre.DISTANCE: 0.1, dtre.CONTEXTS: 2,
                                                            **scores})})
         w = from_record(msg.content[dtre.ARRAYS])
@@ -563,7 +563,7 @@ def test_feddtre_generator_and_personal(profile, method):
         spec = OmegaConf.create(OmegaConf.to_container(ctx.cfg.protocol.methods[method]))
         out = feddtre.federated(ctx, method, spec, "persona_chat")
         return {"w": out["weights"]["w"], "personalized": out["personalized"],
-                "alphas": feddtre._alpha_rows(out.get("alphas", {}))}
+                "alphas": feddtre_report.alpha_rows(out.get("alphas", {}))}
     fuzz(profile, _dtre_drive(run), bounded=lambda out, sent: _in_hull(out["w"], sent) and all(
         0 <= c[dtre.ALPHA] <= 1 for r in out["alphas"].values() for c in r["clients"]))
 
