@@ -44,6 +44,7 @@ from fedsim.node_local import environment, from_run, supernode_config
 from fedsim.progress import Bars
 from fedsim.provenance import HOST_ENV
 from fedsim.results import RESULTS_MARKER, unpack_results
+from fedsim.secret import who_else_writes
 from fedsim.tls import Certificates, make_federation
 from fedsim.watchdog import ENV_KEY, end_server_apps
 
@@ -412,6 +413,8 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
     remote = not (simulation or hw.launch_local)
     results_dir = Path(cfg.results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
+    if why := who_else_writes(results_dir):  # made by another user between the check and this mkdir
+        raise PermissionError(f"results_dir: {why}")
     workdir = Path(tempfile.mkdtemp(prefix="fedsim-run-"))
     home = workdir / "flwr_home"
     home.mkdir()

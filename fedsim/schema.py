@@ -26,6 +26,8 @@ from hydra.utils import get_class, get_method, instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
+from fedsim.secret import who_else_writes
+
 
 def require(ok: bool, key: str, rule: str, value) -> None:
     """Refuse ``key``'s ``value`` unless ``ok``, naming the key and the rule it breaks."""
@@ -220,6 +222,9 @@ def _check_output_folder(key: str, path: Path) -> None:
     parent = next(p for p in (path, *path.parents) if p.exists())
     require(parent.is_dir() and os.access(parent, os.W_OK | os.X_OK), key,
             f"a folder this user can create or write ({parent} is not writable)", str(path))
+    if why := who_else_writes(path):
+        raise ValueError(f"{key}: {why}, so another user could plant links where results go or swap them: "
+                         f"choose a folder only you (and root) can write, got {path}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -38,6 +38,22 @@ def private_folder(path: Path) -> Path:
     return path
 
 
+def who_else_writes(path: Path) -> str | None:
+    """Why another local user could plant links in ``path`` or swap what is written there (None:
+    no one but this user and root can): the nearest existing folder on the way and the first one
+    of its ancestors owned by another user, or writable by others without the sticky bit (as
+    /tmp has it, where each entry stays its owner's). What OpenSSH's StrictModes checks; no
+    library offers it."""
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    for folder in reversed((existing, *existing.parents)):
+        info = folder.stat()
+        if info.st_uid not in (0, os.getuid()):
+            return f"{folder} belongs to uid {info.st_uid}"
+        if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+            return f"{folder} is writable by others ({stat.filemode(info.st_mode)})"
+    return None
+
+
 def create_private_file(path: Path, data: bytes) -> None:
     """Write ``data`` to a new file readable by its owner only: mode 0600 from the first byte
     (no chmod window), refused if the name exists or is a symlink."""

@@ -1,6 +1,7 @@
 """Bad input answers fast with a clear message and exit code 2, before Flower starts. The first
 test runs the console script; the others call its ``main`` in this process (``fedsim_refusal``)."""
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -140,3 +141,24 @@ def test_feddtre_base_corpus_missing_is_refused_before_anything_starts(tmp_path)
     code, log = fedsim_refusal("experiment=feddtre_power_pilot", f"data_root={tmp_path}")
     assert code == 2, log
     assert str(tmp_path / "topical_chat" / "conversations" / "valid_freq.json") in log
+
+
+@pytest.mark.parametrize("plant", ["open to others", "another user's"])
+def test_a_results_dir_another_user_can_plant_links_in_is_refused(plant, tmp_path):
+    """The attack: another local user makes the folder a run will write its results under (e.g.
+    `outputs/` in a shared /tmp) or may write into it, and plants links where results.json or
+    summary.md will go, or swaps finished results. Such a folder is refused before anything starts."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    if plant == "open to others":
+        shared.chmod(0o777)
+    elif os.getuid() == 0:
+        os.chown(shared, 4242, 4242)
+    else:
+        pytest.skip("making a folder another user's needs root")
+    code, log = fedsim_refusal(f"results_dir={shared}/outputs")
+    assert code == 2 and f"results_dir: {shared} " in log and "SuperLink" not in log, log
+    own = tmp_path / "own"
+    own.mkdir(mode=0o755)
+    with pytest.raises(AssertionError, match="not refused"):  # a folder of this user's goes on to launch
+        fedsim_refusal(f"results_dir={own}/outputs")
