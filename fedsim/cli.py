@@ -21,7 +21,17 @@ from fedsim import provenance
 from fedsim.comparison import POINT_FILE, Settings, plan
 from fedsim.comparison import build as build_comparison
 from fedsim.comparison import write as write_comparison
-from fedsim.config import CONF_DIR, GROUPS, REFUSED, ConfigError, choices, compose_checked, hydra_config, population
+from fedsim.config import (
+    CONF_DIR,
+    GROUPS,
+    REFUSED,
+    RESUMABLE,
+    ConfigError,
+    choices,
+    compose_checked,
+    hydra_config,
+    population,
+)
 from fedsim.launcher import Interrupted, RunFailed, check_private_network, launch, user_certificates
 from fedsim.mlflow_sink import annotate as annotate_mlflow
 from fedsim.schema import layout, protocol_of, sweep_settings
@@ -36,7 +46,6 @@ RUN_FILE = Path("checkpoint") / "run.json"
 RUN_KEY = Path("checkpoint") / "resume.key"
 # `flwr run . NAME` -> the hardware profile its simulation is sized from (fedsim federations)
 FEDERATIONS = {"local-simulation": "cpu_2", "gpu-simulation": "gpu_1"}
-RESUMABLE = ("hardware", "round_timeout", "data_root", "logging")  # keys a resume may change
 
 
 def resumed(folder: str, overrides: list[str]) -> list[str]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
+import json
 import time
 from pathlib import Path
 
@@ -28,6 +30,8 @@ class ConfigError(ValueError):
 # what a refused config raises, from composition to the strategy built once: `fedsim run` exits 2
 # with it, the ServerApp logs it before it sends anything
 REFUSED = (ConfigError, InstantiationException, ValueError, FileNotFoundError, ImportError)
+RESUMABLE = ("hardware", "round_timeout", "data_root", "logging")  # keys a resume may change
+RUN_STATE = ("results_dir", "ship_results", "checkpoint", "resume", "sweep", "client_state")  # a run's bookkeeping
 
 
 def choices(group: str) -> list[str]:
@@ -117,3 +121,12 @@ def population(cfg: DictConfig) -> int:
     the data): what ``hardware.num_clients: null`` stands for."""
     task = OmegaConf.to_container(cfg.task, resolve=True)
     return int(get_class(task["client"]).population_size(task, cfg.data_root))
+
+
+def experiment_digest(cfg: DictConfig) -> str:
+    """A digest of every key that decides what the run computes (all but :data:`RESUMABLE` and
+    :data:`RUN_STATE`; interpolations unresolved, so a moved data root keeps it): the journal is
+    bound to it, and a resume under any other is refused by the ServerApp itself."""
+    kept = {k: OmegaConf.to_container(v, resolve=False) if isinstance(v, DictConfig) else v
+            for k, v in cfg.items_ex(resolve=False) if k not in RESUMABLE + RUN_STATE}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()

@@ -127,8 +127,10 @@ class Journal:
     """The exchanges of one run, in order, under ``folder``; those already there are replayed.
     ``key`` authenticates every file (a key derived from the run's secret)."""
 
-    def __init__(self, folder: str | Path, resume: bool, key: bytes):
-        self.folder, self.key = private_folder(Path(folder)), key
+    def __init__(self, folder: str | Path, resume: bool, key: bytes, experiment: str = ""):
+        """``experiment``: the digest of the run's experiment (``fedsim.config.experiment_digest``),
+        sealed in the head; a resume under another is refused."""
+        self.folder, self.key, self.experiment = private_folder(Path(folder)), key, experiment
         if resume:
             self.recorded, self._last = self._verified()
         else:
@@ -158,6 +160,10 @@ class Journal:
         if not (self.folder / HEAD).is_file():
             raise JournalTampered(f"{self.folder}: the journal's {HEAD} is missing; refusing to resume")
         head = _open_sealed(self.key, self.folder / HEAD)
+        if head.get("experiment", "") != self.experiment:
+            raise ResumeMismatch(f"{self.folder}: the journaled run's experiment settings differ from this run's "
+                                 "(only hardware, round_timeout, data_root and logging may change on resume); "
+                                 "refusing to resume")
         entries = sorted(self.folder.glob("*.exchange"))
         if [p.name for p in entries] != [f"{i:07d}.exchange" for i in range(len(entries))] or \
                 len(entries) not in (head["count"], head["count"] + 1):
@@ -178,7 +184,8 @@ class Journal:
 
     def _write_head(self) -> None:
         """After each entry: a kill before this leaves the entry, which a resume accepts."""
-        _atomic_write(self.folder / HEAD, seal(self.key, HEAD, {"count": len(self.recorded), "last": self._last}))
+        _atomic_write(self.folder / HEAD, seal(self.key, HEAD, {"count": len(self.recorded), "last": self._last,
+                                                             "experiment": self.experiment}))
 
     @property
     def replaying(self) -> bool:

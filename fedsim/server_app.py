@@ -36,7 +36,7 @@ from fedsim.audit import METHOD as AUDIT_METHOD
 from fedsim.audit import AuditReport
 from fedsim.client_state import FORGET, RUN_KEY, STATE_KEY, forget_request
 from fedsim.comparison import Settings, headline
-from fedsim.config import REFUSED, compose_checked, hydra_config, population
+from fedsim.config import REFUSED, compose_checked, experiment_digest, hydra_config, population
 from fedsim.flower_waits import shorten_pull_backoff
 from fedsim.journal import Journal
 from fedsim.message_keys import CONFIG
@@ -153,7 +153,8 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
     cfg.client_state.run_key = derive(secret, b"client-state").hex()[:16]
     out.write_config(cfg, overrides, hydra_config(overrides))
     log.info("results -> %s", out.path)
-    journal = Journal(checkpoint / "journal", resume, derive(secret, b"journal")) if keep else None
+    journal = (Journal(checkpoint / "journal", resume, derive(secret, b"journal"), experiment_digest(cfg))
+               if keep else None)
     if journal is not None and journal.resumed_from:
         log.info("resume: replaying %d journaled exchanges", journal.resumed_from)
     noise = noise_source(cfg, secret)

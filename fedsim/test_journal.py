@@ -194,3 +194,15 @@ def test_a_journal_killed_before_its_first_entry_resumes_from_the_start(tmp_path
     assert resumed.resumed_from == 0
     _rounds(Messenger(_grid([5, 6], calls), timeout=5, journal=resumed), range(1, 2))
     assert len(calls) == 2
+
+
+def test_a_resume_under_a_changed_experiment_is_refused(tmp_path):
+    """The attack: `flwr run . --run-config "resume=true overrides='protocol.alpha=0.9'"` (a
+    ServerApp not started by `fedsim run`, whose resume check it skips) replays the journaled
+    replies under other settings; a server-side setting changes no exchange, so nothing else
+    would notice and the result would silently mix two experiments."""
+    _rounds(Messenger(_grid([1, 2], []), timeout=5, journal=Journal(tmp_path, resume=False, key=KEY, experiment="a")),
+            range(1, 3))
+    with pytest.raises(ResumeMismatch, match="experiment"):
+        Journal(tmp_path, resume=True, key=KEY, experiment="b")
+    assert len(Journal(tmp_path, resume=True, key=KEY, experiment="a").recorded) == 2

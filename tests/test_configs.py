@@ -140,3 +140,13 @@ def test_a_value_of_the_wrong_type_is_refused_naming_its_key(experiment, key, va
         OmegaConf.update(cfg, key, value, merge=False)
     with pytest.raises(ValueError, match=re.escape(key)):
         check(cfg)
+
+
+def test_the_experiment_digest_follows_the_experiment_not_where_it_runs():
+    """What a journal is bound to (a resume refuses another): the experiment's keys, not the keys
+    a resume may change (hardware, timeouts, the data's location, sinks)."""
+    from fedsim.config import compose, experiment_digest
+    base = experiment_digest(compose())
+    assert experiment_digest(compose(["hardware.num_cpus=7", "round_timeout=99", "logging.csv=false"])) == base
+    assert experiment_digest(compose(["protocol.alpha=0.9"])) != base
+    assert experiment_digest(compose(["seed=3"])) != base
