@@ -32,7 +32,14 @@ from fedsim.config import (
     hydra_config,
     population,
 )
-from fedsim.launcher import Interrupted, RunFailed, check_private_network, launch, user_certificates
+from fedsim.launcher import (
+    Interrupted,
+    RunFailed,
+    check_private_network,
+    check_ray_cluster,
+    launch,
+    user_certificates,
+)
 from fedsim.mlflow_sink import annotate as annotate_mlflow
 from fedsim.schema import layout, protocol_of, sweep_settings
 from fedsim.secret import Tampered, derive, open_sealed, run_secret, seal
@@ -95,6 +102,7 @@ def prepare(overrides: list[str]) -> tuple[DictConfig, list[str], int, int]:
         protocol_of(cfg).check_run(cfg, clients)
     user_certificates(cfg.hardware, nodes)  # missing certificate files: refused here
     check_private_network(cfg.hardware)  # no network namespace for this user: refused here
+    check_ray_cluster(cfg.hardware)  # no Ray cluster at hardware.ray_address: refused here
     return cfg, overrides, clients, nodes
 
 

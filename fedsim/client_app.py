@@ -13,6 +13,7 @@ which clients the same process served before.
 from __future__ import annotations
 
 import json
+import sys
 from functools import lru_cache
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
@@ -26,7 +27,7 @@ from fedsim import client_state, exchange_trace, node_local
 from fedsim.data import resolve_data_root
 from fedsim.faults import fault_injection_mod
 from fedsim.journal import WHOAMI
-from fedsim.message_keys import CONFIG, NODE_NUM_PARTITIONS, NODE_PARTITION_ID, PARTITION_ID, SERVER_ROUND
+from fedsim.message_keys import CONFIG, NODE_NUM_PARTITIONS, NODE_PARTITION_ID, PARTITION_ID, RAY_NODE, SERVER_ROUND
 from fedsim.seeding import PROCESS, reseed
 from fedsim.sharded_grid import SHARD, serve_batch
 
@@ -91,9 +92,19 @@ def message_seed(msg: Message, partition_id: int) -> int:
                         message_type=msg.metadata.message_type)
 
 
+def ray_node() -> dict[str, str]:
+    """The Ray node this process runs on where it is a simulation's Ray actor (Ray is imported
+    there already; elsewhere nothing is imported): the run's provenance counts the clients each
+    node of a Ray cluster served."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return {}
+    return {RAY_NODE: ray.get_runtime_context().get_node_id()}
+
+
 def _client_reply(msg: Message, context: Context, method: str) -> Message:
     if WHOAMI in msg.content.config_records:  # the Messenger maps node ids to partitions
-        record = ConfigRecord({PARTITION_ID: int(context.node_config[NODE_PARTITION_ID])})
+        record = ConfigRecord({PARTITION_ID: int(context.node_config[NODE_PARTITION_ID]), **ray_node()})
         return Message(RecordDict({WHOAMI: record}), reply_to=msg)
     node_local.attach(msg, context.node_config)  # this node's folders, never the server's
     if client_state.FORGET in msg.content.config_records:  # the run ended: its client state goes

@@ -38,6 +38,7 @@ import base64
 import hashlib
 import logging
 import os
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -46,24 +47,27 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.serde import message_from_proto, message_to_proto
 from flwr.proto.message_pb2 import Message as ProtoMessage
 
-from fedsim.message_keys import PARTITION_ID
+from fedsim.message_keys import PARTITION_ID, RAY_NODE
 from fedsim.secret import Tampered, open_sealed, private_folder, seal
 
 WHOAMI = "fedsim-whoami"        # the core query every ClientApp answers with its partition id
 HEAD = "head"                   # the journal's sealed count and last digest
 
 
-def ask_partitions(grid, timeout: float, poll: float) -> tuple[dict[int, int], dict[str, int]]:
-    """Every node's partition id (node id -> partition), asked with ``WHOAMI``, and the counts of
-    the ``whoami`` phase: the Messenger maps node ids across a resume and lists nodes in partition
-    order, the ShardedGrid places logical clients. A node that fails or does not answer in time,
-    or names no whole partition in [0, nodes), is left out; so is every node of a partition that
-    several claim (``duplicate``): a node that claims another's partition never takes its place."""
+def ask_partitions(grid, timeout: float, poll: float) -> tuple[dict[int, int], dict[str, int], dict[str, int]]:
+    """Every node's partition id (node id -> partition), asked with ``WHOAMI``, the counts of the
+    ``whoami`` phase, and the accepted replies per Ray node (``RAY_NODE``; none outside a
+    simulation): the Messenger maps node ids across a resume and lists nodes in partition order,
+    the ShardedGrid places logical clients, the results' provenance names the Ray nodes. A node
+    that fails or does not answer in time, or names no whole partition in [0, nodes), is left
+    out; so is every node of a partition that several claim (``duplicate``): a node that claims
+    another's partition never takes its place."""
     nodes = list(grid.get_node_ids())
     pending = set(grid.push_messages([
         Message(RecordDict({WHOAMI: ConfigRecord()}), dst_node_id=n, message_type=MessageType.QUERY)
         for n in nodes]))
     claims, counts, start = {}, {"sent": len(nodes), "failed": 0, "malformed": 0}, time.monotonic()
+    ray_nodes = Counter()
     while pending and time.monotonic() - start < timeout:
         for reply in grid.pull_messages(list(pending)):
             pending.discard(reply.metadata.reply_to_message_id)
@@ -73,6 +77,7 @@ def ask_partitions(grid, timeout: float, poll: float) -> tuple[dict[int, int], d
                 counts["malformed"] += 1
             else:
                 claims[reply.metadata.src_node_id] = partition
+                ray_nodes[_ray_node(reply.content)] += 1
         if pending:
             time.sleep(poll)
     claimed = Counter(claims.values())
@@ -84,7 +89,13 @@ def ask_partitions(grid, timeout: float, poll: float) -> tuple[dict[int, int], d
     if len(partitions) < len(nodes):
         log.warning("whoami: nodes left out of the federation: %s (taken partitions refused: %s)", counts,
                     sorted(p for p, k in claimed.items() if k > 1))
-    return partitions, counts
+    return partitions, counts, {node: n for node, n in sorted(ray_nodes.items()) if node}
+
+
+def _ray_node(content: RecordDict) -> str:
+    """The Ray node id a WHOAMI reply names (hex, as Ray writes it), else ""."""
+    value = content.config_records[WHOAMI].get(RAY_NODE)
+    return value if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{1,64}", value) else ""
 
 
 def _partition(content: RecordDict, nodes: int) -> int | None:

@@ -40,7 +40,7 @@ from omegaconf import DictConfig
 from fedsim.data import REPO_ROOT
 from fedsim.flower_waits import SUPEREXEC_POLL_ENV
 from fedsim.netns import HOST, Host, Namespace, NamespaceUnavailable, listening
-from fedsim.node_local import environment, from_run, supernode_config
+from fedsim.node_local import SETTINGS, environment, from_run, supernode_config
 from fedsim.progress import Bars
 from fedsim.provenance import HOST_ENV
 from fedsim.results import RESULTS_MARKER, unpack_results
@@ -359,6 +359,48 @@ def check_private_network(hw: DictConfig) -> None:
             "(docs/architecture.md#threat-model)") from exc
 
 
+def check_ray_cluster(hw: DictConfig, timeout: float = 5.0) -> None:
+    """Refuse, before the run, a Ray cluster address (``hardware.ray_address``) where nothing
+    accepts a connection: Ray's driver would otherwise wait and fail inside the run."""
+    if hw.ray_address is None:
+        return
+    host, _, port = str(hw.ray_address).rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ValueError(f"hardware.ray_address: nothing answers at {hw.ray_address} ({exc}); start the "
+                         f"cluster's head there (`ray start --head --port={port}`), or run on Ray started "
+                         "for the run (leave hardware=ray_cluster out)") from exc
+
+
+def simulation_env(env: dict, hw: DictConfig) -> dict:
+    """``env`` for a simulation's SuperLink, whose Flower simulation process runs the Ray driver:
+    Ray joins the cluster named by ``RAY_ADDRESS`` (Flower's federation config carries no
+    address), so it is set to ``hardware.ray_address``, or removed where the run starts its own
+    Ray (a shell's ``RAY_ADDRESS`` would otherwise send the run to another cluster)."""
+    out = {k: v for k, v in env.items() if k != "RAY_ADDRESS"}
+    return out if hw.ray_address is None else {**out, "RAY_ADDRESS": str(hw.ray_address)}
+
+
+def federation_config(hw: DictConfig, num_supernodes: int) -> str:
+    """Flower's simulation sizing: SuperNodes and each ClientApp actor's resources; Ray's CPUs
+    only for the Ray the run starts (an existing cluster's nodes declared theirs at ``ray
+    start``, and Ray refuses ``num_cpus`` from a driver that joins one)."""
+    own = "" if hw.ray_address is not None else f" init-args-num-cpus={int(hw.num_cpus)}"
+    return (f"num-supernodes={num_supernodes} client-resources-num-cpus={int(hw.client_cpus)} "
+            f"client-resources-num-gpus={float(hw.client_gpus)}{own}")
+
+
+def _warn_node_settings(cfg: DictConfig, echo) -> None:
+    """A cluster's clients run under the environment its nodes were started with (``ray start``),
+    not this process's: the run's node-local folders (``fedsim/node_local.py``) do not reach them."""
+    given = from_run(cfg)
+    if given:
+        names = ", ".join(f"{SETTINGS[key][1]}={value} (there: ${SETTINGS[key][0]})" for key, value in given.items())
+        echo(f"fedsim: WARNING: the Ray cluster's clients take their folders from the environment "
+             f"each node was started with (`ray start`), not from this run: {names}")
+
+
 def _network(stack: ExitStack, hw: DictConfig, echo) -> Host:
     """The network the run's processes are started on; warns when a local run's is shared."""
     if private_network(hw):
@@ -422,8 +464,8 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
     # Ray's session (logs, sockets, runtime resources) in the 0700 work folder: Ray makes its
     # folders 0777 for other users to share, which under /tmp/ray would let them read the
     # workers' logs and plant files the workers use
-    env = {**environment(cfg, _env(home, token)), "RAY_TMPDIR": str(workdir),  # + the node's folders
-           HOST_ENV: platform.node()}  # the run's namespace names its host localhost
+    env = {**environment(cfg, simulation_env(_env(home, token), hw)),  # + the node's folders
+           "RAY_TMPDIR": str(workdir), HOST_ENV: platform.node()}  # the run's namespace names its host localhost
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         _watchdog(stack, token, workdir)
@@ -445,13 +487,13 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
         cmd = [str(BIN / "flwr"), "run", str(REPO_ROOT), "fedsim", "--stream",
                "--run-config", str(run_config)]
         if simulation:
-            cmd += ["--federation-config",
-                    f"num-supernodes={num_supernodes} client-resources-num-cpus={int(hw.client_cpus)} "
-                    f"client-resources-num-gpus={float(hw.client_gpus)} "
-                    f"init-args-num-cpus={int(hw.num_cpus)}"]
+            cmd += ["--federation-config", federation_config(hw, num_supernodes)]
         security = "plain text" if certs is None else "TLS" + (
             " + node authentication" if hw.node_auth and not simulation else "")
         where = " in the run's own network namespace" if isinstance(net, Namespace) else ""
+        if hw.ray_address is not None:
+            where = f", clients on the Ray cluster at {hw.ray_address}"
+            _warn_node_settings(cfg, echo)
         echo(f"fedsim: {num_supernodes} SuperNodes, {hw.backend} via SuperLink {address} "
              f"({security}){where}; results -> {results_dir}")
         shipped = _Results(stack.enter_context(Bars(echo)))

@@ -12,6 +12,7 @@ INFO = "info"                    # ConfigRecord of a discovery (query) reply
 
 # entries every method's messages carry
 PARTITION_ID = "partition-id"    # the node's partition: INFO of a discovery reply, the whoami reply
+RAY_NODE = "ray-node"            # whoami reply: the Ray node a simulation's ClientApp runs on (provenance)
 NUM_EXAMPLES = "num-examples"    # METRICS: what a reply stands for (FedAvg's weight; 1 if absent)
 DP_EPSILON = "dp-epsilon"        # METRICS: a client's DP-SGD epsilon so far (fedsim_tasks/dp_sgd.py)
 SERVER_ROUND = "server-round"    # config: the round (Flower's strategies write it; seeds the client's work)

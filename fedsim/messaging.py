@@ -162,6 +162,7 @@ class Messenger:
         self._to_new: dict[int, int] = {}  # on resume: the journaled run's node ids -> this run's
         self._to_old: dict[int, int] = {}  # and back
         self.partitions: dict[int, int] = {}  # node id (as the protocol sees it) -> partition
+        self.ray_nodes: dict[str, int] = {}  # Ray node id -> the clients whose whoami it served (simulation)
         if journal is not None or know_partitions:
             self._map_nodes(journal)
 
@@ -184,7 +185,7 @@ class Messenger:
         self._to_old = {n: o for o, n in self._to_new.items()}
 
     def _whoami(self) -> dict[int, int]:
-        partitions, counts = ask_partitions(self.raw, self.timeout, self.poll_seconds)
+        partitions, counts, self.ray_nodes = ask_partitions(self.raw, self.timeout, self.poll_seconds)
         counts["examples"] = counts["accepted"]
         self._record(self.faults, "whoami", 1, counts)
         if not partitions:

@@ -40,6 +40,23 @@ def count_or_null(key: str, value: int | None) -> None:
     require(value is None or value >= 1, key, ">= 1 (null: all)", value)
 
 
+def check_ray_address(hw: Hardware) -> None:
+    """An existing Ray cluster (``hardware.ray_address``) serves a simulation only, at a
+    ``host:port``, and is reached over this machine's network: a network namespace of the run's
+    own would cut the Ray driver off from the cluster's nodes, which connect back to it."""
+    key = "hardware.ray_address"
+    require(hw.ray_address != "", key, "given with hardware=ray_cluster: hardware.ray_address=<head host>:<port>",
+            hw.ray_address)
+    host, _, port = hw.ray_address.rpartition(":")
+    require(bool(host) and port.isdigit() and 0 < int(port) < 65536, key,
+            "the cluster head's host:port (`ray start --head --port`)", hw.ray_address)
+    require(hw.backend == "simulation", key, "null with hardware.backend=deployment (a Ray cluster runs "
+            "a simulation's clients)", hw.ray_address)
+    require(not hw.private_network, key, "null with hardware.private_network=true: the cluster's nodes connect "
+            "back to the run's Ray driver over this machine's network, which the run's own network "
+            "namespace would cut (hardware=ray_cluster sets private_network=false)", hw.ray_address)
+
+
 @dataclass
 class Faults:
     """Fault injection into replies, by partition id (``fedsim/faults.py``; tests)."""
@@ -83,6 +100,7 @@ class Hardware:
     num_clients: int | None = MISSING     # logical clients; null: num_supernodes x per node, else the population
     clients_per_supernode: int = MISSING  # logical clients a SuperNode hosts (at most); >1: one message per SuperNode
     num_cpus: int = MISSING               # CPUs Ray may use in all
+    ray_address: str | None = MISSING     # simulation: an existing Ray cluster's head host:port
     client_cpus: int = MISSING            # CPUs per ClientApp actor
     client_gpus: float = MISSING          # GPU share per ClientApp actor
     superlink: str | None = MISSING       # deployment: SuperLink address host:port
@@ -101,6 +119,8 @@ class Hardware:
         for name in ("clients_per_supernode", "num_cpus", "client_cpus"):
             require(getattr(self, name) >= 1, f"hardware.{name}", ">= 1", getattr(self, name))
         require(self.client_gpus >= 0, "hardware.client_gpus", ">= 0 (a share of a GPU per client)", self.client_gpus)
+        if self.ray_address is not None:
+            check_ray_address(self)
 
 
 @dataclass

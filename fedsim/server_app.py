@@ -184,7 +184,8 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
         if journal is not None:
             results["checkpoint"] = {"exchanges": len(journal.recorded),
                                      "replayed": journal.resumed_from}
-        results["provenance"] = {**provenance.environment(), "started": started, "ended": provenance.now()}
+        results["provenance"] = {**provenance.environment(), "started": started, "ended": provenance.now(),
+                                 **({"ray_nodes": messenger.ray_nodes} if messenger.ray_nodes else {})}
         summary = f"{summary.rstrip()}\n\n{provenance.section(results['provenance'])}\n"
         out.write_results(results, summary)
         sinks.finish(headline(results, Settings.of(cfg.sweep)), int(cfg.num_rounds),

@@ -139,7 +139,7 @@ class ShardedGrid(Grid):
 
     def __init__(self, grid: Grid, num_clients: int, timeout: float = 600.0, poll: float = 0.2):
         self.raw, self.num_clients = grid, num_clients
-        partitions, _ = ask_partitions(grid, timeout, poll)  # a SuperNode left out hosts none
+        partitions = ask_partitions(grid, timeout, poll)[0]  # a SuperNode left out hosts none
         if not partitions:
             raise RuntimeError("ShardedGrid: no SuperNode told its partition")
         hosts = sorted(partitions, key=partitions.get)  # the SuperNodes in partition order

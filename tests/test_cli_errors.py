@@ -105,6 +105,15 @@ def test_a_client_layout_that_leaves_a_supernode_empty_is_refused():
     (["experiment=fedtp", "strategy=fedprox", "strategy.proximal_mu=10"],
      "cannot run strategy FedProx: FedTP's clients train no model"),  # once FedAvg under FedProx's name
     (["privacy.audit.enabled=true", "privacy.audit.canaries=300"], "privacy.audit.canaries=300 exceeds half"),
+    (["hardware=ray_cluster"], "hardware.ray_address must be given with hardware=ray_cluster"),
+    (["hardware=ray_cluster", "hardware.ray_address=head"],
+     "hardware.ray_address must be the cluster head's host:port"),
+    (["hardware=ray_cluster", "hardware.ray_address=127.0.0.1:1"],
+     "hardware.ray_address: nothing answers at 127.0.0.1:1"),
+    (["hardware=ray_cluster", "hardware.ray_address=127.0.0.1:1", "hardware.private_network=true"],
+     "hardware.ray_address must be null with hardware.private_network=true"),
+    (["hardware=deploy_local", "hardware.ray_address=127.0.0.1:1"],
+     "hardware.ray_address must be null with hardware.backend=deployment"),
 ])
 def test_what_the_run_would_fail_on_is_refused_before_any_process_starts(overrides, named, tmp_path):
     """Each of these once started the run's processes and failed in them (a traceback after a

@@ -10,12 +10,15 @@ import tomllib
 import pytest
 from flwr.cli.flower_config import read_superlink_connection
 from flwr.cli.run.run import _parse_federation_config_overrides
+from flwr.cli.typing import SuperLinkConnection
 from flwr.common.config import get_fused_config_from_dir, parse_config_args
+from flwr.simulation.app import _run_simulation_settings
 
 from conftest import SMALL
 from fedsim import cli
 from fedsim.config import CONF_DIR, REFUSED, compose
 from fedsim.data import REPO_ROOT
+from fedsim.launcher import federation_config, simulation_env
 from fedsim.server_app import RUN_CONFIG_KEYS, config_from_run, state_layout
 
 PRESETS = sorted((CONF_DIR / "flwr").glob("*.toml"))
@@ -102,3 +105,21 @@ def test_federations_writes_connections_flower_reads_sized_for_the_run(tmp_path,
     assert "`flwr run . gpu-simulation`: 20 SuperNodes for 20 clients" in capsys.readouterr().out
     assert read_superlink_connection("local").address == ":local:"  # Flower's own default kept
     assert cli.main(["federations", "experiment=fedtpp"]) == 2
+
+
+def test_a_run_joins_the_ray_cluster_it_names_and_no_other():
+    """Flower's simulation process takes Ray's cluster from ``RAY_ADDRESS`` (its federation config
+    carries no address): ``hardware.ray_address`` sets it, sized without Ray's CPUs (Ray refuses
+    them from a driver joining a cluster), and a run on its own Ray drops a shell's RAY_ADDRESS,
+    which would have sent it to that cluster."""
+    own = compose([]).hardware
+    cluster = compose(["hardware=ray_cluster", "hardware.ray_address=head:6379"]).hardware
+    shell = {"RAY_ADDRESS": "elsewhere:6379", "PATH": "/bin"}
+    assert simulation_env(shell, own) == {"PATH": "/bin"}
+    assert simulation_env(shell, cluster) == {"RAY_ADDRESS": "head:6379", "PATH": "/bin"}
+    local = SuperLinkConnection("local", address=":local:")
+    for hw, init_args in ((own, {"num_cpus": own.num_cpus}), (cluster, {})):
+        sent = _parse_federation_config_overrides([federation_config(hw, 4)], local)
+        backend = _run_simulation_settings(sent)[2]  # what Flower's simulation process gives RayBackend
+        assert backend == {"client_resources": {"num_cpus": hw.client_cpus, "num_gpus": hw.client_gpus},
+                           "init_args": init_args}

@@ -18,7 +18,7 @@ from fedsim.he import messages as he_keys
 from fedsim.he.client import HEClient
 from fedsim.inprocess_grid import InProcessGrid
 from fedsim.journal import WHOAMI
-from fedsim.message_keys import PARTITION_ID
+from fedsim.message_keys import PARTITION_ID, RAY_NODE
 from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
 from fedsim.records import from_record, to_record
 from fedsim.sharded_grid import LAYOUT, SHARD, ShardedGrid
@@ -263,6 +263,18 @@ def test_a_partition_claimed_twice_at_whoami_is_refused_and_the_run_goes_on():
     assert messenger.faults["whoami"][1]["duplicate"] == 2
     nodes, _ = discover(messenger, {})
     assert nodes == {1: 2, 2: 3}
+
+
+def test_the_ray_nodes_a_whoami_names_are_counted_and_anything_else_there_is_left_out():
+    """The results' provenance counts the clients per Ray node from the whoami replies; a node
+    naming no hex id (a path, a 10,000-character string, a number) still joins the run, uncounted."""
+    named = {1: "ab" * 28, 2: "ab" * 28, 3: "cd" * 28, 4: "../../etc", 5: "a" * 10_000, 6: 7}
+
+    def node(n: int):
+        return lambda msg: RecordDict({WHOAMI: ConfigRecord({PARTITION_ID: n - 1, RAY_NODE: named[n]})})
+    messenger = messenger_of({n: node(n) for n in named}, partitions=True)
+    assert messenger.node_ids() == list(named)
+    assert messenger.ray_nodes == {"ab" * 28: 2, "cd" * 28: 1}
 
 
 def test_a_node_claiming_at_discovery_another_partition_than_it_told_at_whoami_is_refused():
