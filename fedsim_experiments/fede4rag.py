@@ -14,7 +14,10 @@ model. Each company's local retriever is evaluated on its own node beside the gl
 (``local`` in the results: mean and spread over companies); for a method without local models a
 company's model is the global one.
 
-Each method is a function named by ``run`` in ``protocol.methods`` (no dispatcher here).
+Each method is a function named by ``run`` in ``protocol.methods`` (no dispatcher here). This
+module reads top down: the run, one method's training and evaluation, the runners, the
+evaluation, then the plumbing (context, messages). Settings: ``fede4rag_schema.py``; tables and
+plots: ``fede4rag_report.py``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
@@ -34,118 +36,55 @@ from omegaconf import DictConfig
 from fedsim.he import messages as he_keys
 from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
 from fedsim.records import from_record
-from fedsim.results import RunOutput, markdown_table
-from fedsim.schema import Protocol
+from fedsim.results import RunOutput
 from fedsim.validators import Validator
 from fedsim_clients import fede4rag_messages as keys
+from fedsim_experiments import fede4rag_report as report
 from fedsim_experiments.common import RunContext, build_strategy, discover
+from fedsim_experiments.fede4rag_schema import scored, splits
 from fedsim_strategies.client_spread import ClientSpread
 from fedsim_tasks.financebench_rag.dataset import client_documents
-from fedsim_tasks.financebench_rag.inference import BACKENDS
 from fedsim_tasks.financebench_rag.retrieval import METRICS, weights_key
 
 log = logging.getLogger("fedsim")
 
 
-@dataclass(frozen=True, kw_only=True)
-class FedE4RAGProtocol(Protocol):
-    """FedE4RAG's protocol settings (``conf/experiment/fede4rag_paper.yaml``)."""
-    local_steps: int             # optimizer steps per client and round
-    batch_size: int              # pairs per step (in-batch negatives)
-    lr: float                    # AdamW learning rate, constant
-    temperature: float           # InfoNCE temperature
-    kd_weight: float             # weight of KD-GLE in FedE4RAG
-    evaluator_partition: int     # the client that evaluates (under HE only clients hold the model)
-    he_chunk_floats: int         # floats per encrypted chunk
-    eval_pages_per_message: int  # corpus pages one evaluation message encodes
-    eval_backend: str            # corpus encoder: torch | openvino | onnx (float32) | openvino_bf16
-    eval_nodes: int              # clients that encode corpus pieces side by side (a shared store)
-    eval_local: bool             # also evaluate each company's own retriever (methods with local_models)
-    eval_per_filing: bool        # also score each question within its own filing's pages
-    methods: dict[str, Any]
-    """name -> {run: runner function, ...its settings}, in run order; null leaves a method out"""
-
-    def he_methods(self) -> list[str]:
-        return [name for name, spec in self.methods.items() if spec and spec.get("he")]
-
-    def __post_init__(self):
-        if self.eval_backend not in BACKENDS:
-            raise ValueError(f"protocol.eval_backend={self.eval_backend!r} is not one of {sorted(BACKENDS)}")
-        if self.eval_nodes < 1:
-            raise ValueError(f"protocol.eval_nodes={self.eval_nodes} must be >= 1")
-
-    def check_run(self, cfg: DictConfig, clients: int | None) -> None:
-        """The evaluator and the encoding nodes must be clients of the federation."""
-        if clients is not None and not (self.eval_nodes <= clients and 0 <= self.evaluator_partition < clients):
-            raise ValueError(f"protocol.eval_nodes={self.eval_nodes} and protocol.evaluator_partition="
-                             f"{self.evaluator_partition} need a federation of at least that many clients, "
-                             f"this one has {clients}")
+def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
+    ctx = context(messenger, cfg)
+    info, budget = ctx.info, ctx.budget
+    log.info("[fede4rag] %d clients %s; budget %d optimizer steps per method", len(ctx.nodes),
+             {partition_id: (i[keys.COMPANIES], i[keys.NUM_PAIRS]) for partition_id, i in sorted(info.items())},
+             budget)
+    results = {"clients": {str(k): v for k, v in sorted(info.items())}, "budget_steps": budget,
+               "methods": {}, "round_cost": {}}
+    for name, spec in cfg.protocol.methods.items():
+        if spec is not None:  # an experiment leaves a method out by setting it to null
+            results["methods"][name] = train_and_evaluate(ctx, name, spec)
+    for name, rounds in ctx.cost.items():  # per method: compare HE with the plaintext run of equal KD
+        results["round_cost"][name] = report.cost_summary(rounds)
+    return results, report.summary(results, out)
 
 
-@dataclass
-class Context(RunContext):
-    """A FedE4RAG runner's context: the shared one, the step budget and the initial weights."""
-    budget: int
-    initial: ArrayRecord | None = None  # the clients' common initial weights (plain FedAvg)
-    cost: dict = field(default_factory=dict)  # method -> its rounds' costs, filled by federated runs
-
-    def train_config(self, method: str, weights: str, kd_weight: float, steps: int,
-                     threads: int, local: str | None = None) -> dict:
-        p = self.cfg.protocol
-        return {**self.base, keys.METHOD: method, keys.WEIGHTS: weights,
-                keys.LOCAL_STEPS: steps, keys.BATCH_SIZE: p.batch_size, keys.LR: p.lr,
-                keys.TEMPERATURE: p.temperature, keys.KD_WEIGHT: float(kd_weight),
-                keys.SEED: self.cfg.seed, keys.TORCH_THREADS: threads,
-                **({keys.LOCAL_MODEL: local} if local else {})}
-
-    def ask(self, node: int, message_type: str, config: dict, phase: str, reply: Validator,
-            arrays: ArrayRecord | None = None, server_round: int = 1, rounds_of_work: int = 1) -> RecordDict:
-        """One node, one message: the phase needs its reply (quorum: all), which must be ``reply``.
-        A message carrying ``rounds_of_work`` rounds' worth of training waits that many
-        ``round_timeout``s: the timeout follows the size of the work, so a long run alone is not
-        cut short on a busy machine."""
-        return self.ask_each({node: config}, message_type, phase, reply, arrays, server_round, rounds_of_work)[0]
-
-    def ask_each(self, configs: dict[int, dict], message_type: str, phase: str, reply: Validator,
-                 arrays: ArrayRecord | None = None, server_round: int = 1,
-                 rounds_of_work: int = 1) -> list[RecordDict]:
-        """One message per node (node -> its config) in one exchange, as ``ask``; the replies'
-        contents."""
-        messages = []
-        for node, config in configs.items():
-            content = RecordDict({keys.CONFIG: ConfigRecord(config)})
-            if arrays is not None:
-                content[keys.ARRAYS] = arrays
-            messages.append(Message(content, dst_node_id=node, message_type=message_type))
-        replies = self.messenger.exchange(phase, messages, Policy(validator=reply), server_round,
-                                          timeout=self.cfg.round_timeout * rounds_of_work)
-        return [msg.content for msg in replies]
-
-    @property
-    def pairs(self) -> Callable[[int], float]:
-        """Each node's training pairs as it declared them: the most weight its reply carries."""
-        return lambda node: float(self.info[self.partition_of(node)][keys.NUM_PAIRS])
-
-    @property
-    def budget_rounds(self) -> int:
-        """How many rounds' worth of one client's training the whole budget is."""
-        return math.ceil(self.budget / max(1, int(self.cfg.protocol.local_steps)))
-
-    @property
-    def evaluator(self) -> int:
-        return self.nodes[int(self.cfg.protocol.evaluator_partition)]
-
-    @property
-    def encoders(self) -> list[int]:
-        """The nodes that encode the corpus: the evaluator and the ``eval_nodes - 1`` after it."""
-        first = int(self.cfg.protocol.evaluator_partition)
-        return [self.nodes[(first + j) % len(self.nodes)] for j in range(int(self.cfg.protocol.eval_nodes))]
+def train_and_evaluate(ctx: Context, name: str, spec: DictConfig) -> dict:
+    """One method: its runner (``spec.run``), then the evaluation of what it produced."""
+    start = time.perf_counter()
+    trained = get_method(spec.run)(ctx, name, spec)
+    train_s = time.perf_counter() - start
+    scores = _evaluate(ctx, name, trained)
+    if spec.run.endswith(".federated"):
+        scores["local"] = _evaluate_local(ctx, name, trained, scores)
+    log.info("[fede4rag] %s: %s (%.0f s)", name, ", ".join(
+        f"{s} ndcg@10 {scores[s]['ndcg@10']:.4f}" for s in scored(ctx.cfg)), time.perf_counter() - start)
+    return {**scores, "train_seconds": train_s, "eval_seconds": time.perf_counter() - start - train_s,
+            **trained.details}
 
 
-
-def _threads(cfg: DictConfig, parallel: int) -> int:
-    slots = max(1, int(cfg.hardware.num_cpus // max(cfg.hardware.client_cpus, 1)))
-    return max(1, int(cfg.hardware.num_cpus) // max(1, min(parallel, slots)))
+def context(messenger: Messenger, cfg: DictConfig) -> Context:
+    """The runners' context: every client discovered, the step budget (a function of its own, so
+    that a test drives a runner with the messages a run sends)."""
+    base = client_config(cfg)
+    nodes, info = _discover(messenger, base, cfg)
+    return Context(messenger, cfg, base, nodes, info, int(cfg.num_rounds * cfg.protocol.local_steps * len(nodes)))
 
 
 @dataclass
@@ -312,36 +251,6 @@ def _evaluate_local(ctx: Context, name: str, trained: Trained, global_scores: di
     return out
 
 
-def splits(cfg: DictConfig) -> list[str]:
-    """The question splits the task holds (``task.n_test=0``: validation only)."""
-    return [s for s in ("valid", "test") if int(cfg.task[f"n_{s}"])]
-
-
-def scored(cfg: DictConfig) -> list[str]:
-    """What an evaluation reports: each split on the shared corpus (``valid``), and with
-    ``eval_per_filing`` within each question's own filing (``valid-filing``)."""
-    corpora = ["", "-filing"] if cfg.protocol.eval_per_filing else [""]
-    return [f"{s}{corpus}" for corpus in corpora for s in splits(cfg)]
-
-
-def scored_in(method: dict) -> list[str]:
-    """The evaluation labels in one method's results, in the order scored."""
-    return [k for k, v in method.items() if isinstance(v, dict) and "questions" in v]
-
-
-def _cost_summary(rounds: list[dict]) -> dict:
-    n = max(len(rounds), 1)
-    mean = lambda key: sum(r.get(key, 0.0) for r in rounds) / n  # noqa: E731
-    out = {"rounds": len(rounds), "bytes_per_client_round": mean("bytes-up-per-client"),
-           "seconds_per_round": mean("round-seconds")}
-    if rounds and "encrypt-seconds-per-client" in rounds[0]:
-        out |= {"aggregate_seconds_per_round": mean("aggregate-seconds"),
-                "encrypt_seconds_per_client_round": mean("encrypt-seconds-per-client"),
-                "decrypt_seconds_per_client_round": mean("decrypt-seconds-per-client"),
-                "bytes_down_per_client_round": mean("bytes-down-per-client")}
-    return out
-
-
 def _discover(messenger: Messenger, base: dict, cfg: DictConfig | None = None
               ) -> tuple[dict[int, int], dict[int, dict]]:
     """Every company's node; where ``cfg`` is given, each must hold exactly the documents the
@@ -354,84 +263,67 @@ def _discover(messenger: Messenger, base: dict, cfg: DictConfig | None = None
                                   keys.DOCUMENTS: len(r[keys.DOCUMENTS])} for partition_id, r in records.items()}
 
 
-def train_and_evaluate(ctx: Context, name: str, spec: DictConfig) -> dict:
-    """One method: its runner (``spec.run``), then the evaluation of what it produced."""
-    start = time.perf_counter()
-    trained = get_method(spec.run)(ctx, name, spec)
-    train_s = time.perf_counter() - start
-    scores = _evaluate(ctx, name, trained)
-    if spec.run.endswith(".federated"):
-        scores["local"] = _evaluate_local(ctx, name, trained, scores)
-    log.info("[fede4rag] %s: %s (%.0f s)", name, ", ".join(
-        f"{s} ndcg@10 {scores[s]['ndcg@10']:.4f}" for s in scored(ctx.cfg)), time.perf_counter() - start)
-    return {**scores, "train_seconds": train_s, "eval_seconds": time.perf_counter() - start - train_s,
-            **trained.details}
+@dataclass
+class Context(RunContext):
+    """A FedE4RAG runner's context: the shared one, the step budget and the initial weights."""
+    budget: int
+    initial: ArrayRecord | None = None  # the clients' common initial weights (plain FedAvg)
+    cost: dict = field(default_factory=dict)  # method -> its rounds' costs, filled by federated runs
+
+    def train_config(self, method: str, weights: str, kd_weight: float, steps: int,
+                     threads: int, local: str | None = None) -> dict:
+        p = self.cfg.protocol
+        return {**self.base, keys.METHOD: method, keys.WEIGHTS: weights,
+                keys.LOCAL_STEPS: steps, keys.BATCH_SIZE: p.batch_size, keys.LR: p.lr,
+                keys.TEMPERATURE: p.temperature, keys.KD_WEIGHT: float(kd_weight),
+                keys.SEED: self.cfg.seed, keys.TORCH_THREADS: threads,
+                **({keys.LOCAL_MODEL: local} if local else {})}
+
+    def ask(self, node: int, message_type: str, config: dict, phase: str, reply: Validator,
+            arrays: ArrayRecord | None = None, server_round: int = 1, rounds_of_work: int = 1) -> RecordDict:
+        """One node, one message: the phase needs its reply (quorum: all), which must be ``reply``.
+        A message carrying ``rounds_of_work`` rounds' worth of training waits that many
+        ``round_timeout``s: the timeout follows the size of the work, so a long run alone is not
+        cut short on a busy machine."""
+        return self.ask_each({node: config}, message_type, phase, reply, arrays, server_round, rounds_of_work)[0]
+
+    def ask_each(self, configs: dict[int, dict], message_type: str, phase: str, reply: Validator,
+                 arrays: ArrayRecord | None = None, server_round: int = 1,
+                 rounds_of_work: int = 1) -> list[RecordDict]:
+        """One message per node (node -> its config) in one exchange, as ``ask``; the replies'
+        contents."""
+        messages = []
+        for node, config in configs.items():
+            content = RecordDict({keys.CONFIG: ConfigRecord(config)})
+            if arrays is not None:
+                content[keys.ARRAYS] = arrays
+            messages.append(Message(content, dst_node_id=node, message_type=message_type))
+        replies = self.messenger.exchange(phase, messages, Policy(validator=reply), server_round,
+                                          timeout=self.cfg.round_timeout * rounds_of_work)
+        return [msg.content for msg in replies]
+
+    @property
+    def pairs(self) -> Callable[[int], float]:
+        """Each node's training pairs as it declared them: the most weight its reply carries."""
+        return lambda node: float(self.info[self.partition_of(node)][keys.NUM_PAIRS])
+
+    @property
+    def budget_rounds(self) -> int:
+        """How many rounds' worth of one client's training the whole budget is."""
+        return math.ceil(self.budget / max(1, int(self.cfg.protocol.local_steps)))
+
+    @property
+    def evaluator(self) -> int:
+        return self.nodes[int(self.cfg.protocol.evaluator_partition)]
+
+    @property
+    def encoders(self) -> list[int]:
+        """The nodes that encode the corpus: the evaluator and the ``eval_nodes - 1`` after it."""
+        first = int(self.cfg.protocol.evaluator_partition)
+        return [self.nodes[(first + j) % len(self.nodes)] for j in range(int(self.cfg.protocol.eval_nodes))]
 
 
-def context(messenger: Messenger, cfg: DictConfig) -> Context:
-    """The runners' context: every client discovered, the step budget (a function of its own, so
-    that a test drives a runner with the messages a run sends)."""
-    base = client_config(cfg)
-    nodes, info = _discover(messenger, base, cfg)
-    return Context(messenger, cfg, base, nodes, info, int(cfg.num_rounds * cfg.protocol.local_steps * len(nodes)))
 
-
-def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
-    ctx = context(messenger, cfg)
-    info, budget = ctx.info, ctx.budget
-    log.info("[fede4rag] %d clients %s; budget %d optimizer steps per method", len(ctx.nodes),
-             {partition_id: (i[keys.COMPANIES], i[keys.NUM_PAIRS]) for partition_id, i in sorted(info.items())},
-             budget)
-    results = {"clients": {str(k): v for k, v in sorted(info.items())}, "budget_steps": budget,
-               "methods": {}, "round_cost": {}}
-    for name, spec in cfg.protocol.methods.items():
-        if spec is not None:  # an experiment leaves a method out by setting it to null
-            results["methods"][name] = train_and_evaluate(ctx, name, spec)
-    for name, rounds in ctx.cost.items():  # per method: compare HE with the plaintext run of equal KD
-        results["round_cost"][name] = _cost_summary(rounds)
-    return results, _summary(results, out)
-
-
-def _summary(r: dict, out: RunOutput) -> str:
-    columns = ["method", "hit@1", "hit@10", "mrr@10", "map@10", "ndcg@10", "recall@1",
-               "recall@5", "recall@10", "precision@1", "precision@5", "precision@10"]
-    tables = []
-    for split in scored_in(next(iter(r["methods"].values()))):
-        rows = [{"method": name, **m[split]} for name, m in r["methods"].items()]
-        first = next(iter(r["methods"].values()))[split]
-        tables.append(f"## {split} ({first['questions']} questions, {first['corpus_pages']} "
-                      f"corpus pages)\n" + markdown_table(rows, columns))
-    local = [{"method": name, "split": split, "model": m["local"]["model"],
-              **{k: f"{m['local'][split][k]:.4f} ± {m['local']['spread'][split][k]['std']:.4f}"
-                 for k in ("hit@10", "mrr@10", "ndcg@10", "recall@10")}}
-             for name, m in r["methods"].items() if "local" in m for split in scored_in(m)]
-    if local:
-        tables.append("## Each company's retriever (mean ± std over companies; `global`: the "
-                      "method keeps no local model)\n" + markdown_table(
-                          local, ["method", "split", "model", "hit@10", "mrr@10", "ndcg@10", "recall@10"]))
-    cost = [{"method": k, **v} for k, v in r["round_cost"].items()]
-    if cost:
-        tables.append("## Round cost (mean per round)\n" + markdown_table(
-            cost, ["method", "bytes_per_client_round", "seconds_per_round",
-                   "aggregate_seconds_per_round", "encrypt_seconds_per_client_round",
-                   "decrypt_seconds_per_client_round"]))
-    _plot(r, out)
-    return (f"# FedE4RAG on FinanceBench\n\nBudget: {r['budget_steps']} optimizer steps per "
-            f"trained method.\n\n" + "\n\n".join(tables) + "\n")
-
-
-def _plot(r: dict, out: RunOutput) -> None:
-    names = list(r["methods"])
-    fig, ax, save = out.figure("retrieval_by_method")
-    bars = [(split, metric) for metric in ("ndcg@10", "hit@10")
-            for split in scored_in(r["methods"][names[0]])]
-    width = 0.8 / len(bars)
-    for i, (split, metric) in enumerate(bars):
-        ax.bar([x + (i - (len(bars) - 1) / 2) * width for x in range(len(names))],
-               [r["methods"][n][split][metric] for n in names], width, label=f"{split} {metric}")
-    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
-    ax.set_xlabel("method")
-    ax.set_ylabel("retrieval score on test questions (0 to 1)")
-    ax.set_title("FinanceBench retrieval by method")
-    ax.legend(fontsize=7)
-    save()
+def _threads(cfg: DictConfig, parallel: int) -> int:
+    slots = max(1, int(cfg.hardware.num_cpus // max(cfg.hardware.client_cpus, 1)))
+    return max(1, int(cfg.hardware.num_cpus) // max(1, min(parallel, slots)))
