@@ -42,7 +42,8 @@ from fedsim_clients import fede4rag_messages as keys
 from fedsim_experiments import fede4rag_report as report
 from fedsim_experiments.common import RunContext, build_strategy, discover
 from fedsim_experiments.fede4rag_schema import scored, splits
-from fedsim_strategies.client_spread import ClientSpread
+from fedsim_strategies.client_spread import ClientSpread, spread
+from fedsim_strategies.lora_product import LoraProductAvg
 from fedsim_tasks.financebench_rag.dataset import client_documents
 from fedsim_tasks.financebench_rag.retrieval import METRICS, weights_key
 
@@ -70,11 +71,12 @@ def train_and_evaluate(ctx: Context, name: str, spec: DictConfig) -> dict:
     start = time.perf_counter()
     trained = get_method(spec.run)(ctx, name, spec)
     train_s = time.perf_counter() - start
-    scores = _evaluate(ctx, name, trained)
-    if spec.run.endswith(".federated"):
+    scores = _evaluate(ctx, name, trained) if trained.source else {}  # local_only: no global model
+    if trained.local or spec.run.endswith(".federated"):
         scores["local"] = _evaluate_local(ctx, name, trained, scores)
     log.info("[fede4rag] %s: %s (%.0f s)", name, ", ".join(
-        f"{s} ndcg@10 {scores[s]['ndcg@10']:.4f}" for s in scored(ctx.cfg)), time.perf_counter() - start)
+        f"{s} ndcg@10 {scores[s]['ndcg@10']:.4f}" for s in scored(ctx.cfg) if s in scores),
+        time.perf_counter() - start)
     return {**scores, "train_seconds": train_s, "eval_seconds": time.perf_counter() - start - train_s,
             **trained.details}
 
@@ -90,7 +92,7 @@ def context(messenger: Messenger, cfg: DictConfig) -> Context:
 @dataclass
 class Trained:
     """What a runner produced: the weights to evaluate and what to report."""
-    source: str                        # keys.FROM_INITIAL | FROM_ARRAYS | FROM_HE
+    source: str | None                 # keys.FROM_INITIAL | FROM_ARRAYS | FROM_HE; None: no global model
     details: dict
     arrays: ArrayRecord | None = None  # FROM_ARRAYS: the model the server holds
     he_round: int = 0                  # FROM_HE: the round of the clients' aggregate
@@ -130,12 +132,17 @@ def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
     """The slot's strategy (``strategy`` in ``privacy``'s wrapper) for ``num_rounds`` (quorum per
     round: any client); with ``he`` wrapped in HEFedAvg (``one_trip``, default true: an update
     that fits one message travels encrypted in the train reply; false: always the chunk phases).
-    In plaintext the rounds' metrics include how far apart the client models are
-    (``ClientSpread``)."""
+    ``lora_aggregation: product`` averages the LoRA adapters' products (``LoraProductAvg``)
+    instead of each factor apart. In plaintext the rounds' metrics include how far apart the
+    client models are and how far each moved from the global model it received (``ClientSpread``:
+    ``client-distance``, ``update-norm``; with ``local_models`` the latter is the company's own
+    retriever's distance to the global model)."""
     rounds, threads = int(ctx.cfg.num_rounds), _threads(ctx.cfg, len(ctx.nodes))
     he = {"_target_": "fedsim_strategies.he_fedavg.HEFedAvg", "chunk_floats": ctx.cfg.protocol.he_chunk_floats,
           "one_trip": bool(spec.get("one_trip", True))} if spec.he else None
     strategy = build_strategy(ctx.cfg, ctx.messenger, len(ctx.nodes), he=he)
+    if spec.get("lora_aggregation", "factors") == "product":  # plaintext only: fede4rag_schema checks
+        strategy = LoraProductAvg(strategy)
     local = f"retriever-{name}" if spec.get("local_models", False) else None
     if spec.he or ctx.cfg.privacy.kind == "he":
         config = ConfigRecord(ctx.train_config(name, keys.FROM_HE, spec.kd_weight,
@@ -157,6 +164,30 @@ def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
                       for t in traffic]
     return Trained(keys.FROM_ARRAYS, {"steps": ctx.budget, "rounds": _round_metrics(result)},
                    result.arrays, local=local)
+
+
+def local_only(ctx: Context, name: str, spec: DictConfig) -> Trained:
+    """Every company trains its own retriever alone, never averaged: ``num_rounds`` train messages
+    of ``local_steps`` each from the common initial model, kept across them on its own disk, as
+    a federated method's client trains with ``local_models`` (a round's seed is the same). The
+    method has no global model; each round records how far apart the companies' retrievers are
+    and how far they moved from the initial model (``client_spread.spread``)."""
+    rounds, local = int(ctx.cfg.num_rounds), f"retriever-{name}"
+    config = ctx.train_config(name, keys.FROM_INITIAL, 0.0, ctx.cfg.protocol.local_steps,
+                              _threads(ctx.cfg, len(ctx.nodes)), local)
+    start = from_record(_initial(ctx))
+    flat = lambda arrays: np.concatenate([a.ravel() for a in arrays.values()])  # noqa: E731
+    per_round = {}
+    for rnd in range(1, rounds + 1):
+        replies = ctx.ask_each({node: {**config, keys.SERVER_ROUND: rnd} for node in ctx.nodes.values()},
+                               MessageType.TRAIN, f"{name}/train", keys.train_reply(_initial(ctx), ctx.pairs, None),
+                               server_round=rnd)
+        metrics = [r[keys.METRICS] for r in replies]
+        pairs = [float(m[keys.NUM_EXAMPLES]) for m in metrics]
+        per_round[rnd] = {k: float(np.average([m[k] for m in metrics], weights=pairs))
+                          for k in metrics[0] if k != keys.NUM_EXAMPLES} | \
+            spread([flat(from_record(r[keys.ARRAYS])) for r in replies], pairs, flat(start))
+    return Trained(None, {"steps": ctx.budget, "rounds": per_round}, local=local)
 
 
 def _initial(ctx: Context) -> ArrayRecord:
@@ -208,6 +239,7 @@ def _evaluate(ctx: Context, name: str, trained: Trained, node: int | None = None
     config = {**ctx.base, keys.METHOD: name, keys.WEIGHTS: keys.FROM_LOCAL if own else trained.source,
               he_keys.GLOBAL_ROUND: trained.he_round, keys.SPLITS: splits(ctx.cfg),
               keys.PER_FILING: bool(ctx.cfg.protocol.eval_per_filing),
+              keys.PER_CLIENT: bool(ctx.cfg.protocol.eval_per_client),
               keys.TORCH_THREADS: _threads(ctx.cfg, 1),
               keys.PAGES_PER_MESSAGE: int(ctx.cfg.protocol.eval_pages_per_message),
               keys.EVAL_BACKEND: str(ctx.cfg.protocol.eval_backend),
@@ -218,27 +250,40 @@ def _evaluate(ctx: Context, name: str, trained: Trained, node: int | None = None
     expected = None if own or trained.source == keys.FROM_HE else \
         weights_key(task.model, task.lora, None if trained.arrays is None else from_record(trained.arrays))
     reply = ctx.ask(node if own else ctx.evaluator, MessageType.EVALUATE, {**config, keys.EVAL_OP: keys.SCORE},
-                    f"eval/{label}/score", keys.score_reply(scored(ctx.cfg), METRICS, expected), arrays)
+                    f"eval/{label}/score", keys.score_reply(scored(ctx.cfg), METRICS, expected,
+                                                            _client_labels(ctx)), arrays)
     evaluated = reply[keys.WEIGHTS_INFO][keys.WEIGHTS_KEY]
     metrics = reply[keys.METRICS]
-    return {"weights_key": evaluated} | {
-        split: {m: float(metrics[f"{split}/{m}"]) for m in METRICS}
-        | {"questions": int(metrics[f"{split}/questions"]),
-           "corpus_pages": int(metrics[f"{split}/corpus-pages"])}
-        | ({"corpus_entries": int(metrics[f"{split}/corpus-entries"])} if f"{split}/corpus-entries" in metrics else {})
-        for split in scored(ctx.cfg)}
+    by_client = {c: _label_scores(metrics, c) for c in _client_labels(ctx) if f"{c}/questions" in metrics}
+    return {"weights_key": evaluated} | {split: _label_scores(metrics, split) for split in scored(ctx.cfg)} | \
+        ({"by_client": by_client} if ctx.cfg.protocol.eval_per_client else {})
+
+
+def _label_scores(metrics, label: str) -> dict:
+    return {m: float(metrics[f"{label}/{m}"]) for m in METRICS} \
+        | {"questions": int(metrics[f"{label}/questions"]), "corpus_pages": int(metrics[f"{label}/corpus-pages"])} \
+        | ({"corpus_entries": int(metrics[f"{label}/corpus-entries"])} if f"{label}/corpus-entries" in metrics else {})
+
+
+def _client_labels(ctx: Context) -> list[str]:
+    """The labels of each client's questions within its own filings (``eval_per_client``)."""
+    return [f"{s}-client{p}" for s in splits(ctx.cfg) for p in sorted(ctx.nodes)] \
+        if ctx.cfg.protocol.eval_per_client else []
 
 
 def _evaluate_local(ctx: Context, name: str, trained: Trained, global_scores: dict) -> dict:
     """Each company's own retriever on its own node (one after the other, each with every
     thread), or the global model's scores for each company where the method keeps no local
     model: ``<split>.<metric>`` the mean over companies, ``spread`` its std / min / max,
-    ``clients`` every company's scores."""
+    ``clients`` every company's scores; with ``eval_per_client``, ``per_client`` (see
+    :func:`_per_client`)."""
     clients, own = {}, bool(trained.local and ctx.cfg.protocol.eval_local)
     for partition_id, node in sorted(ctx.nodes.items()):
         clients[str(partition_id)] = _evaluate(ctx, name, trained, node) if own else \
-            {s: global_scores[s] for s in scored(ctx.cfg)}
+            {k: global_scores[k] for k in [*scored(ctx.cfg), "by_client"] if k in global_scores}
     out = {"model": "own" if own else "global", "clients": clients, "spread": {}}
+    if ctx.cfg.protocol.eval_per_client:
+        out["per_client"] = _per_client(ctx, clients, global_scores.get("by_client"))
     for split in scored(ctx.cfg):
         values = {m: np.array([c[split][m] for c in clients.values()]) for m in METRICS}
         out[split] = {m: float(v.mean()) for m, v in values.items()}
@@ -249,6 +294,32 @@ def _evaluate_local(ctx: Context, name: str, trained: Trained, global_scores: di
             f"{s} ndcg@10 {out[s]['ndcg@10']:.4f} (min {out['spread'][s]['ndcg@10']['min']:.4f})"
             for s in scored(ctx.cfg)))
     return out
+
+
+def _per_client(ctx: Context, clients: dict, global_by_client: dict | None) -> dict:
+    """Per split and metric, for each client that owns questions: ``own`` its retriever on its
+    own questions within its own filings (localized RAG), ``others`` its retriever on the other
+    clients' questions, each within its owner's filings (the mean over them: what it forgot or
+    never learned), ``global`` the global model on its questions (absent without a global
+    model); ``mean`` each over the clients."""
+    out = {}
+    for split in splits(ctx.cfg):
+        owners = [p for p in clients if f"{split}-client{p}" in clients[p]["by_client"]]
+        out[split] = {}
+        for m in METRICS:
+            row = {"own": {p: _on(clients[p]["by_client"], split, p, m) for p in owners},
+                   "others": {p: float(np.mean([_on(clients[p]["by_client"], split, q, m) for q in owners if q != p]))
+                              for p in owners if len(owners) > 1}}
+            if global_by_client is not None:
+                row["global"] = {p: _on(global_by_client, split, p, m) for p in owners}
+            row["mean"] = {k: float(np.mean(list(v.values()))) for k, v in row.items() if v}
+            out[split][m] = row
+    return out
+
+
+def _on(by_client: dict, split: str, client: str, metric: str) -> float:
+    """A model's score on one client's questions (``by_client`` of its evaluation)."""
+    return by_client[f"{split}-client{client}"][metric]
 
 
 def _discover(messenger: Messenger, base: dict, cfg: DictConfig | None = None

@@ -13,6 +13,8 @@ from omegaconf import DictConfig
 from fedsim.schema import Protocol
 from fedsim_tasks.financebench_rag.inference import BACKENDS
 
+LORA_AGGREGATIONS = ("factors", "product")  # a federated method's lora_aggregation: each factor apart, or B @ A
+
 
 @dataclass(frozen=True, kw_only=True)
 class FedE4RAGProtocol(Protocol):
@@ -29,6 +31,7 @@ class FedE4RAGProtocol(Protocol):
     eval_nodes: int              # clients that encode corpus pieces side by side (a shared store)
     eval_local: bool             # also evaluate each company's own retriever (methods with local_models)
     eval_per_filing: bool        # also score each question within its own filing's pages
+    eval_per_client: bool        # also score each client's questions within its own filings (own / others / global)
     methods: dict[str, Any]
     """name -> {run: runner function, ...its settings}, in run order; null leaves a method out"""
 
@@ -40,13 +43,32 @@ class FedE4RAGProtocol(Protocol):
             raise ValueError(f"protocol.eval_backend={self.eval_backend!r} is not one of {sorted(BACKENDS)}")
         if self.eval_nodes < 1:
             raise ValueError(f"protocol.eval_nodes={self.eval_nodes} must be >= 1")
+        for name, spec in self.methods.items():
+            if spec and str(spec.get("run", "")).endswith(".local_only") and not self.eval_local:
+                raise ValueError(f"protocol.methods.{name} (local_only) has no global model: only its "
+                                 f"companies' own retrievers can be evaluated, so it needs protocol.eval_local=true")
+            if spec and spec.get("lora_aggregation", "factors") not in LORA_AGGREGATIONS:
+                raise ValueError(f"protocol.methods.{name}.lora_aggregation={spec.get('lora_aggregation')!r} "
+                                 f"is not one of {LORA_AGGREGATIONS}")
 
     def check_run(self, cfg: DictConfig, clients: int | None) -> None:
-        """The evaluator and the encoding nodes must be clients of the federation."""
+        """The evaluator and the encoding nodes must be clients of the federation; a product
+        average of LoRA adapters needs adapters, and plaintext replies averaged by a mean."""
         if clients is not None and not (self.eval_nodes <= clients and 0 <= self.evaluator_partition < clients):
             raise ValueError(f"protocol.eval_nodes={self.eval_nodes} and protocol.evaluator_partition="
                              f"{self.evaluator_partition} need a federation of at least that many clients, "
                              f"this one has {clients}")
+        for name, spec in self.methods.items():
+            if not spec or spec.get("lora_aggregation", "factors") != "product":
+                continue
+            why = "task.lora is null (full fine-tuning has no adapters)" if cfg.task.lora is None else \
+                "it runs under HE (the product is not linear in the ciphertexts)" if spec.get("he") else \
+                f"privacy.kind={cfg.privacy.kind} (the product would replace the wrapper's aggregate)" \
+                if cfg.privacy.kind != "none" else \
+                f"strategy {cfg.strategy._target_} aggregates by {cfg.strategy.traits.aggregation}, not a mean" \
+                if cfg.strategy.traits.aggregation != "mean" else None
+            if why:
+                raise ValueError(f"protocol.methods.{name}.lora_aggregation=product cannot run: {why}")
 
 
 def splits(cfg: DictConfig) -> list[str]:
