@@ -21,9 +21,11 @@ from fedsim.inprocess_grid import InProcessGrid
 from fedsim.messaging import Messenger
 from fedsim.node_local import from_run
 from fedsim.records import from_record
+from fedsim.results import RunOutput
 from fedsim.schema import check
 from fedsim_clients import fede4rag_messages as keys
 from fedsim_experiments import fede4rag
+from fedsim_experiments import fede4rag_report as report
 from fedsim_tasks.financebench_rag.dataset import client_documents, load_documents, load_questions, owners
 from fedsim_tasks.financebench_rag.train import frozen_copy, train_encoder
 from fedsim_tasks.hf import build_encoder
@@ -147,6 +149,19 @@ def test_product_averaging_gives_the_best_rank_r_adapters_of_the_mean_product(ru
         assert error == pytest.approx(tail, rel=1e-3, abs=1e-6), a
         factors = sum(wi * c[b] for wi, (c, _) in zip(w, last)) @ sum(wi * c[a] for wi, (c, _) in zip(w, last))
         assert error < np.linalg.norm(factors - mean), a
+
+
+def test_the_summary_tables_every_arm(run, tmp_path):
+    """A method without a global model (local_only) has no row in the global tables, but its
+    companies' retrievers, its per-client scores and its rounds are reported."""
+    cfg, methods, sent = run
+    arms = {k: v for k, v in methods.items() if k != "product"}
+    text = report.summary({"budget_steps": 8, "methods": arms, "round_cost": {}}, RunOutput(tmp_path))
+    global_table = text.split("## Each company's retriever")[0]
+    assert "| fedavg |" in global_table and "| local_only |" not in global_table
+    assert "| local_only | valid | own |" in text and "| local_only | test |" in text
+    assert "kd-grad-ratio" in text and "| fede4rag_no_he | 2 |" in text
+    assert (tmp_path / "retrieval_by_method.png").is_file()
 
 
 def test_a_wrong_arm_is_refused_before_the_run():
