@@ -187,6 +187,8 @@ def local_only(ctx: Context, name: str, spec: DictConfig) -> Trained:
         per_round[rnd] = {k: float(np.average([m[k] for m in metrics], weights=pairs))
                           for k in metrics[0] if k != keys.NUM_EXAMPLES} | \
             spread([flat(from_record(r[keys.ARRAYS])) for r in replies], pairs, flat(start))
+        log.info("[fede4rag] %s round %d/%d: client-distance %.4g, update-norm (from the initial model) %.4g",
+                 name, rnd, rounds, per_round[rnd]["client-distance"], per_round[rnd]["update-norm"])
     return Trained(None, {"steps": ctx.budget, "rounds": per_round}, local=local)
 
 
