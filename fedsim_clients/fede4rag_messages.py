@@ -56,6 +56,7 @@ PIECE = "piece"                  # config (encode): index of the piece to encode
 EVAL_BACKEND = "eval-backend"    # config (evaluate): corpus encoder, a key of inference.BACKENDS
 SPLITS = "splits"                # config (evaluate): question splits to score
 PER_FILING = "per-filing"        # config (evaluate): also score within each question's filing
+PER_CLIENT = "per-client"        # config (evaluate): also score each client's questions within its filings
 MISSING = "missing-pieces"       # METRICS (encode): indices of the pieces still missing after this one
 PIECES = "pieces"                # METRICS (encode): pieces of the corpus in all
 CORPUS_PAGES = "corpus-pages"    # METRICS (encode): pages of the corpus
@@ -110,13 +111,15 @@ def encode_reply(pages_per_piece: int) -> Reply:
                   WEIGHTS_INFO: Config({WEIGHTS_KEY: Text()})}, check=check)
 
 
-def score_reply(labels: list[str], metrics: tuple[str, ...], key: str | None) -> Reply:
+def score_reply(labels: list[str], metrics: tuple[str, ...], key: str | None, optional_labels: list[str] = ()) -> Reply:
     """Retrieval scores of every label (split, per filing) in [0, 1], its questions and corpus
     pages, and the key of the weights scored: ``key`` where the server holds the model (a node
-    must score the weights the method produced)."""
+    must score the weights the method produced). ``optional_labels`` (a client's questions,
+    where it owns some) may be scored, bounded alike."""
     count = Number(0, whole=True)
-    required = {f"{label}/{m}": Number(0.0, 1.0) for label in labels for m in metrics} | {
-        f"{label}/{n}": count for label in labels for n in ("questions", "corpus-pages")}
-    optional = {f"{label}/corpus-entries": count for label in labels}
+    scores = lambda names: {f"{label}/{m}": Number(0.0, 1.0) for label in names for m in metrics} | {  # noqa: E731
+        f"{label}/{n}": count for label in names for n in ("questions", "corpus-pages")}
+    required = scores(labels)
+    optional = {f"{label}/corpus-entries": count for label in labels} | scores(optional_labels)
     scored = Text(choices=None if key is None else (key,))
     return Reply({METRICS: Metrics(required, optional), WEIGHTS_INFO: Config({WEIGHTS_KEY: scored})})

@@ -63,7 +63,7 @@ class MissingWeights(RuntimeError):
 
 class RetrieverClient:
     def __init__(self, task: dict, data_root: str, partition_id: int, num_partitions: int):
-        self.task, self.root, self.pid = task, data_root, partition_id
+        self.task, self.root, self.pid, self.num_partitions = task, data_root, partition_id, num_partitions
         self.documents = self._documents(partition_id)
         self.model = build_encoder(task["model"], task["max_seq_length"], task["lora"],
                                    task["seed"])
@@ -239,9 +239,11 @@ class RetrieverClient:
             metrics = {keys.MISSING: store.encode_piece(int(config[keys.PIECE]), encode, list(corpus.values())),
                        keys.PIECES: store.pieces, keys.CORPUS_PAGES: len(corpus)}
         else:
+            groups = {str(p): self._documents(p) for p in range(self.num_partitions)} \
+                if config.get(keys.PER_CLIENT, False) else None
             metrics = score_splits(self.model, self.root, questions, list(corpus), store.load(),
                                    self.task, list(config[keys.SPLITS]),
-                                   bool(config.get(keys.PER_FILING, False)))
+                                   bool(config.get(keys.PER_FILING, False)), groups)
         metrics["eval-seconds"] = time.perf_counter() - start
         return RecordDict({keys.METRICS: MetricRecord(metrics),
                            keys.WEIGHTS_INFO: ConfigRecord({keys.WEIGHTS_KEY: key})})

@@ -20,12 +20,14 @@ from omegaconf import DictConfig, OmegaConf
 from fedsim.messaging import Messenger, client_config
 from fedsim.results import RunOutput, markdown_table, plain_log_scale
 from fedsim_experiments import fede4rag
+from fedsim_experiments.fede4rag_report import scored_in
+from fedsim_experiments.fede4rag_schema import FedE4RAGProtocol
 
 log = logging.getLogger("fedsim")
 
 
 @dataclass(frozen=True, kw_only=True)
-class KDSweepProtocol(fede4rag.FedE4RAGProtocol):
+class KDSweepProtocol(FedE4RAGProtocol):
     """The sweep's settings (``conf/experiment/fede4rag_kd_sweep.yaml``)."""
     budget_steps: int  # optimizer steps per client in every cell (local_steps x rounds)
     local_steps_grid: list[int]
@@ -98,7 +100,7 @@ def _last_round(cell: dict) -> dict:
 
 def _summary(r: dict, out: RunOutput) -> str:
     every = {**r["methods"], **r["cells"]}
-    labels = fede4rag.scored_in(next(iter(every.values())))
+    labels = scored_in(next(iter(every.values())))
     rows = []
     for name, m in every.items():
         row = {"cell": name, "steps x rounds": f"{m['local_steps']} x {m['num_rounds']}"

@@ -149,3 +149,22 @@ def client_documents(root: str, companies: list[str] | None, partitioner: Partit
     if partition_id >= partitioner.num_partitions:
         raise ValueError(f"partition {partition_id} >= {partitioner.num_partitions} clients")
     return sorted(partitioner.load_partition(partition_id)["doc_name"])
+
+
+def owners(root: str, questions: list[Question], groups: dict[str, list[str]]) -> dict[str, list[Question]]:
+    """Each group's questions (group -> its documents, e.g. a client's): a question belongs to
+    the group holding its filing, else to the one holding its company's other filings (a filing
+    without page text is in no group), else to none."""
+    company = {d["doc_name"]: d["company"] for d in load_documents(root)}
+    by_doc = {doc: g for g, docs in groups.items() for doc in docs}
+    by_company: dict[str, set[str]] = {}
+    for g, docs in groups.items():
+        for doc in docs:
+            by_company.setdefault(company[doc], set()).add(g)
+    out: dict[str, list[Question]] = {g: [] for g in groups}
+    for q in questions:
+        held = by_company.get(q.company, set())
+        owner = by_doc.get(q.doc_name) or (next(iter(held)) if len(held) == 1 else None)
+        if owner is not None:
+            out[owner].append(q)
+    return out

@@ -231,12 +231,15 @@ def corpus_store(model, model_key: str, corpus: dict[str, str], folder: str | Pa
 
 
 def score_splits(model, root: str, questions: dict, corpus_ids: list[str], emb: np.ndarray,
-                 task: dict, splits: list[str], per_filing: bool = False) -> dict[str, float]:
+                 task: dict, splits: list[str], per_filing: bool = False,
+                 groups: dict[str, list[str]] | None = None) -> dict[str, float]:
     """``<split>/<metric>`` for the question splits asked. The validation corpus (the documents
     the validation questions cite) is a subset of the test corpus, searched through its own
     index. ``per_filing`` adds ``<split>-filing/<metric>``: each question searches its own
     filing only, for the questions whose filing has page text (a filing without it would be its
-    evidence pages alone)."""
+    evidence pages alone). ``groups`` (label -> documents, e.g. each client's) adds
+    ``<split>-client<label>/<metric>`` for each group that owns questions of the split
+    (``dataset.owners``): its questions searched among its own filings' corpus entries."""
     from fedsim_tasks.financebench_rag.dataset import corpus_documents, load_documents
     out = {}
     for split in splits:
@@ -259,4 +262,24 @@ def score_splits(model, root: str, questions: dict, corpus_ids: list[str], emb: 
         filings = {q.doc_name for q in asked}
         out[f"{split}-filing/corpus-pages"] = len({page_of(c) for c in corpus_ids if c.split("#")[0] in filings})
         out[f"{split}-filing/questions"] = len(asked)
+    for split in splits if groups else []:
+        out.update(_score_groups(model, root, questions[split], corpus_ids, emb, groups, f"{split}-client"))
+    return out
+
+
+def _score_groups(model, root: str, questions: list, corpus_ids: list[str], emb: np.ndarray,
+                  groups: dict[str, list[str]], prefix: str) -> dict[str, float]:
+    """Each group's questions within the corpus entries of its documents (and of the filings its
+    questions cite: a filing without page text is its evidence pages)."""
+    from fedsim_tasks.financebench_rag.dataset import owners
+    out = {}
+    for label, asked in owners(root, questions, groups).items():
+        if not asked:
+            continue
+        docs = set(groups[label]) | {e.split("#")[0] for q in asked for e in q.evidence}
+        rows = [i for i, cid in enumerate(corpus_ids) if cid.split("#")[0] in docs]
+        metrics = evaluate(model, asked, [corpus_ids[i] for i in rows], emb[rows])
+        out.update({f"{prefix}{label}/{k}": v for k, v in metrics.items()})
+        out[f"{prefix}{label}/corpus-pages"] = len({page_of(corpus_ids[i]) for i in rows})
+        out[f"{prefix}{label}/questions"] = len(asked)
     return out

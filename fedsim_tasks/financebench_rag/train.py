@@ -31,10 +31,15 @@ log = logging.getLogger("fedsim")
 
 class KDInfoNCELoss(nn.Module):
     """InfoNCE(q, p) + kd_weight * mean((sim_local - sim_global)^2) over the batch's q x p
-    (+ the proximal term, where given)."""
+    (+ the proximal term, where given).
+
+    At step ``ratio_step`` (0-based; the trainer's last step where ``train_encoder`` builds it)
+    the loss also records ``kd-grad-ratio``: the norm of the weighted KD term's gradient over
+    InfoNCE's, on the trainable weights. Whether KD acts is that ratio, not the terms' values
+    (a KD term of 1e-3 can pull hard at KD x100, and a large one little if it is flat)."""
 
     def __init__(self, model, temperature: float, kd_weight: float, teacher=None,
-                 proximal: ProximalTerm | None = None):
+                 proximal: ProximalTerm | None = None, ratio_step: int | None = None):
         super().__init__()
         from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
         from sentence_transformers.util import cos_sim
@@ -45,8 +50,10 @@ class KDInfoNCELoss(nn.Module):
         self.teacher, self.proximal = teacher, proximal
         if kd_weight and teacher is None:
             raise ValueError("KD needs the frozen global model (teacher)")
+        self.ratio_step = ratio_step
         self.last = {}
         self.history: list[dict] = []  # every step's terms, for the means a client reports
+        self.grad_ratio: float | None = None
 
     def forward(self, sentence_features, labels=None):
         features = list(sentence_features)
@@ -56,9 +63,18 @@ class KDInfoNCELoss(nn.Module):
         if self.kd_weight:
             kd = self.kd_term(embeddings, features)
             self.last["kd"] = float(kd.detach())
+            if len(self.history) == self.ratio_step:
+                self.grad_ratio = self._grad_norm(self.kd_weight * kd) / max(self._grad_norm(loss), 1e-30)
             loss = loss + self.kd_weight * kd
         self.history.append(self.last)
         return self.proximal(loss) if self.proximal else loss
+
+    def _grad_norm(self, term: torch.Tensor) -> float:
+        """L2 norm of ``term``'s gradient over the trainable weights (the graph is kept for the
+        step's own backward pass)."""
+        weights = [p for p in self.model.parameters() if p.requires_grad]
+        grads = torch.autograd.grad(term, weights, retain_graph=True, allow_unused=True)
+        return float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads if g is not None)))
 
     def kd_term(self, embeddings, features) -> torch.Tensor:
         with torch.no_grad():
@@ -128,9 +144,9 @@ def train_encoder(model, pairs: list[tuple[str, str]], steps: int, batch_size: i
     """``steps`` optimizer steps on ``pairs`` (cycled, seeded shuffle; ``seed`` 32 bits, as
     transformers' ``set_seed`` takes). The teacher of KD-GLE is ``teacher`` (the received
     global model, frozen), else a frozen copy of ``model`` as it is on entry; ``proximal``:
-    FedProx's term, anchored where the caller built it. Reports each term's mean over the steps
-    and the first step's KD term (zero when the student starts from the teacher's weights and
-    trains without dropout)."""
+    FedProx's term, anchored where the caller built it. Reports each term's mean over the steps,
+    the first step's KD term (zero when the student starts from the teacher's weights and
+    trains without dropout) and the last step's KD / InfoNCE gradient-norm ratio."""
     from datasets import Dataset
     from sentence_transformers import (
         SentenceTransformerTrainer,
@@ -142,7 +158,7 @@ def train_encoder(model, pairs: list[tuple[str, str]], steps: int, batch_size: i
         return {"steps": 0}
     clock = StepClock()
     teacher = (teacher or frozen_copy(model)) if kd_weight else None
-    loss = KDInfoNCELoss(model, temperature, kd_weight, teacher, proximal)
+    loss = KDInfoNCELoss(model, temperature, kd_weight, teacher, proximal, ratio_step=steps - 1)
     need = steps * batch_size
     rows = (pairs * (need // len(pairs) + 1))[:max(need, len(pairs))]
     data = Dataset.from_dict({"anchor": [q for q, _ in rows], "positive": [p for _, p in rows]})
@@ -159,6 +175,6 @@ def train_encoder(model, pairs: list[tuple[str, str]], steps: int, batch_size: i
             out = trainer.train()
     model.eval()
     terms = {k: sum(h[k] for h in loss.history) / len(loss.history) for k in loss.last}
-    first = {"kd-first": loss.history[0]["kd"]} if kd_weight else {}
+    first = {"kd-first": loss.history[0]["kd"], "kd-grad-ratio": loss.grad_ratio} if kd_weight else {}
     return {"steps": steps, "loss": float(out.training_loss), **terms, **first,
             "setup-seconds": clock.begin - clock.start, "step-seconds": clock.end - clock.begin}

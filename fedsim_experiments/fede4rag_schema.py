@@ -1,0 +1,83 @@
+"""FedE4RAG's settings: the protocol block of ``conf/experiment/fede4rag_paper.yaml`` typed and
+checked before a run, and what an evaluation scores under them. The protocol that uses them is
+``fedsim_experiments/fede4rag.py``; its tables and plots ``fedsim_experiments/fede4rag_report.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+
+from fedsim.schema import Protocol
+from fedsim_tasks.financebench_rag.inference import BACKENDS
+
+LORA_AGGREGATIONS = ("factors", "product")  # a federated method's lora_aggregation: each factor apart, or B @ A
+
+
+@dataclass(frozen=True, kw_only=True)
+class FedE4RAGProtocol(Protocol):
+    """FedE4RAG's protocol settings (``conf/experiment/fede4rag_paper.yaml``)."""
+    local_steps: int             # optimizer steps per client and round
+    batch_size: int              # pairs per step (in-batch negatives)
+    lr: float                    # AdamW learning rate, constant
+    temperature: float           # InfoNCE temperature
+    kd_weight: float             # weight of KD-GLE in FedE4RAG
+    evaluator_partition: int     # the client that evaluates (under HE only clients hold the model)
+    he_chunk_floats: int         # floats per encrypted chunk
+    eval_pages_per_message: int  # corpus pages one evaluation message encodes
+    eval_backend: str            # corpus encoder: torch | openvino | onnx (float32) | openvino_bf16
+    eval_nodes: int              # clients that encode corpus pieces side by side (a shared store)
+    eval_local: bool             # also evaluate each company's own retriever (methods with local_models)
+    eval_per_filing: bool        # also score each question within its own filing's pages
+    eval_per_client: bool        # also score each client's questions within its own filings (own / others / global)
+    methods: dict[str, Any]
+    """name -> {run: runner function, ...its settings}, in run order; null leaves a method out"""
+
+    def he_methods(self) -> list[str]:
+        return [name for name, spec in self.methods.items() if spec and spec.get("he")]
+
+    def __post_init__(self):
+        if self.eval_backend not in BACKENDS:
+            raise ValueError(f"protocol.eval_backend={self.eval_backend!r} is not one of {sorted(BACKENDS)}")
+        if self.eval_nodes < 1:
+            raise ValueError(f"protocol.eval_nodes={self.eval_nodes} must be >= 1")
+        for name, spec in self.methods.items():
+            if spec and str(spec.get("run", "")).endswith(".local_only") and not self.eval_local:
+                raise ValueError(f"protocol.methods.{name} (local_only) has no global model: only its "
+                                 f"companies' own retrievers can be evaluated, so it needs protocol.eval_local=true")
+            if spec and spec.get("lora_aggregation", "factors") not in LORA_AGGREGATIONS:
+                raise ValueError(f"protocol.methods.{name}.lora_aggregation={spec.get('lora_aggregation')!r} "
+                                 f"is not one of {LORA_AGGREGATIONS}")
+
+    def check_run(self, cfg: DictConfig, clients: int | None) -> None:
+        """The evaluator and the encoding nodes must be clients of the federation; a product
+        average of LoRA adapters needs adapters, and plaintext replies averaged by a mean."""
+        if clients is not None and not (self.eval_nodes <= clients and 0 <= self.evaluator_partition < clients):
+            raise ValueError(f"protocol.eval_nodes={self.eval_nodes} and protocol.evaluator_partition="
+                             f"{self.evaluator_partition} need a federation of at least that many clients, "
+                             f"this one has {clients}")
+        for name, spec in self.methods.items():
+            if not spec or spec.get("lora_aggregation", "factors") != "product":
+                continue
+            why = "task.lora is null (full fine-tuning has no adapters)" if cfg.task.lora is None else \
+                "it runs under HE (the product is not linear in the ciphertexts)" if spec.get("he") else \
+                f"privacy.kind={cfg.privacy.kind} (the product would replace the wrapper's aggregate)" \
+                if cfg.privacy.kind != "none" else \
+                f"strategy {cfg.strategy._target_} aggregates by {cfg.strategy.traits.aggregation}, not a mean" \
+                if cfg.strategy.traits.aggregation != "mean" else None
+            if why:
+                raise ValueError(f"protocol.methods.{name}.lora_aggregation=product cannot run: {why}")
+
+
+def splits(cfg: DictConfig) -> list[str]:
+    """The question splits the task holds (``task.n_test=0``: validation only)."""
+    return [s for s in ("valid", "test") if int(cfg.task[f"n_{s}"])]
+
+
+def scored(cfg: DictConfig) -> list[str]:
+    """What an evaluation reports: each split on the shared corpus (``valid``), and with
+    ``eval_per_filing`` within each question's own filing (``valid-filing``)."""
+    corpora = ["", "-filing"] if cfg.protocol.eval_per_filing else [""]
+    return [f"{s}{corpus}" for corpus in corpora for s in splits(cfg)]
