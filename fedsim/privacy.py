@@ -49,7 +49,7 @@ class NoiseSource:
 
     Private (the default): ``entropy`` is 256 bits nobody else knows (OS entropy, or a key derived
     from the run's secret so that a resumed run redraws the same noise, ``fedsim/secret.py``).
-    Public (``privacy.reproducible_noise``, simulation only): ``entropy`` is the public seed, and
+    Public (``privacy.reproducible_noise``, this machine only): ``entropy`` is the public seed, and
     anyone can regenerate the noise and subtract it: such a release is not private. Every draw
     names its purpose and index (``rng(RELEASE, round)``), so no two releases share noise.
     """

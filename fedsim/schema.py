@@ -359,9 +359,10 @@ def check(cfg: DictConfig) -> Protocol:
     if hw.backend == "deployment" and not (hw.launch_local or hw.insecure or hw.certificates):
         raise ValueError("hardware.certificates (a folder with the federation's ca.pem) is "
                          "required for a remote SuperLink; hardware.insecure=true for plain text")
-    if hw.backend == "deployment" and cfg.privacy.reproducible_noise:
+    if hw.backend == "deployment" and not hw.launch_local and cfg.privacy.reproducible_noise:
         raise ValueError("privacy.reproducible_noise=true draws DP noise from the public seed "
-                         "(not private): allowed in simulation only, refused for deployments")
+                         "(not private): allowed in simulation and hardware=deploy_local only (one machine, "
+                         "the simulation's parity check), refused for a remote SuperLink")
     if cfg.logging.mlflow and hw.backend == "deployment" and not hw.launch_local:
         raise ValueError("logging.mlflow writes where the ServerApp runs: simulation or "
                          "hardware.launch_local only, refused for a remote SuperLink")

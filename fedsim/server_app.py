@@ -258,11 +258,12 @@ def seed_server(seed: int) -> None:
 
 
 def noise_source(cfg, secret: bytes) -> NoiseSource:
-    """The run's DP noise: a key derived from the run's secret, or (asked for, simulation only)
-    the public seed, which makes every release reproducible and therefore not private."""
+    """The run's DP noise: a key derived from the run's secret, or (asked for, in simulation or
+    a deployment on this machine: ``tests/test_e2e_parity.py`` compares the two) the public seed,
+    which makes every release reproducible and therefore not private."""
     if not cfg.privacy.reproducible_noise:
         return NoiseSource.from_key(derive(secret, b"dp-noise"))
-    if cfg.hardware.backend != "simulation":
-        raise ValueError("privacy.reproducible_noise=true is refused for deployments")
+    if cfg.hardware.backend != "simulation" and not cfg.hardware.launch_local:
+        raise ValueError("privacy.reproducible_noise=true is refused for a remote SuperLink")
     logging.getLogger("fedsim").warning("%s", NOT_PRIVATE)
     return NoiseSource.public(int(cfg.seed))

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import os
 import time
-from functools import cached_property, partial
+from functools import cached_property
 
-import numpy as np
 import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from hydra.utils import instantiate
@@ -35,7 +34,7 @@ from fedsim.records import from_record, to_record
 from fedsim.seeding import stream
 from fedsim_clients import fede4rag_messages as keys
 from fedsim_tasks.financebench_rag.dataset import client_documents, load_documents, load_pages, title
-from fedsim_tasks.financebench_rag.inference import Encode, corpus_encoder
+from fedsim_tasks.financebench_rag.inference import cached_encoder
 from fedsim_tasks.financebench_rag.pseudo_queries import LLMQueryGenerator, inverse_cloze_pairs
 from fedsim_tasks.financebench_rag.retrieval import (
     corpus_store,
@@ -69,7 +68,6 @@ class RetrieverClient:
                                    task["seed"])
         self.initial = trainable_arrays(self.model)
         self._he_clients: dict[int, HEClient] = {}
-        self._encoder: tuple[tuple, Encode] | None = None  # (weights key, backend, threads), encoder
 
     def _documents(self, partition_id: int) -> list[str]:
         return client_documents(self.root, self.task["companies"],
@@ -216,13 +214,6 @@ class RetrieverClient:
         reply[keys.METRICS]["handler-seconds"] = time.perf_counter() - begin
         return reply
 
-    def _encode(self, key: str, backend: str, threads: int, texts: list[str]) -> np.ndarray:
-        """Encode with the backend's encoder of the weights ``key``, built when first needed and
-        kept across the pieces of one evaluation (a compiled backend: once per weights)."""
-        if self._encoder is None or self._encoder[0] != (key, backend, threads):
-            self._encoder = (key, backend, threads), corpus_encoder(self.model, backend, threads)
-        return self._encoder[1](texts)
-
     def evaluate(self, msg: Message, context=None) -> RecordDict:
         config = msg.content[keys.CONFIG]
         threads = self._threads(config)
@@ -235,7 +226,10 @@ class RetrieverClient:
         store = corpus_store(self.model, key, corpus, folder, int(config[keys.PAGES_PER_MESSAGE]), backend)
         start = time.perf_counter()
         if config[keys.EVAL_OP] == keys.ENCODE:
-            encode = partial(self._encode, key, backend, threads)
+            graphs = client_state.of(msg, self.pid).folder / "encoder"
+
+            def encode(texts: list[str]):  # built when a piece is missing: once per weights in this process
+                return cached_encoder(self.model, key, backend, threads, graphs)(texts)
             metrics = {keys.MISSING: store.encode_piece(int(config[keys.PIECE]), encode, list(corpus.values())),
                        keys.PIECES: store.pieces, keys.CORPUS_PAGES: len(corpus)}
         else:

@@ -1,5 +1,5 @@
 """FedTP's DP release against whoever reads the results: the sweep's points share no noise, a
-run whose bound cannot hold is refused, reproducible (public) noise is refused for deployments."""
+run whose bound cannot hold is refused, reproducible (public) noise is refused for a remote deployment."""
 
 import numpy as np
 import pytest
@@ -62,8 +62,11 @@ def test_several_conversations_per_client_are_refused_under_sampling():
         check_records(hosted, ["valid_freq"], DPMean(noise_multiplier=1.0, fraction_train=0.5))
 
 
-def test_reproducible_noise_is_refused_for_a_deployment():
+def test_reproducible_noise_is_refused_for_a_remote_deployment():
+    """Public noise on a remote SuperLink is refused; on this machine (deploy_local, whose
+    processes are the user's own, as a simulation's) it is what the parity test compares."""
     deploy = ["hardware=deploy_remote", "hardware.superlink=127.0.0.1:9", "hardware.insecure=true"]
     check(compose(deploy))
     with pytest.raises(ValueError, match="reproducible_noise"):
         check(compose([*deploy, "privacy.reproducible_noise=true"]))
+    check(compose(["hardware=deploy_local", "privacy.reproducible_noise=true"]))

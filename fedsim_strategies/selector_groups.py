@@ -271,7 +271,7 @@ class SelectorGroups(FedAvg):
     def _regroup(self, rnd, selectors, config, grid) -> dict:
         """Every client's validation loss on every selector, then balanced groups; a regroup
         survives clients that crash or time out (quorum), they keep their group."""
-        nodes = sorted(grid.get_node_ids())
+        nodes = list(grid.get_node_ids())  # the grid's order (partition order), not node ids: random per run
         content = {f"{self.model_prefix}{u}": s for u, s in enumerate(selectors)}
         messages = [Message(RecordDict({**content, self.configrecord_key: ConfigRecord(
             {**dict(config.items()), SERVER_ROUND: rnd})}), dst_node_id=n, message_type=MessageType.EVALUATE)

@@ -214,6 +214,19 @@ def test_regroup_then_eq6_through_messages():
     assert [float(from_record(s)["w"][0]) for s in result.selectors] == pytest.approx([0.125, 10.0, 19.75])
 
 
+def test_regroup_rows_follow_the_partitions_not_the_node_ids():
+    """Flower draws new node ids for every run (a simulation others than a deployment): the
+    regroup's rows, so its tie-breaks (all four clients tie here) and its loss sums, follow the
+    Messenger's partition order. Rows sorted by node id gave one seed's run other groups in a
+    deployment than in the simulation."""
+    handlers = {9: _client(5.0), 3: _client(5.0), 7: _client(5.0), 1: _client(5.0)}
+    messenger = Messenger(InProcessGrid(handlers), timeout=5)
+    messenger.partitions = {9: 0, 3: 1, 7: 2, 1: 3}  # as whoami told them
+    selectors = [to_record({"w": np.array([0.0], np.float32)}) for _ in range(3)]
+    group = _groups_strategy()._regroup(4, selectors, ConfigRecord(), messenger.grid("t"))
+    assert group["groups"] == dict(zip([9, 3, 7, 1], balanced_assignment(np.zeros((4, 3))).tolist()))
+
+
 def test_a_crashed_report_keeps_the_clients_group_and_is_counted():
     handlers = {1: _client(0.0), 2: _client(0.5), 3: _client(10.0), 4: _client(19.0)}
     messenger = Messenger(InProcessGrid(handlers), timeout=5)

@@ -1,16 +1,21 @@
 """The compiled corpus encoders (OpenVINO, ONNX Runtime) give the torch path's embeddings and
 retrieval metrics to float precision, LoRA adapters included; a wrong backend name is refused
-before a run starts."""
+before a run starts. The cached encoder (a deployment's evaluation pieces, one process each)
+follows the weights: a new graph for new weights, the saved one for the same."""
+
+import copy
 
 import numpy as np
 import pytest
+from peft import TaskType
 
 from fedsim.config import compose
 from fedsim.data import resolve_data_root
 from fedsim.schema import check
-from fedsim_tasks.financebench_rag.inference import corpus_encoder
-from fedsim_tasks.financebench_rag.retrieval import evaluation_data, score_splits
-from fedsim_tasks.hf import build_encoder, load_trainable, trainable_arrays
+from fedsim_tasks.financebench_rag import inference
+from fedsim_tasks.financebench_rag.inference import cached_encoder, corpus_encoder
+from fedsim_tasks.financebench_rag.retrieval import evaluation_data, score_splits, weights_key
+from fedsim_tasks.hf import build_encoder, load_trainable, lora_config, trainable_arrays
 
 ROOT = str(resolve_data_root())
 LORA = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["query", "value"]}
@@ -77,3 +82,51 @@ def test_wrong_backend_is_refused(trained):
     assert check(compose(["experiment=fede4rag_paper"])).eval_backend == "openvino"
     with pytest.raises(ValueError, match="not one of"):
         corpus_encoder(trained, "tensorrt", 1)
+
+
+PAGES = ["Boeing FY2022 10K: revenue rose to 66.6 billion", "capital expenditure fell", "dividends paid",
+         "total debt of 57 billion at year end", "a short page"]
+
+
+@pytest.fixture
+def lora_tiny(tiny_encoder):
+    """The tiny encoder with LoRA adapters (merged into the converted graph), fresh per test."""
+    model = copy.deepcopy(tiny_encoder)
+    model.add_adapter(lora_config(LORA, task_type=TaskType.FEATURE_EXTRACTION))
+    return model
+
+
+def moved(model, scale: float) -> dict:
+    """Adapters moved away from their init (B = 0 would make them a no-op), loaded; their digest."""
+    rng = np.random.default_rng(int(scale * 100))
+    arrays = {k: (v + rng.normal(0, scale, v.shape)).astype(np.float32) for k, v in trainable_arrays(model).items()}
+    load_trainable(model, arrays)
+    return weights_key("tiny", LORA, arrays)
+
+
+@pytest.mark.parametrize("backend", ["openvino", "onnx"])
+def test_cached_encoder_encodes_the_current_weights(backend, lora_tiny, tmp_path, monkeypatch):
+    """Each round's weights get their own encoder: a cache keyed by the model's name (or its
+    architecture) would encode round 2's corpus with round 1's weights. The folder keeps the
+    current weights' graph only."""
+    monkeypatch.setattr(inference, "_latest", None)
+    first = cached_encoder(lora_tiny, moved(lora_tiny, 0.5), backend, 1, tmp_path)(PAGES)
+    second_key = moved(lora_tiny, 1.0)
+    second = cached_encoder(lora_tiny, second_key, backend, 1, tmp_path)(PAGES)
+    live = corpus_encoder(lora_tiny, "torch", 1)(PAGES)
+    assert np.abs(second - live).max() < 1e-5 < np.abs(first - live).max()
+    assert [p.name for p in tmp_path.iterdir()] == [f"{second_key}.{inference.GRAPHS[backend]}"]
+
+
+def test_a_new_process_compiles_the_saved_graph(lora_tiny, tmp_path, monkeypatch):
+    """A deployment's next message runs in a new process: it compiles the graph saved under the
+    weights' digest (no conversion: the converter is broken here) and encodes alike to the bit."""
+    import openvino
+    monkeypatch.setattr(inference, "_latest", None)
+    key = moved(lora_tiny, 0.5)
+    built = cached_encoder(lora_tiny, key, "openvino", 1, tmp_path)(PAGES)
+    monkeypatch.setattr(inference, "_latest", None)  # the next process
+    monkeypatch.setattr(openvino, "convert_model", lambda *a, **k: pytest.fail("converted again"))
+    assert np.array_equal(cached_encoder(lora_tiny, key, "openvino", 1, tmp_path)(PAGES), built)
+    with pytest.raises(pytest.fail.Exception, match="converted again"):  # other weights: converted
+        cached_encoder(lora_tiny, moved(lora_tiny, 1.0), "openvino", 1, tmp_path)
