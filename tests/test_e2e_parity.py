@@ -1,8 +1,10 @@
 """Simulation-deployment parity: one seed, one small experiment per method family, run through
 the Ray simulation and through ``hardware=deploy_local`` (a SuperLink and 2 SuperNodes, TLS and
 node authentication), gives the same results.json: a deployment runs the method the paper tables
-came from. The DP noise is public (``privacy.reproducible_noise``: drawn from the seed, so both
-runs draw the same; the run's secret would differ); every other random stream comes from the
+came from. FedTP's deployed run is also the default suite's deployment test (TLS, node
+authentication, a process per message). The DP noise is public
+(``privacy.reproducible_noise``: drawn from the seed, so both runs draw the same; the run's
+secret would differ); every other random stream comes from the
 seed by ``fedsim/seeding.py``, keyed by round and partition, never by Flower's node id or the
 order replies arrive in (the Messenger hands replies back in partition order).
 
@@ -15,6 +17,7 @@ the run's secret instead of the public seed, its routers' error and support rati
 import pytest
 
 from conftest import SMALL, fedsim_run, read_results
+from fedsim import exchange_trace
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -42,21 +45,35 @@ def comparable(value):
     return value
 
 
+def run_on(tmp_path, overrides: list[str], backend: str) -> tuple[dict, str]:
+    out = tmp_path / backend.split("=")[1]
+    code, log = fedsim_run(*overrides, backend, LAYOUT, f"results_dir={out}", f"client_state.dir={tmp_path / 'state'}")
+    assert code == 0, log[-3000:]
+    return read_results(out), log
+
+
 def simulated_and_deployed(tmp_path, overrides: list[str]) -> list[dict]:
-    runs = []
-    for backend in BACKENDS:
-        out = tmp_path / backend.split("=")[1]
-        code, log = fedsim_run(*overrides, backend, LAYOUT, f"results_dir={out}",
-                               f"client_state.dir={tmp_path / 'state'}")
-        assert code == 0, log[-3000:]
-        runs.append(read_results(out))
-    return runs
+    return [run_on(tmp_path, overrides, backend)[0] for backend in BACKENDS]
 
 
-def test_fedtp_gives_the_same_results_simulated_and_deployed(tmp_path):
-    simulated, deployed = simulated_and_deployed(tmp_path, FEDTP)
+def test_fedtp_gives_the_same_results_simulated_and_deployed(tmp_path, monkeypatch):
+    """Also the deployment's own checks: a SuperLink and two SuperNodes over TLS with node
+    authentication, every message handled in a ClientApp process of its own forked from its
+    SuperNode's warm process, and (``fedsim_run``) no process of the run left."""
+    simulated, _ = run_on(tmp_path, FEDTP, BACKENDS[0])
+    monkeypatch.setenv(exchange_trace.TRACE_ENV, str(tmp_path))
+    deployed, log = run_on(tmp_path, FEDTP, BACKENDS[1])
+    assert "deployment via SuperLink 127.0.0.1:" in log and "(TLS + node authentication)" in log
     prior = deployed["prior_clients"]
-    assert deployed["supernodes"] == 2 and (prior["count"], prior["nodes"]) == (4, 2)
+    assert deployed["supernodes"] == 2 and deployed["conversations"] == 8
+    assert (prior["count"], prior["nodes"]) == (4, 2)  # each SuperNode hosts 2 validation conversations
+    assert deployed["routers"]["fedmix"]["overall"]["turns"] > 0
+    marks = exchange_trace.read(tmp_path)
+    handled = [m for m in marks if m["event"] == "enter"]
+    parents = {m["pid"]: m["parent"] for m in marks if m["event"] == "process-start"}
+    assert len({m["pid"] for m in handled}) == len(handled) >= 8  # discover, prior, tune, test x 2 nodes
+    assert all("multiprocessing.forkserver" in parents[m["pid"]] for m in handled), set(parents.values())
+    assert {phase for phase, _ in exchange_trace.breakdown(marks)} >= {"discover", "prior/train", "tune", "test"}
     assert simulated["privacy"] == deployed["privacy"] and simulated["dp_sweep"]  # the DP releases: noised alike
     assert comparable(deployed) == comparable(simulated)
 

@@ -147,7 +147,7 @@ def _figures(res: dict) -> dict:
             and all(isinstance(row, dict) and "seconds" in row for row in rounds.values())}
 
 
-@pytest.mark.exhaustive  # 3-4 min; by default tests/test_e2e_deployment.py runs FedTP through a SuperLink
+@pytest.mark.exhaustive  # 3-4 min; by default tests/test_e2e_parity.py runs FedTP through a SuperLink
 def test_fedtp_and_fede4rag_he_across_namespaces(federation, tmp_path):
     hosts, certs = federation
     code, log = _user_run(hosts, certs, tmp_path / "fedtp", *SMALL, "task.max_per_split=2")
