@@ -116,3 +116,17 @@ def run_small(tmp_path):
         code, log = fedsim_run(*SMALL, f"results_dir={out}", *overrides, timeout=timeout)
         return code, log, out
     return run
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory):
+    """The uninterrupted stateful run of a layout (``tests/test_e2e_client_state.py``), made once
+    per session: the resume tests there and the Ray cluster test compare their runs with it."""
+    from test_e2e_client_state import LAYOUTS, _run
+    runs = {}
+
+    def run(layout: str) -> Path:
+        if layout not in runs:
+            runs[layout] = _run(tmp_path_factory.mktemp(layout), *LAYOUTS[layout])
+        return runs[layout]
+    return run

@@ -125,18 +125,6 @@ def _same_states(got: dict, want: dict) -> None:
                 np.testing.assert_array_equal(got[p][r][k], want[p][r][k], err_msg=f"client {p} round {r} {k}")
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """The uninterrupted run of a layout, made once and shared by the layout's tests."""
-    runs = {}
-
-    def run(layout: str) -> Path:
-        if layout not in runs:
-            runs[layout] = _run(tmp_path_factory.mktemp(layout), *LAYOUTS[layout])
-        return runs[layout]
-    return run
-
-
 @pytest.mark.e2e
 @pytest.mark.parametrize("layout", [pytest.param(name, marks=() if name == "one_per_node" else pytest.mark.exhaustive)
                                     for name in LAYOUTS])
