@@ -38,7 +38,9 @@ def test_every_method_on_a_small_slice(tmp_path):
         "task.embedding_cache=null", f"task.he.key_dir={tmp_path / 'keys'}",  # the run's own store
         f"client_state.dir={tmp_path / 'state'}", "num_rounds=2", "protocol.local_steps=1",
         "protocol.batch_size=4", "protocol.eval_pages_per_message=24", "protocol.eval_nodes=2",
-        "hardware.clients_per_supernode=2", timeout=900)
+        "hardware.clients_per_supernode=2",
+        "protocol.methods.local_only=null", "protocol.methods.persistent_no_kd=null",  # tests/test_fede4rag_arms.py
+        timeout=900)
     assert code == 0, log[-3000:]
     assert "fedsim: 1 SuperNodes" in log
     r = read_results(out)
