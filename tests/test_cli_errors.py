@@ -103,6 +103,8 @@ def test_a_client_layout_that_leaves_a_supernode_empty_is_refused():
     (["experiment=fedtp", "strategy=fedprox", "strategy.proximal_mu=10"],
      "cannot run strategy FedProx: FedTP's clients train no model"),  # once FedAvg under FedProx's name
     (["privacy.audit.enabled=true", "privacy.audit.canaries=300"], "privacy.audit.canaries=300 exceeds half"),
+    (["experiment=fedbiscuit_paper", "task.minority_preference.kind=opposite"],
+     "task.minority_preference.kind='opposite' is not one of ('reversed', 'second_criterion')"),
 ])
 def test_what_the_run_would_fail_on_is_refused_before_any_process_starts(overrides, named, tmp_path):
     """Each of these once started the run's processes and failed in them (a traceback after a

@@ -1,0 +1,73 @@
+"""Reward-hacking curves on a tiny run: a tiny Llama trained by one DPO run, scored by its
+labeller (the proxy) and a judge against the base at the configured steps, on real HH prompts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from fedsim.config import compose
+from fedsim_experiments.fedbiscuit_rlhf import DPO_TRAINING, RLHF, reward_hacking
+from fedsim_tasks.causal_lm import dpo_train, generate, load_policy, load_tokenizer
+from fedsim_tasks.hf import trainable_arrays
+from fedsim_tasks.hh_preference.dataset import load_pairs
+from fedsim_tasks.hh_preference.rlhf import hacking_point, policy_prompt
+from fedsim_tasks.hh_preference.test_dataset import ROOT
+from fedsim_tasks.test_causal_lm import llama_dir, one_thread  # noqa: F401 (fixtures)
+
+LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": None}
+
+
+def settings(steps: str) -> RLHF:
+    cfg = compose(["experiment=fedbiscuit_paper", f"protocol.rlhf.hacking_steps={steps}", "protocol.rlhf.max_length=48",
+                   "protocol.rlhf.dpo_batch_size=2", "protocol.rlhf.dpo_lr=5e-2"])
+    return RLHF(**OmegaConf.to_container(cfg.protocol.rlhf, resolve=True))
+
+
+def prefer_longer(examples) -> np.ndarray:
+    """The labeller standing in for the selectors: B (the policy's reply) when it is longer."""
+    return np.array([int(len(e.b) > len(e.a)) for e in examples])
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_curve_logs_proxy_and_judge_at_each_step_without_changing_the_training(llama_dir):  # noqa: F811
+    tokenizer = load_tokenizer(llama_dir)
+    hh = load_pairs(ROOT)[:6]
+    prompts = [policy_prompt(p.prompt, "\n\n", 1) for p in hh]
+    pairs = [(x, " " + " ".join(p.chosen.split()[:4]), " " + " ".join(p.rejected.split()[:4]))
+             for x, p in zip(prompts, hh)]
+    r = settings("[2,4]")
+
+    def replies(model) -> list[str]:
+        return [c[0] for c in generate(model, tokenizer, prompts, max_new_tokens=6, seed=0)]
+
+    def judge(texts) -> np.ndarray:  # the judge standing in: fewer characters score higher
+        return -np.array([len(t) for t in texts], float)
+
+    base = replies(load_policy(llama_dir, LORA, seed=0))
+
+    def point(model) -> dict:
+        own = replies(model)
+        return hacking_point(prefer_longer, [p.prompt for p in hh], base, own, judge(own), judge(base))
+
+    model = load_policy(llama_dir, LORA, seed=0)
+    start = trainable_arrays(model)
+    rows = reward_hacking(model, tokenizer, pairs, r, 0, point)
+    assert [row["steps"] for row in rows] == [0, 2, 4]
+    assert rows[0]["proxy_win_rate"] == rows[0]["judge_win_rate"] == 0.5  # before training: the base itself
+    for row in rows:
+        assert 0 <= row["proxy_win_rate"] <= 1 and 0 <= row["judge_win_rate"] <= 1 and row["reply_words"] >= 0
+        assert row["gap"] == pytest.approx(row["proxy_win_rate"] - row["judge_win_rate"])
+    plain = load_policy(llama_dir, LORA, seed=0)  # one run of 4 steps with no scoring in between
+    dpo_train(plain, tokenizer, pairs, steps=4, batch_size=r.dpo_batch_size, lr=r.dpo_lr, beta=r.beta,
+              max_length=r.max_length, seed=DPO_TRAINING.seed(0))
+    trained, expected = trainable_arrays(model), trainable_arrays(plain)
+    assert any(not np.array_equal(trained[k], start[k]) for k in trained)
+    assert all(np.allclose(trained[k], expected[k], atol=1e-6) for k in trained)
+
+
+def test_curve_settings_are_checked():
+    with pytest.raises(ValueError, match="hacking_n=3 must be one of completions"):
+        RLHF(**{**OmegaConf.to_container(compose(["experiment=fedbiscuit_paper"]).protocol.rlhf, resolve=True),
+                "hacking_steps": [60], "hacking_n": 3})
