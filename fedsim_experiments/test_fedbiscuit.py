@@ -1,5 +1,7 @@
-"""Reward-hacking curves on a tiny run: a tiny Llama trained by one DPO run, scored by its
-labeller (the proxy) and a judge against the base at the configured steps, on real HH prompts."""
+"""FedBiscuit's protocol pieces run in process: each population's selector accuracy under a
+minority that is not HH reversed, and reward-hacking curves on a tiny run (a tiny Llama trained
+by one DPO run, scored by its labeller, the proxy, and a judge against the base at the
+configured steps, on real HH prompts)."""
 
 from __future__ import annotations
 
@@ -8,12 +10,13 @@ import pytest
 from omegaconf import OmegaConf
 
 from fedsim.config import compose
+from fedsim_experiments.fedbiscuit import evaluate_selectors
 from fedsim_experiments.fedbiscuit_rlhf import DPO_TRAINING, RLHF, reward_hacking
 from fedsim_tasks.causal_lm import dpo_train, generate, load_policy, load_tokenizer
 from fedsim_tasks.hf import trainable_arrays
-from fedsim_tasks.hh_preference.dataset import load_pairs
+from fedsim_tasks.hh_preference.dataset import Federation, load_pairs
 from fedsim_tasks.hh_preference.rlhf import hacking_point, policy_prompt
-from fedsim_tasks.hh_preference.test_dataset import ROOT
+from fedsim_tasks.hh_preference.test_dataset import LONGER, ROOT, task
 from fedsim_tasks.test_causal_lm import llama_dir, one_thread  # noqa: F401 (fixtures)
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": None}
@@ -71,3 +74,31 @@ def test_curve_settings_are_checked():
     with pytest.raises(ValueError, match="hacking_n=3 must be one of completions"):
         RLHF(**{**OmegaConf.to_container(compose(["experiment=fedbiscuit_paper"]).protocol.rlhf, resolve=True),
                 "hacking_steps": [60], "hacking_n": 3})
+
+
+class LongerPicker:
+    """A selector that prefers the response with more words (A on a tie); no weights."""
+
+    def load(self, weights) -> None:
+        pass
+
+    def prob_b(self, examples) -> np.ndarray:
+        return np.array([float(len(e.b.split()) > len(e.a.split())) for e in examples])
+
+
+def test_each_population_is_scored_on_its_own_labels():
+    """Under the second-criterion minority the minority's accuracy is measured on its own labels
+    (here: on the minority's own test examples, another path than the protocol's), no longer
+    1 - the majority's; under reversal it still is."""
+    fed = Federation({**task(), "minority_preference": LONGER}, ROOT)
+    picker = LongerPicker()
+    scores = evaluate_selectors(picker, [{}], fed, 0.5)
+
+    def accuracy(population: str) -> float:
+        examples = fed.test(population)
+        return float(np.mean((picker.prob_b(examples) > 0.5) == np.array([e.label for e in examples])))
+    assert scores["accuracy_majority"] == accuracy("majority")
+    assert scores["accuracy_minority"] == accuracy("minority") > scores["accuracy_majority"]
+    assert scores["accuracy_minority"] != 1 - scores["accuracy_majority"]
+    reversed_scores = evaluate_selectors(picker, [{}], Federation(task(), ROOT), 0.5)
+    assert reversed_scores["accuracy_minority"] == 1 - reversed_scores["accuracy_majority"]
