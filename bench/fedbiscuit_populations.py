@@ -44,7 +44,7 @@ def judges(seed: int) -> dict:
     cfg = compose_checked(["experiment=fedbiscuit_paper", f"seed={seed}", f"task.split_seed={seed}"])
     fed = Federation(OmegaConf.to_container(cfg.task, resolve=True), cfg.data_root)
     p = cfg.protocol
-    out = {"minilm": ScorerSelector(cfg.task.judge.model, frozen=True, human_words=32, seed=seed),
+    out = {"minilm": ScorerSelector(cfg.task.selector.model, frozen=True, human_words=32, seed=seed),
            "tfidf": TfidfScorer(human_words=32, seed=seed)}
     for judge in out.values():
         judge.train(both_orders(fed.splits["judge"]), p.rlhf.judge_steps, p.batch_size, p.lr,

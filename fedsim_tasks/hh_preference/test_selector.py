@@ -53,7 +53,7 @@ def test_tfidf_scorer_is_symmetric_reads_the_prompt_and_beats_chance_held_out():
     assert np.allclose(margins[0::2], -margins[1::2]) and judge.accuracy(held_out) > 0.55
     prompts = [p.prompt for p in pairs[:50]]
     reply = [pairs[0].chosen] * 50
-    assert np.ptp(judge.scores(prompts, reply).numpy()) > 0  # the same reply scores differently per prompt
+    assert np.ptp(judge.scores(prompts, reply).detach().numpy()) > 0  # the same reply scores differently per prompt
 
 
 def test_the_proximal_term_acts_in_the_selectors_loop():
