@@ -200,7 +200,7 @@ class TfidfScorer:
     that does not read the selectors' features, and the HH probe that says which labels are weak.
     A convex fit: steps cap the solver's iterations; it takes no batches, learning rate or seed."""
 
-    def __init__(self, human_words: int = 32, c: float = 1.0, min_df: int = 2, seed: int = 0):
+    def __init__(self, human_words: int = 32, c: float = 1.0, min_df: int = 1, seed: int = 0):
         from sklearn.feature_extraction.text import TfidfVectorizer
         from sklearn.linear_model import LogisticRegression
         self.human_words = human_words
@@ -218,7 +218,8 @@ class TfidfScorer:
         """Fit on ``examples`` (both orders of each pair); the selectors' call, the rest unused."""
         if not examples:
             raise ValueError("no training examples")
-        self.vectorizer.fit([response_text(e.prompt, r, self.human_words) for e in examples for r in (e.a, e.b)])
+        texts = dict.fromkeys(response_text(e.prompt, r, self.human_words) for e in examples for r in (e.a, e.b))
+        self.vectorizer.fit(list(texts))  # each text once: both orders of a pair hold it twice, min_df counts texts
         self.model.set_params(max_iter=steps)
         self.model.fit(self._differences(examples), [e.label for e in examples])
         return {"steps": int(self.model.n_iter_[0]), "features": len(self.vectorizer.vocabulary_)}

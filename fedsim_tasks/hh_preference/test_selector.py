@@ -56,6 +56,15 @@ def test_tfidf_scorer_is_symmetric_reads_the_prompt_and_beats_chance_held_out():
     assert np.ptp(judge.scores(prompts, reply).detach().numpy()) > 0  # the same reply scores differently per prompt
 
 
+def test_tfidf_min_df_counts_distinct_texts_not_both_orders():
+    """Both orders of a pair hold each response twice: a word of one response alone is no
+    feature at min_df 2 (fit on each order, every word passed)."""
+    pairs = [Example(0, "p", "alpha beta", "gamma beta", 0), Example(1, "q", "delta beta", "epsilon", 1)]
+    scorer = TfidfScorer(human_words=0, min_df=2)
+    scorer.train([*pairs, *(Example(e.pair_id, e.prompt, e.b, e.a, 1 - e.label) for e in pairs)], 100)
+    assert set(scorer.vectorizer.vocabulary_) == {"beta"}
+
+
 def test_the_proximal_term_acts_in_the_selectors_loop():
     """FedProx: the same 8 steps from the same head move it less at mu 100; mu 0 trains exactly
     as without the term."""
