@@ -102,3 +102,25 @@ def test_each_population_is_scored_on_its_own_labels():
     assert scores["accuracy_minority"] != 1 - scores["accuracy_majority"]
     reversed_scores = evaluate_selectors(picker, [{}], Federation(task(), ROOT), 0.5)
     assert reversed_scores["accuracy_minority"] == 1 - reversed_scores["accuracy_majority"]
+
+
+def test_summary_shows_the_reward_hacking_curves_and_the_minority_rule(tmp_path):
+    """The summary of a run with curves: their table and plot; the note that the minority's
+    accuracy is derived only where the minority is HH reversed."""
+    from fedsim.results import RunOutput
+    from fedsim_experiments.fedbiscuit import MINORITY_DERIVED, _summary
+    accuracy = {"accuracy_majority": 0.6, "accuracy_minority": 0.55, "accuracy": 0.58}
+    curve = [{"steps": s, "proxy_win_rate": p, "judge_win_rate": j, "gap": p - j, "reply_words": 9.0,
+              "mean_judge_reward": 0.1} for s, p, j in ((0, 0.5, 0.5), (60, 0.7, 0.55))]
+    policy = {"win_rate": 0.6, "ci": [0.5, 0.7], "mean_reward": 0.2, "pairs": 10}
+    r = {"selectors": {"fedbis": accuracy}, "communication": {"fedbis": {"bytes_per_round": 1e6, "regroup_bytes": 0}},
+         "groups": {}, "warmup": {}, "minority_share": {"clients": 0.33, "training_pairs": 0.3},
+         "client_weights": "data_share", "minority_preference": {"kind": "second_criterion"},
+         "policy": {"fedbis": {"4": policy}}, "rlhf_reference": "fedbis",
+         "rlhf": {"judge": {"pairs": 400, "accuracy": 0.6}, "base": {"sft": {}}, "head_to_head": {},
+                  "reward_hacking": {"fedbis": curve}}}
+    out = RunOutput(tmp_path)
+    text = _summary(r, out)
+    assert "## Reward hacking" in text and "| fedbis | 60 | 0.7" in text and MINORITY_DERIVED not in text
+    assert (tmp_path / "reward_hacking.png").exists()
+    assert MINORITY_DERIVED in _summary({**r, "minority_preference": {"kind": "reversed"}}, out)
