@@ -102,10 +102,15 @@ def central(ctx: Context, name: str, spec: DictConfig) -> dict:
     examples = [e for c in clients if spec.population == "all" or c.population == spec.population
                 for e in c.train]
     selector = instantiate(ctx.cfg.task.selector, seed=ctx.cfg.task.seed)
-    p = ctx.cfg.protocol
-    stats = selector.train(examples, p.central_steps, p.batch_size, p.lr, CENTRAL_TRAINING.seed(ctx.cfg.seed),
-                           p.weight_decay)
+    stats = train_central(selector, examples, ctx.cfg)
     return {"selectors": [selector.weights()], "details": {"examples": len(examples), **stats}}
+
+
+def train_central(selector, examples: list, cfg: DictConfig) -> dict:
+    """The central references' training: ``protocol.central_steps`` steps of the clients' optimizer."""
+    p = cfg.protocol
+    return selector.train(examples, p.central_steps, p.batch_size, p.lr, CENTRAL_TRAINING.seed(cfg.seed),
+                          p.weight_decay)
 
 
 def fedbis(ctx: Context, name: str, spec: DictConfig) -> dict:
@@ -173,7 +178,7 @@ def evaluate_selectors(selector, weights: list[dict], fed: Federation, minority_
     of the majority vote, and of each selector alone when there are several."""
     test = fed.test()
     majority = np.array([e.label for e in test])
-    labels = {"majority": majority, "minority": 1 - majority}  # the minority prefers the other one
+    labels = {"majority": majority, "minority": majority ^ np.array([e.pair_id in fed.flips for e in test])}
     votes = choices(selector, weights, test)
 
     def scores(pred: np.ndarray) -> dict:
@@ -218,6 +223,7 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
              len(federation.splits["test"]), cfg.protocol.client_weights)
     results = {"clients": {str(k): v for k, v in sorted(info.items())}, "minority": federation.minority,
                "minority_share": {"clients": share, "training_pairs": pair_share},
+               "minority_preference": OmegaConf.to_container(cfg.task.minority_preference),
                "client_weights": cfg.protocol.client_weights, "selectors": {}, "warmup": {}, "groups": {},
                "regroup_faults": {}, "communication": {}, "methods": {}}
     weights = {}
@@ -262,6 +268,10 @@ def _communication(messenger: Messenger, name: str) -> dict:
     return {"bytes_per_round": per_round(f"{name}/train"), "regroup_bytes": per_round(f"{name}/regroup")}
 
 
+MINORITY_DERIVED = ("accuracy_minority is 1 - accuracy_majority by construction (an antisymmetric scorer, both "
+                    "orders of every test pair, the minority's label the reverse): derived, not measured.\n\n")
+
+
 def _summary(r: dict, out: RunOutput) -> str:
     rows = []
     for name, s in r["selectors"].items():
@@ -278,12 +288,13 @@ def _summary(r: dict, out: RunOutput) -> str:
     warmup = [{"method": f"{m} warm-up selector {u}", **w} for m, ws in r["warmup"].items() for u, w in enumerate(ws)]
     _plot_accuracy(r, out)
     _plot_purity(r, out)
+    if r.get("rlhf", {}).get("reward_hacking"):
+        _plot_reward_hacking(r["rlhf"]["reward_hacking"], out)
     m = r["minority_share"]
     text = ("# FedBis / FedBiscuit on HH-RLHF harmless-base\n\n"
             f"Minority: {m['clients']:.0%} of the clients, {m['training_pairs']:.0%} of the training pairs; "
             f"p_m: {r['client_weights']}.\n\n## Selector accuracy on held-out test pairs\n"
-            "accuracy_minority is 1 - accuracy_majority by construction (an antisymmetric scorer, both orders "
-            "of every test pair, the minority's label the reverse): derived, not measured.\n\n"
+            + (MINORITY_DERIVED if r["minority_preference"]["kind"] == "reversed" else "")
             + table + "\n\n## Warm-up selectors (before the first grouping)\n"
             + markdown_table(warmup, ["method", "accuracy_majority", "accuracy_minority"])
             + "\n\n## Groups after each regroup (oracle: the fixed groups)\n"
@@ -306,13 +317,17 @@ def _policy_summary(r: dict) -> str:
             "reward diff": v["reward_diff"], "reward diff CI": ci(v, "reward_diff_ci")}
            for m, by_n in rl["head_to_head"].items() for n, v in by_n.items()]
     reference = r["rlhf_reference"]
+    hacking = [{"policy": m, **p} for m, points in rl.get("reward_hacking", {}).items() for p in points]
     return (f"\n## Policy win rate against the base policy ({prompts} held-out prompts)\n"
             f"Judge: reward model trained on the {rl['judge']['pairs']} judge pairs only, test accuracy "
             f"{rl['judge']['accuracy']:.3f}. {base_line(rl['base']['sft'])}\n\n"
             + markdown_table(rows, ["policy", "n", "win rate vs base", "95% CI", "minority win rate",
                                     "minority CI", "mean judge reward", "DPO pairs"])
             + f"\n\n## Policies against {reference}'s, on the same prompts (paired bootstrap)\n"
-            + markdown_table(h2h, ["policy", "n", "win rate", "95% CI", "reward diff", "reward diff CI"]) + "\n")
+            + markdown_table(h2h, ["policy", "n", "win rate", "95% CI", "reward diff", "reward diff CI"]) + "\n"
+            + ("\n## Reward hacking: win rate against the base by DPO steps, its labellers' (proxy) and the judge's\n"
+               + markdown_table(hacking, ["policy", "steps", "proxy_win_rate", "judge_win_rate", "gap",
+                                          "reply_words", "mean_judge_reward"]) + "\n" if hacking else ""))
 
 
 def _plot_accuracy(r: dict, out: RunOutput) -> None:
@@ -340,5 +355,19 @@ def _plot_purity(r: dict, out: RunOutput) -> None:
     ax.set_xlabel("round")
     ax.set_ylabel("minority share of the group's clients")
     ax.set_title("Group purity after each regroup")
+    ax.legend(fontsize=6)
+    save()
+
+
+def _plot_reward_hacking(curves: dict, out: RunOutput) -> None:
+    fig, ax, save = out.figure("reward_hacking")
+    for i, (name, points) in enumerate(curves.items()):
+        steps = [p["steps"] for p in points]
+        ax.plot(steps, [p["proxy_win_rate"] for p in points], marker="o", ls="--", color=f"C{i}", label=f"{name} proxy")
+        ax.plot(steps, [p["judge_win_rate"] for p in points], marker="s", color=f"C{i}", label=f"{name} judge")
+    ax.axhline(0.5, color="grey", lw=0.8, ls=":", label="the base (0.5)")
+    ax.set_xlabel("DPO steps")
+    ax.set_ylabel("win rate against the base policy")
+    ax.set_title("Reward hacking: labellers (proxy) vs judge")
     ax.legend(fontsize=6)
     save()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -42,7 +43,13 @@ from fedsim_tasks.causal_lm import (
 )
 from fedsim_tasks.hf import load_trainable, trainable_arrays
 from fedsim_tasks.hh_preference.dataset import both_orders
-from fedsim_tasks.hh_preference.rlhf import completion_pairs, persona_chat_examples, policy_prompt, win_rate
+from fedsim_tasks.hh_preference.rlhf import (
+    completion_pairs,
+    hacking_point,
+    persona_chat_examples,
+    policy_prompt,
+    win_rate,
+)
 from fedsim_tasks.hh_preference.selector import choices
 
 log = logging.getLogger("fedsim")
@@ -83,6 +90,15 @@ class RLHF:
     selector_methods: list[str]
     """selector methods whose labels align a policy (those that ran)"""
     reference_method: str   # the other policies are compared with this one, prompt by prompt
+    hacking_steps: list[int]
+    """reward-hacking curves: cumulative DPO steps at which each selector-labelled policy is scored by its
+    labellers (the proxy) and by the judge (empty: no curves)"""
+    hacking_n: int          # the completions setting (one of ``completions``) whose labelled pairs train the curves
+
+    def __post_init__(self):
+        if self.hacking_steps and (self.hacking_n not in self.completions or min(self.hacking_steps) < 1):
+            raise ValueError(f"protocol.rlhf.hacking_n={self.hacking_n} must be one of completions "
+                             f"{self.completions} and hacking_steps {self.hacking_steps} positive")
 
 
 def base_policy(r: RLHF, data_root: str, seed: int) -> tuple[Path, dict]:
@@ -105,6 +121,7 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
     r = RLHF(**OmegaConf.to_container(ctx.cfg.protocol.rlhf, resolve=True))
     torch.set_num_threads(r.server_threads)
     fed, seed = ctx.federation, int(ctx.cfg.seed)
+    reversed_minority = ctx.cfg.task.minority_preference.kind == "reversed"
     base_path, sft = base_policy(r, ctx.cfg.task.data_root, seed)
     tokenizer = load_tokenizer(base_path)
     sep = turn_separator(tokenizer)
@@ -132,26 +149,42 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
     def compare(model, method: str, n: str) -> dict:
         scores, replies = judged(model)
         scored[method, n] = scores
-        return {**win_rate(scores, base_scores, r.bootstrap, seed), "mean_reward": float(scores.mean()),
+        return {**win_rate(scores, base_scores, r.bootstrap, seed, reversed_minority),
+                "mean_reward": float(scores.mean()),
                 "example": replies[0]}
 
     server_raw = [p.prompt for p in fed.splits["server"]]
     server_prompts = [policy_prompt(p, sep, r.context_turns) for p in server_raw]
     as_policy = dict(zip(server_raw, server_prompts))
+    labelled: dict[tuple[str, int], list[tuple[str, str, str]]] = {}
     for n in r.completions:
         samples = generate(base_model, tokenizer, server_prompts, n=n, max_new_tokens=r.max_new_tokens,
                            temperature=r.temperature, top_p=r.top_p, seed=COMPLETIONS.seed(seed, n=n))
         for method in (m for m in r.selector_methods if m in selectors):
             start = time.perf_counter()
             pairs = completion_pairs(server_raw, samples, _labeller(selector, selectors[method]))
+            labelled[method, n] = [(as_policy[x], c, rj) for x, c, rj in pairs]
             model = load_policy(base_path, dict(r.lora), seed)
-            stats = dpo_train(model, tokenizer, [(as_policy[x], c, rj) for x, c, rj in pairs], steps=r.dpo_steps,
+            stats = dpo_train(model, tokenizer, labelled[method, n], steps=r.dpo_steps,
                               batch_size=r.dpo_batch_size, lr=r.dpo_lr, beta=r.beta, max_length=r.max_length,
                               seed=DPO_TRAINING.seed(seed))
             policy.setdefault(method, {})[str(n)] = {**compare(model, method, str(n)), "pairs": len(pairs),
                                                      "dpo": stats, "seconds": time.perf_counter() - start}
             log.info("[rlhf] %s n=%d: %d pairs, win rate %.3f vs base", method, n, len(pairs),
                      policy[method][str(n)]["win_rate"])
+    if r.hacking_steps:
+        out["reward_hacking"] = {}
+        for method in (m for m in r.selector_methods if (m, r.hacking_n) in labelled):
+            labeller = _labeller(selector, selectors[method])
+
+            def point(model, labeller=labeller) -> dict:
+                scores, replies = judged(model)
+                return hacking_point(labeller, eval_raw, base_replies, replies, scores, base_scores)
+            out["reward_hacking"][method] = reward_hacking(load_policy(base_path, dict(r.lora), seed), tokenizer,
+                                                           labelled[method, r.hacking_n], r, seed, point)
+            log.info("[rlhf] %s reward hacking: %s", method, ", ".join(
+                f"{p['steps']}: proxy {p['proxy_win_rate']:.2f} judge {p['judge_win_rate']:.2f}"
+                for p in out["reward_hacking"][method]))
     for name, objective in (("fedavg", keys.SFT), ("feddpo", keys.DPO)):
         start = time.perf_counter()
         weights = _federated_policy(ctx, name, objective, base_path, r, seed)
@@ -160,11 +193,27 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
         policy[name] = {"clients": {**compare(model, name, "clients"), "seconds": time.perf_counter() - start}}
         log.info("[rlhf] %s: win rate %.3f vs base", name, policy[name]["clients"]["win_rate"])
     out["policy"] = policy
-    out["head_to_head"] = head_to_head(scored, r.reference_method, r.bootstrap, seed)
+    out["head_to_head"] = head_to_head(scored, r.reference_method, r.bootstrap, seed, reversed_minority)
     return out
 
 
-def head_to_head(scored: dict[tuple[str, str], np.ndarray], reference: str, resamples: int, seed: int) -> dict:
+def reward_hacking(model, tokenizer, pairs: list[tuple[str, str, str]], r: RLHF, seed: int,
+                   point: Callable[[object], dict]) -> list[dict]:
+    """The policy trained by one DPO run of ``max(r.hacking_steps)`` steps on ``pairs`` (the
+    selector-labelled policies' settings), scored by ``point`` before training and after each
+    step in ``r.hacking_steps``: the proxy (its labellers) and the judge against the base."""
+    marks, rows = set(r.hacking_steps), [{"steps": 0, **point(model)}]
+
+    def after_step(step: int) -> None:
+        if step in marks:
+            rows.append({"steps": step, **point(model)})
+    dpo_train(model, tokenizer, pairs, steps=max(marks), batch_size=r.dpo_batch_size, lr=r.dpo_lr, beta=r.beta,
+              max_length=r.max_length, seed=DPO_TRAINING.seed(seed), after_step=after_step)
+    return rows
+
+
+def head_to_head(scored: dict[tuple[str, str], np.ndarray], reference: str, resamples: int, seed: int,
+                 minority_reversed: bool = True) -> dict:
     """Each policy against ``reference``'s policy with the same n, on the same prompts: how often
     its reply wins, and the mean judge-reward difference, each with a paired bootstrap CI over
     prompts (a direct comparison; two win rates against the base do not make one)."""
@@ -174,7 +223,8 @@ def head_to_head(scored: dict[tuple[str, str], np.ndarray], reference: str, resa
         if method == reference or ref is None:
             continue
         diff = scores - ref
-        out.setdefault(method, {})[n] = {**win_rate(scores, ref, resamples, seed), "reward_diff": float(diff.mean()),
+        out.setdefault(method, {})[n] = {**win_rate(scores, ref, resamples, seed, minority_reversed),
+                                         "reward_diff": float(diff.mean()),
                                          "reward_diff_ci": list(paired_bootstrap_ci(diff, resamples, seed))}
     return out
 

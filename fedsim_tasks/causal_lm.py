@@ -273,10 +273,13 @@ def _reference_logprobs(model, tokenizer, prompts, completions, max_length, batc
 
 
 def dpo_train(model, tokenizer, pairs: list[tuple[str, str, str]], *, steps: int, batch_size: int,
-              lr: float, beta: float, max_length: int, seed: int, proximal_mu: float = 0.0) -> dict:
+              lr: float, beta: float, max_length: int, seed: int, proximal_mu: float = 0.0,
+              after_step: Callable[[int], None] | None = None) -> dict:
     """``steps`` AdamW steps of DPO on (prompt, chosen, rejected) pairs, plus FedProx's term
     (:class:`~fedsim_tasks.proximal.ProximalTerm`, ``proximal_mu``). Dropout stays off (as
-    trl's default) so that policy and reference agree exactly before the first update."""
+    trl's default) so that policy and reference agree exactly before the first update.
+    ``after_step(step)`` runs after each update (a training curve scores the policy there:
+    one run, one optimizer and one reference, not a restart per point)."""
     if not pairs:
         raise ValueError("no preference pairs")
     if steps <= 0:
@@ -302,6 +305,8 @@ def dpo_train(model, tokenizer, pairs: list[tuple[str, str, str]], *, steps: int
         proximal(loss).backward()
         opt.step()
         _progress("dpo", step, steps, float(loss.detach()), start)
+        if after_step is not None:
+            after_step(step)
     return {"loss": float(loss.detach()), "reward_margin": float(margin), "steps": steps}
 
 

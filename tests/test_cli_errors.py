@@ -114,6 +114,8 @@ def test_a_client_layout_that_leaves_a_supernode_empty_is_refused():
      "hardware.ray_address must be null with hardware.private_network=true"),
     (["hardware=deploy_local", "hardware.ray_address=127.0.0.1:1"],
      "hardware.ray_address must be null with hardware.backend=deployment"),
+    (["experiment=fedbiscuit_paper", "task.minority_preference.kind=opposite"],
+     "task.minority_preference.kind='opposite' is not one of ('reversed', 'second_criterion')"),
 ])
 def test_what_the_run_would_fail_on_is_refused_before_any_process_starts(overrides, named, tmp_path):
     """Each of these once started the run's processes and failed in them (a traceback after a

@@ -11,13 +11,16 @@ phase) and the client pool. The pool is partitioned over clients by flwr-dataset
 ``DirichletPartitioner`` over prompt topics (KMeans clusters of the MiniLM embeddings of each
 prompt's first Human turn, the stand-in for the paper's SHP domains); each client keeps a share
 of its own pairs for validation. A seeded ``minority`` share of the clients prefers the other
-response (by default the reverse of HH's label): a population a method can discover.
+response on some pairs (:func:`minority_flips`): on all of them (HH's label reversed), or on
+those where HH's label is weak and a second criterion picks the other response: a population a
+method can discover.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Container
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -36,6 +39,7 @@ SPLITS = ("test", "judge", "server", "pool")
 SPLIT = stream("preference-splits")
 TOPICS = stream("preference-topics", bits=32)  # scikit-learn's random_state takes 32 bits
 MINORITY = stream("minority-clients")
+PROBE_FOLDS = stream("hh-probe-folds")
 HOLDOUT = stream("preference-holdout", "partition")
 
 
@@ -93,12 +97,12 @@ def load_pairs(data_root: str) -> tuple[Pair, ...]:
     return tuple(p for p in pairs if p is not None)
 
 
-def both_orders(pairs, prefer_rejected: bool = False) -> list[Example]:
-    """Every pair as (x, y_w, y_l, 0) and (x, y_l, y_w, 1); ``prefer_rejected`` labels by the
-    reverse preference (the minority population)."""
+def both_orders(pairs, flipped: Container[int] = frozenset()) -> list[Example]:
+    """Every pair as (x, y_w, y_l, 0) and (x, y_l, y_w, 1); a pair whose id is in ``flipped``
+    is labelled the other way (its labeller prefers HH's rejected response)."""
     out = []
     for p in pairs:
-        good, bad = (p.rejected, p.chosen) if prefer_rejected else (p.chosen, p.rejected)
+        good, bad = (p.rejected, p.chosen) if p.pair_id in flipped else (p.chosen, p.rejected)
         out += [Example(p.pair_id, p.prompt, good, bad, 0), Example(p.pair_id, p.prompt, bad, good, 1)]
     return out
 
@@ -137,6 +141,38 @@ def client_partition(pool: list[Pair], pool_topics: np.ndarray, partitioner, par
     partitioner.dataset = Dataset.from_dict({"row": list(range(len(pool))),
                                              "topic": [int(t) for t in pool_topics]})
     return [pool[i] for i in partitioner.load_partition(partition_id)["row"]]
+
+
+def minority_flips(pairs, preference: dict, seed: int) -> frozenset[int]:
+    """The ids of the pairs whose label the minority reverses (``task.minority_preference``).
+
+    ``reversed``: every pair. ``second_criterion``: the minority keeps HH's label where an HH
+    probe backs it and decides by response length (``prefer``: longer | shorter, in words; a
+    tie keeps HH's label) on the ``weak_share`` of pairs the probe backs least. The probe is a
+    :class:`~fedsim_tasks.hh_preference.selector.TfidfScorer` of the responses alone, cross-fitted
+    over two seeded halves of ``pairs`` (each half scored by the model of the other), its margin
+    signed toward HH's choice: a pair the probe finds against HH counts as weak too. It reads
+    other features than the MiniLM selectors, so "weak" is not what a selector already sees."""
+    if preference["kind"] == "reversed":
+        return frozenset(p.pair_id for p in pairs)
+    backing = hh_backing(tuple(pairs), seed)
+    weak = np.argsort(backing, kind="stable")[:int(round(preference["weak_share"] * len(pairs)))]
+    sign = 1 if preference["prefer"] == "longer" else -1
+    return frozenset(pairs[i].pair_id for i in weak
+                     if sign * (len(pairs[i].rejected.split()) - len(pairs[i].chosen.split())) > 0)
+
+
+@lru_cache(maxsize=4)
+def hh_backing(pairs: tuple[Pair, ...], seed: int) -> np.ndarray:
+    """Per pair, the cross-fitted TF-IDF probe's margin for HH's chosen response."""
+    from fedsim_tasks.hh_preference.selector import TfidfScorer
+    order = np.random.default_rng(PROBE_FOLDS.seed(seed)).permutation(len(pairs))
+    backing = np.zeros(len(pairs))
+    for held, fit in ((order[::2], order[1::2]), (order[1::2], order[::2])):
+        probe = TfidfScorer(human_words=0)
+        probe.train(both_orders([pairs[i] for i in fit]), 1000)
+        backing[held] = probe.margins(both_orders([pairs[i] for i in held])[1::2])  # (y_l, y_w): s(y_w) - s(y_l)
+    return backing
 
 
 def minority_clients(num_clients: int, share: float, seed: int) -> list[int]:
@@ -180,18 +216,21 @@ class Federation:
                                           task["split_seed"], task.get("max_pairs"), tuple(task["splits"].items()))
         self.num_clients = int(task["partitioner"]["num_partitions"])
         self.minority = minority_clients(self.num_clients, task["minority_share"], task["split_seed"])
+        self.flips = minority_flips(pairs, task["minority_preference"], task["split_seed"])
 
     def client(self, partition_id: int) -> ClientData:
         from hydra.utils import instantiate
         own = client_partition(self.splits["pool"], self.pool_topics, instantiate(self.task["partitioner"]),
                                partition_id)
         train, valid = holdout(own, self.task["valid_share"], self.task["split_seed"], partition_id)
-        reverse = partition_id in self.minority
-        return ClientData(partition_id, reverse, both_orders(train, reverse), both_orders(valid, reverse))
+        minority = partition_id in self.minority
+        flipped = self.flips if minority else frozenset()
+        return ClientData(partition_id, minority, both_orders(train, flipped), both_orders(valid, flipped))
 
-    def test(self) -> list[Example]:
-        """The held-out test pairs in both orders, labelled by HH (the majority preference)."""
-        return both_orders(self.splits["test"])
+    def test(self, population: str = "majority") -> list[Example]:
+        """The held-out test pairs in both orders, labelled by ``population``'s preference (the
+        majority's is HH's)."""
+        return both_orders(self.splits["test"], self.flips if population == "minority" else frozenset())
 
 
 @lru_cache(maxsize=4)

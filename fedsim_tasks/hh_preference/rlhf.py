@@ -58,11 +58,30 @@ def completion_pairs(prompts: list[str], completions: list[list[str]],
             for e, y in zip(examples, labels)]
 
 
-def win_rate(scores_a: np.ndarray, scores_b: np.ndarray, resamples: int, seed: int) -> dict:
+def win_rate(scores_a: np.ndarray, scores_b: np.ndarray, resamples: int, seed: int,
+             minority_reversed: bool = True) -> dict:
     """How often reply A beats reply B on the same prompt (ties count half), with a paired
-    bootstrap 95% CI over prompts; and the same for the minority population, whose judge is the
-    reverse of this one exactly as its labels are the reverse of HH's (1 - the win rate)."""
+    bootstrap 95% CI over prompts; and, where the minority's preference is HH's reversed
+    (``minority_reversed``), the same for the minority, whose judge is then the reverse of this
+    one (1 - the win rate). No judge of a second-criterion minority exists: no minority rate."""
     wins = (scores_a > scores_b) + 0.5 * (scores_a == scores_b)
     lo, hi = paired_bootstrap_ci(wins, resamples, seed)
-    return {"win_rate": float(wins.mean()), "ci": [lo, hi], "win_rate_minority": float(1 - wins.mean()),
-            "ci_minority": [1 - hi, 1 - lo], "prompts": int(wins.size)}
+    out = {"win_rate": float(wins.mean()), "ci": [lo, hi], "prompts": int(wins.size)}
+    if minority_reversed:
+        out |= {"win_rate_minority": float(1 - wins.mean()), "ci_minority": [1 - hi, 1 - lo]}
+    return out
+
+
+def hacking_point(prefer_policy: Callable[[list[Example]], np.ndarray], prompts: list[str], base_replies: list[str],
+                  replies: list[str], judge_scores: np.ndarray, base_judge_scores: np.ndarray) -> dict:
+    """One point of a reward-hacking curve: how often the labelling selectors (``prefer_policy``:
+    1 where they prefer B, the policy's reply, to A, the base's) and the judge prefer the
+    policy's reply to the base's on the same prompts (ties and identical replies count half),
+    their gap, and the replies' mean length in words."""
+    same = np.array([a == b for a, b in zip(base_replies, replies)])
+    proxy = prefer_policy([Example(i, p, a, b, -1) for i, (p, a, b) in enumerate(zip(prompts, base_replies, replies))])
+    proxy_wins = np.where(same, 0.5, proxy)
+    judge_wins = (judge_scores > base_judge_scores) + 0.5 * (judge_scores == base_judge_scores)
+    return {"proxy_win_rate": float(proxy_wins.mean()), "judge_win_rate": float(judge_wins.mean()),
+            "gap": float(proxy_wins.mean() - judge_wins.mean()), "mean_judge_reward": float(judge_scores.mean()),
+            "reply_words": float(np.mean([len(r.split()) for r in replies]))}

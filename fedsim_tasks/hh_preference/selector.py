@@ -191,3 +191,45 @@ class CausalABSelector(_Base):
             torch.full((len(examples),), enc["input_ids"].shape[1] - 1, device=out.device)
         answer = out[torch.arange(len(examples), device=out.device), last]
         return answer[:, self.answer_ids[1]] - answer[:, self.answer_ids[0]]
+
+
+class TfidfScorer:
+    """Bradley-Terry over TF-IDF word uni- and bigrams: scikit-learn's logistic regression on the
+    difference of the two responses' vectors without intercept, so symmetric in A and B as the
+    MiniLM scorer is. Another model family than the selectors (lexical, no encoder): the judge
+    that does not read the selectors' features, and the HH probe that says which labels are weak.
+    A convex fit: steps cap the solver's iterations; it takes no batches, learning rate or seed."""
+
+    def __init__(self, human_words: int = 32, c: float = 1.0, min_df: int = 1, seed: int = 0):
+        from sklearn.feature_extraction.text import TfidfVectorizer
+        from sklearn.linear_model import LogisticRegression
+        self.human_words = human_words
+        self.vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=min_df, sublinear_tf=True)
+        self.model = LogisticRegression(C=c, fit_intercept=False)
+
+    def _vectors(self, prompts: list[str], responses: list[str]):
+        return self.vectorizer.transform([response_text(p, r, self.human_words) for p, r in zip(prompts, responses)])
+
+    def _differences(self, examples: list[Example]):
+        prompts = [e.prompt for e in examples]
+        return self._vectors(prompts, [e.b for e in examples]) - self._vectors(prompts, [e.a for e in examples])
+
+    def train(self, examples: list[Example], steps: int, *_unused, **_unused_kw) -> dict:
+        """Fit on ``examples`` (both orders of each pair); the selectors' call, the rest unused."""
+        if not examples:
+            raise ValueError("no training examples")
+        texts = dict.fromkeys(response_text(e.prompt, r, self.human_words) for e in examples for r in (e.a, e.b))
+        self.vectorizer.fit(list(texts))  # each text once: both orders of a pair hold it twice, min_df counts texts
+        self.model.set_params(max_iter=steps)
+        self.model.fit(self._differences(examples), [e.label for e in examples])
+        return {"steps": int(self.model.n_iter_[0]), "features": len(self.vectorizer.vocabulary_)}
+
+    def scores(self, prompts: list[str], responses: list[str]) -> torch.Tensor:
+        return torch.as_tensor(self._vectors(prompts, responses) @ self.model.coef_[0], dtype=torch.float32)
+
+    def margins(self, examples: list[Example]) -> np.ndarray:
+        """s(B) - s(A) per example: the log-odds that B is preferred."""
+        return self._differences(examples) @ self.model.coef_[0] if examples else np.zeros(0)
+
+    def accuracy(self, examples: list[Example]) -> float:
+        return float(np.mean((self.margins(examples) > 0) == np.array([e.label for e in examples])))
