@@ -172,8 +172,9 @@ def test_kd_loss_is_zero_against_itself_and_the_mse_of_similarities(tiny_encoder
 
 
 def test_training_moves_only_trainable_weights_and_lowers_the_loss(tiny_encoder):
+    from fedsim.he.layer import flatten, unflatten
     from fedsim_tasks.financebench_rag.train import frozen_copy, train_encoder
-    from fedsim_tasks.hf import flatten, trainable_arrays, unflatten
+    from fedsim_tasks.hf import trainable_arrays
     model = frozen_copy(tiny_encoder)
     for p in model.parameters():
         p.requires_grad_(True)
