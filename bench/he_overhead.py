@@ -23,10 +23,11 @@ from flwr.serverapp.strategy import FedAvg
 from fedsim.he import ckks as he
 from fedsim.he import messages as keys
 from fedsim.he.client import HEClient
+from fedsim.he.layer import flatten
 from fedsim.inprocess_grid import InProcessGrid
 from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
 from fedsim_strategies.he_fedavg import HEFedAvg
-from fedsim_tasks.hf import build_encoder, flatten, trainable_arrays
+from fedsim_tasks.hf import build_encoder, trainable_arrays
 
 LORA = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["query", "value"]}
 

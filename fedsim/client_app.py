@@ -26,6 +26,7 @@ from hydra.utils import get_class
 from fedsim import client_state, exchange_trace, node_local
 from fedsim.data import resolve_data_root
 from fedsim.faults import fault_injection_mod
+from fedsim.he import layer as he_layer
 from fedsim.journal import WHOAMI
 from fedsim.message_keys import CONFIG, NODE_NUM_PARTITIONS, NODE_PARTITION_ID, PARTITION_ID, RAY_NODE, SERVER_ROUND
 from fedsim.seeding import PROCESS, reseed
@@ -69,8 +70,10 @@ app = ClientApp(mods=MODS)
 
 @lru_cache(maxsize=64)
 def _client(task_json: str, data_root: str, partition_id: int, num_partitions: int):
+    """The task's handler (``fedsim_clients/handler.py``), in the HE layer where the task carries
+    CKKS parameters (``fedsim/he/layer.py``)."""
     task = json.loads(task_json)
-    return get_class(task["client"])(task, data_root, partition_id, num_partitions)
+    return he_layer.around(get_class(task["client"])(task, data_root, partition_id, num_partitions), task)
 
 
 @lru_cache(maxsize=16)
@@ -102,7 +105,7 @@ def ray_node() -> dict[str, str]:
     return {RAY_NODE: ray.get_runtime_context().get_node_id()}
 
 
-def _client_reply(msg: Message, context: Context, method: str) -> Message:
+def _client_reply(msg: Message, context: Context) -> Message:
     if WHOAMI in msg.content.config_records:  # the Messenger maps node ids to partitions
         record = ConfigRecord({PARTITION_ID: int(context.node_config[NODE_PARTITION_ID]), **ray_node()})
         return Message(RecordDict({WHOAMI: record}), reply_to=msg)
@@ -117,27 +120,16 @@ def _client_reply(msg: Message, context: Context, method: str) -> Message:
                      partition_id, int(context.node_config[NODE_NUM_PARTITIONS]))
     exchange_trace.mark("built", msg.metadata.message_id)
     reseed(message_seed(msg, partition_id))  # after building the client: it may import torch
-    reply = Message(getattr(client, method)(msg), reply_to=msg)
+    reply = Message(client.handle(msg), reply_to=msg)
     exchange_trace.mark("leave", msg.metadata.message_id)
     return reply
 
 
-def _handle(msg: Message, context: Context, method: str) -> Message:
-    if SHARD in msg.content.config_records:  # several logical clients: each through the mods
-        return serve_batch(msg, context, make_ffn(lambda m, c: _client_reply(m, c, method), MODS))
-    return _client_reply(msg, context, method)
-
-
 @app.query()
-def query(msg: Message, context: Context) -> Message:
-    return _handle(msg, context, "query")
-
-
 @app.train()
-def train(msg: Message, context: Context) -> Message:
-    return _handle(msg, context, "train")
-
-
 @app.evaluate()
-def evaluate(msg: Message, context: Context) -> Message:
-    return _handle(msg, context, "evaluate")
+def handle(msg: Message, context: Context) -> Message:
+    """Every message type: the handler dispatches by type (``fedsim_clients/handler.py``)."""
+    if SHARD in msg.content.config_records:  # several logical clients: each through the mods
+        return serve_batch(msg, context, make_ffn(_client_reply, MODS))
+    return _client_reply(msg, context)

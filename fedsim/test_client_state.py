@@ -50,7 +50,7 @@ def test_each_client_has_its_folder_under_the_run_of_the_node_root(tmp_path):
 def _served(msg: Message, node_config: dict) -> Message:
     context = Context(run_id=1, node_id=1, state=RecordDict(), run_config={},
                       node_config={"partition-id": 0, "num-partitions": 1, **node_config})
-    return client_app._client_reply(msg, context, msg.metadata.message_type)
+    return client_app._client_reply(msg, context)
 
 
 def _from_server(victim, extra: dict, message_type=MessageType.QUERY) -> Message:

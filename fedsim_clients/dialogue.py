@@ -17,19 +17,18 @@ its generator on replies with planted PII (its trust data stays clean).
 from __future__ import annotations
 
 import json
-import os
 import time
 from functools import lru_cache
 
-import torch
-from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Message, MetricRecord, RecordDict
 from hydra.utils import instantiate
 
 from fedsim import client_state
-from fedsim.records import from_bytes, from_record, to_record
-from fedsim.seeding import Stream, stream
+from fedsim.records import from_bytes
+from fedsim.seeding import stream
 from fedsim.trust_mixing import client_alpha, mix, relative_distance
 from fedsim_clients import feddtre_messages as keys
+from fedsim_clients.handler import ClientHandler
 from fedsim_tasks.causal_lm import mean_token_nll, sft_train, shared_policy, turn_separator
 from fedsim_tasks.dialogue.dataset import answer_sample, contamination, load_tasks
 from fedsim_tasks.dialogue.metrics import reply_scores
@@ -62,17 +61,12 @@ def round_lr(settings: dict, server_round: int) -> float:
     return settings["lr"] + (settings["lr_final"] - settings["lr"]) * min(max(share, 0.0), 1.0)
 
 
-def _threads(config) -> None:
-    """torch's threads as the message asks (clients share the machine)."""
-    torch.set_num_threads(int(config.get(keys.TORCH_THREADS, 0)) or os.cpu_count() or 1)
-
-
-class DialogueClient:
+class DialogueClient(ClientHandler):
     def __init__(self, task: dict, data_root: str, partition_id: int, num_partitions: int):
         if num_partitions != task["num_clients"]:
             raise ValueError(f"{num_partitions} SuperNodes but the task has {task['num_clients']} clients "
                              "(task.num_clients)")
-        self.task, self.partition_id = task, partition_id
+        super().__init__(task, data_root, partition_id, num_partitions)
         self.datasets = load_tasks(task, data_root)
         self.data = {name: d.client(partition_id) for name, d in self.datasets.items()}
         empty = [name for name, d in self.data.items() if not d.train or not d.valid]
@@ -90,15 +84,13 @@ class DialogueClient:
     def evaluator(self):
         return _evaluator(json.dumps(self.task["evaluator"], sort_keys=True), self.task["seed"])
 
-    def query(self, msg: Message, context=None) -> RecordDict:
+    def discover(self) -> dict:
         sep = " [SEP] "  # counts only: the separator does not change how many replies there are
-        return RecordDict({keys.INFO: ConfigRecord({
-            keys.PARTITION_ID: self.partition_id,
-            **{keys.EXAMPLES_PREFIX + name: len(self.examples(name, "train", sep)) for name in self.data}})})
+        return {keys.EXAMPLES_PREFIX + name: len(self.examples(name, "train", sep)) for name in self.data}
 
-    def train(self, msg: Message, context=None) -> RecordDict:
+    def train(self, msg: Message) -> RecordDict:
         config = msg.content[keys.CONFIG]
-        _threads(config)
+        self.threads(config)
         start = time.perf_counter()
         objective = config.get(keys.OBJECTIVE)
         if objective == keys.EVALUATOR:
@@ -108,7 +100,7 @@ class DialogueClient:
         else:
             raise ValueError(f"client {self.partition_id}: unknown objective {objective!r}")
         metrics["train-seconds"] = time.perf_counter() - start
-        return RecordDict({keys.ARRAYS: to_record(weights), keys.METRICS: MetricRecord(metrics)})
+        return self.weights_reply(weights, metrics)
 
     def trust_data(self) -> list:
         """This client's trust examples: a sample of its training contexts of every dataset."""
@@ -121,18 +113,13 @@ class DialogueClient:
                                   trust["labels"])
         return out
 
-    def _seed(self, of: Stream, config, **more) -> int:
-        """The seed of stream ``of`` for this client in the message's round (``more``: its other keys)."""
-        return of.seed(config[keys.SEED], round=int(config.get(keys.SERVER_ROUND, 0)), partition=self.partition_id,
-                       **more)
-
     def _train_evaluator(self, msg: Message):
         config = msg.content[keys.CONFIG]
         evaluator = self.evaluator
-        evaluator.load(from_record(msg.content[keys.ARRAYS]))
+        evaluator.load(self.weights(msg))
         data = self.trust_data()
         stats = evaluator.train(data, int(config[keys.LOCAL_STEPS]), int(config[keys.BATCH_SIZE]),
-                                float(config[keys.LR]), self._seed(EVALUATOR_TRAINING, config),
+                                float(config[keys.LR]), self.seed(EVALUATOR_TRAINING, config),
                                 proximal_mu=proximal_mu(config))
         return evaluator.weights(), {keys.NUM_EXAMPLES: len(data), "train-loss": stats["loss"]}
 
@@ -158,15 +145,15 @@ class DialogueClient:
         the client's own; then the mix the strategy asks for (none: the weights as trained)."""
         config = msg.content[keys.CONFIG]
         model, tokenizer, s = self._generator(config)
-        global_weights = from_record(msg.content[keys.ARRAYS])
-        rnd = int(config.get(keys.SERVER_ROUND, 1))
+        global_weights = self.weights(msg)
+        rnd = self.server_round(config, 1)
         state = client_state.of(msg, self.partition_id) if keys.MIXING in config else None
         own = state.load(config[keys.LOCAL_MODEL], rnd) if state else None
         load_trainable(model, global_weights if own is None else own)
         sep, dataset = turn_separator(tokenizer), config[keys.DATASET]
         train = self.generator_examples(dataset, sep)
         metrics = self._sft(msg, model, tokenizer, [(e.prompt, e.reply) for e in train], s,
-                            self._seed(GENERATOR_TRAINING, config, dataset=dataset))
+                            self.seed(GENERATOR_TRAINING, config, dataset=dataset))
         local = trainable_arrays(model)
         if state is None:
             return local, metrics
@@ -208,7 +195,7 @@ class DialogueClient:
         steps, dp = int(config[keys.LOCAL_STEPS]), DPSGD(**s["dp_sgd"])  # checked again: a client trusts no sender
         dp_state = {"horizon_steps": s["rounds"] * steps} if dp.enabled else {}
         stats = sft_train(model, tokenizer, train, steps=steps, batch_size=int(config[keys.BATCH_SIZE]),
-                          lr=round_lr(s, int(config.get(keys.SERVER_ROUND, 1))), max_length=s["max_length"],
+                          lr=round_lr(s, self.server_round(config, 1)), max_length=s["max_length"],
                           seed=seed, proximal_mu=proximal_mu(config), dp=dp, **dp_state)
         metrics = {keys.NUM_EXAMPLES: len(train), "train-loss": stats["loss"]}
         if dp.enabled:
@@ -235,8 +222,8 @@ class DialogueClient:
         decoding = {"max_new_tokens": s["max_new_tokens"], "temperature": 0.0}
         chosen, replies = answer_sample(model, tokenizer, self.scoring_contexts(dataset, sep, s["scoring"]),
                                         s["eval_contexts"],
-                                        self._seed(TRUST_SCORE_CONTEXTS, config, dataset=dataset), decoding,
-                                        self._seed(TRUST_SCORE_SAMPLING, config, dataset=dataset))
+                                        self.seed(TRUST_SCORE_CONTEXTS, config, dataset=dataset), decoding,
+                                        self.seed(TRUST_SCORE_SAMPLING, config, dataset=dataset))
         return self._trained_evaluator(config).scores([e.context for e in chosen], replies).tolist()
 
     def scoring_contexts(self, dataset: str, sep: str, source: str) -> list:
@@ -254,7 +241,7 @@ class DialogueClient:
                                    if t.kind == "true_reply" and t.context in by_context]
         return self._examples[key]
 
-    def evaluate(self, msg: Message, context=None) -> RecordDict:
+    def evaluate(self, msg: Message) -> RecordDict:
         """After a method's rounds: the client's personalized model (its kept W_local; the
         global model where it keeps none: FedAvg, FedProx, or a client never sampled) and the
         global model answer one seeded sample of the client's own held-out contexts, with the
@@ -262,9 +249,9 @@ class DialogueClient:
         numbers: the paired difference is the models', less the draw's). Only metrics go back;
         the weights stay here, the distance between them is one number."""
         config = msg.content[keys.CONFIG]
-        _threads(config)
+        self.threads(config)
         model, tokenizer, s = self._generator(config)
-        global_weights = from_record(msg.content[keys.ARRAYS])
+        global_weights = self.weights(msg)
         own = client_state.of(msg, self.partition_id).load(config[keys.LOCAL_MODEL], int(config[keys.SERVER_ROUND]))
         personal = global_weights if own is None else own
         dataset = config[keys.DATASET]

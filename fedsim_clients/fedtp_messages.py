@@ -5,14 +5,27 @@ and what each phase's reply must be."""
 from collections.abc import Callable
 
 import numpy as np
-from flwr.app import RecordDict
+from flwr.app import ConfigRecord, RecordDict
 
 from fedsim.message_keys import *  # noqa: F403 (the shared keys, re-exported: both ends read every key here)
-from fedsim.message_keys import ARRAYS, INFO, METRICS, NUM_EXAMPLES
-from fedsim.validators import Arrays, Bound, Config, Metrics, Number, Numbers, Reply, Texts, at, decoded, weight
+from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
+from fedsim.validators import (
+    Arrays,
+    Bound,
+    Metrics,
+    Number,
+    Numbers,
+    Reply,
+    Texts,
+    at,
+    decoded,
+    discovery_reply,
+    weight,
+)
 
 # the shared keys as FedTP uses them: ARRAYS of a train reply; METRICS of train / evaluate replies,
-# NUM_EXAMPLES in it the clients (train) or turns (evaluate) covered; INFO of the discovery reply
+# NUM_EXAMPLES in it the clients (train) or turns (evaluate) covered; INFO of the discovery reply,
+# PARTITION_ID in it the node's partition
 
 SPLITS = "splits"                  # config: the conversations (splits) the message is about
 TURN_LEVEL = "turn-level"          # config (evaluate): also return per-turn outcomes
@@ -29,18 +42,21 @@ INFO_ROWS = "rows"                 # INFO: the population row of each hosted con
 
 # --- what each phase's reply must be (checked in the Messenger's screen: fedsim/validators.py) --
 
-def discover_reply(hosted: Callable[[int], tuple[list[int], list[str]] | None]) -> Reply:
-    """The conversations a node hosts: their population rows and splits, exactly those the public
-    partitioning gives the node's partition (``hosted(node)``; None where the server does not
-    know the node's partition)."""
-    def check(content: RecordDict, node: int) -> str | None:
-        info, want = content[INFO], hosted(node)
+def discover_reply(partition_of: Callable[[int], int | None], partitions: int,
+                   hosted: Callable[[int], tuple[list[int], list[str]] | None]) -> Reply:
+    """The conversations a node hosts: its partition (the one it told at ``whoami``, where known)
+    and the population rows and splits of its conversations, exactly those the public
+    partitioning gives that partition (``hosted(partition)``; None where the server does not know
+    the population's splits)."""
+    def check(info: ConfigRecord, partition: int) -> str | None:
+        want = hosted(partition)
         rows, splits = list(info[INFO_ROWS]), list(info[INFO_SPLITS])
         if len(rows) != len(splits):
             return f"{len(rows)} rows, {len(splits)} splits"
         return None if want is None or (rows, splits) == (list(want[0]), list(want[1])) else \
             "not the conversations its partition holds"
-    return Reply({INFO: Config({INFO_SPLITS: Texts(), INFO_ROWS: Numbers(Number(0, whole=True))})}, check=check)
+    return discovery_reply(partition_of, partitions, {INFO_SPLITS: Texts(), INFO_ROWS: Numbers(Number(0, whole=True))},
+                           check)
 
 
 def train_reply(dim: int, rows: Bound) -> Reply:

@@ -1,13 +1,13 @@
 """ClientApp side of FedE4RAG: a company (or any document group) training the retriever.
 
-train: start from the weights the message names (its arrays, this node's complete HE aggregate,
-or the common initial model), run the local objective on inverse-cloze pairs from the node's
-own pages, reply with the weights (plaintext) or keep them for the encrypted chunks (HE). With
+train: start from the weights the message names (its arrays, which under HE the HE layer fills
+with this node's complete aggregate: ``fedsim/he/layer.py``, or the common initial model), run
+the local objective on inverse-cloze pairs from the node's own pages, reply with the weights. With
 ``LOCAL_MODEL`` the company keeps its own retriever across rounds (``fedsim/client_state.py``,
 on its own disk): the received weights become KD-GLE's frozen teacher (and FedProx's anchor) and the student continues
 from the company's own weights (the received ones before its first round); what it trained is
 kept and sent.
-query: node info, the initial weights, and the HE chunk operations. evaluate: encode the corpus
+query: node info and the initial weights. evaluate: encode the corpus
 one bounded piece per message under the named weights (``FROM_LOCAL``: the node's own
 retriever, which never leaves it), then score FinanceBench retrieval.
 
@@ -17,22 +17,19 @@ asked for weights it does not hold must not report another model's metrics.
 
 from __future__ import annotations
 
-import os
 import time
 from functools import cached_property
 
+import numpy as np
 import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from hydra.utils import instantiate
 
 from fedsim import client_state, node_local
-from fedsim.client_state import run_key
-from fedsim.he import messages as he_keys
-from fedsim.he.ckks import CKKSParams
-from fedsim.he.client import HEClient, is_he_operation
 from fedsim.records import from_record, to_record
 from fedsim.seeding import stream
 from fedsim_clients import fede4rag_messages as keys
+from fedsim_clients.handler import ClientHandler
 from fedsim_tasks.financebench_rag.dataset import client_documents, load_documents, load_pages, title
 from fedsim_tasks.financebench_rag.inference import cached_encoder
 from fedsim_tasks.financebench_rag.pseudo_queries import LLMQueryGenerator, inverse_cloze_pairs
@@ -43,13 +40,7 @@ from fedsim_tasks.financebench_rag.retrieval import (
     weights_key,
 )
 from fedsim_tasks.financebench_rag.train import frozen_copy, train_encoder
-from fedsim_tasks.hf import (
-    build_encoder,
-    flatten,
-    load_trainable,
-    trainable_arrays,
-    unflatten,
-)
+from fedsim_tasks.hf import build_encoder, load_trainable, trainable_arrays
 from fedsim_tasks.proximal import ProximalTerm, proximal_mu
 
 TRAINING = stream("retriever-training", "round", "partition", bits=32)  # shuffle and dropout of a round's steps
@@ -60,17 +51,16 @@ class MissingWeights(RuntimeError):
     """The message names weights this node was not given or does not hold."""
 
 
-class RetrieverClient:
+class RetrieverClient(ClientHandler):
     def __init__(self, task: dict, data_root: str, partition_id: int, num_partitions: int):
-        self.task, self.root, self.pid, self.num_partitions = task, data_root, partition_id, num_partitions
+        super().__init__(task, data_root, partition_id, num_partitions)
         self.documents = self._documents(partition_id)
         self.model = build_encoder(task["model"], task["max_seq_length"], task["lora"],
                                    task["seed"])
         self.initial = trainable_arrays(self.model)
-        self._he_clients: dict[int, HEClient] = {}
 
     def _documents(self, partition_id: int) -> list[str]:
-        return client_documents(self.root, self.task["companies"],
+        return client_documents(self.data_root, self.task["companies"],
                                 instantiate(self.task["partitioner"]), partition_id)
 
     def _pairs(self, documents: list[str]) -> list[tuple[str, str]]:
@@ -78,7 +68,7 @@ class RetrieverClient:
         positive led by its filing's title where the corpus entries are (``passages.titles``),
         each query where ``pseudo_queries.titles`` asks (questions name company and year)."""
         pq = self.task["pseudo_queries"]
-        pages = [(doc, p) for doc in documents for p in load_pages(self.root, doc)]
+        pages = [(doc, p) for doc in documents for p in load_pages(self.data_root, doc)]
         pages = pages[:self.task["pages_per_client"]] if self.task["pages_per_client"] else pages
         titled = bool((self.task.get("passages") or {}).get("titles"))
         generator, pairs = LLMQueryGenerator(pq["generator"]) if pq["generator"] else None, []
@@ -89,7 +79,7 @@ class RetrieverClient:
             else:
                 found = inverse_cloze_pairs(texts, pq["chunk_size"], pq["chunk_overlap"], pq["min_query_words"],
                                             pq["max_query_words"], PSEUDO_QUERIES.seed(self.task["seed"], document=doc))
-            name = title(self.root, doc)
+            name = title(self.data_root, doc)
             pairs += [((f"{name}: " if pq.get("titles") else "") + q, (f"{name}\n" if titled else "") + positive)
                       for q, positive in found]
         return pairs
@@ -101,45 +91,29 @@ class RetrieverClient:
     @cached_property
     def evaluation(self) -> tuple[dict, dict[str, str]]:
         """Questions and test corpus, built once per process."""
-        return evaluation_data(self.root, self.task)
+        return evaluation_data(self.data_root, self.task)
 
-    def _he(self, msg: Message) -> HEClient:
-        """This node's HE state for the message's run, kept so the secret context is read
-        from the node's key folder once, not on every chunk."""
-        run_id = run_key(msg)
-        if run_id not in self._he_clients:
-            h = self.task["he"]
-            params = CKKSParams(h["poly_modulus_degree"], tuple(h["coeff_mod_bit_sizes"]),
-                                h["global_scale_bits"])
-            self._he_clients[run_id] = HEClient(
-                params, node_local.setting(msg, "he-key-dir"), client_state.of(msg, self.pid).folder)
-        return self._he_clients[run_id]
+    def initial_weights(self, msg: Message) -> dict[str, np.ndarray]:
+        return self.initial
 
     def _load_weights(self, msg: Message) -> str:
         """Load the weights the message names into the model; return their key."""
         config = msg.content[keys.CONFIG]
-        where = f"{config.get(keys.METHOD, '<no method>')}: node {self.pid}"
+        where = f"{config.get(keys.METHOD, '<no method>')}: node {self.partition_id}"
         source = config.get(keys.WEIGHTS)
         if source == keys.FROM_INITIAL:
             weights = None
-        elif source == keys.FROM_ARRAYS:
+        elif source in (keys.FROM_ARRAYS, keys.FROM_HE):  # FROM_HE: the HE layer put them there
             arrays = msg.content.array_records.get(keys.ARRAYS)
             if arrays is None or not len(arrays):
                 raise MissingWeights(f"{where} was asked for weights={source} but the message "
                                      f"carries no arrays")
             weights = from_record(arrays)
         elif source == keys.FROM_LOCAL:
-            weights = client_state.of(msg, self.pid).load(str(config[keys.LOCAL_MODEL]), 2**62)
+            weights = client_state.of(msg, self.partition_id).load(str(config[keys.LOCAL_MODEL]), 2**62)
             if weights is None:
                 raise MissingWeights(f"{where} was asked for its local retriever "
                                      f"{config[keys.LOCAL_MODEL]!r} but has not trained one")
-        elif source == keys.FROM_HE:
-            rnd = int(config[he_keys.GLOBAL_ROUND])
-            try:
-                weights = None if rnd == 0 else unflatten(self._he(msg).global_weights(rnd),
-                                                          self.initial)
-            except RuntimeError as exc:
-                raise MissingWeights(f"{where} was asked for weights={source}: {exc}") from exc
         else:
             raise MissingWeights(f"{where}: weights={source!r} is not one of "
                                  f"{keys.WEIGHT_SOURCES}")
@@ -154,38 +128,30 @@ class RetrieverClient:
         proximal = ProximalTerm(self.model, proximal_mu(config))
         if keys.LOCAL_MODEL not in config:
             return proximal, None, None
-        state = client_state.of(msg, self.pid)
+        state = client_state.of(msg, self.partition_id)
         teacher = frozen_copy(self.model) if float(config[keys.KD_WEIGHT]) else None
-        own = state.load(str(config[keys.LOCAL_MODEL]), int(config.get(keys.SERVER_ROUND, 0)))
+        own = state.load(str(config[keys.LOCAL_MODEL]), self.server_round(config))
         if own is not None:
             load_trainable(self.model, own)
         return proximal, teacher, state
 
-    @staticmethod
-    def _threads(config: ConfigRecord) -> int:
-        threads = int(config.get(keys.TORCH_THREADS, 0)) or os.cpu_count() or 1
-        torch.set_num_threads(threads)
-        return threads
-
-    def query(self, msg: Message, context=None) -> RecordDict:
-        if is_he_operation(msg):
-            return self._he(msg).handle(msg)
+    def query(self, msg: Message) -> RecordDict:
         if msg.content[keys.CONFIG].get(keys.QUERY_OP) == keys.INITIAL_WEIGHTS:
             return RecordDict({keys.ARRAYS: to_record(self.initial)})
-        return RecordDict({keys.INFO: ConfigRecord({
-            keys.PARTITION_ID: self.pid, keys.DOCUMENTS: self.documents,
-            keys.COMPANIES: sorted({d["company"] for d in load_documents(self.root)
-                                    if d["doc_name"] in set(self.documents)}),
-            keys.NUM_PAIRS: len(self.pairs)})})
+        return super().query(msg)
 
-    def train(self, msg: Message, context=None) -> RecordDict:
+    def discover(self) -> dict:
+        return {keys.DOCUMENTS: self.documents,
+                keys.COMPANIES: sorted({d["company"] for d in load_documents(self.data_root)
+                                        if d["doc_name"] in set(self.documents)}),
+                keys.NUM_PAIRS: len(self.pairs)}
+
+    def train(self, msg: Message) -> RecordDict:
         """Train from the message's weights; the reply's metrics time each part of the handler
         (``bench/local_training.py`` compares them with a plain loop)."""
         begin = time.perf_counter()
         config = msg.content[keys.CONFIG]
-        self._threads(config)
-        he_round = config.get(he_keys.HE_ROUND, False)
-        decrypt = self._he(msg).install_carried(msg) if he_round else 0.0  # one-trip HE
+        self.threads(config)
         self._load_weights(msg)
         proximal, teacher, state = self._own_model(msg)
         loaded = time.perf_counter()
@@ -196,7 +162,7 @@ class RetrieverClient:
         stats = train_encoder(
             self.model, pairs, int(config[keys.LOCAL_STEPS]), int(config[keys.BATCH_SIZE]),
             float(config[keys.LR]), float(config[keys.TEMPERATURE]), float(config[keys.KD_WEIGHT]),
-            seed=TRAINING.seed(config[keys.SEED], round=int(config.get(keys.SERVER_ROUND, 0)), partition=self.pid),
+            seed=self.seed(TRAINING, config),
             teacher=teacher, dropout=bool(self.task.get("train_dropout", False)), proximal=proximal)
         end = time.perf_counter()
         metrics = {keys.NUM_EXAMPLES: len(pairs), "train-seconds": end - start,
@@ -204,19 +170,16 @@ class RetrieverClient:
                    keys.TORCH_THREADS: torch.get_num_threads(), **{k: float(v) for k, v in stats.items()}}
         trained = trainable_arrays(self.model)
         if state is not None:
-            state.save(str(config[keys.LOCAL_MODEL]), int(config.get(keys.SERVER_ROUND, 0)), trained)
+            state.save(str(config[keys.LOCAL_MODEL]), self.server_round(config), trained)
             metrics[keys.STATE_BYTES] = state.bytes()
-        if he_round:
-            return self._he(msg).train_reply(flatten(trained), {**metrics, he_keys.DECRYPT_SECONDS: decrypt},
-                                             int(config.get(he_keys.INLINE_FLOATS, 0)))
-        reply = RecordDict({keys.ARRAYS: to_record(trained), keys.METRICS: MetricRecord(metrics)})
+        reply = self.weights_reply(trained, metrics)
         reply[keys.METRICS]["reply-seconds"] = time.perf_counter() - end
         reply[keys.METRICS]["handler-seconds"] = time.perf_counter() - begin
         return reply
 
-    def evaluate(self, msg: Message, context=None) -> RecordDict:
+    def evaluate(self, msg: Message) -> RecordDict:
         config = msg.content[keys.CONFIG]
-        threads = self._threads(config)
+        threads = self.threads(config)
         key = self._load_weights(msg)
         questions, corpus = self.evaluation
         # without a cache, the run's folder (not this client's): the evaluating nodes of one
@@ -226,7 +189,7 @@ class RetrieverClient:
         store = corpus_store(self.model, key, corpus, folder, int(config[keys.PAGES_PER_MESSAGE]), backend)
         start = time.perf_counter()
         if config[keys.EVAL_OP] == keys.ENCODE:
-            graphs = client_state.of(msg, self.pid).folder / "encoder"
+            graphs = client_state.of(msg, self.partition_id).folder / "encoder"
 
             def encode(texts: list[str]):  # built when a piece is missing: once per weights in this process
                 return cached_encoder(self.model, key, backend, threads, graphs)(texts)
@@ -235,7 +198,7 @@ class RetrieverClient:
         else:
             groups = {str(p): self._documents(p) for p in range(self.num_partitions)} \
                 if config.get(keys.PER_CLIENT, False) else None
-            metrics = score_splits(self.model, self.root, questions, list(corpus), store.load(),
+            metrics = score_splits(self.model, self.data_root, questions, list(corpus), store.load(),
                                    self.task, list(config[keys.SPLITS]),
                                    bool(config.get(keys.PER_FILING, False)), groups)
         metrics["eval-seconds"] = time.perf_counter() - start

@@ -30,8 +30,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedsim import client_state
-from fedsim.message_keys import SERVER_ROUND
 from fedsim_clients import fedtp_messages as keys
+from fedsim_clients.handler import ClientHandler
 
 NAME = "probe"  # the client-state name of the value
 HOLD_ENV = "FEDSIM_STATE_PROBE_HOLD"
@@ -42,12 +42,9 @@ def secret(partition_id: int) -> np.ndarray:
     return np.frombuffer(hashlib.sha256(f"state-probe secret {partition_id}".encode()).digest(), np.uint8)
 
 
-class StateProbeClient:
-    def __init__(self, task: dict, data_root: str, partition_id: int, num_partitions: int):
-        self.partition_id = partition_id
-
+class StateProbeClient(ClientHandler):
     def train(self, msg: Message) -> RecordDict:
-        server_round = int(msg.content[keys.CONFIG][SERVER_ROUND])
+        server_round = self.server_round(msg.content[keys.CONFIG])
         g = msg.content[keys.ARRAYS][keys.VECTORS].numpy().reshape(1, -1)
         own = np.random.default_rng(self.partition_id).dirichlet(np.ones(g.shape[1]))[None]
         state = client_state.of(msg, self.partition_id)

@@ -16,6 +16,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 from fedsim.partitioners import RoundRobinResamplingPartitioner
 from fedsim_clients import fedtp_messages as keys
+from fedsim_clients.handler import ClientHandler
 from fedsim_tasks.topical_chat.dataset import load_conversations, load_topics, local_preference
 from fedsim_tasks.topical_chat.router import RouterVariant, router_for
 
@@ -37,23 +38,20 @@ def hosted_rows(population: int, num_partitions: int, partition_id: int) -> list
     return _partitioner(population, num_partitions).partition_indices(partition_id)
 
 
-class TopicPreferenceClient:
+class TopicPreferenceClient(ClientHandler):
     def __init__(self, task: dict, data_root: str, partition_id: int, num_partitions: int):
+        super().__init__(task, data_root, partition_id, num_partitions)
         population = load_conversations(data_root, tuple(task["splits"]), task.get("max_per_split"))
         self.rows = hosted_rows(len(population), num_partitions, partition_id)
         self.conversations = [population[i] for i in self.rows]
-        self.data_root = data_root
         self.num_topics = len(load_topics(data_root))
 
     def _selected(self, config: ConfigRecord):
         splits = set(config[keys.SPLITS])
         return [(row, c) for row, c in zip(self.rows, self.conversations) if c.split in splits]
 
-    def query(self, msg: Message) -> RecordDict:
-        return RecordDict({keys.INFO: ConfigRecord({
-            keys.INFO_SPLITS: [c.split for c in self.conversations],
-            keys.INFO_ROWS: self.rows,
-        })})
+    def discover(self) -> dict:
+        return {keys.INFO_SPLITS: [c.split for c in self.conversations], keys.INFO_ROWS: self.rows}
 
     def train(self, msg: Message) -> RecordDict:
         selected = self._selected(msg.content[keys.CONFIG])

@@ -238,8 +238,9 @@ def _evaluate(ctx: Context, name: str, trained: Trained, node: int | None = None
     local retriever). The weights the client evaluated must be the ones the method produced
     (the server can check it where it holds them)."""
     own = node is not None
-    config = {**ctx.base, keys.METHOD: name, keys.WEIGHTS: keys.FROM_LOCAL if own else trained.source,
-              he_keys.GLOBAL_ROUND: trained.he_round, keys.SPLITS: splits(ctx.cfg),
+    source = keys.FROM_LOCAL if own else trained.source
+    config = {**ctx.base, keys.METHOD: name, keys.WEIGHTS: source, keys.SPLITS: splits(ctx.cfg),
+              **({he_keys.GLOBAL_ROUND: trained.he_round} if source == keys.FROM_HE else {}),  # the HE layer's
               keys.PER_FILING: bool(ctx.cfg.protocol.eval_per_filing),
               keys.PER_CLIENT: bool(ctx.cfg.protocol.eval_per_client),
               keys.TORCH_THREADS: _threads(ctx.cfg, 1),

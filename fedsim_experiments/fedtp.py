@@ -193,21 +193,21 @@ def _evaluate_content(priors: dict, variants: list[tuple], splits: list[str], ba
 
 
 def discover(messenger: Messenger, base: dict, splits: list[str] | None = None) -> dict[int, ConfigRecord]:
-    """Which conversations (rows, splits) each node hosts: where the nodes told their partitions,
-    exactly those the public partitioning of the population gives it (``splits``: the split of
+    """Which conversations (rows, splits) each node hosts: exactly those the public partitioning of
+    the population gives its partition (the one it told at ``whoami``; ``splits``: the split of
     each population row), so that no node claims more conversations, and more weight, than it
     holds."""
     nodes = messenger.node_ids()
     log.info("FedTP: %d SuperNodes connected", len(nodes))
 
-    def hosted(node: int) -> tuple[list[int], list[str]] | None:
-        partition = messenger.partition_of(node)
-        if partition is None or splits is None:
+    def hosted(partition: int) -> tuple[list[int], list[str]] | None:
+        if splits is None:
             return None
         rows = hosted_rows(len(splits), messenger.num_partitions, partition)
         return rows, [splits[r] for r in rows]
+    reply = keys.discover_reply(messenger.partition_of, messenger.num_partitions, hosted)
     infos = _broadcast(messenger, "discover", nodes, MessageType.QUERY,
-                       RecordDict({keys.CONFIG: ConfigRecord(base)}), keys.discover_reply(hosted))
+                       RecordDict({keys.CONFIG: ConfigRecord(base)}), reply)
     return {m.metadata.src_node_id: m.content[keys.INFO] for m in infos}
 
 

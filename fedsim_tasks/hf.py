@@ -81,15 +81,3 @@ def load_trainable(model, arrays: dict[str, np.ndarray]) -> None:
             params[name].copy_(torch.from_numpy(np.asarray(value)))
 
 
-def flatten(arrays: dict[str, np.ndarray]) -> np.ndarray:
-    return np.concatenate([a.ravel() for a in arrays.values()]).astype(np.float64)
-
-
-def unflatten(flat: np.ndarray, like: dict[str, np.ndarray]) -> OrderedDict[str, np.ndarray]:
-    out, start = OrderedDict(), 0
-    for name, ref in like.items():
-        out[name] = flat[start:start + ref.size].reshape(ref.shape).astype(ref.dtype)
-        start += ref.size
-    if start != flat.size:
-        raise ValueError(f"flat vector has {flat.size} values, model needs {start}")
-    return out

@@ -274,7 +274,8 @@ def _fedtp_node(partition: int):
 
     def handle(msg):
         if msg.metadata.message_type == MessageType.QUERY:
-            return RecordDict({tp.INFO: ConfigRecord({tp.INFO_SPLITS: [SPLITS[r] for r in rows], tp.INFO_ROWS: rows})})
+            return RecordDict({tp.INFO: ConfigRecord({tp.PARTITION_ID: partition,
+                                                      tp.INFO_SPLITS: [SPLITS[r] for r in rows], tp.INFO_ROWS: rows})})
         if msg.metadata.message_type == MessageType.TRAIN:
             return RecordDict({tp.ARRAYS: ArrayRecord({tp.VECTORS: Array(np.eye(DIM)[[r % DIM for r in rows]])}),
                                tp.METRICS: MetricRecord({tp.NUM_EXAMPLES: len(rows)})})

@@ -1,6 +1,7 @@
 """A FedE4RAG node never evaluates or trains other weights than the ones the message names:
-no HE copy, an incomplete HE copy, missing or empty arrays are errors naming method and node;
-the key of the weights evaluated is the key of the weights sent."""
+no HE copy, an incomplete HE copy (through the HE layer that wraps the retriever), missing or empty
+arrays are errors naming the node (and the method); the key of the weights evaluated is the key of
+the weights sent."""
 
 import os
 from pathlib import Path
@@ -13,12 +14,13 @@ from omegaconf import OmegaConf
 from fedsim.config import compose
 from fedsim.he import ckks
 from fedsim.he import messages as he_keys
+from fedsim.he.client import IncompleteGlobal
+from fedsim.he.layer import HELayer, around, flatten
 from fedsim.inprocess_grid import InProcessGrid
 from fedsim.node_local import environment, sent_task
 from fedsim_clients import fede4rag_messages as keys
 from fedsim_clients.retriever import MissingWeights, RetrieverClient
 from fedsim_tasks.financebench_rag.retrieval import weights_key
-from fedsim_tasks.hf import flatten
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +67,19 @@ def test_unknown_weight_source_is_an_error(client):
         client.evaluate(_message(_evaluate("latest")))
 
 
-def test_no_he_copy_is_an_error(client):
-    with pytest.raises(MissingWeights, match="node 0 .*no complete HE aggregate of round 3"):
-        client.evaluate(_message(_evaluate(keys.FROM_HE, **{he_keys.GLOBAL_ROUND: 3})))
+@pytest.fixture(scope="module")
+def layer(client) -> HELayer:
+    """The retriever as the ClientApp serves it: the task carries CKKS parameters."""
+    return around(client, client.task)
 
 
-def test_incomplete_he_copy_is_an_error(client):
-    he = client._he(_message({}))
+def test_no_he_copy_is_an_error(layer):
+    with pytest.raises(IncompleteGlobal, match="node 0 .*no complete HE aggregate of round 3"):
+        layer.handle(_message(_evaluate(keys.FROM_HE, **{he_keys.GLOBAL_ROUND: 3})))
+
+
+def test_incomplete_he_copy_is_an_error(client, layer):
+    he = layer.he(_message({}))
     flat = flatten(client.initial)
     size = 4096
     blobs = ckks.encrypt(he.ctx, flat[:size], he.params.slots)  # chunk 0 of 2 only
@@ -80,8 +88,8 @@ def test_incomplete_he_copy_is_an_error(client):
                         he_keys.NUM_FLOATS: flat.size, he_keys.KEY_ID: ckks.key_id(ckks.public_bytes(he.ctx))},
                        MessageType.QUERY,
                        **{he_keys.CIPHERTEXTS: ckks.blobs_record(blobs)}))
-    with pytest.raises(MissingWeights, match=r"round 1 .*'installed': \[0\]"):
-        client.evaluate(_message(_evaluate(keys.FROM_HE, **{he_keys.GLOBAL_ROUND: 1})))
+    with pytest.raises(IncompleteGlobal, match=r"node 0 .*round 1 .*'installed': \[0\]"):
+        layer.handle(_message(_evaluate(keys.FROM_HE, **{he_keys.GLOBAL_ROUND: 1})))
 
 
 def test_evaluated_key_is_the_key_of_the_weights_sent(client):
@@ -102,8 +110,7 @@ def test_the_server_does_not_choose_the_key_folder_or_the_cache(client, tmp_path
     key_victim, cache_victim = tmp_path / "server-keys", tmp_path / "server-cache"
     monkeypatch.setattr(client, "task", {**client.task, "embedding_cache": str(cache_victim),
                                          "he": {**client.task["he"], "key_dir": str(key_victim)}})
-    monkeypatch.setattr(client, "_he_clients", {})
-    he = client._he(_message({}))
+    he = around(client, client.task).he(_message({}))
     assert he.ctx.is_private() and Path(he.key_dir) == Path(os.environ["FEDSIM_HE_KEY_DIR"])
     client.evaluate(_message(_evaluate(keys.FROM_INITIAL)))
     assert not key_victim.exists() and not cache_victim.exists()

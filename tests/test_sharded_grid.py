@@ -30,7 +30,7 @@ def supernodes(k: int, crash_batches: bool = False, node: dict | None = None) ->
                 raise RuntimeError("the SuperNode's process died")
             context = Context(run_id=1, node_id=100 + p, state=RecordDict(), run_config={},
                               node_config={**(node or {}), "partition-id": p, "num-partitions": k})
-            return client_app._handle(msg, context, msg.metadata.message_type).content
+            return client_app.handle(msg, context).content
         return handle
     return InProcessGrid({100 + p: supernode(p) for p in range(k)})
 
@@ -109,7 +109,7 @@ def tampering_supernodes(k: int, tamper) -> InProcessGrid:
             context = Context(run_id=1, node_id=100 + p, state=RecordDict(), run_config={},
                               node_config={"partition-id": p, "num-partitions": k})
             if SHARD not in msg.content.config_records:  # whoami
-                return client_app._handle(msg, context, msg.metadata.message_type).content
+                return client_app.handle(msg, context).content
             return tamper(p, serve_batch(msg, context, client).content)
         return handle
     return InProcessGrid({100 + p: node(p) for p in range(k)})

@@ -1,2 +1,3 @@
-"""CKKS homomorphic averaging: crypto (``ckks``), the wire keys both sides use (``messages``)
-and the client half (``client``). The server half is ``fedsim_strategies/he_fedavg.py``."""
+"""CKKS homomorphic averaging: crypto (``ckks``), the wire keys both sides use (``messages``), the
+client half (``client``: a node's key and aggregate copies) and the layer the ClientApp puts around
+any handler that exchanges weights (``layer``). The server half is ``fedsim_strategies/he_fedavg.py``."""

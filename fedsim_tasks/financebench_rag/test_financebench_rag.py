@@ -154,7 +154,7 @@ def test_kd_loss_is_zero_against_itself_and_the_mse_of_similarities(tiny_encoder
 
 def test_training_moves_only_trainable_weights_and_lowers_the_loss(tiny_encoder):
     from fedsim_tasks.financebench_rag.train import frozen_copy, train_encoder
-    from fedsim_tasks.hf import flatten, trainable_arrays, unflatten
+    from fedsim_tasks.hf import trainable_arrays
     model = frozen_copy(tiny_encoder)
     for p in model.parameters():
         p.requires_grad_(True)
@@ -167,8 +167,6 @@ def test_training_moves_only_trainable_weights_and_lowers_the_loss(tiny_encoder)
     assert later["infonce"] < first["infonce"]
     after = trainable_arrays(model)
     assert any(not np.allclose(before[k], after[k]) for k in before)
-    flat = flatten(after)
-    assert all(np.array_equal(a, b) for a, b in zip(unflatten(flat, after).values(), after.values()))
 
 
 def test_train_reports_mean_terms_and_the_kd_of_its_first_step(tiny_encoder):
