@@ -102,6 +102,7 @@ def test_fedavg_strategy_swap_also_rejects_malformed_vectors(run_small):
     assert res["dp_sweep"] == []  # FedAvg releases no DP mean to sweep
 
 
+@pytest.mark.exhaustive  # 52 s; by default tests/test_e2e_privacy_audit.py's failing audit takes the same path
 def test_failed_run_exits_nonzero_with_the_error(run_small):
     # no SuperNode hosts a prior split: the ServerApp raises, Flower marks the run failed
     code, log, out = run_small("task.splits=[test_freq]", "task.prior_splits=[valid_freq]")
