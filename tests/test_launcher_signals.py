@@ -60,6 +60,7 @@ def test_terminate_and_ctrl_c_stop_everything(tmp_path, root, sig, code):
     assert run_processes(root, spare=proc.pid) == []  # already at exit, not eventually
 
 
+@pytest.mark.exhaustive  # 32 s; by default kill_when's SIGKILL (tests/test_e2e_client_state.py) checks the same
 def test_sigkill_takes_the_run_down(tmp_path, root):
     proc, _ = _start(tmp_path, root)
     proc.kill()
