@@ -109,7 +109,8 @@ def test_every_method_on_a_small_slice(tmp_path):
     assert methods["fedavg"]["local"]["model"] == "global"  # FedAvg keeps no local model
     assert methods["fedavg"]["local"]["test"] == {m: methods["fedavg"]["test"][m] for m in METRICS}
     summary = (out / "summary.md").read_text()
-    assert summary.count("| fede4rag |") == 5  # valid, test, own retrievers (valid, test), round cost
+    # valid, test, own retrievers (valid, test), each client's questions (valid, test), per round (2 rounds), round cost
+    assert summary.count("| fede4rag |") == 9
     assert (out / "retrieval_by_method.png").is_file()
     keys = list((tmp_path / "keys").iterdir())
     assert any(k.suffix == ".secret" for k in keys)  # the clients' key stays on the client side
