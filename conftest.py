@@ -15,7 +15,7 @@ PRIVATE_HOME = Path(tempfile.mkdtemp(prefix="fedsim-test-home-"))
 os.environ["HOME"] = str(PRIVATE_HOME)
 os.environ["XDG_CACHE_HOME"] = str(PRIVATE_HOME / ".cache")
 os.environ["HF_HOME"] = str(PRIVATE_HOME / ".cache" / "huggingface")
-os.environ["FEDSIM_STATE_DIR"] = str(PRIVATE_HOME / "client-state")  # fedsim/node_local.py
+os.environ["FEDSIM_STATE_DIR"] = str(PRIVATE_HOME / "client-state")  # fedsim/run/node_local.py
 
 
 @pytest.fixture(scope="session", autouse=True)

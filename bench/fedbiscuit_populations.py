@@ -10,7 +10,7 @@ judges trained on the judge split only, both reading the prompt's last Human tur
 response: the MiniLM scorer (the selectors' features) and a TF-IDF scorer (another model
 family); their test accuracy for the majority (HH) and how often they choose as each selector
 does. Prints the per-seed rows and, per population, own minus pooled over seeds with its t
-interval and verdict (``fedsim/stats.py``); writes everything as JSON.
+interval and verdict (``fedsim/results/stats.py``); writes everything as JSON.
 
     .venv/bin/python bench/fedbiscuit_populations.py --seeds 0 1 2 --output populations.json
 """
@@ -26,8 +26,8 @@ import numpy as np
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from fedsim.config import compose_checked
-from fedsim.stats import t_interval, verdict
+from fedsim.results.stats import t_interval, verdict
+from fedsim.run.config import compose_checked
 from fedsim_experiments.fedbiscuit import evaluate_selectors, train_central
 from fedsim_experiments.fedbiscuit_rlhf import JUDGE_TRAINING
 from fedsim_tasks.hh_preference.dataset import Federation, both_orders

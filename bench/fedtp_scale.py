@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from fedsim.data import resolve_data_root
-from fedsim.privacy import gaussian_mean
+from fedsim.privacy.dp import gaussian_mean
+from fedsim.run.data import resolve_data_root
 from fedsim_tasks.topical_chat.dataset import SPLITS, load_conversations, load_topics, local_preference
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")

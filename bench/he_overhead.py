@@ -20,12 +20,12 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
-from fedsim.he import ckks as he
-from fedsim.he import messages as keys
-from fedsim.he.client import HEClient
-from fedsim.he.layer import flatten
-from fedsim.inprocess_grid import InProcessGrid
 from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
+from fedsim.privacy.he import ckks as he
+from fedsim.privacy.he import messages as keys
+from fedsim.privacy.he.client import HEClient
+from fedsim.privacy.he.layer import flatten
+from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim_strategies.he_fedavg import HEFedAvg
 from fedsim_tasks.hf import build_encoder, trainable_arrays
 

@@ -5,7 +5,7 @@ query: who the client is (partition, training examples per dataset). train, by o
 and off-context ones); ``generator``: the generator's adapters on one dataset's replies
 (FedProx's proximal term when the config carries ``proximal-mu``). Without a mixing the client
 starts from the global model (FedAvg, FedProx). With a mixing (``fedsim_strategies/trust_alpha.py``)
-it keeps its own W_local across rounds (``fedsim/client_state.py``; the global model before its
+it keeps its own W_local across rounds (``fedsim/runtime/client_state.py``; the global model before its
 first round), continues training it, and keeps and sends W = (1 - alpha) W_local +
 alpha W_global, alpha fixed or from the trust scores of the local and the global model (greedy
 replies to the same held-out contexts, so the difference is not sampling noise).
@@ -23,9 +23,9 @@ from functools import lru_cache
 from flwr.app import Message, MetricRecord, RecordDict
 from hydra.utils import instantiate
 
-from fedsim import client_state
-from fedsim.records import from_bytes
-from fedsim.seeding import stream
+from fedsim.runtime import client_state
+from fedsim.runtime.records import from_bytes
+from fedsim.runtime.seeding import stream
 from fedsim.trust_mixing import client_alpha, mix, relative_distance
 from fedsim_clients import feddtre_messages as keys
 from fedsim_clients.handler import ClientHandler

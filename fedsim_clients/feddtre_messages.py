@@ -11,8 +11,8 @@ from flwr.app import ArrayRecord, ConfigRecord
 
 from fedsim.message_keys import *  # noqa: F403 (the shared keys, re-exported: both ends read every key here)
 from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
+from fedsim.runtime.validators import Arrays, Bound, Metrics, Number, Reply, discovery_reply, weight
 from fedsim.trust_mixing import ALPHA, HELDOUT_NLL, MIXING, S_GAP_SE, S_GLOBAL, S_LOCAL, SCORED, TRAIN_NLL  # noqa: F401 (the mixing's keys)
-from fedsim.validators import Arrays, Bound, Metrics, Number, Reply, discovery_reply, weight
 from fedsim_tasks.dialogue.metrics import REPLY_METRICS, REPLY_RANGES
 
 # the shared keys as FedDTRE uses them: ARRAYS the adapters / evaluator weights to train (train) or
@@ -44,7 +44,7 @@ DISTANCE = "distance-to-global"  # METRICS (evaluate): ||W_personal - W_global||
 CONTEXTS = "contexts"            # METRICS (evaluate): contexts scored
 
 
-# --- what each phase's reply must be (checked in the Messenger's screen: fedsim/validators.py) --
+# --- what each phase's reply must be (checked in the Messenger's screen: fedsim/runtime/validators.py) --
 
 def discover_reply(partition_of: Callable[[int], int | None], datasets: list[str],
                    expected: Callable[[int], dict[str, int]] | None, partitions: int) -> Reply:

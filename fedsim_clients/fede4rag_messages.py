@@ -1,16 +1,16 @@
 """FedE4RAG's message format: the record and config keys that the protocol
 (``fedsim_experiments/fede4rag.py``) and the client (``fedsim_clients/retriever.py``) exchange. HE chunk
-operations use ``fedsim.he.messages``; what each phase's reply must be."""
+operations use ``fedsim.privacy.he.messages``; what each phase's reply must be."""
 
 import math
 from collections.abc import Callable
 
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from fedsim.he import messages as he_keys
 from fedsim.message_keys import *  # noqa: F403 (the shared keys, re-exported: both ends read every key here)
 from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
-from fedsim.validators import (
+from fedsim.privacy.he import messages as he_keys
+from fedsim.runtime.validators import (
     Arrays,
     Bound,
     Config,
@@ -64,7 +64,7 @@ WEIGHTS_INFO = "weights-info"    # ConfigRecord of evaluate replies ...
 WEIGHTS_KEY = "key"              # ... fingerprint of the weights evaluated
 
 
-# --- what each phase's reply must be (checked in the Messenger's screen: fedsim/validators.py) --
+# --- what each phase's reply must be (checked in the Messenger's screen: fedsim/runtime/validators.py) --
 
 def discover_reply(partition_of: Callable[[int], int | None], documents: Callable[[int], list[str]] | None,
                    partitions: int) -> Reply:

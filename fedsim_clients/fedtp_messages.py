@@ -9,7 +9,7 @@ from flwr.app import ConfigRecord, RecordDict
 
 from fedsim.message_keys import *  # noqa: F403 (the shared keys, re-exported: both ends read every key here)
 from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
-from fedsim.validators import (
+from fedsim.runtime.validators import (
     Arrays,
     Bound,
     Metrics,
@@ -40,7 +40,7 @@ INFO_SPLITS = "splits"             # INFO: the split of each hosted conversation
 INFO_ROWS = "rows"                 # INFO: the population row of each hosted conversation
 
 
-# --- what each phase's reply must be (checked in the Messenger's screen: fedsim/validators.py) --
+# --- what each phase's reply must be (checked in the Messenger's screen: fedsim/runtime/validators.py) --
 
 def discover_reply(partition_of: Callable[[int], int | None], partitions: int,
                    hosted: Callable[[int], tuple[list[int], list[str]] | None]) -> Reply:

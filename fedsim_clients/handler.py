@@ -1,12 +1,12 @@
 """The base of every ClientApp handler: what every method's client does the same way.
 
-The ClientApp (``fedsim/client_app.py``) builds the task's handler once per process and hands it
+The ClientApp (``fedsim/runtime/client_app.py``) builds the task's handler once per process and hands it
 each message (``handle``): the base dispatches by message type, answers discovery with the
 partition the node was given (the one it told the Messenger at ``whoami``, which the server
-holds the reply to: ``fedsim.validators.discovery_reply``) and the method's own fields
+holds the reply to: ``fedsim.runtime.validators.discovery_reply``) and the method's own fields
 (``discover``), and reads the keys every method shares (``fedsim/message_keys.py``: round, seed,
 threads, the weights sent and replied). A method's handler keeps only its task's work. HE is not
-here: ``fedsim/he/layer.py`` wraps any handler that exchanges weights (``initial_weights``).
+here: ``fedsim/privacy/he/layer.py`` wraps any handler that exchanges weights (``initial_weights``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fedsim.message_keys import ARRAYS, INFO, METRICS, PARTITION_ID, SEED, SERVER_ROUND, TORCH_THREADS
-from fedsim.records import from_record, to_record
-from fedsim.seeding import Stream
+from fedsim.runtime.records import from_record, to_record
+from fedsim.runtime.seeding import Stream
 
 
 class ClientHandler:

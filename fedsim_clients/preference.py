@@ -17,8 +17,8 @@ import numpy as np
 from flwr.app import Message, MetricRecord, RecordDict
 from hydra.utils import instantiate
 
-from fedsim.records import from_record
-from fedsim.seeding import stream
+from fedsim.runtime.records import from_record
+from fedsim.runtime.seeding import stream
 from fedsim_clients import preference_messages as keys
 from fedsim_clients.handler import ClientHandler
 from fedsim_tasks.causal_lm import dpo_train, sft_train, shared_policy, turn_separator

@@ -10,7 +10,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 
 from fedsim.message_keys import *  # noqa: F403 (the shared keys, re-exported: both ends read every key here)
 from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
-from fedsim.validators import Arrays, Bound, Metrics, Number, Reply, Text, Validator, discovery_reply, weight
+from fedsim.runtime.validators import Arrays, Bound, Metrics, Number, Reply, Text, Validator, discovery_reply, weight
 
 # the shared keys as FedBis / FedBiscuit use them: NUM_EXAMPLES the client's training examples
 # (data-share FedAvg / eq. 6 weight; in INFO what it declares at discovery)
@@ -33,7 +33,7 @@ POLICY_BASE = "policy-base"      # config (SFT / DPO): folder of the shared base
 POLICY = "policy"                # config (SFT / DPO): the policy settings (JSON of experiments' RLHF)
 
 
-# --- what each phase's reply must be (checked in the Messenger's screen: fedsim/validators.py) --
+# --- what each phase's reply must be (checked in the Messenger's screen: fedsim/runtime/validators.py) --
 
 def discover_reply(partition_of: Callable[[int], int | None], expected: Callable[[int], dict] | None,
                    partitions: int) -> Reply:

@@ -1,5 +1,5 @@
 """Test fixture, not a method: the smallest client that keeps state across the rounds of a run
-(``fedsim/client_state.py``), for the end-to-end tests of that mechanism in every layout
+(``fedsim/runtime/client_state.py``), for the end-to-end tests of that mechanism in every layout
 (``tests/test_e2e_client_state.py``). It sits in the installed package, not under ``tests/``,
 because the ClientApp of every layout (a Ray actor, a SuperNode's process) must import it.
 
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
-from fedsim import client_state
+from fedsim.runtime import client_state
 from fedsim_clients import fedtp_messages as keys
 from fedsim_clients.handler import ClientHandler
 

@@ -7,7 +7,7 @@ import pytest
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from opacus.accountants import RDPAccountant
 
-from fedsim import client_state
+from fedsim.runtime import client_state
 from fedsim_clients import dialogue
 from fedsim_clients import feddtre_messages as keys
 from fedsim_clients.dialogue import DialogueClient

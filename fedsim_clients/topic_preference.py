@@ -14,7 +14,7 @@ import numpy as np
 from datasets import Dataset
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from fedsim.partitioners import RoundRobinResamplingPartitioner
+from fedsim.runtime.partitioners import RoundRobinResamplingPartitioner
 from fedsim_clients import fedtp_messages as keys
 from fedsim_clients.handler import ClientHandler
 from fedsim_tasks.topical_chat.dataset import load_conversations, load_topics, local_preference

@@ -12,9 +12,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from fedsim.message_keys import CONFIG, INFO, PARTITION_ID
-from fedsim.messaging import ANY, Messenger, Policy
-from fedsim.schema import entry as schema_entry
-from fedsim.validators import Validator
+from fedsim.run.schema import entry as schema_entry
+from fedsim.runtime.messaging import ANY, Messenger, Policy
+from fedsim.runtime.validators import Validator
 from fedsim_strategies.numpy_noise import NumpyNoise, account
 
 
@@ -100,7 +100,7 @@ def discover(messenger: Messenger, base: dict, reply: Validator | None = None
              ) -> tuple[dict[int, int], dict[int, ConfigRecord]]:
     """Every node's discovery reply (quorum: all; a method needs every client), by partition:
     node ids and the INFO record of each. Each must be ``reply`` (the method's declaration,
-    ``fedsim.validators.discovery_reply``). A node's partition is the one it told at ``whoami``
+    ``fedsim.runtime.validators.discovery_reply``). A node's partition is the one it told at ``whoami``
     (the Messenger's map, which ``reply`` holds its INFO to); only where the Messenger did not ask
     (a protocol driven without the ServerApp) is it the reply's claim. A partition two nodes
     claim is refused to both (``duplicate``): neither takes the other's place."""

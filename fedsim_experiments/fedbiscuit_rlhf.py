@@ -28,9 +28,9 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from fedsim.records import from_record, to_record
-from fedsim.seeding import stream
-from fedsim.stats import paired_bootstrap_ci
+from fedsim.results.stats import paired_bootstrap_ci
+from fedsim.runtime.records import from_record, to_record
+from fedsim.runtime.seeding import stream
 from fedsim_clients import preference_messages as keys
 from fedsim_strategies.selector_groups import majority_vote
 from fedsim_tasks.causal_lm import (

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import pearsonr
 
-from fedsim.messaging import Messenger
-from fedsim.results import RunOutput, markdown_table
+from fedsim.results.outputs import RunOutput, markdown_table
+from fedsim.runtime.messaging import Messenger
 from fedsim_clients import feddtre_messages as keys
 from fedsim_experiments.common import base_line
 from fedsim_tasks.dialogue.metrics import REPLY_METRICS

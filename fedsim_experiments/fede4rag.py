@@ -33,11 +33,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig
 
-from fedsim.he import messages as he_keys
-from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
-from fedsim.records import from_record
-from fedsim.results import RunOutput
-from fedsim.validators import Validator
+from fedsim.privacy.he import messages as he_keys
+from fedsim.results.outputs import RunOutput
+from fedsim.runtime.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
+from fedsim.runtime.records import from_record
+from fedsim.runtime.validators import Validator
 from fedsim_clients import fede4rag_messages as keys
 from fedsim_experiments import fede4rag_report as report
 from fedsim_experiments.common import RunContext, build_strategy, discover

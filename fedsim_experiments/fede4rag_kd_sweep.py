@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim.messaging import Messenger, client_config
-from fedsim.results import RunOutput, markdown_table, plain_log_scale
+from fedsim.results.outputs import RunOutput, markdown_table, plain_log_scale
+from fedsim.runtime.messaging import Messenger, client_config
 from fedsim_experiments import fede4rag
 from fedsim_experiments.fede4rag_report import scored_in
 from fedsim_experiments.fede4rag_schema import FedE4RAGProtocol

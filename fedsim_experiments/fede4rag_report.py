@@ -3,7 +3,7 @@ protocol that produced them: ``fedsim_experiments/fede4rag.py``)."""
 
 from __future__ import annotations
 
-from fedsim.results import RunOutput, markdown_table
+from fedsim.results.outputs import RunOutput, markdown_table
 
 
 def scored_in(method: dict) -> list[str]:

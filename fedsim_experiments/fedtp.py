@@ -26,13 +26,13 @@ from flwr.serverapp.strategy import Strategy
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim.audit import AuditReport, audit_release
-from fedsim.messaging import ANY, Messenger, Policy, client_config
-from fedsim.privacy import RELEASE, SWEEP, NoiseSource, gaussian_noise, one_shot_epsilon
-from fedsim.results import RunOutput, markdown_table
-from fedsim.schema import Protocol
-from fedsim.stats import GAIN_TOL, gain_distribution, group_gains, paired_bootstrap_ci, t_interval
-from fedsim.validators import Bound, Validator
+from fedsim.privacy.audit import AuditReport, audit_release
+from fedsim.privacy.dp import RELEASE, SWEEP, NoiseSource, gaussian_noise, one_shot_epsilon
+from fedsim.results.outputs import RunOutput, markdown_table
+from fedsim.results.stats import GAIN_TOL, gain_distribution, group_gains, paired_bootstrap_ci, t_interval
+from fedsim.run.schema import Protocol
+from fedsim.runtime.messaging import ANY, Messenger, Policy, client_config
+from fedsim.runtime.validators import Bound, Validator
 from fedsim_clients import fedtp_messages as keys
 from fedsim_clients.topic_preference import hosted_rows
 from fedsim_experiments.common import build_strategy, innermost

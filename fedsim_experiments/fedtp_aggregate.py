@@ -13,9 +13,9 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord
 from omegaconf import DictConfig
 
-from fedsim.messaging import Messenger, client_config
-from fedsim.results import RunOutput, markdown_table
-from fedsim.schema import layout
+from fedsim.results.outputs import RunOutput, markdown_table
+from fedsim.run.schema import layout
+from fedsim.runtime.messaging import Messenger, client_config
 from fedsim_clients import fedtp_messages as keys
 from fedsim_clients.topic_preference import hosted_rows
 from fedsim_experiments.fedtp import dp_strategy, prior_policy

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from fedsim.config import compose
+from fedsim.run.config import compose
 from fedsim_experiments.fedbiscuit import evaluate_selectors
 from fedsim_experiments.fedbiscuit_rlhf import DPO_TRAINING, RLHF, reward_hacking
 from fedsim_tasks.causal_lm import dpo_train, generate, load_policy, load_tokenizer
@@ -107,7 +107,7 @@ def test_each_population_is_scored_on_its_own_labels():
 def test_summary_shows_the_reward_hacking_curves_and_the_minority_rule(tmp_path):
     """The summary of a run with curves: their table and plot; the note that the minority's
     accuracy is derived only where the minority is HH reversed."""
-    from fedsim.results import RunOutput
+    from fedsim.results.outputs import RunOutput
     from fedsim_experiments.fedbiscuit import MINORITY_DERIVED, _summary
     accuracy = {"accuracy_majority": 0.6, "accuracy_minority": 0.55, "accuracy": 0.58}
     curve = [{"steps": s, "proxy_win_rate": p, "judge_win_rate": j, "gap": p - j, "reply_words": 9.0,

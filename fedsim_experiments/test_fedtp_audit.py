@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-from fedsim import privacy
-from fedsim.audit import PrivacyAuditFailed
-from fedsim.config import compose
-from fedsim.data import resolve_data_root
-from fedsim.privacy import NoiseSource
-from fedsim.schema import check
+from fedsim.privacy import dp as privacy
+from fedsim.privacy.audit import PrivacyAuditFailed
+from fedsim.privacy.dp import NoiseSource
+from fedsim.run.config import compose
+from fedsim.run.data import resolve_data_root
+from fedsim.run.schema import check
 from fedsim_experiments.fedtp import audit_releases
 from fedsim_strategies.conftest import NodeIds, _run_identity  # noqa: F401 (fixture: messages outside a run)
 from fedsim_strategies.dp_mean import DPMean

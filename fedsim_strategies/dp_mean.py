@@ -5,7 +5,7 @@ N(0, sigma^2 C^2 I) to the sum, divides by the number of contributing rows and, 
 clamps the mean back onto the simplex. One round is FedTP's one-shot release; more rounds
 re-sample clients and release again, and the RDP accountant composes them.
 
-Noise and sampling come from a :class:`~fedsim.privacy.NoiseSource`, private unless the run
+Noise and sampling come from a :class:`~fedsim.privacy.dp.NoiseSource`, private unless the run
 asked for reproducible noise: with noise drawn from the public seed anyone could subtract it.
 A sampled round (fraction_train < 1) is Poisson sampling at rate k / N with the release divided
 by the expected count k, which is what the accountant's amplification assumes; a fixed-size
@@ -13,9 +13,9 @@ sample or a divisor equal to the realized count would be another mechanism.
 
 Each reply carries an ArrayRecord with ``array_key``: a (rows, dim) matrix, one row per client
 the node hosts (normally one). Malformed replies never reach it: the phase's validator
-(``fedsim.validators``; FedTP's ``fedsim_clients/fedtp_messages.train_reply``: at most the rows its
+(``fedsim.runtime.validators``; FedTP's ``fedsim_clients/fedtp_messages.train_reply``: at most the rows its
 node hosts) screens every reply in
-:meth:`fedsim.messaging.Messenger.exchange`, which leaves them out and counts them as ``malformed``.
+:meth:`fedsim.runtime.messaging.Messenger.exchange`, which leaves them out and counts them as ``malformed``.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fedsim.audit import MeanCanaries
 from fedsim.message_keys import ARRAYS, CONFIG, SERVER_ROUND
-from fedsim.privacy import (
+from fedsim.privacy.audit import MeanCanaries
+from fedsim.privacy.dp import (
     AUDIT,
     RELEASE,
     SAMPLE,
@@ -84,7 +84,7 @@ class DPMean(Strategy):
         self.denominator: float | None = None  # last round's divisor (None: the row count)
         self._sampling: list[tuple[int, int]] = []  # (expected sample size, population) per round
         self._dim: int | None = None  # length of the released vector (a noise-only release)
-        self.audit_canaries = 0  # canary clients an audit run adds (fedsim/audit.py); 0: none
+        self.audit_canaries = 0  # canary clients an audit run adds (fedsim/privacy/audit.py); 0: none
         self.canaries: MeanCanaries | None = None  # the last round's, with their coins
 
     @property

@@ -3,7 +3,7 @@
 The wrapped strategy picks the nodes and the train config (``configure_train``) and names the
 weighting metric (``weighted_by_key``, FedAvg's ``num-examples``); this wrapper replaces its
 plaintext averaging. A round, each step a phase of the one messaging path
-(``fedsim.messaging``, faults and bytes counted per phase and round):
+(``fedsim.runtime.messaging``, faults and bytes counted per phase and round):
 
 1. ``<label>/train`` (quorum: any): sampled nodes train from their complete copy of the last
    round's aggregate (round 1: the clients' common initial model) and keep the result; they
@@ -24,7 +24,7 @@ The server holds at most one chunk per client plus one aggregate at any time (me
 for a full model) and never a secret key or a plaintext update. A node that fails during the
 chunk phase is left out of that chunk's weights (the chunk stays a weighted mean of the nodes
 that sent it) and counted; a node that misses an install holds no complete copy of that round
-and refuses to train or evaluate from it. Client half: ``fedsim/he/client.py``.
+and refuses to train or evaluate from it. Client half: ``fedsim/privacy/he/client.py``.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
-from fedsim.he import ckks
-from fedsim.he import messages as keys
 from fedsim.message_keys import NUM_EXAMPLES
-from fedsim.messaging import ANY, PhaseGrid, Policy, phase_grid
-from fedsim.validators import Arrays, Blob, Config, Metrics, Number, Reply, Text
+from fedsim.privacy.he import ckks
+from fedsim.privacy.he import messages as keys
+from fedsim.runtime.messaging import ANY, PhaseGrid, Policy, phase_grid
+from fedsim.runtime.validators import Arrays, Blob, Config, Metrics, Number, Reply, Text
 
 log = logging.getLogger("fedsim")
 

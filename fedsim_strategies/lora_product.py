@@ -19,7 +19,7 @@ from flwr.app import Array, ArrayRecord
 from flwr.serverapp.strategy import Strategy
 
 from fedsim.message_keys import NUM_EXAMPLES
-from fedsim.records import from_record
+from fedsim.runtime.records import from_record
 
 A_MARK, B_MARK = "lora_A", "lora_B"
 

@@ -3,9 +3,9 @@
 Flower's central-DP wrappers add their Gaussian noise with ``np.random.normal`` (numpy's global
 generator, ``flwr.supercore.differential_privacy.add_gaussian_noise_inplace``), and so does the
 adaptive wrappers' noisy clipped count. The ServerApp seeds that generator from the public run
-seed (``fedsim/seeding.py``, for reproducible sampling), so anyone who knows the seed could
+seed (``fedsim/runtime/seeding.py``, for reproducible sampling), so anyone who knows the seed could
 regenerate Flower's noise and subtract it. This wrapper runs each round's aggregation with the
-global generator set from the run's :class:`~fedsim.privacy.NoiseSource` (a stream of its own per
+global generator set from the run's :class:`~fedsim.privacy.dp.NoiseSource` (a stream of its own per
 phase and round: two models released in one run never share noise) and puts the previous state
 back afterwards.
 
@@ -31,8 +31,8 @@ mode asks for equal weights and n replies too, but refuses instead, and only aro
 FedAvg. Clipping and noise stay Flower's.
 
 Every round the wrapper aggregates is one Gaussian release at noise multiplier sigma, recorded in
-the run's :class:`~fedsim.privacy.CentralDP` under the phase's label (the grid's), whose epsilon
-goes into results.json and the summary (``fedsim/server_app.py``). A round is recorded as soon as
+the run's :class:`~fedsim.privacy.dp.CentralDP` under the phase's label (the grid's), whose epsilon
+goes into results.json and the summary (``fedsim/runtime/server_app.py``). A round is recorded as soon as
 it has replies to aggregate: an adaptive wrapper releases its noisy clipped count before the mean.
 A round no client was sampled for, or none replied to, releases nothing.
 """
@@ -51,10 +51,10 @@ from flwr.serverapp.strategy.dp_adaptive_clipping import (
 )
 from flwr.supercore.differential_privacy import KEY_NORM_BIT
 
-from fedsim.messaging import phase_grid
-from fedsim.privacy import FLOWER_DP, SAMPLE, CentralDP, NoiseSource, adaptive_noise_multiplier, poisson_sample
-from fedsim.seeding import derived_seed
-from fedsim.validators import Metrics, Number
+from fedsim.privacy.dp import FLOWER_DP, SAMPLE, CentralDP, NoiseSource, adaptive_noise_multiplier, poisson_sample
+from fedsim.runtime.messaging import phase_grid
+from fedsim.runtime.seeding import derived_seed
+from fedsim.runtime.validators import Metrics, Number
 
 log = logging.getLogger("fedsim")
 

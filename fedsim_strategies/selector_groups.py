@@ -21,9 +21,9 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from fedsim.message_keys import SERVER_ROUND
-from fedsim.messaging import Policy, Quorum, phase_grid
-from fedsim.records import from_record, to_record
-from fedsim.validators import Metrics, Number, like_model
+from fedsim.runtime.messaging import Policy, Quorum, phase_grid
+from fedsim.runtime.records import from_record, to_record
+from fedsim.runtime.validators import Metrics, Number, like_model
 
 log = logging.getLogger("fedsim")
 

@@ -10,7 +10,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Bulyan, FedAvg, QFedAvg
 
-from fedsim.inprocess_grid import InProcessGrid
+from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim_strategies.client_spread import ClientSpread, spread
 
 

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from fedsim.privacy import (
+from fedsim.privacy.dp import (
     NoiseSource,
     clamp_to_simplex,
     clip_rows,

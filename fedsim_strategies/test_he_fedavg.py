@@ -6,12 +6,12 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, MessageType
 from flwr.serverapp.strategy import FedAvg
 
-from fedsim.he import ckks as he
-from fedsim.he import messages as keys
-from fedsim.he.client import HEClient, IncompleteGlobal
-from fedsim.inprocess_grid import InProcessGrid
-from fedsim.messaging import Messenger
-from fedsim.server_app import seed_server
+from fedsim.privacy.he import ckks as he
+from fedsim.privacy.he import messages as keys
+from fedsim.privacy.he.client import HEClient, IncompleteGlobal
+from fedsim.runtime.inprocess_grid import InProcessGrid
+from fedsim.runtime.messaging import Messenger
+from fedsim.runtime.server_app import seed_server
 from fedsim_strategies.he_fedavg import HEFedAvg
 
 PARAMS = he.CKKSParams()

@@ -5,7 +5,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
-from fedsim.records import from_record, to_record
+from fedsim.runtime.records import from_record, to_record
 from fedsim_strategies.lora_product import LoraProductAvg, product_average
 
 A, B, BASE = "layer.query.lora_A.default.weight", "layer.query.lora_B.default.weight", "layer.norm.weight"

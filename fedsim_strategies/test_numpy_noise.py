@@ -10,7 +10,7 @@ from flwr.serverapp.strategy import (
     FedAvg,
 )
 
-from fedsim.privacy import NoiseSource
+from fedsim.privacy.dp import NoiseSource
 from fedsim_strategies.adaptive_clipping import ServerSideAdaptiveClipping
 from fedsim_strategies.conftest import NodeIds
 from fedsim_strategies.numpy_noise import NumpyNoise, account

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, RecordDict
 
-from fedsim.inprocess_grid import InProcessGrid
-from fedsim.journal import WHOAMI, Journal
 from fedsim.message_keys import PARTITION_ID
-from fedsim.messaging import Messenger
-from fedsim.records import from_record, to_record
-from fedsim.server_app import seed_server
+from fedsim.runtime.inprocess_grid import InProcessGrid
+from fedsim.runtime.journal import WHOAMI, Journal
+from fedsim.runtime.messaging import Messenger
+from fedsim.runtime.records import from_record, to_record
+from fedsim.runtime.server_app import seed_server
 from fedsim_strategies.selector_groups import SelectorGroups
 from fedsim_strategies.test_selector_groups import _client as selector_client
 from fedsim_strategies.test_trust_alpha import _client as trust_client

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
-from fedsim.inprocess_grid import InProcessGrid
-from fedsim.messaging import Messenger
-from fedsim.records import from_record, to_record
+from fedsim.runtime.inprocess_grid import InProcessGrid
+from fedsim.runtime.messaging import Messenger
+from fedsim.runtime.records import from_record, to_record
 from fedsim_strategies.selector_groups import (
     GroupsResult,
     SelectorGroups,

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
-from fedsim.inprocess_grid import InProcessGrid
-from fedsim.messaging import Messenger
-from fedsim.records import from_record, to_record
+from fedsim.runtime.inprocess_grid import InProcessGrid
+from fedsim.runtime.messaging import Messenger
+from fedsim.runtime.records import from_record, to_record
 from fedsim.trust_mixing import ALPHA, MIXING, S_GLOBAL, S_LOCAL, client_alpha, mix
 from fedsim_strategies.trust_alpha import TrustAlpha, k_at, plain_mean
 

@@ -19,10 +19,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from fedsim.messaging import phase_grid
-from fedsim.records import from_record, to_record
+from fedsim.runtime.messaging import phase_grid
+from fedsim.runtime.records import from_record, to_record
+from fedsim.runtime.validators import Metrics, Number, both, like_model
 from fedsim.trust_mixing import ALPHA, MIXING, RECORDED, S_GLOBAL, S_LOCAL
-from fedsim.validators import Metrics, Number, both, like_model
 
 
 def k_at(server_round: int, k0: float, k_growth: float) -> float:

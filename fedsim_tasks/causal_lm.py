@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from fedsim import progress
-from fedsim.seeding import stream
+from fedsim.run import progress
+from fedsim.runtime.seeding import stream
 from fedsim_tasks.dp_sgd import DP_EPSILON, DPSGD, GradientCanaries, PrivateSteps
 from fedsim_tasks.hf import default_device, lora_config, resolve_model
 from fedsim_tasks.proximal import ProximalTerm
@@ -353,7 +353,7 @@ def private_sft(model, tokenizer, examples: list[tuple[str, str]], *, steps: int
     drawn from the client's own randomness (not the run's seed: the server would know them),
     each record's loss its own mean token nll (so its gradient depends on it alone), clipped
     and noised. The stats add this call's epsilon and its steps (a client composes its trainings
-    with a ``StepsLedger``). ``canaries``: an audit's (``fedsim/audit.py``), sampled beside the records."""
+    with a ``StepsLedger``). ``canaries``: an audit's (``fedsim/privacy/audit.py``), sampled beside the records."""
     private = PrivateSteps(dp, model, _optimizer(model, lr), len(examples), batch_size,
                            horizon_steps or steps, noise_seed, canaries)
     model.train()

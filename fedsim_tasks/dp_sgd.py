@@ -40,8 +40,8 @@ from opacus.accountants.utils import get_noise_multiplier
 from opacus.optimizers import DPOptimizer
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
-from fedsim.audit import fair_coins, sampled_gaussian_scores
 from fedsim.message_keys import DP_EPSILON
+from fedsim.privacy.audit import fair_coins, sampled_gaussian_scores
 
 __all__ = ["DP_EPSILON", "DPSGD", "GradientCanaries", "PrivateSteps", "StepsLedger", "spent_epsilon"]
 
@@ -114,7 +114,7 @@ class StepsLedger:
 
 
 class GradientCanaries:
-    """Record-level canaries of DP-SGD (the privacy audit, ``fedsim/audit.py``): canary i is a
+    """Record-level canaries of DP-SGD (the privacy audit, ``fedsim/privacy/audit.py``): canary i is a
     record whose gradient is C e_i in a parameter of its own, which no real record reaches (the
     white-box Dirac canaries of Steinke et al. 2023 and Nasr et al. 2023: one canary never masks
     another, and the model's own weights are untouched). :class:`PrivateSteps` samples the
@@ -146,7 +146,7 @@ class GradientCanaries:
         self.observed.append(self.param.grad.detach().numpy() * expected_batch_size / clip_norm)
 
     def scores(self, rate: float, noise_multiplier: float, sampled: np.ndarray | None = None) -> np.ndarray:
-        """Each canary's score from every step (:func:`fedsim.audit.sampled_gaussian_scores`)."""
+        """Each canary's score from every step (:func:`fedsim.privacy.audit.sampled_gaussian_scores`)."""
         return sampled_gaussian_scores(np.array(self.observed), rate, noise_multiplier, sampled)
 
 

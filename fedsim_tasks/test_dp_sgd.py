@@ -11,8 +11,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from fedsim.config import compose
-from fedsim.schema import check
+from fedsim.run.config import compose
+from fedsim.run.schema import check
 from fedsim_tasks import causal_lm
 from fedsim_tasks.causal_lm import load_policy, load_tokenizer, prepare_base, sft_train
 from fedsim_tasks.dp_sgd import DP_EPSILON, DPSGD, PrivateSteps, StepsLedger, spent_epsilon

@@ -8,7 +8,7 @@ import opacus.optimizers.optimizer
 import pytest
 import torch
 
-from fedsim.audit import audit_release
+from fedsim.privacy.audit import audit_release
 from fedsim_tasks import dp_sgd as dp_sgd_module
 from fedsim_tasks.causal_lm import load_policy, load_tokenizer, prepare_base, sft_train
 from fedsim_tasks.dp_sgd import DP_EPSILON, GradientCanaries, PrivateSteps

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.secret import derive, open_sealed, run_secret
-from fedsim.watchdog import run_processes
+from fedsim.privacy.secret import derive, open_sealed, run_secret
+from fedsim.run.watchdog import run_processes
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")
 SMALL = ["task.max_per_split=5", "protocol.dp_seeds=2", "protocol.bootstrap=200"]  # 20 conversations
@@ -47,7 +47,7 @@ def fedsim_refusal(*overrides) -> tuple[int, str]:
     (tests/test_cli_errors.py) keeps the console script's own exit 2."""
     from unittest import mock
 
-    from fedsim import cli
+    from fedsim.run import cli
     err = io.StringIO()
     with mock.patch.object(cli, "launch", side_effect=AssertionError(f"not refused: {overrides}")), \
             contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):

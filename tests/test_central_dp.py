@@ -10,13 +10,13 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import strategy_utils
 from omegaconf import OmegaConf
 
-from fedsim.client_app import dp_clipping_mod
-from fedsim.config import CONF_DIR
-from fedsim.inprocess_grid import InProcessGrid
-from fedsim.messaging import ANY, Messenger, Policy
-from fedsim.privacy import NoiseSource, adaptive_noise_multiplier, unamplified_epsilon
-from fedsim.records import from_record, to_record
-from fedsim.server_app import central_dp_section, privacy_results, seed_server
+from fedsim.privacy.dp import NoiseSource, adaptive_noise_multiplier, unamplified_epsilon
+from fedsim.run.config import CONF_DIR
+from fedsim.runtime.client_app import dp_clipping_mod
+from fedsim.runtime.inprocess_grid import InProcessGrid
+from fedsim.runtime.messaging import ANY, Messenger, Policy
+from fedsim.runtime.records import from_record, to_record
+from fedsim.runtime.server_app import central_dp_section, privacy_results, seed_server
 from fedsim_experiments.common import build_strategy
 
 CLIENTS, CRASH, ROUNDS = 4, 3, 3

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from fedsim import cli
-from fedsim.launcher import RunFailed
+from fedsim.run import cli
+from fedsim.run.launcher import RunFailed
 
 RUN = ["experiment=fedtp_aggregate", "hardware.num_clients=4"]  # sized by the override: reads no data
 

@@ -13,9 +13,9 @@ import pytest
 from hydra.utils import get_class
 from omegaconf import OmegaConf, open_dict
 
-from fedsim.comparison import Settings
-from fedsim.config import compose
-from fedsim.schema import RunConfig, check
+from fedsim.results.comparison import Settings
+from fedsim.run.config import compose
+from fedsim.run.schema import RunConfig, check
 
 EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "experiment").glob("*.yaml"))
 
@@ -145,7 +145,7 @@ def test_a_value_of_the_wrong_type_is_refused_naming_its_key(experiment, key, va
 def test_the_experiment_digest_follows_the_experiment_not_where_it_runs():
     """What a journal is bound to (a resume refuses another): the experiment's keys, not the keys
     a resume may change (hardware, timeouts, the data's location, sinks)."""
-    from fedsim.config import compose, experiment_digest
+    from fedsim.run.config import compose, experiment_digest
     base = experiment_digest(compose())
     assert experiment_digest(compose(["hardware.num_cpus=7", "round_timeout=99", "logging.csv=false"])) == base
     assert experiment_digest(compose(["protocol.alpha=0.9"])) != base

@@ -23,16 +23,16 @@ from omegaconf import OmegaConf
 from test_e2e_fedbiscuit import SLICE as FEDBISCUIT
 from test_e2e_feddtre import SLICE as FEDDTRE
 
-from fedsim import client_app
-from fedsim.config import compose
-from fedsim.inprocess_grid import InProcessGrid
-from fedsim.messaging import ANY, Messenger, Policy, client_config
-from fedsim.node_local import from_run
-from fedsim.records import from_record, to_bytes, to_record
-from fedsim.schema import check
-from fedsim.server_app import seed_server
+from fedsim.run.config import compose
+from fedsim.run.node_local import from_run
+from fedsim.run.schema import check
+from fedsim.runtime import client_app
+from fedsim.runtime.inprocess_grid import InProcessGrid
+from fedsim.runtime.messaging import ANY, Messenger, Policy, client_config
+from fedsim.runtime.records import from_record, to_bytes, to_record
+from fedsim.runtime.server_app import seed_server
+from fedsim.runtime.validators import finite_arrays
 from fedsim.trust_mixing import MIXING
-from fedsim.validators import finite_arrays
 from fedsim_clients import feddtre_messages as dtre
 from fedsim_clients import fede4rag_messages as rag
 from fedsim_clients import fedtp_messages as fedtp
@@ -46,7 +46,7 @@ DATA = "data_root=../shared/data"
 def serve(msg: Message, partition: int, num_partitions: int, node: dict | None = None) -> RecordDict:
     """``msg`` through the real ClientApp (its mods: fault injection, client-side clipping; the
     per-message seeding) as partition ``partition`` of this process, on a node whose config
-    gives ``node`` (its folders: ``fedsim.node_local.from_run(cfg)``)."""
+    gives ``node`` (its folders: ``fedsim.run.node_local.from_run(cfg)``)."""
     context = Context(run_id=1, node_id=100 + partition, state=RecordDict(), run_config={},
                       node_config={**(node or {}), "partition-id": partition, "num-partitions": num_partitions})
     return client_app.app(msg, context).content

@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 from conftest import read_results
-from fedsim.data import REPO_ROOT, resolve_data_root
-from fedsim.launcher import free_port, wait_healthy, write_connection
-from fedsim.tls import make_federation
+from fedsim.run.data import REPO_ROOT, resolve_data_root
+from fedsim.run.launcher import free_port, wait_healthy, write_connection
+from fedsim.run.tls import make_federation
 
 DOCKER = [pytest.mark.docker, pytest.mark.e2e]  # the tests that run the compose topology
 

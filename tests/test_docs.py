@@ -1,7 +1,7 @@
 """The documentation is checked like code, so a renamed key or a moved page fails the tests
 instead of the reader: every `fedsim run` command of README.md and docs/**/*.md (fenced blocks and
 inline code) composes and passes the same check as ``fedsim run`` before it starts anything
-(``fedsim.cli.prepare``), without running; every relative link resolves, anchors included; the
+(``fedsim.run.cli.prepare``), without running; every relative link resolves, anchors included; the
 config-group table lists every file under conf/.
 
 Shell is read as a reader's shell would: ``NAME=value`` lines and ``for NAME in a b; do`` loops of
@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from flwr.common.config import get_fused_config_from_dir, parse_config_args
 
-from fedsim import cli
-from fedsim.config import CONF_DIR, GROUPS, choices, compose
-from fedsim.data import REPO_ROOT
-from fedsim.server_app import config_from_run
-from fedsim.sweep import expand
-from fedsim.tls import make_federation
+from fedsim.run import cli
+from fedsim.run.config import CONF_DIR, GROUPS, choices, compose
+from fedsim.run.data import REPO_ROOT
+from fedsim.run.sweep import expand
+from fedsim.run.tls import make_federation
+from fedsim.runtime.server_app import config_from_run
 
 DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.S | re.M)

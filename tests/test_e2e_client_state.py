@@ -1,4 +1,4 @@
-"""Client state across rounds (``fedsim/client_state.py``) and resume in real runs: 3 rounds of
+"""Client state across rounds (``fedsim/runtime/client_state.py``) and resume in real runs: 3 rounds of
 the stateful test client ``fedsim_clients/state_probe.py`` under FedTP's aggregation, 4 logical
 clients, in each layout: one SuperNode per client (Ray), two clients per SuperNode (sharded,
 Ray), and a real SuperLink with two SuperNode processes of two clients each
@@ -33,11 +33,11 @@ from omegaconf import OmegaConf
 from test_sharded_grid import supernodes
 
 from conftest import cmdline, fedsim_run, journaled, kill_when, private_tmpdir, read_results, without_timings
-from fedsim import server_app
-from fedsim.config import compose
-from fedsim.node_local import from_run
-from fedsim.results import RunOutput
-from fedsim.watchdog import run_processes
+from fedsim.results.outputs import RunOutput
+from fedsim.run.config import compose
+from fedsim.run.node_local import from_run
+from fedsim.run.watchdog import run_processes
+from fedsim.runtime import server_app
 from fedsim_clients.state_probe import HOLD_ENV, NAME, secret
 
 CLIENTS, ROUNDS = 4, 3

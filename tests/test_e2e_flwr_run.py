@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from conftest import SMALL, private_tmpdir
-from fedsim.data import REPO_ROOT, resolve_data_root
-from fedsim.launcher import BIN, _env, start_superlink, write_connection
-from fedsim.watchdog import run_processes
+from fedsim.run.data import REPO_ROOT, resolve_data_root
+from fedsim.run.launcher import BIN, _env, start_superlink, write_connection
+from fedsim.run.watchdog import run_processes
 
 pytestmark = pytest.mark.e2e
 

@@ -9,8 +9,8 @@ from hydra.utils import instantiate
 from test_sharded_grid import fedtp_round, supernodes
 
 from conftest import fedsim_run, read_results
-from fedsim.config import compose
-from fedsim.schema import entry
+from fedsim.run.config import compose
+from fedsim.run.schema import entry
 
 # the sharded grid runs by default in process (tests/test_sharded_grid.py)
 pytestmark = [pytest.mark.e2e, pytest.mark.exhaustive]

@@ -9,8 +9,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import SMALL, read_results
-from fedsim import provenance
-from fedsim.data import REPO_ROOT
+from fedsim.run import provenance
+from fedsim.run.data import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
 

@@ -1,12 +1,12 @@
 """FedDTRE's personalized evaluation and the contamination check, played in process: the
-protocol's ServerApp code (``fedsim.server_app``) with the real ClientApp handler behind an
+protocol's ServerApp code (``fedsim.runtime.server_app``) with the real ClientApp handler behind an
 InProcessGrid, no Ray (a Ray start alone costs more than these clients' work). Real data (a
 small slice of Synthetic-Persona-Chat), real models built here (base SFT, trust evaluator,
 adapters); one client's generator training replies all carry planted PII.
 
 What holds at this size, and is asserted (measured on this slice: PII rate of the personalized
 replies 0.2 against 0.0 and 0.0 on 10 contexts; mean s_l 0.22 against 0.30; mean alpha
-0.170 against 0.110; with the seeding before ``fedsim/seeding.py``'s streams, 0.6, 0.23 against
+0.170 against 0.110; with the seeding before ``fedsim/runtime/seeding.py``'s streams, 0.6, 0.23 against
 0.35, 0.106 against 0.100): the contaminated client's own model learns the leaking wording, the
 trust evaluator scores its local replies lower than the clean clients', and FedDTRE gives it
 the larger alpha. The margins are small here: with a 40-step base the global model's
@@ -24,11 +24,11 @@ import pytest
 from flwr.serverapp.strategy import strategy_utils
 from test_determinism import serve
 
-from fedsim import server_app
-from fedsim.config import compose
-from fedsim.inprocess_grid import InProcessGrid
-from fedsim.node_local import from_run
-from fedsim.results import RunOutput
+from fedsim.results.outputs import RunOutput
+from fedsim.run.config import compose
+from fedsim.run.node_local import from_run
+from fedsim.runtime import server_app
+from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim_experiments import feddtre
 
 pytestmark = pytest.mark.slow  # base SFT, trust evaluator and adapters built here: minutes

@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 from scipy.stats import pearsonr
 from test_feddtre_personal import play
 
-from fedsim.config import compose
-from fedsim.schema import check
+from fedsim.run.config import compose
+from fedsim.run.schema import check
 from fedsim_clients.dialogue import DialogueClient
 from fedsim_experiments import feddtre_report
 from fedsim_tasks.test_causal_lm import encoder_dir  # noqa: F401 (fixture: the tiny BERT of every model here)

@@ -16,13 +16,13 @@ from flwr_datasets.partitioner import NaturalIdPartitioner
 from omegaconf import OmegaConf
 from test_determinism import serve
 
-from fedsim.config import compose
-from fedsim.inprocess_grid import InProcessGrid
-from fedsim.messaging import Messenger
-from fedsim.node_local import from_run
-from fedsim.records import from_record
-from fedsim.results import RunOutput
-from fedsim.schema import check
+from fedsim.results.outputs import RunOutput
+from fedsim.run.config import compose
+from fedsim.run.node_local import from_run
+from fedsim.run.schema import check
+from fedsim.runtime.inprocess_grid import InProcessGrid
+from fedsim.runtime.messaging import Messenger
+from fedsim.runtime.records import from_record
 from fedsim_clients import fede4rag_messages as keys
 from fedsim_experiments import fede4rag
 from fedsim_experiments import fede4rag_report as report

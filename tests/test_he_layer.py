@@ -16,15 +16,16 @@ from omegaconf import OmegaConf
 from test_determinism import serve
 from test_strategy_matrix import CLIENTS, WEIGHT_SLICES
 
-from fedsim import client_state, node_local
-from fedsim.config import CONF_DIR, compose
-from fedsim.he.ckks import CKKSParams
-from fedsim.he.client import HEClient
-from fedsim.he.layer import unflatten
-from fedsim.inprocess_grid import InProcessGrid
 from fedsim.message_keys import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, SERVER_ROUND
-from fedsim.messaging import ANY, Messenger, Policy
-from fedsim.records import from_record, to_record
+from fedsim.privacy.he.ckks import CKKSParams
+from fedsim.privacy.he.client import HEClient
+from fedsim.privacy.he.layer import unflatten
+from fedsim.run import node_local
+from fedsim.run.config import CONF_DIR, compose
+from fedsim.runtime import client_state
+from fedsim.runtime.inprocess_grid import InProcessGrid
+from fedsim.runtime.messaging import ANY, Messenger, Policy
+from fedsim.runtime.records import from_record, to_record
 from fedsim_clients.preference import PreferenceClient
 from fedsim_experiments import fedbiscuit
 from fedsim_strategies.he_fedavg import HEFedAvg

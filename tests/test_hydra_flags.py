@@ -6,7 +6,7 @@ from importlib.metadata import version
 import pytest
 from omegaconf import OmegaConf
 
-from fedsim.cli import main
+from fedsim.run.cli import main
 
 
 def run(capsys, *argv) -> tuple[int, str]:

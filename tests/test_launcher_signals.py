@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import FEDSIM, SMALL, cmdline, private_tmpdir
-from fedsim.watchdog import run_processes
+from fedsim.run.watchdog import run_processes
 
 pytestmark = pytest.mark.e2e
 

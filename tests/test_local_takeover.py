@@ -30,9 +30,9 @@ from flwr.supercore.control import ControlHttpClient
 from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
 
 from conftest import FEDSIM, SMALL, cmdline, private_tmpdir, read_results
-from fedsim.launcher import BIN
-from fedsim.netns import listening, socket_inodes
-from fedsim.watchdog import run_processes
+from fedsim.run.launcher import BIN
+from fedsim.run.netns import listening, socket_inodes
+from fedsim.run.watchdog import run_processes
 
 pytestmark = pytest.mark.e2e
 

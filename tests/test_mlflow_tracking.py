@@ -8,11 +8,11 @@ import pytest
 from mlflow.tracking import MlflowClient
 from test_sharded_grid import supernodes
 
-from fedsim import server_app
-from fedsim.config import compose
-from fedsim.mlflow_sink import store_uri
-from fedsim.results import RunOutput
-from fedsim.test_sinks import csv_history, mlflow_history
+from fedsim.results.mlflow_sink import store_uri
+from fedsim.results.outputs import RunOutput
+from fedsim.results.test_sinks import csv_history, mlflow_history
+from fedsim.run.config import compose
+from fedsim.runtime import server_app
 
 CLIENTS = 4
 RUN = ["experiment=fedtp_aggregate", "task.max_per_split=3", f"hardware.num_clients={CLIENTS}",

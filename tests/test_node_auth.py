@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from fedsim import launcher
-from fedsim.tls import make_federation
+from fedsim.run import launcher
+from fedsim.run.tls import make_federation
 
 pytestmark = pytest.mark.e2e
 

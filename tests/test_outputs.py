@@ -9,12 +9,12 @@ import pytest
 from matplotlib.container import ErrorbarContainer
 from omegaconf import OmegaConf
 
-from fedsim import comparison
-from fedsim.comparison import Run, Settings, compare
-from fedsim.config import CONF_DIR
-from fedsim.results import RunOutput
-from fedsim.schema import sweep_settings
-from fedsim.server_app import faults_section
+from fedsim.results import comparison
+from fedsim.results.comparison import Run, Settings, compare
+from fedsim.results.outputs import RunOutput
+from fedsim.run.config import CONF_DIR
+from fedsim.run.schema import sweep_settings
+from fedsim.runtime.server_app import faults_section
 from fedsim_experiments import fede4rag_kd_sweep, fedtp
 
 # a float printed with more than 6 decimals, or a Python dict / list of dicts printed raw

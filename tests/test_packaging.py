@@ -21,7 +21,7 @@ import pytest
 from flwr.cli.build import build_fab_from_disk
 from flwr.cli.install import install_from_fab
 
-from fedsim.data import REPO_ROOT
+from fedsim.run.data import REPO_ROOT
 
 GENERIC = ("tasks", "clients", "strategies", "experiments")
 
@@ -33,7 +33,7 @@ import importlib.util, json, re, sys
 from pathlib import Path
 from flwr.supercore.object_ref import load_app
 app_dir = sys.argv[1] or None
-for component in ("fedsim.client_app:app", "fedsim.server_app:app"):
+for component in ("fedsim.runtime.client_app:app", "fedsim.runtime.server_app:app"):
     load_app(component, RuntimeError, app_dir) if app_dir else __import__(component.split(":")[0])
 conf = Path(sys.modules["fedsim"].__file__).parents[1] / "conf"
 names = {m.rsplit(".", 1)[0] for f in conf.rglob("*.yaml")

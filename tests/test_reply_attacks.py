@@ -12,16 +12,16 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from omegaconf import OmegaConf
 from test_sharded_grid import tampering_supernodes
 
-from fedsim.config import compose
-from fedsim.he import ckks
-from fedsim.he import messages as he_keys
-from fedsim.he.client import HEClient
-from fedsim.inprocess_grid import InProcessGrid
-from fedsim.journal import WHOAMI
 from fedsim.message_keys import PARTITION_ID, RAY_NODE
-from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
-from fedsim.records import from_record, to_record
-from fedsim.sharded_grid import LAYOUT, SHARD, ShardedGrid
+from fedsim.privacy.he import ckks
+from fedsim.privacy.he import messages as he_keys
+from fedsim.privacy.he.client import HEClient
+from fedsim.run.config import compose
+from fedsim.runtime.inprocess_grid import InProcessGrid
+from fedsim.runtime.journal import WHOAMI
+from fedsim.runtime.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
+from fedsim.runtime.records import from_record, to_record
+from fedsim.runtime.sharded_grid import LAYOUT, SHARD, ShardedGrid
 from fedsim_clients import fede4rag_messages as rag
 from fedsim_clients import fedtp_messages as tp
 from fedsim_clients import preference_messages as pref

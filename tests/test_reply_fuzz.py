@@ -39,13 +39,13 @@ from test_reply_attacks import (
 )
 from test_sharded_grid import tampering_supernodes
 
-from fedsim.config import compose
-from fedsim.inprocess_grid import InProcessGrid
-from fedsim.journal import WHOAMI
-from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy
-from fedsim.records import from_record, to_record
-from fedsim.server_app import seed_server
-from fedsim.sharded_grid import ShardedGrid
+from fedsim.run.config import compose
+from fedsim.runtime.inprocess_grid import InProcessGrid
+from fedsim.runtime.journal import WHOAMI
+from fedsim.runtime.messaging import ANY, Messenger, PhaseFailed, Policy
+from fedsim.runtime.records import from_record, to_record
+from fedsim.runtime.server_app import seed_server
+from fedsim.runtime.sharded_grid import ShardedGrid
 from fedsim_clients import feddtre_messages as dtre
 from fedsim_clients import fede4rag_messages as rag
 from fedsim_clients import fedtp_messages as tp

@@ -10,9 +10,9 @@ import pytest
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from omegaconf import OmegaConf
 
-from fedsim.config import compose
-from fedsim.inprocess_grid import InProcessGrid
-from fedsim.records import from_record, to_record
+from fedsim.run.config import compose
+from fedsim.runtime.inprocess_grid import InProcessGrid
+from fedsim.runtime.records import from_record, to_record
 from fedsim_clients import fede4rag_messages as keys
 from fedsim_clients.retriever import RetrieverClient
 

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
-from fedsim import client_app
-from fedsim.config import compose
-from fedsim.inprocess_grid import InProcessGrid
-from fedsim.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
-from fedsim.sharded_grid import CLIENTS, LAYOUT, SHARD, ShardedGrid, pack, serve_batch, unpack
-from fedsim.validators import finite_arrays
+from fedsim.run.config import compose
+from fedsim.runtime import client_app
+from fedsim.runtime.inprocess_grid import InProcessGrid
+from fedsim.runtime.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
+from fedsim.runtime.sharded_grid import CLIENTS, LAYOUT, SHARD, ShardedGrid, pack, serve_batch, unpack
+from fedsim.runtime.validators import finite_arrays
 from fedsim_clients import fedtp_messages as keys
 from fedsim_strategies.dp_mean import DPMean
 from fedsim_tasks.topical_chat.dataset import load_topics
@@ -22,7 +22,7 @@ SLICE = ["task.max_per_split=3", "data_root=../shared/data"]
 
 def supernodes(k: int, crash_batches: bool = False, node: dict | None = None) -> InProcessGrid:
     """K SuperNodes (node ids 100+p) serving the real ClientApp handler, each with the node
-    config ``node`` (its folders: ``fedsim.node_local.from_run(cfg)``, as ``fedsim run`` gives
+    config ``node`` (its folders: ``fedsim.run.node_local.from_run(cfg)``, as ``fedsim run`` gives
     the clients it starts)."""
     def supernode(p):
         def handle(msg: Message) -> RecordDict:

@@ -14,13 +14,13 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import FEDSIM, SMALL, cmdline, fedsim_run, private_tmpdir
-from fedsim import provenance
-from fedsim.cli import prepare
-from fedsim.config import ConfigError
-from fedsim.data import REPO_ROOT
-from fedsim.mlflow_sink import store_uri
-from fedsim.sweep import MANIFEST, Sweep, expand, point_name
-from fedsim.watchdog import run_processes
+from fedsim.results.mlflow_sink import store_uri
+from fedsim.run import provenance
+from fedsim.run.cli import prepare
+from fedsim.run.config import ConfigError
+from fedsim.run.data import REPO_ROOT
+from fedsim.run.sweep import MANIFEST, Sweep, expand, point_name
+from fedsim.run.watchdog import run_processes
 
 
 def test_expansion_is_the_cartesian_product_with_ranges_and_constants():
@@ -135,8 +135,8 @@ def test_sigterm_stops_the_running_point_and_the_sweep_leaving_nothing(tmp_path)
 
 
 def test_a_fedsim_package_planted_in_the_working_folder_is_not_run(tmp_path, monkeypatch):
-    """The attack: another local user plants ``fedsim/cli.py`` in a shared folder (``/tmp``) the
-    user starts a sweep from; ``python -m fedsim.cli`` put the working folder first on the path,
+    """The attack: another local user plants ``fedsim/run/cli.py`` in a shared folder (``/tmp``) the
+    user starts a sweep from; ``python -m fedsim.run.cli`` put the working folder first on the path,
     so each point ran the planted module as the user. The point here is refused by the real CLI
     before anything starts (exit 2)."""
     planted = tmp_path / "fedsim"

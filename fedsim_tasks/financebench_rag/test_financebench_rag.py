@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsim.data import resolve_data_root
+from fedsim.run.data import resolve_data_root
 from fedsim_tasks.financebench_rag import dataset as fb
 from fedsim_tasks.financebench_rag.pseudo_queries import (
     chunk_words,

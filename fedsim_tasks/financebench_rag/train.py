@@ -104,7 +104,7 @@ def collect_only_new_objects():
     transformers, datasets (and in a Ray actor Ray and Flower) are imported: 0.3-0.9 s per
     training call here. Freezing what exists leaves it the objects the call makes; unfreezing
     afterwards hands everything back to the normal collections (nothing stays frozen), unless
-    the process had frozen its heap before (a warm ClientApp's fork, ``fedsim/superexec.py``:
+    the process had frozen its heap before (a warm ClientApp's fork, ``fedsim/run/superexec.py``:
     unfreezing would hand the preloaded libraries' objects back to every later collection)."""
     frozen_before = gc.get_freeze_count() > 0
     gc.freeze()

@@ -13,7 +13,7 @@ from itertools import combinations
 
 import numpy as np
 
-from fedsim.stats import paired_bootstrap_ci
+from fedsim.results.stats import paired_bootstrap_ci
 from fedsim_tasks.causal_lm import format_prompt
 from fedsim_tasks.dialogue.dataset import examples, persona_chat
 from fedsim_tasks.hh_preference.dataset import ASSISTANT, HUMAN, Example

@@ -1,0 +1,156 @@
+"""CKKS homomorphic encryption (TenSEAL) for weight averaging.
+
+Clients share one secret context (key material in the node's key folder, created once by the
+first client under a file lock; a multi-machine deployment copies that folder to every client).
+The key is private the way the run's secret and the TLS keys are (``fedsim/privacy/secret.py``): written
+0600 from its first byte into a 0700 folder, and refused on load when another user could read
+or replace it.
+The server only ever builds a context from the public bytes: no secret key, so it can
+multiply ciphertexts by public weights and add them, never decrypt. A chunk of floats is
+sent as one ciphertext per ``slots`` values, so no ciphertext spans more than its slots.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tenseal as ts
+from flwr.app import Array, ArrayRecord
+
+from fedsim.privacy.secret import create_private_file, private_folder, read_private_file
+
+
+@dataclass(frozen=True)
+class CKKSParams:
+    poly_modulus_degree: int = 8192
+    coeff_mod_bit_sizes: tuple[int, ...] = (60, 40, 40, 60)
+    global_scale_bits: int = 40
+
+    @property
+    def slots(self) -> int:
+        return self.poly_modulus_degree // 2
+
+
+def new_secret_context(params: CKKSParams) -> ts.Context:
+    ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=params.poly_modulus_degree,
+                     coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes))
+    ctx.global_scale = 2 ** params.global_scale_bits
+    return ctx
+
+
+def client_context(params: CKKSParams, key_dir: str | Path) -> ts.Context:
+    """The clients' shared secret context: loaded from ``key_dir``, created there if absent
+    (whole or not at all: a new file, then renamed)."""
+    folder = private_folder(Path(key_dir).expanduser())
+    path = folder / f"ckks-{params.poly_modulus_degree}-{params.global_scale_bits}.secret"
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.is_file():
+            tmp = path.with_suffix(".tmp")
+            tmp.unlink(missing_ok=True)  # a creator killed mid-write (the lock is ours now)
+            create_private_file(tmp, new_secret_context(params).serialize(save_secret_key=True))
+            os.replace(tmp, path)
+        ctx = ts.context_from(read_private_file(path, size=None))
+    if not ctx.is_private():
+        raise ValueError(f"{path} holds no secret key")
+    return ctx
+
+
+def public_bytes(ctx: ts.Context) -> bytes:
+    """What the server may hold: parameters and public (encryption) key, no secret key."""
+    return ctx.serialize(save_public_key=True, save_secret_key=False,
+                         save_galois_keys=False, save_relin_keys=False)
+
+
+class WrongKey(ValueError):
+    """A message's ciphertexts were made under another key than this node's."""
+
+
+def key_id(public: bytes) -> str:
+    """Names a key (hash of the public context: parameters and public key); every HE message
+    carries it, since decrypting under another secret key yields garbage, not an error."""
+    return hashlib.sha256(public).hexdigest()[:16]
+
+
+def server_context(public: bytes) -> ts.Context:
+    ctx = ts.context_from(public)
+    if ctx.is_private():
+        raise ValueError("refusing a context that carries a secret key on the server")
+    return ctx
+
+
+def encrypt(ctx: ts.Context, values: np.ndarray, slots: int) -> list[bytes]:
+    flat = np.asarray(values, dtype=np.float64).ravel()
+    return [ts.ckks_vector(ctx, flat[i:i + slots]).serialize()
+            for i in range(0, flat.size, slots)]
+
+
+def decrypt(ctx: ts.Context, blobs: list[bytes]) -> np.ndarray:
+    return np.concatenate([np.asarray(ts.ckks_vector_from(ctx, b).decrypt()) for b in blobs])
+
+
+def weighted_sum(ctx: ts.Context, per_client: list[list[bytes]], weights: list[float]
+                 ) -> list[bytes]:
+    """sum_i w_i * ct_i, ciphertext by ciphertext, on ciphertexts only."""
+    if len({len(c) for c in per_client}) != 1:
+        raise ValueError("clients sent different numbers of ciphertexts for one chunk")
+    out = []
+    for parts in zip(*per_client):
+        acc = None
+        for blob, w in zip(parts, weights):
+            term = ts.ckks_vector_from(ctx, blob) * float(w)
+            acc = term if acc is None else acc + term
+        out.append(acc.serialize())
+    return out
+
+
+class Probe:
+    """Encrypted zeros under the server's (public) context, one per vector size: a client's
+    ciphertext that cannot be weighted and added to them cannot enter :func:`weighted_sum`."""
+
+    def __init__(self, ctx: ts.Context):
+        self.ctx, self._zeros = ctx, {}
+
+    def problem(self, blobs: list[bytes], floats: int, slots: int) -> str | None:
+        """Why ``blobs`` (``floats`` values, ``slots`` per ciphertext) cannot be summed: one that
+        does not parse, holds another number of values, or was made at another scale or level
+        (TenSEAL refuses to add it)."""
+        for i, blob in enumerate(blobs):
+            size = min(slots, floats - i * slots)
+            try:
+                vector = ts.ckks_vector_from(self.ctx, blob)
+                if vector.size() != size:
+                    return f"ciphertext {i} holds {vector.size()} values, expected {size}"
+                _ = vector * 1.0 + self._zero(size)
+            except Exception as exc:  # noqa: BLE001 - whatever TenSEAL refuses in a client's bytes
+                return f"ciphertext {i} cannot be summed: {type(exc).__name__}: {exc!s:.100}"
+        return None
+
+    def _zero(self, size: int):
+        if size not in self._zeros:
+            self._zeros[size] = ts.ckks_vector(self.ctx, np.zeros(size)) * 1.0
+        return self._zeros[size]
+
+
+def blobs_record(blobs: list[bytes]) -> ArrayRecord:
+    return ArrayRecord({f"ct-{i}": Array(np.frombuffer(b, dtype=np.uint8))
+                        for i, b in enumerate(blobs)})
+
+
+def record_blobs(record: ArrayRecord) -> list[bytes]:
+    return [record[f"ct-{i}"].numpy().tobytes() for i in range(len(record))]
+
+
+def record_problem(record: ArrayRecord, count: int) -> str | None:
+    """Why ``record`` is not ``count`` ciphertexts as :func:`blobs_record` makes them: ``ct-0``
+    .. ``ct-<count-1>``, each a flat uint8 array."""
+    if set(record) != {f"ct-{i}" for i in range(count)}:
+        return f"expected ciphertexts ct-0 .. ct-{count - 1}"
+    if any(a.dtype != "uint8" or len(a.shape) != 1 for a in record.values()):
+        return "ciphertexts must be flat uint8 bytes"
+    return None

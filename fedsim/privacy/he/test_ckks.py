@@ -1,0 +1,59 @@
+"""The clients' CKKS secret key on disk: created 0600 from its first byte in a 0700 folder, and
+refused on load where another local user could read or swap it (as the TLS keys and the run's
+secret are)."""
+
+import os
+import stat
+
+import pytest
+
+from fedsim.privacy.he import ckks
+
+PARAMS = ckks.CKKSParams()
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_the_secret_key_is_never_readable_by_others(tmp_path, monkeypatch):
+    """Under a permissive umask, every file the key passes through is 0600 when written (no
+    chmod window), and its folder 0700."""
+    seen = {}
+    replace = os.replace
+
+    def spy(src, dst, *args, **kwargs):  # the key's temporary file as it is renamed into place
+        seen[os.fspath(dst)] = _mode(src)
+        return replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", spy)
+    old = os.umask(0)
+    try:
+        ctx = ckks.client_context(PARAMS, tmp_path / "keys")
+    finally:
+        os.umask(old)
+    assert ctx.is_private()
+    (key,) = (tmp_path / "keys").glob("*.secret")
+    assert _mode(tmp_path / "keys") == 0o700 and _mode(key) == 0o600
+    assert seen and set(seen.values()) == {0o600}
+    assert ckks.client_context(PARAMS, tmp_path / "keys").serialize(save_secret_key=True) == \
+        ctx.serialize(save_secret_key=True)  # the same key loads back
+
+
+def test_a_key_or_key_folder_open_to_others_is_refused(tmp_path):
+    folder = tmp_path / "keys"
+    ckks.client_context(PARAMS, folder)
+    (key,) = folder.glob("*.secret")
+    key.chmod(0o666)  # another local user could read (and replace) the federation's secret key
+    with pytest.raises(PermissionError, match="mode 0600"):
+        ckks.client_context(PARAMS, folder)
+    key.chmod(0o600)
+    folder.chmod(0o755)
+    with pytest.raises(PermissionError, match="mode 0700"):
+        ckks.client_context(PARAMS, folder)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # nor is a new key created where others can read it
+    with pytest.raises(PermissionError):
+        ckks.client_context(PARAMS, shared)
+    assert not list(shared.iterdir())

@@ -1,0 +1,532 @@
+"""A sweep's comparison: the headline metrics over seeds (mean, spread, CI) and their paired
+differences against a baseline, each with a verdict, from the run folders alone
+(``fedsim compare <folder>``).
+
+Runs are grouped by their overrides minus the seed keys (``sweep.seed_keys``); a group's runs
+are replicates. A baseline is either a method name that appears as one component of a
+results.json path (``selectors.fedbis.accuracy`` is the baseline of
+``selectors.fedbiscuit_u3.accuracy``: the same run, so the same seed) or ``KEY=VALUE`` of a swept
+override (the run with that value and otherwise the same overrides and seeds). Differences are
+paired by seed: the per-seed difference removes what the seed moves in both.
+
+Every paired difference gets a verdict (``fedsim/results/stats.py``): **shown** (its CI excludes 0),
+**excluded** (its CI excludes the effect of interest, ``sweep.effect_of_interest``: the paper's
+or a stated one), **inconclusive** (neither), with the minimum detectable effect at
+``sweep.power`` for the observed spread and the seeds an effect of interest would need. When
+every seed gives the same value there is no spread over seeds to claim anything from: the
+comparison says so and uses the interval the experiment computes inside a run
+(``sweep.run_intervals``, e.g. FedTP's paired bootstrap over turns), named in the summary.
+
+The headline metrics (``sweep.metrics``, one family per pattern) lead the summary, one table
+and one plot panel (one unit per axis) per family; counters, bytes and timings
+(``sweep.bookkeeping``) get their own section and no paired rows.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from omegaconf import OmegaConf
+from scipy import stats
+
+from fedsim.results.outputs import RunOutput, markdown_table
+from fedsim.results.stats import detectable_effect, detectable_effect_of_interval, seeds_needed, t_interval, verdict
+
+POINT_FILE = "point.json"  # a sweep run's overrides, beside its results.json
+OUTPUTS = ("summary.md", "comparison.json", "paired_differences.png", "metrics.png")
+BOOTSTRAP_MIN_SEEDS = 10  # below this the BCa interval over seeds undercovers (too narrow)
+MAX_PANELS = 20           # plot panels per figure; the summary says when families were left out
+
+
+class ComparisonRefused(ValueError):
+    """A metric pattern or baseline that the runs do not have: refused before anything is written."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """What ``sweep`` in the config says (``fedsim/run/schema.py`` ``Sweep``)."""
+    seed_keys: tuple[str, ...]
+    baseline: str | None
+    metrics: tuple[str, ...]
+    bookkeeping: tuple[str, ...]
+    interval: str
+    level: float
+    power: float
+    effect_of_interest: tuple[dict, ...]
+    run_intervals: tuple[dict, ...]
+
+    @classmethod
+    def of(cls, sweep) -> Settings:
+        """From a composed config's ``sweep`` block."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in OmegaConf.to_container(sweep).items()})
+
+
+@dataclass(frozen=True)
+class Run:
+    """One completed run: its overrides (key -> value; every override of the run, so runs of
+    sweeps with other constant overrides stay apart) and every number of its results.json."""
+    folder: str
+    overrides: dict[str, str]
+    values: dict[str, float]
+
+
+def flatten(results, prefix: str = "") -> dict[str, float]:
+    """Every finite number of a results.json, by dotted path (list items by index)."""
+    if isinstance(results, bool):
+        return {}
+    if isinstance(results, (int, float)):
+        return {prefix: float(results)} if math.isfinite(results) else {}
+    items = results.items() if isinstance(results, dict) else \
+        enumerate(results) if isinstance(results, list) else ()
+    out = {}
+    for key, value in items:
+        if "." in str(key):
+            raise ValueError(f"results key {prefix + '.' if prefix else ''}{key!r} contains '.': its dotted path "
+                             "would be ambiguous and no metric pattern could name it")
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def path_pattern(pattern: str) -> re.Pattern:
+    """A results path pattern: ``*`` is one dotted component (``selectors.*.accuracy`` is every
+    method's, not each selector's ``selectors.m.each.0.accuracy``), ``**`` any number of them.
+    Each wildcard is a group, in order (:func:`_fill` puts them into another path)."""
+    parts = ["(.+)" if p == "**" else "([^.]*)".join(map(re.escape, p.split("*"))) for p in pattern.split(".")]
+    return re.compile(r"\.".join(parts))
+
+
+def _fill(template: str, groups: tuple[str, ...]) -> str:
+    """``template`` with its wildcards replaced by ``groups`` in turn (``a.*.ci`` and ("x",): ``a.x.ci``)."""
+    it = iter(groups)
+    return re.sub(r"\*\*|\*", lambda _: next(it, "*"), template)
+
+
+def _matches(patterns, path: str) -> bool:
+    return any(path_pattern(p).fullmatch(path) for p in patterns)
+
+
+def load_runs(folder: str | Path) -> list[Run]:
+    """Every run under ``folder`` that has a ``point.json`` and a ``results.json`` and no
+    ``error.txt`` (runs copied in from other machines count alike), with every number of its
+    results. A run that failed after writing its results (a privacy audit refuting its epsilon,
+    a phase after them) is left out: its numbers are not a result."""
+    runs = []
+    for point in sorted(Path(folder).rglob(POINT_FILE)):
+        results = point.parent / "results.json"
+        if not results.is_file() or (point.parent / "error.txt").exists():
+            continue
+        overrides = json.loads(point.read_text())["overrides"]
+        runs.append(Run(str(point.parent), dict(o.partition("=")[::2] for o in overrides),
+                        flatten(json.loads(results.read_text()))))
+    return runs
+
+
+# ---- statistics of one metric over seeds ------------------------------------------------------
+
+def interval(x: np.ndarray, settings: Settings, seed: int = 0) -> tuple[float, float] | None:
+    """CI of the mean of ``x`` (one value per seed): Student t, or scipy's BCa bootstrap. None
+    with fewer than two values or no spread: a constant over seeds supports no interval."""
+    x = np.asarray(x, float)
+    t = t_interval(x, settings.level)
+    if settings.interval == "t" or t is None:
+        return t
+    res = stats.bootstrap((x,), np.mean, confidence_level=settings.level, method="BCa",
+                          n_resamples=9999, rng=np.random.default_rng(seed))
+    lo, hi = res.confidence_interval
+    return float(lo), float(hi)
+
+
+def describe(x: np.ndarray, settings: Settings) -> dict:
+    """n, mean, std and CI over seeds; ``constant`` when every seed gives the same value."""
+    x = np.asarray(x, float)
+    return {"n": int(x.size), "mean": float(x.mean()), "std": float(x.std(ddof=1)) if x.size > 1 else None,
+            "ci": list(ci) if (ci := interval(x, settings)) else None,
+            "constant": bool(x.size > 1 and np.ptp(x) == 0)}
+
+
+def _effect_of_interest(metric: str, settings: Settings) -> dict | None:
+    return next((e for e in settings.effect_of_interest if path_pattern(e["metric"]).fullmatch(metric)), None)
+
+
+def _run_interval(metric: str, baseline: str | None, by_seed: dict, settings: Settings) -> dict | None:
+    """The experiment's own interval for ``metric`` (minus ``baseline``) inside one run, from
+    the first seed's run that holds it: ``{"ci", "method", "run"}``."""
+    for entry in settings.run_intervals:
+        found = path_pattern(entry["metric"]).fullmatch(metric)
+        if not found or (entry["baseline"] is None) != (baseline is None):
+            continue
+        if baseline is not None and not path_pattern(entry["baseline"]).fullmatch(baseline):
+            continue
+        path = _fill(entry["ci"], found.groups())
+        for _, run in sorted(by_seed.items()):
+            if f"{path}.0" in run.values and f"{path}.1" in run.values:
+                return {"ci": [run.values[f"{path}.0"], run.values[f"{path}.1"]], "method": entry["method"],
+                        "path": path, "run": Path(run.folder).name}
+    return None
+
+
+def judge(values: np.ndarray, metric: str, baseline: str | None, by_seed: dict, settings: Settings) -> dict:
+    """A difference (or a metric) over seeds with its verdict: the CI over seeds when the seeds
+    spread; else the run's own interval (``sweep.run_intervals``) if the experiment has one,
+    named in ``basis``; else no claim. MDE and the seeds an effect of interest needs."""
+    out = describe(values, settings)
+    effect = _effect_of_interest(metric, settings) if baseline is not None else None
+    out["effect"] = effect
+    if out["ci"] is not None:
+        sd = out["std"]
+        out["basis"] = "t over seeds" if settings.interval == "t" else "BCa bootstrap over seeds"
+        out["mde"] = detectable_effect(sd, out["n"], settings.level, settings.power)
+        out["seeds_needed"] = seeds_needed(effect["size"], sd, settings.level, settings.power) if effect else None
+        if baseline is not None:
+            out["p_value"] = float(stats.ttest_1samp(values, 0.0).pvalue)
+    else:
+        own = _run_interval(metric, baseline, by_seed, settings)
+        spread = "every seed gives the same value" if out["constant"] else "one seed"
+        out["basis"] = f"{spread}; no claim over seeds"
+        out["mde"] = out["seeds_needed"] = None
+        if own is not None and own["ci"][1] > own["ci"][0]:
+            out["ci"], out["run_interval"] = own["ci"], own
+            out["basis"] = f"{spread}; the run's own {own['method']} ({own['path']}, run {own['run']})"
+            out["mde"] = detectable_effect_of_interval(own["ci"], settings.level, settings.power)
+        elif own is not None:  # every item gives the same difference too: nothing to infer from
+            out["basis"] = f"{spread}; the run's own {own['method']} has no width either; no claim"
+    size = effect["size"] if effect else None
+    out["verdict"] = verdict(out["ci"], size) if baseline is not None else None
+    out["excludes_effect"] = None if size is None or out["ci"] is None else \
+        bool(out["ci"][1] < size if size > 0 else out["ci"][0] > size)
+    return out
+
+
+# ---- grouping, families and the baseline ------------------------------------------------------
+
+def _group_key(run: Run, seed_keys: tuple[str, ...]) -> tuple:
+    return tuple(sorted((k, v) for k, v in run.overrides.items() if k not in seed_keys))
+
+
+def _seed_of(run: Run, seed_keys: tuple[str, ...]) -> tuple:
+    return tuple(sorted((k, v) for k, v in run.overrides.items() if k in seed_keys))
+
+
+def _label(group: tuple, varying: set[str]) -> str:
+    """The group's overrides that differ between the compared runs (the rest is common)."""
+    return " ".join(f"{k}={v}" for k, v in group if k in varying) or "(all runs)"
+
+
+def _varying(runs: list[Run], seed_keys: tuple[str, ...]) -> dict[str, list[str]]:
+    """Overrides (not seed keys) whose value differs between runs -> their values."""
+    keys = {k for r in runs for k in r.overrides if k not in seed_keys}
+    values = {k: sorted({r.overrides.get(k) for r in runs}, key=str) for k in keys}
+    return {k: [v for v in vs if v is not None] for k, vs in values.items() if len(vs) > 1}
+
+
+def families(paths: set[str], settings: Settings, strict: bool = True) -> tuple[dict[str, list[str]], list[str]]:
+    """(headline family -> its metrics, bookkeeping metrics). A family is a ``sweep.metrics``
+    pattern (the first that matches a path), in the configured order; with none configured,
+    each path's last component, for every path that is not bookkeeping. A pattern that matches
+    nothing is refused, naming the nearest paths, when ``strict`` (the user wrote it); an
+    experiment's own pattern for a phase these runs left out (e.g. RLHF off) is an empty family."""
+    headline: dict[str, list[str]] = {}
+    for pattern in settings.metrics:
+        found = sorted(p for p in paths if path_pattern(pattern).fullmatch(p))
+        if not found and strict:
+            near = difflib.get_close_matches(pattern, sorted(paths), n=8, cutoff=0.4)
+            raise ComparisonRefused(f"sweep.metrics pattern {pattern!r} matches no number in the runs' results.json"
+                                    f"; nearest paths: {', '.join(near) or '(none)'}")
+        taken = {m for ms in headline.values() for m in ms}
+        headline[pattern] = [p for p in found if p not in taken]
+    if not settings.metrics:
+        for path in sorted(paths):
+            if not _matches(settings.bookkeeping, path):
+                headline.setdefault(path.rsplit(".", 1)[-1], []).append(path)
+    chosen = {m for ms in headline.values() for m in ms}
+    return ({f: ms for f, ms in headline.items() if ms},
+            sorted(p for p in paths if p not in chosen and _matches(settings.bookkeeping, p)))
+
+
+def headline(results: dict, settings: Settings) -> dict[str, float]:
+    """A run's headline numbers: its results.json paths in the families of ``sweep.metrics``."""
+    values = flatten(results)
+    family_of, _ = families(set(values), settings, strict=False)
+    return {m: values[m] for ms in family_of.values() for m in ms}
+
+
+def _baseline_path(path: str, name: str, known: set[str]) -> str | None:
+    """``path`` with one component replaced by ``name``, if that path exists (and differs)."""
+    parts = path.split(".")
+    for i, part in enumerate(parts):
+        candidate = ".".join([*parts[:i], name, *parts[i + 1:]])
+        if part != name and candidate in known:
+            return candidate
+    return None
+
+
+def method_names(paths) -> list[str]:
+    """The path components a method-name baseline can be: those at a position where paths that
+    agree everywhere else hold two or more names."""
+    at: dict[tuple, set[str]] = {}
+    for path in paths:
+        parts = path.split(".")
+        for i, part in enumerate(parts):
+            at.setdefault((i, tuple(parts[:i]), tuple(parts[i + 1:])), set()).add(part)
+    return sorted({n for names in at.values() if len(names) > 1 for n in names})
+
+
+def _check_baseline(settings: Settings, headline: set[str], varying: dict[str, list[str]]) -> None:
+    """Refuse a baseline that pairs nothing, naming the choices."""
+    if not settings.baseline:
+        return
+    key, sep, value = settings.baseline.partition("=")
+    swept = "; ".join(f"{k}={'|'.join(vs)}" for k, vs in sorted(varying.items())) or "(no override varies)"
+    if sep:
+        if value not in varying.get(key, []):
+            raise ComparisonRefused(f"sweep.baseline {settings.baseline!r}: {key} does not take the value {value!r} "
+                                    f"in these runs; overrides that vary: {swept}")
+        return
+    names = method_names(headline)
+    if key not in names:
+        raise ComparisonRefused(f"sweep.baseline {key!r} names no method in the headline metrics' paths; methods: "
+                                f"{', '.join(names) or '(none)'}; or KEY=VALUE of an override that varies: {swept}")
+
+
+def compare(runs: list[Run], settings: Settings, strict: bool = True) -> dict:
+    """Per group and headline metric: mean, std and CI over seeds; per baseline pair: the
+    paired difference per seed, its CI and verdict; bookkeeping metrics over seeds apart.
+    Raises :class:`ComparisonRefused` for a baseline the runs do not have, and (``strict``) a
+    metric pattern."""
+    by_group: dict[tuple, dict[tuple, Run]] = {}
+    for run in runs:
+        by_group.setdefault(_group_key(run, settings.seed_keys), {})[_seed_of(run, settings.seed_keys)] = run
+    varying = _varying(runs, settings.seed_keys)
+    family_of, bookkeeping = families({k for r in runs for k in r.values}, settings, strict)
+    headline = {m: f for f, ms in family_of.items() for m in ms}
+    _check_baseline(settings, set(headline), varying)
+    groups = []
+    for group, by_seed in sorted(by_group.items()):
+        present = sorted({k for r in by_seed.values() for k in r.values})
+
+        def over_seeds(metric, by_seed=by_seed):
+            values = np.array([r.values[metric] for _, r in sorted(by_seed.items()) if metric in r.values])
+            return judge(values, metric, None, by_seed, settings)
+
+        groups.append({"group": {k: v for k, v in group if k in varying}, "label": _label(group, set(varying)),
+                       "runs": len(by_seed),
+                       "metrics": {m: {"family": headline[m], **over_seeds(m)} for m in present if m in headline},
+                       "bookkeeping": {m: describe([r.values[m] for r in by_seed.values() if m in r.values], settings)
+                                       for m in present if m in bookkeeping}})
+    paired = _paired_all(by_group, settings, set(varying), headline)
+    few = settings.interval == "bootstrap" and any(
+        d["n"] < BOOTSTRAP_MIN_SEEDS for g in groups for d in g["metrics"].values())
+    return {"settings": {"seed_keys": list(settings.seed_keys), "baseline": settings.baseline,
+                         "interval": settings.interval, "level": settings.level, "power": settings.power},
+            "runs": len(runs), "families": family_of, "bookkeeping": bookkeeping, "groups": groups, "paired": paired,
+            "not_in_runs": [p for p in settings.metrics if p not in family_of],
+            "warnings": [f"sweep.interval=bootstrap over fewer than {BOOTSTRAP_MIN_SEEDS} seeds: the BCa interval "
+                         "is too narrow there (it undercovers); sweep.interval=t is the default"] if few else []}
+
+
+def _paired_all(by_group: dict[tuple, dict[tuple, Run]], settings: Settings, varying: set[str],
+                headline: dict[str, str]) -> list[dict]:
+    if not settings.baseline:
+        return []
+    key, sep, value = settings.baseline.partition("=")
+    rows = []
+    for group, by_seed in sorted(by_group.items()):
+        present = sorted({k for r in by_seed.values() for k in r.values})
+        pairs = {}
+        if sep:  # a swept override's value: the same group with KEY=VALUE, seed by seed
+            base_group = tuple(sorted({**dict(group), key: value}.items()))
+            if base_group == group or base_group not in by_group or key not in dict(group):
+                continue
+            base = by_group[base_group]
+            for m in (m for m in present if m in headline):
+                pairs[m] = (m, {s: r.values[m] - base[s].values[m] for s, r in by_seed.items()
+                                if s in base and m in r.values and m in base[s].values})
+            label, own = f"{_label(group, varying)} - {settings.baseline}", None
+        else:  # a method inside each run: the same run's path with the baseline's name
+            known = set(present)
+            for m in (m for m in present if m in headline):
+                if b := _baseline_path(m, settings.baseline, known):
+                    pairs[m] = (b, {s: r.values[m] - r.values[b] for s, r in by_seed.items()
+                                    if m in r.values and b in r.values})
+            label, own = _label(group, varying), by_seed
+        common = {"group": {k: v for k, v in group if k in varying}, "label": label}
+        for m, (b, diffs) in pairs.items():
+            if diffs:
+                seeds = sorted(diffs)
+                d = np.array([diffs[s] for s in seeds])
+                rows.append({**common, "metric": m, "family": headline[m], "baseline": b,
+                             "seeds": [dict(s) for s in seeds], "per_seed": d.tolist(),
+                             **judge(d, m, b, own or {}, settings)})
+    return rows
+
+
+# ---- the summary, the plan and the plots ------------------------------------------------------
+
+def _ci_text(ci) -> str:
+    return "" if ci is None else f"[{ci[0]:.4f}, {ci[1]:.4f}]"
+
+
+def _num(value, digits: int = 4) -> str:
+    return "" if value is None else f"{value:+.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def _effect_text(p: dict) -> str:
+    e = p.get("effect")
+    return "" if e is None else f"{e['size']:+g} ({e['source']})"
+
+
+def _paired_row(p: dict) -> dict:
+    return {"group": p["label"], "metric": p["metric"], "n": p["n"], "mean diff": p["mean"],
+            "CI": _ci_text(p["ci"]), "p (t)": p.get("p_value", ""), "verdict": p["verdict"] or "no claim",
+            "effect of interest": _effect_text(p), "excludes it": "" if p["excludes_effect"] is None else
+            ("yes" if p["excludes_effect"] else "no"), "MDE": _num(p["mde"]).lstrip("+"),
+            "seeds for it": p["seeds_needed"] or "", "basis": p["basis"]}
+
+
+PAIRED_COLUMNS = ["group", "metric", "n", "mean diff", "CI", "p (t)", "verdict", "effect of interest",
+                  "excludes it", "MDE", "seeds for it", "basis"]
+OVER_SEEDS_COLUMNS = ["group", "metric", "n", "mean", "std", "CI", "basis"]
+
+
+def summary_markdown(comparison: dict) -> str:
+    s = comparison["settings"]
+    how = "Student t interval over seeds" if s["interval"] == "t" else "BCa bootstrap over seeds (scipy)"
+    level, power = int(round(s["level"] * 100)), int(round(s["power"] * 100))
+    text = [f"# Sweep comparison\n\n{comparison['runs']} completed runs; replicates: {', '.join(s['seed_keys'])}; "
+            f"{level}% CI: {how}.", *[f"**Warning: {w}.**" for w in comparison["warnings"]]]
+    if comparison["paired"]:
+        text.append(
+            f"## Paired differences against the baseline ({s['baseline']}), per seed\n\n"
+            f"Verdict: **shown** (the CI excludes 0), **excluded** (it excludes the effect of interest: the paper's "
+            f"or a stated one), **inconclusive** (neither); no claim without spread. MDE: the smallest true difference "
+            f"a two-sided paired t-test over these seeds finds with {power}% power at the observed spread (for a "
+            f"run's own interval: its normal approximation). Seeds for it: the seeds the effect of interest needs "
+            f"for {power}% power at that spread.")
+        for family in comparison["families"]:
+            rows = [_paired_row(p) for p in comparison["paired"] if p["family"] == family]
+            if rows:
+                text.append(f"### {family}\n\n" + markdown_table(rows, PAIRED_COLUMNS))
+    text.append("## Headline metrics over seeds")
+    for family in comparison["families"]:
+        rows = [{"group": g["label"], "metric": m, "n": d["n"], "mean": d["mean"], "std": d["std"],
+                 "CI": _ci_text(d["ci"]), "basis": d["basis"]}
+                for g in comparison["groups"] for m, d in g["metrics"].items() if d["family"] == family]
+        text.append(f"### {family}\n\n" + markdown_table(rows, OVER_SEEDS_COLUMNS))
+    rows = [{"group": g["label"], "metric": m, "n": d["n"], "mean": d["mean"], "std": d["std"], "CI": _ci_text(d["ci"])}
+            for g in comparison["groups"] for m, d in g["bookkeeping"].items()]
+    if rows:
+        text.append("## Bookkeeping (counters, bytes, timings: sweep.bookkeeping)\n\n"
+                    + markdown_table(rows, OVER_SEEDS_COLUMNS[:-1]))
+    if comparison["not_in_runs"]:
+        text.append(f"Headline patterns these runs hold no number for: {', '.join(comparison['not_in_runs'])}.")
+    if len(comparison["families"]) > MAX_PANELS:
+        text.append(f"The plots show the first {MAX_PANELS} of {len(comparison['families'])} families.")
+    return "\n\n".join(text) + "\n"
+
+
+def plan(comparison: dict) -> str:
+    """``fedsim compare --plan``: from a pilot sweep, per headline paired difference the spread
+    over seeds, the MDE now, and the seeds that reach ``power`` for the effect of interest and
+    for the difference observed."""
+    s = comparison["settings"]
+    rows = []
+    for p in comparison["paired"]:
+        sd = p["std"] if p["ci"] is not None and "run_interval" not in p else None
+        observed = seeds_needed(p["mean"], sd, s["level"], s["power"]) if sd else None
+        rows.append({"group": p["label"], "metric": p["metric"], "n": p["n"], "mean diff": p["mean"],
+                     "sd of diff": "" if sd is None else sd, "MDE now": _num(p["mde"]).lstrip("+"),
+                     "effect of interest": _effect_text(p),
+                     "seeds for it": p["seeds_needed"] or "", "seeds for the observed diff": observed or "",
+                     "note": "" if sd else p["basis"]})
+    if not rows:
+        return "fedsim: plan: no paired difference (set sweep.baseline)\n"
+    return (f"Seeds for {int(round(s['power'] * 100))}% power (two-sided paired t-test, alpha "
+            f"{1 - s['level']:.2g}) at each difference's spread in this pilot:\n\n"
+            + markdown_table(rows, ["group", "metric", "n", "mean diff", "sd of diff", "MDE now",
+                                    "effect of interest", "seeds for it", "seeds for the observed diff", "note"])
+            + "\n")
+
+
+def _forest(axes, rows_by_family: dict[str, list[dict]], xlabel, zero: bool) -> None:
+    """Each family its own panel and axis: each row's mean with its CI as the error bar (a
+    hollow point without one); 0 and the effect of interest marked."""
+    for ax, (family, rows) in zip(axes, rows_by_family.items()):
+        y = np.arange(len(rows))[::-1]
+        means = np.array([r["mean"] for r in rows])
+        for yi, r, m in zip(y, rows, means):
+            if r["ci"] is None:
+                ax.plot(m, yi, "o", mfc="none", color="C0")
+            else:
+                ax.errorbar(m, yi, xerr=[[m - r["ci"][0]], [r["ci"][1] - m]], fmt="o", capsize=3, color="C0")
+            if r.get("effect"):
+                ax.plot(r["effect"]["size"], yi, "x", color="C3")
+        if zero:
+            ax.axvline(0.0, color="grey", lw=0.8, ls="--")
+        ax.set_yticks(y, [r["name"] for r in rows], fontsize=6)
+        ax.set_xlabel(xlabel(family), fontsize=7)
+
+
+def plot(comparison: dict, out: RunOutput, suffix: str = "") -> None:
+    """``paired_differences.png`` and ``metrics.png``: one panel per headline family."""
+    s = comparison["settings"]
+    ci = f"{int(round(s['level'] * 100))}% CI"
+    paired: dict[str, list[dict]] = {f: [] for f in comparison["families"]}  # the families' order
+    for p in comparison["paired"]:
+        paired[p["family"]].append({**p, "name": f"{p['label']} {p['metric']}"})
+    over: dict[str, list[dict]] = {f: [] for f in comparison["families"]}
+    for g in comparison["groups"]:
+        for m, d in g["metrics"].items():
+            over[d["family"]].append({**d, "name": f"{g['label']} {m}"})
+    for name, rows, xlabel, zero in (
+            ("paired_differences", paired, lambda f: f"{f}: difference against {s['baseline']} ({ci}; x: effect "
+                                                      "of interest)", True),
+            ("metrics", over, lambda f: f"{f} ({ci} over seeds)", False)):
+        rows = dict([(f, r) for f, r in rows.items() if r][:MAX_PANELS])
+        if rows:
+            fig, axes, save = out.panels(f"{name}{suffix}", [len(r) for r in rows.values()])
+            _forest(axes, rows, xlabel, zero)
+            save()
+
+
+def _suffix(folder: Path, force: bool) -> str:
+    """"" when the comparison's files may be written as named (``--force``, or none exists),
+    else the first free ``-N``: a comparison never replaces an earlier one silently."""
+    if force or not any((folder / n).exists() for n in OUTPUTS):
+        return ""
+    k = 2
+    while any((folder / _named(n, f"-{k}")).exists() for n in OUTPUTS):
+        k += 1
+    return f"-{k}"
+
+
+def _named(name: str, suffix: str) -> str:
+    stem, _, ext = name.rpartition(".")
+    return f"{stem}{suffix}.{ext}"
+
+
+def build(folder: str | Path, settings: Settings, strict: bool = True) -> dict:
+    """The comparison of the runs under ``folder``; writes nothing (refusals happen here)."""
+    runs = load_runs(folder)
+    if not runs:
+        raise ComparisonRefused(f"no completed run (a {POINT_FILE} beside a results.json) under {folder}")
+    return compare(runs, settings, strict)
+
+
+def write(folder: str | Path, settings: Settings, output: str | Path | None = None,
+          force: bool = False, strict: bool = True) -> tuple[dict, list[Path]]:
+    """Compare the runs under ``folder`` and write ``summary.md``, ``comparison.json`` and the
+    plots to ``output`` (default: ``folder``), under new names (``summary-2.md``...) when an
+    earlier comparison is there, unless ``force``. Returns the comparison and the files written."""
+    result = build(folder, settings, strict)
+    out = RunOutput(output or folder)
+    suffix = _suffix(out.path, force)
+    (out.path / _named("summary.md", suffix)).write_text(summary_markdown(result))
+    (out.path / _named("comparison.json", suffix)).write_text(json.dumps(result, indent=1))
+    plot(result, out, suffix)
+    return result, [p for p in (out.path / _named(n, suffix) for n in OUTPUTS) if p.is_file()]

@@ -1,0 +1,353 @@
+"""The sweep comparison's statistics against hand computations, and its pairing by seed."""
+
+import dataclasses
+import json
+import math
+from functools import cache
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+from scipy import stats as scipy_stats
+
+from fedsim.results import comparison, stats
+from fedsim.results.comparison import Run, Settings, compare, flatten
+from fedsim.run import cli
+from fedsim.run.config import CONF_DIR
+from fedsim.run.schema import sweep_settings
+
+T_975_DF3 = 3.182446305284263  # Student t quantile, 0.975 with 3 degrees of freedom (tables)
+
+
+@cache
+def _configured() -> Settings:
+    return Settings.of(sweep_settings(OmegaConf.load(CONF_DIR / "config.yaml").sweep))
+
+
+def settings(**changes) -> Settings:
+    """conf/config.yaml's sweep settings (not an experiment's) with ``changes``: the values a
+    test does not set come from conf/, not from a second copy here."""
+    return dataclasses.replace(_configured(), **changes)
+
+
+def _runs(values_by_seed: dict[int, dict], **swept) -> list[Run]:
+    return [Run(f"r{s}", {"seed": str(s), **swept}, v) for s, v in values_by_seed.items()]
+
+
+def test_a_star_is_one_path_component_and_two_stars_any():
+    one, any_ = comparison.path_pattern("sel.*.acc"), comparison.path_pattern("sel.**.acc")
+    assert one.fullmatch("sel.fedbis.acc") and not one.fullmatch("sel.fedbis.each.0.acc")
+    assert any_.fullmatch("sel.fedbis.each.0.acc") and not one.fullmatch("sel.acc")
+
+
+def test_flatten_keeps_finite_numbers_by_path():
+    flat = flatten({"a": {"b": 1, "c": [0.5, {"d": 2.0}], "e": "x", "f": True, "g": float("nan")}})
+    assert flat == {"a.b": 1.0, "a.c.0": 0.5, "a.c.1.d": 2.0}
+
+
+def test_flatten_refuses_a_key_with_a_dot_instead_of_dropping_its_metrics():
+    with pytest.raises(ValueError, match="'fixed_alpha_0.5' contains '.'"):
+        flatten({"methods": {"fixed_alpha_0.5": {"bleu1": 1.0}}})
+
+
+def test_mean_std_and_t_interval_match_a_hand_computation():
+    x = [0.50, 0.55, 0.60, 0.45]
+    runs = _runs({s: {"acc": v} for s, v in enumerate(x)})
+    d = compare(runs, settings())["groups"][0]["metrics"]["acc"]
+    mean = sum(x) / 4
+    std = math.sqrt(sum((v - mean) ** 2 for v in x) / 3)
+    half = T_975_DF3 * std / math.sqrt(4)
+    assert d["n"] == 4 and d["mean"] == pytest.approx(mean) and d["std"] == pytest.approx(std)
+    assert d["ci"] == pytest.approx([mean - half, mean + half])
+
+
+def test_bootstrap_interval_contains_the_mean_and_is_seeded():
+    x = np.array([0.1, 0.3, 0.2, 0.5, 0.4, 0.35, 0.25, 0.15])
+    s = settings(interval="bootstrap")
+    lo, hi = comparison.interval(x, s)
+    assert lo < x.mean() < hi and (lo, hi) == comparison.interval(x, s)
+
+
+def test_paired_difference_against_a_method_in_the_same_run_pairs_by_seed():
+    # the baseline is worse by a per-seed amount that the seed also moves: pairing removes it
+    base = [0.50, 0.60, 0.40, 0.55]
+    runs = _runs({s: {"sel.fedbis.acc": b, "sel.other.acc": b + 0.01 * (s + 1)} for s, b in enumerate(base)})
+    paired = compare(runs, settings(baseline="fedbis"))["paired"]
+    assert [p["metric"] for p in paired] == ["sel.other.acc"]
+    p = paired[0]
+    assert p["baseline"] == "sel.fedbis.acc" and p["per_seed"] == pytest.approx([0.01, 0.02, 0.03, 0.04])
+    half = T_975_DF3 * np.std([0.01, 0.02, 0.03, 0.04], ddof=1) / 2
+    assert p["ci"] == pytest.approx([0.025 - half, 0.025 + half])
+    assert p["p_value"] < 0.05
+
+
+def test_paired_difference_against_a_swept_value_matches_seeds_across_runs():
+    a = _runs({0: {"m": 1.0}, 1: {"m": 2.0}, 2: {"m": 4.0}}, w="uniform")
+    b = _runs({0: {"m": 1.5}, 1: {"m": 2.0}, 2: {"m": 5.0}, 3: {"m": 9.0}}, w="data")  # seed 3 unpaired
+    out = compare(a + b, settings(baseline="w=uniform"))
+    assert [g["label"] for g in out["groups"]] == ["w=data", "w=uniform"]
+    (p,) = out["paired"]
+    assert p["label"] == "w=data - w=uniform" and p["seeds"] == [{"seed": "0"}, {"seed": "1"}, {"seed": "2"}]
+    assert p["per_seed"] == pytest.approx([0.5, 0.0, 1.0])
+
+
+def test_seed_keys_pool_replicates_and_other_keys_split_groups():
+    runs = [Run("a", {"seed": "0", "task.split_seed": "0", "u": "3"}, {"m": 1.0}),
+            Run("b", {"seed": "1", "task.split_seed": "1", "u": "3"}, {"m": 3.0}),
+            Run("c", {"seed": "0", "task.split_seed": "0", "u": "5"}, {"m": 7.0})]
+    groups = {g["label"]: g for g in compare(runs, settings())["groups"]}
+    assert groups["u=3"]["metrics"]["m"]["mean"] == 2.0 and groups["u=3"]["runs"] == 2
+    assert groups["u=5"]["metrics"]["m"]["ci"] is None  # one seed: no interval
+
+
+def test_write_rebuilds_from_run_folders_with_metric_patterns(tmp_path):
+    for seed, acc in enumerate([0.5, 0.7]):
+        run = tmp_path / "machine-a" / f"seed={seed}"  # folders copied from elsewhere count alike
+        run.mkdir(parents=True)
+        point = {"overrides": [f"seed={seed}"], "swept": {"seed": str(seed)}}
+        (run / comparison.POINT_FILE).write_text(json.dumps(point))
+        (run / "results.json").write_text(json.dumps({"sel": {"a": {"acc": acc, "seconds": 9}, "b": {"acc": 0.5}}}))
+    (tmp_path / "failed").mkdir()
+    (tmp_path / "failed" / comparison.POINT_FILE).write_text(json.dumps({"overrides": [], "swept": {}}))
+    result, written = comparison.write(tmp_path, settings(metrics=("sel.*.acc",), baseline="b"))
+    assert set(result["groups"][0]["metrics"]) == {"sel.a.acc", "sel.b.acc"} and result["runs"] == 2
+    assert set(result["groups"][0]["bookkeeping"]) == {"sel.a.seconds"}  # its own section, never paired
+    assert result["paired"][0]["per_seed"] == pytest.approx([0.0, 0.2])
+    summary = written[0].read_text()
+    assert "Student t interval" in summary and "sel.a.acc" in summary
+    assert (tmp_path / "paired_differences.png").stat().st_size > 0
+
+
+def test_a_run_that_failed_after_writing_its_results_is_not_compared(tmp_path):
+    """A run whose privacy audit refuted its epsilon writes results.json, then error.txt: its
+    numbers must not enter a comparison as if it had completed."""
+    for seed in range(2):
+        run = tmp_path / f"seed={seed}"
+        run.mkdir()
+        (run / comparison.POINT_FILE).write_text(json.dumps({"overrides": [f"seed={seed}"], "swept": {}}))
+        (run / "results.json").write_text(json.dumps({"acc": 0.5 + seed}))
+    (tmp_path / "seed=1" / "error.txt").write_text("privacy audit: the reported epsilon does not hold")
+    assert [r.folder for r in comparison.load_runs(tmp_path)] == [str(tmp_path / "seed=0")]
+
+
+def test_runs_of_two_sweeps_with_other_constants_stay_apart_and_pair_by_seed(tmp_path):
+    """Two sweeps over seeds, each with its own constant override, compared from their parent:
+    the constant tells the groups apart, and the paired difference matches seeds across them."""
+    for weights, accs in (("data_share", [0.5, 0.6, 0.7]), ("uniform", [0.55, 0.6, 0.8])):
+        for seed, acc in enumerate(accs):
+            run = tmp_path / weights / f"seed-{seed}"
+            run.mkdir(parents=True)
+            point = {"overrides": ["experiment=x", f"w={weights}", f"seed={seed}"], "swept": {"seed": str(seed)}}
+            (run / comparison.POINT_FILE).write_text(json.dumps(point))
+            (run / "results.json").write_text(json.dumps({"acc": acc}))
+    result, _ = comparison.write(tmp_path, settings(baseline="w=data_share"))
+    assert [g["label"] for g in result["groups"]] == ["w=data_share", "w=uniform"]
+    (p,) = result["paired"]
+    assert p["label"] == "w=uniform - w=data_share" and p["per_seed"] == pytest.approx([0.05, 0.0, 0.1])
+
+
+# ---- verdicts, power, zero spread (issue 38) ----------------------------------------------------
+
+def _seed_runs(diffs: list[float], base: float = 0.5, **extra) -> list[Run]:
+    """One run per seed, holding a method and the baseline whose paired difference is ``diffs``."""
+    return _runs({s: {"m.new.acc": base + d, "m.old.acc": base, **extra} for s, d in enumerate(diffs)})
+
+
+def _paired_row(diffs: list[float], **changes) -> dict:
+    (row,) = compare(_seed_runs(diffs), settings(baseline="old", **changes))["paired"]
+    return row
+
+
+def _effect(size: float) -> tuple[dict, ...]:
+    return ({"metric": "m.new.acc", "size": size, "source": "stated"},)
+
+
+def test_the_three_verdicts_on_hand_computed_intervals():
+    # diffs [-0.01, 0.01, 0, 0.02]: mean 0.005, sd 0.012910, t interval 0.005 -+ 3.1824 x 0.012910 / 2
+    d = [-0.01, 0.01, 0.0, 0.02]
+    half = T_975_DF3 * np.std(d, ddof=1) / 2
+    assert half == pytest.approx(0.020543, abs=1e-6)
+    row = _paired_row(d, effect_of_interest=_effect(0.05))
+    assert row["ci"] == pytest.approx([0.005 - half, 0.005 + half])
+    assert (row["verdict"], row["excludes_effect"]) == ("excluded", True)  # 0.0255 < 0.05: the effect is ruled out
+    assert _paired_row(d, effect_of_interest=_effect(0.02))["verdict"] == "inconclusive"  # 0.02 inside the CI
+    assert _paired_row(d, effect_of_interest=_effect(-0.05))["verdict"] == "excluded"    # -0.0155 > -0.05
+    assert _paired_row(d)["verdict"] == "inconclusive"  # no effect of interest: nothing to exclude
+    shown = _paired_row([0.01, 0.02, 0.03, 0.04], effect_of_interest=_effect(0.05))
+    assert (shown["verdict"], shown["excludes_effect"]) == ("shown", True)  # CI [0.0045, 0.0455]: > 0, < 0.05
+
+
+def test_verdict_function_at_the_edges():
+    assert stats.verdict((0.001, 0.2), 0.5) == "shown" and stats.verdict((-0.2, -0.001), None) == "shown"
+    assert stats.verdict((-0.1, 0.1), 0.1) == "inconclusive"  # an effect on the CI's edge is not excluded
+    assert stats.verdict((-0.1, 0.0999), 0.1) == "excluded" and stats.verdict(None, 0.1) is None
+
+
+def _power(effect: float, sd: float, n: int, alpha: float = 0.05) -> float:
+    """The exact power of a two-sided one-sample t-test (scipy's noncentral t), by hand."""
+    tc = scipy_stats.t.ppf(1 - alpha / 2, n - 1)
+    nc = effect / sd * math.sqrt(n)
+    return scipy_stats.nct.sf(tc, n - 1, nc) + scipy_stats.nct.cdf(-tc, n - 1, nc)
+
+
+@pytest.mark.parametrize("n", [3, 8, 20])
+def test_minimum_detectable_effect_has_the_power_asked_for(n):
+    sd = 0.672
+    mde = stats.detectable_effect(sd, n, level=0.95, power=0.8)
+    assert _power(mde, sd, n) == pytest.approx(0.8, abs=1e-6)
+    # the textbook approximation (t_{1-a/2,n-1} + t_{power,n-1}) s / sqrt(n) is close
+    approx = (scipy_stats.t.ppf(0.975, n - 1) + scipy_stats.t.ppf(0.8, n - 1)) * sd / math.sqrt(n)
+    assert mde == pytest.approx(approx, rel=0.06)
+    assert stats.detectable_effect(0.0, n, 0.95, 0.8) is None and stats.detectable_effect(sd, 1, 0.95, 0.8) is None
+
+
+@pytest.mark.parametrize(("effect", "sd"), [(1.11, 0.672), (0.02, 0.0466), (0.062, 0.0024), (-0.5, 0.3)])
+def test_seeds_needed_is_the_fewest_seeds_with_the_power(effect, sd):
+    n = stats.seeds_needed(effect, sd, level=0.95, power=0.8)
+    assert n >= 2 and _power(abs(effect), sd, n) >= 0.8
+    assert n == 2 or _power(abs(effect), sd, n - 1) < 0.8
+
+
+def test_a_paired_row_reports_its_mde_and_the_seeds_its_effect_needs():
+    d = [-0.01, 0.01, 0.0, 0.02]
+    row = _paired_row(d, effect_of_interest=_effect(0.02))
+    sd = np.std(d, ddof=1)
+    assert row["mde"] == pytest.approx(stats.detectable_effect(sd, 4, 0.95, 0.8))
+    assert row["seeds_needed"] == stats.seeds_needed(0.02, sd, 0.95, 0.8) and row["seeds_needed"] > 4
+    assert row["effect"] == {"metric": "m.new.acc", "size": 0.02, "source": "stated"}
+
+
+FEDTP = {"routers": {"tfidf": {"overall": {"ehr": 0.6282}}, "fedmix": {"overall": {"ehr": 0.6167}}},
+         "bootstrap_ci_ehr_gain": [-0.030, 0.002]}
+FEDTP_INTERVAL = ({"metric": "routers.*.overall.ehr", "baseline": "routers.tfidf.overall.ehr",
+                   "ci": "bootstrap_ci_ehr_gain", "method": "paired bootstrap over turns"},)
+
+
+def test_zero_spread_over_seeds_makes_no_claim():
+    """Issue 38: two seeds that change nothing gave FedMix - TF-IDF -0.0115 [-0.0115, -0.0115],
+    'CI excludes 0: True'. Without spread there is no interval over seeds and no verdict."""
+    runs = _runs({s: flatten(FEDTP) for s in (0, 1)})
+    out = compare(runs, settings(baseline="tfidf", metrics=("routers.*.overall.ehr",)))
+    (row,) = out["paired"]
+    assert row["per_seed"] == pytest.approx([-0.0115, -0.0115]) and row["constant"]
+    assert row["ci"] is None and row["verdict"] is None and "p_value" not in row and row["mde"] is None
+    assert row["basis"] == "every seed gives the same value; no claim over seeds"
+    metric = out["groups"][0]["metrics"]["routers.fedmix.overall.ehr"]
+    assert metric["ci"] is None and metric["constant"]
+    text = comparison.summary_markdown(out)
+    assert "no claim" in text and "shown" not in text.split("## Headline metrics")[0].split("Verdict:")[1][60:]
+
+
+def test_zero_spread_falls_back_to_the_runs_own_interval_and_names_it():
+    runs = _runs({s: flatten(FEDTP) for s in (0, 1)})
+    out = compare(runs, settings(baseline="tfidf", metrics=("routers.*.overall.ehr",), run_intervals=FEDTP_INTERVAL,
+                                 effect_of_interest=({"metric": "routers.fedmix.overall.ehr", "size": 0.01,
+                                                      "source": "stated"},)))
+    (row,) = out["paired"]
+    assert row["ci"] == [-0.030, 0.002] and row["verdict"] == "excluded"  # the run's CI includes 0, not +0.01
+    assert row["basis"] == ("every seed gives the same value; the run's own paired bootstrap over turns "
+                            "(bootstrap_ci_ehr_gain, run r0)")
+    # normal approximation: SE = half-width / 1.96, MDE = (1.96 + 0.8416) SE
+    assert row["mde"] == pytest.approx((1.959964 + 0.841621) * 0.016 / 1.959964, rel=1e-5)
+    assert row["seeds_needed"] is None and "p_value" not in row  # more seeds would not move it
+
+
+def test_a_run_interval_without_width_makes_no_claim_either():
+    """A real 2-seed FedTP sweep on the test slice: FedMix routes every turn as TF-IDF does, so
+    the run's own bootstrap over turns is [0, 0]: it excludes nothing."""
+    same = {**FEDTP, "routers": {r: {"overall": {"ehr": 0.6988}} for r in ("tfidf", "fedmix")},
+            "bootstrap_ci_ehr_gain": [0.0, 0.0]}
+    out = compare(_runs({s: flatten(same) for s in (0, 1)}),
+                  settings(baseline="tfidf", run_intervals=FEDTP_INTERVAL, effect_of_interest=_effect(0.01)))
+    (row,) = out["paired"]
+    assert row["ci"] is None and row["verdict"] is None and row["mde"] is None
+    assert row["basis"].endswith("paired bootstrap over turns has no width either; no claim")
+
+
+def test_a_run_interval_path_takes_the_metrics_wildcards_in_turn():
+    results = {"h2h": {"u3": {"2": {"win": 0.55, "ci": [0.45, 0.65]}, "4": {"win": 0.6, "ci": [0.51, 0.7]}}}}
+    runs = _runs({0: flatten(results)})
+    entry = ({"metric": "h2h.*.*.win", "baseline": None, "ci": "h2h.*.*.ci", "method": "bootstrap over prompts"},)
+    metrics = compare(runs, settings(metrics=("h2h.*.*.win",), run_intervals=entry))["groups"][0]["metrics"]
+    assert metrics["h2h.u3.4.win"]["ci"] == [0.51, 0.7] and "run r0" in metrics["h2h.u3.4.win"]["basis"]
+    assert comparison._fill("a.*.b.**", ("x", "y.z")) == "a.x.b.y.z"
+
+
+def test_bootstrap_below_ten_seeds_is_warned():
+    runs = _seed_runs([0.01, 0.03, 0.02, 0.05])
+    assert compare(runs, settings(interval="bootstrap"))["warnings"]
+    assert not compare(runs, settings())["warnings"]
+
+
+def test_headline_families_lead_and_bookkeeping_stands_apart():
+    """With sweep.metrics empty every number used to be a row of one table (FedTP: 171); now the
+    headline is everything but bookkeeping, one table per family, and bookkeeping is apart."""
+    values = {"m.new.acc": 0.6, "m.old.acc": 0.5, "m.new.f1": 0.3, "m.old.f1": 0.2,
+              "faults.train.crashed": 0.0, "communication.fit.bytes": 10.0, "timings.total_s": 3.0, "m.new.seconds": 2}
+    runs = _runs({0: values, 1: {**values, "m.new.acc": 0.7}})
+    out = compare(runs, settings(baseline="old"))
+    assert out["families"] == {"acc": ["m.new.acc", "m.old.acc"], "f1": ["m.new.f1", "m.old.f1"]}
+    assert set(out["bookkeeping"]) == {"faults.train.crashed", "communication.fit.bytes", "timings.total_s",
+                                       "m.new.seconds"}
+    assert {p["metric"] for p in out["paired"]} == {"m.new.acc", "m.new.f1"}  # bookkeeping is never paired
+    text = comparison.summary_markdown(out)
+    assert text.index("### acc") < text.index("### f1") < text.index("## Bookkeeping")
+    assert "communication.fit.bytes" in text.split("## Bookkeeping")[1]
+    named = compare(runs, settings(baseline="old", metrics=("m.*.f1", "m.*.acc")))["families"]
+    assert list(named) == ["m.*.f1", "m.*.acc"]  # the experiment's order
+
+
+def test_a_wrong_metric_or_baseline_is_refused_naming_the_choices():
+    runs = _seed_runs([0.01, 0.02]) + _runs({0: {"m.new.acc": 1.0, "m.old.acc": 1.0}}, w="u")
+    with pytest.raises(comparison.ComparisonRefused, match=r"'m\.\*\.acx' matches no number.*m\.new\.acc"):
+        compare(runs, settings(metrics=("m.*.acx",)))
+    with pytest.raises(comparison.ComparisonRefused, match="'odl' names no method.*methods: new, old.*w=u"):
+        compare(runs, settings(baseline="odl"))
+    with pytest.raises(comparison.ComparisonRefused, match="does not take the value 'v'.*w=u"):
+        compare(runs, settings(baseline="w=v"))
+
+
+def test_an_experiments_own_pattern_for_a_phase_left_out_is_an_empty_family():
+    runs = _seed_runs([0.01, 0.02])
+    out = compare(runs, settings(metrics=("m.*.acc", "policy.*.win_rate")), strict=False)
+    assert list(out["families"]) == ["m.*.acc"] and out["not_in_runs"] == ["policy.*.win_rate"]
+    assert "hold no number for: policy.*.win_rate" in comparison.summary_markdown(out)
+
+
+def test_plan_prints_the_seeds_each_difference_needs():
+    d = [-0.01, 0.01, 0.0, 0.02]
+    out = compare(_seed_runs(d), settings(baseline="old", effect_of_interest=_effect(0.02)))
+    text = comparison.plan(out)
+    sd = np.std(d, ddof=1)
+    assert f"| {stats.seeds_needed(0.02, sd, 0.95, 0.8)} |" in text
+    assert f"| {stats.seeds_needed(0.005, sd, 0.95, 0.8)} |" in text  # for the observed mean difference
+
+
+def _sweep_folder(tmp_path, diffs) -> None:
+    for run in _seed_runs(diffs):
+        folder = tmp_path / run.folder
+        folder.mkdir()
+        (folder / comparison.POINT_FILE).write_text(json.dumps({"overrides": [f"seed={run.overrides['seed']}"]}))
+        (folder / "results.json").write_text(json.dumps({"m": {"new": {"acc": run.values["m.new.acc"]},
+                                                               "old": {"acc": run.values["m.old.acc"]}}}))
+        (folder / "config.yaml").write_text("{}\n")
+
+
+def test_compare_refuses_before_writing_and_never_replaces_a_summary_silently(tmp_path, capsys):
+    _sweep_folder(tmp_path, [0.01, 0.012, 0.011])
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=odl"]) == 2
+    assert "methods: new, old" in capsys.readouterr().err and not list(tmp_path.glob("summary*"))
+    assert cli.main(["compare", str(tmp_path), "sweep.metrics=[m.*.acx]"]) == 2 and not list(tmp_path.glob("*.json"))
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=old"]) == 0
+    first = (tmp_path / "summary.md").read_text()
+    assert "| shown |" in first
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=new"]) == 0
+    assert (tmp_path / "summary.md").read_text() == first and (tmp_path / "summary-2.md").is_file()
+    assert "summary-2.md" in capsys.readouterr().out
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=new", "--force"]) == 0
+    assert (tmp_path / "summary.md").read_text() != first and not (tmp_path / "summary-3.md").exists()
+    names = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
+    assert names == ["comparison-2.json", "comparison.json", "metrics-2.png", "metrics.png",
+                     "paired_differences-2.png", "paired_differences.png", "summary-2.md", "summary.md"]
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=old", "--plan"]) == 0
+    assert "seeds for it" in capsys.readouterr().out and not (tmp_path / "summary-3.md").exists()

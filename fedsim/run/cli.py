@@ -1,0 +1,311 @@
+"""``fedsim run KEY=VALUE ...``: compose the config, check it, run it through Flower."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from flwr.cli.flower_config import init_flwr_config, write_superlink_connection
+from flwr.cli.typing import (
+    SimulationBackendConfig,
+    SimulationClientResources,
+    SimulationInitArgs,
+    SuperLinkConnection,
+    SuperLinkSimulationOptions,
+)
+from omegaconf import DictConfig, OmegaConf
+
+from fedsim.privacy.secret import Tampered, derive, open_sealed, run_secret, seal
+from fedsim.results.comparison import POINT_FILE, Settings, plan
+from fedsim.results.comparison import build as build_comparison
+from fedsim.results.comparison import write as write_comparison
+from fedsim.results.mlflow_sink import annotate as annotate_mlflow
+from fedsim.results.sinks import tensorboard_text
+from fedsim.run import provenance
+from fedsim.run.config import (
+    CONF_DIR,
+    GROUPS,
+    REFUSED,
+    RESUMABLE,
+    ConfigError,
+    choices,
+    compose_checked,
+    hydra_config,
+    population,
+)
+from fedsim.run.launcher import (
+    Interrupted,
+    RunFailed,
+    check_private_network,
+    check_ray_cluster,
+    launch,
+    user_certificates,
+)
+from fedsim.run.schema import layout, protocol_of, sweep_settings
+from fedsim.run.sweep import Sweep
+from fedsim.run.tls import make_federation
+
+RUN_FILE = Path("checkpoint") / "run.json"
+# authenticates run.json: a resume runs its overrides (any _target_), so only ones this machine
+# wrote may be resumed (the ServerApp's checkpoint/run.key is the journal's, made later)
+RUN_KEY = Path("checkpoint") / "resume.key"
+# `flwr run . NAME` -> the hardware profile its simulation is sized from (fedsim federations)
+FEDERATIONS = {"local-simulation": "cpu_2", "gpu-simulation": "gpu_1"}
+
+
+def resumed(folder: str, overrides: list[str]) -> list[str]:
+    """The killed run's overrides, then ``overrides`` (only keys that cannot change the
+    experiment: where it runs, timeouts, the data's location, sinks), then ``resume=true``."""
+    saved = Path(folder).expanduser().resolve() / RUN_FILE
+    if not saved.is_file():
+        raise ConfigError(f"resume: {saved} not found (no checkpointed run in {folder})")
+    if (saved.parent.parent / "results.json").exists():
+        raise ConfigError(f"resume: the run in {folder} completed; nothing to resume")
+    for item in overrides:
+        key = item.partition("=")[0].lstrip("+~")
+        if key.split(".")[0] not in RESUMABLE:
+            raise ConfigError(f"resume: '{item}' would change the experiment; a resume may only "
+                              f"change {', '.join(RESUMABLE)}")
+    try:
+        key = derive(run_secret(saved.parent.parent / RUN_KEY, resume=True), b"run.json")
+        pinned = open_sealed(key, saved)["overrides"]
+    except (Tampered, OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"resume: {saved} was not written by `fedsim run` here ({exc})") from exc
+    return [*pinned, *overrides, "resume=true"]
+
+
+def _resume_folder(overrides: list[str]) -> tuple[str | None, list[str]]:
+    folders = [o.partition("=")[2] for o in overrides if o.startswith("resume=")]
+    rest = [o for o in overrides if not o.startswith("resume=")]
+    return (folders[-1] if folders else None), rest
+
+
+def _save_run(cfg, pinned: list[str]) -> None:
+    if cfg.checkpoint.enabled and not cfg.resume:
+        path = Path(cfg.results_dir) / RUN_FILE
+        key = derive(run_secret(Path(cfg.results_dir) / RUN_KEY, resume=False), b"run.json")
+        path.write_bytes(seal(key, path.name, {"overrides": pinned}))
+
+
+def prepare(overrides: list[str]) -> tuple[DictConfig, list[str], int, int]:
+    """Compose and check a run before any process starts: the config, the overrides after a
+    resume's, and the layout (logical clients, SuperNodes). Raises :data:`REFUSED` errors."""
+    folder, overrides = _resume_folder(overrides)
+    if folder:
+        overrides = resumed(folder, overrides)
+    cfg = compose_checked(overrides)  # bad strategy or wrapper values fail here, before any process starts
+    natural = 0 if cfg.hardware.num_clients or cfg.hardware.num_supernodes else population(cfg)
+    clients, nodes = layout(cfg.hardware, natural)
+    if natural:  # the protocol's rules that need the number of clients (checked above when it was given)
+        protocol_of(cfg).check_run(cfg, clients)
+    user_certificates(cfg.hardware, nodes)  # missing certificate files: refused here
+    check_private_network(cfg.hardware)  # no network namespace for this user: refused here
+    check_ray_cluster(cfg.hardware)  # no Ray cluster at hardware.ray_address: refused here
+    return cfg, overrides, clients, nodes
+
+
+def show(overrides: list[str], part: str) -> int:
+    """``fedsim run --cfg job|hydra|all``: the config a run would use, composed and checked, as
+    YAML (``job``), Hydra's own node (``hydra``: its search path, the chosen options, the
+    overrides), or both (``all``); nothing starts (Hydra's own flag, for a reader checking what
+    an override does)."""
+    try:
+        cfg, overrides = prepare(overrides)[:2]
+    except REFUSED as exc:
+        print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    shown = {"job": cfg, "hydra": {"hydra": hydra_config(overrides)},
+             "all": {"hydra": hydra_config(overrides), **OmegaConf.to_container(cfg, resolve=True)}}[part]
+    print(OmegaConf.to_yaml(shown, resolve=part == "job"), end="")
+    return 0
+
+
+def info(overrides: list[str]) -> int:
+    """``fedsim run --info``: as Hydra's ``--info``, where the config comes from (the search
+    path), which option of each group the overrides choose, and the overrides; nothing starts."""
+    try:
+        hydra = hydra_config(prepare(overrides)[1])
+    except REFUSED as exc:
+        print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    sources = [f"  {s.provider}: {s.schema}://{s.path}" for s in hydra.runtime.config_sources]
+    chosen = [f"  {group}: {option}" for group, option in hydra.runtime.choices.items()
+              if not group.startswith("hydra/")]
+    print("\n".join([versions(), "Config search path:", *sources, "Chosen options (group: option):", *chosen,
+                     "Overrides:", *(f"  {o}" for o in hydra.overrides.task)]))
+    return 0
+
+
+def versions() -> str:
+    """fedsim's version and the versions of the two frameworks it runs on."""
+    from importlib.metadata import version
+    return f"fedsim {version('fedsim')} (Flower {version('flwr')}, Hydra {version('hydra-core')})"
+
+
+def groups_help() -> str:
+    """The config groups and their options, as Hydra's ``--help`` lists them."""
+    groups = [*GROUPS[:1], "task/selector", *GROUPS[1:]]
+    return "config groups (pick one with GROUP=OPTION; keys in conf/, docs/usage.md):\n" + "\n".join(
+        f"  {g}: {', '.join(choices(g))}" for g in groups)
+
+
+def run(overrides: list[str]) -> int:
+    given, started, git = list(overrides), provenance.now(), provenance.git_state()
+    try:
+        cfg, overrides, clients, nodes = prepare(overrides)
+    except REFUSED as exc:
+        print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    # the ServerApp composes again from the same overrides: pin what was resolved here (a remote
+    # ServerApp finds its data by its own host's data root and ships its results back)
+    remote = cfg.hardware.backend == "deployment" and not cfg.hardware.launch_local
+    pinned = [*overrides, *([] if remote or cfg.data_root is None else [f"data_root={cfg.data_root}"]),
+              f"results_dir={cfg.results_dir}", f"logging.mlflow_dir={cfg.logging.mlflow_dir}",
+              f"hardware.num_clients={clients}"]
+    _save_run(cfg, [o for o in pinned if o != "resume=true"])
+    try:
+        outcome = launch(cfg, pinned, nodes)
+    except RunFailed as exc:
+        print(f"fedsim: run failed:\n{exc}", file=sys.stderr)
+        return 1
+    except Interrupted as exc:
+        print("fedsim: interrupted; nothing left running", file=sys.stderr)
+        return exc.exit_code
+    record_provenance(cfg, Path(outcome["results_dir"]), {"git": git, "command": {
+        **provenance.command(["fedsim", "run", *given], pinned), "started": started, "ended": provenance.now()}})
+    if not cfg.checkpoint.keep:  # a completed run is never resumed: its journal is megabytes of nothing
+        shutil.rmtree(Path(outcome["results_dir"]) / RUN_FILE.parent, ignore_errors=True)
+    print(f"fedsim: run {outcome['run_id']} {outcome['status']}; results in {outcome['results_dir']}")
+    return 0
+
+
+def federations(overrides: list[str]) -> int:
+    """``fedsim federations [OVERRIDES]``: Flower's named connections ``local-simulation`` and
+    ``gpu-simulation`` (:data:`FEDERATIONS`) in ``$FLWR_HOME/config.toml``, each Flower's local
+    SuperLink sized as ``fedsim run`` sizes the run of ``OVERRIDES`` on that hardware profile (one
+    SuperNode per client, the profile's CPUs and GPU shares), written by Flower's own writer.
+    Not in pyproject.toml: Flower 1.41 reads named connections only from its config file, and
+    migrates a ``[tool.flwr.federations]`` table there by rewriting pyproject.toml."""
+    try:
+        sized = {name: prepare([*overrides, f"hardware={profile}"]) for name, profile in FEDERATIONS.items()}
+    except REFUSED as exc:
+        print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    init_flwr_config()
+    for name, (cfg, _, clients, nodes) in sized.items():
+        hw = cfg.hardware
+        backend = SimulationBackendConfig(
+            client_resources=SimulationClientResources(num_cpus=int(hw.client_cpus), num_gpus=float(hw.client_gpus)),
+            init_args=SimulationInitArgs(num_cpus=int(hw.num_cpus)))
+        write_superlink_connection(SuperLinkConnection(name, address=":local:", options=SuperLinkSimulationOptions(
+            num_supernodes=nodes, backend=backend)))
+        print(f"fedsim: `flwr run . {name}`: {nodes} SuperNodes for {clients} clients, "
+              f"hardware={FEDERATIONS[name]} ({hw.client_cpus} CPU, {hw.client_gpus} GPU per ClientApp)")
+    return 0
+
+
+def record_provenance(cfg, results_dir: Path, part: dict) -> None:
+    """What only this process knows (the checkout's commit, the command) joins the ServerApp's
+    provenance in results.json and summary.md, and goes to the run's MLflow run (source tags,
+    the two files again) and TensorBoard log (a text)."""
+    merged = provenance.stamp(results_dir, part)
+    if cfg.logging.mlflow:
+        annotate_mlflow(results_dir, merged, [results_dir / "results.json", results_dir / "summary.md"])
+    if cfg.logging.tensorboard:
+        tensorboard_text(results_dir, "provenance", provenance.section(merged))
+
+
+def multirun(overrides: list[str]) -> int:
+    try:
+        sweep = Sweep(overrides, prepare)
+    except REFUSED as exc:
+        print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    return sweep.run()
+
+
+def compare(folder: str, overrides: list[str], output: str | None = None, force: bool = False,
+            pilot: bool = False) -> int:
+    """The sweep settings of the first run found under ``folder`` (its resolved config.yaml, so
+    the data is not needed; a key it lacks keeps ``conf/config.yaml``'s value), then
+    ``overrides``, applied to every run found there. ``pilot``: print the seeds each paired
+    difference needs (``--plan``) and write nothing."""
+    try:
+        if any(not o.startswith("sweep.") for o in overrides):
+            raise ConfigError(f"compare takes sweep.* overrides only, got {overrides}")
+        first = next((p.parent / "config.yaml" for p in sorted(Path(folder).rglob(POINT_FILE))
+                      if (p.parent / "config.yaml").is_file()), None)
+        if first is None:
+            raise ConfigError(f"no sweep run (a {POINT_FILE} beside a config.yaml) under {folder}")
+        sweep = sweep_settings(OmegaConf.load(CONF_DIR / "config.yaml").sweep, OmegaConf.load(first).get("sweep", {}),
+                               OmegaConf.from_dotlist([o.removeprefix("sweep.") for o in overrides]))
+        given = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
+        if pilot:
+            print(plan(build_comparison(folder, Settings.of(sweep), given)), end="")
+            return 0
+        result, written = write_comparison(folder, Settings.of(sweep), output, force, given)
+    except REFUSED as exc:
+        print(f"fedsim: compare: {exc}", file=sys.stderr)
+        return 2
+    for warning in result["warnings"]:
+        print(f"fedsim: compare: warning: {warning}", file=sys.stderr)
+    print(f"fedsim: comparison in {written[0].parent}: {', '.join(p.name for p in written)}"
+          f"{'' if written[0].name == 'summary.md' else ' (an earlier comparison is there; --force replaces it)'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fedsim", description=__doc__)
+    parser.add_argument("--version", action="version", version=versions())
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_p = sub.add_parser("run", help="run an experiment: fedsim run experiment=fedtp_paper ...",
+                           epilog=groups_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    run_p.add_argument("overrides", nargs="*", help="Hydra overrides KEY=VALUE")
+    run_p.add_argument("-m", "--multirun", action="store_true",
+                       help="sweep: KEY=a,b / KEY=range(0,5) run the cartesian product into one folder "
+                       "(resume=<sweep folder> re-runs what did not complete)")
+    run_p.add_argument("--cfg", choices=["job", "hydra", "all"],
+                       help="print the composed, checked config (job), Hydra's node (hydra) or both, and exit")
+    run_p.add_argument("--info", action="store_true",
+                       help="print the config search path, each group's chosen option and the overrides, and exit")
+    cmp_p = sub.add_parser("compare", help="rebuild a sweep's comparison (summary.md, comparison.json) "
+                           "from its run folders")
+    cmp_p.add_argument("folder", help="a sweep folder, or any folder holding sweep runs")
+    cmp_p.add_argument("overrides", nargs="*", help="sweep.* overrides, e.g. sweep.baseline=fedbis")
+    cmp_p.add_argument("--output", help="where to write it (default: the folder itself)")
+    cmp_p.add_argument("--force", action="store_true",
+                       help="replace an earlier comparison there (default: write summary-2.md, ... beside it)")
+    cmp_p.add_argument("--plan", action="store_true",
+                       help="from a pilot sweep: print the seeds each paired difference needs; write nothing")
+    certs_p = sub.add_parser("certs", help="make a private CA, a SuperLink certificate and "
+                             "SuperNode keys for a test federation")
+    certs_p.add_argument("folder", help="where to write ca.pem, superlink.pem/.key, node-I.key/.pub")
+    certs_p.add_argument("--hosts", default="127.0.0.1,localhost",
+                         help="comma-separated names / IPs the SuperLink is reached by")
+    certs_p.add_argument("--nodes", type=int, default=2, help="SuperNode key pairs to make")
+    fed_p = sub.add_parser("federations", help="write Flower's named connections local-simulation and "
+                           "gpu-simulation (flwr run . NAME), sized for the overrides' run")
+    fed_p.add_argument("overrides", nargs="*", help="Hydra overrides KEY=VALUE of the run to size for")
+    args = parser.parse_args(argv)
+    if args.command == "federations":
+        return federations(args.overrides)
+    if args.command == "certs":
+        certs = make_federation(args.folder, args.hosts.split(","), args.nodes)
+        print(f"fedsim: CA {certs.ca}, SuperLink certificate for {args.hosts}, "
+              f"{args.nodes} SuperNode keys in {certs.folder}")
+        return 0
+    if args.command == "compare":
+        return compare(args.folder, args.overrides, args.output, args.force, args.plan)
+    if (args.cfg or args.info) and args.multirun:
+        parser.error("--cfg and --info show one run's config; give one point's overrides without -m")
+    if args.info:
+        return info(args.overrides)
+    if args.cfg:
+        return show(args.overrides, args.cfg)
+    return multirun(args.overrides) if args.multirun else run(args.overrides)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

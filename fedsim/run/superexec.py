@@ -1,0 +1,97 @@
+"""``flower-superexec`` whose ClientApp processes fork from a warm process instead of starting cold.
+
+    python -m fedsim.run.superexec --preload MOD[,MOD...] [--pull-backoff S] -- ARGS
+
+ARGS are ``flower-superexec``'s own, passed through unchanged. Flower 1.41 runs every message of
+a deployment in a new ``flwr-clientapp`` process (its executor: ``subprocess.Popen``), so each
+message pays an interpreter start, Flower's imports and the app's libraries (numpy, scikit-learn,
+datasets, torch, transformers: 2-5 s on a 2-core CPU) before any work. Here the executor's
+``flwr-clientapp`` launch becomes a ``multiprocessing`` forkserver child: the forkserver imports
+``--preload`` once when the SuperExec starts, and each message's process is a fork of it.
+Flower's contract holds: one process per message, nothing carried between messages, the same
+arguments (token, Runtime API, TLS, parent pid), the app loaded from the run's FAB.
+
+The forkserver imports libraries only, never the app's own packages: Flower loads the app from
+the FAB's folder and reuses any module already imported, so a preloaded ``fedsim`` would run the
+installed code instead of the FAB's. The child drops the modules of this launcher's packages
+before Flower loads the app, for the same reason. ``--pull-backoff``: the ClientApp's retry of a
+message object its SuperNode is still pulling (``fedsim/run/flower_waits.py``); a warm process asks
+within milliseconds of the task's creation, so Flower's 1 s first retry would be paid on most
+messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import multiprocessing
+import subprocess
+import sys
+from multiprocessing import forkserver
+
+from flwr.supercore.cli.flower_superexec import flower_superexec
+from flwr.supercore.superexec.executor import subprocess_executor
+
+from fedsim.run.flower_waits import shorten_pull_backoff
+from fedsim.run.supernode import after_separator
+
+CLIENTAPP = "flwr-clientapp"
+APP_PACKAGES = ("fedsim", "fedsim_")  # the FAB's top-level packages (and this launcher's)
+
+
+def forget_app_packages() -> None:
+    """Drop the app's packages imported so far (this module's own, from unpickling the target):
+    Flower then imports them from the FAB's folder, first on ``sys.path``."""
+    for name in [n for n in sys.modules if n.split(".")[0].startswith(APP_PACKAGES)]:
+        del sys.modules[name]
+
+
+def run_clientapp(argv: list[str], pull_backoff: float | None) -> None:
+    """A forked ``flwr-clientapp`` with ``argv``. The preloaded libraries' objects are frozen out
+    of the garbage collector first: they live as long as the process, and each full collection
+    would walk all of them (torch and transformers: millions; it made parsing the task's data
+    6x slower in the fork than in a fresh process)."""
+    gc.freeze()
+    if pull_backoff is not None:
+        shorten_pull_backoff(pull_backoff)  # Flower's functions keep it after the modules go
+    forget_app_packages()
+    from flwr.supernode.cli import flwr_clientapp  # preloaded: no import cost
+
+    sys.argv = argv
+    flwr_clientapp()
+
+
+class ForkingPopen:
+    """What Flower's subprocess executor calls as ``subprocess``: ``flwr-clientapp`` forks from
+    the warm forkserver, any other command starts as before."""
+
+    DEVNULL = subprocess.DEVNULL
+
+    def __init__(self, context, pull_backoff: float | None = None) -> None:
+        self.context, self.pull_backoff = context, pull_backoff
+
+    def Popen(self, args: list[str], **kwargs):  # noqa: N802 (subprocess's name)
+        multiprocessing.active_children()  # reaps the processes of earlier messages
+        if args[0] != CLIENTAPP:
+            return subprocess.Popen(args, **kwargs)  # pylint: disable=consider-using-with
+        process = self.context.Process(target=run_clientapp, args=(args, self.pull_backoff))
+        process.start()
+        return process
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m fedsim.run.superexec", description=__doc__.splitlines()[0])
+    parser.add_argument("--preload", default="", help="comma-separated modules the forkserver imports once")
+    parser.add_argument("--pull-backoff", type=float, help="the ClientApp's first retry of an object (Flower: 1 s)")
+    parser.add_argument("flower_args", nargs=argparse.REMAINDER, help="-- then flower-superexec's arguments")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["flwr.supernode.cli", *filter(None, args.preload.split(","))])
+    forkserver.ensure_running()  # the imports happen now, while the run starts, not at its first message
+    subprocess_executor.subprocess = ForkingPopen(context, args.pull_backoff)
+    sys.argv = ["flower-superexec", *after_separator(args.flower_args)]
+    flower_superexec()
+
+
+if __name__ == "__main__":
+    main()

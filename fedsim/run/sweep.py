@@ -1,0 +1,247 @@
+"""``fedsim run -m KEY=a,b seed=range(0,5) ...``: Hydra's multirun syntax, one ``fedsim run``
+after another into one sweep folder, then the comparison (``fedsim/results/comparison.py``).
+
+Each point runs as its own ``fedsim run`` process (its own private SuperLink, as a single run),
+so a point that fails or is killed leaves the others intact. Hydra's override grammar expands the
+sweep (ranges, choices, globs: ``OverridesParser``); its launcher is not used because a point
+is a whole Flower run with its own processes, journal and results, not a function call.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from fedsim.results import comparison
+from fedsim.results.mlflow_sink import SweepRun
+from fedsim.run import progress, provenance
+from fedsim.run.config import ConfigError
+
+MANIFEST = "sweep.json"
+INTERRUPTED = (130, 143)  # SIGINT / SIGTERM stopped the point: the sweep stops too
+
+
+def expand(overrides: list[str]) -> tuple[list[list[str]], list[str]]:
+    """(points, swept keys): the cartesian product of the sweep overrides (first key outermost),
+    each point the full override list; constant overrides are kept as written."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as exc:
+        raise ConfigError(f"sweep overrides do not parse: {exc}") from exc
+    axes, swept = [], []
+    for item, raw in zip(parsed, overrides):
+        if item.is_sweep_override():
+            key = item.get_key_element()
+            axes.append([f"{key}={v}" for v in item.sweep_string_iterator()])
+            swept.append(key)
+        else:
+            axes.append([raw])
+    return [list(p) for p in itertools.product(*axes)], swept
+
+
+def point_name(point: list[str], swept: list[str]) -> str:
+    """A run's folder name: its swept overrides as ``seed-0__protocol.lr-0.1``, in characters that
+    need no quoting in a Hydra override (the folder is passed on as ``results_dir=``)."""
+    values = _swept_values(point, swept)
+    return "__".join(re.sub(r"[^A-Za-z0-9._-]", "_", f"{k}-{v}") for k, v in values.items()) or "run"
+
+
+def _swept_values(point: list[str], swept: list[str]) -> dict[str, str]:
+    return {k: v for k, _, v in (o.partition("=") for o in point) if k in swept}
+
+
+def _sweep_folder(overrides: list[str], first_cfg) -> Path:
+    given = [o.partition("=")[2] for o in overrides if o.startswith("results_dir=")]
+    if given:
+        return Path(given[-1]).expanduser().resolve()
+    return Path(first_cfg.results_dir).parent / f"sweep-{Path(first_cfg.results_dir).name}"
+
+
+class Sweep:
+    """The points, the folder and the manifest of one sweep."""
+
+    def __init__(self, overrides: list[str], prepare):
+        """``prepare`` composes and checks one point (``fedsim.run.cli.prepare``): every point is
+        checked before the first runs, so a wrong key or value anywhere is refused up front."""
+        folder = [o.partition("=")[2] for o in overrides if o.startswith("resume=")]
+        self.points, self.swept = expand([o for o in overrides if not o.startswith(("resume=", "results_dir="))])
+        checked = []
+        for point in self.points:
+            try:
+                checked.append(prepare(point)[0])
+            except Exception as exc:
+                raise ConfigError(f"sweep point {' '.join(point)}:\n{exc}") from exc
+        self.folder = Path(folder[-1]).expanduser().resolve() if folder else _sweep_folder(overrides, checked[0])
+        self.settings = comparison.Settings.of(checked[0].sweep)
+        self.strict = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
+        _check_swept_baseline(self.settings.baseline, self.points)
+        self.first = checked[0]  # where the points' MLflow runs go (logging.*, protocol.name)
+        self.session = {"git": provenance.git_state(), **provenance.environment(),
+                        "command": provenance.command(["fedsim", "run", "-m", *overrides]), "started": provenance.now()}
+        self.manifest = self._manifest(bool(folder))
+
+    def _manifest(self, resume: bool) -> dict:
+        path = self.folder / MANIFEST
+        if resume:
+            if not path.is_file():
+                raise ConfigError(f"resume: {path} not found (no sweep in {self.folder})")
+            manifest = json.loads(path.read_text())
+            if [r["overrides"] for r in manifest["runs"]] != self.points:
+                raise ConfigError(f"resume: these overrides expand to other points than the sweep in "
+                                  f"{self.folder} ({len(self.points)} vs {len(manifest['runs'])}); "
+                                  f"repeat the sweep's own overrides")
+            manifest.setdefault("resumed", []).append(self.session)
+            return manifest
+        if path.exists():
+            raise ConfigError(f"{self.folder} already holds a sweep; resume={self.folder} continues it")
+        runs = [{"name": point_name(p, self.swept), "overrides": p, "status": "pending"} for p in self.points]
+        names = [r["name"] for r in runs]
+        if len(set(names)) != len(names):
+            raise ConfigError("two sweep points would share a folder (repeated values?)")
+        return {"swept": self.swept, "provenance": self.session, "runs": runs}
+
+    def save(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.folder / f".{MANIFEST}.tmp"
+        tmp.write_text(json.dumps(self.manifest, indent=1))
+        os.replace(tmp, self.folder / MANIFEST)
+
+    def run(self) -> int:
+        """Every point not yet completed, in order; returns 0 if all completed, 1 if any
+        failed, the signal's exit code if one stopped the sweep."""
+        self.parent = self._mlflow_parent()
+        self.save()
+        try:
+            code = self._run_all()
+        finally:
+            self.session["ended"] = provenance.now()
+            self.save()
+        return code
+
+    def _run_all(self) -> int:
+        todo = [r for r in self.manifest["runs"] if r["status"] != "completed"]
+        start, done = time.monotonic(), 0
+        print(f"fedsim: sweep of {len(self.points)} runs in {self.folder} "
+              f"({len(self.points) - len(todo)} already completed)", flush=True)
+        for entry in todo:
+            code = self._run_point(entry, len(self.points))
+            done += 1
+            completed = sum(r["status"] == "completed" for r in self.manifest["runs"])
+            print(f"fedsim: sweep {entry['status']}: {entry['name']} ({entry['seconds']:.0f} s); "
+                  + progress.line("sweep", done, len(todo), time.monotonic() - start, "runs",
+                                  f"{completed}/{len(self.points)} completed"), flush=True)
+            if code == 0 and self.parent is not None:
+                self.parent.adopt(self.folder / entry["name"])
+            if code in INTERRUPTED:
+                if self.parent is not None:
+                    self.parent.stop()
+                print(f"fedsim: sweep interrupted; `fedsim run -m ... resume={self.folder}` continues it",
+                      file=sys.stderr)
+                return code
+        result = self.compare()
+        failed = [r["name"] for r in self.manifest["runs"] if r["status"] != "completed"]
+        if failed:
+            print(f"fedsim: sweep: {len(failed)} runs failed: {', '.join(failed)} (errors in {MANIFEST})",
+                  file=sys.stderr)
+        if self.parent is not None:
+            self.parent.close(_paired_means(result), [self.folder / n for n in comparison.OUTPUTS
+                                                      if (self.folder / n).is_file()], time.time(), bool(failed))
+        return 1 if failed or result is None else 0
+
+    def _mlflow_parent(self) -> SweepRun | None:
+        """With logging.mlflow: the sweep's MLflow run (its id kept in the manifest for a resume)."""
+        if not self.first.logging.mlflow:
+            return None
+        parent = SweepRun(self.first.logging.mlflow_dir, self.first.protocol.name, self.folder.name,
+                          self.manifest.get("mlflow_run_id"), self.manifest["provenance"],
+                          {"sweep.command": self.session["command"]["line"][:6000], "sweep.swept": ",".join(self.swept),
+                           "sweep.points": str(len(self.points))})
+        self.manifest["mlflow_run_id"] = parent.run_id
+        return parent
+
+    def _run_point(self, entry: dict, total: int) -> int:
+        folder = self.folder / entry["name"]
+        index = self.manifest["runs"].index(entry) + 1
+        print(f"fedsim: sweep run {index}/{total}: {' '.join(entry['overrides'])}", flush=True)
+        killed = (folder / "checkpoint" / "run.json").is_file() and not (folder / "results.json").exists()
+        args = [f"resume={folder}"] if killed else [*entry["overrides"], f"results_dir={folder}"]
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / comparison.POINT_FILE).write_text(json.dumps(
+            {"overrides": entry["overrides"], "swept": _swept_values(entry["overrides"], self.swept)}, indent=1))
+        began = time.monotonic()
+        with open(folder / "fedsim.log", "a") as log:
+            # -P: not the working folder first on the path, where another local user may have
+            # planted a fedsim package (a sweep started from /tmp)
+            child = subprocess.Popen([sys.executable, "-P", "-m", "fedsim.run.cli", "run", *args], stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+            with _forwarding(child):
+                code = child.wait()
+        entry["seconds"] = time.monotonic() - began
+        entry["status"] = "completed" if code == 0 else "interrupted" if code in INTERRUPTED else "failed"
+        entry["exit_code"] = code
+        entry["error"] = None if code == 0 else _tail(folder / "fedsim.log")
+        self.save()
+        return code
+
+    def compare(self) -> dict | None:
+        """The sweep's own comparison (replacing its earlier one, e.g. before a resume); None
+        when it is refused (the runs stay; ``fedsim compare`` with other settings rebuilds it)."""
+        if not any(r["status"] == "completed" for r in self.manifest["runs"]):
+            return {"paired": []}
+        try:
+            result, _ = comparison.write(self.folder, self.settings, force=True, strict=self.strict)
+        except comparison.ComparisonRefused as exc:
+            print(f"fedsim: sweep comparison refused: {exc}\n`fedsim compare {self.folder} sweep.KEY=...` "
+                  "builds it with other settings", file=sys.stderr)
+            return None
+        for warning in result["warnings"]:
+            print(f"fedsim: sweep comparison: warning: {warning}", file=sys.stderr)
+        print(f"fedsim: sweep comparison in {self.folder / 'summary.md'} and comparison.json", flush=True)
+        return result
+
+
+def _paired_means(result: dict | None) -> dict[str, float]:
+    """The sweep's paired mean differences as MLflow metrics ``paired/<group>/<metric>``."""
+    return {f"paired/{p['label']}/{p['metric']}"[:250]: p["mean"] for p in (result or {}).get("paired", [])}
+
+
+def _check_swept_baseline(baseline: str | None, points: list[list[str]]) -> None:
+    """A ``KEY=VALUE`` baseline names a swept key and one of its values: else refused before
+    any run (a method-name baseline is checked against the results, at the comparison)."""
+    key, sep, value = (baseline or "").partition("=")
+    if not sep:
+        return
+    values = sorted({v for p in points for k, _, v in (o.partition("=") for o in p) if k == key})
+    if len(values) < 2 or value not in values:
+        raise ConfigError(f"sweep.baseline={baseline}: the sweep gives {key} the values {values or 'none'}; the "
+                          f"baseline must be one of two or more swept values (KEY=VALUE)")
+
+
+@contextmanager
+def _forwarding(child: subprocess.Popen):
+    """SIGINT / SIGTERM to the sweep go to the running point (its own session, so a terminal's
+    Ctrl-C reaches it once), which stops its run cleanly and exits 130 / 143; the sweep then
+    stops too. Nothing is left running, and the point can be resumed."""
+    def forward(signum, frame):
+        child.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

@@ -1,0 +1,2 @@
+"""What runs inside Flower: the ServerApp and ClientApp, the Messenger and its grids, the journal,
+client state, reply validators, faults and seeding."""

@@ -1,0 +1,136 @@
+"""The one ClientApp of the platform: it builds the task's client named in the message.
+
+The server sends the resolved task config (JSON under ``fedsim-task``) with every message, so a
+client process never composes Hydra and any strategy that forwards its config record works.
+The client object is cached per process: Ray actors serve many nodes and messages. A message
+for several logical clients of one SuperNode (``hardware.clients_per_supernode``) is served
+client by client, each with its own partition id and the mods (``fedsim/runtime/sharded_grid.py``).
+Before each client's handler runs, the process's random state is reseeded from the run's seed,
+the round, the partition and the message type (``fedsim/runtime/seeding.py``): a reply never depends on
+which clients the same process served before.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from functools import lru_cache
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.client.mod.utils import make_ffn
+from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import adaptiveclipping_mod
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
+from hydra.utils import get_class
+
+from fedsim.message_keys import CONFIG, NODE_NUM_PARTITIONS, NODE_PARTITION_ID, PARTITION_ID, RAY_NODE, SERVER_ROUND
+from fedsim.privacy.he import layer as he_layer
+from fedsim.run import node_local
+from fedsim.run.data import resolve_data_root
+from fedsim.runtime import client_state, exchange_trace
+from fedsim.runtime.faults import fault_injection_mod
+from fedsim.runtime.journal import WHOAMI
+from fedsim.runtime.seeding import PROCESS, reseed
+from fedsim.runtime.sharded_grid import SHARD, serve_batch
+
+TASK_KEY = "fedsim-task"
+SEED_KEY = "fedsim-seed"
+exchange_trace.mark_process_start()
+exchange_trace.mark("app-import")
+
+
+def dp_clipping_mod(msg: Message, context: Context, call_next) -> Message:
+    """Flower's client-side clipping for its client-side DP wrappers, on the train messages that
+    carry their clipping norm only: Flower's mod refuses any message without exactly one
+    ArrayRecord (every discovery, query and evaluate message here). The adaptive mod clips
+    exactly as the fixed one and also reports whether it clipped, which the adaptive wrapper
+    needs and the fixed one ignores, so one mod serves both. Flower's clipping writes the
+    update in the dtype of the model received (float64 after FedAdam, say); the reply keeps the
+    dtype the client trained in, which the server's reply check expects."""
+    config = msg.content.config_records.get(CONFIG, {})
+    if msg.metadata.message_type != MessageType.TRAIN or KEY_CLIPPING_NORM not in config:
+        return call_next(msg, context)
+    dtypes = {}
+
+    def trained(m: Message, c: Context) -> Message:
+        reply = call_next(m, c)
+        if not reply.has_error():
+            dtypes.update({k: a.dtype for r in reply.content.array_records.values() for k, a in r.items()})
+        return reply
+
+    out = adaptiveclipping_mod(msg, context, trained)
+    if not out.has_error():
+        for name, record in list(out.content.array_records.items()):
+            out.content[name] = ArrayRecord({k: Array(a.numpy().astype(dtypes[k])) for k, a in record.items()})
+    return out
+
+
+MODS = [fault_injection_mod, dp_clipping_mod]  # faults outermost: they corrupt what was clipped
+app = ClientApp(mods=MODS)
+
+
+@lru_cache(maxsize=64)
+def _client(task_json: str, data_root: str, partition_id: int, num_partitions: int):
+    """The task's handler (``fedsim_clients/handler.py``), in the HE layer where the task carries
+    CKKS parameters (``fedsim/privacy/he/layer.py``)."""
+    task = json.loads(task_json)
+    return he_layer.around(get_class(task["client"])(task, data_root, partition_id, num_partitions), task)
+
+
+@lru_cache(maxsize=16)
+def _data_root(node_root: str | None, task_json: str) -> str:
+    """The node's data root (``fedsim/run/node_local.py``), resolved once: a SuperNode hosting many
+    logical clients answers thousands of messages. "" for a task that reads no data (its
+    ``data_root`` is null in the message, ``fedsim/run/node_local.py``'s ``sent_task``)."""
+    if json.loads(task_json).get("data_root", "") is None:
+        return ""
+    return str(resolve_data_root(node_root))
+
+
+def message_seed(msg: Message, partition_id: int) -> int:
+    """The seed of one client's work on one message: the run's seed (``client_config``), the
+    round (Flower's strategies put ``server-round`` in the config; 0 for other phases), the
+    partition and the message type. Nothing in it depends on scheduling or node ids."""
+    config = msg.content.config_records[CONFIG]
+    return PROCESS.seed(config.get(SEED_KEY, 0), round=config.get(SERVER_ROUND, 0), partition=partition_id,
+                        message_type=msg.metadata.message_type)
+
+
+def ray_node() -> dict[str, str]:
+    """The Ray node this process runs on where it is a simulation's Ray actor (Ray is imported
+    there already; elsewhere nothing is imported): the run's provenance counts the clients each
+    node of a Ray cluster served."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return {}
+    return {RAY_NODE: ray.get_runtime_context().get_node_id()}
+
+
+def _client_reply(msg: Message, context: Context) -> Message:
+    if WHOAMI in msg.content.config_records:  # the Messenger maps node ids to partitions
+        record = ConfigRecord({PARTITION_ID: int(context.node_config[NODE_PARTITION_ID]), **ray_node()})
+        return Message(RecordDict({WHOAMI: record}), reply_to=msg)
+    node_local.attach(msg, context.node_config)  # this node's folders, never the server's
+    if client_state.FORGET in msg.content.config_records:  # the run ended: its client state goes
+        removed = client_state.forget(msg)
+        return Message(RecordDict({client_state.FORGET: ConfigRecord({"removed": removed})}), reply_to=msg)
+    task_json = msg.content[CONFIG][TASK_KEY]
+    partition_id = int(context.node_config[NODE_PARTITION_ID])
+    exchange_trace.mark("enter", msg.metadata.message_id)
+    client = _client(task_json, _data_root(node_local.setting(msg, "data-root"), task_json),
+                     partition_id, int(context.node_config[NODE_NUM_PARTITIONS]))
+    exchange_trace.mark("built", msg.metadata.message_id)
+    reseed(message_seed(msg, partition_id))  # after building the client: it may import torch
+    reply = Message(client.handle(msg), reply_to=msg)
+    exchange_trace.mark("leave", msg.metadata.message_id)
+    return reply
+
+
+@app.query()
+@app.train()
+@app.evaluate()
+def handle(msg: Message, context: Context) -> Message:
+    """Every message type: the handler dispatches by type (``fedsim_clients/handler.py``)."""
+    if SHARD in msg.content.config_records:  # several logical clients: each through the mods
+        return serve_batch(msg, context, make_ffn(_client_reply, MODS))
+    return _client_reply(msg, context)

@@ -1,0 +1,241 @@
+"""Checkpoint and resume by replay: every completed exchange is journaled, a resumed run replays.
+
+Every phase of every protocol goes through :meth:`fedsim.runtime.messaging.Messenger.exchange`, so the
+clients' side of a run is exactly the sequence of its exchanges' usable replies. After each
+exchange (a round's training, a regroup's loss reports, an HE chunk, ...) the Messenger appends
+its replies, fault counts and traffic here, as one file written then renamed (a kill never
+leaves a half-written entry). ``fedsim run resume=<results_dir>`` runs the same protocol code
+with the same seed: the first exchanges are answered from the journal, in order, without
+sending anything, which rebuilds every piece of server state (global models, FedBiscuit's
+selectors and groups, DPMean's privacy accountant, FedDTRE's schedule, the sampling RNG, the
+round metrics and fault counts) exactly as they were; then the run goes on live from the first
+exchange that had not completed. Server-side computation between exchanges is redone; client
+work is not.
+
+Node ids are new in every Flower run, so the journal keeps each node's partition id; a resumed
+run asks every node for its partition (``WHOAMI``) and translates ids both ways, the protocol
+living in the first run's ids throughout.
+
+An entry is JSON (replies in Flower's own wire format, base64), never a pickle: reading it runs
+no code. Each file is authenticated with an HMAC under a key derived from the run's secret
+(``fedsim/privacy/secret.py``) and bound to its name, so a planted, altered, renamed or reordered entry
+is refused on resume (:class:`JournalTampered`) instead of steering the resumed server.
+
+Length and order are sealed too: each entry names the digest of the one before it (a chain), and
+a sealed ``head`` holds the count and the last entry's digest, rewritten after every entry. A
+journal with entries deleted (at its end too), reordered, spliced or without its head is refused:
+a resumed run would send the missing exchanges again, and a redone DP round draws the same noise
+(the run's secret) over replies that may differ, so the two releases together give a client's
+row exactly. A kill between an entry and its head leaves one entry more than the head counts,
+chained to the head's last: that journal resumes with the entry (nothing was released between
+the two writes). Not detectable: the whole journal folder put back as an older copy of itself
+(its head then counts its own entries), which only a record kept outside the folder could tell.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import os
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.common.serde import message_from_proto, message_to_proto
+from flwr.proto.message_pb2 import Message as ProtoMessage
+
+from fedsim.message_keys import PARTITION_ID, RAY_NODE
+from fedsim.privacy.secret import Tampered, open_sealed, private_folder, seal
+
+WHOAMI = "fedsim-whoami"        # the core query every ClientApp answers with its partition id
+HEAD = "head"                   # the journal's sealed count and last digest
+
+
+def ask_partitions(grid, timeout: float, poll: float) -> tuple[dict[int, int], dict[str, int], dict[str, int]]:
+    """Every node's partition id (node id -> partition), asked with ``WHOAMI``, the counts of the
+    ``whoami`` phase, and the accepted replies per Ray node (``RAY_NODE``; none outside a
+    simulation): the Messenger maps node ids across a resume and lists nodes in partition order,
+    the ShardedGrid places logical clients, the results' provenance names the Ray nodes. A node
+    that fails or does not answer in time, or names no whole partition in [0, nodes), is left
+    out; so is every node of a partition that several claim (``duplicate``): a node that claims
+    another's partition never takes its place."""
+    nodes = list(grid.get_node_ids())
+    pending = set(grid.push_messages([
+        Message(RecordDict({WHOAMI: ConfigRecord()}), dst_node_id=n, message_type=MessageType.QUERY)
+        for n in nodes]))
+    claims, counts, start = {}, {"sent": len(nodes), "failed": 0, "malformed": 0}, time.monotonic()
+    ray_nodes = Counter()
+    while pending and time.monotonic() - start < timeout:
+        for reply in grid.pull_messages(list(pending)):
+            pending.discard(reply.metadata.reply_to_message_id)
+            if reply.has_error():
+                counts["failed"] += 1
+            elif (partition := _partition(reply.content, len(nodes))) is None:
+                counts["malformed"] += 1
+            else:
+                claims[reply.metadata.src_node_id] = partition
+                ray_nodes[_ray_node(reply.content)] += 1
+        if pending:
+            time.sleep(poll)
+    claimed = Counter(claims.values())
+    partitions = {n: p for n, p in claims.items() if claimed[p] == 1}
+    counts |= {"duplicate": len(claims) - len(partitions), "timed_out": len(pending), "accepted": len(partitions)}
+    log = logging.getLogger("fedsim")
+    log.info("[whoami] %d/%d nodes told their partition in %.1f s", len(partitions), len(nodes),
+             time.monotonic() - start)
+    if len(partitions) < len(nodes):
+        log.warning("whoami: nodes left out of the federation: %s (taken partitions refused: %s)", counts,
+                    sorted(p for p, k in claimed.items() if k > 1))
+    return partitions, counts, {node: n for node, n in sorted(ray_nodes.items()) if node}
+
+
+def _ray_node(content: RecordDict) -> str:
+    """The Ray node id a WHOAMI reply names (hex, as Ray writes it), else ""."""
+    value = content.config_records[WHOAMI].get(RAY_NODE)
+    return value if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{1,64}", value) else ""
+
+
+def _partition(content: RecordDict, nodes: int) -> int | None:
+    """The partition a WHOAMI reply names: a whole number in [0, nodes), else None."""
+    record = content.config_records.get(WHOAMI)
+    value = None if record is None else record.get(PARTITION_ID)
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < nodes
+    return value if ok else None
+
+
+class ResumeMismatch(RuntimeError):
+    """The resumed run asked for another exchange than the journaled run did at that point."""
+
+
+class JournalTampered(ResumeMismatch):
+    """A journal file was not written by this run (planted, altered, renamed): refused."""
+
+
+def _open_sealed(key: bytes, path: Path) -> dict:
+    try:
+        return open_sealed(key, path)
+    except Tampered as exc:
+        raise JournalTampered(f"{exc}; refusing to resume from it") from exc
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class Journal:
+    """The exchanges of one run, in order, under ``folder``; those already there are replayed.
+    ``key`` authenticates every file (a key derived from the run's secret)."""
+
+    def __init__(self, folder: str | Path, resume: bool, key: bytes, experiment: str = ""):
+        """``experiment``: the digest of the run's experiment (``fedsim.run.config.experiment_digest``),
+        sealed in the head; a resume under another is refused."""
+        self.folder, self.key, self.experiment = private_folder(Path(folder)), key, experiment
+        if resume:
+            self.recorded, self._last = self._verified()
+        else:
+            for path in self.folder.iterdir():
+                path.unlink()
+            self.recorded, self._last = [], ""
+            self._write_head()
+        self.position = 0
+        self.resumed_from = len(self.recorded)  # exchanges the resumed run replays
+
+    @staticmethod
+    def begun(folder: str | Path) -> bool:
+        """Whether a killed run's journal has its head (its ServerApp got that far: otherwise
+        nothing was sent, and the run starts again from its beginning); entries without a head
+        are refused."""
+        folder = Path(folder)
+        if (folder / HEAD).is_file():
+            return True
+        if any(folder.glob("*.exchange")):
+            raise JournalTampered(f"{folder}: journal entries without their {HEAD}; refusing to resume")
+        return False
+
+    def _verified(self) -> tuple[list[Path], str]:
+        """The journaled entries and the last one's digest, once the head and the chain hold:
+        names 0..n-1 without a gap, n the head's count (or one more: killed before the head was
+        rewritten), each entry naming its predecessor's digest, the head's last on its entry."""
+        if not (self.folder / HEAD).is_file():
+            raise JournalTampered(f"{self.folder}: the journal's {HEAD} is missing; refusing to resume")
+        head = _open_sealed(self.key, self.folder / HEAD)
+        if head.get("experiment", "") != self.experiment:
+            raise ResumeMismatch(f"{self.folder}: the journaled run's experiment settings differ from this run's "
+                                 "(only hardware, round_timeout, data_root and logging may change on resume); "
+                                 "refusing to resume")
+        entries = sorted(self.folder.glob("*.exchange"))
+        if [p.name for p in entries] != [f"{i:07d}.exchange" for i in range(len(entries))] or \
+                len(entries) not in (head["count"], head["count"] + 1):
+            raise JournalTampered(f"{self.folder}: {len(entries)} entries ({[p.name for p in entries][:3]}...) "
+                                  f"where the {HEAD} counts {head['count']}: entries were removed or "
+                                  "added; refusing to resume")
+        last = ""
+        for index, path in enumerate(entries):
+            data = path.read_bytes()
+            if _open_sealed(self.key, path).get("previous") != last or \
+                    (index + 1 == head["count"] and _digest(data) != head["last"]):
+                raise JournalTampered(f"{path}: not the entry that followed the one before it; "
+                                      "refusing to resume")
+            last = _digest(data)
+        if head["count"] == 0 and head["last"]:
+            raise JournalTampered(f"{self.folder}: the {HEAD} is not this journal's; refusing to resume")
+        return entries, last
+
+    def _write_head(self) -> None:
+        """After each entry: a kill before this leaves the entry, which a resume accepts."""
+        _atomic_write(self.folder / HEAD, seal(self.key, HEAD, {"count": len(self.recorded), "last": self._last,
+                                                             "experiment": self.experiment}))
+
+    @property
+    def replaying(self) -> bool:
+        return self.position < len(self.recorded)
+
+    def replay(self, phase: str, server_round: int) -> dict:
+        """The next journaled exchange; it must be the one the protocol asks for."""
+        entry = _open_sealed(self.key, self.recorded[self.position])
+        if (entry["phase"], entry["round"]) != (phase, server_round):
+            raise ResumeMismatch(f"exchange {self.position}: the journal holds {entry['phase']} "
+                                 f"round {entry['round']}, the resumed run asks for {phase} round "
+                                 f"{server_round} (was the code or the config changed?)")
+        self.position += 1
+        entry["replies"] = [message_from_proto(ProtoMessage.FromString(base64.b64decode(b)))
+                            for b in entry["replies"]]
+        entry["faults"], entry["traffic"] = entry["counts"]
+        return entry
+
+    def record(self, phase: str, server_round: int, replies: list[Message], faults: dict,
+               traffic: dict) -> None:
+        entry = {"phase": phase, "round": server_round, "counts": [faults, traffic], "previous": self._last,
+                 "replies": [base64.b64encode(message_to_proto(m).SerializeToString()).decode()
+                             for m in replies]}
+        index = len(self.recorded)
+        path = self.folder / f"{index:07d}.exchange"
+        data = seal(self.key, path.name, entry)
+        _atomic_write(path, data)
+        self.recorded.append(path)
+        self.position, self._last = index + 1, _digest(data)
+        self._write_head()
+
+    @property
+    def partitions_path(self) -> Path:
+        return self.folder / "partitions.json"
+
+    def save_partitions(self, partitions: dict[int, int]) -> None:
+        """node id -> partition id of the journaled run's nodes."""
+        body = {str(k): v for k, v in partitions.items()}
+        _atomic_write(self.partitions_path, seal(self.key, self.partitions_path.name, body))
+
+    def load_partitions(self) -> dict[int, int]:
+        return {int(k): int(v) for k, v in _open_sealed(self.key, self.partitions_path).items()}

@@ -1,0 +1,269 @@
+"""The one ServerApp: compose the Hydra config named by the run config and run its protocol.
+
+With ``ship_results`` (a run on a remote SuperLink) the outputs are written to a temporary
+folder and printed into the run's log, from which ``fedsim run`` unpacks them locally.
+
+The run config (``[tool.flwr.app.config]`` of pyproject.toml) holds Hydra overrides, one path
+into the same config as ``fedsim run``: the typed keys of :data:`RUN_CONFIG_KEYS`
+(``flwr run . --run-config "experiment='fedtp_paper' seed=3"``), each the override it names, and
+``overrides``, any overrides as one string (``fedsim run`` passes its own that way). They are
+composed and checked as ``fedsim run`` checks them before the first message is sent; a refusal
+is logged as fedsim's message (the valid choices, the nearest key). The protocol sends every
+phase through one :class:`~fedsim.runtime.messaging.Messenger`, whose fault counts and traffic go into
+every ``results.json`` (``faults``, ``communication``), also when the protocol fails.
+The process's random state and Flower's node sampling are seeded from the run's seed before
+the protocol starts (``fedsim/runtime/seeding.py``), and the Messenger learns every node's partition,
+so that the same seed samples, sends and sums in the same order in every run.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import shlex
+import tempfile
+import traceback
+from pathlib import Path
+
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import strategy_utils
+from hydra.utils import get_method
+from omegaconf import DictConfig
+
+from fedsim.message_keys import CONFIG
+from fedsim.privacy.audit import METHOD as AUDIT_METHOD
+from fedsim.privacy.audit import AuditReport
+from fedsim.privacy.dp import NOT_PRIVATE, NoiseSource
+from fedsim.privacy.secret import derive, run_secret
+from fedsim.results.comparison import Settings, headline
+from fedsim.results.mlflow_sink import MlflowSink
+from fedsim.results.outputs import RunOutput, markdown_table, ship_results
+from fedsim.results.sinks import Sinks
+from fedsim.run import provenance
+from fedsim.run.config import REFUSED, compose_checked, experiment_digest, hydra_config, population
+from fedsim.run.flower_waits import shorten_pull_backoff
+from fedsim.runtime.client_state import FORGET, RUN_KEY, STATE_KEY, forget_request
+from fedsim.runtime.journal import Journal
+from fedsim.runtime.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
+from fedsim.runtime.seeding import SERVER, SERVER_SAMPLING, reseed
+from fedsim.runtime.sharded_grid import ShardedGrid
+
+app = ServerApp()
+
+# [tool.flwr.app.config]'s keys for the common knobs -> the Hydra override each one sets ("" leaves
+# it to conf/); tests/test_docs.py checks that pyproject.toml declares exactly these and `overrides`
+RUN_CONFIG_KEYS = {"experiment": "experiment", "hardware": "hardware", "strategy": "strategy",
+                   "privacy": "privacy", "num-server-rounds": "num_rounds", "seed": "seed"}
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    logger = logging.getLogger("fedsim")
+    if not logger.handlers:  # Flower's own handlers stay as they are
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s fedsim: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    overrides = run_overrides(context.run_config)
+    try:
+        cfg = compose_checked(overrides)
+    except REFUSED as exc:  # Flower marks the run failed and logs the traceback after this
+        logger.error("configuration error, nothing was sent:\n%s", exc)
+        raise
+    if cfg.hardware.backend == "deployment" and cfg.hardware.waits.pull_backoff is not None:
+        shorten_pull_backoff(cfg.hardware.waits.pull_backoff)  # replies are pulled from the SuperLink
+    if cfg.ship_results:  # a remote SuperLink: results go back in the log, not to the user's path
+        with tempfile.TemporaryDirectory(prefix="fedsim-results-") as folder:
+            try:
+                _run(grid, cfg, RunOutput(folder), overrides)
+            finally:
+                print("\n".join(ship_results(Path(folder))), flush=True)
+    else:
+        _run(grid, cfg, RunOutput(cfg.results_dir), overrides)
+
+
+def run_overrides(run_config) -> list[str]:
+    """The Hydra overrides Flower's run config carries: each typed key that is set, then the
+    ``overrides`` string. Values go to Hydra as written, so its typed schema checks them
+    (``seed='x'``: could not be converted to Integer), not Flower, which checks only names."""
+    typed = [f"{override}={run_config[key]}" for key, override in RUN_CONFIG_KEYS.items()
+             if run_config.get(key, "") != ""]
+    return typed + shlex.split(str(run_config.get("overrides", "")))
+
+
+def state_layout(grid: Grid, cfg) -> None:
+    """Say how the task's clients sit on the SuperNodes connected at start, and pin their number
+    (``hardware.num_clients``) as ``fedsim run`` does: under ``flwr run`` the federation's size is
+    Flower's (2 SuperNodes unless ``--federation-config "num-supernodes=N"``), and fewer
+    SuperNodes than clients make each SuperNode answer for several clients in one reply."""
+    log = logging.getLogger("fedsim")
+    nodes = len(list(grid.get_node_ids()))
+    clients = int(cfg.hardware.num_clients or population(cfg))
+    cfg.hardware.num_clients = clients
+    per = int(cfg.hardware.clients_per_supernode)
+    if per > 1:
+        log.info("%d SuperNodes connected, %d logical clients (up to %d per SuperNode), one reply per client",
+                 nodes, clients, per)
+    elif nodes < clients:
+        log.warning("%d SuperNodes connected for the task's %d clients: each SuperNode hosts about %d of them and "
+                    "answers for them in one reply; for one client per SuperNode use "
+                    "--federation-config \"num-supernodes=%d\" (or fedsim run, which sizes it)",
+                    nodes, clients, -(-clients // max(nodes, 1)), clients)
+    else:
+        log.info("%d SuperNodes connected for %d clients, one client per SuperNode%s", nodes, clients,
+                 " (the extra SuperNodes resample clients)" if nodes > clients else "")
+
+
+def config_from_run(run_config) -> DictConfig:
+    """The run's config from Flower's run config, with ``fedsim run``'s checks: a wrong key,
+    type, strategy or wrapper fails here, before any client works."""
+    return compose_checked(run_overrides(run_config))
+
+
+def _forget_client_state(messenger: Messenger, cfg) -> None:
+    """The run completed: every node removes the run's client state (unless
+    ``client_state.keep``). A node that does not answer keeps it, which loses no result. Not
+    journaled: a completed run is never resumed."""
+    messenger.journal = None
+    config = ConfigRecord({k: v for k, v in client_config(cfg).items() if k in (RUN_KEY, STATE_KEY)})
+    messages = [Message(RecordDict({CONFIG: config, FORGET: forget_request(str(config[RUN_KEY]))}),
+                        dst_node_id=n, message_type=MessageType.QUERY) for n in messenger.node_ids()]
+    try:
+        messenger.exchange("forget", messages, Policy(ANY))
+    except PhaseFailed as exc:
+        logging.getLogger("fedsim").warning("client state not removed: %s", exc)
+
+
+def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
+    log = logging.getLogger("fedsim")
+    started = provenance.now()
+    out.clear_outcome()
+    keep = cfg.checkpoint.enabled and not cfg.ship_results  # a remote run's folder is temporary
+    checkpoint = out.path / "checkpoint"
+    # a run killed before its journal began (before this point, or before the ServerApp started)
+    # sent nothing: resumed, it starts from its beginning, under a new secret
+    resume = bool(cfg.resume) and keep and Journal.begun(checkpoint / "journal")
+    if cfg.resume and not resume:
+        log.info("resume: the killed run had journaled nothing; it starts from its beginning")
+    secret = run_secret(checkpoint / "run.key" if keep else None, resume)
+    # the clients' state folders: new for a fresh run (an earlier run in this results folder may
+    # have left its own), the same when resumed (fedsim/runtime/client_state.py)
+    cfg.client_state.run_key = derive(secret, b"client-state").hex()[:16]
+    out.write_config(cfg, overrides, hydra_config(overrides))
+    log.info("results -> %s", out.path)
+    journal = (Journal(checkpoint / "journal", resume, derive(secret, b"journal"), experiment_digest(cfg))
+               if keep else None)
+    if journal is not None and journal.resumed_from:
+        log.info("resume: replaying %d journaled exchanges", journal.resumed_from)
+    noise = noise_source(cfg, secret)
+    sinks = Sinks(out.path, cfg.logging.csv, cfg.logging.tensorboard,
+                  MlflowSink.for_run(cfg) if cfg.logging.mlflow else None)
+    messenger, failed = None, True
+    try:
+        state_layout(grid, cfg)
+        if cfg.hardware.clients_per_supernode > 1:  # the protocol sees one node per logical client
+            grid = ShardedGrid(grid, int(cfg.hardware.num_clients), float(cfg.round_timeout))
+        messenger = Messenger(grid, float(cfg.round_timeout), journal=journal, sinks=sinks,
+                              noise=noise, know_partitions=True)
+        seed_server(int(cfg.seed))
+        results, summary = get_method(cfg.protocol.run)(messenger, cfg, out)
+        audit: AuditReport | None = results.pop("audit", None)
+        results["privacy"] = privacy_results(messenger, noise)
+        if "central_dp" in results["privacy"]:
+            summary = f"{summary.rstrip()}\n\n{central_dp_section(results['privacy']['central_dp'])}\n"
+        if audit:
+            results["privacy"]["audit"] = audit.as_dict()
+            summary = f"{summary.rstrip()}\n\n{audit_section(audit, out)}\n"
+        summary = summary if noise.private else f"**Warning: {NOT_PRIVATE}.**\n\n{summary}"
+        # traffic per phase and round, beside any per-method summary the protocol made
+        results.update(faults=messenger.faults,
+                       communication={**messenger.traffic, **results.get("communication", {})})
+        summary = f"{summary.rstrip()}\n\n{faults_section(messenger.faults)}\n"
+        if journal is not None:
+            results["checkpoint"] = {"exchanges": len(journal.recorded),
+                                     "replayed": journal.resumed_from}
+        results["provenance"] = {**provenance.environment(), "started": started, "ended": provenance.now(),
+                                 **({"ray_nodes": messenger.ray_nodes} if messenger.ray_nodes else {})}
+        summary = f"{summary.rstrip()}\n\n{provenance.section(results['provenance'])}\n"
+        out.write_results(results, summary)
+        sinks.finish(headline(results, Settings.of(cfg.sweep)), int(cfg.num_rounds),
+                     (out.path / "config.yaml").read_text(), summary, out.files())
+        print(summary, flush=True)
+        _forget_client_state(messenger, cfg)
+        if audit:
+            audit.enforce()  # a measured epsilon above the reported one fails the run, results written
+        failed = False
+    except BaseException:
+        faults = messenger.faults if messenger else {}
+        out.write_error(traceback.format_exc() + f"\nfaults so far: {faults}\n")
+        raise
+    finally:
+        sinks.close(failed)
+
+
+def privacy_results(messenger: Messenger, noise: NoiseSource) -> dict:
+    """results.json's ``privacy``: whether the DP noise was private, each client's DP-SGD epsilon
+    per round, and what Flower's DP wrappers spent (``central_dp``, ``fedsim/privacy/dp.py``)."""
+    return {"private_noise": noise.private,
+            **({} if noise.private else {"warning": NOT_PRIVATE}),
+            **({"dp_sgd_epsilon": messenger.epsilon} if messenger.epsilon else {}),
+            **({"central_dp": messenger.central_dp.report()} if messenger.central_dp else {})}
+
+
+def faults_section(faults: dict) -> str:
+    """The summary's table of what every exchange got back: one row per phase and round."""
+    rows = [{"phase": phase, "round": rnd, **counts} for phase, rounds in faults.items()
+            for rnd, counts in rounds.items()]
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    return "## Replies per exchange\n\n" + (markdown_table(rows, columns) if rows else "(no exchange)")
+
+
+def central_dp_section(spent: dict) -> str:
+    """The summary's account of a Flower DP wrapper's run: the run's (epsilon, delta), each
+    phase's, and the assumptions they rest on, where a reader of the table sees them."""
+    rows = [{"phase": phase, **p} for phase, p in spent["phases"].items()]
+    return "\n\n".join([
+        "## Privacy spent (central DP)",
+        f"(epsilon, delta) = ({spent['epsilon']:.3f}, {spent['delta']:g}) for the whole run: "
+        f"{spent['rounds']} rounds of {spent['mechanism']} at noise multiplier "
+        f"{spent['noise_multiplier']:.4g} ({spent['epsilon_per_round']:.3f} per round), every phase "
+        "composed. Per phase (one model each):",
+        markdown_table(rows, ["phase", "rounds", "epsilon"], digits=3),
+        f"Accountant: {spent['accountant']}. Amplification by sampling: {spent['amplification_by_sampling']}. "
+        f"Covers: {spent['covers']}."])
+
+
+def audit_section(audit: AuditReport, out: RunOutput) -> str:
+    """The summary's audit: each release's accountant epsilon beside the measured lower bound,
+    and ``privacy_audit.png``, both against sigma."""
+    fig, ax, save = out.figure("privacy_audit")
+    audit.plot(ax)
+    save()
+    return "\n\n".join([
+        "## Privacy audit: measured lower bound beside the accountant's epsilon",
+        f"{AUDIT_METHOD}. Canaries: {audit.covers}. A release holds when epsilon_lower <= epsilon_upper.",
+        markdown_table([b.as_dict() for b in audit.bounds],
+                       ["release", "noise_multiplier", "epsilon_upper", "epsilon_lower", "canaries", "guesses",
+                        "correct", "confidence", "attack", "holds"], digits=3)])
+
+
+def seed_server(seed: int) -> None:
+    """The ServerApp's random state, and a generator of Flower's node sampling of its own:
+    with the shared one, which clients a round trained depended on how often the heartbeat
+    thread had drawn before (``fedsim/runtime/seeding.py``)."""
+    reseed(SERVER.seed(seed))
+    strategy_utils.random = random.Random(SERVER_SAMPLING.seed(seed))
+
+
+def noise_source(cfg, secret: bytes) -> NoiseSource:
+    """The run's DP noise: a key derived from the run's secret, or (asked for, in simulation or
+    a deployment on this machine: ``tests/test_e2e_parity.py`` compares the two) the public seed,
+    which makes every release reproducible and therefore not private."""
+    if not cfg.privacy.reproducible_noise:
+        return NoiseSource.from_key(derive(secret, b"dp-noise"))
+    if cfg.hardware.backend != "simulation" and not cfg.hardware.launch_local:
+        raise ValueError("privacy.reproducible_noise=true is refused for a remote SuperLink")
+    logging.getLogger("fedsim").warning("%s", NOT_PRIVATE)
+    return NoiseSource.public(int(cfg.seed))

@@ -1,0 +1,212 @@
+"""Many logical clients per SuperNode (``hardware.clients_per_supernode``), for every task.
+
+Flower costs ~12 ms per message and node, whatever the message carries; a FedTP client's whole
+work is a fraction of that. :class:`ShardedGrid` sits under the :class:`~fedsim.runtime.messaging.Messenger`
+and shows the protocol and its strategies N logical clients (node ids ``1..N``, client ``l`` on
+node id ``l + 1``), while Flower carries one message per SuperNode: client ``l`` lives on the
+SuperNode whose partition is ``l mod K``. The messages a strategy sends to one SuperNode's
+clients travel as one message (a record sent to several clients, such as FedAvg's global
+model, only once), the ClientApp runs each client with its own partition id and the task's
+client count (:func:`serve_batch`, the ClientApp's mods included), and its replies come back in
+one message that this grid splits into one reply per client. Everything above sees one message
+and one reply per client, so client-level semantics are unchanged: DPMean clips each client's
+row, FedAvg weights each client's update, a client that raises is one ``failed`` reply; a
+SuperNode that fails or times out counts once for each of its clients.
+
+Flower Datasets' partitioners, the tasks' clients and their state are per logical client: the
+ClientApp builds client ``l`` exactly as a SuperNode of its own would (``partition-id`` = ``l``,
+``num-partitions`` = N).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from copy import copy
+from dataclasses import replace
+from uuid import uuid4
+
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app.message import make_message
+from flwr.serverapp import Grid
+
+from fedsim.message_keys import NODE_NUM_PARTITIONS, NODE_PARTITION_ID
+from fedsim.runtime.journal import ask_partitions
+from fedsim.runtime.message_metadata import set_message_id
+
+SHARD = "fedsim-shard"      # the batch's manifest record
+CLIENTS = "clients"         # logical partition ids in the batch, in order
+NUM_CLIENTS = "num-clients"
+LAYOUT = "layout"           # JSON: per client, its record names -> packed names; errors by index
+ERROR_CODE = 0              # Flower's "unknown" error code for a logical client that raised
+MALFORMED_CODE = 422        # an Error a grid makes for a reply it could not read: the Messenger counts it malformed
+
+
+def pack(contents: list[RecordDict], clients: list[int], num_clients: int,
+         errors: dict[int, str] | None = None) -> RecordDict:
+    """One RecordDict for several clients' contents; a record object shared by several of them
+    (a broadcast) is packed once. The manifest (``SHARD``) names the clients and, as one JSON
+    string (thousands of per-client entries would cost more to check than to send), each
+    client's record names and where they are packed, or its error."""
+    packed, where, layout = RecordDict(), {}, []
+    for content in contents:
+        names = list(content.keys())
+        for name in names:
+            record = content[name]
+            if id(record) not in where:
+                where[id(record)] = f"r{len(where)}"
+                packed[where[id(record)]] = record
+        layout.append({name: where[id(content[name])] for name in names})
+    packed[SHARD] = ConfigRecord({CLIENTS: clients, NUM_CLIENTS: num_clients, LAYOUT: json.dumps(
+        {"records": layout, "errors": errors or {}})})
+    return packed
+
+
+def _layout(packed: RecordDict) -> dict:
+    return json.loads(str(packed[SHARD][LAYOUT]))
+
+
+def unpack(packed: RecordDict, layout: dict, i: int) -> RecordDict:
+    """Client ``i``'s content of a :func:`pack`-ed RecordDict (``layout``: its manifest)."""
+    return RecordDict({name: packed[where] for name, where in layout["records"][i].items()})
+
+
+def serve_batch(msg: Message, context: Context, handler: Callable[[Message, Context], Message]
+                ) -> Message:
+    """ClientApp side: run ``handler`` (mods included) once per logical client of a batch, each
+    with its own partition id, and pack the replies; a client that raises becomes an
+    ``error/i`` entry (its own ``failed`` reply on the server), not the batch's failure."""
+    manifest, layout = msg.content[SHARD], _layout(msg.content)
+    clients, num_clients = list(manifest[CLIENTS]), int(manifest[NUM_CLIENTS])
+    replies, errors = [], {}
+    for i, client in enumerate(clients):
+        sub = make_message(copy(msg.metadata), unpack(msg.content, layout, i))  # as if sent on its own
+        set_message_id(sub, f"{msg.metadata.message_id}/{i}")
+        sub_context = replace(context, node_config={**context.node_config, NODE_PARTITION_ID: client,
+                                                    NODE_NUM_PARTITIONS: num_clients})
+        try:
+            replies.append(handler(sub, sub_context).content)
+        except Exception as exc:  # noqa: BLE001 - one client's crash is its own failed reply
+            errors[i] = f"{type(exc).__name__}: {exc}"
+            replies.append(RecordDict())
+    return Message(pack(replies, clients, num_clients, errors), reply_to=msg)
+
+
+def _parts(content: RecordDict, clients: list[int]) -> list[RecordDict | Error]:
+    """Each client's reply in a batch reply: its content, its error, or a malformed-reply
+    error when its part cannot be read (all of them when the manifest does not answer exactly
+    the clients sent, in order: parts could not be told apart)."""
+    try:
+        manifest = content[SHARD]
+        layout = json.loads(str(manifest[LAYOUT]))
+        answered, records, errors = [int(c) for c in manifest[CLIENTS]], layout["records"], layout["errors"]
+    except Exception as exc:  # noqa: BLE001 - whatever the SuperNode sent (a nesting too deep for json: RecursionError)
+        return [Error(MALFORMED_CODE, f"unreadable batch manifest: {type(exc).__name__}: {exc!s:.200}")] * len(clients)
+    if answered != clients or not isinstance(records, list) or len(records) != len(clients) \
+            or not isinstance(errors, dict):
+        why = f"batch answers clients {answered!s:.200} with {records!s:.200}; sent to {clients}"
+        return [Error(MALFORMED_CODE, why)] * len(clients)
+    return [_part(content, layout, i) for i in range(len(clients))]
+
+
+def _part(content: RecordDict, layout: dict, i: int) -> RecordDict | Error:
+    try:
+        return _read_part(content, layout, i)
+    except Exception as exc:  # noqa: BLE001 - whatever the SuperNode sent
+        return Error(MALFORMED_CODE, f"client part {i} of the batch is unreadable: {type(exc).__name__}")
+
+
+def _read_part(content: RecordDict, layout: dict, i: int) -> RecordDict | Error:
+    if str(i) in layout["errors"]:
+        return Error(ERROR_CODE, str(layout["errors"][str(i)]))
+    names = layout["records"][i]
+    if not isinstance(names, dict) or not all(isinstance(w, str) and w in content and w != SHARD
+                                              for w in names.values()):
+        return Error(MALFORMED_CODE, f"client part {i} of the batch names records it does not hold")
+    return unpack(content, layout, i)
+
+
+def logical_node_id(partition: int) -> int:
+    return partition + 1
+
+
+def logical_partition(node_id: int) -> int:
+    return node_id - 1
+
+
+class ShardedGrid(Grid):
+    """``num_clients`` logical clients over the SuperNodes of ``grid`` (see the module doc)."""
+
+    def __init__(self, grid: Grid, num_clients: int, timeout: float = 600.0, poll: float = 0.2):
+        self.raw, self.num_clients = grid, num_clients
+        partitions = ask_partitions(grid, timeout, poll)[0]  # a SuperNode left out hosts none
+        if not partitions:
+            raise RuntimeError("ShardedGrid: no SuperNode told its partition")
+        hosts = sorted(partitions, key=partitions.get)  # the SuperNodes in partition order
+        if len(hosts) > num_clients:
+            raise ValueError(f"{len(hosts)} SuperNodes for {num_clients} clients: some would host none")
+        self.host = {logical_node_id(p): hosts[p % len(hosts)] for p in range(num_clients)}
+        self._sent: dict[str, Message] = {}           # logical message id -> the message
+        self._batch_of: dict[str, str] = {}           # logical message id -> its batch's id
+        self._batches: dict[str, list[str]] = {}      # batch id -> its logical message ids
+        self._replies: dict[str, Message] = {}        # logical message id -> its reply
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.host)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        groups: dict[tuple[int, str], list[Message]] = {}
+        ids = []
+        for msg in messages:
+            set_message_id(msg, uuid4().hex)
+            self._sent[msg.metadata.message_id] = msg
+            groups.setdefault((self.host[msg.metadata.dst_node_id], msg.metadata.message_type), []).append(msg)
+            ids.append(msg.metadata.message_id)
+        batches, members = [], []
+        for (host, message_type), group in groups.items():
+            content = pack([m.content for m in group], [logical_partition(m.metadata.dst_node_id) for m in group],
+                           self.num_clients)
+            batches.append(Message(content, dst_node_id=host, message_type=message_type))
+            members.append([m.metadata.message_id for m in group])
+        for batch_id, group_ids in zip(self.raw.push_messages(batches), members):
+            self._batches[batch_id] = group_ids
+            self._batch_of.update((i, batch_id) for i in group_ids)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        wanted = list(message_ids)
+        batches = {self._batch_of[i] for i in wanted if i not in self._replies and i in self._batch_of}
+        for reply in self.raw.pull_messages(list(batches)) if batches else ():
+            self._split(reply)
+        return [self._replies.pop(i) for i in wanted if i in self._replies]
+
+    def _split(self, reply: Message) -> None:
+        """One reply per logical client of a batch reply (errors stay each client's own). A
+        SuperNode runs code the server does not control: a batch it answers with a missing,
+        extra or unreadable client part becomes a ``malformed`` reply for each client it
+        cannot be split for, not the run's crash."""
+        group = self._batches.pop(reply.metadata.reply_to_message_id)
+        sent = [self._sent.pop(message_id) for message_id in group]
+        for message_id in group:
+            del self._batch_of[message_id]
+        if reply.has_error():
+            error = Error(reply.error.code, f"its SuperNode failed: {reply.error.reason}")
+            parts = [error] * len(sent)
+        else:
+            parts = _parts(reply.content, [logical_partition(m.metadata.dst_node_id) for m in sent])
+        for message_id, msg, part in zip(group, sent, parts):
+            self._replies[message_id] = Message(part, reply_to=msg)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
+                         ) -> Iterable[Message]:
+        raise NotImplementedError("a ShardedGrid is driven by its Messenger (push / pull)")
+
+    def set_run(self, run) -> None:
+        self.raw.set_run(run)
+
+    @property
+    def run(self):
+        return self.raw.run
+
+    def create_message(self, *args, **kwargs) -> Message:
+        return self.raw.create_message(*args, **kwargs)
