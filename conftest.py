@@ -22,3 +22,15 @@ os.environ["FEDSIM_STATE_DIR"] = str(PRIVATE_HOME / "client-state")  # fedsim/ru
 def _private_home():
     yield PRIVATE_HOME
     shutil.rmtree(PRIVATE_HOME, ignore_errors=True)
+
+
+SHARED_SESSION_RUN = {"test_e2e_client_state.py": "uninterrupted", "test_e2e_ray_cluster.py": "uninterrupted"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup hook reads the marks
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (`-n 2 --dist loadgroup`), a test file runs on one worker, so its module
+    fixtures are built once; the files that compare with the session's ``uninterrupted`` run
+    (tests/conftest.py) share a worker, so that run is made once."""
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(SHARED_SESSION_RUN.get(item.path.name, str(item.path))))
