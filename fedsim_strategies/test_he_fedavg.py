@@ -1,16 +1,22 @@
 """HEFedAvg: the decrypted aggregate is FedAvg's within CKKS error, the server holds no secret
-key and no plaintext update, memory-bounding chunks, and failures inside the chunk phase."""
+key and no plaintext update, memory-bounding chunks, and failures inside the chunk phase. Its
+clients are served as the ClientApp serves them, through the HE layer around a handler."""
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, MessageType
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
+from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
 from fedsim.privacy.he import ckks as he
 from fedsim.privacy.he import messages as keys
 from fedsim.privacy.he.client import HEClient, IncompleteGlobal
+from fedsim.privacy.he.layer import HELayer
+from fedsim.run import node_local
+from fedsim.runtime import client_state
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.messaging import Messenger
+from fedsim.runtime.records import from_record, to_record
 from fedsim.runtime.server_app import seed_server
 from fedsim_strategies.he_fedavg import HEFedAvg
 
@@ -18,30 +24,47 @@ PARAMS = he.CKKSParams()
 
 
 class VectorClient:
-    """A client whose 'training' yields a fixed vector: real client-side HE code around it."""
+    """One node as the ClientApp serves it under HE: its own folders written into each message
+    (``node_local.attach``), then the HE layer (``fedsim/privacy/he/layer.py``) around a task whose
+    'training' yields a fixed vector (``step``: the weights the layer gave it plus the vector).
+    ``fail_on_chunk`` / ``fail_install``: the chunk whose HE operation crashes the node."""
 
-    def __init__(self, key_dir, folder, vector, examples, fail_on_chunk=None, fail_install=None):
-        folder.mkdir(parents=True)
-        self.he = HEClient(PARAMS, str(key_dir), folder)
-        self.vector, self.examples, self.fail_on_chunk = vector, examples, fail_on_chunk
-        self.fail_install = fail_install
+    def __init__(self, key_dir, state_dir, partition_id, vector, examples, fail_on_chunk=None, fail_install=None,
+                 step=False):
+        self.node = {"he-key-dir": str(key_dir), "state-dir": str(state_dir)}
+        self.partition_id, self.vector, self.examples, self.step = partition_id, vector, examples, step
+        self.fail = {keys.ENCRYPT: fail_on_chunk, keys.INSTALL: fail_install}
+        self.layer, self.run = HELayer(self, PARAMS), None
 
     def __call__(self, msg):
-        if msg.metadata.message_type == MessageType.TRAIN:
-            return self.he.train_reply(self.vector, {"num-examples": self.examples,
-                                                     "loss": float(self.examples)})
-        config = msg.content["config"]
-        if config[keys.CHUNK] == (self.fail_on_chunk if config[keys.OP] == keys.ENCRYPT
-                                  else self.fail_install):
+        node_local.attach(msg, self.node)
+        self.run = client_state.run_key(msg)
+        config = msg.content[keys.CONFIG]
+        if keys.OP in config and config[keys.CHUNK] == self.fail[config[keys.OP]]:
             raise RuntimeError("client crashed mid-round")
-        return self.he.handle(msg)
+        return self.layer.handle(msg)
+
+    def initial_weights(self, msg):
+        return {"w": np.zeros_like(self.vector)}
+
+    def handle(self, msg):
+        """The task's work under the layer: plaintext weights in, plaintext weights out."""
+        start = from_record(msg.content[ARRAYS])["w"] if self.step else 0.0
+        return RecordDict({ARRAYS: to_record({"w": start + self.vector}),
+                           METRICS: MetricRecord({NUM_EXAMPLES: self.examples, "loss": float(self.examples)})})
+
+    @property
+    def he(self) -> HEClient:
+        """This node's CKKS state where the layer keeps it: its key, its copies of the aggregate."""
+        return HEClient(PARAMS, self.node["he-key-dir"],
+                        client_state.client_dir(self.node["state-dir"], self.run, self.partition_id))
 
 
-def _federation(tmp_path, sizes, dim, fail=None, fail_install=None):
+def _federation(tmp_path, sizes, dim, fail=None, fail_install=None, step=False):
     rng = np.random.default_rng(0)
     vectors = [rng.normal(size=dim) for _ in sizes]
-    clients = {i + 1: VectorClient(tmp_path / "keys", tmp_path / f"node{i}", v, n,
-                                   (fail or {}).get(i), (fail_install or {}).get(i))
+    clients = {i + 1: VectorClient(tmp_path / "keys", tmp_path / "state", i, v, n, (fail or {}).get(i),
+                                   (fail_install or {}).get(i), step)
                for i, (v, n) in enumerate(zip(vectors, sizes))}
     return vectors, clients
 
@@ -113,7 +136,7 @@ def test_a_missed_install_leaves_no_usable_global_copy(tmp_path):
             clients[2].he.global_weights(rnd)
     # the node could not train in round 2 (no round-1 copy): counted, not silently averaged
     assert messenger.faults["he/he-install"][1]["failed"] == 1
-    assert messenger.faults["he/train"][2]["accepted"] == 2  # VectorClient trains without a copy
+    assert (messenger.faults["he/train"][2]["accepted"], messenger.faults["he/train"][2]["failed"]) == (1, 1)
 
 
 def test_every_he_phase_is_counted(tmp_path):
@@ -143,27 +166,9 @@ def test_non_finite_local_update_is_refused_by_the_client(tmp_path):
         client.train_reply(np.array([1.0, np.nan]), {"num-examples": 1})
 
 
-class OneTripClient(VectorClient):
-    """Installs the aggregate its train message carries, trains to (that global + its vector)
-    and sends the result encrypted in the reply when it fits."""
-
-    def __call__(self, msg):
-        if msg.metadata.message_type != MessageType.TRAIN:
-            return self.he.handle(msg)
-        config = msg.content["config"]
-        self.he.install_carried(msg)
-        rnd = int(config[keys.GLOBAL_ROUND])
-        start = self.he.global_weights(rnd) if rnd else np.zeros_like(self.vector)
-        return self.he.train_reply(start + self.vector, {"num-examples": self.examples},
-                                   int(config[keys.INLINE_FLOATS]))
-
-
 def test_one_trip_rounds_equal_fedavg_in_one_exchange_each(tmp_path):
     sizes, dim = [10, 30, 60], 3000  # fits one 4096-float chunk
-    rng = np.random.default_rng(0)
-    vectors = [rng.normal(size=dim) for _ in sizes]
-    clients = {i + 1: OneTripClient(tmp_path / "keys", tmp_path / f"node{i}", v, n)
-               for i, (v, n) in enumerate(zip(vectors, sizes))}
+    vectors, clients = _federation(tmp_path, sizes, dim, step=True)
     messenger = Messenger(InProcessGrid(clients), timeout=5)
     strategy = HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096)
     strategy.start(messenger.grid("he"), ArrayRecord(), num_rounds=3, train_config=ConfigRecord())
@@ -180,9 +185,7 @@ def test_one_trip_rounds_equal_fedavg_in_one_exchange_each(tmp_path):
 
 
 def test_an_update_too_large_for_one_message_takes_the_chunk_path(tmp_path):
-    rng = np.random.default_rng(1)
-    clients = {i + 1: OneTripClient(tmp_path / "keys", tmp_path / f"node{i}", rng.normal(size=9000), 10)
-               for i in range(2)}
+    _, clients = _federation(tmp_path, [10, 10], 9000, step=True)
     messenger = Messenger(InProcessGrid(clients), timeout=5)
     HEFedAvg(FedAvg(min_available_nodes=2, min_train_nodes=2), chunk_floats=4096).start(
         messenger.grid("he"), ArrayRecord(), num_rounds=2, train_config=ConfigRecord())
@@ -206,19 +209,19 @@ def test_clients_disagreeing_on_the_model_size_are_counted_not_fatal(tmp_path, s
     np.testing.assert_allclose(clients[1].he.global_weights(1), expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("client_class", [VectorClient, OneTripClient])  # chunk phases, one trip
-def test_a_node_under_another_key_refuses_the_aggregate(tmp_path, client_class):
+@pytest.mark.parametrize("one_trip", [False, True], ids=["chunk phases", "one trip"])
+def test_a_node_under_another_key_refuses_the_aggregate(tmp_path, one_trip):
     """A node whose key folder holds another secret key would decrypt the aggregate into
     garbage and install it as its global model; every HE message names the key it was made
     under, so a node under another key refuses it (a failed reply, counted) and holds no global
     model. The run's key is the one most replies share."""
     rng, dim = np.random.default_rng(0), 3000  # one chunk
     vectors = [rng.normal(size=dim) for _ in range(3)]
-    clients = {i + 1: client_class(tmp_path / ("other-keys" if i == 2 else "keys"), tmp_path / f"node{i}",
-                                   vectors[i], 10) for i in range(3)}
+    clients = {i + 1: VectorClient(tmp_path / ("other-keys" if i == 2 else "keys"), tmp_path / "state", i,
+                                   vectors[i], 10, step=one_trip) for i in range(3)}
     messenger = Messenger(InProcessGrid(clients), timeout=5)
     HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096,
-             one_trip=client_class is OneTripClient).start(
+             one_trip=one_trip).start(
         messenger.grid("he"), ArrayRecord(), num_rounds=2, train_config=ConfigRecord())
     holders = set()
     for node, client in clients.items():
@@ -230,6 +233,6 @@ def test_a_node_under_another_key_refuses_the_aggregate(tmp_path, client_class):
         assert installed.shape == (dim,) and np.all(np.isfinite(installed))
     assert holders == {1, 2}  # the majority's key: its nodes hold the model, the other refused it
     assert messenger.faults["he/he-install"][2]["failed"] == 3 - len(holders)
-    if client_class is VectorClient:  # the aggregate of the replies under the run's key, not garbage
+    if not one_trip:  # the aggregate of the replies under the run's key, not garbage
         np.testing.assert_allclose(clients[min(holders)].he.global_weights(2),
                                    np.mean([vectors[n - 1] for n in holders], axis=0), atol=1e-4)

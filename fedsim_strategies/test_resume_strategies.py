@@ -99,11 +99,11 @@ def test_he_one_trip_survives_a_kill(tmp_path):
     from flwr.serverapp.strategy import FedAvg
 
     from fedsim_strategies.he_fedavg import HEFedAvg
-    from fedsim_strategies.test_he_fedavg import OneTripClient
+    from fedsim_strategies.test_he_fedavg import VectorClient
 
     sizes, rng = [10, 30, 60], np.random.default_rng(0)
     vectors = [rng.normal(size=500) for _ in sizes]
-    clients = [OneTripClient(tmp_path / "keys", tmp_path / f"node{i}", v, n)
+    clients = [VectorClient(tmp_path / "keys", tmp_path / "state", i, v, n, step=True)
                for i, (v, n) in enumerate(zip(vectors, sizes))]
 
     def run(ids, journal, kill_at=None):

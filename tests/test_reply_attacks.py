@@ -13,9 +13,7 @@ from omegaconf import OmegaConf
 from test_sharded_grid import tampering_supernodes
 
 from fedsim.message_keys import PARTITION_ID, RAY_NODE
-from fedsim.privacy.he import ckks
 from fedsim.privacy.he import messages as he_keys
-from fedsim.privacy.he.client import HEClient
 from fedsim.run.config import compose
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.journal import WHOAMI
@@ -27,6 +25,7 @@ from fedsim_clients import fedtp_messages as tp
 from fedsim_clients import preference_messages as pref
 from fedsim_experiments import fedbiscuit, fede4rag, fedtp
 from fedsim_experiments.common import discover
+from fedsim_strategies.test_he_fedavg import VectorClient
 
 DATA = "data_root=../shared/data"
 HONEST = 3        # honest clients, node ids 1..3 (partitions 0..2); the hostile one is node 4 (partition 3)
@@ -300,26 +299,26 @@ def _whoami(handler, partition: int):
 
 # --- FedE4RAG under HE: the weight, the ciphertexts --------------------------------------------
 
-class HEVectorClient:
-    """A FedE4RAG node under HE: installs the aggregate its train message carries and sends its
-    vector, encrypted in the reply (one trip), as ``fedsim_clients/retriever.py`` does."""
+class HEVectorClient(VectorClient):
+    """A FedE4RAG node under HE: the ClientApp's HE layer around a retriever stand-in that answers
+    discovery as ``fedsim_clients/retriever.py`` does and trains to its vector, which the layer
+    sends encrypted in the reply (one trip) or keeps for the chunk phases; ``hostile`` rewrites
+    what the node sends back to a train message."""
 
     def __init__(self, tmp_path, partition: int, vector: np.ndarray, pairs: int, hostile=None, key_dir=None):
-        folder = tmp_path / f"node{partition}"
-        folder.mkdir()
-        self.he = HEClient(ckks.CKKSParams(), str(key_dir or tmp_path / "keys"), folder)
-        self.partition, self.vector, self.pairs, self.hostile = partition, vector, pairs, hostile
+        super().__init__(key_dir or tmp_path / "keys", tmp_path / "state", partition, vector, pairs)
+        self.hostile = hostile
 
     def __call__(self, msg):
-        if msg.metadata.message_type == MessageType.QUERY and he_keys.OP not in msg.content["config"]:
-            return RecordDict({rag.INFO: ConfigRecord({rag.PARTITION_ID: self.partition, rag.NUM_PAIRS: self.pairs,
+        reply = super().__call__(msg)
+        return self.hostile(reply) if self.hostile and msg.metadata.message_type == MessageType.TRAIN else reply
+
+    def handle(self, msg):
+        if msg.metadata.message_type == MessageType.QUERY:
+            return RecordDict({rag.INFO: ConfigRecord({rag.PARTITION_ID: self.partition_id,
+                                                       rag.NUM_PAIRS: self.examples,
                                                        rag.DOCUMENTS: ["d"], rag.COMPANIES: ["c"]})})
-        if msg.metadata.message_type != MessageType.TRAIN:
-            return self.he.handle(msg)
-        self.he.install_carried(msg)
-        reply = self.he.train_reply(self.vector, {rag.NUM_EXAMPLES: self.pairs},
-                                    int(msg.content["config"][he_keys.INLINE_FLOATS]))
-        return self.hostile(reply) if self.hostile else reply
+        return super().handle(msg)
 
 
 def _he_run(tmp_path, hostile=None):
