@@ -13,7 +13,8 @@ so the converted graph is always written to a file and compiled from there, and
 :func:`cached_encoder` keeps that file on the client's disk under the digest of the weights it
 was converted from: a deployment runs every message in a new process (Flower's contract; a warm
 process's forks share nothing back), so an evaluation's later pieces, each one message, compile
-the saved graph instead of converting again. Keyed by the weights' digest, not by the model's
+the saved graph instead of converting again (OpenVINO: import the compiled blob OpenVINO's own
+cache keeps beside it, :func:`_compiled_cache`). Keyed by the weights' digest, not by the model's
 name or the architecture: the weights change every round and are baked into the graph's
 constants, so a graph kept by structure alone would encode with an earlier round's weights.
 """
@@ -97,9 +98,22 @@ def _openvino(model, threads: int, graph: Path, precision: str = "f32") -> Encod
     compiled = ov.Core().compile_model(str(graph / "model.xml"), "CPU", {"INFERENCE_PRECISION_HINT": precision,
                                                                         "INFERENCE_NUM_THREADS": threads,
                                                                         "PERFORMANCE_HINT": "LATENCY",
-                                                                        "ENABLE_CPU_PINNING": False})
+                                                                        "ENABLE_CPU_PINNING": False,
+                                                                        **_compiled_cache(graph)})
     request = compiled.create_infer_request()
     return _batches(model, lambda features: request.infer(features)[0].copy())
+
+
+def _compiled_cache(graph: Path) -> dict[str, str]:
+    """OpenVINO's own cache of compiled models (``CACHE_DIR``), inside the graph's folder: a new
+    process (each message of a deployment) imports the compiled blob instead of compiling the
+    graph again (0.7-0.9 s against 1.3-1.5 s for MiniLM on the busy 2-core CPU). OpenVINO names
+    a blob by the graph file's path and the compile options; in the folder of one weights digest,
+    the blobs are that graph's only and are removed with it (OpenVINO 2026.4 also compiled, not
+    imported, a graph of other weights saved under a cached path: checked by hand).
+    ``OPTIMIZE_SIZE``: the blob holds no weights (0.4 MB, not 90 MB), they are mapped from the
+    graph's own ``model.bin``."""
+    return {"CACHE_DIR": str(graph / "compiled"), "CACHE_MODE": "OPTIMIZE_SIZE"}
 
 
 def _onnx(model, threads: int, graph: Path) -> Encode:

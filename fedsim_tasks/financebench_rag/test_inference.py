@@ -130,3 +130,33 @@ def test_a_new_process_compiles_the_saved_graph(lora_tiny, tmp_path, monkeypatch
     assert np.array_equal(cached_encoder(lora_tiny, key, "openvino", 1, tmp_path)(PAGES), built)
     with pytest.raises(pytest.fail.Exception, match="converted again"):  # other weights: converted
         cached_encoder(lora_tiny, moved(lora_tiny, 1.0), "openvino", 1, tmp_path)
+
+
+def compiled_models(monkeypatch) -> list:
+    """Every OpenVINO model compiled from now on (to read its ``LOADED_FROM_CACHE``)."""
+    import openvino
+    compiled = []
+
+    class Recording(openvino.Core):
+        def compile_model(self, *args, **kwargs):
+            compiled.append(super().compile_model(*args, **kwargs))
+            return compiled[-1]
+    monkeypatch.setattr(openvino, "Core", Recording)
+    return compiled
+
+
+def test_a_new_process_imports_the_compiled_graph(lora_tiny, tmp_path, monkeypatch):
+    """The next message's process imports the blob OpenVINO's cache kept beside the saved graph
+    (no compile) and encodes alike to the bit; the next weights' graph starts without blobs (it
+    is compiled, and encodes those weights, as torch does)."""
+    compiled = compiled_models(monkeypatch)
+    monkeypatch.setattr(inference, "_latest", None)
+    key = moved(lora_tiny, 0.5)
+    built = cached_encoder(lora_tiny, key, "openvino", 1, tmp_path)(PAGES)
+    assert list((tmp_path / f"{key}.openvino" / "compiled").glob("*.blob"))
+    monkeypatch.setattr(inference, "_latest", None)  # the next process
+    assert np.array_equal(cached_encoder(lora_tiny, key, "openvino", 1, tmp_path)(PAGES), built)
+    monkeypatch.setattr(inference, "_latest", None)
+    other = cached_encoder(lora_tiny, moved(lora_tiny, 1.0), "openvino", 1, tmp_path)(PAGES)
+    assert [c.get_property("LOADED_FROM_CACHE") for c in compiled] == [False, True, False]
+    assert np.abs(other - corpus_encoder(lora_tiny, "torch", 1)(PAGES)).max() < 1e-5
