@@ -43,6 +43,10 @@ VARIANTS = {  # name -> overrides of fede4rag_paper
     "passages_titles": [*PASSAGES, *TITLES],
     "pages_titles": TITLES,
     "pages_titles_lr2e-5": [*TITLES, "protocol.lr=2e-5"],
+    "pages_titles_unique": [*TITLES, "task.pseudo_queries.construction=unique_inverse_cloze"],
+    "pages_titles_headers": [*TITLES, "task.pseudo_queries.construction=headers"],
+    "pages_unique": [*UNTITLED, "task.pseudo_queries.construction=unique_inverse_cloze"],
+    "pages_headers": [*UNTITLED, "task.pseudo_queries.construction=headers"],
 }
 SHOWN = ("ndcg@10", "hit@10", "mrr@10")
 

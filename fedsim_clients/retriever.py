@@ -33,7 +33,12 @@ from fedsim_clients import fede4rag_messages as keys
 from fedsim_clients.handler import ClientHandler
 from fedsim_tasks.financebench_rag.dataset import client_documents, load_documents, load_pages, title
 from fedsim_tasks.financebench_rag.inference import cached_encoder
-from fedsim_tasks.financebench_rag.pseudo_queries import LLMQueryGenerator, inverse_cloze_pairs
+from fedsim_tasks.financebench_rag.pseudo_queries import (
+    LLMQueryGenerator,
+    header_pairs,
+    inverse_cloze_pairs,
+    single_page_segments,
+)
 from fedsim_tasks.financebench_rag.retrieval import (
     corpus_store,
     evaluation_data,
@@ -73,13 +78,17 @@ class RetrieverClient(ClientHandler):
         pages = pages[:self.task["pages_per_client"]] if self.task["pages_per_client"] else pages
         titled = bool((self.task.get("passages") or {}).get("titles"))
         generator, pairs = LLMQueryGenerator(pq["generator"]) if pq["generator"] else None, []
+        construction = pq["construction"]
+        allowed = single_page_segments([p for _, p in pages]) if construction == "unique_inverse_cloze" else None
         for doc in dict.fromkeys(doc for doc, _ in pages):
-            texts = [p for d, p in pages if d == doc]
+            texts, seed = [p for d, p in pages if d == doc], PSEUDO_QUERIES.seed(self.task["seed"], document=doc)
             if generator:
                 found = generator.pairs(texts, pq["chunk_size"], pq["chunk_overlap"])
+            elif construction == "headers":
+                found = header_pairs(texts, pq["chunk_size"], pq["min_query_words"], seed)
             else:
                 found = inverse_cloze_pairs(texts, pq["chunk_size"], pq["chunk_overlap"], pq["min_query_words"],
-                                            pq["max_query_words"], PSEUDO_QUERIES.seed(self.task["seed"], document=doc))
+                                            pq["max_query_words"], seed, allowed)
             name = title(self.data_root, doc)
             pairs += [((f"{name}: " if pq.get("titles") else "") + q, (f"{name}\n" if titled else "") + positive)
                       for q, positive in found]

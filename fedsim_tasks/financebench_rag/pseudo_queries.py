@@ -1,16 +1,26 @@
 """Training pairs from a client's own pages without an LLM: inverse-cloze pseudo-queries.
 
 Inverse cloze (Lee et al., 2019): a sentence or table line of a chunk is the query and the
-chunk without it is the positive, so the pair needs no labeller. An LLM generator (any
-transformers text-generation model) is the option for users who have one.
+chunk without it is the positive, so the pair needs no labeller. 10-K boilerplate repeats across
+a company's filings, so ``unique_inverse_cloze`` only takes a segment that occurs whole on one
+page of the client's filings (else the filing title is all that tells the pairs apart).
+``headers`` asks template questions about the section headers and table captions the page text
+exposes (Title Case lines), the text below as the positive. An LLM generator (any transformers
+text-generation model) is the option for users who have one.
 """
 
 from __future__ import annotations
 
 import random
 import re
+from collections import Counter
 
 _SEGMENT = re.compile(r"\n+|(?<=[.!?])\s+")
+_HEADER_WORD = re.compile(r"[A-Z][A-Za-z'&/-]*|and|of|the|in|for|to|on|from|by|with|or|a|an|other")
+_NUMBER_LINE = re.compile(r"^[\s$()%.,*\u2014-]*\d[\d\s$()%.,*\u2014-]*$")
+SECTION_QUESTIONS = ("What does the filing report about {h}?", "What did the company disclose on {h}?",
+                     "How does the company describe its {h}?")
+TABLE_QUESTIONS = ("What figures does the {h} table show?", "What were the amounts reported for {h}?")
 
 
 def chunk_words(text: str, size: int, overlap: int) -> list[str]:
@@ -32,12 +42,24 @@ def segments(chunk: str) -> list[str]:
     return [s.strip() for s in _SEGMENT.split(chunk) if s and s.strip()]
 
 
-def inverse_cloze_pair(chunk: str, rng: random.Random, min_query_words: int,
-                       max_query_words: int) -> tuple[str, str] | None:
-    """(query, positive): one segment with a usable length, and the chunk with it removed."""
+def normalized(segment: str) -> str:
+    return " ".join(segment.lower().split())
+
+
+def single_page_segments(pages: list[str]) -> frozenset[str]:
+    """Normalized segments that occur on exactly one of ``pages`` (the others are boilerplate)."""
+    counts = Counter(key for page in pages for key in {normalized(s) for s in segments(page)})
+    return frozenset(key for key, n in counts.items() if n == 1)
+
+
+def inverse_cloze_pair(chunk: str, rng: random.Random, min_query_words: int, max_query_words: int,
+                       allowed: frozenset[str] | None = None) -> tuple[str, str] | None:
+    """(query, positive): one segment with a usable length (and in ``allowed``, normalized, where
+    given), and the chunk with it removed."""
     parts = segments(chunk)
     candidates = [i for i, s in enumerate(parts)
-                  if min_query_words <= len(s.split()) <= max_query_words]
+                  if min_query_words <= len(s.split()) <= max_query_words
+                  and (allowed is None or normalized(s) in allowed)]
     if not candidates or len(parts) < 2:
         return None
     pick = rng.choice(candidates)
@@ -48,15 +70,39 @@ def inverse_cloze_pair(chunk: str, rng: random.Random, min_query_words: int,
 
 
 def inverse_cloze_pairs(pages: list[str], chunk_size: int, chunk_overlap: int,
-                        min_query_words: int, max_query_words: int, seed: int
-                        ) -> list[tuple[str, str]]:
+                        min_query_words: int, max_query_words: int, seed: int,
+                        allowed: frozenset[str] | None = None) -> list[tuple[str, str]]:
     rng = random.Random(seed)
     pairs = []
     for page in pages:
         for chunk in chunk_words(page, chunk_size, chunk_overlap):
-            pair = inverse_cloze_pair(chunk, rng, min_query_words, max_query_words)
+            pair = inverse_cloze_pair(chunk, rng, min_query_words, max_query_words, allowed)
             if pair:
                 pairs.append(pair)
+    return pairs
+
+
+def is_header(line: str) -> bool:
+    """A section header or table caption as the PDF text shows it: 2-8 Title Case words, no
+    sentence punctuation ("Results of Operations", "Loss From Operations")."""
+    words = line.split()
+    return (2 <= len(words) <= 8 and line[0].isupper() and normalized(line) != "table of contents"
+            and all(_HEADER_WORD.fullmatch(w) for w in words))
+
+
+def header_pairs(pages: list[str], chunk_size: int, min_words: int, seed: int) -> list[tuple[str, str]]:
+    """(template question about a header, the next ``chunk_size`` words below it) for each header
+    with at least ``min_words`` below; a caption over mostly numeric lines asks for its figures."""
+    rng, pairs = random.Random(seed), []
+    for page in pages:
+        lines = [line.strip() for line in page.split("\n") if line.strip()]
+        for i, line in enumerate(lines):
+            below = " ".join(" ".join(lines[i + 1:]).split()[:chunk_size])
+            if not is_header(line) or len(below.split()) < min_words:
+                continue
+            numeric = sum(bool(_NUMBER_LINE.match(n)) for n in lines[i + 1:i + 9])
+            templates = TABLE_QUESTIONS if numeric >= 3 else SECTION_QUESTIONS
+            pairs.append((rng.choice(templates).format(h=line), below))
     return pairs
 
 

@@ -4,17 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedsim.run.schema import TaskSettings
+from fedsim.run.schema import TaskSettings, require
+
+CONSTRUCTIONS = ("inverse_cloze", "unique_inverse_cloze", "headers")  # pseudo_queries.py
 
 
 @dataclass(frozen=True, kw_only=True)
 class PseudoQueries:
     generator: str | None
+    construction: str
     chunk_size: int
     chunk_overlap: int
     min_query_words: int
     max_query_words: int
     titles: bool
+
+    def __post_init__(self):
+        require(self.construction in CONSTRUCTIONS, "task.pseudo_queries.construction", f"one of {CONSTRUCTIONS}",
+                self.construction)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,12 +8,19 @@ import numpy as np
 import pytest
 import torch
 
+from fedsim.run.config import compose
 from fedsim.run.data import resolve_data_root
+from fedsim.run.schema import check
+from fedsim.runtime.seeding import derived_seed
 from fedsim_tasks.financebench_rag import dataset as fb
 from fedsim_tasks.financebench_rag.pseudo_queries import (
     chunk_words,
+    header_pairs,
     inverse_cloze_pair,
     inverse_cloze_pairs,
+    normalized,
+    segments,
+    single_page_segments,
 )
 from fedsim_tasks.financebench_rag.retrieval import EmbeddingStore, build_index, retrieval_metrics, search
 
@@ -86,6 +93,54 @@ def test_pseudo_queries_from_real_pages_are_seeded():
     assert a == inverse_cloze_pairs(pages, 96, 16, 6, 40, seed=1)
     assert a != inverse_cloze_pairs(pages, 96, 16, 6, 40, seed=2)
     assert len(a) > 30 and all(q not in p for q, p in a)
+
+
+def _two_filings() -> dict[str, list[str]]:
+    """Two PepsiCo 10-Ks' first 40 pages: a real slice where boilerplate repeats across filings."""
+    return {doc: list(fb.load_pages(ROOT, doc))[:40] for doc in ("PEPSICO_2021_10K", "PEPSICO_2022_10K")}
+
+
+def _seed(doc: str, seed: int) -> int:
+    return derived_seed(seed, "pseudo-queries", doc)
+
+
+def test_unique_inverse_cloze_never_takes_a_segment_found_in_another_filing():
+    filings = _two_filings()
+    by_filing = {doc: {normalized(s) for page in pages for s in segments(page)} for doc, pages in filings.items()}
+    shared = set.intersection(*by_filing.values())
+    allowed = single_page_segments([page for pages in filings.values() for page in pages])
+
+    def queries(allowed):
+        return {normalized(q) for doc, pages in filings.items()
+                for q, _ in inverse_cloze_pairs(pages, 96, 16, 6, 40, _seed(doc, 0), allowed)}
+
+    assert queries(None) & shared  # the plain construction does pick boilerplate here
+    kept = queries(allowed)
+    assert len(kept) > 100 and not kept & shared
+
+
+def test_pseudo_queries_are_seeded_by_the_run_seed_and_the_filing():
+    pages = _two_filings()["PEPSICO_2022_10K"]
+    for build in (lambda seed: inverse_cloze_pairs(pages, 96, 16, 6, 40, seed),
+                  lambda seed: header_pairs(pages, 96, 6, seed)):
+        a = build(_seed("PEPSICO_2022_10K", 0))
+        assert a == build(_seed("PEPSICO_2022_10K", 0)) and a != build(_seed("PEPSICO_2022_10K", 1))
+
+
+def test_header_queries_are_questions_about_a_header_over_its_text():
+    pages = _two_filings()["PEPSICO_2022_10K"]
+    pairs = header_pairs(pages, 96, 6, _seed("PEPSICO_2022_10K", 0))
+    assert len(pairs) > 20
+    for query, positive in pairs:
+        assert query.split()[0] in ("What", "How") and query.endswith("?") and 7 <= len(query.split()) <= 20
+        assert len(positive.split()) >= 6 and query not in positive
+    headers = {q for q, _ in pairs}
+    assert any("Results of Operations" in q or "Net Revenue" in q for q in headers), sorted(headers)[:20]
+
+
+def test_an_unknown_pair_construction_is_refused_before_the_run():
+    with pytest.raises(ValueError, match=r"task\.pseudo_queries\.construction must be one of"):
+        check(compose(["experiment=fede4rag_paper", "task.pseudo_queries.construction=questions"]))
 
 
 def test_question_split_and_corpora():
