@@ -256,6 +256,18 @@ def compare(folder: str, overrides: list[str], output: str | None = None, force:
     return 0
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Overrides may follow a flag (``fedsim compare FOLDER --plan KEY=V``), as in Hydra's own
+    apps: argparse matches a subcommand's positionals in one go before the first flag and refuses
+    what comes after; ``parse_intermixed_args``, argparse's answer, does not take subparsers."""
+    args, extra = parser.parse_known_args(argv)
+    if extra and (any(e.startswith("-") for e in extra) or not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fedsim", description=__doc__)
     parser.add_argument("--version", action="version", version=versions())
@@ -288,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     fed_p = sub.add_parser("federations", help="write Flower's named connections local-simulation and "
                            "gpu-simulation (flwr run . NAME), sized for the overrides' run")
     fed_p.add_argument("overrides", nargs="*", help="Hydra overrides KEY=VALUE of the run to size for")
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if args.command == "federations":
         return federations(args.overrides)
     if args.command == "certs":
