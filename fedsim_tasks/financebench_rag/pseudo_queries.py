@@ -97,8 +97,10 @@ def header_pairs(pages: list[str], chunk_size: int, min_words: int, seed: int) -
     for page in pages:
         lines = [line.strip() for line in page.split("\n") if line.strip()]
         for i, line in enumerate(lines):
+            if not is_header(line):
+                continue
             below = " ".join(" ".join(lines[i + 1:]).split()[:chunk_size])
-            if not is_header(line) or len(below.split()) < min_words:
+            if len(below.split()) < min_words:
                 continue
             numeric = sum(bool(_NUMBER_LINE.match(n)) for n in lines[i + 1:i + 9])
             templates = TABLE_QUESTIONS if numeric >= 3 else SECTION_QUESTIONS
