@@ -1,0 +1,167 @@
+"""Cross-device turn classification on Topical-Chat: the workload of ``bench/simulation_peers.py``.
+
+Every client holds a few consecutive turns (a slice of one or two conversations, as a user's
+device would) and trains a 2-layer MLP that predicts a turn's annotated sentiment (8 classes)
+from frozen hashed bag-of-words features of its text. The model is small on purpose: the
+benchmark measures what a simulator costs per client, and every framework it compares runs
+these same functions (features, partition, model, local epoch, accuracy), so the work is equal.
+
+Why hashed bag-of-words rather than MiniLM embeddings: MiniLM encodes ~46 turns/s on this
+2-core CPU (17 min for the 46,903 turns), hashing all of them takes seconds, and the hashing
+vectorizer is stateless (no vocabulary fitted on anybody's data), so every client and framework
+computes the same features without sharing anything.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedsim.run.data import require_file
+from fedsim.runtime.seeding import stream
+from fedsim_tasks.proximal import ProximalTerm
+from fedsim_tasks.topical_chat.dataset import SPLITS, UPSTREAM
+
+MODEL_INIT = stream("turn-sentiment-init")  # of the run's seed: the same initial model everywhere
+BATCH_ORDER = stream("turn-sentiment-batches", "round", "partition")  # a client's batch order in a round
+SENTIMENTS = ("Curious to dive deeper", "Neutral", "Surprised", "Happy", "Sad", "Disgusted", "Angry", "Fearful")
+
+
+@dataclass(frozen=True)
+class Turns:
+    """Features and labels of the turns of some splits, in file order (conversation after conversation)."""
+    x: np.ndarray  # float32 [turns, features], rows L2-normalized
+    y: np.ndarray  # int64 [turns], index into SENTIMENTS
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@lru_cache(maxsize=4)
+def load_turns(data_root: str, splits: tuple[str, ...], features: int) -> Turns:
+    """The turns of ``splits``: hashed unigram + bigram counts (scikit-learn's stateless
+    HashingVectorizer, ``features`` buckets, L2-normalized) and the sentiment label."""
+    from sklearn.feature_extraction.text import HashingVectorizer
+    texts, labels = [], []
+    for split in splits:
+        if split not in SPLITS:
+            raise ValueError(f"unknown Topical-Chat split {split!r}; available here: {SPLITS}")
+        path = require_file(Path(data_root) / "topical_chat" / "conversations" / f"{split}.json", UPSTREAM)
+        for conversation in json.loads(path.read_text()).values():
+            for turn in conversation["content"]:
+                texts.append(turn["message"])
+                labels.append(SENTIMENTS.index(turn["sentiment"]))
+    hashing = HashingVectorizer(n_features=features, ngram_range=(1, 2), alternate_sign=False, norm="l2")
+    x = hashing.transform(texts).astype(np.float32).toarray()
+    return Turns(x, np.asarray(labels, dtype=np.int64))
+
+
+def client_rows(num_turns: int, num_clients: int, client: int) -> np.ndarray:
+    """Client ``client``'s rows of ``num_clients``: consecutive turns in file order, sizes
+    differing by at most one (each a slice of one or two conversations)."""
+    if not 0 < num_clients <= num_turns:
+        raise ValueError(f"{num_clients} clients over {num_turns} turns: each client needs a turn")
+    if not 0 <= client < num_clients:
+        raise ValueError(f"client {client} is not one of {num_clients}")
+    bounds = np.linspace(0, num_turns, num_clients + 1).round().astype(int)
+    return np.arange(bounds[client], bounds[client + 1])
+
+
+def build_mlp(features: int, hidden: int, seed: int) -> nn.Module:
+    """The 2-layer MLP, initialized from ``seed`` (the same weights in every framework)."""
+    generator = torch.Generator().manual_seed(seed)
+    model = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, len(SENTIMENTS)))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_((torch.rand(p.shape, generator=generator) * 2 - 1) / np.sqrt(p.shape[-1]))
+    return model
+
+
+def train_epoch(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int, lr: float, seed: int,
+                mu: float = 0.0) -> dict:
+    """One local epoch of SGD over ``x, y`` in a seeded order (FedProx's term at ``mu``)."""
+    order = np.random.default_rng(seed).permutation(len(y))
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    proximal = ProximalTerm(model, mu)
+    total, steps = 0.0, 0
+    for start in range(0, len(order), batch_size):
+        batch = order[start:start + batch_size]
+        loss = nn.functional.cross_entropy(model(torch.from_numpy(x[batch])), torch.from_numpy(y[batch]))
+        optimizer.zero_grad()
+        proximal(loss).backward()
+        optimizer.step()
+        total, steps = total + float(loss.detach()) * len(batch), steps + 1
+    return {"train-loss": total / max(len(y), 1), "steps": steps}
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, turns: Turns) -> dict:
+    """Accuracy and mean cross-entropy on ``turns``."""
+    logits = model(torch.from_numpy(turns.x))
+    labels = torch.from_numpy(turns.y)
+    return {"accuracy": float((logits.argmax(1) == labels).float().mean()),
+            "loss": float(nn.functional.cross_entropy(logits, labels))}
+
+
+def get_weights(model: nn.Module) -> list[np.ndarray]:
+    """The model's tensors in ``state_dict`` order (what every framework averages)."""
+    return [v.detach().cpu().numpy().copy() for v in model.state_dict().values()]
+
+
+def set_weights(model: nn.Module, weights: list[np.ndarray]) -> None:
+    keys = list(model.state_dict())
+    if len(weights) != len(keys):
+        raise ValueError(f"{len(weights)} arrays for a model of {len(keys)} tensors")
+    model.load_state_dict({k: torch.from_numpy(np.asarray(w)) for k, w in zip(keys, weights)})
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The whole workload as one value: data, model and local training. A framework runs
+    ``initial``, then per round and sampled client ``local_update``, averages the replies
+    weighted by their examples, and ``evaluate``s the average: nothing else is left to it."""
+    data_root: str
+    train_splits: tuple[str, ...] = ("valid_freq", "valid_rare", "test_freq")  # the clients' turns
+    test_splits: tuple[str, ...] = ("test_rare",)  # the server's held-out turns
+    features: int = 512    # hashing buckets
+    hidden: int = 64       # MLP hidden units
+    batch_size: int = 8    # examples per SGD step (one epoch: a few steps per client)
+    lr: float = 0.1        # SGD learning rate
+
+    def train_turns(self) -> Turns:
+        return load_turns(self.data_root, tuple(self.train_splits), self.features)
+
+    def test_turns(self) -> Turns:
+        return load_turns(self.data_root, tuple(self.test_splits), self.features)
+
+    def model(self, weights: list[np.ndarray] | None = None, seed: int = 0) -> nn.Module:
+        model = build_mlp(self.features, self.hidden, MODEL_INIT.seed(seed))
+        if weights is not None:
+            set_weights(model, weights)
+        return model
+
+    def initial(self, seed: int) -> list[np.ndarray]:
+        return get_weights(self.model(seed=seed))
+
+    def examples(self, client: int, num_clients: int) -> int:
+        return len(client_rows(len(self.train_turns()), num_clients, client))
+
+    def local_update(self, weights: list[np.ndarray], client: int, num_clients: int, seed: int,
+                     server_round: int, mu: float = 0.0) -> tuple[list[np.ndarray], int, dict]:
+        """Client ``client``'s epoch from ``weights`` in ``server_round`` (1-based): its new
+        weights, its examples and its metrics."""
+        turns = self.train_turns()
+        rows = client_rows(len(turns), num_clients, client)
+        model = self.model(weights)
+        order_seed = BATCH_ORDER.seed(seed, round=server_round, partition=client)
+        metrics = train_epoch(model, turns.x[rows], turns.y[rows], self.batch_size, self.lr, order_seed, mu)
+        return get_weights(model), len(rows), metrics
+
+    def evaluate(self, weights: list[np.ndarray]) -> dict:
+        return evaluate(self.model(weights), self.test_turns())
