@@ -23,12 +23,11 @@ import json
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
-import psutil
+from process_tree import PeakMemory
 
 from fedsim.privacy.dp import gaussian_mean
 from fedsim.run.data import resolve_data_root
@@ -40,36 +39,6 @@ FEDSIM = str(Path(sys.executable).parent / "fedsim")
 def per_split(n: int, total: int) -> int | None:
     """Conversations kept per split so that N clients get one each (None: all, resampled)."""
     return None if n >= total else -(-n // len(SPLITS))
-
-
-class PeakMemory:
-    """Peak summed RSS of a process and all its descendants, sampled every ``period`` s."""
-
-    def __init__(self, pid: int, period: float = 0.2):
-        self.root, self.period, self.peak = psutil.Process(pid), period, 0
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> None:
-        while not self._done.is_set():
-            try:
-                procs = [self.root, *self.root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                return
-            total = 0
-            for p in procs:
-                try:
-                    total += p.memory_info().rss
-                except psutil.Error:
-                    pass
-            self.peak = max(self.peak, total)
-            self._done.wait(self.period)
-
-    def stop(self) -> float:
-        self._done.set()
-        self._thread.join()
-        return self.peak / 2**30
 
 
 def flower(n: int, keep: int | None, strategy: str, per_node: int, supernodes: int, out: Path) -> dict:

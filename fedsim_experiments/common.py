@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Result, Strategy
 from hydra.utils import instantiate
 from omegaconf import DictConfig
@@ -85,15 +85,17 @@ class RunContext:
 
     def fedavg(self, label: str, initial: ArrayRecord, rounds: int, config: dict,
                fraction_train: float, reply: Callable[[ArrayRecord], Validator], entry=None,
+               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
                **strategy_args) -> Result:
         """A weight-averaging strategy (``entry``; None: the experiment's slot, ``build_strategy``)
         with ``strategy_args`` over ``fraction_train`` of the clients per round; replies must be
         ``reply(initial)`` (the model's arrays, a weight within the node's declaration), a round
-        goes on with any of them."""
+        goes on with any of them. ``evaluate_fn``: Flower's server-side evaluation, before round
+        1 and after each round."""
         strategy = build_strategy(self.cfg, self.messenger, len(self.nodes), entry, fraction_train=fraction_train,
                                   fraction_evaluate=0.0, **strategy_args)
         return strategy.start(self.grid(label, Policy(ANY, reply(initial))), initial, rounds,
-                              self.cfg.round_timeout, ConfigRecord(config))
+                              self.cfg.round_timeout, ConfigRecord(config), evaluate_fn=evaluate_fn)
 
 
 def discover(messenger: Messenger, base: dict, reply: Validator | None = None

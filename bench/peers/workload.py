@@ -15,6 +15,9 @@ import json
 import os
 from dataclasses import dataclass
 
+from omegaconf import OmegaConf
+
+from fedsim.run.config import CONF_DIR
 from fedsim.run.data import resolve_data_root
 from fedsim_tasks.topical_chat.turn_sentiment import Recipe
 
@@ -41,10 +44,12 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 
 def setting(args: argparse.Namespace) -> Setting:
+    """The run's setting; the recipe's values are fedsim's task config (``conf/task/turn_sentiment.yaml``)."""
     if not 0 < args.per_round <= args.clients:
         raise SystemExit(f"--per-round {args.per_round} must be in 1..{args.clients}")
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per client process, in every framework
-    return Setting(Recipe(str(resolve_data_root(args.data_root))), args.clients, args.per_round,
+    task = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "task" / "turn_sentiment.yaml"))
+    return Setting(Recipe.of(task, str(resolve_data_root(args.data_root))), args.clients, args.per_round,
                    args.rounds, args.seed)
 
 

@@ -1,10 +1,11 @@
-"""The ``task`` block of Topical-Chat evidence routing, typed (``conf/task/topical_chat.yaml``)."""
+"""The ``task`` blocks of the Topical-Chat tasks, typed (``conf/task/topical_chat.yaml``,
+``conf/task/turn_sentiment.yaml``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedsim.run.schema import TaskSettings
+from fedsim.run.schema import TaskSettings, require
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -14,3 +15,20 @@ class TopicalChatSettings(TaskSettings):
     tune_splits: list[str]
     test_splits: list[str]
     max_per_split: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnSentimentSettings(TaskSettings):
+    train_splits: list[str]
+    test_splits: list[str]
+    features: int
+    hidden: int
+    batch_size: int
+    lr: float
+
+    def __post_init__(self):
+        for name in ("features", "hidden", "batch_size"):
+            require(getattr(self, name) >= 1, f"task.{name}", ">= 1", getattr(self, name))
+        require(self.lr > 0, "task.lr", "> 0", self.lr)
+        require(not set(self.train_splits) & set(self.test_splits), "task.test_splits",
+                "no split of task.train_splits", self.test_splits)

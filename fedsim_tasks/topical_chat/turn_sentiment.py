@@ -97,7 +97,7 @@ def train_epoch(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int,
         proximal(loss).backward()
         optimizer.step()
         total, steps = total + float(loss.detach()) * len(batch), steps + 1
-    return {"train-loss": total / max(len(y), 1), "steps": steps}
+    return {"loss": total / max(len(y), 1), "steps": steps}
 
 
 @torch.no_grad()
@@ -127,12 +127,18 @@ class Recipe:
     ``initial``, then per round and sampled client ``local_update``, averages the replies
     weighted by their examples, and ``evaluate``s the average: nothing else is left to it."""
     data_root: str
-    train_splits: tuple[str, ...] = ("valid_freq", "valid_rare", "test_freq")  # the clients' turns
-    test_splits: tuple[str, ...] = ("test_rare",)  # the server's held-out turns
-    features: int = 512    # hashing buckets
-    hidden: int = 64       # MLP hidden units
-    batch_size: int = 8    # examples per SGD step (one epoch: a few steps per client)
-    lr: float = 0.1        # SGD learning rate
+    train_splits: tuple[str, ...]  # the clients' turns
+    test_splits: tuple[str, ...]   # the server's held-out turns
+    features: int                  # hashing buckets
+    hidden: int                    # MLP hidden units
+    batch_size: int                # examples per SGD step (one epoch: a few steps per client)
+    lr: float                      # SGD learning rate
+
+    @classmethod
+    def of(cls, task: dict, data_root: str) -> Recipe:
+        """The recipe of a ``task`` block (``conf/task/turn_sentiment.yaml``, its values)."""
+        return cls(str(data_root), tuple(task["train_splits"]), tuple(task["test_splits"]), int(task["features"]),
+                   int(task["hidden"]), int(task["batch_size"]), float(task["lr"]))
 
     def train_turns(self) -> Turns:
         return load_turns(self.data_root, tuple(self.train_splits), self.features)
@@ -165,3 +171,7 @@ class Recipe:
 
     def evaluate(self, weights: list[np.ndarray]) -> dict:
         return evaluate(self.model(weights), self.test_turns())
+
+
+WEIGHT_NAMES = ("0.weight", "0.bias", "2.weight", "2.bias")
+"""the MLP's tensors in ``state_dict`` order: the names they travel under in fedsim's records"""

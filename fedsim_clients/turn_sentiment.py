@@ -1,0 +1,35 @@
+"""Turn sentiment's client: one local epoch of the workload's MLP on its slice of turns
+(``fedsim_tasks/topical_chat/turn_sentiment.py``), the weights and its examples back."""
+
+from __future__ import annotations
+
+from flwr.app import Message, RecordDict
+
+from fedsim_clients import turn_sentiment_messages as keys
+from fedsim_clients.handler import ClientHandler
+from fedsim_tasks.proximal import proximal_mu
+from fedsim_tasks.topical_chat.turn_sentiment import WEIGHT_NAMES, Recipe
+
+
+class TurnSentimentClient(ClientHandler):
+    def __init__(self, task: dict, data_root: str, partition_id: int, num_partitions: int):
+        super().__init__(task, data_root, partition_id, num_partitions)
+        self.recipe = Recipe.of(task, data_root)
+
+    @staticmethod
+    def population_size(task: dict, data_root: str) -> int:
+        """Natural number of clients: one per training turn."""
+        return len(Recipe.of(task, data_root).train_turns())
+
+    def discover(self) -> dict:
+        return {keys.NUM_EXAMPLES: self.recipe.examples(self.partition_id, self.num_partitions)}
+
+    def train(self, msg: Message) -> RecordDict:
+        config = msg.content[keys.CONFIG]
+        self.threads(config)
+        sent = self.weights(msg)
+        weights, examples, stats = self.recipe.local_update(
+            [sent[name] for name in WEIGHT_NAMES], self.partition_id, self.num_partitions, int(config[keys.SEED]),
+            self.server_round(config), proximal_mu(config))
+        return self.weights_reply(dict(zip(WEIGHT_NAMES, weights)),
+                                  {keys.NUM_EXAMPLES: examples, keys.TRAIN_LOSS: stats["loss"]})
