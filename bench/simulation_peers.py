@@ -17,7 +17,7 @@ its peak memory (summed RSS, sampled every 0.2 s), and the final model's test ac
 framework draws its own clients). Ratios are to the fastest in the same setting of the same run.
 
     .venv/bin/python bench/simulation_peers.py              # 1,000 and 10,000 clients; 100 and all per round
-    .venv/bin/python bench/simulation_peers.py --quick      # 1,000 clients, 100 per round, 2 rounds
+    .venv/bin/python bench/simulation_peers.py --quick      # 1,000 clients, all per round, 2 rounds
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def goals(rows: list[dict]) -> list[str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="1,000 clients, 100 per round, 2 rounds")
+    p.add_argument("--quick", action="store_true", help="1,000 clients, all per round (equal loss), 2 rounds")
     p.add_argument("--clients", type=int, nargs="+", default=[1000, 10_000])
     p.add_argument("--per-round", type=int, nargs="+", default=[100, 0], help="clients per round (0: all)")
     p.add_argument("--rounds", type=int, default=3)
@@ -121,7 +121,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("outputs/simulation_peers"))
     args = p.parse_args()
     if args.quick:
-        args.clients, args.per_round, args.rounds = [1000], [100], 2
+        args.clients, args.per_round, args.rounds = [1000], [0], 2
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for clients in args.clients:

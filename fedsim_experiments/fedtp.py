@@ -199,13 +199,14 @@ def discover(messenger: Messenger, base: dict, splits: list[str] | None = None) 
     holds."""
     nodes = messenger.node_ids()
     log.info("FedTP: %d SuperNodes connected", len(nodes))
+    partitions = messenger.num_partitions  # once: it lists every node (per reply it made discovery quadratic)
 
     def hosted(partition: int) -> tuple[list[int], list[str]] | None:
         if splits is None:
             return None
-        rows = hosted_rows(len(splits), messenger.num_partitions, partition)
+        rows = hosted_rows(len(splits), partitions, partition)
         return rows, [splits[r] for r in rows]
-    reply = keys.discover_reply(messenger.partition_of, messenger.num_partitions, hosted)
+    reply = keys.discover_reply(messenger.partition_of, partitions, hosted)
     infos = _broadcast(messenger, "discover", nodes, MessageType.QUERY,
                        RecordDict({keys.CONFIG: ConfigRecord(base)}), reply)
     return {m.metadata.src_node_id: m.content[keys.INFO] for m in infos}

@@ -29,11 +29,12 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     strategy = dp_strategy(cfg, messenger)
     splits = row_splits(cfg.data_root, tuple(cfg.task.splits), cfg.task.get("max_per_split"))
     cap = getattr(strategy, "max_rows_per_reply", None) or math.inf
+    partitions = messenger.num_partitions  # once: it lists every node (per reply it made the round quadratic)
 
     def rows(node: int) -> float:
         """The conversations the node's partition hosts (any number where it told none)."""
         partition = messenger.partition_of(node)
-        hosted = math.inf if partition is None else len(hosted_rows(len(splits), messenger.num_partitions, partition))
+        hosted = math.inf if partition is None else len(hosted_rows(len(splits), partitions, partition))
         return min(hosted, cap)
     result = strategy.start(
         messenger.grid("aggregate", prior_policy(dim, rows)),

@@ -80,11 +80,13 @@ SERVER_SAMPLING = stream("server-sampling")
 
 
 def reseed(seed: int) -> None:
-    """Seed ``random``, numpy's global generator (from all of ``seed``: ``np.random.seed`` takes
-    32 bits) and, where the process has imported it, torch's (CPU and every GPU): a process that
-    never imported torch draws nothing from it."""
+    """Seed ``random``, numpy's global generator (from all of ``seed``: an int gives
+    ``np.random.seed`` 32 bits, an array of 32-bit words all of them; 37 us against 640 us for a
+    state built through ``MT19937``'s SeedSequence, which was a quarter of a FedTP client's time)
+    and, where the process has imported it, torch's (CPU and every GPU): a process that never
+    imported torch draws nothing from it."""
     random.seed(seed)
-    np.random.set_state(np.random.RandomState(np.random.MT19937(seed)).get_state())
+    np.random.seed(np.array([seed], dtype=np.uint64).view(np.uint32))  # the seed's two 32-bit words
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.manual_seed(seed)

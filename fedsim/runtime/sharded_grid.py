@@ -174,11 +174,16 @@ class ShardedGrid(Grid):
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        wanted = list(message_ids)
-        batches = {self._batch_of[i] for i in wanted if i not in self._replies and i in self._batch_of}
-        for reply in self.raw.pull_messages(list(batches)) if batches else ():
-            self._split(reply)
-        return [self._replies.pop(i) for i in wanted if i in self._replies]
+        """The replies of ``message_ids`` that have come. Every open batch is pulled (a reply
+        nobody asked for yet waits in ``_replies``) and the ids are read only while replies
+        wait: a poll costs O(SuperNodes), not O(clients) (at 100,000 clients, polled every 0.1
+        s, reading every pending id per poll was a quadratic share of the round)."""
+        if self._batches:
+            for reply in self.raw.pull_messages(list(self._batches)):
+                self._split(reply)
+        if not self._replies:
+            return []
+        return [self._replies.pop(i) for i in message_ids if i in self._replies]
 
     def _split(self, reply: Message) -> None:
         """One reply per logical client of a batch reply (errors stay each client's own). A

@@ -96,10 +96,13 @@ def load_split(data_root: str, split: str, limit: int | None = None) -> tuple[Co
     return tuple(_parse(cid, split, c, reading[cid], topics) for cid, c in list(convs.items())[:limit])
 
 
+@lru_cache(maxsize=16)
 def load_conversations(
     data_root: str, splits: tuple[str, ...], max_per_split: int | None = None
 ) -> tuple[Conversation, ...]:
-    """Conversations of ``splits`` in order, the first ``max_per_split`` of each if set."""
+    """Conversations of ``splits`` in order, the first ``max_per_split`` of each if set (cached:
+    a SuperNode hosting many clients builds each from it, and a copy per client was O(clients x
+    conversations))."""
     out: list[Conversation] = []
     for split in splits:
         out.extend(load_split(str(data_root), split, max_per_split))
