@@ -23,6 +23,7 @@ framework draws its own clients). Ratios are to the fastest in the same setting 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import statistics
@@ -35,21 +36,24 @@ from peers.workload import RESULT
 from process_tree import PeakMemory
 
 PEERS = Path(__file__).parent / "peers"
-FRAMEWORKS = {  # name -> (runner script, its extra arguments for N clients)
-    "fedsim, 1 client / SuperNode": ("fedsim_run.py", lambda n: ["--clients-per-supernode", "1"]),
-    "fedsim, 2 SuperNodes": ("fedsim_run.py", lambda n: ["--clients-per-supernode", str(-(-n // 2))]),
-    "plain Flower": ("flower_app.py", lambda n: []),
-    "pfl": ("pfl_run.py", lambda n: []),
-    "FLGo": ("flgo_run.py", lambda n: []),
+FRAMEWORKS = {  # name -> (runner script, its extra arguments for N clients, the package it needs)
+    "fedsim, 1 client / SuperNode": ("fedsim_run.py", lambda n: ["--clients-per-supernode", "1"], "fedsim"),
+    "fedsim, 2 SuperNodes": ("fedsim_run.py", lambda n: ["--clients-per-supernode", str(-(-n // 2))], "fedsim"),
+    "plain Flower": ("flower_app.py", lambda n: [], "flwr"),
+    "pfl": ("pfl_run.py", lambda n: [], "pfl"),
+    "FLGo": ("flgo_run.py", lambda n: [], "flgo"),
 }
+INSTALL = 'pip install -e ".[bench]" && pip install --no-deps pfl==0.6.0 flgo==0.4.4'
 
 
 def run_one(framework: str, clients: int, per_round: int, rounds: int, seed: int, log: Path) -> dict:
     """One framework's run in its own process tree: its report, wall time and peak memory."""
-    script, extra = FRAMEWORKS[framework]
+    script, extra, package = FRAMEWORKS[framework]
+    row = {"framework": framework, "clients": clients, "per_round": per_round, "rounds": rounds}
+    if importlib.util.find_spec(package) is None:
+        return row | {"error": f"not installed ({INSTALL})"}
     command = [sys.executable, str(PEERS / script), "--clients", str(clients), "--per-round", str(per_round),
                "--rounds", str(rounds), "--seed", str(seed), *extra(clients)]
-    row = {"framework": framework, "clients": clients, "per_round": per_round, "rounds": rounds}
     start = time.monotonic()
     with log.open("w") as err:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True)
