@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.privacy.secret import derive, open_sealed, run_secret
+from fedsim.privacy.secret import derive, run_secret
 from fedsim.run.watchdog import run_processes
+from fedsim.runtime.journal import open_entry
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")
 SMALL = ["task.max_per_split=5", "protocol.dp_seeds=2", "protocol.bootstrap=200"]  # 20 conversations
@@ -90,9 +91,10 @@ def kill_when(overrides: list[str], root: str, ready: Callable[[], bool], sig: i
 
 def journaled(out: Path) -> list[dict]:
     """The journal's entries of the run in ``out``, opened with the run's own key (each is
-    authenticated)."""
+    authenticated): each header with its ``replies`` (Flower's wire format)."""
     key = derive(run_secret(out / "checkpoint" / "run.key", resume=True), b"journal")
-    return [open_sealed(key, p) for p in sorted((out / "checkpoint" / "journal").glob("*.exchange"))]
+    entries = [open_entry(key, p) for p in sorted((out / "checkpoint" / "journal").glob("*.exchange"))]
+    return [{**header, "replies": replies} for header, replies, _ in entries]
 
 
 def without_timings(value):

@@ -108,11 +108,20 @@ def seal(key: bytes, name: str, body) -> bytes:
 def open_sealed(key: bytes, path: Path):
     """The body of the sealed file ``path``; :class:`Tampered` unless its MAC holds."""
     try:
-        sealed = json.loads(path.read_bytes())
+        return open_sealed_bytes(key, path.name, path.read_bytes())
+    except OSError:
+        raise Tampered(f"{path}: unreadable or not authenticated by this run's key") from None
+    except Tampered:
+        raise Tampered(f"{path}: unreadable or not authenticated by this run's key") from None
+
+
+def open_sealed_bytes(key: bytes, name: str, data: bytes):
+    """The body of ``data`` sealed for the file ``name``; :class:`Tampered` unless its MAC holds."""
+    try:
+        sealed = json.loads(data)
         text, mac = sealed["body"], sealed["mac"]
-        if isinstance(text, str) and isinstance(mac, str) and \
-                hmac.compare_digest(mac, _mac(key, path.name, text)):
+        if isinstance(text, str) and isinstance(mac, str) and hmac.compare_digest(mac, _mac(key, name, text)):
             return json.loads(text)
-    except (ValueError, TypeError, KeyError, OSError):
+    except (ValueError, TypeError, KeyError):
         pass
-    raise Tampered(f"{path}: unreadable or not authenticated by this run's key")
+    raise Tampered(f"{name}: unreadable or not authenticated by this run's key")

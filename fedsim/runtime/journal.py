@@ -16,10 +16,13 @@ Node ids are new in every Flower run, so the journal keeps each node's partition
 run asks every node for its partition (``WHOAMI``) and translates ids both ways, the protocol
 living in the first run's ids throughout.
 
-An entry is JSON (replies in Flower's own wire format, base64), never a pickle: reading it runs
-no code. Each file is authenticated with an HMAC under a key derived from the run's secret
-(``fedsim/privacy/secret.py``) and bound to its name, so a planted, altered, renamed or reordered entry
-is refused on resume (:class:`JournalTampered`) instead of steering the resumed server.
+An entry is a sealed JSON header followed by the replies in Flower's own wire format (protobuf),
+never a pickle: reading it runs no code. The header is authenticated with an HMAC under a key
+derived from the run's secret (``fedsim/privacy/secret.py``) and bound to the file's name, and it
+holds the replies' sizes and their SHA-256, so a planted, altered, renamed or reordered entry is
+refused on resume (:class:`JournalTampered`) instead of steering the resumed server. (The replies
+were once base64 inside the sealed JSON: 4.9 s per 1,000 replies of a 33,000-weight model,
+against 0.35 s to serialize them, and most of fedsim's overhead over plain Flower per round.)
 
 Length and order are sealed too: each entry names the digest of the one before it (a chain), and
 a sealed ``head`` holds the count and the last entry's digest, rewritten after every entry. A
@@ -34,8 +37,8 @@ the two writes). Not detectable: the whole journal folder put back as an older c
 
 from __future__ import annotations
 
-import base64
 import hashlib
+import itertools
 import logging
 import os
 import re
@@ -48,7 +51,7 @@ from flwr.common.serde import message_from_proto, message_to_proto
 from flwr.proto.message_pb2 import Message as ProtoMessage
 
 from fedsim.message_keys import PARTITION_ID, RAY_NODE
-from fedsim.privacy.secret import Tampered, open_sealed, private_folder, seal
+from fedsim.privacy.secret import Tampered, open_sealed, open_sealed_bytes, private_folder, seal
 
 WHOAMI = "fedsim-whoami"        # the core query every ClientApp answers with its partition id
 HEAD = "head"                   # the journal's sealed count and last digest
@@ -121,6 +124,32 @@ def _open_sealed(key: bytes, path: Path) -> dict:
         raise JournalTampered(f"{exc}; refusing to resume from it") from exc
 
 
+def _entry(key: bytes, name: str, header: dict, replies: list[bytes]) -> tuple[bytes, bytes]:
+    """An entry file's bytes, and its sealed header (what the chain's digest covers: it commits
+    to the replies through their hash): the header's length (8 bytes), the header, the replies."""
+    payload = b"".join(replies)
+    sealed = seal(key, name, {**header, "sizes": [len(r) for r in replies],
+                              "sha256": hashlib.sha256(payload).hexdigest()})
+    return len(sealed).to_bytes(8, "big") + sealed + payload, sealed
+
+
+def open_entry(key: bytes, path: Path) -> tuple[dict, list[bytes], bytes]:
+    """An entry's header, its replies (Flower's wire format) and its sealed header;
+    :class:`JournalTampered` unless the header's MAC and the replies' hash hold."""
+    try:
+        data = path.read_bytes()
+        size = int.from_bytes(data[:8], "big")
+        sealed, payload = data[8:8 + size], data[8 + size:]
+        header = open_sealed_bytes(key, path.name, sealed)
+        sizes = header["sizes"]
+        if hashlib.sha256(payload).hexdigest() == header["sha256"] and sum(sizes) == len(payload):
+            bounds = [0, *itertools.accumulate(sizes)]
+            return header, [payload[a:b] for a, b in zip(bounds, bounds[1:])], sealed
+    except (Tampered, OSError, KeyError, TypeError, ValueError):
+        pass
+    raise JournalTampered(f"{path}: unreadable or not authenticated by this run's key; refusing to resume")
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as fh:
@@ -183,12 +212,11 @@ class Journal:
                                   "added; refusing to resume")
         last = ""
         for index, path in enumerate(entries):
-            data = path.read_bytes()
-            if _open_sealed(self.key, path).get("previous") != last or \
-                    (index + 1 == head["count"] and _digest(data) != head["last"]):
+            header, _, sealed = open_entry(self.key, path)
+            if header.get("previous") != last or (index + 1 == head["count"] and _digest(sealed) != head["last"]):
                 raise JournalTampered(f"{path}: not the entry that followed the one before it; "
                                       "refusing to resume")
-            last = _digest(data)
+            last = _digest(sealed)
         if head["count"] == 0 and head["last"]:
             raise JournalTampered(f"{self.folder}: the {HEAD} is not this journal's; refusing to resume")
         return entries, last
@@ -204,28 +232,26 @@ class Journal:
 
     def replay(self, phase: str, server_round: int) -> dict:
         """The next journaled exchange; it must be the one the protocol asks for."""
-        entry = _open_sealed(self.key, self.recorded[self.position])
+        entry, replies, _ = open_entry(self.key, self.recorded[self.position])
         if (entry["phase"], entry["round"]) != (phase, server_round):
             raise ResumeMismatch(f"exchange {self.position}: the journal holds {entry['phase']} "
                                  f"round {entry['round']}, the resumed run asks for {phase} round "
                                  f"{server_round} (was the code or the config changed?)")
         self.position += 1
-        entry["replies"] = [message_from_proto(ProtoMessage.FromString(base64.b64decode(b)))
-                            for b in entry["replies"]]
+        entry["replies"] = [message_from_proto(ProtoMessage.FromString(b)) for b in replies]
         entry["faults"], entry["traffic"] = entry["counts"]
         return entry
 
     def record(self, phase: str, server_round: int, replies: list[Message], faults: dict,
                traffic: dict) -> None:
-        entry = {"phase": phase, "round": server_round, "counts": [faults, traffic], "previous": self._last,
-                 "replies": [base64.b64encode(message_to_proto(m).SerializeToString()).decode()
-                             for m in replies]}
+        header = {"phase": phase, "round": server_round, "counts": [faults, traffic], "previous": self._last}
         index = len(self.recorded)
         path = self.folder / f"{index:07d}.exchange"
-        data = seal(self.key, path.name, entry)
+        data, sealed = _entry(self.key, path.name, header,
+                              [message_to_proto(m).SerializeToString() for m in replies])
         _atomic_write(path, data)
         self.recorded.append(path)
-        self.position, self._last = index + 1, _digest(data)
+        self.position, self._last = index + 1, _digest(sealed)
         self._write_head()
 
     @property

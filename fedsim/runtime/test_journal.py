@@ -110,6 +110,19 @@ def test_an_altered_entry_is_refused_on_resume(tmp_path):
         _resume(tmp_path)
 
 
+@pytest.mark.parametrize("where", [-1, -200])
+def test_an_altered_reply_is_refused_on_resume(tmp_path, where):
+    """The attack on the replies themselves (outside the sealed header): one byte of a journaled
+    reply changed, its length kept."""
+    _journaled_run(tmp_path)
+    path = tmp_path / "0000000.exchange"
+    data = bytearray(path.read_bytes())
+    data[where] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(JournalTampered):
+        _resume(tmp_path)
+
+
 def test_a_planted_or_reordered_entry_is_refused_on_resume(tmp_path):
     _journaled_run(tmp_path)
     first, second = tmp_path / "0000000.exchange", tmp_path / "0000001.exchange"
