@@ -124,7 +124,7 @@ def main() -> None:
         # does building its central optimizer, so round 1 times FLGo rather than that import
         torch.optim.SGD(runner.model.parameters(), lr=s.recipe.lr)
         runner.run()
-    report(runner.round_seconds, s.recipe.evaluate(get_weights(runner.model.model)), framework="flgo 0.4.4",
+    report(runner.round_seconds, s.recipe.evaluate(get_weights(runner.model.model)), package="flgo 0.4.4",
            sampling="uniform without replacement, numpy seeded by FLGo from --seed")
 
 

@@ -113,7 +113,7 @@ def main() -> None:
         model_train_params=NNTrainHyperParams(local_num_epochs=1, local_learning_rate=recipe.lr,
                                               local_batch_size=recipe.batch_size),
         callbacks=[clock])
-    report(clock.seconds, recipe.evaluate(get_weights(network.mlp)), framework="pfl 0.6.0",
+    report(clock.seconds, recipe.evaluate(get_weights(network.mlp)), package="pfl 0.6.0",
            sampling="distinct per round: consecutive slices of one seeded permutation")
 
 

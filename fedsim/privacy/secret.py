@@ -109,9 +109,7 @@ def open_sealed(key: bytes, path: Path):
     """The body of the sealed file ``path``; :class:`Tampered` unless its MAC holds."""
     try:
         return open_sealed_bytes(key, path.name, path.read_bytes())
-    except OSError:
-        raise Tampered(f"{path}: unreadable or not authenticated by this run's key") from None
-    except Tampered:
+    except (OSError, Tampered):
         raise Tampered(f"{path}: unreadable or not authenticated by this run's key") from None
 
 

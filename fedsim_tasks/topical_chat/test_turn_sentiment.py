@@ -52,6 +52,6 @@ def test_a_wrong_task_value_is_refused_by_its_settings():
     from fedsim_tasks.topical_chat.settings import TurnSentimentSettings
     base = {"name": "t", "client": "c", "schema": "s", "data_root": ROOT, **TASK}
     TurnSentimentSettings(**base)
-    for key, value in (("lr", 0.0), ("batch_size", 0), ("test_splits", ["valid_rare"])):
+    for key, value in (("lr", 0.0), ("batch_size", 0), ("test_splits", ["valid_rare"]), ("train_splits", ["train"])):
         with pytest.raises(ValueError, match=f"task.{key}"):
             TurnSentimentSettings(**{**base, key: value})

@@ -141,10 +141,10 @@ class Recipe:
                    int(task["hidden"]), int(task["batch_size"]), float(task["lr"]))
 
     def train_turns(self) -> Turns:
-        return load_turns(self.data_root, tuple(self.train_splits), self.features)
+        return load_turns(self.data_root, self.train_splits, self.features)
 
     def test_turns(self) -> Turns:
-        return load_turns(self.data_root, tuple(self.test_splits), self.features)
+        return load_turns(self.data_root, self.test_splits, self.features)
 
     def model(self, weights: list[np.ndarray] | None = None, seed: int = 0) -> nn.Module:
         model = build_mlp(self.features, self.hidden, MODEL_INIT.seed(seed))
@@ -173,5 +173,5 @@ class Recipe:
         return evaluate(self.model(weights), self.test_turns())
 
 
-WEIGHT_NAMES = ("0.weight", "0.bias", "2.weight", "2.bias")
+WEIGHT_NAMES = tuple(build_mlp(1, 1, 0).state_dict())
 """the MLP's tensors in ``state_dict`` order: the names they travel under in fedsim's records"""
