@@ -13,7 +13,7 @@ exchange's messages).
     nice -n 19 .venv/bin/python bench/deploy_exchange.py [--only fedtp|lora] \
         [--variant 'label=override ...' ...]
 
-A ``--variant`` adds a deployment with more overrides (e.g. ``cold=hardware.clientapp_preload=null``,
+A ``--variant`` adds a deployment with more overrides (e.g. ``cold=hardware.clientapp_workers=0 hardware.clientapp_preload=null``,
 Flower's cold ClientApp process per message), so that before and after are measured in the
 same run.
 """

@@ -114,6 +114,9 @@ def test_a_client_layout_that_leaves_a_supernode_empty_is_refused():
      "hardware.ray_address must be null with hardware.private_network=true"),
     (["hardware=deploy_local", "hardware.ray_address=127.0.0.1:1"],
      "hardware.ray_address must be null with hardware.backend=deployment"),
+    (["hardware=deploy_local", "hardware.clientapp_preload=null"],  # deploy_local's workers: 1
+     "hardware.clientapp_workers must be 0 unless hardware.clientapp_preload is set"),
+    (["hardware=deploy_local", "hardware.clientapp_workers=-1"], "hardware.clientapp_workers must be >= 0, got -1"),
     (["experiment=fedbiscuit_paper", "task.minority_preference.kind=opposite"],
      "task.minority_preference.kind='opposite' is not one of ('reversed', 'second_criterion')"),
 ])

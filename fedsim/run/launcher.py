@@ -135,11 +135,13 @@ def superlink_command(port: int, database: Path, certs: Certificates | None, nod
 
 def supernode_command(superlink: str, partition: int, partitions: int, node: Mapping[str, str],
                       certs: Certificates | None, node_auth: bool, port: int,
-                      waits: Mapping | None = None, preload: list[str] | None = None) -> list[str]:
+                      waits: Mapping | None = None, preload: list[str] | None = None,
+                      workers: int = 0) -> list[str]:
     """``flower-supernode``'s command line for client ``partition`` of ``partitions``, with the
     node's own folders ``node`` (``fedsim/run/node_local.py``: data-root, state-dir, ...); run
     through ``fedsim.run.supernode`` when ``waits`` (``hardware.waits``) shortens a SuperNode wait
-    or ``preload`` (``hardware.clientapp_preload``) warms its ClientApp processes."""
+    or ``preload`` (``hardware.clientapp_preload``) warms its ClientApp processes, of which
+    ``workers`` per run serve its messages one after another (``hardware.clientapp_workers``)."""
     node_config = f"partition-id={partition} num-partitions={partitions} {supernode_config(node)}".rstrip()
     tls = ["--root-certificates", str(certs.ca)] if certs else ["--insecure"]
     auth = ["--auth-supernode-private-key", str(certs.node_key(partition))] if node_auth else []
@@ -151,6 +153,7 @@ def supernode_command(superlink: str, partition: int, partitions: int, node: Map
                                                    ("pull-backoff", "pull_backoff"))
         if waits.get(key) is not None]
     options += [] if preload is None else [f"--preload={','.join(preload)}"]
+    options += [f"--workers={workers}"] if preload is not None and workers else []
     if not options:
         return [str(BIN / "flower-supernode"), *flower]
     return [sys.executable, "-m", "fedsim.run.supernode", *options, "--", *flower]
@@ -232,9 +235,9 @@ def register_nodes(certs: Certificates, count: int, env: dict, cwd: Path, net: H
 def start_supernodes(workdir: Path, env: dict, superlink_port: int, count: int,
                      node: Mapping[str, str], certs: Certificates | None = None,
                      node_auth: bool = False, waits: Mapping | None = None,
-                     preload: list[str] | None = None, net: Host = HOST) -> list[Process]:
+                     preload: list[str] | None = None, net: Host = HOST, workers: int = 0) -> list[Process]:
     return [Process(supernode_command(f"127.0.0.1:{superlink_port}", partition_id, count, node,
-                                      certs, node_auth, free_port(), waits, preload),
+                                      certs, node_auth, free_port(), waits, preload, workers),
                     workdir, supernode_env(env, waits), workdir / f"supernode-{partition_id}.log", net)
             for partition_id in range(count)]
 
@@ -429,7 +432,8 @@ def _start_local(stack: ExitStack, cfg: DictConfig, workdir: Path, env: dict, si
         if auth:
             register_nodes(certs, nodes, env, workdir, net)
         for node in start_supernodes(workdir, env, port, nodes, from_run(cfg), certs, auth,
-                                     cfg.hardware.waits, cfg.hardware.clientapp_preload, net):
+                                     cfg.hardware.waits, cfg.hardware.clientapp_preload, net,
+                                     cfg.hardware.clientapp_workers):
             stack.enter_context(node)
     return address
 

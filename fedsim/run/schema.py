@@ -111,6 +111,7 @@ class Hardware:
     node_auth: bool = MISSING             # launch_local: SuperNodes authenticate with registered keys
     waits: Waits = MISSING                # deployment: Flower's polls shortened
     clientapp_preload: list[str] | None = MISSING  # libraries a warm process per SuperNode imports once
+    clientapp_workers: int = MISSING      # warm ClientApp processes per run and SuperNode that serve its messages
 
     def __post_init__(self):
         require(self.backend in BACKENDS, "hardware.backend", f"one of {BACKENDS}", self.backend)
@@ -119,6 +120,10 @@ class Hardware:
         for name in ("clients_per_supernode", "num_cpus", "client_cpus"):
             require(getattr(self, name) >= 1, f"hardware.{name}", ">= 1", getattr(self, name))
         require(self.client_gpus >= 0, "hardware.client_gpus", ">= 0 (a share of a GPU per client)", self.client_gpus)
+        require(self.clientapp_workers >= 0, "hardware.clientapp_workers", ">= 0", self.clientapp_workers)
+        require(not self.clientapp_workers or self.clientapp_preload is not None, "hardware.clientapp_workers",
+                "0 unless hardware.clientapp_preload is set (a worker is a fork of the warm process)",
+                self.clientapp_workers)
         if self.ray_address is not None:
             check_ray_address(self)
 

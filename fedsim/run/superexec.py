@@ -1,6 +1,7 @@
 """``flower-superexec`` whose ClientApp processes fork from a warm process instead of starting cold.
 
-    python -m fedsim.run.superexec --preload MOD[,MOD...] [--pull-backoff S] -- ARGS
+    python -m fedsim.run.superexec --preload MOD[,MOD...] [--pull-backoff S] \
+        [--workers N --worker-idle S] -- ARGS
 
 ARGS are ``flower-superexec``'s own, passed through unchanged. Flower 1.41 runs every message of
 a deployment in a new ``flwr-clientapp`` process (its executor: ``subprocess.Popen``), so each
@@ -17,12 +18,14 @@ installed code instead of the FAB's. The child drops the modules of this launche
 before Flower loads the app, for the same reason. ``--pull-backoff``: the ClientApp's retry of a
 message object its SuperNode is still pulling (``fedsim/run/flower_waits.py``); a warm process asks
 within milliseconds of the task's creation, so Flower's 1 s first retry would be paid on most
-messages.
+messages. ``--workers``: up to N forks per run that serve its messages one after another
+(``fedsim/run/clientapp_workers.py``), closed after ``--worker-idle`` seconds without one.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import multiprocessing
 import subprocess
@@ -31,7 +34,9 @@ from multiprocessing import forkserver
 
 from flwr.supercore.cli.flower_superexec import flower_superexec
 from flwr.supercore.superexec.executor import subprocess_executor
+from flwr.supercore.superexec.plugin.base_exec_plugin import BaseExecPlugin
 
+from fedsim.run.clientapp_workers import MessageDone, Worker, WorkerPool, serve
 from fedsim.run.flower_waits import shorten_pull_backoff
 from fedsim.run.supernode import after_separator
 
@@ -46,19 +51,44 @@ def forget_app_packages() -> None:
         del sys.modules[name]
 
 
-def run_clientapp(argv: list[str], pull_backoff: float | None) -> None:
-    """A forked ``flwr-clientapp`` with ``argv``. The preloaded libraries' objects are frozen out
-    of the garbage collector first: they live as long as the process, and each full collection
-    would walk all of them (torch and transformers: millions; it made parsing the task's data
-    6x slower in the fork than in a fresh process)."""
+def prepare_fork(pull_backoff: float | None) -> None:
+    """What every fork does before Flower's entry. The preloaded libraries' objects are frozen out
+    of the garbage collector: they live as long as the process, and each full collection would
+    walk all of them (torch and transformers: millions; it made parsing the task's data 6x slower
+    in the fork than in a fresh process). ``multiprocessing`` starts processes by fork again, as in
+    Flower's own process: a forkserver's child inherits the forkserver method, and a library's
+    process (OpenVINO's telemetry sends one per event) then started a forkserver that re-imported
+    this SuperExec's ``__main__`` (~4 s of CPU each, six per FedE4RAG evaluation)."""
     gc.freeze()
+    multiprocessing.set_start_method("fork", force=True)
     if pull_backoff is not None:
         shorten_pull_backoff(pull_backoff)  # Flower's functions keep it after the modules go
     forget_app_packages()
+
+
+def flower_entry(argv: list[str]) -> int:
+    """Flower's ``flwr-clientapp`` entry with ``argv``; its exit code (a worker's ``flwr_exit``
+    returns it, Flower's own ends the process)."""
     from flwr.supernode.cli import flwr_clientapp  # preloaded: no import cost
 
     sys.argv = argv
-    flwr_clientapp()
+    try:
+        flwr_clientapp()
+    except MessageDone as done:
+        return done.code
+    return 0
+
+
+def run_clientapp(argv: list[str], pull_backoff: float | None) -> None:
+    """A forked ``flwr-clientapp`` for one message."""
+    prepare_fork(pull_backoff)
+    flower_entry(argv)
+
+
+def run_worker(conn, argv: list[str], pull_backoff: float | None) -> None:
+    """A forked worker: ``argv``'s message, then the run's next ones the SuperExec hands it."""
+    prepare_fork(pull_backoff)
+    serve(conn, argv, flower_entry)
 
 
 class ForkingPopen:
@@ -67,30 +97,72 @@ class ForkingPopen:
 
     DEVNULL = subprocess.DEVNULL
 
-    def __init__(self, context, pull_backoff: float | None = None) -> None:
-        self.context, self.pull_backoff = context, pull_backoff
+    def __init__(self, context, pull_backoff: float | None = None, pool: WorkerPool | None = None) -> None:
+        self.context, self.pull_backoff, self.pool = context, pull_backoff, pool
+        self.run_id: int | None = None  # the run of the task being launched (``remember_run``)
 
     def Popen(self, args: list[str], **kwargs):  # noqa: N802 (subprocess's name)
         multiprocessing.active_children()  # reaps the processes of earlier messages
         if args[0] != CLIENTAPP:
             return subprocess.Popen(args, **kwargs)  # pylint: disable=consider-using-with
+        if self.pool is not None and self.run_id is not None:
+            if worker := self.pool.take(self.run_id):
+                worker.hand(args)
+                return worker.process
+            if self.pool.room(self.run_id):
+                return self._start_worker(args)
         process = self.context.Process(target=run_clientapp, args=(args, self.pull_backoff))
         process.start()
         return process
+
+    def _start_worker(self, args: list[str]):
+        ours, theirs = self.context.Pipe()
+        process = self.context.Process(target=run_worker, args=(theirs, args, self.pull_backoff))
+        process.start()
+        theirs.close()
+        self.pool.add(Worker(process, ours, self.run_id))
+        return process
+
+
+def remember_run(popen: ForkingPopen) -> None:
+    """Flower's plugin knows the task's run before it launches the task's process; the launch
+    itself sees only its token. The plugin's launch is wrapped to tell ``popen`` the run."""
+    launch = BaseExecPlugin.launch_task
+
+    @functools.wraps(launch)
+    def launch_task(plugin, token, task):
+        popen.run_id = int(task.run_id)
+        try:
+            return launch(plugin, token, task)
+        finally:
+            popen.run_id = None
+
+    BaseExecPlugin.launch_task = launch_task
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m fedsim.run.superexec", description=__doc__.splitlines()[0])
     parser.add_argument("--preload", default="", help="comma-separated modules the forkserver imports once")
     parser.add_argument("--pull-backoff", type=float, help="the ClientApp's first retry of an object (Flower: 1 s)")
+    parser.add_argument("--workers", type=int, default=0, help="forks per run that serve its messages (0: one per message)")
+    parser.add_argument("--worker-idle", type=float, default=60.0, help="seconds a worker waits for a message before it ends")
     parser.add_argument("flower_args", nargs=argparse.REMAINDER, help="-- then flower-superexec's arguments")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["flwr.supernode.cli", *filter(None, args.preload.split(","))])
     forkserver.ensure_running()  # the imports happen now, while the run starts, not at its first message
-    subprocess_executor.subprocess = ForkingPopen(context, args.pull_backoff)
+    pool = WorkerPool(args.workers, args.worker_idle) if args.workers > 0 else None
+    popen = ForkingPopen(context, args.pull_backoff, pool)
+    subprocess_executor.subprocess = popen
+    if pool is not None:
+        remember_run(popen)
+        pool.reap_forever()
     sys.argv = ["flower-superexec", *after_separator(args.flower_args)]
-    flower_superexec()
+    try:
+        flower_superexec()
+    finally:
+        if pool is not None:
+            pool.close_all()
 
 
 if __name__ == "__main__":

@@ -61,3 +61,28 @@ def test_supernode_command_passes_the_preload_list(tmp_path):
     warm = launcher.supernode_command(*args, ["numpy", "torch"])
     assert warm[:4] == [sys.executable, "-m", "fedsim.run.supernode", "--preload=numpy,torch"]
     assert warm[4:] == ["--", *stock[1:]]  # TLS and the node's key exactly as without it
+    workers = launcher.supernode_command(*args, ["numpy"], 2)
+    assert workers[3:6] == ["--preload=numpy", "--workers=2", "--"]
+    assert launcher.supernode_command(*args, None, 2) == stock  # workers are forks of the warm process
+
+
+def test_the_supernode_passes_the_workers_to_its_superexec():
+    assert WarmSuperExec("json", None, 2).options == ["--preload=json", "--workers=2"]
+    assert WarmSuperExec("json", None).options == ["--preload=json"]
+
+
+def report_start_method(out: str) -> None:
+    from fedsim.run.superexec import prepare_fork
+    prepare_fork(None)
+    with open(out, "w", encoding="utf-8") as fh:
+        fh.write(multiprocessing.get_start_method())
+
+
+def test_a_forked_clientapp_starts_its_own_processes_as_flowers_would(tmp_path):
+    """A forkserver's child inherits the forkserver method: a library's process (OpenVINO's
+    telemetry, one per event) then started a new forkserver importing the SuperExec's __main__."""
+    context = multiprocessing.get_context("forkserver")
+    child = context.Process(target=report_start_method, args=(str(tmp_path / "method"),))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0 and (tmp_path / "method").read_text() == "fork"

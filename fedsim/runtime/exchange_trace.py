@@ -40,11 +40,13 @@ def process_start() -> float:
     return time.time() - age
 
 
-def mark_process_start() -> None:
+def mark_process_start(reused: bool = False) -> None:
     """The process's creation, before the interpreter ran (a fork of a warm process: the fork),
-    and its parent's command line (which process started it)."""
+    and its parent's command line (which process started it); ``reused``: a ClientApp worker's
+    next message (``fedsim/run/clientapp_workers.py``), which starts now in the same process."""
     if os.environ.get(TRACE_ENV):
-        mark("process-start", t=process_start(), parent=" ".join(psutil.Process().parent().cmdline()))
+        mark("process-start", t=time.time() if reused else process_start(), reused=reused,
+             parent=" ".join(psutil.Process().parent().cmdline()))
 
 
 def read(folder: Path) -> list[dict]:
@@ -67,9 +69,14 @@ def breakdown(marks: list[dict]) -> dict[tuple[str, int], dict[str, float]]:
     messages traced end to end. For a deployment, where each message has its own ClientApp
     process (in a Ray simulation an actor serves many), with one client per message (a
     SuperNode's batch of logical clients is one message to the server and several to the
-    client, so it has no match)."""
-    starts = {m["pid"]: m["t"] for m in marks if m["event"] == "process-start"}
-    imports = {m["pid"]: m["t"] for m in marks if m["event"] == "app-import"}
+    client, so it has no match). A ClientApp worker (``hardware.clientapp_workers``) serves
+    several messages in one process: a message's start is its process's last start mark before
+    the handler's entry, and where no import followed it (the app was imported for an earlier
+    message) the import stage ends at the entry."""
+    per_pid: dict[tuple[int, str], list[float]] = {}
+    for m in marks:
+        if m["event"] in ("process-start", "app-import"):
+            per_pid.setdefault((m["pid"], m["event"]), []).append(m["t"])
     per_message: dict[str, dict] = {}
     for m in marks:
         if m["message_id"]:
@@ -80,7 +87,10 @@ def breakdown(marks: list[dict]) -> dict[tuple[str, int], dict[str, float]]:
             continue
         pid = events["enter"]["pid"]
         t = {name: mark["t"] for name, mark in events.items()}
-        t.update({"process-start": starts[pid], "app-import": imports[pid]})
+        start = max(x for x in per_pid[pid, "process-start"] if x <= t["enter"])
+        t["process-start"] = start
+        t["app-import"] = min([x for x in per_pid.get((pid, "app-import"), []) if start <= x <= t["enter"]]
+                              or [t["enter"]])
         key = (events["push"]["phase"], events["push"]["round"])
         rows.setdefault(key, []).append({s: t[b] - t[a] for s, (a, b) in STAGES.items()})
     return {key: {s: sum(r[s] for r in rs) / len(rs) for s in STAGES} for key, rs in rows.items()}

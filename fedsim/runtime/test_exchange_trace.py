@@ -40,3 +40,13 @@ def test_breakdown_splits_each_exchange_into_its_stages():
     assert split[("test", 1)] == pytest.approx({"dispatch": 0.5, "process": 0.5, "setup": 1.0,
                                                "work": 0.5, "reply": 0.5})
     assert sum(split[("tune", 1)].values()) == pytest.approx(3.0)  # the stages add up to the exchange
+
+
+def test_breakdown_of_a_worker_takes_each_messages_own_start():
+    """One process serves two messages (``hardware.clientapp_workers``): the second starts at its
+    own start mark and, with no import of its own, its process stage ends at the handler's entry."""
+    first = _marks(10, "a", "test", 100.0)
+    second = [m for m in _marks(10, "b", "tune", 200.0) if m["event"] != "app-import"]
+    split = breakdown(first + second)
+    assert split[("test", 1)] == pytest.approx({"dispatch": 0.5, "process": 0.5, "setup": 1.0, "work": 0.5, "reply": 0.5})
+    assert split[("tune", 1)] == pytest.approx({"dispatch": 0.5, "process": 0.6, "setup": 0.9, "work": 0.5, "reply": 0.5})
