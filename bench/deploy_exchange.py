@@ -13,9 +13,9 @@ exchange's messages).
     nice -n 19 .venv/bin/python bench/deploy_exchange.py [--only fedtp|lora] \
         [--variant 'label=override ...' ...]
 
-A ``--variant`` adds a deployment with more overrides (e.g. ``cold=hardware.clientapp_workers=0 hardware.clientapp_preload=null``,
-Flower's cold ClientApp process per message), so that before and after are measured in the
-same run.
+A ``--variant`` adds a deployment with more overrides (e.g.
+``cold=hardware.clientapp_workers=0 hardware.clientapp_preload=null``, Flower's cold ClientApp
+process per message), so that before and after are measured in the same run.
 """
 
 from __future__ import annotations

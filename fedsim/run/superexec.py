@@ -144,8 +144,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m fedsim.run.superexec", description=__doc__.splitlines()[0])
     parser.add_argument("--preload", default="", help="comma-separated modules the forkserver imports once")
     parser.add_argument("--pull-backoff", type=float, help="the ClientApp's first retry of an object (Flower: 1 s)")
-    parser.add_argument("--workers", type=int, default=0, help="forks per run that serve its messages (0: one per message)")
-    parser.add_argument("--worker-idle", type=float, default=60.0, help="seconds a worker waits for a message before it ends")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="forks per run that serve its messages (0: one per message)")
+    parser.add_argument("--worker-idle", type=float, default=60.0,
+                        help="seconds a worker waits for a message before it ends")
     parser.add_argument("flower_args", nargs=argparse.REMAINDER, help="-- then flower-superexec's arguments")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     context = multiprocessing.get_context("forkserver")

@@ -12,8 +12,7 @@ from flwr.supercore.exit.exit_handler import add_exit_handler, registered_exit_h
 from flwr.supercore.superexec.plugin.base_exec_plugin import BaseExecPlugin
 
 from fedsim.run import superexec
-from fedsim.run.clientapp_workers import MessageDone, Worker, WorkerPool, end_message, serve, \
-    without_parent_monitor
+from fedsim.run.clientapp_workers import MessageDone, Worker, WorkerPool, end_message, serve, without_parent_monitor
 from fedsim.run.superexec import CLIENTAPP, ForkingPopen, remember_run
 
 

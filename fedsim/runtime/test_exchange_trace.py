@@ -48,5 +48,6 @@ def test_breakdown_of_a_worker_takes_each_messages_own_start():
     first = _marks(10, "a", "test", 100.0)
     second = [m for m in _marks(10, "b", "tune", 200.0) if m["event"] != "app-import"]
     split = breakdown(first + second)
-    assert split[("test", 1)] == pytest.approx({"dispatch": 0.5, "process": 0.5, "setup": 1.0, "work": 0.5, "reply": 0.5})
-    assert split[("tune", 1)] == pytest.approx({"dispatch": 0.5, "process": 0.6, "setup": 0.9, "work": 0.5, "reply": 0.5})
+    stages = {"dispatch": 0.5, "process": 0.5, "setup": 1.0, "work": 0.5, "reply": 0.5}
+    assert split[("test", 1)] == pytest.approx(stages)
+    assert split[("tune", 1)] == pytest.approx({**stages, "process": 0.6, "setup": 0.9})
