@@ -12,7 +12,15 @@ from flwr.supercore.exit.exit_handler import add_exit_handler, registered_exit_h
 from flwr.supercore.superexec.plugin.base_exec_plugin import BaseExecPlugin
 
 from fedsim.run import superexec
-from fedsim.run.clientapp_workers import MessageDone, Worker, WorkerPool, end_message, serve, without_parent_monitor
+from fedsim.run.clientapp_workers import (
+    MessageDone,
+    Worker,
+    WorkerPool,
+    end_message,
+    install_once,
+    serve,
+    without_parent_monitor,
+)
 from fedsim.run.superexec import CLIENTAPP, ForkingPopen, remember_run
 
 
@@ -141,3 +149,12 @@ def test_a_worker_ends_when_the_superexec_closes_its_pipe(tmp_path):
     worker.close()
     assert process.exitcode == 0 and ours.closed
     assert served(log)[0]["pid"] == process.pid
+
+
+def test_a_worker_installs_its_fab_once():
+    """The worker runs the code it imported for its first message: a second install of the same
+    FAB is skipped, another FAB's bytes are installed."""
+    calls = []
+    install = install_once(lambda content, **kw: calls.append(content) or f"dir-{len(calls)}")
+    assert install(b"fab", skip_prompt=True) == install(b"fab", skip_prompt=True) == "dir-1"
+    assert install(b"other fab", skip_prompt=True) == "dir-2" and calls == [b"fab", b"other fab"]
