@@ -17,7 +17,7 @@ the run's secret instead of the public seed, its routers' error and support rati
 import pytest
 
 from conftest import SMALL, fedsim_run, read_results
-from fedsim.runtime import exchange_trace
+from fedsim.run import exchange_trace
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -25,9 +25,9 @@ from hydra.utils import get_class
 
 from fedsim.message_keys import CONFIG, NODE_NUM_PARTITIONS, NODE_PARTITION_ID, PARTITION_ID, RAY_NODE, SERVER_ROUND
 from fedsim.privacy.he import layer as he_layer
-from fedsim.run import node_local
+from fedsim.run import exchange_trace, node_local
 from fedsim.run.data import resolve_data_root
-from fedsim.runtime import client_state, exchange_trace
+from fedsim.runtime import client_state
 from fedsim.runtime.faults import fault_injection_mod
 from fedsim.runtime.journal import WHOAMI
 from fedsim.runtime.seeding import PROCESS, reseed

@@ -48,10 +48,9 @@ from omegaconf import DictConfig, OmegaConf
 from fedsim.message_keys import DP_EPSILON, NUM_EXAMPLES, SERVER_ROUND
 from fedsim.privacy.dp import CentralDP, NoiseSource
 from fedsim.results.sinks import Sinks, reply_metrics
-from fedsim.run import progress
+from fedsim.run import exchange_trace, progress
 from fedsim.run.data import reads_data
 from fedsim.run.node_local import sent_task
-from fedsim.runtime import exchange_trace
 from fedsim.runtime.client_app import SEED_KEY, TASK_KEY
 from fedsim.runtime.client_state import RUN_KEY, STATE_KEY
 from fedsim.runtime.faults import FAULTS_KEY
