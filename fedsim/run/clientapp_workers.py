@@ -121,7 +121,7 @@ class Worker:
         return not self.busy and self.process.is_alive()
 
     def hand(self, argv: list[str]) -> None:
-        self.busy = True
+        """The next message (the pool's ``take`` marked it busy)."""
         self.conn.send(argv)
 
     def close(self) -> None:
@@ -172,7 +172,8 @@ class WorkerPool:
             stale = [w for w in self.workers if w.free() and now - w.idle_since >= self.idle]
             for worker in stale:
                 self.workers.remove(worker)
-                worker.close()
+        for worker in stale:  # outside the lock: a launch never waits for a worker's exit
+            worker.close()
 
     def close_all(self) -> None:
         with self.lock:
