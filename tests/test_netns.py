@@ -100,7 +100,7 @@ def federation(tmp_path):
         env = {**launcher._env(home, uuid.uuid4().hex), "FEDSIM_DATA_ROOT": str(resolve_data_root())}
         certs = make_federation(tmp_path / "certs", [LINK_IP, "127.0.0.1"], nodes=2)
         link = hosts.start(hosts.link, launcher.superlink_command(
-            PORT, tmp_path / "state.db", certs, node_auth=True, host="0.0.0.0"),
+            PORT, certs, node_auth=True, host="0.0.0.0"),
             tmp_path, env, tmp_path / "superlink.log")
         # the operator registers the nodes from the SuperLink's own host
         launcher.write_connection(home, f"127.0.0.1:{PORT}", certs)

@@ -38,3 +38,4 @@ def test_registered_node_joins_unregistered_node_is_refused(tmp_path):
             assert good.alive()
             assert not bad.alive() and bad.proc.returncode != 0
             assert "Failed to activate SuperNode" in bad.log.read_text()
+        assert not list(tmp_path.glob("*.db*"))  # registrations included, the local SuperLink's state is in memory
