@@ -345,14 +345,23 @@ def _weight(weight):
 
 def _renamed(reply):
     record = reply[he_keys.CIPHERTEXTS]
-    reply[he_keys.CIPHERTEXTS] = ArrayRecord({f"x-{i}": record[f"ct-{i}"] for i in range(len(record))})
+    reply[he_keys.CIPHERTEXTS] = ArrayRecord({f"x-{k}": v for k, v in record.items()})
     return reply
 
 
 def _garbage(reply):
     record = reply[he_keys.CIPHERTEXTS]
-    reply[he_keys.CIPHERTEXTS] = ArrayRecord({k: Array(np.full(len(v.numpy()), 7, np.uint8))
-                                              for k, v in record.items()})
+    size = record[he_keys.CIPHERTEXT_BYTES].shape[0]
+    reply[he_keys.CIPHERTEXTS] = ArrayRecord({**record, he_keys.CIPHERTEXT_BYTES: Array(np.full(size, 7, np.uint8))})
+    return reply
+
+
+def _shifted_lengths(reply):
+    """Lengths that still add up to the bytes but cut the ciphertexts in the wrong places."""
+    record = reply[he_keys.CIPHERTEXTS]
+    lengths = record[he_keys.CIPHERTEXT_LENGTHS].numpy().copy()
+    lengths[0], lengths[-1] = lengths[0] - 1, lengths[-1] + 1
+    reply[he_keys.CIPHERTEXTS] = ArrayRecord({**record, he_keys.CIPHERTEXT_LENGTHS: Array(lengths)})
     return reply
 
 
@@ -363,9 +372,9 @@ def _kept(reply):
     return reply
 
 
-@pytest.mark.parametrize("hostile", [_weight(1e12), _renamed, _garbage, _kept],
+@pytest.mark.parametrize("hostile", [_weight(1e12), _renamed, _garbage, _shifted_lengths, _kept],
                          ids=["weight 1e12 (declared 50)", "renamed ciphertexts", "undecodable ciphertexts",
-                              "no inline update"])
+                              "ciphertexts cut in the wrong places", "no inline update"])
 def test_a_hostile_he_reply_is_counted_and_the_aggregate_is_the_honest_one(tmp_path, hostile):
     installed, vectors, faults = _he_run(tmp_path, hostile)
     np.testing.assert_allclose(installed, np.mean(vectors[:HONEST], axis=0), atol=1e-4)

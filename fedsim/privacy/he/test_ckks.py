@@ -1,13 +1,16 @@
 """The clients' CKKS secret key on disk: created 0600 from its first byte in a 0700 folder, and
 refused on load where another local user could read or swap it (as the TLS keys and the run's
-secret are)."""
+secret are); and the record its ciphertexts travel in, which a hostile peer may fill."""
 
 import os
 import stat
 
+import numpy as np
 import pytest
+from flwr.app import Array, ArrayRecord
 
 from fedsim.privacy.he import ckks
+from fedsim.privacy.he import messages as keys
 
 PARAMS = ckks.CKKSParams()
 
@@ -57,3 +60,21 @@ def test_a_key_or_key_folder_open_to_others_is_refused(tmp_path):
     with pytest.raises(PermissionError):
         ckks.client_context(PARAMS, shared)
     assert not list(shared.iterdir())
+
+
+def test_ciphertexts_travel_as_two_arrays_and_come_back_whole():
+    blobs = [b"first", b"second ciphertext", b"3"]
+    record = ckks.blobs_record(blobs)
+    assert len(record) == 2 and ckks.record_problem(record, 3) is None
+    assert ckks.record_blobs(record) == blobs
+
+
+@pytest.mark.parametrize("lengths", [
+    [2 ** 62] * 4 + [3],  # each positive, their int64 sum wraps around to the 3 bytes
+    [3, 0], [4, -1], [2], [1, 3], []])
+def test_lengths_that_do_not_cut_the_bytes_exactly_are_refused(lengths):
+    record = ArrayRecord({keys.CIPHERTEXT_BYTES: Array(np.frombuffer(b"abc", dtype=np.uint8)),
+                          keys.CIPHERTEXT_LENGTHS: Array(np.array(lengths, dtype=np.int64))})
+    assert "lengths must be positive and sum to the 3 bytes" in ckks.record_problem(record)
+    with pytest.raises(ValueError, match="not a record of ciphertexts"):
+        ckks.record_blobs(record)
