@@ -1,0 +1,75 @@
+"""FedDTRE's alpha against each client's overfitting, pooled over the seeds of a sweep.
+
+Each run reports the relation over its own client-rounds (``results.json`` ``alpha_gap``, 12 at
+the pilot setting: CIs of about +-0.55); this pools every completed run's client-rounds under the
+same statistic (``fedsim_experiments.feddtre_report.alpha_vs_gap``), prints it per method and
+dataset with the per-seed r, and plots the points.
+
+    .venv/bin/python bench/feddtre_alpha_pooled.py SWEEP_DIR [SWEEP_DIR ...] \
+        --plot docs/feddtre_alpha_vs_overfitting.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 (after the backend)
+from scipy.stats import spearmanr  # noqa: E402
+
+from fedsim_clients import feddtre_messages as keys  # noqa: E402
+from fedsim_experiments.feddtre_report import alpha_vs_gap  # noqa: E402
+
+
+def completed_runs(sweeps: list[Path]) -> dict[str, dict]:
+    """``{run name: results}`` of every completed run of the sweep folders."""
+    runs = {}
+    for sweep in sweeps:
+        for run in json.loads((sweep / "sweep.json").read_text())["runs"]:
+            if run["status"] == "completed":
+                runs[run["name"]] = json.loads((sweep / run["name"] / "results.json").read_text())
+    return runs
+
+
+def pooled(runs: dict[str, dict], method: str, dataset: str) -> dict[tuple[str, str], list[dict]]:
+    """Every run's client-rounds, keyed by (run, round) so that rounds of two seeds stay apart."""
+    return {(name, rnd): rows["clients"] for name, r in runs.items()
+            for rnd, rows in r["alpha"][method][dataset].items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweeps", nargs="+", type=Path)
+    parser.add_argument("--method", default="feddtre")
+    parser.add_argument("--dataset", default="persona_chat")
+    parser.add_argument("--plot", type=Path)
+    args = parser.parse_args()
+    runs = completed_runs(args.sweeps)
+    client_rounds = pooled(runs, args.method, args.dataset)
+    stats = alpha_vs_gap(client_rounds)
+    rows = [row for rs in client_rounds.values() for row in rs]
+    gap = [row[keys.HELDOUT_NLL] - row[keys.TRAIN_NLL] for row in rows]
+    alpha = [row[keys.ALPHA] for row in rows]
+    floor = min(alpha)
+    print(f"{len(runs)} runs, {stats['client_rounds']} client-rounds")
+    print(json.dumps({**stats, "spearman": float(spearmanr(alpha, gap).statistic),
+                      "share_at_floor": sum(a == floor for a in alpha) / len(alpha), "floor": floor}, indent=1))
+    print("per run r:", {name: round(r["alpha_gap"][args.method][args.dataset].get("pearson_r", float("nan")), 2)
+                         for name, r in sorted(runs.items(), key=lambda kv: int(kv[0].split("-")[-1]))})
+    if args.plot:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.scatter(gap, alpha, s=12, alpha=0.6)
+        ax.set_xlabel("local model: held-out minus train nll per token")
+        ax.set_ylabel("alpha")
+        ax.set_title(f"FedDTRE, {len(runs)} seeds, {len(rows)} client-rounds: "
+                     f"r {stats['pearson_r']:+.2f} [{stats['ci'][0]:+.2f}, {stats['ci'][1]:+.2f}]", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
