@@ -65,11 +65,12 @@ class Faults:
     nan: list[int] = MISSING            # these send NaN
     wrong_length: list[int] = MISSING   # these send one value short
     negative: list[int] = MISSING       # these send negative mass
+    uninflatable: list[int] = MISSING   # these declare their first array's shape as text
     timeout_seconds: float = MISSING    # sleep of the timeout fault
     message_types: list[str] = MISSING  # replies affected
 
     def __post_init__(self):
-        for kind in ("crash", "timeout", "nan", "wrong_length", "negative"):
+        for kind in ("crash", "timeout", "nan", "wrong_length", "negative", "uninflatable"):
             ids = getattr(self, kind)
             require(all(i >= 0 for i in ids), f"faults.{kind}", "partition ids >= 0", ids)
         require(self.timeout_seconds >= 0, "faults.timeout_seconds", ">= 0", self.timeout_seconds)

@@ -46,6 +46,7 @@ from fedsim.run.flower_waits import shorten_pull_backoff
 from fedsim.runtime.client_state import FORGET, RUN_KEY, STATE_KEY, forget_request
 from fedsim.runtime.journal import Journal
 from fedsim.runtime.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
+from fedsim.runtime.reply_pull import isolate_reply_pulls
 from fedsim.runtime.seeding import SERVER, SERVER_SAMPLING, reseed
 from fedsim.runtime.sharded_grid import ShardedGrid
 
@@ -162,6 +163,7 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
                   MlflowSink.for_run(cfg) if cfg.logging.mlflow else None)
     messenger, failed = None, True
     try:
+        grid = isolate_reply_pulls(grid)
         state_layout(grid, cfg)
         if cfg.hardware.clients_per_supernode > 1:  # the protocol sees one node per logical client
             grid = ShardedGrid(grid, int(cfg.hardware.num_clients), float(cfg.round_timeout))

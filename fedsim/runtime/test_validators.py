@@ -8,6 +8,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedsim.runtime.validators import (
+    Arrays,
     Config,
     Metrics,
     Number,
@@ -88,3 +89,11 @@ def test_every_metric_must_be_finite():
     assert metric_values(RecordDict({"m": MetricRecord({"loss": 1.0, "turn/x": [1, 2]})})) is None
     assert "not finite" in metric_values(RecordDict({"m": MetricRecord({"loss": float("nan")})}))
     assert "not finite" in metric_values(RecordDict({"m": MetricRecord({"turn/x": [1.0, float("inf")]})}))
+
+
+@pytest.mark.parametrize("declared", [{"shape": (7,)}, {"shape": ("uninflatable",)}, {"dtype": "int64"}])
+def test_an_array_is_read_by_what_it_holds_and_refused_where_it_declares_otherwise(declared):
+    record = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
+    for name, value in declared.items():
+        setattr(record["w"], name, value)  # Flower keeps the sender's metadata as sent
+    assert "declares" in Arrays().problem(record, 1)

@@ -179,6 +179,9 @@ def decoded(name: str, array) -> np.ndarray | str:
         values = array.numpy()
     except Exception as exc:  # noqa: BLE001 - any undecodable payload
         return f"undecodable array {name!r:.60}: {type(exc).__name__}"
+    if list(array.shape) != list(values.shape) or str(array.dtype) != str(values.dtype):  # the sender's words
+        return (f"{name!r:.60} declares {array.dtype!s:.20}{list(array.shape)!s:.40}, "
+                f"holds {values.dtype}{list(values.shape)}")
     if values.dtype.kind not in "fiu":
         return f"{name!r:.60}: dtype {values.dtype} is not numeric"
     return values

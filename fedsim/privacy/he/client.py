@@ -12,6 +12,7 @@ is never used.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -138,10 +139,10 @@ class HEClient:
 
     def _install(self, ciphertexts, rnd: int, chunk: int, num_chunks: int, total: int, size: int) -> float:
         """Decrypt chunk ``chunk`` of round ``rnd``'s aggregate into the copy; the decrypt seconds."""
-        start = time.perf_counter()
-        values = ckks.decrypt(self.ctx, ckks.record_blobs(ciphertexts))
-        seconds = time.perf_counter() - start
         n = min(size, total - chunk * size)
+        start = time.perf_counter()
+        values = ckks.decrypt(self.ctx, ckks.record_blobs(ciphertexts, math.ceil(n / self.params.slots)))
+        seconds = time.perf_counter() - start
         if not np.all(np.isfinite(values[:n])):
             raise ValueError(f"decrypted aggregate chunk {chunk} is not finite")
         state_path, partial = self.folder / "global.partial.json", self.folder / "global.partial.npy"

@@ -78,3 +78,23 @@ def test_lengths_that_do_not_cut_the_bytes_exactly_are_refused(lengths):
     assert "lengths must be positive and sum to the 3 bytes" in ckks.record_problem(record)
     with pytest.raises(ValueError, match="not a record of ciphertexts"):
         ckks.record_blobs(record)
+
+
+def _lying(array: Array, **declared) -> Array:
+    """``array`` with metadata its bytes do not have: Flower keeps what the sender declared."""
+    for name, value in declared.items():
+        setattr(array, name, value)
+    return array
+
+
+@pytest.mark.parametrize("data, lengths", [
+    (_lying(Array(np.frombuffer(b"abc", dtype=np.uint8)), shape=(2 ** 62,)),
+     Array(np.array([2 ** 62] * 5, dtype=np.int64))),  # would sum (wrapping) to the declared bytes
+    (_lying(Array(np.frombuffer(b"abc", dtype=np.uint8)), shape=(10 ** 12,)),
+     Array(np.array([1, 10 ** 12 - 1], dtype=np.int64))),
+    (Array(np.frombuffer(b"abc", dtype=np.uint8)), _lying(Array(np.array([1.0, 2.0])), dtype="int64"))])
+def test_a_record_is_checked_by_what_its_arrays_hold_not_by_what_they_declare(data, lengths):
+    record = ArrayRecord({keys.CIPHERTEXT_BYTES: data, keys.CIPHERTEXT_LENGTHS: lengths})
+    assert ckks.record_problem(record) is not None
+    with pytest.raises(ValueError, match="not a record of ciphertexts"):
+        ckks.record_blobs(record)
