@@ -4,7 +4,7 @@ The server puts a JSON spec in the message's config under ``fedsim-faults`` (``f
 ``conf/config.yaml``): partition ids per fault kind, ``timeout_seconds`` and the
 ``message_types`` whose replies are affected (default: train). Corruptions work on any reply:
 the first array when the reply carries arrays, else the first metric (e.g. an HE train reply,
-which carries only metrics and the public context).
+which carries only metrics and the public context); ``uninflatable`` needs an array.
 """
 
 from __future__ import annotations
