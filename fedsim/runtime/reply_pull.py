@@ -5,8 +5,8 @@ for the replies to the given ids, which the SuperLink deletes from its state as 
 (flwr/superlink/servicer/runtime/runtime_handlers.py:215-228), then pulls and inflates each
 reply with no guard around the inflation. A client can fill its reply's objects so that Flower's
 own ``Array.inflate`` raises (a declared shape that is not integers, a chunk index out of
-range): the call raises, and every reply it had taken, the honest ones included, is gone; the
-exchange waits for them until its timeout, and the run stops below its quorum. Flower has no
+range): the call raises out of the exchange and ends the run, and every reply it had taken,
+the honest ones included, is gone from the SuperLink. Flower has no
 hook for it, so :func:`pull_each` takes Flower's steps per reply and makes a reply that does not
 inflate an Error with ``MALFORMED_CODE`` (the Messenger counts it ``malformed``). A reply whose
 objects never came stays Flower's ``MESSAGE_UNAVAILABLE`` Error. A Ray simulation's grid moves
