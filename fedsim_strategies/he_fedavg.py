@@ -232,8 +232,11 @@ class HEFedAvg(Strategy):
 
     def _ciphertexts_problem(self, probe: ckks.Probe, record: ArrayRecord, values: int) -> str | None:
         """Why ``record`` does not hold ``values`` floats in ciphertexts this server can sum."""
-        return ckks.record_problem(record, math.ceil(values / self.slots)) or \
-            probe.problem(ckks.record_blobs(record), values, self.slots)
+        try:
+            blobs = ckks.record_blobs(record, math.ceil(values / self.slots))
+        except ckks.NotCiphertexts as exc:
+            return str(exc)
+        return probe.problem(blobs, values, self.slots)
 
     def _query(self, nodes: list[int], config: dict, record: ArrayRecord | None
                ) -> list[Message]:

@@ -146,35 +146,27 @@ def blobs_record(blobs: list[bytes]) -> ArrayRecord:
                         keys.CIPHERTEXT_LENGTHS: Array(np.array([len(b) for b in blobs], dtype=np.int64))})
 
 
+class NotCiphertexts(ValueError):
+    """A record that is not ciphertexts as :func:`blobs_record` makes them."""
+
+    def __init__(self, why: str):
+        super().__init__(f"not a record of ciphertexts: {why}")
+
+
 def record_blobs(record: ArrayRecord, count: int | None = None) -> list[bytes]:
     """The ciphertexts of a record :func:`blobs_record` made (``count`` of them, where given);
-    ``ValueError`` for any other."""
-    pieces = _pieces(record, count)
-    if isinstance(pieces, str):
-        raise ValueError(f"not a record of ciphertexts: {pieces}")
-    return pieces
-
-
-def record_problem(record: ArrayRecord, count: int | None = None) -> str | None:
-    """Why ``record`` is not ciphertexts as :func:`blobs_record` makes them (``count`` of them,
-    where given)."""
-    pieces = _pieces(record, count)
-    return pieces if isinstance(pieces, str) else None
-
-
-def _pieces(record: ArrayRecord, count: int | None) -> list[bytes] | str:
-    """The ciphertexts, or why there are none: the two arrays as decoded, not as declared (an
-    Array's shape and dtype are the sender's words, its bytes are what came), flat, uint8 bytes
+    :class:`NotCiphertexts` for any other. Read from the two arrays as decoded, not as declared (an
+    Array's shape and dtype are the sender's words, its bytes are what came): flat uint8 bytes
     and int64 lengths, positive lengths that sum to the bytes (as Python ints: no wrap-around)."""
     if set(record) != {keys.CIPHERTEXT_BYTES, keys.CIPHERTEXT_LENGTHS}:
-        return f"expected the arrays {keys.CIPHERTEXT_BYTES!r} and {keys.CIPHERTEXT_LENGTHS!r}"
+        raise NotCiphertexts(f"expected the arrays {keys.CIPHERTEXT_BYTES!r} and {keys.CIPHERTEXT_LENGTHS!r}")
     data, lengths = record[keys.CIPHERTEXT_BYTES].numpy(), record[keys.CIPHERTEXT_LENGTHS].numpy()
     if data.dtype != np.uint8 or lengths.dtype != np.int64 or data.ndim != 1 or lengths.ndim != 1:
-        return "ciphertexts must be flat uint8 bytes with flat int64 lengths"
+        raise NotCiphertexts("ciphertexts must be flat uint8 bytes with flat int64 lengths")
     sizes = lengths.tolist()
     if count is not None and len(sizes) != count:
-        return f"expected {count} ciphertexts, got {len(sizes)}"
+        raise NotCiphertexts(f"expected {count} ciphertexts, got {len(sizes)}")
     if not sizes or min(sizes) <= 0 or sum(sizes) != data.size:
-        return f"ciphertext lengths must be positive and sum to the {data.size} bytes"
+        raise NotCiphertexts(f"ciphertext lengths must be positive and sum to the {data.size} bytes")
     blob, ends = data.tobytes(), np.cumsum(sizes).tolist()
     return [blob[start:end] for start, end in zip([0, *ends[:-1]], ends)]
