@@ -42,7 +42,7 @@ from fedsim_clients import fede4rag_messages as keys
 from fedsim_experiments import fede4rag_report as report
 from fedsim_experiments.common import RunContext, build_strategy, discover
 from fedsim_experiments.fede4rag_schema import scored, splits
-from fedsim_strategies.client_spread import ClientSpread, spread
+from fedsim_strategies.client_spread import ClientSpread, model_spread
 from fedsim_strategies.lora_product import LoraProductAvg
 from fedsim_tasks.financebench_rag.dataset import client_documents
 from fedsim_tasks.financebench_rag.retrieval import METRICS, weights_key
@@ -171,12 +171,11 @@ def local_only(ctx: Context, name: str, spec: DictConfig) -> Trained:
     of ``local_steps`` each from the common initial model, kept across them on its own disk, as
     a federated method's client trains with ``local_models`` (a round's seed is the same). The
     method has no global model; each round records how far apart the companies' retrievers are
-    and how far they moved from the initial model (``client_spread.spread``)."""
+    and how far they moved from the initial model (``client_spread.model_spread``)."""
     rounds, local = int(ctx.cfg.num_rounds), f"retriever-{name}"
     config = ctx.train_config(name, keys.FROM_INITIAL, 0.0, ctx.cfg.protocol.local_steps,
                               _threads(ctx.cfg, len(ctx.nodes)), local)
     start = from_record(_initial(ctx))
-    flat = lambda arrays: np.concatenate([a.ravel() for a in arrays.values()])  # noqa: E731
     per_round = {}
     for rnd in range(1, rounds + 1):
         replies = ctx.ask_each({node: {**config, keys.SERVER_ROUND: rnd} for node in ctx.nodes.values()},
@@ -186,7 +185,7 @@ def local_only(ctx: Context, name: str, spec: DictConfig) -> Trained:
         pairs = [float(m[keys.NUM_EXAMPLES]) for m in metrics]
         per_round[rnd] = {k: float(np.average([m[k] for m in metrics], weights=pairs))
                           for k in metrics[0] if k != keys.NUM_EXAMPLES} | \
-            spread([flat(from_record(r[keys.ARRAYS])) for r in replies], pairs, flat(start))
+            model_spread([from_record(r[keys.ARRAYS]) for r in replies], pairs, start)
         log.info("[fede4rag] %s round %d/%d: client-distance %.4g, update-norm (from the initial model) %.4g",
                  name, rnd, rounds, per_round[rnd]["client-distance"], per_round[rnd]["update-norm"])
     return Trained(None, {"steps": ctx.budget, "rounds": per_round}, local=local)

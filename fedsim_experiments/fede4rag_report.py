@@ -50,8 +50,10 @@ def summary(r: dict, out: RunOutput) -> str:
     if drift := _drift_rows(r):
         tables.append("## Per round (clients' means): client-distance = L2 of each client's weights to their "
                       "mean, update-norm = to the model it started the round from (the global, or for "
-                      "local_only the initial model), kd-grad-ratio = |grad KD x weight| / |grad InfoNCE| at the "
-                      "round's last step\n" + markdown_table(drift, list(drift[0])))
+                      "local_only the initial model), both over the LoRA factors as sent; delta-: the same "
+                      "over what each LoRA pair adds (B @ A, which re-scaled or re-factored factors, as "
+                      "lora_aggregation=product's, leave as it is), kd-grad-ratio = |grad KD x weight| / "
+                      "|grad InfoNCE| at the round's last step\n" + markdown_table(drift, list(drift[0])))
     cost = [{"method": k, **v} for k, v in r["round_cost"].items()]
     if cost:
         tables.append("## Round cost (mean per round)\n" + markdown_table(
@@ -84,7 +86,8 @@ def _per_client_rows(r: dict) -> list[dict]:
     return rows
 
 
-DRIFT = ("infonce", "kd", "kd-grad-ratio", "client-distance", "update-norm")
+DRIFT = ("infonce", "kd", "kd-grad-ratio", "client-distance", "update-norm", "delta-client-distance",
+         "delta-update-norm")
 
 
 def _drift_rows(r: dict) -> list[dict]:

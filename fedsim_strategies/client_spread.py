@@ -7,15 +7,23 @@ average, the mean norm of the client updates (returned minus the global weights 
 norm of the averaged update, and adds them to the round's train metrics. Sampling, weighting and
 aggregation stay the wrapped strategy's. Only possible where the server sees plaintext updates
 (not under ``HEFedAvg``).
+
+LoRA factors are not where a model is: ``B R`` and ``R^-1 A`` compute what ``B`` and ``A`` do, and
+``LoraProductAvg`` re-factors the aggregate by an SVD, which can put it far from every client in
+factor space while its adapters add what theirs add on average. So with LoRA pairs the same
+distances are also taken on what each pair adds (``B @ A``, before peft's constant scale): the
+``delta-`` keys.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import ArrayRecord, MetricRecord
+from flwr.app import MetricRecord
 from flwr.serverapp.strategy import Strategy
 
 from fedsim.message_keys import NUM_EXAMPLES
+from fedsim.runtime.records import from_record
+from fedsim_strategies.lora_product import A_MARK, B_MARK
 
 
 def spread(updated: list[np.ndarray], weights: list[float], start: np.ndarray) -> dict[str, float]:
@@ -31,8 +39,45 @@ def spread(updated: list[np.ndarray], weights: list[float], start: np.ndarray) -
             "relative-distance": distance / update if update else 0.0}
 
 
-def _flat(arrays: ArrayRecord) -> np.ndarray:
-    return np.concatenate([a.ravel() for a in arrays.to_numpy_ndarrays()])
+def adapter_deltas(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``arrays`` with every LoRA pair replaced by what it adds, ``B @ A``; others as they are."""
+    out = {}
+    for name, value in arrays.items():
+        if A_MARK in name:
+            b = arrays[name.replace(A_MARK, B_MARK)]
+            out[name] = b.astype(np.float64) @ value.astype(np.float64)
+        elif B_MARK not in name:
+            out[name] = value
+    return out
+
+
+def model_spread(updated: list[dict[str, np.ndarray]], weights: list[float],
+                 start: dict[str, np.ndarray]) -> dict[str, float]:
+    """:func:`spread` of the named weights as they travel and, where they hold LoRA pairs, of
+    what the pairs add (:func:`adapter_deltas`) under ``delta-`` keys."""
+    stats = spread([_flat(u) for u in updated], weights, _flat(start))
+    if any(A_MARK in name for name in start):
+        deltas = [_flat(adapter_deltas(u)) for u in updated]
+        stats |= {f"delta-{k}": v for k, v in spread(deltas, weights, _flat(adapter_deltas(start))).items()}
+        stats["delta-factor-average-gap"] = factor_average_gap(updated, deltas, weights)
+    return stats
+
+
+def factor_average_gap(updated: list[dict[str, np.ndarray]], deltas: list[np.ndarray],
+                       weights: list[float]) -> float:
+    """How far averaging each LoRA factor apart lands from the average of what the clients'
+    pairs add: ||mean(B) @ mean(A) - mean(B @ A)|| / ||mean(B @ A)|| over every pair (0 for
+    one client or clients whose pairs agree)."""
+    w = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
+    factors = {k: sum(wi * u[k].astype(np.float64) for wi, u in zip(w, updated)) for k in updated[0]}
+    product_mean = w @ np.stack(deltas)
+    gap = _flat(adapter_deltas(factors)) - product_mean
+    norm = float(np.linalg.norm(product_mean))
+    return float(np.linalg.norm(gap)) / norm if norm else 0.0
+
+
+def _flat(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    return np.concatenate([a.ravel() for a in arrays.values()])
 
 
 class ClientSpread(Strategy):
@@ -43,13 +88,13 @@ class ClientSpread(Strategy):
 
     def __init__(self, strategy: Strategy):
         self.strategy = strategy
-        self.sent: np.ndarray | None = None
+        self.sent: dict[str, np.ndarray] | None = None
 
     def summary(self) -> None:
         self.strategy.summary()
 
     def configure_train(self, server_round, arrays, config, grid):
-        self.sent = _flat(arrays)
+        self.sent = from_record(arrays)  # fresh arrays: what QFedAvg empties is the record
         return self.strategy.configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round, replies):
@@ -65,7 +110,7 @@ class ClientSpread(Strategy):
             return None
         key = getattr(self.strategy, "weighted_by_key", NUM_EXAMPLES)
         weights = [float(next(iter(c.metric_records.values()))[key]) for c in valid]
-        return spread([_flat(next(iter(c.array_records.values()))) for c in valid], weights, self.sent)
+        return model_spread([from_record(next(iter(c.array_records.values()))) for c in valid], weights, self.sent)
 
     def configure_evaluate(self, server_round, arrays, config, grid):
         return self.strategy.configure_evaluate(server_round, arrays, config, grid)

@@ -7,11 +7,12 @@ from functools import partial
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, MessageType, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Bulyan, FedAvg, QFedAvg
 
 from fedsim.runtime.inprocess_grid import InProcessGrid
-from fedsim_strategies.client_spread import ClientSpread, spread
+from fedsim.runtime.records import from_record
+from fedsim_strategies.client_spread import ClientSpread, model_spread, spread
 
 
 def test_spread_on_hand_checked_vectors():
@@ -77,3 +78,57 @@ def test_strategies_that_consume_what_they_read_keep_their_aggregate(inner, froz
     alone, wrapped = run(inner(**args)), run(ClientSpread(inner(**args)))
     np.testing.assert_array_equal(wrapped.arrays.to_numpy_ndarrays()[0], alone.arrays.to_numpy_ndarrays()[0])
     assert wrapped.train_metrics_clientapp[1]["update-norm"] == pytest.approx((2 + np.sqrt(5)) / 3)
+
+
+def _lora(b, a):
+    return {"q.lora_A.weight": np.asarray(a, float), "q.lora_B.weight": np.asarray(b, float),
+            "head.bias": np.zeros(2)}
+
+
+def test_lora_pairs_are_also_measured_by_what_they_add():
+    """A client whose adapters compute what the start's compute, re-factored (B R, R^-1 A, as an
+    SVD re-factoring leaves them), has moved in factor space and not at all in what it adds."""
+    rng = np.random.default_rng(0)
+    b, a, r = rng.normal(size=(4, 2)), rng.normal(size=(2, 3)), np.array([[2.0, 1.0], [0.0, 0.5]])
+    start, refactored = _lora(b, a), _lora(b @ r, np.linalg.inv(r) @ a)
+    got = model_spread([refactored, start], [1, 1], start)
+    assert got["update-norm"] > 1.0
+    assert got["delta-update-norm"] == pytest.approx(0.0, abs=1e-12)
+    assert got["delta-client-distance"] == pytest.approx(0.0, abs=1e-12)
+    moved = _lora(b, a + 1.0)  # what it adds moves by B @ ones
+    assert model_spread([moved], [1], start)["delta-update-norm"] == pytest.approx(
+        np.linalg.norm(b @ np.ones((2, 3))))
+    # both add B @ A, yet averaging their factors apart does not give it back
+    assert got["delta-factor-average-gap"] > 0.05
+    assert model_spread([start, start], [1, 3], start)["delta-factor-average-gap"] == pytest.approx(0.0, abs=1e-12)
+    two = [_lora([[1.0], [0.0]], [[1.0, 0.0]]), _lora([[0.0], [1.0]], [[0.0, 1.0]])]
+    # mean(B @ A) = I/2; mean(B) @ mean(A) = ones/4: gap ||[[1,-1],[-1,1]]/4|| / ||I/2|| = 0.5 / 0.707
+    zero = _lora([[0.0], [0.0]], [[0.0, 0.0]])
+    assert model_spread(two, [1, 1], zero)["delta-factor-average-gap"] == pytest.approx(2 ** -0.5)
+    assert "delta-update-norm" not in model_spread([{"w": np.ones(2)}], [1], {"w": np.zeros(2)})
+
+
+class Refactoring:
+    """Returns the adapters it is sent re-factored by ``r``: the same model."""
+
+    def __init__(self, r):
+        self.r = r
+
+    def __call__(self, msg):
+        w = from_record(msg.content["arrays"])
+        b, a = w["q.lora_B.weight"], w["q.lora_A.weight"]
+        return RecordDict({"arrays": ArrayRecord({**{k: Array(v) for k, v in w.items()},
+                                                  "q.lora_B.weight": Array(b @ self.r),
+                                                  "q.lora_A.weight": Array(np.linalg.inv(self.r) @ a)}),
+                           "metrics": MetricRecord({"num-examples": 10})})
+
+
+def test_the_round_metrics_carry_the_adapters_distances():
+    rng = np.random.default_rng(1)
+    grid = InProcessGrid({1: Refactoring(np.diag([2.0, 0.5])), 2: Refactoring(np.eye(2))})
+    start = _lora(rng.normal(size=(4, 2)), rng.normal(size=(2, 3)))
+    strategy = ClientSpread(FedAvg(min_available_nodes=2, min_train_nodes=2, fraction_evaluate=0.0))
+    result = strategy.start(grid, ArrayRecord({k: Array(v) for k, v in start.items()}), num_rounds=1,
+                            train_config=ConfigRecord({}))
+    m = result.train_metrics_clientapp[1]
+    assert m["update-norm"] > 0.1 and m["delta-update-norm"] == pytest.approx(0.0, abs=1e-9)
