@@ -29,55 +29,61 @@ from fedsim_strategies.lora_product import A_MARK, B_MARK
 def spread(updated: list[np.ndarray], weights: list[float], start: np.ndarray) -> dict[str, float]:
     """Distances of flat client weight vectors ``updated`` (weighted by ``weights``) from their
     weighted mean and from the ``start`` weights they were trained from."""
+    return _spread_of_blocks([(np.stack(updated), start)], weights)
+
+
+def _spread_of_blocks(blocks, weights: list[float]) -> dict[str, float]:
+    """:func:`spread` over a model given block by block, ``(clients x ... stack, start)``: the
+    squared distances add up over blocks, so no whole model is stacked at once."""
     w = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
-    stack = np.stack(updated).astype(np.float64)
-    mean = w @ stack
-    distance = float(np.mean(np.linalg.norm(stack - mean, axis=1)))
-    update = float(np.mean(np.linalg.norm(stack - start, axis=1)))
+    to_mean, to_start, mean_to_start = np.zeros(len(w)), np.zeros(len(w)), 0.0
+    for stack, start in blocks:
+        stack = stack.reshape(len(w), -1).astype(np.float64)
+        start = np.asarray(start, dtype=np.float64).ravel()
+        mean = w @ stack
+        to_mean += np.sum((stack - mean) ** 2, axis=1)
+        to_start += np.sum((stack - start) ** 2, axis=1)
+        mean_to_start += float(np.sum((mean - start) ** 2))
+    distance, update = float(np.mean(np.sqrt(to_mean))), float(np.mean(np.sqrt(to_start)))
     return {"client-distance": distance, "update-norm": update,
-            "mean-update-norm": float(np.linalg.norm(mean - start)),
+            "mean-update-norm": float(np.sqrt(mean_to_start)),
             "relative-distance": distance / update if update else 0.0}
 
 
-def adapter_deltas(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """``arrays`` with every LoRA pair replaced by what it adds, ``B @ A``; others as they are."""
-    out = {}
-    for name, value in arrays.items():
-        if A_MARK in name:
-            b = arrays[name.replace(A_MARK, B_MARK)]
-            out[name] = b.astype(np.float64) @ value.astype(np.float64)
-        elif B_MARK not in name:
-            out[name] = value
-    return out
+def _delta(arrays: dict[str, np.ndarray], a_name: str) -> np.ndarray:
+    """What a LoRA pair adds to its frozen weight, ``B @ A`` (before peft's constant scale)."""
+    b = arrays[a_name.replace(A_MARK, B_MARK)]
+    return b.astype(np.float64) @ arrays[a_name].astype(np.float64)
 
 
 def model_spread(updated: list[dict[str, np.ndarray]], weights: list[float],
                  start: dict[str, np.ndarray]) -> dict[str, float]:
     """:func:`spread` of the named weights as they travel and, where they hold LoRA pairs, of
-    what the pairs add (:func:`adapter_deltas`) under ``delta-`` keys."""
-    stats = spread([_flat(u) for u in updated], weights, _flat(start))
-    if any(A_MARK in name for name in start):
-        deltas = [_flat(adapter_deltas(u)) for u in updated]
-        stats |= {f"delta-{k}": v for k, v in spread(deltas, weights, _flat(adapter_deltas(start))).items()}
-        stats["delta-factor-average-gap"] = factor_average_gap(updated, deltas, weights)
+    what the model adds (each pair as ``B @ A``, other arrays as they are) under ``delta-`` keys,
+    with :func:`factor_average_gap`."""
+    stats = _spread_of_blocks(((np.stack([u[k] for u in updated]), start[k]) for k in start), weights)
+    pairs = [k for k in start if A_MARK in k]
+    if pairs:
+        blocks = ((np.stack([_delta(u, k) for u in updated]), _delta(start, k)) if k in pairs
+                  else (np.stack([u[k] for u in updated]), start[k]) for k in start if B_MARK not in k)
+        stats |= {f"delta-{k}": v for k, v in _spread_of_blocks(blocks, weights).items()}
+        stats["delta-factor-average-gap"] = factor_average_gap(updated, weights, pairs)
     return stats
 
 
-def factor_average_gap(updated: list[dict[str, np.ndarray]], deltas: list[np.ndarray],
-                       weights: list[float]) -> float:
+def factor_average_gap(updated: list[dict[str, np.ndarray]], weights: list[float], pairs: list[str]) -> float:
     """How far averaging each LoRA factor apart lands from the average of what the clients'
-    pairs add: ||mean(B) @ mean(A) - mean(B @ A)|| / ||mean(B @ A)|| over every pair (0 for
-    one client or clients whose pairs agree)."""
+    pairs add: ||mean(B) @ mean(A) - mean(B @ A)|| / ||mean(B @ A)|| over the ``pairs`` (named by
+    their A), 0 for one client or clients whose pairs agree."""
     w = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
-    factors = {k: sum(wi * u[k].astype(np.float64) for wi, u in zip(w, updated)) for k in updated[0]}
-    product_mean = w @ np.stack(deltas)
-    gap = _flat(adapter_deltas(factors)) - product_mean
-    norm = float(np.linalg.norm(product_mean))
-    return float(np.linalg.norm(gap)) / norm if norm else 0.0
-
-
-def _flat(arrays: dict[str, np.ndarray]) -> np.ndarray:
-    return np.concatenate([a.ravel() for a in arrays.values()])
+    gap, norm = 0.0, 0.0
+    for a_name in pairs:
+        b_name = a_name.replace(A_MARK, B_MARK)
+        mean_factors = {k: sum(wi * u[k].astype(np.float64) for wi, u in zip(w, updated)) for k in (a_name, b_name)}
+        product_mean = sum(wi * _delta(u, a_name) for wi, u in zip(w, updated))
+        gap += float(np.sum((_delta(mean_factors, a_name) - product_mean) ** 2))
+        norm += float(np.sum(product_mean ** 2))
+    return float(np.sqrt(gap / norm)) if norm else 0.0
 
 
 class ClientSpread(Strategy):
