@@ -151,7 +151,10 @@ def describe(x: np.ndarray, settings: Settings) -> dict:
 
 
 def _effect_of_interest(metric: str, settings: Settings) -> dict | None:
-    return next((e for e in settings.effect_of_interest if path_pattern(e["metric"]).fullmatch(metric)), None)
+    """The effect stated for ``metric`` against this comparison's baseline: "FedE4RAG minus
+    FedAvg" says nothing of FedE4RAG minus the vanilla model (``sweep.baseline=vanilla``)."""
+    return next((e for e in settings.effect_of_interest if path_pattern(e["metric"]).fullmatch(metric)
+                 and e.get("baseline") in (None, settings.baseline)), None)
 
 
 def _run_interval(metric: str, baseline: str | None, by_seed: dict, settings: Settings) -> dict | None:

@@ -177,6 +177,18 @@ def test_the_three_verdicts_on_hand_computed_intervals():
     assert (shown["verdict"], shown["excludes_effect"]) == ("shown", True)  # CI [0.0045, 0.0455]: > 0, < 0.05
 
 
+def test_an_effect_stated_against_one_baseline_is_not_judged_against_another():
+    """"FedE4RAG minus FedAvg: +0.062" excluded a difference against the vanilla model when a
+    reader changed sweep.baseline: an effect names the baseline it was stated against."""
+    d = [-0.01, 0.01, 0.0, 0.02]
+    runs = _runs({s: {"m.new.acc": 0.5 + x, "m.old.acc": 0.5, "m.vanilla.acc": 0.5} for s, x in enumerate(d)})
+    effect = ({"metric": "m.new.acc", "size": 0.05, "source": "paper", "baseline": "old"},)
+    against = {b: next(r for r in compare(runs, settings(baseline=b, effect_of_interest=effect))["paired"]
+                       if r["metric"] == "m.new.acc") for b in ("old", "vanilla")}
+    assert (against["old"]["verdict"], against["old"]["effect"]["size"]) == ("excluded", 0.05)
+    assert (against["vanilla"]["verdict"], against["vanilla"]["effect"]) == ("inconclusive", None)
+
+
 def test_verdict_function_at_the_edges():
     assert stats.verdict((0.001, 0.2), 0.5) == "shown" and stats.verdict((-0.2, -0.001), None) == "shown"
     assert stats.verdict((-0.1, 0.1), 0.1) == "inconclusive"  # an effect on the CI's edge is not excluded

@@ -159,6 +159,7 @@ class EffectOfInterest:
     metric: str = MISSING  # pattern of the compared results path (its paired rows get this effect)
     size: float = MISSING  # the difference, signed, in the metric's units
     source: str = MISSING  # where the size comes from (the paper's table, or why it was chosen)
+    baseline: str | None = None  # the sweep.baseline it is a difference against (fedavg); null: any
 
 
 @dataclass
