@@ -26,15 +26,10 @@ from fedsim.runtime.records import from_record
 from fedsim_strategies.lora_product import A_MARK, B_MARK
 
 
-def spread(updated: list[np.ndarray], weights: list[float], start: np.ndarray) -> dict[str, float]:
-    """Distances of flat client weight vectors ``updated`` (weighted by ``weights``) from their
-    weighted mean and from the ``start`` weights they were trained from."""
-    return _spread_of_blocks([(np.stack(updated), start)], weights)
-
-
 def _spread_of_blocks(blocks, weights: list[float]) -> dict[str, float]:
-    """:func:`spread` over a model given block by block, ``(clients x ... stack, start)``: the
-    squared distances add up over blocks, so no whole model is stacked at once."""
+    """Distances of the client models (weighted by ``weights``) from their weighted mean and from
+    the ``start`` weights they were trained from, given block by block, ``(clients x ... stack,
+    start)``: the squared distances add up over blocks, so no whole model is stacked at once."""
     w = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
     to_mean, to_start, mean_to_start = np.zeros(len(w)), np.zeros(len(w)), 0.0
     for stack, start in blocks:
@@ -58,7 +53,7 @@ def _delta(arrays: dict[str, np.ndarray], a_name: str) -> np.ndarray:
 
 def model_spread(updated: list[dict[str, np.ndarray]], weights: list[float],
                  start: dict[str, np.ndarray]) -> dict[str, float]:
-    """:func:`spread` of the named weights as they travel and, where they hold LoRA pairs, of
+    """How far apart the named weights are as they travel and, where they hold LoRA pairs, of
     what the model adds (each pair as ``B @ A``, other arrays as they are) under ``delta-`` keys,
     with :func:`factor_average_gap`."""
     stats = _spread_of_blocks(((np.stack([u[k] for u in updated]), start[k]) for k in start), weights)
@@ -87,7 +82,7 @@ def factor_average_gap(updated: list[dict[str, np.ndarray]], weights: list[float
 
 
 class ClientSpread(Strategy):
-    """``strategy`` as it is, plus :func:`spread` of the round's valid replies in its train
+    """``strategy`` as it is, plus :func:`model_spread` of the round's valid replies in its train
     metrics. The spread is taken before the wrapped strategy aggregates, and from a copy of the
     weights sent: Flower's QFedAvg and Bulyan read records with ``keep_input=False``, which
     empties the replies' arrays and the sent weights as they go."""

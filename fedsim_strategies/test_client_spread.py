@@ -12,17 +12,17 @@ from flwr.serverapp.strategy import Bulyan, FedAvg, QFedAvg
 
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.records import from_record
-from fedsim_strategies.client_spread import ClientSpread, model_spread, spread
+from fedsim_strategies.client_spread import ClientSpread, model_spread
 
 
 def test_spread_on_hand_checked_vectors():
     # weights 3:1, start at the origin: mean (1, 0); distances 1 and 3; updates 0 and 4
-    got = spread([np.array([0.0, 0.0]), np.array([4.0, 0.0])], [3, 1], np.zeros(2))
+    got = model_spread([{"w": np.array([0.0, 0.0])}, {"w": np.array([4.0, 0.0])}], [3, 1], {"w": np.zeros(2)})
     assert got == pytest.approx({"client-distance": 2.0, "update-norm": 2.0,
                                  "mean-update-norm": 1.0, "relative-distance": 1.0})
-    same = spread([np.ones(3), np.ones(3)], [1, 5], np.zeros(3))
-    assert same["client-distance"] == 0.0 and same["update-norm"] == pytest.approx(3 ** 0.5)
-    assert spread([np.zeros(2)], [1], np.zeros(2))["relative-distance"] == 0.0  # no update
+    same = model_spread([{"w": np.ones(2), "b": np.ones(1)}] * 2, [1, 5], {"w": np.zeros(2), "b": np.zeros(1)})
+    assert same["client-distance"] == 0.0 and same["update-norm"] == pytest.approx(3 ** 0.5)  # over both arrays
+    assert model_spread([{"w": np.zeros(2)}], [1], {"w": np.zeros(2)})["relative-distance"] == 0.0  # no update
 
 
 class StepClient:
