@@ -14,10 +14,18 @@ from pathlib import Path
 import pytest
 
 from fedsim.privacy.secret import derive, run_secret
+from fedsim.run.data import resolve_data_root
 from fedsim.run.watchdog import run_processes
 from fedsim.runtime.journal import open_entry
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")
+def data_root_override() -> str:
+    """``data_root=`` naming the data root a run would find (``$FEDSIM_DATA_ROOT``, else
+    ``../shared/data`` beside the checkout): a relative ``../shared/data`` named the folder beside
+    the working directory and ignored ``$FEDSIM_DATA_ROOT``, so a clone elsewhere failed."""
+    return f"data_root={resolve_data_root()}"
+
+
 SMALL = ["task.max_per_split=5", "protocol.dp_seeds=2", "protocol.bootstrap=200"]  # 20 conversations
 
 

@@ -13,6 +13,7 @@ import pytest
 from hydra.utils import get_class
 from omegaconf import OmegaConf, open_dict
 
+from conftest import data_root_override
 from fedsim.results.comparison import Settings
 from fedsim.run.config import compose
 from fedsim.run.schema import RunConfig, check
@@ -34,7 +35,7 @@ def test_a_preset_turns_off_datasets_and_methods_with_null():
     from fedsim_experiments.feddtre import check as feddtre_check
     from fedsim_tasks.dialogue.dataset import load_tasks
 
-    cfg = compose(["experiment=feddtre_seeds", "data_root=../shared/data", "task.max_conversations=20",
+    cfg = compose(["experiment=feddtre_seeds", data_root_override(), "task.max_conversations=20",
                    "task.num_clients=2", "task.datasets.persona_chat.partitioner.group_size=10",
                    "protocol.clients_per_round=2", "protocol.evaluator.clients_per_round=2"])
     task = OmegaConf.to_container(cfg.task, resolve=True)

@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 from test_e2e_fedbiscuit import SLICE as FEDBISCUIT
 from test_e2e_feddtre import SLICE as FEDDTRE
 
+from conftest import data_root_override
 from fedsim.run.config import compose
 from fedsim.run.node_local import from_run
 from fedsim.run.schema import check
@@ -40,7 +41,7 @@ from fedsim_clients import preference_messages as pref
 from fedsim_strategies.dp_mean import DPMean
 from fedsim_tasks.topical_chat.dataset import load_topics
 
-DATA = "data_root=../shared/data"
+DATA = data_root_override()
 
 
 def serve(msg: Message, partition: int, num_partitions: int, node: dict | None = None) -> RecordDict:

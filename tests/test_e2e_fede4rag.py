@@ -7,7 +7,7 @@ bounded pieces by both clients (``protocol.eval_nodes=2``)."""
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import fedsim_run, read_results
+from conftest import data_root_override, fedsim_run, read_results
 from fedsim.run.config import compose
 from fedsim_tasks.financebench_rag.inference import corpus_encoder
 from fedsim_tasks.financebench_rag.retrieval import METRICS, evaluation_data, score_splits
@@ -23,7 +23,7 @@ SLICE = ["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]",
 
 def vanilla_metrics() -> dict:
     """The vanilla model's metrics on the slice, encoded in this process in one go (torch)."""
-    cfg = compose([*SLICE, "data_root=../shared/data"])
+    cfg = compose([*SLICE, data_root_override()])
     task = OmegaConf.to_container(cfg.task, resolve=True)
     model = build_encoder(task["model"], task["max_seq_length"], task["lora"], task["seed"])
     questions, corpus = evaluation_data(cfg.data_root, task)

@@ -8,9 +8,11 @@ import pytest
 from hydra.utils import instantiate
 from test_sharded_grid import fedtp_round, supernodes
 
-from conftest import fedsim_run, read_results
+from conftest import data_root_override, fedsim_run, read_results
 from fedsim.run.config import compose
 from fedsim.run.schema import entry
+
+DATA = data_root_override()
 
 # the sharded grid runs by default in process (tests/test_sharded_grid.py)
 pytestmark = [pytest.mark.e2e, pytest.mark.exhaustive]
@@ -25,7 +27,7 @@ def test_fedtp_release_is_the_same_with_many_clients_per_supernode(tmp_path):
     sharded = read_results(out)
     assert (sharded["clients"], sharded["supernodes"]) == (24, 4)
     assert sharded["faults"]["aggregate/train"]["1"]["accepted"] == 24
-    cfg = compose([*SLICE, "data_root=../shared/data"])
+    cfg = compose([*SLICE, DATA])
     one_each, faults = fedtp_round(supernodes(24), cfg, instantiate(entry(cfg.strategy)))
     assert faults["accepted"] == 24
     np.testing.assert_allclose(sharded["released"], one_each, rtol=0, atol=1e-12)

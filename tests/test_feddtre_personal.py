@@ -24,6 +24,7 @@ import pytest
 from flwr.serverapp.strategy import strategy_utils
 from test_determinism import serve
 
+from conftest import data_root_override
 from fedsim.results.outputs import RunOutput
 from fedsim.run.config import compose
 from fedsim.run.node_local import from_run
@@ -31,13 +32,15 @@ from fedsim.runtime import server_app
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim_experiments import feddtre
 
+DATA = data_root_override()
+
 pytestmark = pytest.mark.slow  # base SFT, trust evaluator and adapters built here: minutes
 
 CLIENTS, ROUNDS, CONTAMINATED = 3, 3, 1
 IID = f"{{_target_: flwr_datasets.partitioner.IidPartitioner, num_partitions: {CLIENTS}}}"
 FEDDTRE = ("{_target_: fedsim_strategies.trust_alpha.TrustAlpha, k0: 0.7, k_growth: 0.1, midpoint: 0.01, "
            "alpha_min: 0.1, alpha_max: 1.0}")
-SLICE = ["experiment=feddtre_paper", "data_root=../shared/data", f"task.num_clients={CLIENTS}",
+SLICE = ["experiment=feddtre_paper", DATA, f"task.num_clients={CLIENTS}",
          "task.max_conversations=60", "~task.datasets.cmu_dog", "~task.datasets.persona_chat.partitioner",
          f"+task.datasets.persona_chat.partitioner={IID}", "task.trust.contexts_per_client=10",
          f"task.contamination.clients=[{CONTAMINATED}]", "task.contamination.share=1.0",
@@ -122,7 +125,7 @@ def test_a_contaminated_client_leaks_and_scores_lower(run):
 
 def test_more_clients_per_round_than_clients_is_refused_at_once():
     """Flower's sampling would wait for nodes that never come, until the round timeout."""
-    cfg = compose(["experiment=feddtre_paper", "data_root=../shared/data", "task.num_clients=2",
+    cfg = compose(["experiment=feddtre_paper", DATA, "task.num_clients=2",
                    "protocol.clients_per_round=3"])
     with pytest.raises(ValueError, match="clients_per_round=3 but the task has 2 clients"):
         feddtre.run(None, cfg, None)

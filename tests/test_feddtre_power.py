@@ -13,7 +13,9 @@ from omegaconf import OmegaConf
 from scipy.stats import pearsonr
 from test_feddtre_personal import play
 
+from conftest import data_root_override
 from fedsim.run.config import compose
+from fedsim.run.data import resolve_data_root
 from fedsim.run.schema import check
 from fedsim_clients.dialogue import DialogueClient
 from fedsim_experiments import feddtre_report
@@ -23,7 +25,7 @@ CLIENTS, ROUNDS, SCORED, GAP = 2, 3, 5, 6
 IID = f"{{_target_: flwr_datasets.partitioner.IidPartitioner, num_partitions: {CLIENTS}}}"
 FEDDTRE = ("{_target_: fedsim_strategies.trust_alpha.TrustAlpha, k0: 0.7, k_growth: 0.1, midpoint: 0.0, "
            "alpha_min: 0.1, alpha_max: 1.0}")
-SLICE = ["experiment=feddtre_power", "data_root=../shared/data", f"task.num_clients={CLIENTS}",
+SLICE = ["experiment=feddtre_power", data_root_override(), f"task.num_clients={CLIENTS}",
          "task.max_conversations=40", "~task.datasets.persona_chat.partitioner",
          f"+task.datasets.persona_chat.partitioner={IID}", "task.trust.contexts_per_client=8",
          "task.evaluator.max_length=32", "task.evaluator.response_length=16",
@@ -118,7 +120,7 @@ def test_trust_scoring_contexts_are_the_trust_data(encoder_dir, tmp_path):  # no
     """A client's trust-source contexts are its trust data's true-reply contexts (drawn from its
     training conversations), never its held-out ones; the held-out source is its held-out replies."""
     cfg = _cfg(encoder_dir, tmp_path)
-    client = DialogueClient(OmegaConf.to_container(cfg.task, resolve=True), "../shared/data", 0, CLIENTS)
+    client = DialogueClient(OmegaConf.to_container(cfg.task, resolve=True), str(resolve_data_root()), 0, CLIENTS)
     trust = client.scoring_contexts("persona_chat", " [SEP] ", "trust")
     assert [e.context for e in trust] == [t.context for t in client.trust_data() if t.kind == "true_reply"]
     held_out = {e.conv_id for e in client.scoring_contexts("persona_chat", " [SEP] ", "heldout")}

@@ -16,8 +16,10 @@ from flwr_datasets.partitioner import NaturalIdPartitioner
 from omegaconf import OmegaConf
 from test_determinism import serve
 
+from conftest import data_root_override
 from fedsim.results.outputs import RunOutput
 from fedsim.run.config import compose
+from fedsim.run.data import resolve_data_root
 from fedsim.run.node_local import from_run
 from fedsim.run.schema import check
 from fedsim.runtime.inprocess_grid import InProcessGrid
@@ -31,6 +33,8 @@ from fedsim_tasks.financebench_rag.train import frozen_copy, train_encoder
 from fedsim_tasks.hf import build_encoder
 from fedsim_tasks.test_causal_lm import encoder_dir  # noqa: F401 (fixture: the tiny BERT)
 
+DATA = data_root_override()
+
 COMPANIES = ["AES Corporation", "Boeing"]  # 3 and 8 of FinanceBench's questions
 
 
@@ -38,7 +42,7 @@ COMPANIES = ["AES Corporation", "Boeing"]  # 3 and 8 of FinanceBench's questions
 def run(encoder_dir, tmp_path_factory):  # noqa: F811 (the imported fixture)
     """Every arm but HE trained and evaluated once; the configs each node received."""
     tmp = tmp_path_factory.mktemp("arms")
-    cfg = compose(["experiment=fede4rag_paper", "data_root=../shared/data", f"task.companies=[{','.join(COMPANIES)}]",
+    cfg = compose(["experiment=fede4rag_paper", DATA, f"task.companies=[{','.join(COMPANIES)}]",
                    f"task.model={encoder_dir}", "task.max_seq_length=32", "task.pages_per_client=6",
                    "task.corpus_pages_per_doc=2", "task.embedding_cache=null", f"client_state.dir={tmp / 'state'}",
                    "num_rounds=2", "protocol.local_steps=2", "protocol.batch_size=2", "protocol.eval_backend=torch",
@@ -200,7 +204,8 @@ def test_by_sector_every_question_belongs_to_a_client_by_company_few_do():
     """What a partition leaves unscored: the four default companies own 24 of the 150 questions;
     one client per GICS sector owns all of them (a question on a filing without page text goes
     to the client holding its company's other filings)."""
-    root, questions = "../shared/data", list(load_questions("../shared/data"))
+    root = resolve_data_root()
+    questions = list(load_questions(root))
 
     def owned(companies, by):
         documents = lambda p: client_documents(root, companies, NaturalIdPartitioner(partition_by=by), p)  # noqa: E731

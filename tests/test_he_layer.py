@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from test_determinism import serve
 from test_strategy_matrix import CLIENTS, WEIGHT_SLICES
 
+from conftest import data_root_override
 from fedsim.message_keys import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, SERVER_ROUND
 from fedsim.privacy.he.ckks import CKKSParams
 from fedsim.privacy.he.client import HEClient
@@ -31,6 +32,8 @@ from fedsim_experiments import fedbiscuit
 from fedsim_strategies.he_fedavg import HEFedAvg
 from fedsim_tasks.test_causal_lm import encoder_dir  # noqa: F401 (fixture: the tiny BERT selector)
 
+DATA = data_root_override()
+
 ROUNDS = 2
 
 
@@ -39,7 +42,7 @@ def selectors(encoder_dir, tmp_path_factory):  # noqa: F811 (the imported fixtur
     """Five FedBiscuit clients of the tiny selector, their task carrying the retriever's CKKS
     block (its key folder this test's), discovered through the real ClientApp."""
     tmp = tmp_path_factory.mktemp("he-layer")
-    cfg = compose(["experiment=fedbiscuit_paper", "data_root=../shared/data", f"num_rounds={ROUNDS}",
+    cfg = compose(["experiment=fedbiscuit_paper", DATA, f"num_rounds={ROUNDS}",
                    f"client_state.dir={tmp / 'state'}", *WEIGHT_SLICES["fedbiscuit_paper"](encoder_dir, tmp)])
     OmegaConf.set_struct(cfg, False)
     cfg.task.he = {**OmegaConf.load(CONF_DIR / "task" / "financebench_rag.yaml").he, "key_dir": str(tmp / "keys")}

@@ -12,6 +12,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from omegaconf import OmegaConf
 from test_sharded_grid import tampering_supernodes
 
+from conftest import data_root_override
 from fedsim.message_keys import PARTITION_ID, RAY_NODE
 from fedsim.privacy.he import messages as he_keys
 from fedsim.run.config import compose
@@ -27,7 +28,7 @@ from fedsim_experiments import fedbiscuit, fede4rag, fedtp
 from fedsim_experiments.common import discover
 from fedsim_strategies.test_he_fedavg import VectorClient
 
-DATA = "data_root=../shared/data"
+DATA = data_root_override()
 HONEST = 3        # honest clients, node ids 1..3 (partitions 0..2); the hostile one is node 4 (partition 3)
 HOSTILE = 4
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
+from conftest import data_root_override
 from fedsim.run.config import compose
 from fedsim.runtime import client_app
 from fedsim.runtime.inprocess_grid import InProcessGrid
@@ -17,7 +18,9 @@ from fedsim_clients import fedtp_messages as keys
 from fedsim_strategies.dp_mean import DPMean
 from fedsim_tasks.topical_chat.dataset import load_topics
 
-SLICE = ["task.max_per_split=3", "data_root=../shared/data"]
+DATA = data_root_override()
+
+SLICE = ["task.max_per_split=3", DATA]
 
 
 def supernodes(k: int, crash_batches: bool = False, node: dict | None = None) -> InProcessGrid:

@@ -39,6 +39,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from test_determinism import serve
 
+from conftest import data_root_override
 from fedsim.run.config import CONF_DIR, choices, compose
 from fedsim.run.node_local import from_run
 from fedsim.run.schema import check
@@ -51,6 +52,8 @@ from fedsim_experiments import fedbiscuit, feddtre, fede4rag, fedtp
 from fedsim_tasks.causal_lm import load_policy
 from fedsim_tasks.test_causal_lm import encoder_dir  # noqa: F401 (fixture: the tiny BERT of every model here)
 from fedsim_tasks.topical_chat.dataset import load_topics
+
+DATA = data_root_override()
 
 SLOTS = ["fedtp", "fede4rag_paper", "feddtre_paper", "fedbiscuit_paper"]  # one per method's task
 STRATEGIES, PRIVACY = choices("strategy"), choices("privacy")
@@ -77,7 +80,7 @@ def _cheap_collections():
 @pytest.fixture(scope="module")
 def base():
     """Each experiment composed once; the pairs swap its strategy and privacy nodes."""
-    return {exp: compose([f"experiment={exp}", "data_root=../shared/data"]) for exp in SLOTS}
+    return {exp: compose([f"experiment={exp}", DATA]) for exp in SLOTS}
 
 
 def with_pair(cfg, strategy: str, privacy: str):
@@ -212,7 +215,7 @@ def slot_context(encoder_dir, tmp_path_factory):  # noqa: F811 (the imported fix
     @cache
     def build(exp: str):
         tmp = tmp_path_factory.mktemp(exp)
-        cfg = compose([f"experiment={exp}", "data_root=../shared/data", f"num_rounds={ROUNDS}",
+        cfg = compose([f"experiment={exp}", DATA, f"num_rounds={ROUNDS}",
                        f"faults.crash=[{CRASH}]", f"client_state.dir={tmp / 'state'}",
                        *WEIGHT_SLICES[exp](encoder_dir, tmp)])
         grid = InProcessGrid({100 + p: partial(_serve_frozen, partition=p, node=from_run(cfg)) for p in range(CLIENTS)},
@@ -288,7 +291,7 @@ def test_client_keys_act_wherever_the_pair_is_accepted(slot_context, monkeypatch
     assert any(not np.array_equal(weights[on][k], weights[off][k]) for k in fedavg), f"{key}={on} changed nothing"
 
 
-FEDTP_SLICE = ["task.max_per_split=5", "data_root=../shared/data"]
+FEDTP_SLICE = ["task.max_per_split=5", DATA]
 FEDTP_TAKES = ("rows", "weights")
 
 
