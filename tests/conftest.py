@@ -19,6 +19,8 @@ from fedsim.run.watchdog import run_processes
 from fedsim.runtime.journal import open_entry
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")
+
+
 def data_root_override() -> str:
     """``data_root=`` naming the data root a run would find (``$FEDSIM_DATA_ROOT``, else
     ``../shared/data`` beside the checkout): a relative ``../shared/data`` named the folder beside
