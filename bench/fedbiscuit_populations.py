@@ -13,6 +13,8 @@ does. Prints the per-seed rows and, per population, own minus pooled over seeds 
 interval and verdict (``fedsim/results/stats.py``); writes everything as JSON.
 
     .venv/bin/python bench/fedbiscuit_populations.py --seeds 0 1 2 --output populations.json
+    .venv/bin/python bench/fedbiscuit_populations.py --kinds second_criterion \
+        --overrides task.minority_preference.weak_share=1.0 --output length.json
 """
 
 from __future__ import annotations
@@ -57,10 +59,10 @@ def judge_choices(judge, examples) -> np.ndarray:
     return (scores > 0).astype(int)
 
 
-def one_seed(kind: str, seed: int, selector, initial: dict) -> dict:
+def one_seed(kind: str, seed: int, selector, initial: dict, overrides: list[str]) -> dict:
     """Own-population and pooled selectors, and the judges, on one seed's split."""
     cfg = compose_checked(["experiment=fedbiscuit_paper", f"seed={seed}", f"task.split_seed={seed}",
-                           f"task.minority_preference.kind={kind}"])
+                           f"task.minority_preference.kind={kind}", *overrides])
     task = OmegaConf.to_container(cfg.task, resolve=True)
     fed = Federation(task, task["data_root"])
     clients = [fed.client(p) for p in range(fed.num_clients)]
@@ -74,7 +76,8 @@ def one_seed(kind: str, seed: int, selector, initial: dict) -> dict:
     test = fed.test()
     flipped = np.array([e.pair_id in fed.flips for e in test])
     picks = dict(zip(weights, choices(selector, list(weights.values()), test)))
-    row = {"kind": kind, "seed": seed, "train_pairs": {k: len(v) // 2 for k, v in train.items()},
+    row = {"kind": kind, "overrides": overrides, "seed": seed,
+           "train_pairs": {k: len(v) // 2 for k, v in train.items()},
            "minority_disagrees": float(flipped.mean()),
            "accuracy": {name: {pop: evaluate_selectors(selector, [w], fed, 0.0)[f"accuracy_{pop}"]
                                for pop in POPULATIONS} for name, w in weights.items()}}
@@ -104,6 +107,8 @@ def main() -> None:
     ap.add_argument("--kinds", nargs="+", default=["second_criterion", "reversed"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--output", default="fedbiscuit_populations.json")
+    ap.add_argument("--overrides", nargs="*", default=[], help="more fedbiscuit_paper overrides, e.g. "
+                    "task.minority_preference.weak_share=1.0")
     args = ap.parse_args()
     cfg = compose_checked(["experiment=fedbiscuit_paper"])
     selector = instantiate(cfg.task.selector, seed=cfg.task.seed)  # one instance: its embedding cache is shared
@@ -111,7 +116,7 @@ def main() -> None:
     rows, start = [], time.perf_counter()
     for seed in args.seeds:  # seeds outside: a seed's topics, embeddings and judges serve every kind
         for kind in args.kinds:
-            rows.append(one_seed(kind, seed, selector, initial))
+            rows.append(one_seed(kind, seed, selector, initial, args.overrides))
             print(json.dumps(rows[-1]), flush=True)
             result = {"rows": rows, "summary": summary(rows), "seconds": time.perf_counter() - start}
             with open(args.output, "w") as fh:  # after every row: a stopped run keeps what it measured

@@ -306,7 +306,7 @@ def _summary(r: dict, out: RunOutput) -> str:
 def _policy_summary(r: dict) -> str:
     def ci(v, key):
         return "" if v.get(key) is None else f"[{v[key][0]:.3f}, {v[key][1]:.3f}]"
-    rows = [{"policy": m, "n": n, "win rate vs base": "(the base)" if v["win_rate"] is None else v["win_rate"],
+    rows = [{"policy": m, "n": n, "win rate vs base": v["win_rate"],
              "95% CI": ci(v, "ci"),
              "minority win rate": v.get("win_rate_minority", ""), "minority CI": ci(v, "ci_minority"),
              "mean judge reward": v["mean_reward"], "DPO pairs": v.get("pairs", "")}
@@ -317,17 +317,22 @@ def _policy_summary(r: dict) -> str:
             "reward diff": v["reward_diff"], "reward diff CI": ci(v, "reward_diff_ci")}
            for m, by_n in rl["head_to_head"].items() for n, v in by_n.items()]
     reference = r["rlhf_reference"]
+    agreement = ", ".join(f"{m} {a:.3f}" for m, a in rl["judge"]["agreement"].items())
     hacking = [{"policy": m, **p} for m, points in rl.get("reward_hacking", {}).items() for p in points]
     return (f"\n## Policy win rate against the base policy ({prompts} held-out prompts)\n"
             f"Judge: reward model trained on the {rl['judge']['pairs']} judge pairs only, test accuracy "
-            f"{rl['judge']['accuracy']:.3f}. {base_line(rl['base']['sft'])}\n\n"
+            f"{rl['judge']['accuracy']:.3f} (the minority's judge, {rl['judge']['minority_judge']}: "
+            f"{rl['judge']['accuracy_minority']:.3f} on the minority's labels); agreement with each method's "
+            f"labeller on the test pairs: {agreement}. The raw policy against itself ties on every prompt (0.5). "
+            f"{base_line(rl['base']['sft'])}\n\n"
             + markdown_table(rows, ["policy", "n", "win rate vs base", "95% CI", "minority win rate",
                                     "minority CI", "mean judge reward", "DPO pairs"])
             + f"\n\n## Policies against {reference}'s, on the same prompts (paired bootstrap)\n"
             + markdown_table(h2h, ["policy", "n", "win rate", "95% CI", "reward diff", "reward diff CI"]) + "\n"
             + ("\n## Reward hacking: win rate against the base by DPO steps, its labellers' (proxy) and the judge's\n"
                + markdown_table(hacking, ["policy", "steps", "proxy_win_rate", "judge_win_rate", "gap",
-                                          "reply_words", "mean_judge_reward"]) + "\n" if hacking else ""))
+                                          "judge_win_rate_minority", "reply_words", "mean_judge_reward"]) + "\n"
+               if hacking else ""))
 
 
 def _plot_accuracy(r: dict, out: RunOutput) -> None:

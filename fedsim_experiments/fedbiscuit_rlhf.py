@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from fedsim.results.stats import paired_bootstrap_ci
 from fedsim.runtime.records import from_record, to_record
@@ -44,11 +44,14 @@ from fedsim_tasks.causal_lm import (
 from fedsim_tasks.hf import load_trainable, trainable_arrays
 from fedsim_tasks.hh_preference.dataset import both_orders
 from fedsim_tasks.hh_preference.rlhf import (
+    ReversedJudge,
+    SecondCriterionJudge,
     completion_pairs,
     hacking_point,
     persona_chat_examples,
     policy_prompt,
     win_rate,
+    wins,
 )
 from fedsim_tasks.hh_preference.selector import choices
 
@@ -94,6 +97,9 @@ class RLHF:
     """reward-hacking curves: cumulative DPO steps at which each selector-labelled policy is scored by its
     labellers (the proxy) and by the judge (empty: no curves)"""
     hacking_n: int          # the completions setting (one of ``completions``) whose labelled pairs train the curves
+    base_seed: int | None
+    """seed of the raw model's SFT; null: the run's. A fixed one gives every seed of a sweep the same raw
+    model, as the paper's seeds share one pretrained base"""
 
     def __post_init__(self):
         if self.hacking_steps and (self.hacking_n not in self.completions or min(self.hacking_steps) < 1):
@@ -121,16 +127,15 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
     r = RLHF(**OmegaConf.to_container(ctx.cfg.protocol.rlhf, resolve=True))
     torch.set_num_threads(r.server_threads)
     fed, seed = ctx.federation, int(ctx.cfg.seed)
-    reversed_minority = ctx.cfg.task.minority_preference.kind == "reversed"
-    base_path, sft = base_policy(r, ctx.cfg.task.data_root, seed)
+    base_path, sft = base_policy(r, ctx.cfg.task.data_root, seed if r.base_seed is None else r.base_seed)
     tokenizer = load_tokenizer(base_path)
     sep = turn_separator(tokenizer)
     judge = instantiate(ctx.cfg.task.judge, seed=seed)
     log.info("[rlhf] judge: training on the %d judge pairs", len(fed.splits["judge"]))
     judge.train(both_orders(fed.splits["judge"]), r.judge_steps, ctx.cfg.protocol.batch_size,
                 ctx.cfg.protocol.lr, JUDGE_TRAINING.seed(seed), ctx.cfg.protocol.weight_decay)
-    out = {"base": {"path": str(base_path), "sft": sft}, "judge": {"accuracy": judge.accuracy(fed.test()),
-                                                                   "pairs": len(fed.splits["judge"])}}
+    minority, judge_report = judges(judge, fed, ctx.cfg.task.minority_preference, selector, selectors)
+    out = {"base": {"path": str(base_path), "sft": sft}, "judge": judge_report}
     eval_raw = [p.prompt for p in fed.splits["test"][:r.eval_prompts]]
     eval_prompts = [policy_prompt(p, sep, r.context_turns) for p in eval_raw]
 
@@ -140,23 +145,19 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
         return judge.scores(eval_raw, replies).detach().numpy(), replies
 
     base_model = load_policy(base_path)
-    base_scores, base_replies = judged(base_model)
-    policy = {"raw": {"-": {"win_rate": None, "ci": None, "mean_reward": float(base_scores.mean()),
-                            "example": base_replies[0]}}}
-
-    scored: dict[tuple[str, str], np.ndarray] = {}
+    base = judged(base_model)
+    scored: dict[tuple[str, str], tuple[np.ndarray, list[str]]] = {}
 
     def compare(model, method: str, n: str) -> dict:
-        scores, replies = judged(model)
-        scored[method, n] = scores
-        return {**win_rate(scores, base_scores, r.bootstrap, seed, reversed_minority),
-                "mean_reward": float(scores.mean()),
+        scores, replies = scored[method, n] = judged(model)
+        return {**versus(scored[method, n], base, minority, r.bootstrap, seed), "mean_reward": float(scores.mean()),
                 "example": replies[0]}
 
     server_raw = [p.prompt for p in fed.splits["server"]]
     server_prompts = [policy_prompt(p, sep, r.context_turns) for p in server_raw]
     as_policy = dict(zip(server_raw, server_prompts))
     labelled: dict[tuple[str, int], list[tuple[str, str, str]]] = {}
+    policy: dict[str, dict] = {}
     for n in r.completions:
         samples = generate(base_model, tokenizer, server_prompts, n=n, max_new_tokens=r.max_new_tokens,
                            temperature=r.temperature, top_p=r.top_p, seed=COMPLETIONS.seed(seed, n=n))
@@ -179,7 +180,7 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
 
             def point(model, labeller=labeller) -> dict:
                 scores, replies = judged(model)
-                return hacking_point(labeller, eval_raw, base_replies, replies, scores, base_scores)
+                return hacking_point(labeller, eval_raw, base[1], replies, scores, base[0], minority)
             out["reward_hacking"][method] = reward_hacking(load_policy(base_path, dict(r.lora), seed), tokenizer,
                                                            labelled[method, r.hacking_n], r, seed, point)
             log.info("[rlhf] %s reward hacking: %s", method, ", ".join(
@@ -192,9 +193,45 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
         load_trainable(model, weights)
         policy[name] = {"clients": {**compare(model, name, "clients"), "seconds": time.perf_counter() - start}}
         log.info("[rlhf] %s: win rate %.3f vs base", name, policy[name]["clients"]["win_rate"])
-    out["policy"] = policy
-    out["head_to_head"] = head_to_head(scored, r.reference_method, r.bootstrap, seed, reversed_minority)
+    out["policy"] = {"raw": raw_rows(base, minority, policy, r.bootstrap, seed), **policy}
+    out["head_to_head"] = head_to_head(scored, r.reference_method, minority, r.bootstrap, seed)
     return out
+
+
+def versus(a: tuple[np.ndarray, list[str]], b: tuple[np.ndarray, list[str]], minority, resamples: int,
+           seed: int) -> dict:
+    """Replies ``a`` against replies ``b`` (judge scores, texts) on the same prompts: win rates
+    for the majority's judge and, where one exists, the minority's."""
+    minority_wins = None if minority is None else minority.wins(a[0], b[0], a[1], b[1])
+    return win_rate(wins(a[0], b[0]), resamples, seed, minority_wins)
+
+
+def raw_rows(base: tuple[np.ndarray, list[str]], minority, policy: dict, resamples: int, seed: int) -> dict:
+    """The base against itself (every reply ties: 0.5 by definition), under every n key the
+    policies use, so ``fedsim compare sweep.baseline=raw`` pairs each policy's win rate with it."""
+    row = {**versus(base, base, minority, resamples, seed), "mean_reward": float(base[0].mean()),
+           "example": base[1][0]}
+    return {n: row for n in dict.fromkeys(n for by_n in policy.values() for n in by_n)}
+
+
+def judges(judge, fed, preference: DictConfig, selector, selectors: dict[str, list[dict]]) -> tuple[object, dict]:
+    """The minority's judge (None where its preference has none) and what the judges are worth:
+    accuracy on the held-out test pairs for each population's labels, and how often the HH judge
+    chooses as each method's labeller does (the judge should not read the selectors' features)."""
+    test = fed.test()
+    a, b = [e.a for e in test], [e.b for e in test]
+    prompts = [e.prompt for e in test]
+    score_a, score_b = (judge.scores(prompts, x).detach().numpy() for x in (a, b))
+    minority = ReversedJudge() if preference.kind == "reversed" else SecondCriterionJudge.fit(
+        score_b[::2] - score_a[::2], preference.weak_share, preference.prefer)
+    prefers_b = {"majority": score_b > score_a, "minority": minority.wins(score_b, score_a, b, a) > 0.5}
+    report = {"pairs": len(fed.splits["judge"]), "minority_judge": type(minority).__name__,
+              **{("accuracy" if pop == "majority" else "accuracy_minority"):
+                 float(np.mean(prefers_b[pop] == np.array([e.label for e in fed.test(pop)])))
+                 for pop in ("majority", "minority")},
+              "agreement": {m: float(np.mean(prefers_b["majority"] == (_labeller(selector, w)(test) > 0.5)))
+                            for m, w in selectors.items()}}
+    return minority, report
 
 
 def reward_hacking(model, tokenizer, pairs: list[tuple[str, str, str]], r: RLHF, seed: int,
@@ -212,18 +249,19 @@ def reward_hacking(model, tokenizer, pairs: list[tuple[str, str, str]], r: RLHF,
     return rows
 
 
-def head_to_head(scored: dict[tuple[str, str], np.ndarray], reference: str, resamples: int, seed: int,
-                 minority_reversed: bool = True) -> dict:
+def head_to_head(scored: dict[tuple[str, str], tuple[np.ndarray, list[str]]], reference: str, minority,
+                 resamples: int, seed: int) -> dict:
     """Each policy against ``reference``'s policy with the same n, on the same prompts: how often
-    its reply wins, and the mean judge-reward difference, each with a paired bootstrap CI over
-    prompts (a direct comparison; two win rates against the base do not make one)."""
+    its reply wins (for each population's judge), and the mean judge-reward difference, each
+    with a paired bootstrap CI over prompts (a direct comparison; two win rates against the base
+    do not make one)."""
     out = {}
-    for (method, n), scores in scored.items():
+    for (method, n), replies in scored.items():
         ref = scored.get((reference, n))
         if method == reference or ref is None:
             continue
-        diff = scores - ref
-        out.setdefault(method, {})[n] = {**win_rate(scores, ref, resamples, seed, minority_reversed),
+        diff = replies[0] - ref[0]
+        out.setdefault(method, {})[n] = {**versus(replies, ref, minority, resamples, seed),
                                          "reward_diff": float(diff.mean()),
                                          "reward_diff_ci": list(paired_bootstrap_ci(diff, resamples, seed))}
     return out

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from fedsim.run.config import compose
 from fedsim_experiments.fedbiscuit import evaluate_selectors
-from fedsim_experiments.fedbiscuit_rlhf import DPO_TRAINING, RLHF, reward_hacking
+from fedsim_experiments.fedbiscuit_rlhf import DPO_TRAINING, RLHF, judges, reward_hacking
 from fedsim_tasks.causal_lm import dpo_train, generate, load_policy, load_tokenizer
 from fedsim_tasks.hf import trainable_arrays
 from fedsim_tasks.hh_preference.dataset import Federation, load_pairs
-from fedsim_tasks.hh_preference.rlhf import hacking_point, policy_prompt
+from fedsim_tasks.hh_preference.rlhf import ReversedJudge, hacking_point, policy_prompt
 from fedsim_tasks.hh_preference.test_dataset import LONGER, ROOT, task
 from fedsim_tasks.test_causal_lm import llama_dir, one_thread  # noqa: F401 (fixtures)
 
@@ -52,7 +53,8 @@ def test_curve_logs_proxy_and_judge_at_each_step_without_changing_the_training(l
 
     def point(model) -> dict:
         own = replies(model)
-        return hacking_point(prefer_longer, [p.prompt for p in hh], base, own, judge(own), judge(base))
+        return hacking_point(prefer_longer, [p.prompt for p in hh], base, own, judge(own), judge(base),
+                             ReversedJudge())
 
     model = load_policy(llama_dir, LORA, seed=0)
     start = trainable_arrays(model)
@@ -62,6 +64,7 @@ def test_curve_logs_proxy_and_judge_at_each_step_without_changing_the_training(l
     for row in rows:
         assert 0 <= row["proxy_win_rate"] <= 1 and 0 <= row["judge_win_rate"] <= 1 and row["reply_words"] >= 0
         assert row["gap"] == pytest.approx(row["proxy_win_rate"] - row["judge_win_rate"])
+        assert row["judge_win_rate_minority"] == pytest.approx(1 - row["judge_win_rate"])
     plain = load_policy(llama_dir, LORA, seed=0)  # one run of 4 steps with no scoring in between
     dpo_train(plain, tokenizer, pairs, steps=4, batch_size=r.dpo_batch_size, lr=r.dpo_lr, beta=r.beta,
               max_length=r.max_length, seed=DPO_TRAINING.seed(0))
@@ -104,6 +107,39 @@ def test_each_population_is_scored_on_its_own_labels():
     assert reversed_scores["accuracy_minority"] == 1 - reversed_scores["accuracy_majority"]
 
 
+class WordCountJudge:
+    """A judge standing in for the TF-IDF one: more words score higher, except that a reply
+    holding "sorry" scores 100 (so HH-like refusals are strongly preferred)."""
+
+    def scores(self, prompts, responses) -> torch.Tensor:
+        return torch.tensor([100.0 if "sorry" in r.lower() else len(r.split()) / 10 for r in responses])
+
+
+def test_the_judges_report_each_population_and_the_minority_judge_follows_its_rule():
+    """judges() on real HH test pairs: the second-criterion minority's judge is fit on the judge's
+    test margins and measured on the minority's own labels (not 1 - the majority's), and the HH
+    judge's agreement with a labeller is the share of test pairs they choose alike."""
+    fed = Federation({**task(), "minority_preference": LONGER}, ROOT)
+    judge, pref = WordCountJudge(), OmegaConf.create(LONGER)
+    minority, report = judges(judge, fed, pref, LongerPicker(), {"longer": [{}]})
+    test = fed.test()
+    a, b = [e.a for e in test], [e.b for e in test]
+    prompts = [e.prompt for e in test]
+    margins = (judge.scores(prompts, b) - judge.scores(prompts, a)).numpy()
+    assert minority.threshold == np.quantile(np.abs(margins[::2]), 0.5)
+    majority_b = margins > 0
+    assert report["accuracy"] == np.mean(majority_b == np.array([e.label for e in test]))
+    picks_b = LongerPicker().prob_b(test) > 0.5
+    assert report["agreement"] == {"longer": np.mean(majority_b == picks_b)}
+    minority_labels = np.array([e.label for e in fed.test("minority")])
+    weak = np.abs(margins) < minority.threshold
+    words = np.array([len(y.split()) - len(x.split()) for x, y in zip(a, b)])
+    by_rule = np.where(weak & (words != 0), words > 0, majority_b)
+    assert report["accuracy_minority"] == np.mean(by_rule == minority_labels) != 1 - report["accuracy"]
+    reversed_minority, _ = judges(judge, fed, OmegaConf.create({"kind": "reversed"}), LongerPicker(), {})
+    assert isinstance(reversed_minority, ReversedJudge)
+
+
 def test_summary_shows_the_reward_hacking_curves_and_the_minority_rule(tmp_path):
     """The summary of a run with curves: their table and plot; the note that the minority's
     accuracy is derived only where the minority is HH reversed."""
@@ -117,10 +153,13 @@ def test_summary_shows_the_reward_hacking_curves_and_the_minority_rule(tmp_path)
          "groups": {}, "warmup": {}, "minority_share": {"clients": 0.33, "training_pairs": 0.3},
          "client_weights": "data_share", "minority_preference": {"kind": "second_criterion"},
          "policy": {"fedbis": {"4": policy}}, "rlhf_reference": "fedbis",
-         "rlhf": {"judge": {"pairs": 400, "accuracy": 0.6}, "base": {"sft": {}}, "head_to_head": {},
+         "rlhf": {"judge": {"pairs": 400, "accuracy": 0.6, "accuracy_minority": 0.58,
+                            "minority_judge": "SecondCriterionJudge", "agreement": {"fedbis": 0.61}},
+                  "base": {"sft": {}}, "head_to_head": {},
                   "reward_hacking": {"fedbis": curve}}}
     out = RunOutput(tmp_path)
     text = _summary(r, out)
     assert "## Reward hacking" in text and "| fedbis | 60 | 0.7" in text and MINORITY_DERIVED not in text
+    assert "SecondCriterionJudge: 0.580 on the minority's labels" in text and "fedbis 0.610" in text
     assert (tmp_path / "reward_hacking.png").exists()
     assert MINORITY_DERIVED in _summary({**r, "minority_preference": {"kind": "reversed"}}, out)

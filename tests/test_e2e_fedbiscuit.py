@@ -63,6 +63,8 @@ def test_fedbis_and_fedbiscuit_survive_faulty_regroups(tmp_path):
         lo, hi = policy[method]["2"]["ci"]
         assert lo <= policy[method]["2"]["win_rate"] <= hi
     assert policy["fedavg"]["clients"]["prompts"] == policy["feddpo"]["clients"]["prompts"] == 6
+    assert set(policy["raw"]) == {"2", "clients"} and policy["raw"]["2"]["win_rate"] == 0.5  # sweep.baseline=raw
+    assert set(r["rlhf"]["judge"]["agreement"]) == set(r["selectors"])
     assert r["rlhf"]["judge"]["pairs"] == 40 and 0.0 <= r["rlhf"]["judge"]["accuracy"] <= 1.0
     assert r["communication"]["policy_feddpo"]["bytes_per_round"] > 0
     h2h = r["rlhf"]["head_to_head"]["fedbiscuit_u3"]["2"]  # against FedBis's policy, prompt by prompt

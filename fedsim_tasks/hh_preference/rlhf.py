@@ -9,6 +9,7 @@ selectors' labels (or, for the baselines, the clients' pairs).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import combinations
 
 import numpy as np
@@ -58,30 +59,68 @@ def completion_pairs(prompts: list[str], completions: list[list[str]],
             for e, y in zip(examples, labels)]
 
 
-def win_rate(scores_a: np.ndarray, scores_b: np.ndarray, resamples: int, seed: int,
-             minority_reversed: bool = True) -> dict:
-    """How often reply A beats reply B on the same prompt (ties count half), with a paired
-    bootstrap 95% CI over prompts; and, where the minority's preference is HH's reversed
-    (``minority_reversed``), the same for the minority, whose judge is then the reverse of this
-    one (1 - the win rate). No judge of a second-criterion minority exists: no minority rate."""
-    wins = (scores_a > scores_b) + 0.5 * (scores_a == scores_b)
-    lo, hi = paired_bootstrap_ci(wins, resamples, seed)
-    out = {"win_rate": float(wins.mean()), "ci": [lo, hi], "prompts": int(wins.size)}
-    if minority_reversed:
-        out |= {"win_rate_minority": float(1 - wins.mean()), "ci_minority": [1 - hi, 1 - lo]}
+def wins(scores_a: np.ndarray, scores_b: np.ndarray) -> np.ndarray:
+    """Per prompt, 1 where reply A scores above reply B, 0.5 on a tie, else 0."""
+    return (scores_a > scores_b) + 0.5 * (scores_a == scores_b)
+
+
+class ReversedJudge:
+    """The reversed minority's judge: the HH judge reversed (its labels are HH's reversed)."""
+
+    def wins(self, scores_a, scores_b, replies_a, replies_b) -> np.ndarray:
+        return 1 - wins(scores_a, scores_b)
+
+
+@dataclass(frozen=True)
+class SecondCriterionJudge:
+    """The second-criterion minority's preference (``dataset.minority_flips``) judged with the HH
+    judge in place of HH's label: the judge's choice where its margin is strong, the ``prefer``
+    reply in words (a tie in words keeps the judge's choice) where the margin's size is below
+    ``threshold``, the ``weak_share`` quantile of its sizes on the held-out test pairs. In the data
+    "weak" is the HH probe's margin signed toward HH's label; replies have no HH label, so here
+    it is the margin's size."""
+    threshold: float
+    prefer: str
+
+    @classmethod
+    def fit(cls, test_margins: np.ndarray, weak_share: float, prefer: str) -> SecondCriterionJudge:
+        return cls(float(np.quantile(np.abs(test_margins), weak_share)), prefer)
+
+    def wins(self, scores_a, scores_b, replies_a, replies_b) -> np.ndarray:
+        sign = 1 if self.prefer == "longer" else -1
+        longer = sign * np.array([len(a.split()) - len(b.split()) for a, b in zip(replies_a, replies_b)])
+        weak = (np.abs(scores_a - scores_b) < self.threshold) & (longer != 0)
+        return np.where(weak, (longer > 0).astype(float), wins(scores_a, scores_b))
+
+
+def win_rate(prompt_wins: np.ndarray, resamples: int, seed: int, minority_wins: np.ndarray | None = None) -> dict:
+    """How often reply A beats reply B on the same prompts (``prompt_wins``, ties counted half),
+    with a paired bootstrap 95% CI over prompts; and the same for the minority's judge where one
+    is given."""
+    lo, hi = paired_bootstrap_ci(prompt_wins, resamples, seed)
+    out = {"win_rate": float(prompt_wins.mean()), "ci": [lo, hi], "prompts": int(prompt_wins.size)}
+    if minority_wins is not None:
+        out |= {"win_rate_minority": float(minority_wins.mean()),
+                "ci_minority": list(paired_bootstrap_ci(minority_wins, resamples, seed))}
     return out
 
 
 def hacking_point(prefer_policy: Callable[[list[Example]], np.ndarray], prompts: list[str], base_replies: list[str],
-                  replies: list[str], judge_scores: np.ndarray, base_judge_scores: np.ndarray) -> dict:
+                  replies: list[str], judge_scores: np.ndarray, base_judge_scores: np.ndarray,
+                  minority_judge=None) -> dict:
     """One point of a reward-hacking curve: how often the labelling selectors (``prefer_policy``:
     1 where they prefer B, the policy's reply, to A, the base's) and the judge prefer the
     policy's reply to the base's on the same prompts (ties and identical replies count half),
-    their gap, and the replies' mean length in words."""
+    their gap, the replies' mean length in words, and the minority judge's win rate where one
+    is given."""
     same = np.array([a == b for a, b in zip(base_replies, replies)])
     proxy = prefer_policy([Example(i, p, a, b, -1) for i, (p, a, b) in enumerate(zip(prompts, base_replies, replies))])
     proxy_wins = np.where(same, 0.5, proxy)
-    judge_wins = (judge_scores > base_judge_scores) + 0.5 * (judge_scores == base_judge_scores)
-    return {"proxy_win_rate": float(proxy_wins.mean()), "judge_win_rate": float(judge_wins.mean()),
-            "gap": float(proxy_wins.mean() - judge_wins.mean()), "mean_judge_reward": float(judge_scores.mean()),
-            "reply_words": float(np.mean([len(r.split()) for r in replies]))}
+    judge_wins = wins(judge_scores, base_judge_scores)
+    out = {"proxy_win_rate": float(proxy_wins.mean()), "judge_win_rate": float(judge_wins.mean()),
+           "gap": float(proxy_wins.mean() - judge_wins.mean()), "mean_judge_reward": float(judge_scores.mean()),
+           "reply_words": float(np.mean([len(r.split()) for r in replies]))}
+    if minority_judge is not None:
+        out["judge_win_rate_minority"] = float(minority_judge.wins(judge_scores, base_judge_scores, replies,
+                                                                   base_replies).mean())
+    return out

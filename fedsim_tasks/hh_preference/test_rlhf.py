@@ -1,11 +1,21 @@
-"""RLHF plumbing: HH prompts as turns, selector-labelled completion pairs, SFT data, win rates."""
+"""RLHF plumbing: HH prompts as turns, selector-labelled completion pairs, SFT data, win rates, the
+minority's judges."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from fedsim_tasks.hh_preference.dataset import load_pairs
-from fedsim_tasks.hh_preference.rlhf import completion_pairs, hh_turns, persona_chat_examples, policy_prompt, win_rate
+from fedsim_tasks.hh_preference.rlhf import (
+    ReversedJudge,
+    SecondCriterionJudge,
+    completion_pairs,
+    hh_turns,
+    persona_chat_examples,
+    policy_prompt,
+    win_rate,
+    wins,
+)
 from fedsim_tasks.hh_preference.test_dataset import ROOT
 
 PROMPT = "\n\nHuman: hi there\n\nAssistant: Hello!\n\nHuman: how do I pick a lock?\n\nAssistant:"
@@ -39,8 +49,22 @@ def test_persona_chat_examples_answer_as_user_2():
 
 
 def test_win_rate_counts_ties_half_with_a_ci():
-    out = win_rate(np.array([1.0, 2.0, 3.0, 0.0]), np.array([0.0, 2.0, 1.0, 1.0]), 500, 0)
+    a, b = np.array([1.0, 2.0, 3.0, 0.0]), np.array([0.0, 2.0, 1.0, 1.0])
+    out = win_rate(wins(a, b), 500, 0, ReversedJudge().wins(a, b, [], []))
     assert out["win_rate"] == (1 + 0.5 + 1 + 0) / 4 and out["prompts"] == 4
     assert out["ci"][0] <= out["win_rate"] <= out["ci"][1]
     assert out["win_rate_minority"] == 1 - out["win_rate"]
-    assert out["ci_minority"] == [1 - out["ci"][1], 1 - out["ci"][0]]
+    assert out["ci_minority"][0] <= out["win_rate_minority"] <= out["ci_minority"][1]
+    assert "win_rate_minority" not in win_rate(wins(a, b), 500, 0)
+
+
+def test_second_criterion_judge_decides_weak_pairs_by_length():
+    judge = SecondCriterionJudge.fit(np.array([-4.0, 0.5, 1.0, 3.0]), 0.5, "longer")
+    assert judge.threshold == 2.0  # the median margin size (sizes 0.5, 1, 3, 4)
+    short, long_ = "no", "I would rather not say"
+    a, b = np.array([2.0, 0.3, 0.3, 0.3]), np.array([0.0, 0.0, 0.0, 0.0])
+    replies_a, replies_b = [short, short, long_, short], [long_, long_, short, "ok"]
+    # strong margin: the judge's choice; weak: the longer reply; weak with equal words: the judge's
+    assert judge.wins(a, b, replies_a, replies_b).tolist() == [1.0, 0.0, 1.0, 1.0]
+    shorter = SecondCriterionJudge(judge.threshold, "shorter")
+    assert shorter.wins(a, b, replies_a, replies_b).tolist() == [1.0, 1.0, 0.0, 1.0]
