@@ -67,6 +67,13 @@ class FedBiscuitProtocol(Protocol):
             if spec and spec.get("run") == f"{__name__}.oracle_groups" and int(spec.get("num_selectors", 0)) < 3:
                 raise ValueError(f"protocol.methods.{name}.num_selectors must be >= 3 (one minority group, "
                                  "majority groups)")
+            if spec and spec.get("run") == f"{__name__}.central" and spec.get("population") not in POPULATIONS:
+                raise ValueError(f"protocol.methods.{name}.population={spec.get('population')!r} is not one of "
+                                 f"{POPULATIONS}")
+
+
+POPULATIONS = ("majority", "minority", "all")
+"""whose training pairs a central reference pools"""
 
 
 WEIGHT_KEYS = {"data_share": keys.NUM_EXAMPLES, "uniform": keys.UNIT_WEIGHT}
@@ -97,7 +104,8 @@ class Context(RunContext):
 
 def central(ctx: Context, name: str, spec: DictConfig) -> dict:
     """One selector trained on the pooled training pairs of the clients of ``spec.population``
-    (majority | all): a non-private reference trained in the server process."""
+    (majority | minority | all): a non-private reference trained in the server process (a
+    population's own is its ceiling)."""
     clients = [ctx.federation.client(partition_id) for partition_id in sorted(ctx.nodes)]
     examples = [e for c in clients if spec.population == "all" or c.population == spec.population
                 for e in c.train]

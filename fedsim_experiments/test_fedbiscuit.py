@@ -163,3 +163,13 @@ def test_summary_shows_the_reward_hacking_curves_and_the_minority_rule(tmp_path)
     assert "SecondCriterionJudge: 0.580 on the minority's labels" in text and "fedbis 0.610" in text
     assert (tmp_path / "reward_hacking.png").exists()
     assert MINORITY_DERIVED in _summary({**r, "minority_preference": {"kind": "reversed"}}, out)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("protocol.methods.central_minority.population=minorty", "population='minorty' is not one of"),
+    ("protocol.methods.oracle_groups.num_selectors=2", "num_selectors must be >= 3"),
+])
+def test_a_wrong_method_setting_is_refused_before_the_run(override, message):
+    from fedsim.run.config import compose_checked
+    with pytest.raises(Exception, match=message):
+        compose_checked(["experiment=fedbiscuit_length", override])
