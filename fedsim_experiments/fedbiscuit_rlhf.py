@@ -97,6 +97,8 @@ class RLHF:
     """reward-hacking curves: cumulative DPO steps at which each selector-labelled policy is scored by its
     labellers (the proxy) and by the judge (empty: no curves)"""
     hacking_n: int          # the completions setting (one of ``completions``) whose labelled pairs train the curves
+    hacking_methods: list[str] | None
+    """the selector methods whose policies get curves (each a DPO run of max(hacking_steps)); null: every one"""
     base_seed: int | None
     """seed of the raw model's SFT; null: the run's. A fixed one gives every seed of a sweep the same raw
     model, as the paper's seeds share one pretrained base"""
@@ -105,6 +107,9 @@ class RLHF:
         if self.hacking_steps and (self.hacking_n not in self.completions or min(self.hacking_steps) < 1):
             raise ValueError(f"protocol.rlhf.hacking_n={self.hacking_n} must be one of completions "
                              f"{self.completions} and hacking_steps {self.hacking_steps} positive")
+        if not set(self.hacking_methods or ()) <= set(self.selector_methods):
+            raise ValueError(f"protocol.rlhf.hacking_methods {self.hacking_methods} must be among selector_methods "
+                             f"{self.selector_methods}")
 
 
 def base_policy(r: RLHF, data_root: str, seed: int) -> tuple[Path, dict]:
@@ -175,7 +180,7 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
                      policy[method][str(n)]["win_rate"])
     if r.hacking_steps:
         out["reward_hacking"] = {}
-        for method in (m for m in r.selector_methods if (m, r.hacking_n) in labelled):
+        for method in (m for m in r.hacking_methods or r.selector_methods if (m, r.hacking_n) in labelled):
             labeller = _labeller(selector, selectors[method])
 
             def point(model, labeller=labeller) -> dict:

@@ -77,6 +77,9 @@ def test_curve_settings_are_checked():
     with pytest.raises(ValueError, match="hacking_n=3 must be one of completions"):
         RLHF(**{**OmegaConf.to_container(compose(["experiment=fedbiscuit_paper"]).protocol.rlhf, resolve=True),
                 "hacking_steps": [60], "hacking_n": 3})
+    with pytest.raises(ValueError, match="hacking_methods .'central'. must be among selector_methods"):
+        RLHF(**{**OmegaConf.to_container(compose(["experiment=fedbiscuit_paper"]).protocol.rlhf, resolve=True),
+                "hacking_methods": ["central"]})
 
 
 class LongerPicker:
