@@ -220,20 +220,24 @@ def raw_rows(base: tuple[np.ndarray, list[str]], minority, policy: dict, resampl
 
 
 def judges(judge, fed, preference: DictConfig, selector, selectors: dict[str, list[dict]]) -> tuple[object, dict]:
-    """The minority's judge (None where its preference has none) and what the judges are worth:
-    accuracy on the held-out test pairs for each population's labels, and how often the HH judge
-    chooses as each method's labeller does (the judge should not read the selectors' features)."""
-    test = fed.test()
-    a, b = [e.a for e in test], [e.b for e in test]
-    prompts = [e.prompt for e in test]
-    score_a, score_b = (judge.scores(prompts, x).detach().numpy() for x in (a, b))
+    """The minority's judge (its rule over the HH judge) and what the judges are worth: accuracy
+    on the held-out test pairs for each population's labels, and how often the HH judge chooses
+    as each method's labeller does (the judge should not read the selectors' features)."""
+    def scored(population: str) -> tuple[list, np.ndarray, np.ndarray]:
+        test = fed.test(population)  # a pair the minority flips comes in the other order here
+        prompts = [e.prompt for e in test]
+        return test, *(judge.scores(prompts, [getattr(e, side) for e in test]).detach().numpy() for side in "ab")
+
+    test, score_a, score_b = scored("majority")
     minority = ReversedJudge() if preference.kind == "reversed" else SecondCriterionJudge.fit(
         score_b[::2] - score_a[::2], preference.weak_share, preference.prefer)
-    prefers_b = {"majority": score_b > score_a, "minority": minority.wins(score_b, score_a, b, a) > 0.5}
+    own, own_a, own_b = scored("minority")
+    prefers_b = {"majority": score_b > score_a,
+                 "minority": minority.wins(own_b, own_a, [e.b for e in own], [e.a for e in own]) > 0.5}
+    accuracy = {pop: float(np.mean(prefers_b[pop] == np.array([e.label for e in examples])))
+                for pop, examples in (("majority", test), ("minority", own))}
     report = {"pairs": len(fed.splits["judge"]), "minority_judge": type(minority).__name__,
-              **{("accuracy" if pop == "majority" else "accuracy_minority"):
-                 float(np.mean(prefers_b[pop] == np.array([e.label for e in fed.test(pop)])))
-                 for pop in ("majority", "minority")},
+              "accuracy": accuracy["majority"], "accuracy_minority": accuracy["minority"],
               "agreement": {m: float(np.mean(prefers_b["majority"] == (_labeller(selector, w)(test) > 0.5)))
                             for m, w in selectors.items()}}
     return minority, report

@@ -119,28 +119,31 @@ class WordCountJudge:
 
 
 def test_the_judges_report_each_population_and_the_minority_judge_follows_its_rule():
-    """judges() on real HH test pairs: the second-criterion minority's judge is fit on the judge's
-    test margins and measured on the minority's own labels (not 1 - the majority's), and the HH
-    judge's agreement with a labeller is the share of test pairs they choose alike."""
-    fed = Federation({**task(), "minority_preference": LONGER}, ROOT)
-    judge, pref = WordCountJudge(), OmegaConf.create(LONGER)
-    minority, report = judges(judge, fed, pref, LongerPicker(), {"longer": [{}]})
+    """judges() on real HH test pairs: a minority that decides every pair by length is judged
+    by length wherever the words differ, so its judge matches the minority's own labels (in the
+    minority's own order of each pair, where a flipped pair comes reversed) on every pair but the
+    few the rule leaves to the HH judge; the HH judge's agreement with a labeller is the share
+    of test pairs they choose alike."""
+    longer = {**LONGER, "weak_share": 1.0}
+    fed = Federation({**task(), "minority_preference": longer}, ROOT)
+    judge = WordCountJudge()
+    minority, report = judges(judge, fed, OmegaConf.create(longer), LongerPicker(), {"longer": [{}]})
     test = fed.test()
     a, b = [e.a for e in test], [e.b for e in test]
     prompts = [e.prompt for e in test]
     margins = (judge.scores(prompts, b) - judge.scores(prompts, a)).numpy()
-    assert minority.threshold == np.quantile(np.abs(margins[::2]), 0.5)
+    assert minority.threshold == np.abs(margins).max()
     majority_b = margins > 0
     assert report["accuracy"] == np.mean(majority_b == np.array([e.label for e in test]))
-    picks_b = LongerPicker().prob_b(test) > 0.5
-    assert report["agreement"] == {"longer": np.mean(majority_b == picks_b)}
-    minority_labels = np.array([e.label for e in fed.test("minority")])
-    weak = np.abs(margins) < minority.threshold
-    words = np.array([len(y.split()) - len(x.split()) for x, y in zip(a, b)])
-    by_rule = np.where(weak & (words != 0), words > 0, majority_b)
-    assert report["accuracy_minority"] == np.mean(by_rule == minority_labels) != 1 - report["accuracy"]
-    reversed_minority, _ = judges(judge, fed, OmegaConf.create({"kind": "reversed"}), LongerPicker(), {})
-    assert isinstance(reversed_minority, ReversedJudge)
+    assert report["agreement"] == {"longer": np.mean(majority_b == (LongerPicker().prob_b(test) > 0.5))}
+    left_to_judge = np.mean((np.abs(margins) >= minority.threshold)
+                            | np.array([len(x.split()) == len(y.split()) for x, y in zip(a, b)]))
+    assert left_to_judge < 0.1 and report["accuracy_minority"] >= 1 - left_to_judge
+    reversed_minority, reversed_report = judges(judge, Federation(task(), ROOT), OmegaConf.create({"kind": "reversed"}),
+                                                LongerPicker(), {})
+    assert isinstance(reversed_minority, ReversedJudge)  # the reversed judge on the reversed labels: as accurate
+    ties = np.mean(margins == 0)                          # (a tie picks A in either order: the one difference)
+    assert abs(reversed_report["accuracy_minority"] - reversed_report["accuracy"]) <= ties
 
 
 def test_summary_shows_the_reward_hacking_curves_and_the_minority_rule(tmp_path):
