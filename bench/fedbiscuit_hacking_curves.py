@@ -56,10 +56,13 @@ def plot(data: dict, out: RunOutput, name: str) -> None:
             cis = [t_interval(np.array(by_step[s][key]), 0.95) or (m, m) for s, m in zip(steps, mean)]
             ax.plot(steps, mean, ls=style, marker="o", color=f"C{i}", label=f"{method} {key.split('_')[0]}")
             ax.fill_between(steps, [c[0] for c in cis], [c[1] for c in cis], color=f"C{i}", alpha=0.12)
+            for s in steps:  # each seed's point
+                ax.scatter([s] * len(by_step[s][key]), by_step[s][key], color=f"C{i}", s=8, alpha=0.5)
     ax.axhline(0.5, color="grey", lw=0.8, ls=":", label="the base (0.5)")
+    ax.set_ylim(0, 1)  # a win rate; a t band over few seeds reaches past it
     ax.set_xlabel("DPO steps")
     ax.set_ylabel("win rate against the base policy (mean over seeds)")
-    ax.set_title("Reward hacking: labellers (proxy, dashed) vs judge (solid), 95% t bands")
+    ax.set_title("Reward hacking: proxy (dashed), judge (solid), seeds (dots)", fontsize=10)
     ax.legend(fontsize=6)
     save()
 
