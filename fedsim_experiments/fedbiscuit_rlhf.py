@@ -206,9 +206,8 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
 def versus(a: tuple[np.ndarray, list[str]], b: tuple[np.ndarray, list[str]], minority, resamples: int,
            seed: int) -> dict:
     """Replies ``a`` against replies ``b`` (judge scores, texts) on the same prompts: win rates
-    for the majority's judge and, where one exists, the minority's."""
-    minority_wins = None if minority is None else minority.wins(a[0], b[0], a[1], b[1])
-    return win_rate(wins(a[0], b[0]), resamples, seed, minority_wins)
+    for the majority's judge and the minority's."""
+    return win_rate(wins(a[0], b[0]), resamples, seed, minority.wins(a[0], b[0], a[1], b[1]))
 
 
 def raw_rows(base: tuple[np.ndarray, list[str]], minority, policy: dict, resamples: int, seed: int) -> dict:

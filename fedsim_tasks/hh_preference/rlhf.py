@@ -93,16 +93,14 @@ class SecondCriterionJudge:
         return np.where(weak, (longer > 0).astype(float), wins(scores_a, scores_b))
 
 
-def win_rate(prompt_wins: np.ndarray, resamples: int, seed: int, minority_wins: np.ndarray | None = None) -> dict:
+def win_rate(prompt_wins: np.ndarray, resamples: int, seed: int, minority_wins: np.ndarray) -> dict:
     """How often reply A beats reply B on the same prompts (``prompt_wins``, ties counted half),
-    with a paired bootstrap 95% CI over prompts; and the same for the minority's judge where one
-    is given."""
+    and the same by the minority's judge (``minority_wins``), each with a paired bootstrap 95% CI
+    over prompts."""
     lo, hi = paired_bootstrap_ci(prompt_wins, resamples, seed)
-    out = {"win_rate": float(prompt_wins.mean()), "ci": [lo, hi], "prompts": int(prompt_wins.size)}
-    if minority_wins is not None:
-        out |= {"win_rate_minority": float(minority_wins.mean()),
-                "ci_minority": list(paired_bootstrap_ci(minority_wins, resamples, seed))}
-    return out
+    return {"win_rate": float(prompt_wins.mean()), "ci": [lo, hi], "prompts": int(prompt_wins.size),
+            "win_rate_minority": float(minority_wins.mean()),
+            "ci_minority": list(paired_bootstrap_ci(minority_wins, resamples, seed))}
 
 
 def hacking_point(prefer_policy: Callable[[list[Example]], np.ndarray], prompts: list[str], base_replies: list[str],
