@@ -107,9 +107,13 @@ class RLHF:
         if self.hacking_steps and (self.hacking_n not in self.completions or min(self.hacking_steps) < 1):
             raise ValueError(f"protocol.rlhf.hacking_n={self.hacking_n} must be one of completions "
                              f"{self.completions} and hacking_steps {self.hacking_steps} positive")
-        if not set(self.hacking_methods or ()) <= set(self.selector_methods):
-            raise ValueError(f"protocol.rlhf.hacking_methods {self.hacking_methods} must be among selector_methods "
-                             f"{self.selector_methods}")
+        if sorted(set(self.hacking_steps)) != self.hacking_steps:
+            raise ValueError(f"protocol.rlhf.hacking_steps {self.hacking_steps} must ascend without repeats")
+        methods = self.hacking_methods
+        if methods is not None and (not methods or len(set(methods)) < len(methods)
+                                    or not set(methods) <= set(self.selector_methods)):
+            raise ValueError(f"protocol.rlhf.hacking_methods {methods} must be distinct selector_methods "
+                             f"{self.selector_methods} (null: every one)")
 
 
 def base_policy(r: RLHF, data_root: str, seed: int) -> tuple[Path, dict]:
@@ -180,7 +184,8 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
                      policy[method][str(n)]["win_rate"])
     if r.hacking_steps:
         out["reward_hacking"] = {}
-        for method in (m for m in r.hacking_methods or r.selector_methods if (m, r.hacking_n) in labelled):
+        curved = r.selector_methods if r.hacking_methods is None else r.hacking_methods
+        for method in (m for m in curved if (m, r.hacking_n) in labelled):
             labeller = _labeller(selector, selectors[method])
 
             def point(model, labeller=labeller) -> dict:
@@ -215,7 +220,7 @@ def raw_rows(base: tuple[np.ndarray, list[str]], minority, policy: dict, resampl
     policies use, so ``fedsim compare sweep.baseline=raw`` pairs each policy's win rate with it."""
     row = {**versus(base, base, minority, resamples, seed), "mean_reward": float(base[0].mean()),
            "example": base[1][0]}
-    return {n: row for n in dict.fromkeys(n for by_n in policy.values() for n in by_n)}
+    return {n: dict(row) for n in dict.fromkeys(n for by_n in policy.values() for n in by_n)}
 
 
 def judges(judge, fed, preference: DictConfig, selector, selectors: dict[str, list[dict]]) -> tuple[object, dict]:

@@ -73,13 +73,33 @@ def test_curve_logs_proxy_and_judge_at_each_step_without_changing_the_training(l
     assert all(np.allclose(trained[k], expected[k], atol=1e-6) for k in trained)
 
 
-def test_curve_settings_are_checked():
-    with pytest.raises(ValueError, match="hacking_n=3 must be one of completions"):
-        RLHF(**{**OmegaConf.to_container(compose(["experiment=fedbiscuit_paper"]).protocol.rlhf, resolve=True),
-                "hacking_steps": [60], "hacking_n": 3})
-    with pytest.raises(ValueError, match="hacking_methods .'central'. must be among selector_methods"):
-        RLHF(**{**OmegaConf.to_container(compose(["experiment=fedbiscuit_paper"]).protocol.rlhf, resolve=True),
-                "hacking_methods": ["central"]})
+def test_the_minority_judge_scores_the_policy_reply_against_the_base_reply():
+    """versus() and hacking_point() give the minority judge the policy's reply as A and the
+    base's as B: longer policy replies that HH's judge scores lower win for the length minority
+    and lose for HH's judge (a swap of either argument fails this)."""
+    from fedsim_experiments.fedbiscuit_rlhf import versus
+    from fedsim_tasks.hh_preference.rlhf import SecondCriterionJudge
+    minority = SecondCriterionJudge(np.inf, "longer")
+    policy = (np.array([0.0, 0.0, 0.0]), ["a much longer reply here", "also a long reply", "long one too"])
+    base = (np.array([5.0, 5.0, 5.0]), ["short", "brief", "no"])
+    out = versus(policy, base, minority, 200, 0)
+    assert out["win_rate"] == 0.0 and out["win_rate_minority"] == 1.0
+    point = hacking_point(lambda examples: np.ones(len(examples)), ["p"] * 3, base[1], policy[1], policy[0], base[0],
+                          minority)
+    assert point["judge_win_rate"] == 0.0 and point["judge_win_rate_minority"] == 1.0 and point["gap"] == 1.0
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("hacking_n", 3, "hacking_n=3 must be one of completions"),
+    ("hacking_steps", [200, 60], "must ascend without repeats"),
+    ("hacking_methods", [], "must be distinct selector_methods"),
+    ("hacking_methods", ["fedbis", "fedbis"], "must be distinct selector_methods"),
+    ("hacking_methods", ["central"], "must be distinct selector_methods"),
+])
+def test_wrong_curve_settings_are_refused(key, value, message):
+    cfg = OmegaConf.to_container(compose(["experiment=fedbiscuit_paper"]).protocol.rlhf, resolve=True)
+    with pytest.raises(ValueError, match=message):
+        RLHF(**{**cfg, "hacking_steps": [60], key: value})
 
 
 class LongerPicker:
@@ -132,12 +152,11 @@ def test_the_judges_report_each_population_and_the_minority_judge_follows_its_ru
     a, b = [e.a for e in test], [e.b for e in test]
     prompts = [e.prompt for e in test]
     margins = (judge.scores(prompts, b) - judge.scores(prompts, a)).numpy()
-    assert minority.threshold == np.abs(margins).max()
+    assert minority.threshold == np.inf  # every pair weak, as in the data: length decides wherever the words differ
     majority_b = margins > 0
     assert report["accuracy"] == np.mean(majority_b == np.array([e.label for e in test]))
     assert report["agreement"] == {"longer": np.mean(majority_b == (LongerPicker().prob_b(test) > 0.5))}
-    left_to_judge = np.mean((np.abs(margins) >= minority.threshold)
-                            | np.array([len(x.split()) == len(y.split()) for x, y in zip(a, b)]))
+    left_to_judge = np.mean([len(x.split()) == len(y.split()) for x, y in zip(a, b)])
     assert left_to_judge < 0.1 and report["accuracy_minority"] >= 1 - left_to_judge
     reversed_minority, reversed_report = judges(judge, Federation(task(), ROOT), OmegaConf.create({"kind": "reversed"}),
                                                 LongerPicker(), {})

@@ -76,15 +76,16 @@ class SecondCriterionJudge:
     """The second-criterion minority's preference (``dataset.minority_flips``) judged with the HH
     judge in place of HH's label: the judge's choice where its margin is strong, the ``prefer``
     reply in words (a tie in words keeps the judge's choice) where the margin's size is below
-    ``threshold``, the ``weak_share`` quantile of its sizes on the held-out test pairs. In the data
-    "weak" is the HH probe's margin signed toward HH's label; replies have no HH label, so here
-    it is the margin's size."""
+    ``threshold``, the ``weak_share`` quantile of its sizes on the held-out test pairs (infinite
+    at ``weak_share`` 1: every pair is weak, as in the data). In the data "weak" is the HH
+    probe's margin signed toward HH's label; replies have no HH label, so here it is the
+    margin's size: below 1 the rule is an approximation of the data's."""
     threshold: float
     prefer: str
 
     @classmethod
     def fit(cls, test_margins: np.ndarray, weak_share: float, prefer: str) -> SecondCriterionJudge:
-        return cls(float(np.quantile(np.abs(test_margins), weak_share)), prefer)
+        return cls(np.inf if weak_share >= 1 else float(np.quantile(np.abs(test_margins), weak_share)), prefer)
 
     def wins(self, scores_a, scores_b, replies_a, replies_b) -> np.ndarray:
         sign = 1 if self.prefer == "longer" else -1
