@@ -53,7 +53,7 @@ def test_a_preset_is_declared_keys_and_composes(preset):
 @pytest.mark.parametrize(("run_config", "message"), [
     ("seed='x'", "could not be converted to Integer"),
     ("num-server-rounds=0", "num_rounds"),
-    ("experiment='fedtpp'", "'fedtpp' is not a experiment; valid choices: fedbiscuit_paper"),
+    ("experiment='fedtpp'", "'fedtpp' is not a experiment; valid choices: fedbiscuit_length, fedbiscuit_paper,"),
     ("hardware='gpu'", "valid choices: cpu_2, deploy_local, deploy_remote, gpu_1"),
     ("overrides='num_round=3'", "Did you mean: num_rounds"),
 ])
