@@ -106,20 +106,17 @@ def win_rate(prompt_wins: np.ndarray, resamples: int, seed: int, minority_wins: 
 
 def hacking_point(prefer_policy: Callable[[list[Example]], np.ndarray], prompts: list[str], base_replies: list[str],
                   replies: list[str], judge_scores: np.ndarray, base_judge_scores: np.ndarray,
-                  minority_judge=None) -> dict:
+                  minority_judge) -> dict:
     """One point of a reward-hacking curve: how often the labelling selectors (``prefer_policy``:
     1 where they prefer B, the policy's reply, to A, the base's) and the judge prefer the
     policy's reply to the base's on the same prompts (ties and identical replies count half),
-    their gap, the replies' mean length in words, and the minority judge's win rate where one
-    is given."""
+    their gap, the replies' mean length in words, and the minority judge's win rate."""
     same = np.array([a == b for a, b in zip(base_replies, replies)])
     proxy = prefer_policy([Example(i, p, a, b, -1) for i, (p, a, b) in enumerate(zip(prompts, base_replies, replies))])
     proxy_wins = np.where(same, 0.5, proxy)
     judge_wins = wins(judge_scores, base_judge_scores)
-    out = {"proxy_win_rate": float(proxy_wins.mean()), "judge_win_rate": float(judge_wins.mean()),
-           "gap": float(proxy_wins.mean() - judge_wins.mean()), "mean_judge_reward": float(judge_scores.mean()),
-           "reply_words": float(np.mean([len(r.split()) for r in replies]))}
-    if minority_judge is not None:
-        out["judge_win_rate_minority"] = float(minority_judge.wins(judge_scores, base_judge_scores, replies,
-                                                                   base_replies).mean())
-    return out
+    minority_wins = minority_judge.wins(judge_scores, base_judge_scores, replies, base_replies)
+    return {"proxy_win_rate": float(proxy_wins.mean()), "judge_win_rate": float(judge_wins.mean()),
+            "gap": float(proxy_wins.mean() - judge_wins.mean()), "mean_judge_reward": float(judge_scores.mean()),
+            "judge_win_rate_minority": float(minority_wins.mean()),
+            "reply_words": float(np.mean([len(r.split()) for r in replies]))}
