@@ -18,15 +18,18 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsim.results.comparison import load_runs
 from fedsim.results.outputs import RunOutput, markdown_table
 from fedsim.results.stats import t_interval
 
 
 def curves(folder: Path) -> dict[str, dict[int, dict[str, list[float]]]]:
-    """method -> steps -> measure -> one value per run (every run under ``folder`` with curves)."""
+    """method -> steps -> measure -> one value per run (every run under ``folder`` with curves
+    that ``fedsim compare`` counts: one that failed after its results, ``error.txt``, is not a result)."""
     out: dict = {}
-    for path in sorted(folder.rglob("results.json")):
-        for method, points in json.loads(path.read_text()).get("rlhf", {}).get("reward_hacking", {}).items():
+    for run in load_runs(folder):
+        results = json.loads((Path(run.folder) / "results.json").read_text())
+        for method, points in results.get("rlhf", {}).get("reward_hacking", {}).items():
             for p in points:
                 row = out.setdefault(method, {}).setdefault(p["steps"], {})
                 for key in ("proxy_win_rate", "judge_win_rate", "gap", "reply_words", "judge_win_rate_minority"):
