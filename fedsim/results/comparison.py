@@ -17,6 +17,10 @@ every seed gives the same value there is no spread over seeds to claim anything 
 comparison says so and uses the interval the experiment computes inside a run
 (``sweep.run_intervals``, e.g. FedTP's paired bootstrap over turns), named in the summary.
 
+A metric that already compares two arms inside each run on the same items (a head-to-head win
+rate) has nothing to subtract: ``sweep.contrasts`` names it with its null (``equal_at``: 0.5), and its
+difference from the null gets the same verdict, MDE and effect of interest as a paired row.
+
 The headline metrics (``sweep.metrics``, one family per pattern) lead the summary, one table
 and one plot panel (one unit per axis) per family; counters, bytes and timings
 (``sweep.bookkeeping``) get their own section and no paired rows.
@@ -60,6 +64,7 @@ class Settings:
     power: float
     effect_of_interest: tuple[dict, ...]
     run_intervals: tuple[dict, ...]
+    contrasts: tuple[dict, ...]
 
     @classmethod
     def of(cls, sweep) -> Settings:
@@ -150,11 +155,12 @@ def describe(x: np.ndarray, settings: Settings) -> dict:
             "constant": bool(x.size > 1 and np.ptp(x) == 0)}
 
 
-def _effect_of_interest(metric: str, settings: Settings) -> dict | None:
+def _effect_of_interest(metric: str, settings: Settings, contrast: bool = False) -> dict | None:
     """The effect stated for ``metric`` against this comparison's baseline: "FedE4RAG minus
-    FedAvg" says nothing of FedE4RAG minus the vanilla model (``sweep.baseline=vanilla``)."""
+    FedAvg" says nothing of FedE4RAG minus the vanilla model (``sweep.baseline=vanilla``). A
+    contrast has no baseline: only an effect stated against none applies to it."""
     return next((e for e in settings.effect_of_interest if path_pattern(e["metric"]).fullmatch(metric)
-                 and e.get("baseline") in (None, settings.baseline)), None)
+                 and e.get("baseline") in ((None,) if contrast else (None, settings.baseline))), None)
 
 
 def _run_interval(metric: str, baseline: str | None, by_seed: dict, settings: Settings) -> dict | None:
@@ -174,22 +180,27 @@ def _run_interval(metric: str, baseline: str | None, by_seed: dict, settings: Se
     return None
 
 
-def judge(values: np.ndarray, metric: str, baseline: str | None, by_seed: dict, settings: Settings) -> dict:
+def judge(values: np.ndarray, metric: str, baseline: str | None, by_seed: dict, settings: Settings,
+          null: float | None = None) -> dict:
     """A difference (or a metric) over seeds with its verdict: the CI over seeds when the seeds
     spread; else the run's own interval (``sweep.run_intervals``) if the experiment has one,
-    named in ``basis``; else no claim. MDE and the seeds an effect of interest needs."""
+    named in ``basis``; else no claim. MDE and the seeds an effect of interest needs. ``null``:
+    ``values`` are a contrast minus its null (the run's own interval of the metric is shifted alike)."""
+    compared = baseline is not None or null is not None
     out = describe(values, settings)
-    effect = _effect_of_interest(metric, settings) if baseline is not None else None
+    effect = _effect_of_interest(metric, settings, contrast=null is not None) if compared else None
     out["effect"] = effect
     if out["ci"] is not None:
         sd = out["std"]
         out["basis"] = "t over seeds" if settings.interval == "t" else "BCa bootstrap over seeds"
         out["mde"] = detectable_effect(sd, out["n"], settings.level, settings.power)
         out["seeds_needed"] = seeds_needed(effect["size"], sd, settings.level, settings.power) if effect else None
-        if baseline is not None:
+        if compared:
             out["p_value"] = float(stats.ttest_1samp(values, 0.0).pvalue)
     else:
         own = _run_interval(metric, baseline, by_seed, settings)
+        if own is not None and null is not None:
+            own = {**own, "ci": [c - null for c in own["ci"]]}
         spread = "every seed gives the same value" if out["constant"] else "one seed"
         out["basis"] = f"{spread}; no claim over seeds"
         out["mde"] = out["seeds_needed"] = None
@@ -200,7 +211,7 @@ def judge(values: np.ndarray, metric: str, baseline: str | None, by_seed: dict, 
         elif own is not None:  # every item gives the same difference too: nothing to infer from
             out["basis"] = f"{spread}; the run's own {own['method']} has no width either; no claim"
     size = effect["size"] if effect else None
-    out["verdict"] = verdict(out["ci"], size) if baseline is not None else None
+    out["verdict"] = verdict(out["ci"], size) if compared else None
     out["excludes_effect"] = None if size is None or out["ci"] is None else \
         bool(out["ci"][1] < size if size > 0 else out["ci"][0] > size)
     return out
@@ -328,6 +339,7 @@ def compare(runs: list[Run], settings: Settings, strict: bool = True) -> dict:
     return {"settings": {"seed_keys": list(settings.seed_keys), "baseline": settings.baseline,
                          "interval": settings.interval, "level": settings.level, "power": settings.power},
             "runs": len(runs), "families": family_of, "bookkeeping": bookkeeping, "groups": groups, "paired": paired,
+            "contrasts": _contrasts_all(by_group, settings, set(varying), headline),
             "not_in_runs": [p for p in settings.metrics if p not in family_of],
             "warnings": [f"sweep.interval=bootstrap over fewer than {BOOTSTRAP_MIN_SEEDS} seeds: the BCa interval "
                          "is too narrow there (it undercovers); sweep.interval=t is the default"] if few else []}
@@ -369,6 +381,24 @@ def _paired_all(by_group: dict[tuple, dict[tuple, Run]], settings: Settings, var
     return rows
 
 
+def _contrasts_all(by_group: dict[tuple, dict[tuple, Run]], settings: Settings, varying: set[str],
+                   headline: dict[str, str]) -> list[dict]:
+    """Each headline metric named in ``sweep.contrasts``, per group: its value minus its null per
+    seed, judged as a paired difference is (no baseline is needed or used)."""
+    rows = []
+    for group, by_seed in sorted(by_group.items()):
+        for m in sorted({k for r in by_seed.values() for k in r.values} & set(headline)):
+            null = next((c["equal_at"] for c in settings.contrasts if path_pattern(c["metric"]).fullmatch(m)), None)
+            if null is None:
+                continue
+            seeds = sorted(s for s, r in by_seed.items() if m in r.values)
+            d = np.array([by_seed[s].values[m] - null for s in seeds])
+            rows.append({"group": {k: v for k, v in group if k in varying}, "label": _label(group, varying),
+                         "metric": m, "family": headline[m], "null": null, "seeds": [dict(s) for s in seeds],
+                         "per_seed": d.tolist(), **judge(d, m, None, by_seed, settings, null=null)})
+    return rows
+
+
 # ---- the summary, the plan and the plots ------------------------------------------------------
 
 def _ci_text(ci) -> str:
@@ -384,8 +414,13 @@ def _effect_text(p: dict) -> str:
     return "" if e is None else f"{e['size']:+g} ({e['source']})"
 
 
+def _compared(p: dict) -> str:
+    """A paired row's metric, or a contrast's minus its null."""
+    return p["metric"] if "null" not in p else f"{p['metric']} - {p['null']:g}"
+
+
 def _paired_row(p: dict) -> dict:
-    return {"group": p["label"], "metric": p["metric"], "n": p["n"], "mean diff": p["mean"],
+    return {"group": p["label"], "metric": _compared(p), "n": p["n"], "mean diff": p["mean"],
             "CI": _ci_text(p["ci"]), "p (t)": p.get("p_value", ""), "verdict": p["verdict"] or "no claim",
             "effect of interest": _effect_text(p), "excludes it": "" if p["excludes_effect"] is None else
             ("yes" if p["excludes_effect"] else "no"), "MDE": _num(p["mde"]).lstrip("+"),
@@ -415,6 +450,11 @@ def summary_markdown(comparison: dict) -> str:
             rows = [_paired_row(p) for p in comparison["paired"] if p["family"] == family]
             if rows:
                 text.append(f"### {family}\n\n" + markdown_table(rows, PAIRED_COLUMNS))
+    if comparison["contrasts"]:
+        text.append("## Contrasts against their null (sweep.contrasts), per seed\n\nMetrics that compare two arms "
+                    "inside each run on the same items (a head-to-head win rate): the value minus its null, with the "
+                    "paired rows' verdicts, MDE and seeds.\n\n"
+                    + markdown_table([_paired_row(p) for p in comparison["contrasts"]], PAIRED_COLUMNS))
     text.append("## Headline metrics over seeds")
     for family in comparison["families"]:
         rows = [{"group": g["label"], "metric": m, "n": d["n"], "mean": d["mean"], "std": d["std"],
@@ -439,16 +479,16 @@ def plan(comparison: dict) -> str:
     for the difference observed."""
     s = comparison["settings"]
     rows = []
-    for p in comparison["paired"]:
+    for p in comparison["paired"] + comparison["contrasts"]:
         sd = p["std"] if p["ci"] is not None and "run_interval" not in p else None
         observed = seeds_needed(p["mean"], sd, s["level"], s["power"]) if sd else None
-        rows.append({"group": p["label"], "metric": p["metric"], "n": p["n"], "mean diff": p["mean"],
+        rows.append({"group": p["label"], "metric": _compared(p), "n": p["n"], "mean diff": p["mean"],
                      "sd of diff": "" if sd is None else sd, "MDE now": _num(p["mde"]).lstrip("+"),
                      "effect of interest": _effect_text(p),
                      "seeds for it": p["seeds_needed"] or "", "seeds for the observed diff": observed or "",
                      "note": "" if sd else p["basis"]})
     if not rows:
-        return "fedsim: plan: no paired difference (set sweep.baseline)\n"
+        return "fedsim: plan: no paired difference (set sweep.baseline) and no contrast (sweep.contrasts)\n"
     return (f"Seeds for {int(round(s['power'] * 100))}% power (two-sided paired t-test, alpha "
             f"{1 - s['level']:.2g}) at each difference's spread in this pilot:\n\n"
             + markdown_table(rows, ["group", "metric", "n", "mean diff", "sd of diff", "MDE now",
@@ -480,15 +520,17 @@ def plot(comparison: dict, out: RunOutput, suffix: str = "") -> None:
     s = comparison["settings"]
     ci = f"{int(round(s['level'] * 100))}% CI"
     paired: dict[str, list[dict]] = {f: [] for f in comparison["families"]}  # the families' order
-    for p in comparison["paired"]:
-        paired[p["family"]].append({**p, "name": f"{p['label']} {p['metric']}"})
+    for p in comparison["paired"] + comparison["contrasts"]:
+        paired[p["family"]].append({**p, "name": f"{p['label']} {_compared(p)}"})
+    contrasts = {p["family"] for p in comparison["contrasts"]}
     over: dict[str, list[dict]] = {f: [] for f in comparison["families"]}
     for g in comparison["groups"]:
         for m, d in g["metrics"].items():
             over[d["family"]].append({**d, "name": f"{g['label']} {m}"})
     for name, rows, xlabel, zero in (
-            ("paired_differences", paired, lambda f: f"{f}: difference against {s['baseline']} ({ci}; x: effect "
-                                                      "of interest)", True),
+            ("paired_differences", paired, lambda f: f"{f}: difference against "
+                                                      f"{'its null' if f in contrasts else s['baseline']} ({ci}; x: "
+                                                      "effect of interest)", True),
             ("metrics", over, lambda f: f"{f} ({ci} over seeds)", False)):
         rows = dict([(f, r) for f, r in rows.items() if r][:MAX_PANELS])
         if rows:

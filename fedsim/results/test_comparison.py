@@ -285,6 +285,48 @@ def test_a_run_interval_path_takes_the_metrics_wildcards_in_turn():
     assert comparison._fill("a.*.b.**", ("x", "y.z")) == "a.x.b.y.z"
 
 
+H2H = ({"metric": "h2h.*.win", "equal_at": 0.5},)
+
+
+def test_a_contrast_is_judged_against_its_null_without_a_baseline():
+    """Issue 40: a head-to-head win rate against FedBis had a CI over seeds and no verdict (no
+    baseline pairs it: it is already a comparison). Its difference from 0.5 gets one, by hand."""
+    wins = [0.36, 0.41, 0.33, 0.40]
+    runs = _runs({s: {"h2h.u3.win": w, "sel.fedbis.acc": 0.5, "sel.u3.acc": 0.6} for s, w in enumerate(wins)})
+    effect = ({"metric": "h2h.u3.win", "size": 0.05, "source": "stated"},)
+    (row,) = compare(runs, settings(contrasts=H2H, effect_of_interest=effect))["contrasts"]
+    d = np.array(wins) - 0.5
+    half = T_975_DF3 * np.std(d, ddof=1) / 2
+    assert row["per_seed"] == pytest.approx(d.tolist())
+    assert row["ci"] == pytest.approx([d.mean() - half, d.mean() + half])
+    assert row["p_value"] == pytest.approx(scipy_stats.ttest_1samp(d, 0.0).pvalue)
+    assert (row["verdict"], row["excludes_effect"], row["effect"]["size"]) == ("shown", True, 0.05)
+    assert row["mde"] == pytest.approx(stats.detectable_effect(np.std(d, ddof=1), 4, 0.95, 0.8))
+    assert "h2h.u3.win - 0.5" in comparison.summary_markdown(compare(runs, settings(contrasts=H2H)))
+    assert "h2h.u3.win - 0.5" in comparison.plan(compare(runs, settings(contrasts=H2H)))
+    # an effect stated against a baseline is a difference from it, not from the null
+    against = ({**effect[0], "baseline": "fedbis"},)
+    (row,) = compare(runs, settings(baseline="fedbis", contrasts=H2H, effect_of_interest=against))["contrasts"]
+    assert row["effect"] is None and row["verdict"] == "shown"
+    assert compare(runs, settings())["contrasts"] == []  # not named: a headline metric, no verdict
+
+
+def test_a_constant_contrast_falls_back_to_the_runs_own_interval_shifted_by_its_null():
+    results = {"h2h": {"u3": {"win": 0.6, "ci": [0.51, 0.7]}}}
+    entry = ({"metric": "h2h.*.win", "baseline": None, "ci": "h2h.*.ci", "method": "bootstrap over prompts"},)
+    (row,) = compare(_runs({s: flatten(results) for s in (0, 1)}),
+                     settings(contrasts=H2H, run_intervals=entry))["contrasts"]
+    assert row["ci"] == pytest.approx([0.01, 0.2]) and row["verdict"] == "shown" and "run r0" in row["basis"]
+
+
+def test_an_experiments_contrasts_parse_as_numbers():
+    """``null: 0.5`` as a YAML key is None, not the word: the field is ``equal_at``, and
+    fedbiscuit_paper's contrasts reach the comparison as floats."""
+    exp = OmegaConf.load(CONF_DIR / "experiment" / "fedbiscuit_paper.yaml")
+    sweep = Settings.of(sweep_settings(OmegaConf.load(CONF_DIR / "config.yaml").sweep, exp.sweep))
+    assert {c["metric"]: c["equal_at"] for c in sweep.contrasts}["rlhf.head_to_head.*.*.win_rate"] == 0.5
+
+
 def test_bootstrap_below_ten_seeds_is_warned():
     runs = _seed_runs([0.01, 0.03, 0.02, 0.05])
     assert compare(runs, settings(interval="bootstrap"))["warnings"]

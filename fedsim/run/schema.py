@@ -173,6 +173,15 @@ class RunInterval:
 
 
 @dataclass
+class Contrast:
+    """A headline metric that already compares two arms inside each run, on the same items (a
+    head-to-head win rate, a reward difference): its verdict is against ``equal_at``, with no
+    baseline to subtract. An effect of interest for it is a difference from ``equal_at``."""
+    metric: str = MISSING    # pattern of its results path
+    equal_at: float = MISSING  # its value when the arms are equal, the null (0.5 a win rate, 0 a difference)
+
+
+@dataclass
 class Sweep:
     """How ``fedsim run -m`` / ``fedsim compare`` summarize a sweep (``fedsim/results/comparison.py``)."""
     seed_keys: list[str] = MISSING  # overrides that are replicates
@@ -184,6 +193,7 @@ class Sweep:
     power: float = MISSING          # power of the minimum detectable effect and of the seeds needed
     effect_of_interest: list[EffectOfInterest] = MISSING  # effects whose exclusion is a verdict
     run_intervals: list[RunInterval] = MISSING  # per-run intervals used when the seeds give no spread
+    contrasts: list[Contrast] = MISSING  # metrics that compare two arms themselves, judged against their null
 
 
 @dataclass
