@@ -19,7 +19,9 @@ comparison says so and uses the interval the experiment computes inside a run
 
 A metric that already compares two arms inside each run on the same items (a head-to-head win
 rate) has nothing to subtract: ``sweep.contrasts`` names it with its null (``equal_at``: 0.5), and its
-difference from the null gets the same verdict, MDE and effect of interest as a paired row.
+difference from the null gets the same verdict and MDE as a paired row; an effect of interest
+applies to it only when stated with ``baseline: equal_at`` (a difference from the null, never a
+paired row's "method minus baseline").
 
 The headline metrics (``sweep.metrics``, one family per pattern) lead the summary, one table
 and one plot panel (one unit per axis) per family; counters, bytes and timings
@@ -45,6 +47,7 @@ from fedsim.results.stats import detectable_effect, detectable_effect_of_interva
 POINT_FILE = "point.json"  # a sweep run's overrides, beside its results.json
 OUTPUTS = ("summary.md", "comparison.json", "paired_differences.png", "metrics.png")
 BOOTSTRAP_MIN_SEEDS = 10  # below this the BCa interval over seeds undercovers (too narrow)
+CONTRAST = "equal_at"  # the effect-of-interest baseline that names a contrast's null
 MAX_PANELS = 20           # plot panels per figure; the summary says when families were left out
 
 
@@ -158,9 +161,10 @@ def describe(x: np.ndarray, settings: Settings) -> dict:
 def _effect_of_interest(metric: str, settings: Settings, contrast: bool = False) -> dict | None:
     """The effect stated for ``metric`` against this comparison's baseline: "FedE4RAG minus
     FedAvg" says nothing of FedE4RAG minus the vanilla model (``sweep.baseline=vanilla``). A
-    contrast has no baseline: only an effect stated against none applies to it."""
+    contrast's effect is a difference from its null, stated with ``baseline: equal_at``, and
+    applies to nothing else."""
     return next((e for e in settings.effect_of_interest if path_pattern(e["metric"]).fullmatch(metric)
-                 and e.get("baseline") in ((None,) if contrast else (None, settings.baseline))), None)
+                 and e.get("baseline") in ((CONTRAST,) if contrast else (None, settings.baseline))), None)
 
 
 def _run_interval(metric: str, baseline: str | None, by_seed: dict, settings: Settings) -> dict | None:
@@ -340,6 +344,8 @@ def compare(runs: list[Run], settings: Settings, strict: bool = True) -> dict:
                          "interval": settings.interval, "level": settings.level, "power": settings.power},
             "runs": len(runs), "families": family_of, "bookkeeping": bookkeeping, "groups": groups, "paired": paired,
             "contrasts": _contrasts_all(by_group, settings, set(varying), headline),
+            "contrasts_unmatched": [c["metric"] for c in settings.contrasts
+                                    if not any(path_pattern(c["metric"]).fullmatch(m) for m in headline)],
             "not_in_runs": [p for p in settings.metrics if p not in family_of],
             "warnings": [f"sweep.interval=bootstrap over fewer than {BOOTSTRAP_MIN_SEEDS} seeds: the BCa interval "
                          "is too narrow there (it undercovers); sweep.interval=t is the default"] if few else []}
@@ -381,6 +387,14 @@ def _paired_all(by_group: dict[tuple, dict[tuple, Run]], settings: Settings, var
     return rows
 
 
+def _null_of(metric: str, settings: Settings) -> float | None:
+    """The null of the contrast entries ``metric`` matches; refused when two disagree."""
+    nulls = {c["equal_at"] for c in settings.contrasts if path_pattern(c["metric"]).fullmatch(metric)}
+    if len(nulls) > 1:
+        raise ComparisonRefused(f"sweep.contrasts: {metric} matches entries with different equal_at {sorted(nulls)}")
+    return next(iter(nulls), None)
+
+
 def _contrasts_all(by_group: dict[tuple, dict[tuple, Run]], settings: Settings, varying: set[str],
                    headline: dict[str, str]) -> list[dict]:
     """Each headline metric named in ``sweep.contrasts``, per group: its value minus its null per
@@ -388,8 +402,7 @@ def _contrasts_all(by_group: dict[tuple, dict[tuple, Run]], settings: Settings, 
     rows = []
     for group, by_seed in sorted(by_group.items()):
         for m in sorted({k for r in by_seed.values() for k in r.values} & set(headline)):
-            null = next((c["equal_at"] for c in settings.contrasts if path_pattern(c["metric"]).fullmatch(m)), None)
-            if null is None:
+            if (null := _null_of(m, settings)) is None:
                 continue
             seeds = sorted(s for s, r in by_seed.items() if m in r.values)
             d = np.array([by_seed[s].values[m] - null for s in seeds])
@@ -438,22 +451,21 @@ def summary_markdown(comparison: dict) -> str:
     level, power = int(round(s["level"] * 100)), int(round(s["power"] * 100))
     text = [f"# Sweep comparison\n\n{comparison['runs']} completed runs; replicates: {', '.join(s['seed_keys'])}; "
             f"{level}% CI: {how}.", *[f"**Warning: {w}.**" for w in comparison["warnings"]]]
+    legend = (f"Verdict: **shown** (the CI excludes 0), **excluded** (it excludes the effect of interest: the "
+              f"paper's or a stated one), **inconclusive** (neither); no claim without spread. MDE: the smallest true "
+              f"difference a two-sided paired t-test over these seeds finds with {power}% power at the observed "
+              f"spread (for a run's own interval: its normal approximation). Seeds for it: the seeds the effect of "
+              f"interest needs for {power}% power at that spread.")
     if comparison["paired"]:
-        text.append(
-            f"## Paired differences against the baseline ({s['baseline']}), per seed\n\n"
-            f"Verdict: **shown** (the CI excludes 0), **excluded** (it excludes the effect of interest: the paper's "
-            f"or a stated one), **inconclusive** (neither); no claim without spread. MDE: the smallest true difference "
-            f"a two-sided paired t-test over these seeds finds with {power}% power at the observed spread (for a "
-            f"run's own interval: its normal approximation). Seeds for it: the seeds the effect of interest needs "
-            f"for {power}% power at that spread.")
+        text.append(f"## Paired differences against the baseline ({s['baseline']}), per seed\n\n{legend}")
         for family in comparison["families"]:
             rows = [_paired_row(p) for p in comparison["paired"] if p["family"] == family]
             if rows:
                 text.append(f"### {family}\n\n" + markdown_table(rows, PAIRED_COLUMNS))
     if comparison["contrasts"]:
         text.append("## Contrasts against their null (sweep.contrasts), per seed\n\nMetrics that compare two arms "
-                    "inside each run on the same items (a head-to-head win rate): the value minus its null, with the "
-                    "paired rows' verdicts, MDE and seeds.\n\n"
+                    "inside each run on the same items (a head-to-head win rate): the value minus its null (equal_at), "
+                    f"judged as a paired difference is. {legend}\n\n"
                     + markdown_table([_paired_row(p) for p in comparison["contrasts"]], PAIRED_COLUMNS))
     text.append("## Headline metrics over seeds")
     for family in comparison["families"]:
@@ -466,6 +478,9 @@ def summary_markdown(comparison: dict) -> str:
     if rows:
         text.append("## Bookkeeping (counters, bytes, timings: sweep.bookkeeping)\n\n"
                     + markdown_table(rows, OVER_SEEDS_COLUMNS[:-1]))
+    if comparison["contrasts_unmatched"]:
+        text.append(f"Contrast patterns no headline metric matches (no verdict for them): "
+                    f"{', '.join(comparison['contrasts_unmatched'])}.")
     if comparison["not_in_runs"]:
         text.append(f"Headline patterns these runs hold no number for: {', '.join(comparison['not_in_runs'])}.")
     if len(comparison["families"]) > MAX_PANELS:
@@ -520,17 +535,18 @@ def plot(comparison: dict, out: RunOutput, suffix: str = "") -> None:
     s = comparison["settings"]
     ci = f"{int(round(s['level'] * 100))}% CI"
     paired: dict[str, list[dict]] = {f: [] for f in comparison["families"]}  # the families' order
+    against: dict[str, set[str]] = {f: set() for f in comparison["families"]}  # a family may hold both kinds
     for p in comparison["paired"] + comparison["contrasts"]:
         paired[p["family"]].append({**p, "name": f"{p['label']} {_compared(p)}"})
-    contrasts = {p["family"] for p in comparison["contrasts"]}
+        against[p["family"]].add("its null (rows '- null')" if "null" in p else str(s["baseline"]))
     over: dict[str, list[dict]] = {f: [] for f in comparison["families"]}
     for g in comparison["groups"]:
         for m, d in g["metrics"].items():
             over[d["family"]].append({**d, "name": f"{g['label']} {m}"})
     for name, rows, xlabel, zero in (
-            ("paired_differences", paired, lambda f: f"{f}: difference against "
-                                                      f"{'its null' if f in contrasts else s['baseline']} ({ci}; x: "
-                                                      "effect of interest)", True),
+            ("paired_differences", paired,
+             lambda f: f"{f}: difference against {' or '.join(sorted(against[f]))} ({ci}; x: effect of interest)",
+             True),
             ("metrics", over, lambda f: f"{f} ({ci} over seeds)", False)):
         rows = dict([(f, r) for f, r in rows.items() if r][:MAX_PANELS])
         if rows:

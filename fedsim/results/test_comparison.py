@@ -293,7 +293,7 @@ def test_a_contrast_is_judged_against_its_null_without_a_baseline():
     baseline pairs it: it is already a comparison). Its difference from 0.5 gets one, by hand."""
     wins = [0.36, 0.41, 0.33, 0.40]
     runs = _runs({s: {"h2h.u3.win": w, "sel.fedbis.acc": 0.5, "sel.u3.acc": 0.6} for s, w in enumerate(wins)})
-    effect = ({"metric": "h2h.u3.win", "size": 0.05, "source": "stated"},)
+    effect = ({"metric": "h2h.u3.win", "size": 0.05, "source": "stated", "baseline": "equal_at"},)
     (row,) = compare(runs, settings(contrasts=H2H, effect_of_interest=effect))["contrasts"]
     d = np.array(wins) - 0.5
     half = T_975_DF3 * np.std(d, ddof=1) / 2
@@ -304,11 +304,36 @@ def test_a_contrast_is_judged_against_its_null_without_a_baseline():
     assert row["mde"] == pytest.approx(stats.detectable_effect(np.std(d, ddof=1), 4, 0.95, 0.8))
     assert "h2h.u3.win - 0.5" in comparison.summary_markdown(compare(runs, settings(contrasts=H2H)))
     assert "h2h.u3.win - 0.5" in comparison.plan(compare(runs, settings(contrasts=H2H)))
-    # an effect stated against a baseline is a difference from it, not from the null
-    against = ({**effect[0], "baseline": "fedbis"},)
-    (row,) = compare(runs, settings(baseline="fedbis", contrasts=H2H, effect_of_interest=against))["contrasts"]
-    assert row["effect"] is None and row["verdict"] == "shown"
+    # an effect stated against a baseline, or against any, is a difference from one, not from the null
+    for baseline in ("fedbis", None):
+        against = ({**effect[0], "baseline": baseline},)
+        (row,) = compare(runs, settings(baseline="fedbis", contrasts=H2H, effect_of_interest=against))["contrasts"]
+        assert row["effect"] is None and row["verdict"] == "shown"
     assert compare(runs, settings())["contrasts"] == []  # not named: a headline metric, no verdict
+
+
+def test_a_metric_both_paired_and_a_contrast_gets_each_its_own_effect():
+    """A reward-hacking gap of FedBiscuit pairs with FedBis's and is a contrast (against 0): an
+    effect meant for one must not judge the other."""
+    runs = _runs({s: {"gap.u3.1": 0.4 + 0.01 * s, "gap.fedbis.1": 0.3 + 0.02 * s} for s in range(4)})
+    effects = ({"metric": "gap.*.1", "size": 0.5, "source": "from the null", "baseline": "equal_at"},
+               {"metric": "gap.*.1", "size": 0.2, "source": "u3 minus fedbis"})
+    out = compare(runs, settings(baseline="fedbis", contrasts=({"metric": "gap.*.*", "equal_at": 0.0},),
+                                 effect_of_interest=effects))
+    (paired,) = out["paired"]
+    assert paired["effect"]["size"] == 0.2 and {c["effect"]["size"] for c in out["contrasts"]} == {0.5}
+    assert len(out["contrasts"]) == 2  # fedbis's own gap is a contrast too
+
+
+def test_contrast_entries_that_disagree_are_refused_and_one_matching_nothing_is_named():
+    runs = _runs({s: {"h2h.u3.reward_diff": 0.1 * s} for s in range(3)})
+    both = ({"metric": "h2h.*.*", "equal_at": 0.5}, {"metric": "h2h.*.reward_diff", "equal_at": 0.0})
+    with pytest.raises(comparison.ComparisonRefused, match=r"different equal_at \[0.0, 0.5\]"):
+        compare(runs, settings(contrasts=both))
+    typo = compare(runs, settings(contrasts=({"metric": "h2h.*.reward_dif", "equal_at": 0.0},)))
+    assert typo["contrasts"] == [] and typo["contrasts_unmatched"] == ["h2h.*.reward_dif"]
+    assert "Contrast patterns no headline metric matches (no verdict for them): h2h.*.reward_dif" in \
+        comparison.summary_markdown(typo)
 
 
 def test_a_constant_contrast_falls_back_to_the_runs_own_interval_shifted_by_its_null():

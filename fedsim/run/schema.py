@@ -159,7 +159,7 @@ class EffectOfInterest:
     metric: str = MISSING  # pattern of the compared results path (its paired rows get this effect)
     size: float = MISSING  # the difference, signed, in the metric's units
     source: str = MISSING  # where the size comes from (the paper's table, or why it was chosen)
-    baseline: str | None = None  # the sweep.baseline it is a difference against (fedavg); null: any
+    baseline: str | None = None  # the sweep.baseline it is against (fedavg); null: any; equal_at: a contrast's null
 
 
 @dataclass
@@ -176,7 +176,8 @@ class RunInterval:
 class Contrast:
     """A headline metric that already compares two arms inside each run, on the same items (a
     head-to-head win rate, a reward difference): its verdict is against ``equal_at``, with no
-    baseline to subtract. An effect of interest for it is a difference from ``equal_at``."""
+    baseline to subtract. Its effect of interest is one stated with ``baseline: equal_at``, a
+    difference from ``equal_at``."""
     metric: str = MISSING    # pattern of its results path
     equal_at: float = MISSING  # its value when the arms are equal, the null (0.5 a win rate, 0 a difference)
 
