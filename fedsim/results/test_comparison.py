@@ -412,6 +412,19 @@ def _sweep_folder(tmp_path, diffs) -> None:
         (folder / "config.yaml").write_text("{}\n")
 
 
+def test_runs_stating_other_sweep_settings_are_named_unless_the_command_line_sets_them(tmp_path, capsys):
+    """Issue 40's sweep resumed across commits: seed 10's config stated the +6-point effect for
+    every policy, seed 12's for FedBis and FedBiscuit only, and the comparison silently used seed 10's."""
+    _sweep_folder(tmp_path, [0.01, 0.012, 0.011])
+    (tmp_path / "r2" / "config.yaml").write_text("sweep:\n  baseline: new\n  power: 0.9\n")
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=old"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: sweep.power differs in r2 from r0's, which this comparison uses (set sweep.power" in err
+    assert "sweep.baseline differs" not in err  # the command line chose it
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=old", "sweep.power=0.8", "--force"]) == 0
+    assert "differs" not in capsys.readouterr().err
+
+
 def test_compare_refuses_before_writing_and_never_replaces_a_summary_silently(tmp_path, capsys):
     _sweep_folder(tmp_path, [0.01, 0.012, 0.011])
     assert cli.main(["compare", str(tmp_path), "sweep.baseline=odl"]) == 2

@@ -226,6 +226,21 @@ def multirun(overrides: list[str]) -> int:
     return sweep.run()
 
 
+def _sweep_settings_disagree(configs: list[Path], stated, given) -> list[str]:
+    """A sweep resumed across commits holds runs whose configs state other sweep settings (an
+    effect of interest narrowed, say): the comparison uses the first run's, so name every key
+    another run states otherwise and the command line does not set."""
+    first = OmegaConf.to_container(OmegaConf.create(stated))
+    differ: dict[str, list[str]] = {}
+    for path in configs[1:]:
+        other = OmegaConf.to_container(OmegaConf.create(OmegaConf.load(path).get("sweep", {})))
+        for key in sorted(set(first) | set(other)):
+            if first.get(key) != other.get(key) and key not in given:
+                differ.setdefault(key, []).append(path.parent.name)
+    return [f"sweep.{key} differs in {', '.join(runs)} from {configs[0].parent.name}'s, which this comparison uses "
+            f"(set sweep.{key} to choose)" for key, runs in differ.items()]
+
+
 def compare(folder: str, overrides: list[str], output: str | None = None, force: bool = False,
             pilot: bool = False) -> int:
     """The sweep settings of the first run found under ``folder`` (its resolved config.yaml, so
@@ -235,12 +250,15 @@ def compare(folder: str, overrides: list[str], output: str | None = None, force:
     try:
         if any(not o.startswith("sweep.") for o in overrides):
             raise ConfigError(f"compare takes sweep.* overrides only, got {overrides}")
-        first = next((p.parent / "config.yaml" for p in sorted(Path(folder).rglob(POINT_FILE))
-                      if (p.parent / "config.yaml").is_file()), None)
-        if first is None:
+        configs = [p.parent / "config.yaml" for p in sorted(Path(folder).rglob(POINT_FILE))
+                   if (p.parent / "config.yaml").is_file()]
+        if not configs:
             raise ConfigError(f"no sweep run (a {POINT_FILE} beside a config.yaml) under {folder}")
-        sweep = sweep_settings(OmegaConf.load(CONF_DIR / "config.yaml").sweep, OmegaConf.load(first).get("sweep", {}),
-                               OmegaConf.from_dotlist([o.removeprefix("sweep.") for o in overrides]))
+        stated = OmegaConf.load(configs[0]).get("sweep", {})
+        given = OmegaConf.from_dotlist([o.removeprefix("sweep.") for o in overrides])
+        sweep = sweep_settings(OmegaConf.load(CONF_DIR / "config.yaml").sweep, stated, given)
+        for warning in _sweep_settings_disagree(configs, stated, given):
+            print(f"fedsim: compare: warning: {warning}", file=sys.stderr)
         given = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
         if pilot:
             print(plan(build_comparison(folder, Settings.of(sweep), given)), end="")
