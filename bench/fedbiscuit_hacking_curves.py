@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsim.results.comparison import load_runs
+from fedsim.results.comparison import counted_runs
 from fedsim.results.outputs import RunOutput, markdown_table
 from fedsim.results.stats import t_interval
 
@@ -27,8 +27,8 @@ def curves(folder: Path) -> dict[str, dict[int, dict[str, list[float]]]]:
     """method -> steps -> measure -> one value per run (every run under ``folder`` with curves
     that ``fedsim compare`` counts: one that failed after its results, ``error.txt``, is not a result)."""
     out: dict = {}
-    for run in load_runs(folder):
-        results = json.loads((Path(run.folder) / "results.json").read_text())
+    for run in counted_runs(folder):
+        results = json.loads((run / "results.json").read_text())
         for method, points in results.get("rlhf", {}).get("reward_hacking", {}).items():
             for p in points:
                 row = out.setdefault(method, {}).setdefault(p["steps"], {})

@@ -47,7 +47,7 @@ from fedsim.results.stats import detectable_effect, detectable_effect_of_interva
 POINT_FILE = "point.json"  # a sweep run's overrides, beside its results.json
 OUTPUTS = ("summary.md", "comparison.json", "paired_differences.png", "metrics.png")
 BOOTSTRAP_MIN_SEEDS = 10  # below this the BCa interval over seeds undercovers (too narrow)
-CONTRAST = "equal_at"  # the effect-of-interest baseline that names a contrast's null
+CONTRAST_BASELINE = "equal_at"  # the effect-of-interest baseline that names a contrast's null
 MAX_PANELS = 20           # plot panels per figure; the summary says when families were left out
 
 
@@ -119,16 +119,20 @@ def _matches(patterns, path: str) -> bool:
     return any(path_pattern(p).fullmatch(path) for p in patterns)
 
 
+def counted_runs(folder: str | Path) -> list[Path]:
+    """The folder of every run under ``folder`` that a comparison counts: a ``point.json`` and a
+    ``results.json`` and no ``error.txt`` (runs copied in from other machines count alike). A run
+    that failed after writing its results (a privacy audit refuting its epsilon, a phase after
+    them) is left out: its numbers are not a result."""
+    return [point.parent for point in sorted(Path(folder).rglob(POINT_FILE))
+            if (point.parent / "results.json").is_file() and not (point.parent / "error.txt").exists()]
+
+
 def load_runs(folder: str | Path) -> list[Run]:
-    """Every run under ``folder`` that has a ``point.json`` and a ``results.json`` and no
-    ``error.txt`` (runs copied in from other machines count alike), with every number of its
-    results. A run that failed after writing its results (a privacy audit refuting its epsilon,
-    a phase after them) is left out: its numbers are not a result."""
+    """Every run :func:`counted_runs` finds under ``folder``, with every number of its results."""
     runs = []
-    for point in sorted(Path(folder).rglob(POINT_FILE)):
-        results = point.parent / "results.json"
-        if not results.is_file() or (point.parent / "error.txt").exists():
-            continue
+    for run in counted_runs(folder):
+        point, results = run / POINT_FILE, run / "results.json"
         overrides = json.loads(point.read_text())["overrides"]
         runs.append(Run(str(point.parent), dict(o.partition("=")[::2] for o in overrides),
                         flatten(json.loads(results.read_text()))))
@@ -164,7 +168,7 @@ def _effect_of_interest(metric: str, settings: Settings, contrast: bool = False)
     contrast's effect is a difference from its null, stated with ``baseline: equal_at``, and
     applies to nothing else."""
     return next((e for e in settings.effect_of_interest if path_pattern(e["metric"]).fullmatch(metric)
-                 and e.get("baseline") in ((CONTRAST,) if contrast else (None, settings.baseline))), None)
+                 and e.get("baseline") in ((CONTRAST_BASELINE,) if contrast else (None, settings.baseline))), None)
 
 
 def _run_interval(metric: str, baseline: str | None, by_seed: dict, settings: Settings) -> dict | None:
@@ -344,11 +348,11 @@ def compare(runs: list[Run], settings: Settings, strict: bool = True) -> dict:
                          "interval": settings.interval, "level": settings.level, "power": settings.power},
             "runs": len(runs), "families": family_of, "bookkeeping": bookkeeping, "groups": groups, "paired": paired,
             "contrasts": _contrasts_all(by_group, settings, set(varying), headline),
-            "contrasts_unmatched": [c["metric"] for c in settings.contrasts
-                                    if not any(path_pattern(c["metric"]).fullmatch(m) for m in headline)],
             "not_in_runs": [p for p in settings.metrics if p not in family_of],
             "warnings": [f"sweep.interval=bootstrap over fewer than {BOOTSTRAP_MIN_SEEDS} seeds: the BCa interval "
-                         "is too narrow there (it undercovers); sweep.interval=t is the default"] if few else []}
+                         "is too narrow there (it undercovers); sweep.interval=t is the default"] * few
+            + [f"sweep.contrasts pattern {c['metric']} matches no headline metric: no verdict for it"
+               for c in settings.contrasts if not any(path_pattern(c["metric"]).fullmatch(m) for m in headline)]}
 
 
 def _paired_all(by_group: dict[tuple, dict[tuple, Run]], settings: Settings, varying: set[str],
@@ -427,13 +431,13 @@ def _effect_text(p: dict) -> str:
     return "" if e is None else f"{e['size']:+g} ({e['source']})"
 
 
-def _compared(p: dict) -> str:
+def _row_metric(p: dict) -> str:
     """A paired row's metric, or a contrast's minus its null."""
     return p["metric"] if "null" not in p else f"{p['metric']} - {p['null']:g}"
 
 
 def _paired_row(p: dict) -> dict:
-    return {"group": p["label"], "metric": _compared(p), "n": p["n"], "mean diff": p["mean"],
+    return {"group": p["label"], "metric": _row_metric(p), "n": p["n"], "mean diff": p["mean"],
             "CI": _ci_text(p["ci"]), "p (t)": p.get("p_value", ""), "verdict": p["verdict"] or "no claim",
             "effect of interest": _effect_text(p), "excludes it": "" if p["excludes_effect"] is None else
             ("yes" if p["excludes_effect"] else "no"), "MDE": _num(p["mde"]).lstrip("+"),
@@ -478,9 +482,6 @@ def summary_markdown(comparison: dict) -> str:
     if rows:
         text.append("## Bookkeeping (counters, bytes, timings: sweep.bookkeeping)\n\n"
                     + markdown_table(rows, OVER_SEEDS_COLUMNS[:-1]))
-    if comparison["contrasts_unmatched"]:
-        text.append(f"Contrast patterns no headline metric matches (no verdict for them): "
-                    f"{', '.join(comparison['contrasts_unmatched'])}.")
     if comparison["not_in_runs"]:
         text.append(f"Headline patterns these runs hold no number for: {', '.join(comparison['not_in_runs'])}.")
     if len(comparison["families"]) > MAX_PANELS:
@@ -497,7 +498,7 @@ def plan(comparison: dict) -> str:
     for p in comparison["paired"] + comparison["contrasts"]:
         sd = p["std"] if p["ci"] is not None and "run_interval" not in p else None
         observed = seeds_needed(p["mean"], sd, s["level"], s["power"]) if sd else None
-        rows.append({"group": p["label"], "metric": _compared(p), "n": p["n"], "mean diff": p["mean"],
+        rows.append({"group": p["label"], "metric": _row_metric(p), "n": p["n"], "mean diff": p["mean"],
                      "sd of diff": "" if sd is None else sd, "MDE now": _num(p["mde"]).lstrip("+"),
                      "effect of interest": _effect_text(p),
                      "seeds for it": p["seeds_needed"] or "", "seeds for the observed diff": observed or "",
@@ -537,8 +538,8 @@ def plot(comparison: dict, out: RunOutput, suffix: str = "") -> None:
     paired: dict[str, list[dict]] = {f: [] for f in comparison["families"]}  # the families' order
     against: dict[str, set[str]] = {f: set() for f in comparison["families"]}  # a family may hold both kinds
     for p in comparison["paired"] + comparison["contrasts"]:
-        paired[p["family"]].append({**p, "name": f"{p['label']} {_compared(p)}"})
-        against[p["family"]].add("its null (rows '- null')" if "null" in p else str(s["baseline"]))
+        paired[p["family"]].append({**p, "name": f"{p['label']} {_row_metric(p)}"})
+        against[p["family"]].add("its null (rows 'metric - equal_at')" if "null" in p else str(s["baseline"]))
     over: dict[str, list[dict]] = {f: [] for f in comparison["families"]}
     for g in comparison["groups"]:
         for m, d in g["metrics"].items():

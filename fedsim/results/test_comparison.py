@@ -331,9 +331,10 @@ def test_contrast_entries_that_disagree_are_refused_and_one_matching_nothing_is_
     with pytest.raises(comparison.ComparisonRefused, match=r"different equal_at \[0.0, 0.5\]"):
         compare(runs, settings(contrasts=both))
     typo = compare(runs, settings(contrasts=({"metric": "h2h.*.reward_dif", "equal_at": 0.0},)))
-    assert typo["contrasts"] == [] and typo["contrasts_unmatched"] == ["h2h.*.reward_dif"]
-    assert "Contrast patterns no headline metric matches (no verdict for them): h2h.*.reward_dif" in \
-        comparison.summary_markdown(typo)
+    assert typo["contrasts"] == []
+    assert typo["warnings"] == ["sweep.contrasts pattern h2h.*.reward_dif matches no headline metric: "
+                                "no verdict for it"]
+    assert "**Warning: sweep.contrasts pattern h2h.*.reward_dif" in comparison.summary_markdown(typo)
 
 
 def test_a_constant_contrast_falls_back_to_the_runs_own_interval_shifted_by_its_null():
@@ -422,6 +423,12 @@ def test_runs_stating_other_sweep_settings_are_named_unless_the_command_line_set
     assert "warning: sweep.power differs in r2 from r0's, which this comparison uses (set sweep.power" in err
     assert "sweep.baseline differs" not in err  # the command line chose it
     assert cli.main(["compare", str(tmp_path), "sweep.baseline=old", "sweep.power=0.8", "--force"]) == 0
+    assert "differs" not in capsys.readouterr().err
+    # what counts is the setting in effect, of the runs the comparison counts
+    (tmp_path / "r2" / "config.yaml").write_text("sweep:\n  contrasts: []\n")  # the default, stated
+    (tmp_path / "r1" / "config.yaml").write_text("sweep:\n  power: 0.9\n")
+    (tmp_path / "r1" / "error.txt").write_text("failed after its results")
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=old", "--force"]) == 0
     assert "differs" not in capsys.readouterr().err
 
 

@@ -18,7 +18,7 @@ from flwr.cli.typing import (
 from omegaconf import DictConfig, OmegaConf
 
 from fedsim.privacy.secret import Tampered, derive, open_sealed, run_secret, seal
-from fedsim.results.comparison import POINT_FILE, Settings, plan
+from fedsim.results.comparison import POINT_FILE, Settings, counted_runs, plan
 from fedsim.results.comparison import build as build_comparison
 from fedsim.results.comparison import write as write_comparison
 from fedsim.results.mlflow_sink import annotate as annotate_mlflow
@@ -226,44 +226,46 @@ def multirun(overrides: list[str]) -> int:
     return sweep.run()
 
 
-def _sweep_settings_disagree(configs: list[Path], stated, given) -> list[str]:
+def _sweep_setting_warnings(configs: list[Path], defaults, chosen: DictConfig) -> list[str]:
     """A sweep resumed across commits holds runs whose configs state other sweep settings (an
     effect of interest narrowed, say): the comparison uses the first run's, so name every key
-    another run states otherwise and the command line does not set."""
-    first = OmegaConf.to_container(OmegaConf.create(stated))
-    differ: dict[str, list[str]] = {}
+    whose setting in effect (the run's over ``defaults``) another run holds otherwise and the
+    command line (``chosen``) does not set."""
+    def in_effect(path: Path) -> dict:
+        return OmegaConf.to_container(sweep_settings(defaults, OmegaConf.load(path).get("sweep", {})))
+    first, differ = in_effect(configs[0]), {}
     for path in configs[1:]:
-        other = OmegaConf.to_container(OmegaConf.create(OmegaConf.load(path).get("sweep", {})))
-        for key in sorted(set(first) | set(other)):
-            if first.get(key) != other.get(key) and key not in given:
-                differ.setdefault(key, []).append(path.parent.name)
+        other = in_effect(path)
+        for key in (k for k in first if other[k] != first[k] and k not in chosen):
+            differ.setdefault(key, []).append(path.parent.name)
     return [f"sweep.{key} differs in {', '.join(runs)} from {configs[0].parent.name}'s, which this comparison uses "
             f"(set sweep.{key} to choose)" for key, runs in differ.items()]
 
 
 def compare(folder: str, overrides: list[str], output: str | None = None, force: bool = False,
             pilot: bool = False) -> int:
-    """The sweep settings of the first run found under ``folder`` (its resolved config.yaml, so
-    the data is not needed; a key it lacks keeps ``conf/config.yaml``'s value), then
-    ``overrides``, applied to every run found there. ``pilot``: print the seeds each paired
-    difference needs (``--plan``) and write nothing."""
+    """The sweep settings of the first run under ``folder`` that a comparison counts (its resolved
+    config.yaml, so the data is not needed; a key it lacks keeps ``conf/config.yaml``'s value),
+    then ``overrides``, applied to every run found there; a warning names each setting another
+    run states otherwise. ``pilot``: print the seeds each paired difference needs (``--plan``)
+    and write nothing."""
     try:
         if any(not o.startswith("sweep.") for o in overrides):
             raise ConfigError(f"compare takes sweep.* overrides only, got {overrides}")
-        configs = [p.parent / "config.yaml" for p in sorted(Path(folder).rglob(POINT_FILE))
-                   if (p.parent / "config.yaml").is_file()]
+        configs = [run / "config.yaml" for run in counted_runs(folder) if (run / "config.yaml").is_file()]
         if not configs:
-            raise ConfigError(f"no sweep run (a {POINT_FILE} beside a config.yaml) under {folder}")
-        stated = OmegaConf.load(configs[0]).get("sweep", {})
-        given = OmegaConf.from_dotlist([o.removeprefix("sweep.") for o in overrides])
-        sweep = sweep_settings(OmegaConf.load(CONF_DIR / "config.yaml").sweep, stated, given)
-        for warning in _sweep_settings_disagree(configs, stated, given):
+            raise ConfigError(f"no completed sweep run (a {POINT_FILE} beside a results.json and a config.yaml, "
+                              f"no error.txt) under {folder}")
+        defaults = OmegaConf.load(CONF_DIR / "config.yaml").sweep
+        sweep_overrides = OmegaConf.from_dotlist([o.removeprefix("sweep.") for o in overrides])
+        sweep = sweep_settings(defaults, OmegaConf.load(configs[0]).get("sweep", {}), sweep_overrides)
+        for warning in _sweep_setting_warnings(configs, defaults, sweep_overrides):
             print(f"fedsim: compare: warning: {warning}", file=sys.stderr)
-        given = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
+        metrics_given = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
         if pilot:
-            print(plan(build_comparison(folder, Settings.of(sweep), given)), end="")
+            print(plan(build_comparison(folder, Settings.of(sweep), metrics_given)), end="")
             return 0
-        result, written = write_comparison(folder, Settings.of(sweep), output, force, given)
+        result, written = write_comparison(folder, Settings.of(sweep), output, force, metrics_given)
     except REFUSED as exc:
         print(f"fedsim: compare: {exc}", file=sys.stderr)
         return 2

@@ -155,8 +155,9 @@ class ClientStateSettings:
 
 @dataclass
 class EffectOfInterest:
-    """A paired difference (method minus baseline) that matters: the paper's, or a stated one."""
-    metric: str = MISSING  # pattern of the compared results path (its paired rows get this effect)
+    """A difference that matters, the paper's or a stated one: method minus baseline for a paired
+    row, or (``baseline: equal_at``) a contrast minus its null."""
+    metric: str = MISSING  # pattern of the compared results path (its paired rows, or contrasts, get this effect)
     size: float = MISSING  # the difference, signed, in the metric's units
     source: str = MISSING  # where the size comes from (the paper's table, or why it was chosen)
     baseline: str | None = None  # the sweep.baseline it is against (fedavg); null: any; equal_at: a contrast's null

@@ -211,8 +211,11 @@ class Sweep:
 
 
 def _paired_means(result: dict | None) -> dict[str, float]:
-    """The sweep's paired mean differences as MLflow metrics ``paired/<group>/<metric>``."""
-    return {f"paired/{p['label']}/{p['metric']}"[:250]: p["mean"] for p in (result or {}).get("paired", [])}
+    """The sweep's paired mean differences and contrasts (minus their null) as MLflow metrics
+    ``paired/<group>/<metric>`` and ``contrast/<group>/<metric>``."""
+    result = result or {}
+    return {f"{kind}/{p['label']}/{p['metric']}"[:250]: p["mean"]
+            for kind, key in (("paired", "paired"), ("contrast", "contrasts")) for p in result.get(key, [])}
 
 
 def _check_swept_baseline(baseline: str | None, points: list[list[str]]) -> None:
