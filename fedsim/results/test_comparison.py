@@ -450,3 +450,11 @@ def test_compare_refuses_before_writing_and_never_replaces_a_summary_silently(tm
                      "paired_differences-2.png", "paired_differences.png", "summary-2.md", "summary.md"]
     assert cli.main(["compare", str(tmp_path), "sweep.baseline=old", "--plan"]) == 0
     assert "seeds for it" in capsys.readouterr().out and not (tmp_path / "summary-3.md").exists()
+
+
+def test_a_sweep_logs_paired_means_and_contrasts_to_mlflow_under_their_kind():
+    from fedsim.run.sweep import _paired_means
+    runs = _runs({s: {"h2h.u3.win": 0.4 + 0.01 * s, "m.new.acc": 0.6, "m.old.acc": 0.5 + 0.01 * s} for s in range(3)})
+    logged = _paired_means(compare(runs, settings(baseline="old", contrasts=H2H)))
+    assert logged == pytest.approx({"paired/(all runs)/m.new.acc": 0.09, "contrast/(all runs)/h2h.u3.win": -0.09})
+    assert _paired_means(None) == {}
