@@ -134,6 +134,16 @@ def test_sigterm_stops_the_running_point_and_the_sweep_leaving_nothing(tmp_path)
         shutil.rmtree(root, ignore_errors=True)
 
 
+def test_a_point_told_to_stop_is_interrupted_whatever_it_exits_with():
+    """The sweep was sent SIGTERM one second into a point: the point died of the forwarded signal
+    (-15) before its own handler could exit 143, the sweep recorded a failure and started the next
+    point. A point of a sweep told to stop was interrupted; one that exits alone keeps its code."""
+    from fedsim.run.sweep import INTERRUPTED, exit_code
+    assert exit_code(-15, [signal.SIGTERM]) == 143 and exit_code(1, [signal.SIGINT]) == 130
+    assert exit_code(143, [signal.SIGTERM]) in INTERRUPTED and exit_code(0, [signal.SIGTERM]) == 0
+    assert exit_code(-15, []) == -15 and exit_code(1, []) == 1
+
+
 def test_a_fedsim_package_planted_in_the_working_folder_is_not_run(tmp_path, monkeypatch):
     """The attack: another local user plants ``fedsim/run/cli.py`` in a shared folder (``/tmp``) the
     user starts a sweep from; ``python -m fedsim.run.cli`` put the working folder first on the path,

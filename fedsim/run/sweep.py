@@ -140,7 +140,7 @@ class Sweep:
             print(f"fedsim: sweep {entry['status']}: {entry['name']} ({entry['seconds']:.0f} s); "
                   + progress.line("sweep", done, len(todo), time.monotonic() - start, "runs",
                                   f"{completed}/{len(self.points)} completed"), flush=True)
-            if code == 0 and self.parent is not None:
+            if entry["status"] == "completed" and self.parent is not None:
                 self.parent.adopt(self.folder / entry["name"])
             if code in INTERRUPTED:
                 if self.parent is not None:
@@ -184,14 +184,14 @@ class Sweep:
             # planted a fedsim package (a sweep started from /tmp)
             child = subprocess.Popen([sys.executable, "-P", "-m", "fedsim.run.cli", "run", *args], stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
-            with _forwarding(child):
-                code = child.wait()
+            with _forwarding(child) as received:
+                code = exit_code(child.wait(), received)
         entry["seconds"] = time.monotonic() - began
         entry["status"] = "completed" if code == 0 else "interrupted" if code in INTERRUPTED else "failed"
         entry["exit_code"] = code
         entry["error"] = None if code == 0 else _tail(folder / "fedsim.log")
         self.save()
-        return code
+        return 128 + received[0] if received else code  # told to stop: the sweep stops, the point done or not
 
     def compare(self) -> dict | None:
         """The sweep's own comparison (replacing its earlier one, e.g. before a resume); None
@@ -230,17 +230,28 @@ def _check_swept_baseline(baseline: str | None, points: list[list[str]]) -> None
                           f"baseline must be one of two or more swept values (KEY=VALUE)")
 
 
+def exit_code(code: int, received: list[int]) -> int:
+    """A point's exit code as the sweep reads it: when the sweep was told to stop (``received``
+    signals) and the point did not complete, it was interrupted, whatever it exited with: a
+    point still starting dies of the forwarded signal (-15) before its own handler turns it into
+    143, and read as a failure the sweep went on to the next point."""
+    return 128 + received[0] if received and code != 0 else code
+
+
 @contextmanager
 def _forwarding(child: subprocess.Popen):
     """SIGINT / SIGTERM to the sweep go to the running point (its own session, so a terminal's
     Ctrl-C reaches it once), which stops its run cleanly and exits 130 / 143; the sweep then
-    stops too. Nothing is left running, and the point can be resumed."""
+    stops too. Nothing is left running, and the point can be resumed. Yields the signals received."""
+    received: list[int] = []
+
     def forward(signum, frame):
+        received.append(signum)
         child.send_signal(signum)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield received
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
