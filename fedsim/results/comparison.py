@@ -408,10 +408,10 @@ def _contrasts_all(by_group: dict[tuple, dict[tuple, Run]], settings: Settings, 
         for m in sorted({k for r in by_seed.values() for k in r.values} & set(headline)):
             if (null := _null_of(m, settings)) is None:
                 continue
-            seeds = sorted(s for s, r in by_seed.items() if m in r.values)
-            d = np.array([by_seed[s].values[m] - null for s in seeds])
+            held = [(s, r) for s, r in sorted(by_seed.items()) if m in r.values]
+            d = np.array([r.values[m] - null for _, r in held])
             rows.append({"group": {k: v for k, v in group if k in varying}, "label": _label(group, varying),
-                         "metric": m, "family": headline[m], "null": null, "seeds": [dict(s) for s in seeds],
+                         "metric": m, "family": headline[m], "null": null, "seeds": [dict(s) for s, _ in held],
                          "per_seed": d.tolist(), **judge(d, m, None, by_seed, settings, null=null)})
     return rows
 
