@@ -132,10 +132,9 @@ def load_runs(folder: str | Path) -> list[Run]:
     """Every run :func:`counted_runs` finds under ``folder``, with every number of its results."""
     runs = []
     for run in counted_runs(folder):
-        point, results = run / POINT_FILE, run / "results.json"
-        overrides = json.loads(point.read_text())["overrides"]
-        runs.append(Run(str(point.parent), dict(o.partition("=")[::2] for o in overrides),
-                        flatten(json.loads(results.read_text()))))
+        overrides = json.loads((run / POINT_FILE).read_text())["overrides"]
+        runs.append(Run(str(run), dict(o.partition("=")[::2] for o in overrides),
+                        flatten(json.loads((run / "results.json").read_text()))))
     return runs
 
 

@@ -226,19 +226,18 @@ def multirun(overrides: list[str]) -> int:
     return sweep.run()
 
 
-def _sweep_setting_warnings(configs: list[Path], defaults, chosen: DictConfig) -> list[str]:
+def _sweep_setting_warnings(stated: dict[str, DictConfig], defaults, chosen: DictConfig) -> list[str]:
     """A sweep resumed across commits holds runs whose configs state other sweep settings (an
     effect of interest narrowed, say): the comparison uses the first run's, so name every key
-    whose setting in effect (the run's over ``defaults``) another run holds otherwise and the
-    command line (``chosen``) does not set."""
-    def in_effect(path: Path) -> dict:
-        return OmegaConf.to_container(sweep_settings(defaults, OmegaConf.load(path).get("sweep", {})))
-    first, differ = in_effect(configs[0]), {}
-    for path in configs[1:]:
-        other = in_effect(path)
+    whose setting in effect (a run's ``stated`` block over ``defaults``) another run holds
+    otherwise and the command line (``chosen``) does not set."""
+    in_effect = {run: OmegaConf.to_container(sweep_settings(defaults, block)) for run, block in stated.items()}
+    (first_run, first), *others = in_effect.items()
+    differ: dict[str, list[str]] = {}
+    for run, other in others:
         for key in (k for k in first if other[k] != first[k] and k not in chosen):
-            differ.setdefault(key, []).append(path.parent.name)
-    return [f"sweep.{key} differs in {', '.join(runs)} from {configs[0].parent.name}'s, which this comparison uses "
+            differ.setdefault(key, []).append(run)
+    return [f"sweep.{key} differs in {', '.join(runs)} from {first_run}'s, which this comparison uses "
             f"(set sweep.{key} to choose)" for key, runs in differ.items()]
 
 
@@ -252,14 +251,15 @@ def compare(folder: str, overrides: list[str], output: str | None = None, force:
     try:
         if any(not o.startswith("sweep.") for o in overrides):
             raise ConfigError(f"compare takes sweep.* overrides only, got {overrides}")
-        configs = [run / "config.yaml" for run in counted_runs(folder) if (run / "config.yaml").is_file()]
-        if not configs:
+        stated = {str(run.relative_to(folder)): OmegaConf.load(run / "config.yaml").get("sweep", {})
+                  for run in counted_runs(folder) if (run / "config.yaml").is_file()}
+        if not stated:
             raise ConfigError(f"no completed sweep run (a {POINT_FILE} beside a results.json and a config.yaml, "
                               f"no error.txt) under {folder}")
         defaults = OmegaConf.load(CONF_DIR / "config.yaml").sweep
         sweep_overrides = OmegaConf.from_dotlist([o.removeprefix("sweep.") for o in overrides])
-        sweep = sweep_settings(defaults, OmegaConf.load(configs[0]).get("sweep", {}), sweep_overrides)
-        for warning in _sweep_setting_warnings(configs, defaults, sweep_overrides):
+        sweep = sweep_settings(defaults, next(iter(stated.values())), sweep_overrides)
+        for warning in _sweep_setting_warnings(stated, defaults, sweep_overrides):
             print(f"fedsim: compare: warning: {warning}", file=sys.stderr)
         metrics_given = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
         if pilot:
