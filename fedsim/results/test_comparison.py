@@ -353,6 +353,21 @@ def test_an_experiments_contrasts_parse_as_numbers():
     assert {c["metric"]: c["equal_at"] for c in sweep.contrasts}["rlhf.head_to_head.*.*.win_rate"] == 0.5
 
 
+@pytest.mark.parametrize("entry, named", [
+    ("{metric: h2h.win}", r"contrasts\[0\]\.equal_at"),
+    ("{equal_at: 0.5}", r"contrasts\[0\]\.metric"),
+    ("{metric: h2h.win, equal_at: half}", "equal_at"),
+    ("{metric: h2h.win, equal_at: 0.5, null: 0.5}", "None"),
+    ("{metric: h2h.win, equal_at: 0.5, nul: 1}", "nul"),
+])
+def test_a_malformed_contrast_is_refused_naming_its_key(entry, named):
+    """A contrast without its null, with a null that is not a number, or with a key the schema
+    lacks (YAML's ``null:`` is the key None) is refused before any comparison, not read as 0."""
+    with pytest.raises(ValueError, match=named):
+        sweep_settings(OmegaConf.load(CONF_DIR / "config.yaml").sweep,
+                       OmegaConf.from_dotlist([f"contrasts=[{entry}]"]))
+
+
 def test_bootstrap_below_ten_seeds_is_warned():
     runs = _seed_runs([0.01, 0.03, 0.02, 0.05])
     assert compare(runs, settings(interval="bootstrap"))["warnings"]
