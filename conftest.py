@@ -34,3 +34,14 @@ def pytest_collection_modifyitems(items):
     (tests/conftest.py) share a worker, so that run is made once."""
     for item in items:
         item.add_marker(pytest.mark.xdist_group(SHARED_SESSION_RUN.get(item.path.name, str(item.path))))
+
+
+@pytest.fixture
+def victim_home(tmp_path, monkeypatch) -> Path:
+    """A HOME of its own holding what a planted link aims at: an existing ``~/.bashrc`` and a
+    ``~/.ssh/`` without ``authorized_keys`` yet."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True, mode=0o700)
+    (home / ".bashrc").write_text("# the user's own\n")
+    monkeypatch.setenv("HOME", str(home))
+    return home

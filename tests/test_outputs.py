@@ -12,6 +12,8 @@ from omegaconf import OmegaConf
 from fedsim.results import comparison
 from fedsim.results.comparison import Run, Settings, compare
 from fedsim.results.outputs import RunOutput
+from fedsim.results.sinks import Sinks
+from fedsim.run import provenance
 from fedsim.run.config import CONF_DIR
 from fedsim.run.schema import sweep_settings
 from fedsim.runtime.server_app import faults_section
@@ -142,3 +144,23 @@ def test_a_log_axis_reads_in_plain_numbers(tmp_path):
         assert [len(line.get_xdata()) for line in ax.get_lines()] == [3, 3]
         labels = [t.get_text() for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True) if t.get_text()]
         assert labels and not any("times" in t or "^" in t for t in labels), labels
+
+
+def test_a_runs_outputs_replace_a_link_at_their_names_and_never_write_through_it(tmp_path, victim_home):
+    """Every file fedsim writes into a results folder is a new file renamed over its name: a link
+    planted there (in a record, or at the name of a temporary file) is replaced or left alone,
+    and what it pointed to, here ``~/.bashrc``, is not written."""
+    out = RunOutput(tmp_path / "run")
+    names = ["config.yaml", ".hydra/config.yaml", ".hydra/overrides.yaml", ".hydra/hydra.yaml", "results.json",
+             "summary.md", "error.txt", "plot.png", "metrics.csv"]
+    (out.path / ".hydra").mkdir()
+    for name in [*names, ".results.json.tmp"]:
+        (out.path / name).symlink_to(victim_home / ".bashrc")
+    out.write_config(OmegaConf.create({"a": 1}), ["a=1"], OmegaConf.create({}))
+    out.write_results({"acc": 0.5}, "# summary\n")
+    provenance.stamp(out.path, {"command": {"line": "fedsim run"}})
+    out.write_error("failed")
+    out.figure("plot")[2]()
+    Sinks(out.path, to_csv=True).close()
+    assert (victim_home / ".bashrc").read_text() == "# the user's own\n"
+    assert [n for n in names if (out.path / n).is_symlink() or not (out.path / n).is_file()] == []

@@ -4,18 +4,20 @@ stops the sweep with nothing left running."""
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
 import subprocess
 import time
+from functools import cache
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import FEDSIM, SMALL, cmdline, fedsim_run, private_tmpdir
 from fedsim.results.mlflow_sink import store_uri
-from fedsim.run import provenance
+from fedsim.run import cli, provenance
 from fedsim.run.cli import prepare
 from fedsim.run.config import ConfigError
 from fedsim.run.data import REPO_ROOT
@@ -158,3 +160,69 @@ def test_a_fedsim_package_planted_in_the_working_folder_is_not_run(tmp_path, mon
     assert sweep.run() == 1
     assert not (tmp_path / "owned").exists()
     assert "'nope' is not a strategy" in sweep.manifest["runs"][0]["error"]
+
+
+# ---- a sweep record is input from someone else (issue 57) --------------------------------------
+
+@cache
+def _composed():
+    """One point's checked config, for sweeps whose points these tests never compose."""
+    return prepare(["seed=0"])
+
+
+def _record(folder, overrides=("seed=0", "seed=1"), names=("seed-0", "seed-1"), extra=()) -> None:
+    """A sweep record of FedTP points over seeds, completed (what docs/sweeps holds: the manifest,
+    each point's point.json, config.yaml and results.json) unless its name is not the sweep's."""
+    runs = []
+    for seed, (override, name) in enumerate(zip(overrides, names)):
+        point = folder / f"seed-{seed}"
+        point.mkdir(parents=True)
+        (point / "point.json").write_text(json.dumps({"overrides": [override, *extra], "swept": {"seed": str(seed)}}))
+        (point / "config.yaml").write_text("{}\n")
+        ehr = {r: {"overall": {"ehr": 0.5 + (r == "fedmix") * 0.01 * (seed + 1)}} for r in ("tfidf", "fedmix")}
+        (point / "results.json").write_text(json.dumps({"routers": ehr}))
+        runs.append({"name": name, "overrides": [override, *extra], "seconds": 1.0,
+                     "status": "completed" if name == point.name else "pending"})
+    (folder / MANIFEST).write_text(json.dumps({"swept": ["seed"], "provenance": {}, "runs": runs}))
+
+
+def test_a_sweep_record_holding_a_link_is_refused_before_it_is_read(tmp_path, victim_home, capsys):
+    """The attack: a shared record whose every point is complete holds a dangling ``summary.md``
+    link; ``fedsim run -m ... resume=<record>`` ran nothing and went on to the final comparison,
+    which created ``~/.ssh/authorized_keys`` through it."""
+    record = tmp_path / "record"
+    _record(record)
+    (record / "summary.md").symlink_to(victim_home / ".ssh" / "authorized_keys")
+    assert cli.main(["run", "-m", "seed=0,1", f"resume={record}"]) == 2
+    assert f"{str(record / 'summary.md')!r} is a link" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="summary.md' is a link"):
+        Sweep(["seed=0,1", f"resume={record}"], lambda point: _composed()).run()
+    assert not (victim_home / ".ssh" / "authorized_keys").exists()
+
+
+@pytest.mark.parametrize("name", ["../../x", "/abs"])
+def test_a_point_name_from_the_manifest_never_leads_outside_the_sweep_folder(name, tmp_path):
+    """The attack: a record's ``sweep.json`` names a pending point ``../../x`` (or an absolute
+    path): its ``point.json`` was written, and the point run, outside the sweep folder. A point's
+    folder is named by the sweep from its overrides, and a manifest naming another is refused."""
+    name = str(tmp_path / "abs") if name == "/abs" else name
+    sweep = tmp_path / "a" / "sweep"
+    _record(sweep, names=("seed-0", name), extra=["strategy=nope"])  # a point that would fail fast
+    with pytest.raises(ConfigError, match=f"{MANIFEST} entry 2 names its folder {re.escape(repr(name))}"):
+        Sweep(["seed=0,1", "strategy=nope", f"resume={sweep}"], lambda point: _composed()).run()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+def test_a_sweep_folder_others_can_write_is_refused_before_its_manifest_is_read(tmp_path):
+    """The attack: another local user who can write the folder a sweep is in plants a link for
+    its manifest (or swaps a point's files) before any check. Refused before the first read or
+    write, for a new sweep and a resumed one."""
+    shared = tmp_path / "shared"
+    _record(shared / "sweep")
+    (shared / "sweep" / MANIFEST).rename(tmp_path / "theirs.json")
+    (shared / "sweep" / MANIFEST).symlink_to(tmp_path / "theirs.json")
+    shared.chmod(0o777)
+    for where in (f"resume={shared / 'sweep'}", f"results_dir={shared / 'new'}"):
+        with pytest.raises(ConfigError, match=f"{shared} is writable by others"):
+            Sweep(["seed=0,1", where], lambda point: _composed())
+    assert sorted(p.name for p in shared.iterdir()) == ["sweep"]

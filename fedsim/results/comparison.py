@@ -33,7 +33,9 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +43,7 @@ import numpy as np
 from omegaconf import OmegaConf
 from scipy import stats
 
-from fedsim.results.outputs import RunOutput, markdown_table
+from fedsim.results.outputs import RunOutput, markdown_table, markdown_text, write_file
 from fedsim.results.stats import detectable_effect, detectable_effect_of_interval, seeds_needed, t_interval, verdict
 
 POINT_FILE = "point.json"  # a sweep run's overrides, beside its results.json
@@ -52,7 +54,8 @@ MAX_PANELS = 20           # plot panels per figure; the summary says when famili
 
 
 class ComparisonRefused(ValueError):
-    """A metric pattern or baseline that the runs do not have: refused before anything is written."""
+    """A metric pattern or baseline that the runs do not have, or a record holding a link:
+    refused before anything is written."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,11 +122,32 @@ def _matches(patterns, path: str) -> bool:
     return any(path_pattern(p).fullmatch(path) for p in patterns)
 
 
+def refuse_links(folder: str | Path) -> None:
+    """Refuse ``folder`` when anything under it is a link, or neither a file nor a folder (a FIFO
+    blocks its reader). A record is someone else's files (``cp -r`` and git keep links): a link in
+    it would have fedsim read the user's files as results, or write its outputs where it points
+    (``~/.ssh/authorized_keys``). Every entry is ``lstat``'ed, no link followed (``os.walk``)."""
+    def unreadable(exc: OSError):
+        raise ComparisonRefused(f"{exc.filename!r} cannot be listed, so it cannot be checked for links: {exc}")
+
+    for root, dirs, files in os.walk(folder, onerror=unreadable):
+        for path in (Path(root, name) for name in [*dirs, *files]):
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                raise ComparisonRefused(f"{str(path)!r} is a link (to {os.readlink(path)!r}): a sweep record may "
+                                        f"hold no links, and {str(folder)!r} is refused before anything in it is read")
+            if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+                raise ComparisonRefused(f"{str(path)!r} is neither a file nor a folder: {str(folder)!r} is refused "
+                                        "before anything in it is read")
+
+
 def counted_runs(folder: str | Path) -> list[Path]:
     """The folder of every run under ``folder`` that a comparison counts: a ``point.json`` and a
     ``results.json`` and no ``error.txt`` (runs copied in from other machines count alike). A run
     that failed after writing its results (a privacy audit refuting its epsilon, a phase after
-    them) is left out: its numbers are not a result."""
+    them) is left out: its numbers are not a result. ``folder`` holding a link is refused
+    (:func:`refuse_links`) before anything in it is read."""
+    refuse_links(folder)
     return [point.parent for point in sorted(Path(folder).rglob(POINT_FILE))
             if (point.parent / "results.json").is_file() and not (point.parent / "error.txt").exists()]
 
@@ -452,19 +476,21 @@ def summary_markdown(comparison: dict) -> str:
     s = comparison["settings"]
     how = "Student t interval over seeds" if s["interval"] == "t" else "BCa bootstrap over seeds (scipy)"
     level, power = int(round(s["level"] * 100)), int(round(s["power"] * 100))
-    text = [f"# Sweep comparison\n\n{comparison['runs']} completed runs; replicates: {', '.join(s['seed_keys'])}; "
-            f"{level}% CI: {how}.", *[f"**Warning: {w}.**" for w in comparison["warnings"]]]
+    text = [f"# Sweep comparison\n\n{comparison['runs']} completed runs; replicates: "
+            f"{markdown_text(', '.join(s['seed_keys']))}; {level}% CI: {how}.",
+            *[f"**Warning: {markdown_text(w)}.**" for w in comparison["warnings"]]]
     legend = (f"Verdict: **shown** (the CI excludes 0), **excluded** (it excludes the effect of interest: the "
               f"paper's or a stated one), **inconclusive** (neither); no claim without spread. MDE: the smallest true "
               f"difference a two-sided paired t-test over these seeds finds with {power}% power at the observed "
               f"spread (for a run's own interval: its normal approximation). Seeds for it: the seeds the effect of "
               f"interest needs for {power}% power at that spread.")
     if comparison["paired"]:
-        text.append(f"## Paired differences against the baseline ({s['baseline']}), per seed\n\n{legend}")
+        baseline = markdown_text(s["baseline"])
+        text.append(f"## Paired differences against the baseline ({baseline}), per seed\n\n{legend}")
         for family in comparison["families"]:
             rows = [_paired_row(p) for p in comparison["paired"] if p["family"] == family]
             if rows:
-                text.append(f"### {family}\n\n" + markdown_table(rows, PAIRED_COLUMNS))
+                text.append(f"### {markdown_text(family)}\n\n" + markdown_table(rows, PAIRED_COLUMNS))
     if comparison["contrasts"]:
         text.append("## Contrasts against their null (sweep.contrasts), per seed\n\nMetrics that compare two arms "
                     "inside each run on the same items (a head-to-head win rate): the value minus its null (equal_at), "
@@ -475,14 +501,15 @@ def summary_markdown(comparison: dict) -> str:
         rows = [{"group": g["label"], "metric": m, "n": d["n"], "mean": d["mean"], "std": d["std"],
                  "CI": _ci_text(d["ci"]), "basis": d["basis"]}
                 for g in comparison["groups"] for m, d in g["metrics"].items() if d["family"] == family]
-        text.append(f"### {family}\n\n" + markdown_table(rows, OVER_SEEDS_COLUMNS))
+        text.append(f"### {markdown_text(family)}\n\n" + markdown_table(rows, OVER_SEEDS_COLUMNS))
     rows = [{"group": g["label"], "metric": m, "n": d["n"], "mean": d["mean"], "std": d["std"], "CI": _ci_text(d["ci"])}
             for g in comparison["groups"] for m, d in g["bookkeeping"].items()]
     if rows:
         text.append("## Bookkeeping (counters, bytes, timings: sweep.bookkeeping)\n\n"
                     + markdown_table(rows, OVER_SEEDS_COLUMNS[:-1]))
     if comparison["not_in_runs"]:
-        text.append(f"Headline patterns these runs hold no number for: {', '.join(comparison['not_in_runs'])}.")
+        text.append(f"Headline patterns these runs hold no number for: "
+                    f"{markdown_text(', '.join(comparison['not_in_runs']))}.")
     if len(comparison["families"]) > MAX_PANELS:
         text.append(f"The plots show the first {MAX_PANELS} of {len(comparison['families'])} families.")
     return "\n\n".join(text) + "\n"
@@ -587,7 +614,7 @@ def write(folder: str | Path, settings: Settings, output: str | Path | None = No
     result = build(folder, settings, strict)
     out = RunOutput(output or folder)
     suffix = _suffix(out.path, force)
-    (out.path / _named("summary.md", suffix)).write_text(summary_markdown(result))
-    (out.path / _named("comparison.json", suffix)).write_text(json.dumps(result, indent=1))
+    write_file(out.path / _named("summary.md", suffix), summary_markdown(result))
+    write_file(out.path / _named("comparison.json", suffix), json.dumps(result, indent=1))
     plot(result, out, suffix)
     return result, [p for p in (out.path / _named(n, suffix) for n in OUTPUTS) if p.is_file()]

@@ -8,9 +8,12 @@ import json
 import math
 import os
 import re
+import secrets
 import shutil
 import tempfile
+import unicodedata
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
 
 import matplotlib
@@ -31,6 +34,40 @@ def _jsonable(value):
     if hasattr(value, "item"):  # numpy scalars
         return _jsonable(value.item())
     return value
+
+
+def create_new(path: Path, mode: int = 0o666) -> int:
+    """A descriptor open for writing on a new file at ``path`` (``mode`` less the umask): refused
+    when the name exists, as a link too (O_EXCL | O_NOFOLLOW), so nothing planted there is
+    written through."""
+    return os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, mode)
+
+
+@contextmanager
+def replacing(path: str | Path):
+    """A binary file whose contents become ``path`` when the block ends: a new file in the same
+    folder (:func:`create_new`), synced, then renamed over the name. A rename replaces a link
+    planted at the name, it never writes through it, and a reader never sees half a file; on an
+    error the name keeps what it held. How fedsim writes every file into a results folder (a
+    record shared as files may hold links). By hand: ``tempfile.mkstemp`` makes its file 0600,
+    and a result keeps the user's umask."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    try:
+        with os.fdopen(create_new(tmp), "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_file(path: str | Path, data: str | bytes) -> Path:
+    """``data`` (text as UTF-8) as the file ``path``, through :func:`replacing`."""
+    with replacing(path) as fh:
+        fh.write(data.encode() if isinstance(data, str) else data)
+    return Path(path)
 
 
 RESULTS_MARKER = "FEDSIM-RESULTS "
@@ -110,8 +147,7 @@ def _write_new(folder: Path, name: str, data: bytes) -> None:
     path = folder / name
     if "/" in name:
         path.parent.mkdir(mode=0o700, exist_ok=True)
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb") as fh:
+    with os.fdopen(create_new(path, 0o644), "wb") as fh:
         fh.write(data)
 
 
@@ -155,23 +191,23 @@ class RunOutput:
         """``config.yaml``, and Hydra's own record of the run where a Hydra user looks for it:
         ``.hydra/config.yaml``, ``.hydra/overrides.yaml`` and ``.hydra/hydra.yaml``."""
         config = OmegaConf.to_yaml(cfg, resolve=True)
-        (self.path / "config.yaml").write_text(config)
+        write_file(self.path / "config.yaml", config)
         record = self.path / ".hydra"
         record.mkdir(exist_ok=True)
-        (record / "config.yaml").write_text(config)
-        (record / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
-        (record / "hydra.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra})))
+        write_file(record / "config.yaml", config)
+        write_file(record / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
+        write_file(record / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra})))
 
     def write_results(self, results: dict, summary_md: str) -> None:
-        (self.path / "results.json").write_text(json.dumps(_jsonable(results), indent=2))
-        (self.path / "summary.md").write_text(summary_md)
+        write_file(self.path / "results.json", json.dumps(_jsonable(results), indent=2))
+        write_file(self.path / "summary.md", summary_md)
 
     def files(self) -> list[Path]:
         """The run's result files: config, results, summary, plots (what a tracker keeps)."""
         return sorted(p for p in self.path.iterdir() if p.is_file() and p.suffix in (".json", ".md", ".yaml", ".png"))
 
     def write_error(self, text: str) -> None:
-        (self.path / "error.txt").write_text(text)
+        write_file(self.path / "error.txt", text)
 
     def figure(self, name: str):
         """Context-free helper: a new figure whose ``save()`` writes ``<name>.png`` here."""
@@ -191,7 +227,8 @@ class RunOutput:
 
         def save():
             fig.tight_layout()
-            fig.savefig(path)
+            with replacing(path) as fh:
+                fig.savefig(fh, format="png")
             plt.close(fig)
             return path
 
@@ -207,13 +244,24 @@ def plain_log_scale(ax, which: str = "y") -> None:
     axis.set_minor_formatter(LogFormatter(minor_thresholds=(2, 0.5)))
 
 
+def markdown_text(text) -> str:
+    """``text`` as markdown that starts no line and adds no table cell: control characters
+    (newline, CR, tab, ANSI's ESC, the rest of C0 and C1, Unicode's line and paragraph separators
+    and format characters such as bidi overrides) as their Python escapes, ``|`` as ``\\|``. A
+    record's names (metrics, methods, overrides) are someone else's: a metric name holding a
+    newline put a line of its own into the summary."""
+    return "".join(c.encode("unicode_escape").decode() if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")
+                   else "\\|" if c == "|" else c for c in str(text))
+
+
 def markdown_table(rows: list[dict], columns: list[str], digits: int = 4) -> str:
+    """A markdown table of ``rows``' ``columns``, every cell and header through :func:`markdown_text`."""
     def fmt(v):
         if v is None:
             return "inf"
-        return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+        return markdown_text(f"{v:.{digits}f}" if isinstance(v, float) else v)
 
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines = ["| " + " | ".join(map(markdown_text, columns)) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(fmt(r[c]) if c in r else "" for c in columns) + " |"
               for r in rows]
     return "\n".join(lines)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import shutil
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from flwr.app import Message
 from matplotlib.image import imread
 
 from fedsim.results.mlflow_sink import MlflowSink
+from fedsim.results.outputs import create_new
 
 
 def reply_metrics(replies: list[Message]) -> dict[str, float]:
@@ -46,13 +48,16 @@ class Sinks:
             return
         folder = Path(folder)
         if to_csv:
-            self._fh = open(folder / "metrics.csv", "w", newline="")
+            (folder / "metrics.csv").unlink(missing_ok=True)  # a resume writes it anew (a link: only the link)
+            self._fh = os.fdopen(create_new(folder / "metrics.csv"), "w", newline="")
             self._csv = csv.writer(self._fh)
             self._csv.writerow(["time", "phase", "round", "name", "value"])
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # only when asked: imports torch
 
             logdir = folder / "tensorboard"
+            if logdir.is_symlink():  # rmtree refuses a link, and the writer would follow it
+                logdir.unlink()
             shutil.rmtree(logdir, ignore_errors=True)
             self._writer = SummaryWriter(str(logdir))
 

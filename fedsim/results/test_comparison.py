@@ -3,6 +3,8 @@
 import dataclasses
 import json
 import math
+import re
+import shutil
 from functools import cache
 
 import numpy as np
@@ -473,3 +475,82 @@ def test_a_sweep_logs_paired_means_and_contrasts_to_mlflow_under_their_kind():
     logged = _paired_means(compare(runs, settings(baseline="old", contrasts=H2H)))
     assert logged == pytest.approx({"paired/(all runs)/m.new.acc": 0.09, "contrast/(all runs)/h2h.u3.win": -0.09})
     assert _paired_means(None) == {}
+
+
+# ---- a record is input from someone else (issue 57) -------------------------------------------
+
+@pytest.mark.parametrize("planted", ["summary.md", "r1/results.json", "r2"])
+def test_compare_refuses_a_record_holding_a_link_before_reading_or_writing_it(planted, tmp_path, victim_home,
+                                                                               capsys):
+    """The attack: a record shared as files (``cp -r`` and git keep links) holds a dangling
+    ``summary.md`` link to ``~/.ssh/authorized_keys``, which ``fedsim compare`` created; or a
+    run's results (or a whole run folder) linked to the user's files, which it read."""
+    record = tmp_path / "record"
+    record.mkdir()
+    _sweep_folder(record, [0.01, 0.012, 0.011])
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(record / "r2", elsewhere)
+    target = {"summary.md": victim_home / ".ssh" / "authorized_keys", "r1/results.json": elsewhere / "results.json",
+              "r2": elsewhere}[planted]
+    if planted == "r2":
+        shutil.rmtree(record / "r2")
+    else:
+        (record / planted).unlink(missing_ok=True)
+    (record / planted).symlink_to(target)
+    assert cli.main(["compare", str(record), "sweep.baseline=old"]) == 2
+    assert f"{str(record / planted)!r} is a link" in capsys.readouterr().err
+    assert not (victim_home / ".ssh" / "authorized_keys").exists() and not list(record.glob("comparison*"))
+
+
+def test_compare_replaces_a_link_at_an_output_name_and_never_writes_through_it(tmp_path, victim_home):
+    """The ``--force`` rewrite of an earlier comparison went through a link at its name: an
+    existing ``~/.bashrc`` was overwritten. Every output is a new file renamed over the name."""
+    record, out = tmp_path / "record", tmp_path / "out"
+    record.mkdir()
+    out.mkdir()
+    _sweep_folder(record, [0.01, 0.012, 0.011])
+    for name in comparison.OUTPUTS:
+        (out / name).symlink_to(victim_home / (".bashrc" if name == "summary.md" else f".ssh/{name}"))
+    assert cli.main(["compare", str(record), "sweep.baseline=old", "--output", str(out), "--force"]) == 0
+    assert (victim_home / ".bashrc").read_text() == "# the user's own\n"
+    assert sorted(p.name for p in victim_home.rglob("*")) == [".bashrc", ".ssh"]
+    assert all((out / n).is_file() and not (out / n).is_symlink() for n in comparison.OUTPUTS)
+
+
+def test_names_from_a_record_cannot_add_lines_or_columns_to_the_summary(tmp_path):
+    """A metric name holding a newline put the attacker's line of its own into summary.md (as
+    ``authorized_keys`` it is a key); ``|`` added table cells, an ANSI escape reached the terminal
+    that shows the file. Control characters are escaped in every cell and heading."""
+    planted = "x\nssh-ed25519 AAAAC3 attacker\r\x1b[2J\x85|"
+    for w in ("a", f"a\n{planted}"):  # an override's value names a group
+        for run in _seed_runs([0.01, 0.012, 0.011]):
+            folder = tmp_path / "record" / f"{run.folder}-{len(w)}"
+            folder.mkdir(parents=True)
+            point = {"overrides": [f"seed={run.overrides['seed']}", f"w={w}"]}
+            (folder / comparison.POINT_FILE).write_text(json.dumps(point))
+            results = {"m": {"new": {"acc": run.values["m.new.acc"], planted: 0.5},
+                             "old": {"acc": run.values["m.old.acc"]}}}
+            (folder / "results.json").write_text(json.dumps(results))
+    comparison.write(tmp_path / "record", settings(baseline="old"), tmp_path / "out")
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert not any(line.startswith("ssh-ed25519") for line in summary.splitlines())
+    assert not any(c in summary for c in "\r\x1b\x85")
+    assert "x\\nssh-ed25519 AAAAC3 attacker\\r\\x1b[2J\\x85\\|" in summary
+    for table in (t for t in summary.split("\n\n") if t.startswith("|")):
+        rows = table.splitlines()
+        assert {len(re.findall(r"(?<!\\)\|", r)) for r in rows} == {len(re.findall(r"\|", rows[0]))}, table
+
+
+def test_compare_refuses_a_record_or_an_output_folder_others_can_write(tmp_path, capsys):
+    """Another local user who can write the record's folder or the comparison's could swap a
+    file for a link between the check and the read or write: both are refused up front."""
+    shared, own = tmp_path / "shared", tmp_path / "own"
+    for folder in (shared / "record", own):
+        folder.mkdir(parents=True)
+        _sweep_folder(folder, [0.01, 0.012, 0.011])
+    shared.chmod(0o777)
+    assert cli.main(["compare", str(own), "sweep.baseline=old", "--output", str(shared / "out")]) == 2
+    assert f"{shared} is writable by others" in capsys.readouterr().err and not (shared / "out").exists()
+    assert cli.main(["compare", str(shared / "record"), "sweep.baseline=old", "--output", str(own / "out")]) == 2
+    assert f"{shared} is writable by others" in capsys.readouterr().err and not (own / "out").exists()
+    assert cli.main(["compare", str(own), "sweep.baseline=old"]) == 0

@@ -40,6 +40,15 @@ def test_tensorboard_scalars_per_phase_and_round(tmp_path):
     assert [e.value for e in events.Scalars("fit/train/accepted")] == [3.0, 3.0, 3.0]
 
 
+def test_tensorboard_never_writes_through_a_link_at_its_folder(tmp_path, victim_home):
+    """A ``tensorboard`` link planted in a results folder had the event files written where it
+    pointed (``~/.ssh``): rmtree refuses a link, and the writer followed it."""
+    (tmp_path / "tensorboard").symlink_to(victim_home / ".ssh", target_is_directory=True)
+    Sinks(tmp_path, tensorboard=True).close()
+    assert list((victim_home / ".ssh").iterdir()) == [] and not (tmp_path / "tensorboard").is_symlink()
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
 def test_dp_sgd_epsilon_is_kept_per_client_and_round(tmp_path):
     """A client's DP-SGD epsilon is its own: results.json gets it per client and round
     (``Messenger.epsilon``), metrics.csv the mean and the max, not only a mean."""

@@ -44,7 +44,7 @@ from fedsim.run.launcher import (
     user_certificates,
 )
 from fedsim.run.schema import layout, protocol_of, sweep_settings
-from fedsim.run.sweep import Sweep
+from fedsim.run.sweep import Sweep, refuse_other_writers
 from fedsim.run.tls import make_federation
 
 RUN_FILE = Path("checkpoint") / "run.json"
@@ -251,6 +251,8 @@ def compare(folder: str, overrides: list[str], output: str | None = None, force:
     try:
         if any(not o.startswith("sweep.") for o in overrides):
             raise ConfigError(f"compare takes sweep.* overrides only, got {overrides}")
+        for what, path in (("record", folder), ("output folder", output or folder)):
+            refuse_other_writers(Path(path).expanduser().resolve(), what)
         stated = {str(run.relative_to(folder)): OmegaConf.load(run / "config.yaml").get("sweep", {})
                   for run in counted_runs(folder) if (run / "config.yaml").is_file()}
         if not stated:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from fedsim.results.outputs import write_file
 from fedsim.run.data import REPO_ROOT
 
 PACKAGES = ("fedsim", "flwr", "torch", "transformers", "peft", "ray")
@@ -122,13 +123,11 @@ def stamp(folder: str | Path, part: dict) -> dict:
     results = json.loads(path.read_text())
     merged = {**results.get("provenance", {}), **part}
     results["provenance"] = merged
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(results, indent=2))
-    os.replace(tmp, path)
+    write_file(path, json.dumps(results, indent=2))
     summary = Path(folder) / "summary.md"
     if summary.is_file():
         head = summary.read_text().split(f"\n{HEADING}\n")[0].rstrip()
-        summary.write_text(f"{head}\n\n{section(merged)}\n")
+        write_file(summary, f"{head}\n\n{section(merged)}\n")
     return merged
 
 

@@ -22,8 +22,10 @@ from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from fedsim.privacy.secret import who_else_writes
 from fedsim.results import comparison
 from fedsim.results.mlflow_sink import SweepRun
+from fedsim.results.outputs import write_file
 from fedsim.run import progress, provenance
 from fedsim.run.config import ConfigError
 
@@ -82,6 +84,9 @@ class Sweep:
             except Exception as exc:
                 raise ConfigError(f"sweep point {' '.join(point)}:\n{exc}") from exc
         self.folder = Path(folder[-1]).expanduser().resolve() if folder else _sweep_folder(overrides, checked[0])
+        refuse_other_writers(self.folder, "sweep folder")
+        if self.folder.exists():
+            comparison.refuse_links(self.folder)  # a record is someone else's files
         self.settings = comparison.Settings.of(checked[0].sweep)
         self.strict = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
         _check_swept_baseline(self.settings.baseline, self.points)
@@ -96,10 +101,15 @@ class Sweep:
             if not path.is_file():
                 raise ConfigError(f"resume: {path} not found (no sweep in {self.folder})")
             manifest = json.loads(path.read_text())
-            if [r["overrides"] for r in manifest["runs"]] != self.points:
+            try:
+                points = [r["overrides"] for r in manifest["runs"]]
+            except (TypeError, KeyError) as exc:
+                raise ConfigError(f"resume: {path} is not a sweep's manifest (no runs with overrides)") from exc
+            if points != self.points:
                 raise ConfigError(f"resume: these overrides expand to other points than the sweep in "
                                   f"{self.folder} ({len(self.points)} vs {len(manifest['runs'])}); "
                                   f"repeat the sweep's own overrides")
+            self._check_names(manifest["runs"])
             manifest.setdefault("resumed", []).append(self.session)
             return manifest
         if path.exists():
@@ -108,18 +118,33 @@ class Sweep:
         names = [r["name"] for r in runs]
         if len(set(names)) != len(names):
             raise ConfigError("two sweep points would share a folder (repeated values?)")
+        self._check_names(runs)
         return {"swept": self.swept, "provenance": self.session, "runs": runs}
+
+    def _check_names(self, runs: list[dict]) -> None:
+        """Each point's folder is the one the sweep names from its overrides (:func:`point_name`),
+        inside the sweep folder: a resumed manifest is a record's file, someone else's, and a
+        name it gives (``../../x``, an absolute path) had the point written and run elsewhere."""
+        for index, entry in enumerate(runs, 1):
+            name = point_name(entry["overrides"], self.swept)
+            if entry.get("name") != name:
+                raise ConfigError(f"{self.folder / MANIFEST} entry {index} names its folder {entry.get('name')!r}, "
+                                  f"but its overrides make {name!r}: a point runs only in the folder the sweep names")
+            if (self.folder / name).resolve().parent != self.folder:
+                raise ConfigError(f"{self.folder / MANIFEST} entry {index}: its folder {name!r} is not inside "
+                                  f"{self.folder}")
 
     def save(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.folder / f".{MANIFEST}.tmp"
-        tmp.write_text(json.dumps(self.manifest, indent=1))
-        os.replace(tmp, self.folder / MANIFEST)
+        write_file(self.folder / MANIFEST, json.dumps(self.manifest, indent=1))
 
     def run(self) -> int:
         """Every point not yet completed, in order; returns 0 if all completed, 1 if any
         failed, the signal's exit code if one stopped the sweep."""
         self.parent = self._mlflow_parent()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if why := who_else_writes(self.folder):  # made by another user between the check and this mkdir
+            raise PermissionError(f"sweep folder: {why}")
         self.save()
         try:
             code = self._run_all()
@@ -176,10 +201,12 @@ class Sweep:
         killed = (folder / "checkpoint" / "run.json").is_file() and not (folder / "results.json").exists()
         args = [f"resume={folder}"] if killed else [*entry["overrides"], f"results_dir={folder}"]
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / comparison.POINT_FILE).write_text(json.dumps(
+        write_file(folder / comparison.POINT_FILE, json.dumps(
             {"overrides": entry["overrides"], "swept": _swept_values(entry["overrides"], self.swept)}, indent=1))
         began = time.monotonic()
-        with open(folder / "fedsim.log", "a") as log:
+        # appended to (a resumed point's log keeps its first part), never through a link
+        log_fd = os.open(folder / "fedsim.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
+        with os.fdopen(log_fd, "ab") as log:
             # -P: not the working folder first on the path, where another local user may have
             # planted a fedsim package (a sweep started from /tmp)
             child = subprocess.Popen([sys.executable, "-P", "-m", "fedsim.run.cli", "run", *args], stdout=log,
@@ -208,6 +235,14 @@ class Sweep:
             print(f"fedsim: sweep comparison: warning: {warning}", file=sys.stderr)
         print(f"fedsim: sweep comparison in {self.folder / 'summary.md'} and comparison.json", flush=True)
         return result
+
+
+def refuse_other_writers(folder: Path, what: str) -> None:
+    """Refuse ``folder`` when another local user could write it (``who_else_writes``): they could
+    plant a link or swap a file between fedsim's checks and its reads and writes there."""
+    if why := who_else_writes(folder):
+        raise ConfigError(f"{what} {folder}: {why}, so another user could plant links in it or swap its files: "
+                          "choose a folder only you (and root) can write")
 
 
 def _paired_means(result: dict | None) -> dict[str, float]:

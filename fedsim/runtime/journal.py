@@ -40,7 +40,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-import os
 import re
 import time
 from collections import Counter
@@ -52,6 +51,7 @@ from flwr.proto.message_pb2 import Message as ProtoMessage
 
 from fedsim.message_keys import PARTITION_ID, RAY_NODE
 from fedsim.privacy.secret import Tampered, open_sealed, open_sealed_bytes, private_folder, seal
+from fedsim.results.outputs import write_file
 
 WHOAMI = "fedsim-whoami"        # the core query every ClientApp answers with its partition id
 HEAD = "head"                   # the journal's sealed count and last digest
@@ -150,15 +150,6 @@ def open_entry(key: bytes, path: Path) -> tuple[dict, list[bytes], bytes]:
     raise JournalTampered(f"{path}: unreadable or not authenticated by this run's key; refusing to resume")
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -223,8 +214,8 @@ class Journal:
 
     def _write_head(self) -> None:
         """After each entry: a kill before this leaves the entry, which a resume accepts."""
-        _atomic_write(self.folder / HEAD, seal(self.key, HEAD, {"count": len(self.recorded), "last": self._last,
-                                                             "experiment": self.experiment}))
+        write_file(self.folder / HEAD, seal(self.key, HEAD, {"count": len(self.recorded), "last": self._last,
+                                                           "experiment": self.experiment}))
 
     @property
     def replaying(self) -> bool:
@@ -249,7 +240,7 @@ class Journal:
         path = self.folder / f"{index:07d}.exchange"
         data, sealed = _entry(self.key, path.name, header,
                               [message_to_proto(m).SerializeToString() for m in replies])
-        _atomic_write(path, data)
+        write_file(path, data)
         self.recorded.append(path)
         self.position, self._last = index + 1, _digest(sealed)
         self._write_head()
@@ -261,7 +252,7 @@ class Journal:
     def save_partitions(self, partitions: dict[int, int]) -> None:
         """node id -> partition id of the journaled run's nodes."""
         body = {str(k): v for k, v in partitions.items()}
-        _atomic_write(self.partitions_path, seal(self.key, self.partitions_path.name, body))
+        write_file(self.partitions_path, seal(self.key, self.partitions_path.name, body))
 
     def load_partitions(self) -> dict[int, int]:
         return {int(k): int(v) for k, v in _open_sealed(self.key, self.partitions_path).items()}
