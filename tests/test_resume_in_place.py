@@ -9,17 +9,21 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import stat
+import subprocess
+import time
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from conftest import fedsim_refusal
+from conftest import FEDSIM, SMALL, cmdline, fedsim_refusal, fedsim_run, private_tmpdir
 from fedsim.privacy.secret import derive, seal
 from fedsim.run.cli import RUN_FILE, _save_run, prepare, resumed
 from fedsim.run.config import ConfigError
 from fedsim.run.sweep import MANIFEST, Sweep
+from fedsim.run.watchdog import run_processes
 
 
 class Unpickled:
@@ -127,3 +131,31 @@ def test_a_checkpoint_of_an_earlier_fedsim_is_refused_with_what_to_do(tmp_path):
     planted_point(tmp_path, point)
     with pytest.raises(ConfigError, match=re.escape(f"remove {point / 'checkpoint'} to run it from its beginning")):
         resumed(str(point), [])
+
+
+@pytest.mark.e2e
+@pytest.mark.exhaustive  # 3 minutes of Flower runs; the refusals above run by default
+def test_a_sweep_stopped_mid_point_resumes_that_point_in_place(tmp_path):
+    """The user's own sweep, stopped by SIGTERM while its first point works, then resumed: the
+    point opens its run.json (in place, the user's key) and completes, and so does the rest."""
+    root, out = private_tmpdir(), tmp_path / "sweep"
+    sweep = [*SMALL, "seed=0,1"]
+    try:
+        with open(tmp_path / "log.txt", "w") as log:
+            stopped = subprocess.Popen([FEDSIM, "run", "-m", *sweep, f"results_dir={out}"], stdout=log,
+                                       stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": root})
+            deadline = time.monotonic() + 180
+            while not any(b"ray::" in cmdline(pid) for pid in run_processes(root)):  # the point is working
+                assert stopped.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()
+                time.sleep(0.5)
+            stopped.send_signal(signal.SIGTERM)
+            assert stopped.wait(90) == 143
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    first = out / json.loads((out / MANIFEST).read_text())["runs"][0]["name"]
+    assert (first / RUN_FILE).is_file()
+    code, log = fedsim_run("-m", *sweep, f"resume={out}", timeout=600)
+    assert code == 0, log
+    assert [r["status"] for r in json.loads((out / MANIFEST).read_text())["runs"]] == ["completed", "completed"]
+    command = json.loads((first / "results.json").read_text())["provenance"]["command"]["line"]
+    assert command == f"fedsim run resume={first}"  # resumed, not run again from scratch
