@@ -90,6 +90,29 @@ def run_secret(path: Path | None, resume: bool) -> bytes:
     return secret
 
 
+def user_secret(name: str) -> bytes:
+    """This user's own secret ``name`` (32 bytes of OS entropy), for a key that must not travel
+    with a results folder: a 0600 file in the 0700 folder ``$XDG_STATE_HOME/fedsim`` (else
+    ``~/.local/state/fedsim``, the XDG base directories' place for state kept between runs),
+    made on first use. Found by hand: one environment variable, where platformdirs (the same
+    path) would be a dependency of its own."""
+    base = os.environ.get("XDG_STATE_HOME", "")
+    folder = private_folder((Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state") / "fedsim")
+    path = folder / name
+    try:
+        return read_private_file(path)
+    except FileNotFoundError:
+        draft = folder / f".{name}.{secrets.token_hex(8)}"
+        create_private_file(draft, secrets.token_bytes(SIZE))
+        try:
+            os.link(draft, path)  # whole at once; of two first uses, the key linked first is kept
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+    return read_private_file(path)
+
+
 class Tampered(ValueError):
     """A sealed file is unreadable or its MAC does not hold: not written under this key."""
 

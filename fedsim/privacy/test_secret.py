@@ -3,10 +3,11 @@ the noise it keys is private, the public seed's is not (and says so)."""
 
 import os
 import stat
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from fedsim.privacy.secret import derive, run_secret
+from fedsim.privacy.secret import derive, run_secret, user_secret
 from fedsim.run.config import compose
 from fedsim.runtime.server_app import noise_source
 
@@ -38,3 +39,23 @@ def test_noise_is_private_unless_reproducible_noise_is_asked_for():
     assert noise_source(compose([]), secret).private
     public = noise_source(compose(["privacy.reproducible_noise=true", "seed=7"]), secret)
     assert not public.private and public.entropy == 7
+
+
+def test_a_users_secret_is_made_once_owner_only_outside_any_run(tmp_path, monkeypatch):
+    """Eight first uses at once keep one key (each drafts its own, the first linked wins), and
+    leave no draft behind."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    with ThreadPoolExecutor(8) as pool:
+        keys = set(pool.map(lambda _: user_secret("resume.key"), range(8)))
+    folder = tmp_path / "state" / "fedsim"
+    assert len(keys) == 1 and [p.name for p in folder.iterdir()] == ["resume.key"]
+    assert (stat.S_IMODE(folder.stat().st_mode), stat.S_IMODE((folder / "resume.key").stat().st_mode)) == (0o700, 0o600)
+    assert user_secret("resume.key") in keys and user_secret("other.key") not in keys
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_STATE_HOME", "state")  # not absolute: ignored, as the XDG spec says
+    assert user_secret("resume.key") not in keys
+    assert (tmp_path / "home" / ".local" / "state" / "fedsim" / "resume.key").is_file()
+    os.chmod(folder, 0o755)  # another user could list it and swap the key
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    with pytest.raises(PermissionError, match="mode 0700"):
+        user_secret("resume.key")

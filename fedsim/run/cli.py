@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from flwr.cli.typing import (
 )
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim.privacy.secret import Tampered, derive, open_sealed, run_secret, seal
+from fedsim.privacy.secret import Tampered, derive, open_sealed, private_folder, seal, user_secret
 from fedsim.results.comparison import POINT_FILE, Settings, counted_runs, plan
 from fedsim.results.comparison import build as build_comparison
 from fedsim.results.comparison import write as write_comparison
@@ -48,9 +49,7 @@ from fedsim.run.sweep import Sweep, refuse_other_writers
 from fedsim.run.tls import make_federation
 
 RUN_FILE = Path("checkpoint") / "run.json"
-# authenticates run.json: a resume runs its overrides (any _target_), so only ones this machine
-# wrote may be resumed (the ServerApp's checkpoint/run.key is the journal's, made later)
-RUN_KEY = Path("checkpoint") / "resume.key"
+RUN_KEY = "resume.key"  # this user's secret that seals run.json (fedsim.privacy.secret.user_secret)
 # `flwr run . NAME` -> the hardware profile its simulation is sized from (fedsim federations)
 FEDERATIONS = {"local-simulation": "cpu_2", "gpu-simulation": "gpu_1"}
 
@@ -68,11 +67,19 @@ def resumed(folder: str, overrides: list[str]) -> list[str]:
         if key.split(".")[0] not in RESUMABLE:
             raise ConfigError(f"resume: '{item}' would change the experiment; a resume may only "
                               f"change {', '.join(RESUMABLE)}")
+    folder = saved.parent.parent
     try:
-        key = derive(run_secret(saved.parent.parent / RUN_KEY, resume=True), b"run.json")
+        key = run_file_key(folder)
+    except OSError as exc:  # this user's key folder open to others
+        raise ConfigError(f"resume: {exc}") from exc
+    try:
         pinned = open_sealed(key, saved)["overrides"]
-    except (Tampered, OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"resume: {saved} was not written by `fedsim run` here ({exc})") from exc
+    except (Tampered, KeyError, TypeError) as exc:
+        raise ConfigError(f"resume: {saved} was not written here by `fedsim run` for this user: a run resumes "
+                          f"only in the folder it was started in, by the user who started it (not a copy, e.g. "
+                          f"a point of a shared sweep record, nor a moved folder, nor a checkpoint of an earlier "
+                          f"fedsim, which kept its key in the folder); remove {folder / 'checkpoint'} to run it "
+                          f"from its beginning") from exc
     return [*pinned, *overrides, "resume=true"]
 
 
@@ -82,11 +89,21 @@ def _resume_folder(overrides: list[str]) -> tuple[str | None, list[str]]:
     return (folders[-1] if folders else None), rest
 
 
+def run_file_key(folder: Path) -> bytes:
+    """The key that seals run.json in the run folder ``folder``: a resume runs its overrides (any
+    ``_target_``), so only a run this user started in this very folder may resume. Derived from
+    this user's own secret, outside every results folder (a folder copied from elsewhere carries
+    none), and bound to the folder's path and inode (a copy, a move, a folder put in its place
+    are other places; not its device, which a remount may renumber)."""
+    folder = folder.resolve()
+    return derive(user_secret(RUN_KEY), b"run.json\0" + os.fsencode(folder) + b"\0%d" % folder.stat().st_ino)
+
+
 def _save_run(cfg, pinned: list[str]) -> None:
     if cfg.checkpoint.enabled and not cfg.resume:
         path = Path(cfg.results_dir) / RUN_FILE
-        key = derive(run_secret(Path(cfg.results_dir) / RUN_KEY, resume=False), b"run.json")
-        path.write_bytes(seal(key, path.name, {"overrides": pinned}))
+        private_folder(path.parent)
+        path.write_bytes(seal(run_file_key(Path(cfg.results_dir)), path.name, {"overrides": pinned}))
 
 
 def prepare(overrides: list[str]) -> tuple[DictConfig, list[str], int, int]:

@@ -22,11 +22,19 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from hydra.utils import get_class, get_method, instantiate
+from hydra.utils import get_class, get_method, get_object, instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
 from fedsim.privacy.secret import who_else_writes
+
+# The only code a config may name (under CODE_KEYS, anywhere in its tree): fedsim's own packages
+# and the Flower namespaces conf/ uses. The run config is input (a resume's saved overrides; under
+# `flwr run`, whoever submits it), and the pre-run check imports and builds what it names.
+CODE_NAMESPACES = ("fedsim", "fedsim_strategies", "fedsim_tasks", "fedsim_clients", "fedsim_experiments",
+                   "flwr.serverapp.strategy", "flwr_datasets.partitioner")
+# each key that names code -> what it must name: a class to build (or a block's schema), a function to call
+CODE_KEYS = {"_target_": "class", "schema": "class", "client": "class", "run": "function", "loader": "function"}
 
 
 def require(ok: bool, key: str, rule: str, value) -> None:
@@ -367,9 +375,11 @@ def sweep_settings(*layers) -> DictConfig:
 
 
 def check(cfg: DictConfig) -> Protocol:
-    """Refuse what composition cannot see: keys added with ``+``, values out of range (each
-    block's ``__post_init__``), callables, cross-field rules, the protocol block's keys and types.
+    """Refuse what composition cannot see: code outside fedsim's and Flower's (first, before
+    anything is imported), keys added with ``+``, values out of range (each block's
+    ``__post_init__``), callables, cross-field rules, the protocol block's keys and types.
     Returns the protocol block as its dataclass."""
+    check_code(cfg)
     refuse_unknown_keys(cfg, RunConfig)
     OmegaConf.to_object(cfg)  # every typed block's __post_init__: ranges and enums
     hw = cfg.hardware
@@ -438,6 +448,50 @@ def _entries(value, key: str):
             yield key, value
         for name, inner in value.items():
             yield from _entries(inner, f"{key}.{name}")
+
+
+def check_code(cfg: DictConfig) -> None:
+    """Refuse code the config names (:data:`CODE_KEYS`) outside :data:`CODE_NAMESPACES`: first by
+    its dotted name, before anything is imported (``numpy.load``, a planted module), then by what
+    it resolves to, once fedsim's and Flower's own modules are imported: code defined there (not
+    ``fedsim.privacy.secret.os.system``, posix's) of the kind its key takes (a class for a
+    ``_target_``, not one of fedsim's functions). By hand: Hydra's own target policy is a
+    blocklist (``numpy.load`` passes it), applied by ``instantiate`` alone, after the import."""
+    try:
+        named = list(_code_named(OmegaConf.to_container(cfg, resolve=True), ""))
+    except OmegaConfBaseException as exc:  # an interpolation that does not resolve
+        raise ValueError(str(exc)) from exc
+    allowed = f"a config may name code in {', '.join(CODE_NAMESPACES)} only"
+    for key, path in named:
+        if not _in_namespaces(path):
+            raise ValueError(f"{key}: {path!r} is outside fedsim and Flower's strategies; {allowed}")
+    for key, path in named:
+        try:
+            found = get_object(path)
+        except Exception:  # left to the check that uses it, which names it
+            continue
+        home = found.__name__ if isinstance(found, types.ModuleType) else getattr(found, "__module__", None)
+        if not _in_namespaces(str(home)):
+            raise ValueError(f"{key}: {path!r} is outside fedsim and Flower's strategies (defined in {home}); "
+                             f"{allowed}")
+        kind = CODE_KEYS[key.rsplit(".", 1)[-1]]
+        if isinstance(found, type) != (kind == "class") or not callable(found):
+            raise ValueError(f"{key}: {path!r} is not a {kind}")
+
+
+def _code_named(value, key: str):
+    """Every (key, dotted path) under a key of :data:`CODE_KEYS` inside ``value``."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for name, inner in items:
+        where = f"{key}[{name}]" if isinstance(value, list) else f"{key}.{name}" if key else str(name)
+        if name in CODE_KEYS and isinstance(inner, str):
+            yield where, inner
+        else:
+            yield from _code_named(inner, where)
+
+
+def _in_namespaces(path: str) -> bool:
+    return any(path == space or path.startswith(f"{space}.") for space in CODE_NAMESPACES)
 
 
 def refuse_unknown_keys(node: DictConfig, schema: type, prefix: str = "") -> None:
