@@ -8,6 +8,7 @@ from functools import cache
 
 import numpy as np
 import pytest
+import tenseal
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from omegaconf import OmegaConf
 from test_sharded_grid import tampering_supernodes
@@ -380,6 +381,46 @@ def test_a_hostile_he_reply_is_counted_and_the_aggregate_is_the_honest_one(tmp_p
     installed, vectors, faults = _he_run(tmp_path, hostile)
     np.testing.assert_allclose(installed, np.mean(vectors[:HONEST], axis=0), atol=1e-4)
     assert faults["malformed"] == 1 and faults["accepted"] == HONEST
+
+
+OVERSIZED = 8 << 20  # bytes added: ~25x a ciphertext under the task's N 8192 (the finding: one of 256 MiB was parsed)
+
+
+def _oversized_ciphertext(reply):
+    """The last ciphertext grown by OVERSIZED zero bytes, its length to match: a well-cut record."""
+    record = reply[he_keys.CIPHERTEXTS]
+    data, lengths = record[he_keys.CIPHERTEXT_BYTES].numpy(), record[he_keys.CIPHERTEXT_LENGTHS].numpy().copy()
+    lengths[-1] += OVERSIZED
+    reply[he_keys.CIPHERTEXTS] = ArrayRecord({he_keys.CIPHERTEXT_BYTES: Array(np.concatenate(
+        [data, np.zeros(OVERSIZED, np.uint8)])), he_keys.CIPHERTEXT_LENGTHS: Array(lengths)})
+    return reply
+
+
+def _oversized_context(reply):
+    public = reply[he_keys.CONTEXT][he_keys.PUBLIC_CONTEXT]
+    reply[he_keys.CONTEXT] = ConfigRecord({he_keys.PUBLIC_CONTEXT: public + bytes(OVERSIZED)})
+    return reply
+
+
+@pytest.mark.parametrize("hostile", [_oversized_ciphertext, _oversized_context],
+                         ids=["a ciphertext of 8 MiB", "a public context of 8 MiB"])
+def test_an_oversized_he_reply_is_counted_before_tenseal_reads_it(tmp_path, monkeypatch, hostile):
+    """What TenSEAL parses from a client is capped by the run's CKKS parameters (N 8192 with
+    moduli 60-40-40-60: a ciphertext well under 0.5 MB, a public context just over) before it parses
+    it: an 8 MiB one is counted malformed unread (before, TenSEAL parsed whatever size came)."""
+    parsed = []
+
+    def spying(parse):
+        def spy(*args, **kwargs):
+            parsed.append(max(len(a) for a in args if isinstance(a, bytes)))
+            return parse(*args, **kwargs)
+        return spy
+    for name in ("ckks_vector_from", "context_from"):
+        monkeypatch.setattr(tenseal, name, spying(getattr(tenseal, name)))
+    installed, vectors, faults = _he_run(tmp_path, hostile)
+    np.testing.assert_allclose(installed, np.mean(vectors[:HONEST], axis=0), atol=1e-4)
+    assert faults["malformed"] == 1 and faults["accepted"] == HONEST
+    assert parsed and max(parsed) < OVERSIZED
 
 
 # --- many clients per SuperNode: the batch manifest --------------------------------------------
