@@ -4,17 +4,20 @@ import os
 import platform
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import SMALL, read_results
+from conftest import SMALL, fedsim_run, read_results
 from fedsim.run import provenance
 from fedsim.run.data import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
 
 ROUTER_KEYS = {"tfidf", "global", "local", "fedmix"}
+TINY = ["experiment=fedtp_aggregate", "task.client=fedsim_clients.state_probe.StateProbeClient",
+        "hardware.num_clients=2", "strategy.noise_multiplier=0", "num_rounds=1"]  # the quickest run through Ray
 
 
 def test_fedtp_small_slice_end_to_end(run_small):
@@ -126,3 +129,14 @@ def test_several_rounds_with_client_sampling(run_small):
     eps = [rounds[r]["epsilon-rdp"] for r in ("1", "2", "3")]
     assert eps[0] < eps[1] < eps[2]  # composed by the RDP accountant
     assert res["dp_sweep"][0]["epsilon_rdp"] == eps[2]
+
+
+def test_a_long_tmpdir_still_runs(tmp_path):
+    """Ray's Unix sockets lie under its session folder, and a socket's path holds at most 107
+    bytes: with Ray's session in the run's work folder under TMPDIR, a TMPDIR of more than about
+    20 characters broke every simulation (issue 57). Ray's session is now reached by a short path."""
+    out, links = tmp_path / "results", set(Path("/tmp").glob("fedsim-ray-*"))
+    code, log = fedsim_run(*TINY, f"results_dir={out}", tmpdir="a" * 40)
+    assert code == 0, log[-3000:]
+    assert read_results(out)["faults"]["aggregate/train"]["1"]["accepted"] == 2
+    assert set(Path("/tmp").glob("fedsim-ray-*")) == links  # the short path went with the run

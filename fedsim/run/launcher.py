@@ -379,6 +379,30 @@ def check_ray_cluster(hw: DictConfig, timeout: float = 5.0) -> None:
                          "for the run (leave hardware=ray_cluster out)") from exc
 
 
+SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (AF_UNIX on Linux), as Ray checks them
+RAY_SOCKET_TAIL = len("/ray/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store")  # under RAY_TMPDIR
+
+
+def ray_tmpdir(stack: ExitStack, workdir: Path) -> Path:
+    """Where Ray keeps its session (logs, sockets, spilled objects): the run's 0700 work folder
+    (Ray makes its folders 0777 for other users to share, which under /tmp/ray would let them
+    read the workers' logs and plant files the workers use). Its socket paths must fit in
+    :data:`SOCKET_PATH_MAX` (a TMPDIR of about 20 characters more broke every simulation): under a
+    longer TMPDIR, Ray reaches the work folder by a link in a 0700 folder of /tmp, removed with
+    the run, so that its session stays in the work folder; without /tmp, an error before anything
+    starts."""
+    if len(bytes(workdir)) + RAY_SOCKET_TAIL <= SOCKET_PATH_MAX:
+        return workdir
+    try:
+        short = Path(tempfile.mkdtemp(prefix="fedsim-ray-", dir="/tmp"))
+    except OSError as exc:
+        raise RunFailed(f"Ray's socket paths under {workdir} would pass {SOCKET_PATH_MAX} bytes, and no "
+                        f"short folder could be made in /tmp ({exc}): set TMPDIR to a shorter folder") from exc
+    stack.callback(shutil.rmtree, short, ignore_errors=True)
+    (short / "run").symlink_to(workdir, target_is_directory=True)
+    return short / "run"
+
+
 def simulation_env(env: dict, hw: DictConfig) -> dict:
     """``env`` for a simulation's SuperLink, whose Flower simulation process runs the Ray driver:
     Ray joins the cluster named by ``RAY_ADDRESS`` (Flower's federation config carries no
@@ -468,13 +492,11 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
     home = workdir / "flwr_home"
     home.mkdir()
     token = uuid.uuid4().hex  # fresh per run: two runs never share one (and never end each other)
-    # Ray's session (logs, sockets, runtime resources) in the 0700 work folder: Ray makes its
-    # folders 0777 for other users to share, which under /tmp/ray would let them read the
-    # workers' logs and plant files the workers use
     env = {**environment(cfg, simulation_env(_env(home, token), hw)),  # + the node's folders
-           "RAY_TMPDIR": str(workdir), HOST_ENV: platform.node()}  # the run's namespace names its host localhost
+           HOST_ENV: platform.node()}  # the run's namespace names its host localhost
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        env["RAY_TMPDIR"] = str(ray_tmpdir(stack, workdir))
         _watchdog(stack, token, workdir)
         stack.enter_context(_signals_interrupt())
         certs = None if simulation else certificates(hw, workdir, num_supernodes, echo)
