@@ -3,6 +3,7 @@
 import os
 import platform
 import shlex
+import stat
 import subprocess
 from pathlib import Path
 
@@ -140,3 +141,17 @@ def test_a_long_tmpdir_still_runs(tmp_path):
     assert code == 0, log[-3000:]
     assert read_results(out)["faults"]["aggregate/train"]["1"]["accepted"] == 2
     assert set(Path("/tmp").glob("fedsim-ray-*")) == links  # the short path went with the run
+
+
+def test_a_failed_run_keeps_its_processes_logs_in_its_results_and_names_them(tmp_path):
+    """The logs of a run's processes lie in its work folder, which goes with the run: a failed
+    run named its SuperLink's log there, and the log was gone (issue 57). They are now copied into
+    the results folder, and the error names the copies."""
+    out = tmp_path / "results"
+    code, log = fedsim_run(*TINY, f"results_dir={out}", "faults.crash=[0,1]")  # every client: the ServerApp raises
+    assert code == 1, log[-3000:]
+    [kept] = out.glob("logs-*")
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o700
+    assert f"the logs of the run's processes: {kept / 'serverapp.log'}, {kept / 'superlink.log'}" in log
+    assert "Starting Flower SuperExec" in (kept / "superlink.log").read_text()
+    assert "PhaseFailed: aggregate/train round 1" in (kept / "serverapp.log").read_text()  # why it failed

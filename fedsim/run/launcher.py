@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import TextIO
 
 import httpx
 import tomli_w
@@ -379,6 +380,30 @@ def check_ray_cluster(hw: DictConfig, timeout: float = 5.0) -> None:
                          "for the run (leave hardware=ray_cluster out)") from exc
 
 
+def keep_logs(workdir: Path, results_dir: Path):
+    """An exit callback for :func:`launch`: where the run failed, the logs of its processes (the
+    SuperLink with the SuperExec it starts, the ServerApp's as Flower relayed it, each SuperNode),
+    which lie in the work folder that goes with the run, copied into a new 0700 folder ``logs-*``
+    of ``results_dir`` (nothing there is overwritten, nothing followed); the error names the
+    copies."""
+    def keep(exc_type, exc, tb) -> bool:
+        logs = sorted(workdir.glob("*.log"))
+        if not isinstance(exc, RunFailed) or not logs:
+            return False
+        try:
+            kept = Path(tempfile.mkdtemp(prefix="logs-", dir=results_dir))
+            for log in logs:
+                shutil.copyfile(log, kept / log.name)
+        except OSError:
+            return False  # the failure itself matters more than its logs
+        message = str(exc)
+        for log in logs:  # a log the message names
+            message = message.replace(str(log), str(kept / log.name))
+        copies = ", ".join(str(kept / log.name) for log in logs)
+        raise RunFailed(f"{message}\nthe logs of the run's processes: {copies}") from exc
+    return keep
+
+
 SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (AF_UNIX on Linux), as Ray checks them
 RAY_SOCKET_TAIL = len("/ray/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store")  # under RAY_TMPDIR
 
@@ -466,16 +491,18 @@ def _start_local(stack: ExitStack, cfg: DictConfig, workdir: Path, env: dict, si
 
 
 class _Results:
-    """Echoes the run's log and keeps the results a remote ServerApp ships in it."""
+    """Echoes the run's log (the ServerApp's, as ``flwr run --stream`` relays it) and writes it to
+    ``log``; keeps the results a remote ServerApp ships in it."""
 
-    def __init__(self, echo):
-        self.echo, self.lines = echo, []
+    def __init__(self, echo, log: TextIO):
+        self.echo, self.log, self.lines = echo, log, []
 
     def __call__(self, line: str) -> None:
         if line.startswith(RESULTS_MARKER):
             self.lines.append(line)
         else:
             self.echo(line)
+            self.log.write(line + "\n")
 
 
 def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=print) -> dict:
@@ -496,6 +523,7 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
            HOST_ENV: platform.node()}  # the run's namespace names its host localhost
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        stack.push(keep_logs(workdir, results_dir))  # once the processes have stopped, before the folder goes
         env["RAY_TMPDIR"] = str(ray_tmpdir(stack, workdir))
         _watchdog(stack, token, workdir)
         stack.enter_context(_signals_interrupt())
@@ -525,7 +553,7 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
             _warn_node_settings(cfg, echo)
         echo(f"fedsim: {num_supernodes} SuperNodes, {hw.backend} via SuperLink {address} "
              f"({security}){where}; results -> {results_dir}")
-        shipped = _Results(stack.enter_context(Bars(echo)))
+        shipped = _Results(stack.enter_context(Bars(echo)), stack.enter_context(open(workdir / "serverapp.log", "w")))
         code, run_id = _stream(cmd, workdir, env, shipped, net)
         if shipped.lines:
             try:
