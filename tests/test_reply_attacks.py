@@ -9,14 +9,18 @@ from functools import cache
 import numpy as np
 import pytest
 import tenseal
+from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
+from flwr.supercore.primitives.asymmetric import public_key_to_bytes
 from omegaconf import OmegaConf
-from test_sharded_grid import tampering_supernodes
+from test_sharded_grid import supernodes, tampering_supernodes
 
 from conftest import data_root_override
 from fedsim.message_keys import PARTITION_ID, RAY_NODE
 from fedsim.privacy.he import messages as he_keys
 from fedsim.run.config import compose
+from fedsim.run.tls import NODE_KEYS_ENV, Certificates, make_federation, partition_keys
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.journal import WHOAMI
 from fedsim.runtime.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
@@ -264,6 +268,57 @@ def test_a_partition_claimed_twice_at_whoami_is_refused_and_the_run_goes_on():
     assert messenger.faults["whoami"][1]["duplicate"] == 2
     nodes, _ = discover(messenger, {})
     assert nodes == {1: 2, 2: 3}
+
+
+class KeyedGrid(InProcessGrid):
+    """A deployment's grid under SuperNode authentication: each node's public key is the one the
+    SuperLink holds for it (Flower's ``GetNodes``: ``NodeInfo.public_key``, PEM as ``flwr supernode
+    register`` stores it)."""
+
+    def __init__(self, handlers: dict, keys: dict[int, bytes]):
+        super().__init__(handlers)
+        self.keys = keys
+
+    def get_nodes(self):
+        return [NodeInfo(node_id=n, public_key=self.keys[n]) for n in self.handlers]
+
+
+def _registered(certs: Certificates, index: int) -> bytes:
+    return public_key_to_bytes(load_ssh_public_key(certs.node_pub(index).read_bytes()))
+
+
+def test_a_vacant_partition_is_refused_to_a_node_whose_key_is_another_partitions(tmp_path, monkeypatch):
+    """Under SuperNode authentication the launcher binds each partition to the key of the
+    SuperNode it starts for it. Node 3 (partition 2) is down at whoami; node 4, whose key is
+    partition 3's, claims partition 2: before, no other claim made it a duplicate and node 4 took
+    it (a node of another key held partition 2's data role); now its claim is refused and
+    counted, and partition 2 stays vacant. A key the launcher made for no SuperNode claims none."""
+    certs = make_federation(tmp_path / "certs", ["127.0.0.1"], nodes=HOSTILE)
+    monkeypatch.setenv(NODE_KEYS_ENV, partition_keys(certs, HOSTILE))
+    stranger = make_federation(tmp_path / "others", ["127.0.0.1"], nodes=1)
+    handlers = {n: _whoami(_preference_client(n - 1, 1.0), n - 1) for n in range(1, HONEST + 1)}
+    handlers[3] = _down
+    handlers[HOSTILE] = _whoami(_preference_client(2, 1.0), 2)
+    handlers[5] = _whoami(_preference_client(4, 1.0), 4)  # a key of no SuperNode the launcher started
+    keys = {n: _registered(certs, n - 1) for n in range(1, HOSTILE + 1)} | {5: _registered(stranger, 0)}
+    messenger = Messenger(KeyedGrid(handlers, keys), timeout=5, know_partitions=True)
+    assert messenger.partitions == {1: 0, 2: 1}
+    counts = messenger.faults["whoami"][1]
+    assert (counts["accepted"], counts["failed"], counts["malformed"], counts["duplicate"]) == (2, 1, 2, 0)
+
+
+def test_the_logical_clients_of_key_bound_supernodes_tell_their_partitions(tmp_path, monkeypatch):
+    """Many clients per SuperNode: the SuperNodes' claims are held to their keys; their logical
+    clients (the ShardedGrid's, placed by the server) carry no key and keep theirs."""
+    certs = make_federation(tmp_path / "certs", ["127.0.0.1"], nodes=2)
+    monkeypatch.setenv(NODE_KEYS_ENV, partition_keys(certs, 2))
+    hosts = supernodes(2).handlers
+    grid = ShardedGrid(KeyedGrid(hosts, {n: _registered(certs, n - 100) for n in hosts}), 4, timeout=5, poll=0.0)
+    assert Messenger(grid, timeout=5, know_partitions=True).partitions == {1: 0, 2: 1, 3: 2, 4: 3}
+
+
+def _down(msg):
+    raise RuntimeError("this SuperNode is down")
 
 
 def test_the_ray_nodes_a_whoami_names_are_counted_and_anything_else_there_is_left_out():

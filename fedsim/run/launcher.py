@@ -46,7 +46,7 @@ from fedsim.run.netns import HOST, Host, Namespace, NamespaceUnavailable, listen
 from fedsim.run.node_local import SETTINGS, environment, from_run, supernode_config
 from fedsim.run.progress import Bars
 from fedsim.run.provenance import HOST_ENV
-from fedsim.run.tls import Certificates, make_federation
+from fedsim.run.tls import NODE_KEYS_ENV, Certificates, make_federation, partition_keys
 from fedsim.run.watchdog import ENV_KEY, end_server_apps
 
 BIN = Path(sys.executable).parent
@@ -476,6 +476,8 @@ def _start_local(stack: ExitStack, cfg: DictConfig, workdir: Path, env: dict, si
     """A private SuperLink (and, for a deployment, its SuperNodes, registered first when node
     authentication is on) on ``net``; returns its address."""
     auth = bool(not simulation and certs is not None and cfg.hardware.node_auth)
+    if auth:  # the ServerApp (the SuperLink's child) holds each node's partition to its key
+        env[NODE_KEYS_ENV] = partition_keys(certs, nodes)
     link, port = start_superlink(workdir, env, simulation, certs, auth, net)
     stack.enter_context(link)
     address = f"127.0.0.1:{port}"
