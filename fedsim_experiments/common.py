@@ -39,6 +39,8 @@ def build_strategy(cfg: DictConfig, messenger: Messenger, clients: int, entry=No
     wrapper = schema_entry(wrapper)
     if "num_sampled_clients" in wrapper and wrapper["num_sampled_clients"] is None:
         wrapper["num_sampled_clients"] = sampled(strategy, clients)
+    if he or cfg.privacy.kind == "he":  # the clients' CKKS parameters: what they send is held to their sizes
+        wrapper |= {key: cfg.task.he[key] for key in ("poly_modulus_degree", "coeff_mod_bit_sizes")}
     wrapped = instantiate(wrapper, strategy=strategy)
     if cfg.privacy.kind != "dp" or he:
         return wrapped

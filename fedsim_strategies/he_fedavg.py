@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -48,16 +49,19 @@ log = logging.getLogger("fedsim")
 
 
 class HEFedAvg(Strategy):
-    """``strategy``'s sampling and weighting, CKKS-encrypted averaging (TenSEAL)."""
+    """``strategy``'s sampling and weighting, CKKS-encrypted averaging (TenSEAL), under the
+    clients' CKKS parameters (the task's ``he``): what a client sends is held to their sizes."""
 
-    def __init__(self, strategy: Strategy, chunk_floats: int = 262_144, slots: int = 4096,
-                 one_trip: bool = True):
+    def __init__(self, strategy: Strategy, chunk_floats: int = 262_144, one_trip: bool = True,
+                 poly_modulus_degree: int = ckks.CKKSParams.poly_modulus_degree,
+                 coeff_mod_bit_sizes: Sequence[int] = ckks.CKKSParams.coeff_mod_bit_sizes):
         self.strategy = strategy
         self.one_trip = one_trip
         self.carry = None  # one trip: (round, encrypted aggregate, floats) for the next messages
         self.weight_key = getattr(strategy, "weighted_by_key", NUM_EXAMPLES)
-        self.chunk_floats = int(math.ceil(chunk_floats / slots) * slots)
-        self.slots = slots
+        self.params = ckks.CKKSParams(int(poly_modulus_degree), tuple(coeff_mod_bit_sizes))
+        self.slots = self.params.slots
+        self.chunk_floats = int(math.ceil(chunk_floats / self.slots) * self.slots)
         self.context = None  # the public context, built from client bytes
         self.probe = None  # ciphertexts a client sends must add to encryptions under it
         self._probes: dict[str, ckks.Probe] = {}  # key id -> probe, until the federation's key is known
@@ -201,7 +205,8 @@ class HEFedAvg(Strategy):
         if self.num_floats is not None and floats != self.num_floats:  # ciphertexts of two sizes cannot be summed
             return f"a model of {floats} floats; this federation's has {self.num_floats}"
         try:
-            probe = self._probes.get(key) or self._probes.setdefault(key, ckks.Probe(ckks.server_context(public)))
+            probe = self._probes.get(key) or self._probes.setdefault(
+                key, ckks.Probe(ckks.server_context(public, self.params)))
         except ValueError as exc:
             return str(exc)
         inline = content.array_records.get(keys.CIPHERTEXTS)
@@ -233,7 +238,7 @@ class HEFedAvg(Strategy):
     def _ciphertexts_problem(self, probe: ckks.Probe, record: ArrayRecord, values: int) -> str | None:
         """Why ``record`` does not hold ``values`` floats in ciphertexts this server can sum."""
         try:
-            blobs = ckks.record_blobs(record, math.ceil(values / self.slots))
+            blobs = ckks.record_blobs(record, math.ceil(values / self.slots), self.params.ciphertext_bytes)
         except ckks.NotCiphertexts as exc:
             return str(exc)
         return probe.problem(blobs, values, self.slots)

@@ -104,9 +104,12 @@ def test_server_holds_no_secret_key_and_no_plaintext(tmp_path):
         for record in reply.content.config_records.values():
             for value in record.values():
                 if isinstance(value, bytes):
-                    assert not he.server_context(value).is_private()
-    with pytest.raises(ValueError, match="secret"):
-        he.server_context(next(iter(secrets)))
+                    assert not he.server_context(value, PARAMS).is_private()
+    with pytest.raises(ValueError, match="public context of .* bytes"):  # the key and relinearization keys
+        he.server_context(next(iter(secrets)), PARAMS)
+    with pytest.raises(ValueError, match="secret"):  # the secret key alone: within a public context's size
+        he.server_context(clients[1].he.ctx.serialize(save_secret_key=True, save_public_key=False,
+                                                      save_relin_keys=False), PARAMS)
     with pytest.raises(ValueError, match="secret_key"):
         he.decrypt(strategy.context, he.encrypt(clients[1].he.ctx, vectors[0][:10], PARAMS.slots))
 

@@ -38,13 +38,15 @@ def private_tmpdir() -> str:
     return tempfile.mkdtemp(prefix="fsr-", dir="/tmp")
 
 
-def fedsim_run(*overrides, timeout=400):
+def fedsim_run(*overrides, timeout=400, tmpdir=""):
     """Run the real console script; returns (exit code, combined output). Every run must leave
-    no process behind the moment it exits."""
+    no process behind the moment it exits. Its TMPDIR is a private root, or the folder ``tmpdir``
+    under it."""
     root = private_tmpdir()
     try:
+        (Path(root) / tmpdir).mkdir(exist_ok=True)
         proc = subprocess.run([FEDSIM, "run", *overrides], capture_output=True, text=True,
-                              timeout=timeout, env={**os.environ, "TMPDIR": root})
+                              timeout=timeout, env={**os.environ, "TMPDIR": str(Path(root) / tmpdir)})
         assert run_processes(root) == [], f"processes left by fedsim run {overrides}"
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -3,18 +3,22 @@
 import os
 import platform
 import shlex
+import stat
 import subprocess
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import SMALL, read_results
+from conftest import SMALL, fedsim_run, read_results
 from fedsim.run import provenance
 from fedsim.run.data import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
 
 ROUTER_KEYS = {"tfidf", "global", "local", "fedmix"}
+TINY = ["experiment=fedtp_aggregate", "task.client=fedsim_clients.state_probe.StateProbeClient",
+        "hardware.num_clients=2", "strategy.noise_multiplier=0", "num_rounds=1"]  # the quickest run through Ray
 
 
 def test_fedtp_small_slice_end_to_end(run_small):
@@ -126,3 +130,28 @@ def test_several_rounds_with_client_sampling(run_small):
     eps = [rounds[r]["epsilon-rdp"] for r in ("1", "2", "3")]
     assert eps[0] < eps[1] < eps[2]  # composed by the RDP accountant
     assert res["dp_sweep"][0]["epsilon_rdp"] == eps[2]
+
+
+def test_a_long_tmpdir_still_runs(tmp_path):
+    """Ray's Unix sockets lie under its session folder, and a socket's path holds at most 107
+    bytes: with Ray's session in the run's work folder under TMPDIR, a TMPDIR of more than about
+    20 characters broke every simulation (issue 57). Ray's session is now reached by a short path."""
+    out, links = tmp_path / "results", set(Path("/tmp").glob("fedsim-ray-*"))
+    code, log = fedsim_run(*TINY, f"results_dir={out}", tmpdir="a" * 40)
+    assert code == 0, log[-3000:]
+    assert read_results(out)["faults"]["aggregate/train"]["1"]["accepted"] == 2
+    assert set(Path("/tmp").glob("fedsim-ray-*")) == links  # the short path went with the run
+
+
+def test_a_failed_run_keeps_its_processes_logs_in_its_results_and_names_them(tmp_path):
+    """The logs of a run's processes lie in its work folder, which goes with the run: a failed
+    run named its SuperLink's log there, and the log was gone (issue 57). They are now copied into
+    the results folder, and the error names the copies."""
+    out = tmp_path / "results"
+    code, log = fedsim_run(*TINY, f"results_dir={out}", "faults.crash=[0,1]")  # every client: the ServerApp raises
+    assert code == 1, log[-3000:]
+    [kept] = out.glob("logs-*")
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o700
+    assert f"the logs of the run's processes: {kept / 'serverapp.log'}, {kept / 'superlink.log'}" in log
+    assert "Starting Flower SuperExec" in (kept / "superlink.log").read_text()
+    assert "PhaseFailed: aggregate/train round 1" in (kept / "serverapp.log").read_text()  # why it failed

@@ -8,14 +8,19 @@ from functools import cache
 
 import numpy as np
 import pytest
+import tenseal
+from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
+from flwr.supercore.primitives.asymmetric import public_key_to_bytes
 from omegaconf import OmegaConf
-from test_sharded_grid import tampering_supernodes
+from test_sharded_grid import supernodes, tampering_supernodes
 
 from conftest import data_root_override
 from fedsim.message_keys import PARTITION_ID, RAY_NODE
 from fedsim.privacy.he import messages as he_keys
 from fedsim.run.config import compose
+from fedsim.run.tls import NODE_KEYS_ENV, Certificates, make_federation, partition_keys
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.journal import WHOAMI
 from fedsim.runtime.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
@@ -265,6 +270,57 @@ def test_a_partition_claimed_twice_at_whoami_is_refused_and_the_run_goes_on():
     assert nodes == {1: 2, 2: 3}
 
 
+class KeyedGrid(InProcessGrid):
+    """A deployment's grid under SuperNode authentication: each node's public key is the one the
+    SuperLink holds for it (Flower's ``GetNodes``: ``NodeInfo.public_key``, PEM as ``flwr supernode
+    register`` stores it)."""
+
+    def __init__(self, handlers: dict, keys: dict[int, bytes]):
+        super().__init__(handlers)
+        self.keys = keys
+
+    def get_nodes(self):
+        return [NodeInfo(node_id=n, public_key=self.keys[n]) for n in self.handlers]
+
+
+def _registered(certs: Certificates, index: int) -> bytes:
+    return public_key_to_bytes(load_ssh_public_key(certs.node_pub(index).read_bytes()))
+
+
+def test_a_vacant_partition_is_refused_to_a_node_whose_key_is_another_partitions(tmp_path, monkeypatch):
+    """Under SuperNode authentication the launcher binds each partition to the key of the
+    SuperNode it starts for it. Node 3 (partition 2) is down at whoami; node 4, whose key is
+    partition 3's, claims partition 2: before, no other claim made it a duplicate and node 4 took
+    it (a node of another key held partition 2's data role); now its claim is refused and
+    counted, and partition 2 stays vacant. A key the launcher made for no SuperNode claims none."""
+    certs = make_federation(tmp_path / "certs", ["127.0.0.1"], nodes=HOSTILE)
+    monkeypatch.setenv(NODE_KEYS_ENV, partition_keys(certs, HOSTILE))
+    stranger = make_federation(tmp_path / "others", ["127.0.0.1"], nodes=1)
+    handlers = {n: _whoami(_preference_client(n - 1, 1.0), n - 1) for n in range(1, HONEST + 1)}
+    handlers[3] = _down
+    handlers[HOSTILE] = _whoami(_preference_client(2, 1.0), 2)
+    handlers[5] = _whoami(_preference_client(4, 1.0), 4)  # a key of no SuperNode the launcher started
+    keys = {n: _registered(certs, n - 1) for n in range(1, HOSTILE + 1)} | {5: _registered(stranger, 0)}
+    messenger = Messenger(KeyedGrid(handlers, keys), timeout=5, know_partitions=True)
+    assert messenger.partitions == {1: 0, 2: 1}
+    counts = messenger.faults["whoami"][1]
+    assert (counts["accepted"], counts["failed"], counts["malformed"], counts["duplicate"]) == (2, 1, 2, 0)
+
+
+def test_the_logical_clients_of_key_bound_supernodes_tell_their_partitions(tmp_path, monkeypatch):
+    """Many clients per SuperNode: the SuperNodes' claims are held to their keys; their logical
+    clients (the ShardedGrid's, placed by the server) carry no key and keep theirs."""
+    certs = make_federation(tmp_path / "certs", ["127.0.0.1"], nodes=2)
+    monkeypatch.setenv(NODE_KEYS_ENV, partition_keys(certs, 2))
+    hosts = supernodes(2).handlers
+    grid = ShardedGrid(KeyedGrid(hosts, {n: _registered(certs, n - 100) for n in hosts}), 4, timeout=5, poll=0.0)
+    assert Messenger(grid, timeout=5, know_partitions=True).partitions == {1: 0, 2: 1, 3: 2, 4: 3}
+
+
+def _down(msg):
+    raise RuntimeError("this SuperNode is down")
+
+
 def test_the_ray_nodes_a_whoami_names_are_counted_and_anything_else_there_is_left_out():
     """The results' provenance counts the clients per Ray node from the whoami replies; a node
     naming no hex id (a path, a 10,000-character string, a number) still joins the run, uncounted."""
@@ -380,6 +436,46 @@ def test_a_hostile_he_reply_is_counted_and_the_aggregate_is_the_honest_one(tmp_p
     installed, vectors, faults = _he_run(tmp_path, hostile)
     np.testing.assert_allclose(installed, np.mean(vectors[:HONEST], axis=0), atol=1e-4)
     assert faults["malformed"] == 1 and faults["accepted"] == HONEST
+
+
+OVERSIZED = 8 << 20  # bytes added: ~25x a ciphertext under the task's N 8192 (the finding: one of 256 MiB was parsed)
+
+
+def _oversized_ciphertext(reply):
+    """The last ciphertext grown by OVERSIZED zero bytes, its length to match: a well-cut record."""
+    record = reply[he_keys.CIPHERTEXTS]
+    data, lengths = record[he_keys.CIPHERTEXT_BYTES].numpy(), record[he_keys.CIPHERTEXT_LENGTHS].numpy().copy()
+    lengths[-1] += OVERSIZED
+    reply[he_keys.CIPHERTEXTS] = ArrayRecord({he_keys.CIPHERTEXT_BYTES: Array(np.concatenate(
+        [data, np.zeros(OVERSIZED, np.uint8)])), he_keys.CIPHERTEXT_LENGTHS: Array(lengths)})
+    return reply
+
+
+def _oversized_context(reply):
+    public = reply[he_keys.CONTEXT][he_keys.PUBLIC_CONTEXT]
+    reply[he_keys.CONTEXT] = ConfigRecord({he_keys.PUBLIC_CONTEXT: public + bytes(OVERSIZED)})
+    return reply
+
+
+@pytest.mark.parametrize("hostile", [_oversized_ciphertext, _oversized_context],
+                         ids=["a ciphertext of 8 MiB", "a public context of 8 MiB"])
+def test_an_oversized_he_reply_is_counted_before_tenseal_reads_it(tmp_path, monkeypatch, hostile):
+    """What TenSEAL parses from a client is capped by the run's CKKS parameters (N 8192 with
+    moduli 60-40-40-60: a ciphertext well under 0.5 MB, a public context just over) before it parses
+    it: an 8 MiB one is counted malformed unread (before, TenSEAL parsed whatever size came)."""
+    parsed = []
+
+    def spying(parse):
+        def spy(*args, **kwargs):
+            parsed.append(max(len(a) for a in args if isinstance(a, bytes)))
+            return parse(*args, **kwargs)
+        return spy
+    for name in ("ckks_vector_from", "context_from"):
+        monkeypatch.setattr(tenseal, name, spying(getattr(tenseal, name)))
+    installed, vectors, faults = _he_run(tmp_path, hostile)
+    np.testing.assert_allclose(installed, np.mean(vectors[:HONEST], axis=0), atol=1e-4)
+    assert faults["malformed"] == 1 and faults["accepted"] == HONEST
+    assert parsed and max(parsed) < OVERSIZED
 
 
 # --- many clients per SuperNode: the batch manifest --------------------------------------------

@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import TextIO
 
 import httpx
 import tomli_w
@@ -45,7 +46,7 @@ from fedsim.run.netns import HOST, Host, Namespace, NamespaceUnavailable, listen
 from fedsim.run.node_local import SETTINGS, environment, from_run, supernode_config
 from fedsim.run.progress import Bars
 from fedsim.run.provenance import HOST_ENV
-from fedsim.run.tls import Certificates, make_federation
+from fedsim.run.tls import NODE_KEYS_ENV, Certificates, make_federation, partition_keys
 from fedsim.run.watchdog import ENV_KEY, end_server_apps
 
 BIN = Path(sys.executable).parent
@@ -379,6 +380,54 @@ def check_ray_cluster(hw: DictConfig, timeout: float = 5.0) -> None:
                          "for the run (leave hardware=ray_cluster out)") from exc
 
 
+def keep_logs(workdir: Path, results_dir: Path):
+    """An exit callback for :func:`launch`: where the run failed, the logs of its processes (the
+    SuperLink with the SuperExec it starts, the ServerApp's as Flower relayed it, each SuperNode),
+    which lie in the work folder that goes with the run, copied into a new 0700 folder ``logs-*``
+    of ``results_dir`` (nothing there is overwritten, nothing followed); the error names the
+    copies."""
+    def keep(exc_type, exc, tb) -> bool:
+        logs = sorted(workdir.glob("*.log"))
+        if not isinstance(exc, RunFailed) or not logs:
+            return False
+        try:
+            kept = Path(tempfile.mkdtemp(prefix="logs-", dir=results_dir))
+            for log in logs:
+                shutil.copyfile(log, kept / log.name)
+        except OSError:
+            return False  # the failure itself matters more than its logs
+        message = str(exc)
+        for log in logs:  # a log the message names
+            message = message.replace(str(log), str(kept / log.name))
+        copies = ", ".join(str(kept / log.name) for log in logs)
+        raise RunFailed(f"{message}\nthe logs of the run's processes: {copies}") from exc
+    return keep
+
+
+SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (AF_UNIX on Linux), as Ray checks them
+RAY_SOCKET_TAIL = len("/ray/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store")  # under RAY_TMPDIR
+
+
+def ray_tmpdir(stack: ExitStack, workdir: Path) -> Path:
+    """Where Ray keeps its session (logs, sockets, spilled objects): the run's 0700 work folder
+    (Ray makes its folders 0777 for other users to share, which under /tmp/ray would let them
+    read the workers' logs and plant files the workers use). Its socket paths must fit in
+    :data:`SOCKET_PATH_MAX` (a TMPDIR of about 20 characters more broke every simulation): under a
+    longer TMPDIR, Ray reaches the work folder by a link in a 0700 folder of /tmp, removed with
+    the run, so that its session stays in the work folder; without /tmp, an error before anything
+    starts."""
+    if len(bytes(workdir)) + RAY_SOCKET_TAIL <= SOCKET_PATH_MAX:
+        return workdir
+    try:
+        short = Path(tempfile.mkdtemp(prefix="fedsim-ray-", dir="/tmp"))
+    except OSError as exc:
+        raise RunFailed(f"Ray's socket paths under {workdir} would pass {SOCKET_PATH_MAX} bytes, and no "
+                        f"short folder could be made in /tmp ({exc}): set TMPDIR to a shorter folder") from exc
+    stack.callback(shutil.rmtree, short, ignore_errors=True)
+    (short / "run").symlink_to(workdir, target_is_directory=True)
+    return short / "run"
+
+
 def simulation_env(env: dict, hw: DictConfig) -> dict:
     """``env`` for a simulation's SuperLink, whose Flower simulation process runs the Ray driver:
     Ray joins the cluster named by ``RAY_ADDRESS`` (Flower's federation config carries no
@@ -427,6 +476,8 @@ def _start_local(stack: ExitStack, cfg: DictConfig, workdir: Path, env: dict, si
     """A private SuperLink (and, for a deployment, its SuperNodes, registered first when node
     authentication is on) on ``net``; returns its address."""
     auth = bool(not simulation and certs is not None and cfg.hardware.node_auth)
+    if auth:  # the ServerApp (the SuperLink's child) holds each node's partition to its key
+        env[NODE_KEYS_ENV] = partition_keys(certs, nodes)
     link, port = start_superlink(workdir, env, simulation, certs, auth, net)
     stack.enter_context(link)
     address = f"127.0.0.1:{port}"
@@ -442,16 +493,18 @@ def _start_local(stack: ExitStack, cfg: DictConfig, workdir: Path, env: dict, si
 
 
 class _Results:
-    """Echoes the run's log and keeps the results a remote ServerApp ships in it."""
+    """Echoes the run's log (the ServerApp's, as ``flwr run --stream`` relays it) and writes it to
+    ``log``; keeps the results a remote ServerApp ships in it."""
 
-    def __init__(self, echo):
-        self.echo, self.lines = echo, []
+    def __init__(self, echo, log: TextIO):
+        self.echo, self.log, self.lines = echo, log, []
 
     def __call__(self, line: str) -> None:
         if line.startswith(RESULTS_MARKER):
             self.lines.append(line)
         else:
             self.echo(line)
+            self.log.write(line + "\n")
 
 
 def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=print) -> dict:
@@ -468,13 +521,12 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
     home = workdir / "flwr_home"
     home.mkdir()
     token = uuid.uuid4().hex  # fresh per run: two runs never share one (and never end each other)
-    # Ray's session (logs, sockets, runtime resources) in the 0700 work folder: Ray makes its
-    # folders 0777 for other users to share, which under /tmp/ray would let them read the
-    # workers' logs and plant files the workers use
     env = {**environment(cfg, simulation_env(_env(home, token), hw)),  # + the node's folders
-           "RAY_TMPDIR": str(workdir), HOST_ENV: platform.node()}  # the run's namespace names its host localhost
+           HOST_ENV: platform.node()}  # the run's namespace names its host localhost
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        stack.push(keep_logs(workdir, results_dir))  # once the processes have stopped, before the folder goes
+        env["RAY_TMPDIR"] = str(ray_tmpdir(stack, workdir))
         _watchdog(stack, token, workdir)
         stack.enter_context(_signals_interrupt())
         certs = None if simulation else certificates(hw, workdir, num_supernodes, echo)
@@ -503,7 +555,7 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
             _warn_node_settings(cfg, echo)
         echo(f"fedsim: {num_supernodes} SuperNodes, {hw.backend} via SuperLink {address} "
              f"({security}){where}; results -> {results_dir}")
-        shipped = _Results(stack.enter_context(Bars(echo)))
+        shipped = _Results(stack.enter_context(Bars(echo)), stack.enter_context(open(workdir / "serverapp.log", "w")))
         code, run_id = _stream(cmd, workdir, env, shipped, net)
         if shipped.lines:
             try:

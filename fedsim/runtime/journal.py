@@ -39,12 +39,15 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import logging
+import os
 import re
 import time
 from collections import Counter
 from pathlib import Path
 
+from cryptography.exceptions import UnsupportedAlgorithm
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.serde import message_from_proto, message_to_proto
 from flwr.proto.message_pb2 import Message as ProtoMessage
@@ -52,6 +55,7 @@ from flwr.proto.message_pb2 import Message as ProtoMessage
 from fedsim.message_keys import PARTITION_ID, RAY_NODE
 from fedsim.privacy.secret import Tampered, open_sealed, open_sealed_bytes, private_folder, seal
 from fedsim.results.outputs import write_file
+from fedsim.run.tls import NODE_KEYS_ENV, key_fingerprint
 
 WHOAMI = "fedsim-whoami"        # the core query every ClientApp answers with its partition id
 HEAD = "head"                   # the journal's sealed count and last digest
@@ -64,8 +68,10 @@ def ask_partitions(grid, timeout: float, poll: float) -> tuple[dict[int, int], d
     the ShardedGrid places logical clients, the results' provenance names the Ray nodes. A node
     that fails or does not answer in time, or names no whole partition in [0, nodes), is left
     out; so is every node of a partition that several claim (``duplicate``): a node that claims
-    another's partition never takes its place."""
-    nodes = list(grid.get_node_ids())
+    another's partition never takes its place. Where the launcher bound each partition to a
+    SuperNode key (:func:`key_partitions`), a node claiming another partition than its key's is
+    left out too (``malformed``): a partition whose holder is down stays vacant."""
+    nodes, bound = list(grid.get_node_ids()), key_partitions(grid)
     pending = set(grid.push_messages([
         Message(RecordDict({WHOAMI: ConfigRecord()}), dst_node_id=n, message_type=MessageType.QUERY)
         for n in nodes]))
@@ -78,6 +84,12 @@ def ask_partitions(grid, timeout: float, poll: float) -> tuple[dict[int, int], d
                 counts["failed"] += 1
             elif (partition := _partition(reply.content, len(nodes))) is None:
                 counts["malformed"] += 1
+            elif bound is not None and bound.get(reply.metadata.src_node_id) != partition:
+                counts["malformed"] += 1
+                logging.getLogger("fedsim").warning(
+                    "whoami: node %d claims partition %d; its key is %s", reply.metadata.src_node_id, partition,
+                    "no SuperNode's" if bound.get(reply.metadata.src_node_id) is None
+                    else f"partition {bound[reply.metadata.src_node_id]}'s")
             else:
                 claims[reply.metadata.src_node_id] = partition
                 ray_nodes[_ray_node(reply.content)] += 1
@@ -93,6 +105,28 @@ def ask_partitions(grid, timeout: float, poll: float) -> tuple[dict[int, int], d
         log.warning("whoami: nodes left out of the federation: %s (taken partitions refused: %s)", counts,
                     sorted(p for p, k in claimed.items() if k > 1))
     return partitions, counts, {node: n for node, n in sorted(ray_nodes.items()) if node}
+
+
+def key_partitions(grid) -> dict[int, int] | None:
+    """Node id -> the partition the launcher bound its key to (:data:`NODE_KEYS_ENV`, set where it
+    starts the SuperNodes under SuperNode authentication; the key each node holds is the one the
+    SuperLink authenticated it by: Flower's ``GetNodes``); a node of a key it made for no
+    SuperNode is absent. None where no binding holds (simulation, a remote SuperLink, the logical
+    clients of a ShardedGrid, whose SuperNodes were bound)."""
+    nodes = list(grid.get_nodes()) if NODE_KEYS_ENV in os.environ else []
+    if not any(node.public_key for node in nodes):  # no binding, or a ShardedGrid's logical clients
+        return None
+    by_key = json.loads(os.environ[NODE_KEYS_ENV])
+    bound = {node.node_id: _bound(by_key, node.public_key) for node in nodes}
+    logging.getLogger("fedsim").info("[whoami] partitions bound to the SuperNodes' keys")
+    return {node: partition for node, partition in bound.items() if partition is not None}
+
+
+def _bound(by_key: dict[str, int], public_key: bytes) -> int | None:
+    try:
+        return by_key.get(key_fingerprint(public_key))
+    except (ValueError, UnsupportedAlgorithm):  # no key the SuperLink could have authenticated
+        return None
 
 
 def _ray_node(content: RecordDict) -> str:

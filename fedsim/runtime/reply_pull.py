@@ -11,6 +11,13 @@ hook for it, so :func:`pull_each` takes Flower's steps per reply and makes a rep
 inflate an Error with ``MALFORMED_CODE`` (the Messenger counts it ``malformed``). A reply whose
 objects never came stays Flower's ``MESSAGE_UNAVAILABLE`` Error. A Ray simulation's grid moves
 Python objects, not bytes, and keeps its own pull.
+
+A reply comes as the SuperLink's record of it (``PullMessages``: the metadata the SuperLink
+stored, whose sender it checked to be the node the message went to) and as the reply's objects,
+which its client wrote, metadata included. Flower's pull keeps the objects' metadata; a client
+could name another node as the sender, or another node's message as the one it answers, and take
+that node's place. Here a reply whose body disagrees with the record on who sent it to whom, in
+answer to what, is an Error with ``MALFORMED_CODE``, and every Error names the record's sender.
 """
 
 from __future__ import annotations
@@ -71,12 +78,25 @@ def _reply(grid: HttpGrid, run_id: int, proto, tree) -> Message:
     except Exception as exc:  # noqa: BLE001 - whatever Flower's inflation raises on a client's bytes
         return _error(grid, run_id, proto, MALFORMED_CODE, f"unreadable reply: {type(exc).__name__}: {exc!s:.200}")
     message.metadata.__dict__["_message_id"] = message_id
+    if forged := _disagreement(message.metadata, proto.metadata):
+        return _error(grid, run_id, proto, MALFORMED_CODE, f"its body disagrees with the SuperLink's record: {forged}")
     return message
 
 
+ROUTING = ("run_id", "src_node_id", "dst_node_id", "reply_to_message_id")  # who sent it to whom, answering what
+
+
+def _disagreement(body: Metadata, record) -> str:
+    """Where a reply's ``body`` (its client's words) and the SuperLink's ``record`` of it differ
+    on :data:`ROUTING` ('' where they agree)."""
+    return ", ".join(f"{field} {getattr(body, field)!r:.40} (recorded {getattr(record, field)!r:.40})"
+                     for field in ROUTING if getattr(body, field) != getattr(record, field))
+
+
 def _error(grid: HttpGrid, run_id: int, proto, code: int, reason: str) -> Message:
-    """The Error reply Flower makes for a reply it could not pull, with ``code``."""
-    return make_message(metadata=Metadata(run_id=run_id, message_id="", src_node_id=grid.node.node_id,
+    """The Error reply Flower makes for a reply it could not pull, with ``code``, from the sender
+    the SuperLink recorded (Flower names the ServerApp's own node: logs then blamed the server)."""
+    return make_message(metadata=Metadata(run_id=run_id, message_id="", src_node_id=proto.metadata.src_node_id,
                                           dst_node_id=grid.node.node_id, message_type=SYSTEM_MESSAGE_TYPE,
                                           group_id="", ttl=0,
                                           reply_to_message_id=proto.metadata.reply_to_message_id,

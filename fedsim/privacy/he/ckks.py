@@ -36,6 +36,29 @@ class CKKSParams:
     def slots(self) -> int:
         return self.poly_modulus_degree // 2
 
+    @property
+    def ciphertext_bytes(self) -> int:
+        """The most bytes an honest ciphertext takes serialized, so that a peer's larger one is
+        refused before TenSEAL parses it: two polynomials of N coefficients, a 64-bit word per
+        coefficient and data modulus (all but the last, special one), as SEAL writes them
+        uncompressed (it compresses with zstd: N 8192, moduli 60-40-40-60 measured 331 KB
+        against these 393 KB); plus :data:`HEADROOM` for SEAL's and TenSEAL's headers."""
+        return _with_headroom(2 * self.poly_modulus_degree * (len(self.coeff_mod_bit_sizes) - 1) * 8)
+
+    @property
+    def public_context_bytes(self) -> int:
+        """The most bytes a public context (:func:`public_bytes`) takes: its public key is two
+        polynomials at the key level (every modulus), the parameters beside it a few bytes
+        (N 8192, moduli 60-40-40-60: 465 KB measured, 524 KB of words)."""
+        return _with_headroom(2 * self.poly_modulus_degree * len(self.coeff_mod_bit_sizes) * 8)
+
+
+HEADROOM = 1 / 16  # over the words: headers take under 1 KB, zstd's framing of incompressible words under 1/256
+
+
+def _with_headroom(words_bytes: int) -> int:
+    return int(words_bytes * (1 + HEADROOM))
+
 
 def new_secret_context(params: CKKSParams) -> ts.Context:
     ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=params.poly_modulus_degree,
@@ -78,10 +101,22 @@ def key_id(public: bytes) -> str:
     return hashlib.sha256(public).hexdigest()[:16]
 
 
-def server_context(public: bytes) -> ts.Context:
+def server_context(public: bytes, params: CKKSParams) -> ts.Context:
+    """The context of a client's ``public`` bytes, checked to be under ``params`` (the run's: a
+    ciphertext's size cap holds for them) and to carry no secret key; ``public`` is refused
+    unread when larger than such a context can be."""
+    if len(public) > params.public_context_bytes:
+        raise ValueError(f"a public context of {len(public)} bytes, at most {params.public_context_bytes} "
+                         "under the run's CKKS parameters")
     ctx = ts.context_from(public)
     if ctx.is_private():
         raise ValueError("refusing a context that carries a secret key on the server")
+    key = ctx.seal_context().data.key_context_data()
+    got = (key.parms().poly_modulus_degree(), key.chain_index() + 1, key.total_coeff_modulus_bit_count())
+    want = (params.poly_modulus_degree, len(params.coeff_mod_bit_sizes), sum(params.coeff_mod_bit_sizes))
+    if got != want:
+        raise ValueError(f"a context of N {got[0]} with {got[1]} moduli of {got[2]} bits; the run's has "
+                         f"N {want[0]} with {want[1]} of {want[2]}")
     return ctx
 
 
@@ -153,9 +188,10 @@ class NotCiphertexts(ValueError):
         super().__init__(f"not a record of ciphertexts: {why}")
 
 
-def record_blobs(record: ArrayRecord, count: int | None = None) -> list[bytes]:
-    """The ciphertexts of a record :func:`blobs_record` made (``count`` of them, where given);
-    :class:`NotCiphertexts` for any other. Read from the two arrays as decoded, not as declared (an
+def record_blobs(record: ArrayRecord, count: int | None = None, largest: int | None = None) -> list[bytes]:
+    """The ciphertexts of a record :func:`blobs_record` made (``count`` of them, where given, each
+    of at most ``largest`` bytes: :attr:`CKKSParams.ciphertext_bytes`); :class:`NotCiphertexts` for
+    any other. Read from the two arrays as decoded, not as declared (an
     Array's shape and dtype are the sender's words, its bytes are what came): flat uint8 bytes
     and int64 lengths, positive lengths that sum to the bytes (as Python ints: no wrap-around)."""
     if set(record) != {keys.CIPHERTEXT_BYTES, keys.CIPHERTEXT_LENGTHS}:
@@ -168,5 +204,7 @@ def record_blobs(record: ArrayRecord, count: int | None = None) -> list[bytes]:
         raise NotCiphertexts(f"expected {count} ciphertexts, got {len(sizes)}")
     if not sizes or min(sizes) <= 0 or sum(sizes) != data.size:
         raise NotCiphertexts(f"ciphertext lengths must be positive and sum to the {data.size} bytes")
+    if largest is not None and max(sizes) > largest:
+        raise NotCiphertexts(f"a ciphertext of {max(sizes)} bytes, at most {largest} under the run's CKKS parameters")
     blob, ends = data.tobytes(), np.cumsum(sizes).tolist()
     return [blob[start:end] for start, end in zip([0, *ends[:-1]], ends)]

@@ -141,7 +141,8 @@ class HEClient:
         """Decrypt chunk ``chunk`` of round ``rnd``'s aggregate into the copy; the decrypt seconds."""
         n = min(size, total - chunk * size)
         start = time.perf_counter()
-        values = ckks.decrypt(self.ctx, ckks.record_blobs(ciphertexts, math.ceil(n / self.params.slots)))
+        values = ckks.decrypt(self.ctx, ckks.record_blobs(ciphertexts, math.ceil(n / self.params.slots),
+                                                           self.params.ciphertext_bytes))
         seconds = time.perf_counter() - start
         if not np.all(np.isfinite(values[:n])):
             raise ValueError(f"decrypted aggregate chunk {chunk} is not finite")

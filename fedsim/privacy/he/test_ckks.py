@@ -96,3 +96,28 @@ def test_a_record_is_checked_by_what_its_arrays_hold_not_by_what_they_declare(da
     record = ArrayRecord({keys.CIPHERTEXT_BYTES: data, keys.CIPHERTEXT_LENGTHS: lengths})
     with pytest.raises(ValueError, match="not a record of ciphertexts"):
         ckks.record_blobs(record)
+
+
+@pytest.mark.parametrize("params", [PARAMS, ckks.CKKSParams(8192, (60, 20, 20, 60), 20),
+                                    ckks.CKKSParams(4096, (40, 20, 40), 20)],
+                         ids=["N 8192, 60-40-40-60", "N 8192, 60-20-20-60", "N 4096, 40-20-40"])
+def test_honest_ciphertexts_and_contexts_fit_the_caps_their_parameters_set(params):
+    """The caps a peer's bytes are held to before TenSEAL reads them (an aggregate too, which has
+    fewer moduli left), measured: every honest one fits, with room."""
+    ctx = ckks.new_secret_context(params)
+    public = ckks.public_bytes(ctx)
+    fresh = ckks.encrypt(ctx, np.random.default_rng(0).normal(size=params.slots), params.slots)
+    aggregate = ckks.weighted_sum(ckks.server_context(public, params), [fresh, fresh], [0.5, 0.5])
+    assert max(map(len, fresh + aggregate)) < 0.9 * params.ciphertext_bytes
+    assert len(public) < 0.9 * params.public_context_bytes
+    record = ckks.blobs_record(fresh + [bytes(params.ciphertext_bytes + 1)])
+    with pytest.raises(ValueError, match=f"a ciphertext of {params.ciphertext_bytes + 1} bytes"):
+        ckks.record_blobs(record, largest=params.ciphertext_bytes)
+
+
+def test_a_context_under_other_parameters_than_the_runs_is_refused():
+    """The caps hold for the run's parameters only: a client's context under others (a larger N,
+    more moduli) is refused, whichever key it names."""
+    public = ckks.public_bytes(ckks.new_secret_context(ckks.CKKSParams(4096, (40, 20, 40), 20)))
+    with pytest.raises(ValueError, match="N 4096 with 3 moduli of 100 bits; the run's has N 8192 with 4 of 200"):
+        ckks.server_context(public, PARAMS)
