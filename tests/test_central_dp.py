@@ -10,7 +10,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import strategy_utils
 from omegaconf import OmegaConf
 
-from fedsim.privacy.dp import NoiseSource, adaptive_noise_multiplier, unamplified_epsilon
+from fedsim.privacy.dp import NoiseSource, adaptive_noise_multiplier, release_epsilon
 from fedsim.run.config import CONF_DIR
 from fedsim.runtime.client_app import dp_clipping_mod
 from fedsim.runtime.inprocess_grid import InProcessGrid
@@ -47,10 +47,13 @@ def test_a_dp_run_ends_with_its_epsilon_in_the_results(privacy):
                                                   ConfigRecord({}))
     assert messenger.faults["slot/train"][2]["failed"] == 1  # round 2 noised over 3 replies: still sigma
     spent = privacy_results(messenger, messenger.noise)["central_dp"]
-    expected = [unamplified_epsilon(1.0, 1e-5, t) for t in range(1, ROUNDS + 1)]  # sigma 1, delta 1e-5 (the YAML's)
-    assert spent["phases"]["slot"] == {"rounds": ROUNDS, "epsilon": expected[-1], "epsilon_by_round": expected}
-    assert spent["noise_multiplier"] == pytest.approx(1.0) and spent["epsilon"] == expected[-1]
-    assert f"({expected[-1]:.3f}, 1e-05)" in central_dp_section(spent)
+    expected = [release_epsilon(1.0, 1e-5, t) for t in range(1, ROUNDS + 1)]  # sigma 1, delta 1e-5 (the YAML's)
+    last = expected[-1]
+    assert spent["phases"]["slot"] == {"rounds": ROUNDS, "epsilon": last.reported, "epsilon_rdp": last.rdp,
+                                       "epsilon_pld": last.pld, "epsilon_by_round": [e.reported for e in expected]}
+    assert spent["noise_multiplier"] == pytest.approx(1.0) and spent["epsilon"] == last.reported
+    summary = central_dp_section(spent)
+    assert f"({last.reported:.3f}, 1e-05) for the whole run (RDP {last.rdp:.3f}, PLD {last.pld:.3f})" in summary
 
 
 DIM = 20_000  # coordinates the measured noise std is taken over (its error about 0.5%)
