@@ -6,10 +6,11 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import strategy_utils
 from omegaconf import OmegaConf
 
+from fedsim.message_keys import DP_EPSILON, DP_EPSILON_PLD
 from fedsim.privacy.dp import NoiseSource, adaptive_noise_multiplier, release_epsilon
 from fedsim.run.config import CONF_DIR
 from fedsim.runtime.client_app import dp_clipping_mod
@@ -156,3 +157,15 @@ def test_two_phases_never_share_noise():
         released.append(from_record(phase.aggregate_train(1, replies)[0])["w"])
     assert not np.allclose(released[0][1:], released[1][1:])
     assert messenger.central_dp.releases == {"first": 1, "second": 1}
+
+
+def test_each_clients_dp_sgd_epsilon_is_kept_by_both_accountants():
+    """A client's DP-SGD reply carries its epsilon by RDP and by PLD (``fedsim_tasks/dp_sgd.py``);
+    results.json keeps both per client and round."""
+    messenger = Messenger(InProcessGrid({n: (lambda msg, n=n: RecordDict({"metrics": MetricRecord(
+        {DP_EPSILON: 2.0 * n, DP_EPSILON_PLD: 1.5 * n})})) for n in (1, 3)}), timeout=5)
+    messenger.exchange("dp/train", [Message(RecordDict({"config": ConfigRecord({"server-round": 1})}),
+                                            dst_node_id=n, message_type=MessageType.TRAIN) for n in (1, 3)])
+    privacy = privacy_results(messenger, messenger.noise)
+    assert privacy["dp_sgd_epsilon"] == {"dp/train": {1: {1: 2.0, 3: 6.0}}}
+    assert privacy["dp_sgd_epsilon_pld"] == {"dp/train": {1: {1: 1.5, 3: 4.5}}}
