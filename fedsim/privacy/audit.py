@@ -151,12 +151,15 @@ class NoiseCheck:
     coordinates: int
     p_value: float           # the chance of a residual this small at the claimed sigma
     significance: float      # the run's share of 1 - confidence for this check
-    power: dict[str, float]  # shortfall ("2x": std half the claim) -> the chance this check fails it
+    power: list[dict]        # per shortfall f (noise std the claim's / f): the chance this check fails it
     shortfall_at_90: float   # the shortfall it catches 9 times in 10
 
     @property
     def holds(self) -> bool:
         return self.p_value >= self.significance
+
+    def power_at(self, shortfall: float) -> float:
+        return next(p["power"] for p in self.power if p["shortfall"] == shortfall)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "holds": self.holds}
@@ -170,7 +173,7 @@ def noise_check(release: str, noise_multiplier: float, residual: np.ndarray, sig
     critical = float(chi2.ppf(significance, d))
     return NoiseCheck(release, float(noise_multiplier), float(np.sqrt(np.mean(residual ** 2))), d,
                       float(chi2.cdf(float(np.sum((residual / noise_multiplier) ** 2)), d)), significance,
-                      {f"{f:g}x": float(chi2.cdf(f * f * critical, d)) for f in SHORTFALLS},
+                      [{"shortfall": f, "power": float(chi2.cdf(f * f * critical, d))} for f in SHORTFALLS],
                       float(np.sqrt(chi2.ppf(0.9, d) / critical)))
 
 

@@ -104,8 +104,8 @@ def test_the_noise_check_has_the_size_and_the_power_it_states():
               for f in (1.0, 1.1, 1.5, 2.0)}
     caught = {f: np.mean([not c.holds for c in cs]) for f, cs in checks.items()}
     assert caught[1.0] == pytest.approx(0.01, abs=0.008)
-    assert caught[1.1] == pytest.approx(checks[1.1][0].power["1.1x"], abs=0.05)
-    assert caught[1.5] == caught[2.0] == 1.0 and checks[2.0][0].power["2x"] == pytest.approx(1.0)
+    assert caught[1.1] == pytest.approx(checks[1.1][0].power_at(1.1), abs=0.05)
+    assert caught[1.5] == caught[2.0] == 1.0 and checks[2.0][0].power_at(2.0) == pytest.approx(1.0)
     assert 1.1 < checks[1.0][0].shortfall_at_90 < 1.2 and checks[1.0][0].measured == pytest.approx(4.0, rel=0.1)
 
 

@@ -258,13 +258,14 @@ def audit_section(audit: AuditReport, out: RunOutput) -> str:
 def noise_section(audit: AuditReport) -> str:
     """The summary's noise checks: each release's noise against its claim with the check's power,
     and the releases' noise against each other."""
-    rows = [{**c.as_dict(), **{f"power {f}": p for f, p in c.power.items()}} for c in audit.noise]
+    rows = [{**c.as_dict(), **{f"power {p['shortfall']:g}x": p["power"] for p in c.power}} for c in audit.noise]
     shared = audit.shared
     return "\n\n".join([
         "Each release's noise against its sigma (the exact sum is the server's; power: the chance the "
         "check fails a release whose noise std falls short of the claim by that factor):",
         markdown_table(rows, ["release", "noise_multiplier", "measured", "p_value", "significance",
-                              *(f"power {f}" for f in audit.noise[0].power), "shortfall_at_90", "holds"], digits=3),
+                              *(f"power {p['shortfall']:g}x" for p in audit.noise[0].power), "shortfall_at_90",
+                              "holds"], digits=3),
         *([f"The releases' noise together (Bartlett's test of independence): p = {shared.p_value:.3g} at "
            f"significance {shared.significance:.3g}, largest correlation {shared.largest_correlation:.3f} "
            f"({shared.pair[0]}, {shared.pair[1]}): {'holds' if shared.holds else 'FAILS'}."] if shared else [])])
