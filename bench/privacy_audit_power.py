@@ -24,11 +24,13 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
+from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
 from fedsim.privacy import dp as privacy
 from fedsim.privacy.dp import NoiseSource
 from fedsim.results.outputs import markdown_table
 from fedsim.run.config import compose
 from fedsim.run.data import resolve_data_root
+from fedsim_clients.fedtp_messages import VECTORS
 from fedsim_experiments.fedtp import audit_releases
 from fedsim_strategies.dp_mean import DPMean
 from fedsim_tasks.topical_chat.dataset import load_conversations, load_topics, local_preference
@@ -65,13 +67,13 @@ def audit(cfg, rows: np.ndarray, sigma: float, noise: NoiseSource):
     """One audit run's report: the prior released at ``sigma`` with the audit's canaries."""
     strategy = DPMean(noise_multiplier=sigma, noise=noise)
     strategy.audit_canaries = int(cfg.privacy.audit.canaries)
-    strategy.configure_train(1, ArrayRecord({"vectors": Array(np.full(rows.shape[1], 1.0 / rows.shape[1]))}),
+    strategy.configure_train(1, ArrayRecord({VECTORS: Array(np.full(rows.shape[1], 1.0 / rows.shape[1]))}),
                              ConfigRecord(), Nodes(len(rows)))
-    reply = Message(RecordDict({"arrays": ArrayRecord({"vectors": Array(rows)}),
-                                "metrics": MetricRecord({"num-examples": len(rows)})}),
+    reply = Message(RecordDict({ARRAYS: ArrayRecord({VECTORS: Array(rows)}),
+                                METRICS: MetricRecord({NUM_EXAMPLES: len(rows)})}),
                     dst_node_id=1, message_type=MessageType.TRAIN)
     arrays, _ = strategy.aggregate_train(1, [reply])
-    return audit_releases(cfg, strategy, arrays["vectors"].numpy())
+    return audit_releases(cfg, strategy, arrays[VECTORS].numpy())
 
 
 def main() -> None:

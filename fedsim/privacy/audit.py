@@ -208,6 +208,9 @@ def shared_noise_check(names: list[str], standardized: np.ndarray, significance:
         raise ValueError(f"the shared-noise check needs 2 to {d - 1} releases of {d} coordinates, got {k}")
     gram = standardized @ standardized.T
     scale = np.sqrt(np.diag(gram))
+    if not np.all(scale > 0):  # a release without noise: nothing independent about it
+        silent = [names[i] for i in np.flatnonzero(scale == 0)]
+        return SharedNoise(list(names), np.inf, 0.0, significance, 1.0, (silent * 2)[:2])
     correlation = gram / np.outer(scale, scale)
     sign, logdet = np.linalg.slogdet(correlation)
     statistic = -(d - (2 * k + 5) / 6) * logdet if sign > 0 else np.inf

@@ -129,6 +129,10 @@ def test_releases_that_share_noise_or_cancel_it_together_are_caught():
     slightly = z.copy()
     slightly[9] = 0.8 * z[9] + 0.6 * z[4]  # correlation 0.6: a partly reused draw
     assert not shared_noise_check(names, slightly, 0.01).holds
+    silent = z.copy()
+    silent[3] = 0.0  # a release without noise
+    assert shared_noise_check(names, silent, 0.01).pair == ["r3", "r3"]
+    assert not noise_check("r3", 1.0, silent[3], 0.01).holds
 
 
 def test_independent_releases_pass_the_shared_noise_check_at_its_size():
