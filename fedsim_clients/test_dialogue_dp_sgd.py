@@ -12,7 +12,7 @@ from fedsim_clients import dialogue
 from fedsim_clients import feddtre_messages as keys
 from fedsim_clients.dialogue import DialogueClient
 from fedsim_tasks.causal_lm import load_policy, load_tokenizer, prepare_base
-from fedsim_tasks.dp_sgd import DP_EPSILON
+from fedsim_tasks.dp_sgd import DP_EPSILON, DP_EPSILON_PLD, spent_epsilons
 from fedsim_tasks.test_causal_lm import encoder_dir, one_thread  # noqa: F401 (fixtures: a tiny BERT, one thread)
 from fedsim_tasks.test_dp_sgd import EXAMPLES, LORA, dp_sgd
 
@@ -92,3 +92,5 @@ def test_every_method_trained_on_the_records_is_counted(encoder_dir, tmp_path): 
     sigma = second["dp-noise-multiplier"]
     assert second[DP_EPSILON] == pytest.approx(_epsilon(sigma, 2, dp.delta))
     assert second[keys.DP_EPSILON_METHOD] == pytest.approx(_epsilon(sigma, 1, dp.delta))
+    both = spent_epsilons([(sigma, BATCH / len(EXAMPLES), 2 * STEPS)], dp.delta)  # PLD beside RDP, every method's
+    assert second[DP_EPSILON_PLD] == pytest.approx(both.pld) and both.pld < second[DP_EPSILON]

@@ -26,8 +26,15 @@ from flwr.serverapp.strategy import Strategy
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim.privacy.audit import AuditReport, audit_release
-from fedsim.privacy.dp import RELEASE, SWEEP, NoiseSource, gaussian_noise, one_shot_epsilon
+from fedsim.privacy.audit import (
+    AuditReport,
+    NoiseCheck,
+    SharedNoise,
+    audit_release,
+    noise_check,
+    shared_noise_check,
+)
+from fedsim.privacy.dp import RELEASE, SWEEP, NoiseSource, Release, clipped_sum, gaussian_noise
 from fedsim.results.outputs import RunOutput, markdown_table
 from fedsim.results.stats import GAIN_TOL, gain_distribution, group_gains, paired_bootstrap_ci, t_interval
 from fedsim.run.schema import Protocol
@@ -65,6 +72,10 @@ class FedTPProtocol(Protocol):
             return (f"privacy.audit.canaries={cfg.privacy.audit.canaries} exceeds half the prior's {topics} "
                     f"topics ({topics // 2}): each canary needs a topic of its own, and the release's scale "
                     "is read off the others")
+        releases = 1 + len(self.dp_sigmas) * self.dp_seeds
+        if releases >= topics // 2:
+            return (f"its {releases} releases (the prior, protocol.dp_sigmas x protocol.dp_seeds) must be fewer "
+                    f"than half the prior's {topics} topics: their noise is checked against each other")
         return None
 
 
@@ -114,37 +125,64 @@ def check_records(hosted: dict[int, ConfigRecord], splits: list[str], strategy) 
                          "client of its own (hardware.num_supernodes or clients_per_supernode)")
 
 
-def sweep_priors(strategy, sigmas: list[float], seeds: int) -> dict[str, tuple[float, np.ndarray]]:
+def sweep_releases(strategy, sigmas: list[float], seeds: int) -> dict[str, tuple[float, Release]]:
     """The DP sweep: ``seeds`` releases of the received rows per sigma, each with a noise stream
-    of its own (``SWEEP, sigma index, seed index``): name -> (sigma, released prior)."""
+    of its own (``SWEEP, sigma index, seed index``): name -> (sigma, release)."""
     return {f"dp/{float(sigma)}/{k}": (float(sigma), strategy.release(
-                strategy.received, float(sigma), strategy.noise.rng(SWEEP, i, k)).mean)
+                strategy.received, float(sigma), strategy.noise.rng(SWEEP, i, k)))
             for i, sigma in enumerate(sigmas) for k in range(seeds)}
 
 
+def sweep_priors(strategy, sigmas: list[float], seeds: int) -> dict[str, tuple[float, np.ndarray]]:
+    """The DP sweep's released priors: name -> (sigma, released prior)."""
+    return {name: (sigma, release.mean) for name, (sigma, release) in sweep_releases(strategy, sigmas, seeds).items()}
+
+
 AUDIT_COVERS = ("FedTP's DP prior: canary clients beside the prior clients, each a row C e_t on a topic t of "
-                "its own, in the prior release and in every sigma's first sweep release of the same rows; "
-                "these releases, and every routing result of this run, carry the canaries")
+                "its own or the zero row, on its coin, in the prior release and in every sweep release of the "
+                "same rows; these releases, and every routing result of this run, carry the canaries. The "
+                "canaries' bound covers the prior and each sigma's first sweep release; the noise check, every "
+                "release with noise, each alone and all together")
 
 
 def audit_releases(cfg: DictConfig, strategy, prior: np.ndarray) -> AuditReport:
-    """The audit run's releases, each against its own accountant (the smaller of the one-shot
-    and the RDP epsilon, both upper bounds): the prior, and each sigma's first sweep release.
-    The attacker knows the prior clients' rows and the public seed, not the coins nor the run's
-    secret noise; the run's confidence is split over the releases."""
+    """The audit run's releases. Canaries: the prior and each sigma's first sweep release, each
+    against its own accountant; the attacker knows the prior clients' rows and the public seed,
+    not the coins nor the run's secret noise. Noise: the prior and every sweep release with
+    noise, each release's noise (its noised mean times the divisor, minus the exact clipped sum
+    the server holds) against its sigma, and all of them against each other. The run's
+    confidence is split over every check."""
     settings, public = cfg.privacy.audit, NoiseSource.public(int(cfg.seed))
-    releases = [("prior", strategy.noise_multiplier, prior, (RELEASE, int(cfg.num_rounds)))]
-    releases += [(name, sigma, released, (SWEEP, i, 0)) for i, (name, (sigma, released)) in
-                 enumerate(sweep_priors(strategy, list(cfg.protocol.dp_sigmas), 1).items())]
-    significance = (1 - float(settings.confidence)) / len(releases)
+    sigmas = [float(sigma) for sigma in cfg.protocol.dp_sigmas]
+    sweep = sweep_releases(strategy, sigmas, int(cfg.protocol.dp_seeds))
+    canary = [("prior", strategy.noise_multiplier, prior, (RELEASE, int(cfg.num_rounds)))]
+    canary += [(name, sigma, sweep[name][1].mean, (SWEEP, i, 0)) for i, sigma in enumerate(sigmas)
+               if (name := f"dp/{sigma}/0") in sweep]
+    noised = {name: (sigma, release.noised) for name, (sigma, release) in
+              {"prior": (strategy.noise_multiplier, strategy.last_release), **sweep}.items() if sigma > 0}
+    significance = (1 - float(settings.confidence)) / (len(canary) + len(noised) + (len(noised) > 1))
     bounds = []
-    for name, sigma, released, labels in releases:
+    for name, sigma, released, labels in canary:
         guessed = gaussian_noise(public.rng(*labels), sigma * strategy.clip_norm, len(released))
-        upper = min(one_shot_epsilon(sigma, strategy.delta), strategy.epsilon_rdp(sigma))
         bounds.append(audit_release(name, sigma, strategy.canaries.attacks(released, strategy.simplex, guessed),
-                                    strategy.canaries.included, upper, strategy.delta, significance,
-                                    float(settings.confidence), list(settings.guess_shares)))
-    return AuditReport(bounds, AUDIT_COVERS)
+                                    strategy.canaries.included, strategy.epsilon(sigma).reported, strategy.delta,
+                                    significance, float(settings.confidence), list(settings.guess_shares)))
+    return AuditReport(bounds, AUDIT_COVERS, *noise_checks(strategy, noised, significance))
+
+
+def noise_checks(strategy, noised: dict[str, tuple[float, np.ndarray]], significance: float
+                 ) -> tuple[list[NoiseCheck], SharedNoise | None]:
+    """Each release's noise (``noised``: name -> (sigma, noised mean before the simplex step))
+    against its sigma, and all of them against each other, each check at ``significance``. The
+    noise is the noised mean times the divisor minus the exact clipped sum of the rows the
+    strategy received, which the server holds."""
+    exact = clipped_sum(strategy.received, strategy.clip_norm, strategy.simplex)
+    divisor = strategy.denominator or len(strategy.received)
+    residuals = {name: (mean * divisor - exact) / strategy.clip_norm for name, (_, mean) in noised.items()}
+    checks = [noise_check(name, noised[name][0], r, significance) for name, r in residuals.items()]
+    shared = (shared_noise_check(list(residuals), np.stack([r / noised[n][0] for n, r in residuals.items()]),
+                                 significance) if len(residuals) > 1 else None)
+    return checks, shared
 
 
 def _broadcast(messenger: Messenger, phase: str, nodes: list[int], message_type: str,
@@ -315,11 +353,16 @@ def _dp_sweep(strategy, sums: dict, test: list[str], sweep_keys: dict[float, lis
     for sigma, names in sweep_keys.items():
         ehrs = [_scores(sums, test, n)["ehr"] for n in names]
         rows.append({
-            "sigma": sigma, "epsilon": one_shot_epsilon(sigma, strategy.delta), "delta": strategy.delta,
-            "epsilon_rdp": strategy.epsilon_rdp(sigma),
+            "sigma": sigma, **_epsilons(strategy, sigma), "delta": strategy.delta,
             "ehr_mean": float(np.mean(ehrs)), "ehr_std": float(np.std(ehrs, ddof=1)) if len(ehrs) > 1 else 0.0,
             "seeds": len(names), "ehr_per_seed": ehrs})
     return rows
+
+
+def _epsilons(strategy, sigma: float) -> dict:
+    """One sweep point's epsilon (the smaller of its two accountants) and each accountant's."""
+    spent = strategy.epsilon(sigma)
+    return {"epsilon": spent.reported, "epsilon_rdp": spent.rdp, "epsilon_pld": spent.pld}
 
 
 def _paired_analyses(turns: dict, resamples: int, seed: int) -> tuple[dict, np.ndarray]:
@@ -463,7 +506,7 @@ def _summary(r: dict, test: list[str]) -> str:
         "## Lambda sweep (validation, FedMix)\n" + markdown_table(r["lambda_sweep"],
                                                                  ["lambda", *SCORE_COLUMNS]),
         "## DP sweep (test, FedMix)\n" + markdown_table(
-            r["dp_sweep"], ["sigma", "epsilon", "epsilon_rdp", "ehr_mean", "ehr_std", "seeds"]),
+            r["dp_sweep"], ["sigma", "epsilon", "epsilon_rdp", "epsilon_pld", "ehr_mean", "ehr_std", "seeds"]),
         "## Analyses\n"
         f"- EHR gain FedMix - TF-IDF: {r['ehr_gain']:.4f}, paired bootstrap 95% CI [{lo:.4f}, {hi:.4f}]\n"
         f"- routing decisions changed: {ch['count']} of {ch['turns']} ({ch['share']:.2%})\n"

@@ -1,15 +1,19 @@
 """Client-level DP mean of client vectors (FedTP's global prior), as a Flower Message-API Strategy.
 
-The server trusts no client: it clips every received row to norm C itself, adds
-N(0, sigma^2 C^2 I) to the sum, divides by the number of contributing rows and, when asked,
-clamps the mean back onto the simplex. One round is FedTP's one-shot release; more rounds
-re-sample clients and release again, and the RDP accountant composes them.
+The server trusts no client: it clips every received row to norm C itself (on the simplex,
+negative entries to 0 first), adds N(0, sigma^2 C^2 I) to the sum, divides by the number of
+contributing rows and, when asked, clamps the mean back onto the simplex. One round is FedTP's
+one-shot release; more rounds re-sample clients and release again.
+
+Accounting (:func:`fedsim.privacy.dp.release_epsilon`): each round is one Gaussian release for
+replace-one neighbours, with no amplification by sampling, because results.json publishes every
+round's realized count ("clients", the fault counts); its epsilon is reported by RDP and by PLD.
+Non-negative rows (``simplex``) differ by at most sqrt 2 C, other rows by 2 C.
 
 Noise and sampling come from a :class:`~fedsim.privacy.dp.NoiseSource`, private unless the run
 asked for reproducible noise: with noise drawn from the public seed anyone could subtract it.
-A sampled round (fraction_train < 1) is Poisson sampling at rate k / N with the release divided
-by the expected count k, which is what the accountant's amplification assumes; a fixed-size
-sample or a divisor equal to the realized count would be another mechanism.
+A sampled round (fraction_train < 1) is Poisson sampling at rate k / N from the run's secret,
+the release divided by the expected count k.
 
 Each reply carries an ArrayRecord with ``array_key``: a (rows, dim) matrix, one row per client
 the node hosts (normally one). Malformed replies never reach it: the phase's validator
@@ -40,15 +44,17 @@ from fedsim.message_keys import ARRAYS, CONFIG, SERVER_ROUND
 from fedsim.privacy.audit import MeanCanaries
 from fedsim.privacy.dp import (
     AUDIT,
+    NON_NEGATIVE,
     RELEASE,
+    REPLACE_ONE,
     SAMPLE,
+    Epsilon,
     NoiseSource,
     Release,
     clip_rows,
     gaussian_mean,
-    one_shot_epsilon,
     poisson_sample,
-    rdp_epsilon_rounds,
+    release_epsilon,
 )
 
 log = logging.getLogger("fedsim")
@@ -82,15 +88,17 @@ class DPMean(Strategy):
         self.noise = noise or NoiseSource.fresh()  # the protocol hands in the run's source
         self.received: np.ndarray | None = None  # last round's validated rows (central-DP server)
         self.denominator: float | None = None  # last round's divisor (None: the row count)
-        self._sampling: list[tuple[int, int]] = []  # (expected sample size, population) per round
+        self.rounds = 0  # releases so far
+        self._sample = (0, 0)  # the last round's (expected sample size, population)
         self._dim: int | None = None  # length of the released vector (a noise-only release)
         self.audit_canaries = 0  # canary clients an audit run adds (fedsim/privacy/audit.py); 0: none
         self.canaries: MeanCanaries | None = None  # the last round's, with their coins
+        self.last_release: Release | None = None  # the last round's (an audit checks its noise)
 
     @property
     def max_rows_per_reply(self) -> int | None:
-        """Rows one reply may carry. Sampled rounds sample replies, and the accountant assumes
-        each record is sampled on its own: one row per reply. Unsampled: any (each row is clipped)."""
+        """Rows one reply may carry. Sampled rounds sample replies: one row per reply, so that a
+        row's coin alone decides whether it is in a round. Unsampled: any (each row is clipped)."""
         return 1 if self.fraction_train < 1 else None
 
     def summary(self) -> None:
@@ -106,7 +114,8 @@ class DPMean(Strategy):
         size = min(len(nodes), max(self.min_train_nodes, int(len(nodes) * self.fraction_train)))
         sampled = nodes if size == len(nodes) else poisson_sample(
             nodes, size / len(nodes), self.noise.rng(SAMPLE, server_round))
-        self._sampling.append((size, len(nodes)))
+        self.rounds += 1
+        self._sample = (size, len(nodes))
         if self.array_key in arrays:
             self._dim = arrays[self.array_key].numpy().size
         # one shared RecordDict, as FedAvg does: Flower stores identical content once
@@ -119,7 +128,7 @@ class DPMean(Strategy):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         rows = [msg.content.array_records[next(iter(msg.content.array_records))][self.array_key]
                 .numpy() for msg in replies if not msg.has_error()]
-        size, population = self._sampling[-1] if self._sampling else (0, 0)
+        size, population = self._sample
         self.denominator = float(size) if size < population else None
         if not rows and (self.denominator is None or self._dim is None):
             log.warning("DPMean round %d: no usable client vectors, nothing released", server_round)
@@ -129,15 +138,17 @@ class DPMean(Strategy):
             self.canaries = MeanCanaries.place(clip_rows(self.received, self.clip_norm).sum(axis=0),
                                                self.audit_canaries, self.clip_norm, self.noise.rng(AUDIT, server_round))
             self.received = np.vstack([self.received, self.canaries.rows()])
-        release = self.release(self.received, self.noise_multiplier,
-                               self.noise.rng(RELEASE, server_round))
+        self.last_release = self.release(self.received, self.noise_multiplier,
+                                         self.noise.rng(RELEASE, server_round))
+        spent = self.epsilon()
         metrics = MetricRecord({
-            "clients": release.num_clients,
-            "noise-std": release.noise_std,
-            "epsilon-one-shot": _finite(one_shot_epsilon(self.noise_multiplier, self.delta)),
-            "epsilon-rdp": _finite(self.epsilon_rdp()),
+            "clients": self.last_release.num_clients,
+            "noise-std": self.last_release.noise_std,
+            "epsilon": _finite(spent.reported),
+            "epsilon-rdp": _finite(spent.rdp),
+            "epsilon-pld": _finite(spent.pld),
         })
-        return ArrayRecord({self.array_key: Array(release.mean)}), metrics
+        return ArrayRecord({self.array_key: Array(self.last_release.mean)}), metrics
 
     def release(self, vectors: np.ndarray, noise_multiplier: float, rng: np.random.Generator
                 ) -> Release:
@@ -146,11 +157,17 @@ class DPMean(Strategy):
         return gaussian_mean(vectors, self.clip_norm, noise_multiplier, rng, self.simplex,
                              self.denominator)
 
-    def epsilon_rdp(self, noise_multiplier: float | None = None) -> float:
-        """Cumulative epsilon of the rounds run so far (RDP accountant), at this strategy's
-        sigma or at ``noise_multiplier`` (what the same rounds would cost under another sigma)."""
+    @property
+    def sensitivity(self) -> float:
+        """How far replacing one row moves the clipped sum, in C: rows put on the simplex are
+        non-negative (sqrt 2), others not (2)."""
+        return NON_NEGATIVE if self.simplex else REPLACE_ONE
+
+    def epsilon(self, noise_multiplier: float | None = None) -> Epsilon:
+        """Epsilon of the rounds released so far, at this strategy's sigma or at
+        ``noise_multiplier`` (what the same rounds would cost under another sigma)."""
         sigma = self.noise_multiplier if noise_multiplier is None else noise_multiplier
-        return rdp_epsilon_rounds(sigma, self.delta, self._sampling)
+        return release_epsilon(sigma, self.delta, self.rounds, self.sensitivity)
 
     def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:
         return []  # the task's protocol evaluates the release

@@ -8,7 +8,8 @@ Poisson sampling (rate ``batch_size / n``, Opacus's ``UniformWithReplacementSamp
 each record's gradient to ``max_grad_norm`` and adds Gaussian noise of std
 ``noise_multiplier * max_grad_norm`` to their sum (Opacus's ``GradSampleModule`` and
 ``DPOptimizer``); Opacus's RDP accountant turns the steps taken so far into the epsilon spent at
-``delta``. A task's loop turns it on with :class:`PrivateSteps`:
+``delta``, and dp-accounting's PLD accountant the same steps into a tighter one beside it
+(:func:`spent_epsilons`). A task's loop turns it on with :class:`PrivateSteps`:
 
     steps = PrivateSteps(cfg, model, optimizer, n, batch_size, horizon)
     for idx in steps.batches(local_steps): loss = mean of per-record losses; steps.step(loss)
@@ -32,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import dp_accounting
 import numpy as np
 import torch
 from opacus import GradSampleModule
@@ -40,10 +42,12 @@ from opacus.accountants.utils import get_noise_multiplier
 from opacus.optimizers import DPOptimizer
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
-from fedsim.message_keys import DP_EPSILON
+from fedsim.message_keys import DP_EPSILON, DP_EPSILON_PLD
 from fedsim.privacy.audit import fair_coins, sampled_gaussian_scores
+from fedsim.privacy.dp import Epsilon, account
 
-__all__ = ["DP_EPSILON", "DPSGD", "GradientCanaries", "PrivateSteps", "StepsLedger", "spent_epsilon"]
+__all__ = ["DP_EPSILON", "DP_EPSILON_PLD", "DPSGD", "GradientCanaries", "PrivateSteps", "StepsLedger",
+           "spent_epsilon", "spent_epsilons"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +87,18 @@ def spent_epsilon(history: list, delta: float) -> float:
     accountant = RDPAccountant()
     accountant.history = [tuple(h) for h in history]
     return float(accountant.get_epsilon(delta))
+
+
+def spent_epsilons(history: list, delta: float) -> Epsilon:
+    """The steps of ``history`` by both accountants: Opacus's RDP (:func:`spent_epsilon`, what
+    ``dp-epsilon`` has always reported) and dp-accounting's PLD of the same Poisson-sampled
+    Gaussian steps (add or remove one record)."""
+    if not history:
+        return Epsilon(0.0, 0.0)
+    steps = dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), count)
+        for sigma, rate, count in history])
+    return Epsilon(spent_epsilon(history, delta), account(steps, delta).pld)
 
 
 class StepsLedger:
@@ -217,6 +233,6 @@ class PrivateSteps:
         """This call's steps (the accountant's entries), for the client's :class:`StepsLedger`."""
         return [list(h) for h in self.accountant.history]
 
-    def epsilon(self) -> float:
-        """This call's epsilon alone."""
-        return spent_epsilon(self.steps, self.cfg.delta)
+    def epsilon(self) -> Epsilon:
+        """This call's epsilon alone, by both accountants."""
+        return spent_epsilons(self.steps, self.cfg.delta)

@@ -1,5 +1,6 @@
 """DP-SGD (Opacus) for a client's local training: per-record clipping and noise really happen,
-the epsilon is reported and grows with the steps (also across calls, through a client's ledger),
+the epsilon is reported (Opacus's RDP, dp-accounting's PLD beside it, never above it) and grows
+with the steps (also across calls, through a client's ledger),
 the batches are no function of the run's seed, the model is left without hooks, and wrong
 settings are refused before a run."""
 
@@ -15,7 +16,7 @@ from fedsim.run.config import compose
 from fedsim.run.schema import check
 from fedsim_tasks import causal_lm
 from fedsim_tasks.causal_lm import load_policy, load_tokenizer, prepare_base, sft_train
-from fedsim_tasks.dp_sgd import DP_EPSILON, DPSGD, PrivateSteps, StepsLedger, spent_epsilon
+from fedsim_tasks.dp_sgd import DP_EPSILON, DP_EPSILON_PLD, DPSGD, PrivateSteps, StepsLedger, spent_epsilon
 from fedsim_tasks.test_causal_lm import encoder_dir, one_thread  # noqa: F401 (fixtures: a tiny BERT, one thread)
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["query", "value"]}
@@ -63,21 +64,23 @@ def test_epsilon_grows_with_steps_and_carries_over_rounds(tmp_path):
     records = torch.randn(100, 3)
     _, two = _linear_steps(dp, records[:, :], steps=2)
     _, four = _linear_steps(dp, records, steps=4)
-    assert 0 < two.epsilon() < four.epsilon()
+    assert 0 < two.epsilon().rdp < four.epsilon().rdp and 0 < two.epsilon().pld < four.epsilon().pld
+    assert four.epsilon().pld <= four.epsilon().rdp
     ledger = StepsLedger(tmp_path / "ledger.jsonl")
     ledger.add("a", two.steps)
-    assert spent_epsilon(ledger.history(), dp.delta) == pytest.approx(two.epsilon())
+    assert spent_epsilon(ledger.history(), dp.delta) == pytest.approx(two.epsilon().rdp)
     ledger.add("a", two.steps)  # the same 2 steps again: as much as 4 steps at once
     ledger.add("b", four.steps)
-    assert spent_epsilon(ledger.history("a"), dp.delta) == pytest.approx(four.epsilon())
-    assert spent_epsilon(ledger.history(), dp.delta) > four.epsilon()
+    assert spent_epsilon(ledger.history("a"), dp.delta) == pytest.approx(four.epsilon().rdp)
+    assert spent_epsilon(ledger.history(), dp.delta) > four.epsilon().rdp
 
 
 def test_target_epsilon_sets_the_noise_for_the_horizon():
     dp = dp_sgd(enabled=True, target_epsilon=3.0, delta=1e-5)
     records = torch.randn(40, 3)
     _, private = _linear_steps(dp, records, steps=6)  # the horizon is these 6 steps
-    assert private.sigma > 0 and private.epsilon() == pytest.approx(3.0, rel=0.05)
+    assert private.sigma > 0 and private.epsilon().rdp == pytest.approx(3.0, rel=0.05)  # Opacus solved it by RDP
+    assert private.epsilon().pld < private.epsilon().rdp
 
 
 def test_an_empty_poisson_batch_still_takes_a_noised_step():
@@ -87,7 +90,7 @@ def test_an_empty_poisson_batch_still_takes_a_noised_step():
     before = model.weight.detach().clone()
     private.step(None)
     private.close()
-    assert not torch.equal(before, model.weight.detach()) and private.epsilon() > 0
+    assert not torch.equal(before, model.weight.detach()) and private.epsilon().reported > 0
 
 
 def test_sft_under_dp_sgd_trains_differently_reports_epsilon_and_leaves_no_hooks(encoder_dir, tmp_path):  # noqa: F811
@@ -103,6 +106,7 @@ def test_sft_under_dp_sgd_trains_differently_reports_epsilon_and_leaves_no_hooks
         runs[name] = stats, moved, model
     (plain, plain_moved, _), (dp_stats, dp_moved, model) = runs["plain"], runs["dp"]
     assert DP_EPSILON not in plain and dp_stats[DP_EPSILON] > 0 and sum(h[2] for h in dp_stats["dp-steps"]) == 3
+    assert 0 < dp_stats[DP_EPSILON_PLD] <= dp_stats[DP_EPSILON]
     assert all(torch.isfinite(d).all() for d in dp_moved.values())
     assert any(not torch.allclose(dp_moved[n], plain_moved[n]) for n in plain_moved)
     assert not any(m._forward_hooks or m._backward_hooks for m in model.modules())  # reusable for the next client

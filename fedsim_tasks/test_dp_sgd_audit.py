@@ -46,7 +46,7 @@ def audited_linear():
                         for batch in public_batches(RECORDS + CANARIES, private.rate, STEPS)])
     attacks = {"every step, batches secret": canaries.scores(private.rate, private.sigma),
                "every step, batches from the public seed": canaries.scores(private.rate, private.sigma, sampled)}
-    return audit_release("dp-sgd", private.sigma, attacks, canaries.included, private.epsilon(), dp.delta,
+    return audit_release("dp-sgd", private.sigma, attacks, canaries.included, private.epsilon().rdp, dp.delta,
                          0.05, 0.95, SHARES)
 
 

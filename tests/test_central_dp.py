@@ -6,11 +6,12 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import strategy_utils
 from omegaconf import OmegaConf
 
-from fedsim.privacy.dp import NoiseSource, adaptive_noise_multiplier, unamplified_epsilon
+from fedsim.message_keys import DP_EPSILON, DP_EPSILON_PLD
+from fedsim.privacy.dp import NoiseSource, adaptive_noise_multiplier, release_epsilon
 from fedsim.run.config import CONF_DIR
 from fedsim.runtime.client_app import dp_clipping_mod
 from fedsim.runtime.inprocess_grid import InProcessGrid
@@ -47,10 +48,13 @@ def test_a_dp_run_ends_with_its_epsilon_in_the_results(privacy):
                                                   ConfigRecord({}))
     assert messenger.faults["slot/train"][2]["failed"] == 1  # round 2 noised over 3 replies: still sigma
     spent = privacy_results(messenger, messenger.noise)["central_dp"]
-    expected = [unamplified_epsilon(1.0, 1e-5, t) for t in range(1, ROUNDS + 1)]  # sigma 1, delta 1e-5 (the YAML's)
-    assert spent["phases"]["slot"] == {"rounds": ROUNDS, "epsilon": expected[-1], "epsilon_by_round": expected}
-    assert spent["noise_multiplier"] == pytest.approx(1.0) and spent["epsilon"] == expected[-1]
-    assert f"({expected[-1]:.3f}, 1e-05)" in central_dp_section(spent)
+    expected = [release_epsilon(1.0, 1e-5, t) for t in range(1, ROUNDS + 1)]  # sigma 1, delta 1e-5 (the YAML's)
+    last = expected[-1]
+    assert spent["phases"]["slot"] == {"rounds": ROUNDS, "epsilon": last.reported, "epsilon_rdp": last.rdp,
+                                       "epsilon_pld": last.pld, "epsilon_by_round": [e.reported for e in expected]}
+    assert spent["noise_multiplier"] == pytest.approx(1.0) and spent["epsilon"] == last.reported
+    summary = central_dp_section(spent)
+    assert f"({last.reported:.3f}, 1e-05) for the whole run (RDP {last.rdp:.3f}, PLD {last.pld:.3f})" in summary
 
 
 DIM = 20_000  # coordinates the measured noise std is taken over (its error about 0.5%)
@@ -153,3 +157,15 @@ def test_two_phases_never_share_noise():
         released.append(from_record(phase.aggregate_train(1, replies)[0])["w"])
     assert not np.allclose(released[0][1:], released[1][1:])
     assert messenger.central_dp.releases == {"first": 1, "second": 1}
+
+
+def test_each_clients_dp_sgd_epsilon_is_kept_by_both_accountants():
+    """A client's DP-SGD reply carries its epsilon by RDP and by PLD (``fedsim_tasks/dp_sgd.py``);
+    results.json keeps both per client and round."""
+    messenger = Messenger(InProcessGrid({n: (lambda msg, n=n: RecordDict({"metrics": MetricRecord(
+        {DP_EPSILON: 2.0 * n, DP_EPSILON_PLD: 1.5 * n})})) for n in (1, 3)}), timeout=5)
+    messenger.exchange("dp/train", [Message(RecordDict({"config": ConfigRecord({"server-round": 1})}),
+                                            dst_node_id=n, message_type=MessageType.TRAIN) for n in (1, 3)])
+    privacy = privacy_results(messenger, messenger.noise)
+    assert privacy["dp_sgd_epsilon"] == {"dp/train": {1: {1: 2.0, 3: 6.0}}}
+    assert privacy["dp_sgd_epsilon_pld"] == {"dp/train": {1: {1: 1.5, 3: 4.5}}}

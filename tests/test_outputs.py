@@ -46,12 +46,14 @@ def _fedtp_results() -> dict:
         "routers": {r: {"test_freq": scores, "overall": scores} for r in fedtp.ROUTERS},
         "lambda_sweep": [{"lambda": 0.0, **scores}, {"lambda": 0.005, **scores}],
         "dp_sweep": [
-            {"sigma": 0.0, "epsilon": None, "epsilon_rdp": None, "delta": 1e-5, "ehr_mean": ehr, "ehr_std": 0.0,
-             "seeds": 3, "ehr_per_seed": [ehr] * 3},
-            {"sigma": 1.0, "epsilon": 4.844805262605389, "epsilon_rdp": 4.728507067217623, "delta": 1e-5,
-             "ehr_mean": 0.69, "ehr_std": 0.01, "seeds": 3, "ehr_per_seed": [0.68, 0.69, 0.70]},
-            {"sigma": 4.0, "epsilon": 1.2112013156513473, "epsilon_rdp": 1.0125506277526433, "delta": 1e-5,
-             "ehr_mean": 0.65, "ehr_std": 0.02, "seeds": 3, "ehr_per_seed": [0.63, 0.65, 0.67]}],
+            {"sigma": 0.0, "epsilon": None, "epsilon_rdp": None, "epsilon_pld": None, "delta": 1e-5, "ehr_mean": ehr,
+             "ehr_std": 0.0, "seeds": 3, "ehr_per_seed": [ehr] * 3},
+            {"sigma": 1.0, "epsilon": 6.572989417261542, "epsilon_rdp": 7.077391578166642,
+             "epsilon_pld": 6.572989417261542, "delta": 1e-5, "ehr_mean": 0.69, "ehr_std": 0.01, "seeds": 3,
+             "ehr_per_seed": [0.68, 0.69, 0.70]},
+            {"sigma": 4.0, "epsilon": 1.3564701289375691, "epsilon_rdp": 1.4781219679521882,
+             "epsilon_pld": 1.3564701289375691, "delta": 1e-5, "ehr_mean": 0.65, "ehr_std": 0.02, "seeds": 3,
+             "ehr_per_seed": [0.63, 0.65, 0.67]}],
         "bootstrap_ci_ehr_gain": [-0.012048192771084338, 0.024096385542168676],
         "ehr_gain": 0.006024096385542169,
         "changed_decisions": {"count": 3, "turns": 83, "share": 0.03614457831325301},
@@ -81,7 +83,7 @@ def test_ehr_vs_epsilon_has_units_readable_ticks_cis_and_every_line(fedtp_figure
     (bars,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
     assert bars.has_yerr and len(bars.lines[0].get_xdata()) == 2  # the two DP sigmas, each with its CI
     ticks = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
-    assert ticks == ["4.84", "1.21"] and not any(t.get_text() for t in ax.get_xticklabels(minor=True))
+    assert ticks == ["6.57", "1.36"] and not any(t.get_text() for t in ax.get_xticklabels(minor=True))
     assert all(re.fullmatch(r"0\.\d{3}", t.get_text()) for t in ax.get_yticklabels() if t.get_text())
     # the noiseless line and TF-IDF's tie here: a wide band under a thin dashed line, both seen
     noiseless, tfidf = [line for line in ax.get_lines() if len(line.get_xdata()) == 2 and line not in bars.lines

@@ -10,6 +10,14 @@ the number of right guesses bounds epsilon from below at a stated confidence. A 
 the accountant's epsilon means the guarantee does not hold, and the run fails
 (:func:`enforce`).
 
+A one-run bound is weak (a few hundred canaries cannot refute an epsilon above ~3.5, nor a noise
+multiplier half the one claimed at sigma 4), and it looks at one release at a time. So the server,
+which knows the exact clipped sum a central-DP release noised, also checks the noise itself, over
+all the run's releases together (:func:`noise_check`, :func:`shared_noise_check`): each release's
+noise against its claimed sigma (a chi-square test of its size, whose power against a shortfall
+is written beside it), and the releases' noise against each other (two releases sharing a draw,
+or any combination of releases that cancels the noise, make their noise linearly dependent).
+
 Written here rather than imported, because no package on PyPI offers the one-run bound without
 a framework fedsim does not use: jax_privacy 2.0.0's ``auditing`` module has it
 (``CanaryScoreAuditor.epsilon_one_run``; the module itself is numpy and scipy), but
@@ -25,12 +33,12 @@ by ``scipy.optimize.brentq``, and the two attackers fedsim's mechanisms need
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from scipy.optimize import brentq
 from scipy.special import expit
-from scipy.stats import binom
+from scipy.stats import binom, chi2
 
 
 class PrivacyAuditFailed(RuntimeError):
@@ -124,28 +132,129 @@ def audit_release(release: str, noise_multiplier: float, attacks: dict[str, np.n
 
 METHOD = ("one-run audit (Steinke, Nasr & Jagielski, NeurIPS 2023, Theorem 3.1): canaries each in or out "
           "on a secret fair coin, guesses from what the threat model's attacker sees, a lower bound on "
-          "epsilon at delta from the right guesses; Bonferroni over the run's releases, attacks and guess counts")
+          "epsilon at delta from the right guesses; where the server knows the exact sum, each release's "
+          "noise against its claimed sigma (chi-square) and the releases' noise against each other "
+          "(Bartlett); Bonferroni over the run's checks, attacks and guess counts")
+
+
+SHORTFALLS = (1.1, 1.25, 1.5, 2.0)  # noise std below the claim by these factors: each check's power against them
+
+
+@dataclass(frozen=True)
+class NoiseCheck:
+    """One release's noise against its claimed noise multiplier: the residual (the noised sum
+    minus the exact clipped sum, in units of C) has squared norm sigma^2 chi^2(d) if the claim
+    holds; a smaller one is a shortfall."""
+    release: str
+    noise_multiplier: float  # claimed
+    measured: float          # the residual's root mean square over C: the multiplier it shows
+    coordinates: int
+    p_value: float           # the chance of a residual this small at the claimed sigma
+    significance: float      # the run's share of 1 - confidence for this check
+    power: list[dict]        # per shortfall f (noise std the claim's / f): the chance this check fails it
+    shortfall_at_90: float   # the shortfall it catches 9 times in 10
+
+    @property
+    def holds(self) -> bool:
+        return self.p_value >= self.significance
+
+    def power_at(self, shortfall: float) -> float:
+        return next(p["power"] for p in self.power if p["shortfall"] == shortfall)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "holds": self.holds}
+
+
+def noise_check(release: str, noise_multiplier: float, residual: np.ndarray, significance: float) -> NoiseCheck:
+    """Test ``residual`` (the release's noise in units of C, one entry per coordinate) against
+    N(0, sigma^2 I): the lower tail of chi^2(d) at sum (r / sigma)^2. Its power against a
+    shortfall f (noise std sigma / f) is exact: P[chi^2(d) < f^2 q], q the test's critical value."""
+    d = len(residual)
+    critical = float(chi2.ppf(significance, d))
+    return NoiseCheck(release, float(noise_multiplier), float(np.sqrt(np.mean(residual ** 2))), d,
+                      float(chi2.cdf(float(np.sum((residual / noise_multiplier) ** 2)), d)), significance,
+                      [{"shortfall": f, "power": float(chi2.cdf(f * f * critical, d))} for f in SHORTFALLS],
+                      float(np.sqrt(chi2.ppf(0.9, d) / critical)))
+
+
+@dataclass(frozen=True)
+class SharedNoise:
+    """Whether a run's releases drew their noise apart: Bartlett's test that their standardized
+    residuals are uncorrelated, -(d - (2k + 5) / 6) ln det R ~ chi^2(k (k - 1) / 2) for k releases
+    of d coordinates, R their correlation matrix. Two releases sharing one draw, or any linear
+    combination of releases that cancels the noise, make R singular (p = 0)."""
+    releases: list[str]
+    statistic: float
+    p_value: float
+    significance: float
+    largest_correlation: float  # of any two releases' residuals
+    pair: list[str]             # those two
+
+    @property
+    def holds(self) -> bool:
+        return self.p_value >= self.significance
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "statistic": self.statistic if np.isfinite(self.statistic) else None,
+                "holds": self.holds}
+
+
+def shared_noise_check(names: list[str], standardized: np.ndarray, significance: float) -> SharedNoise:
+    """Bartlett's test of sphericity over the rows of ``standardized`` (one release's residual
+    over its sigma C each; their mean is known to be 0, so the correlations are not centred).
+    Needs more coordinates than releases."""
+    k, d = standardized.shape
+    if not 2 <= k < d:
+        raise ValueError(f"the shared-noise check needs 2 to {d - 1} releases of {d} coordinates, got {k}")
+    gram = standardized @ standardized.T
+    scale = np.sqrt(np.diag(gram))
+    if not np.all(scale > 0):  # a release without noise: nothing independent about it
+        silent = [names[i] for i in np.flatnonzero(scale == 0)]
+        return SharedNoise(list(names), np.inf, 0.0, significance, 1.0, (silent * 2)[:2])
+    correlation = gram / np.outer(scale, scale)
+    sign, logdet = np.linalg.slogdet(correlation)
+    statistic = -(d - (2 * k + 5) / 6) * logdet if sign > 0 else np.inf
+    off = np.abs(correlation - np.eye(k))
+    i, j = np.unravel_index(np.argmax(off), off.shape)
+    return SharedNoise(list(names), float(statistic), float(chi2.sf(statistic, k * (k - 1) // 2)), significance,
+                       float(off[i, j]), [names[i], names[j]])
 
 
 @dataclass(frozen=True)
 class AuditReport:
-    """A run's audit: every audited release's bound, and what the canaries were put into."""
+    """A run's audit: every audited release's bound, what the canaries were put into, and (where
+    the server checked them) each release's noise and the releases' noise together."""
     bounds: list[Bound]
     covers: str
+    noise: list[NoiseCheck] = field(default_factory=list)
+    shared: SharedNoise | None = None
+
+    def failures(self) -> list[str]:
+        """What does not hold, one sentence each."""
+        return ([f"{b.release} (accountant {b.epsilon_upper:.3f}, measured at least {b.epsilon_lower:.3f} "
+                 f"at confidence {b.confidence:g}: {b.correct} of {b.guesses} guesses right, attack "
+                 f"'{b.attack}')" for b in self.bounds if not b.holds]
+                + [f"{c.release} (noise multiplier {c.noise_multiplier:g} claimed, {c.measured:.3g} measured "
+                   f"over {c.coordinates} coordinates: p = {c.p_value:.3g})" for c in self.noise if not c.holds]
+                + ([f"{', '.join(self.shared.releases)} together (their noise is not independent: "
+                    f"p = {self.shared.p_value:.3g}; {self.shared.pair[0]} and {self.shared.pair[1]} "
+                    f"correlate at {self.shared.largest_correlation:.3f})"]
+                   if self.shared is not None and not self.shared.holds else []))
 
     def as_dict(self) -> dict:
-        """results.json's ``privacy.audit``: each release's epsilon_upper beside its epsilon_lower."""
-        return {"method": METHOD, "covers": self.covers, "holds": all(b.holds for b in self.bounds),
-                "releases": [b.as_dict() for b in self.bounds]}
+        """results.json's ``privacy.audit``: each release's epsilon_upper beside its epsilon_lower,
+        and its noise check."""
+        return {"method": METHOD, "covers": self.covers, "holds": not self.failures(),
+                "releases": [b.as_dict() for b in self.bounds],
+                **({"noise": [c.as_dict() for c in self.noise]} if self.noise else {}),
+                **({"shared_noise": self.shared.as_dict()} if self.shared is not None else {})}
 
     def enforce(self) -> None:
-        """Fail the run when any release's measured lower bound exceeds its accountant's epsilon."""
-        broken = [b for b in self.bounds if not b.holds]
+        """Fail the run when any release's measured lower bound exceeds its accountant's epsilon,
+        or its noise falls short of its claim, or releases share noise."""
+        broken = self.failures()
         if broken:
-            raise PrivacyAuditFailed("privacy audit: the reported epsilon does not hold for " + "; ".join(
-                f"{b.release} (accountant {b.epsilon_upper:.3f}, measured at least {b.epsilon_lower:.3f} "
-                f"at confidence {b.confidence:g}: {b.correct} of {b.guesses} guesses right, attack "
-                f"'{b.attack}')" for b in broken))
+            raise PrivacyAuditFailed("privacy audit: the reported epsilon does not hold for " + "; ".join(broken))
 
     def plot(self, ax) -> None:
         """Both bounds against sigma on a matplotlib axis."""
@@ -165,9 +274,11 @@ class AuditReport:
 class MeanCanaries:
     """Client-level canaries of a clipped Gaussian mean of rows (:func:`fedsim.privacy.dp.gaussian_mean`):
     canary i is a client whose row is C e_j, j = ``coords[i]``, a coordinate of its own among
-    those the other clients weigh least (Dirac canaries: one canary never masks another).
-    DP's attacker knows every other client's row; it scores a canary by how far the release's
-    coordinate lies above the midpoint of what it would be with and without that canary."""
+    those the other clients weigh least (Dirac canaries: one canary never masks another), or,
+    on its coin, the zero row: replace-one neighbours, as the accountant's (the count of rows is
+    the same either way). DP's attacker knows every other client's row; it scores a canary by how
+    far the release's coordinate lies above the midpoint of what it would be with and without that
+    canary's row."""
     coords: np.ndarray    # each canary's coordinate
     included: np.ndarray  # the secret coins
     clip_norm: float
@@ -183,8 +294,8 @@ class MeanCanaries:
         return cls(np.argsort(known, kind="stable")[:count], fair_coins(count, rng), clip_norm, known)
 
     def rows(self) -> np.ndarray:
-        """The included canaries' rows, C e_j each."""
-        return self.clip_norm * np.eye(len(self.known))[self.coords[self.included]]
+        """Every canary's row: C e_j if its coin put it in, else 0."""
+        return self.clip_norm * np.eye(len(self.known))[self.coords] * self.included[:, None]
 
     def scores(self, released: np.ndarray, simplex: bool, noise: np.ndarray | None = None) -> np.ndarray:
         """Each canary's score from the ``released`` mean (on the simplex when ``simplex``), with the

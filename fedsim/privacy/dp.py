@@ -2,17 +2,17 @@
 
 Clipping, noising and the simplex step are a few lines of numpy: Flower's DP wrappers clip and
 noise whole FedAvg model updates and cannot release a mean of arbitrary vectors with a custom
-post-processing step, so this module does only that, and leaves accounting to Flower's
-``RdpAccountant`` (``flwr.supercore.privacy_accounting``, backed by Google's dp-accounting).
+post-processing step, so this module does only that, and leaves accounting to Google's
+dp-accounting (the library Flower's own ``RdpAccountant`` wraps, installed with ``flwr[dp]``).
 
-That accountant is fedsim's only one, for ``dp_mean`` and for Flower's DP wrappers
-(:class:`CentralDP`): Flower keeps it (validated configs and events, a serializable ledger, the
-same code its wrappers' own ``accountant=`` mode runs), it names the sampling assumption of each
-bound (Poisson, without replacement, none), and dp-accounting's RDP of the sampled Gaussian and
-its RDP-to-(epsilon, delta) conversion are the reference implementation. fedsim does not use the
-wrappers' ``accountant=`` mode itself: it takes fixed clipping around a plain
-``FedAvg.aggregate_train`` only, and refuses a round with fewer replies than sampled, which
-fedsim noises at sigma C / m instead (``fedsim_strategies/numpy_noise.py``).
+:func:`release_epsilon` is fedsim's only account of a central-DP release, for ``dp_mean`` and for
+Flower's DP wrappers (:class:`CentralDP`): replace-one neighbours, no amplification by sampling
+(why: its docstring), each epsilon by RDP and by the privacy loss distribution side by side
+(:func:`account`). Flower's ``RdpAccountant`` is not used: it has no PLD accountant, and its
+add-or-remove relation with the sample size as the event is what fedsim's published counts
+break. fedsim does not use the wrappers' ``accountant=`` mode either: it takes fixed clipping
+around a plain ``FedAvg.aggregate_train`` only, and refuses a round with fewer replies than
+sampled, which fedsim noises at sigma C / m instead (``fedsim_strategies/numpy_noise.py``).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-from collections import Counter
 from dataclasses import dataclass, field
+from functools import cache
 
+import dp_accounting
 import numpy as np
-from flwr.serverapp import GaussianPrivacyEvent, PrivacyConfig, RdpAccountant, SamplingMethod
-from flwr.supercore.privacy_accounting import NeighboringRelation
+from dp_accounting import pld, rdp
 
 logging.getLogger("absl").setLevel(logging.ERROR)  # dp-accounting's convergence chatter
 
@@ -92,6 +92,14 @@ class Release:
     mean: np.ndarray
     num_clients: int
     noise_std: float  # std of the noise added to the sum
+    noised: np.ndarray  # the noised mean before post-processing (the simplex step): what an audit checks
+
+
+def clipped_sum(vectors: np.ndarray, clip_norm: float, non_negative: bool) -> np.ndarray:
+    """What a release noises: the rows' sum, each row clipped to ``clip_norm`` (and, for rows of
+    the simplex, its negative entries set to 0 first, which bounds two rows' distance by sqrt 2 C)."""
+    rows = np.maximum(vectors, 0.0) if non_negative else vectors
+    return clip_rows(rows, clip_norm).sum(axis=0)
 
 
 def gaussian_noise(rng: np.random.Generator, std: float, size) -> np.ndarray:
@@ -108,69 +116,78 @@ def gaussian_mean(
     simplex: bool,
     denominator: float | None = None,
 ) -> Release:
-    """Clip rows to ``clip_norm``, sum, add N(0, sigma^2 C^2 I), divide by ``denominator``
-    (default the row count; under Poisson sampling the expected count, so that the divisor does
-    not reveal who was sampled). An empty matrix of ``dim`` columns releases noise alone."""
+    """Clip rows to ``clip_norm`` (on the ``simplex``, non-negative first), sum, add
+    N(0, sigma^2 C^2 I), divide by ``denominator`` (default the row count; under Poisson sampling
+    the expected count) and, on the ``simplex``, clamp back onto it. An empty matrix of ``dim``
+    columns releases noise alone."""
     if vectors.ndim != 2 or (len(vectors) == 0 and not denominator):
         raise ValueError(f"need a non-empty (clients, dim) matrix, got shape {vectors.shape}")
     std = noise_multiplier * clip_norm
-    total = clip_rows(vectors, clip_norm).sum(axis=0) + gaussian_noise(rng, std, vectors.shape[1])
+    total = clipped_sum(vectors, clip_norm, simplex) + gaussian_noise(rng, std, vectors.shape[1])
     mean = total / (denominator or len(vectors))
-    return Release(clamp_to_simplex(mean) if simplex else mean, len(vectors), std)
+    return Release(clamp_to_simplex(mean) if simplex else mean, len(vectors), std, mean)
 
 
-def one_shot_epsilon(noise_multiplier: float, delta: float) -> float:
-    """Classic Gaussian mechanism: epsilon = sqrt(2 ln(1.25 / delta)) / sigma (inf at sigma=0)."""
+PLD_RESOLUTION = 1e-3  # the PLD's discretization step, as a share of the RDP epsilon (see :func:`account`)
+
+
+@dataclass(frozen=True)
+class Epsilon:
+    """One guarantee's epsilon at one delta by dp-accounting's two accountants, from the same
+    event: Renyi DP (``rdp.RdpAccountant``) and the privacy loss distribution
+    (``pld.PLDAccountant``, pessimistic: an upper bound at any discretization, and the tighter one).
+    Both are upper bounds, so the reported epsilon is the smaller."""
+
+    rdp: float
+    pld: float
+
+    @property
+    def reported(self) -> float:
+        return min(self.rdp, self.pld)
+
+
+def account(event: dp_accounting.DpEvent, delta: float) -> Epsilon:
+    """``event``'s epsilon at ``delta`` by both accountants (a Gaussian's noise multiplier is
+    relative to the sensitivity: the accountants' add-or-remove relation, with the neighbours the
+    caller chose folded into the multiplier). The PLD's step is ``PLD_RESOLUTION`` times the RDP
+    epsilon: its rounding error stays a fixed share of the value at any scale, a few milliseconds
+    per event, below RDP on every grid ``fedsim/privacy/test_dp.py`` tries (a fixed 1e-4 took 2 min
+    at epsilon 2,700; a fixed 1e-3 rose above RDP below epsilon 0.07)."""
+    renyi = rdp.RdpAccountant()
+    renyi.compose(event)
+    by_rdp = float(renyi.get_epsilon(delta))
+    if not 0 < by_rdp < math.inf:
+        return Epsilon(by_rdp, by_rdp)
+    loss = pld.PLDAccountant(value_discretization_interval=PLD_RESOLUTION * by_rdp)
+    loss.compose(event)
+    return Epsilon(by_rdp, float(loss.get_epsilon(delta)))
+
+
+REPLACE_ONE = 2.0  # how far one client moves a sum of rows clipped to C when its row is replaced, in C
+NON_NEGATIVE = math.sqrt(2.0)  # the same for non-negative rows: |x - x'|^2 = |x|^2 + |x'|^2 - 2 x.x' <= 2 C^2
+
+
+@cache
+def release_epsilon(noise_multiplier: float, delta: float, releases: int,
+                    sensitivity: float = REPLACE_ONE) -> Epsilon:
+    """Epsilon after ``releases`` Gaussian releases of a clipped sum with noise std sigma C, for
+    neighbours that differ in one client's row (replace one), with no amplification by sampling.
+
+    Why replace-one: every DP release fedsim makes divides by, and its results publish, the number
+    of rows that went in (results.json's per-round client counts and fault counts, FedTP's prior
+    count, the mean's divisor). Under add-or-remove-one that count tells a neighbour apart at once,
+    so the add-or-remove bound holds for nothing fedsim publishes; between replace-one neighbours
+    the count, and who was sampled, are the same, so the bound holds with all of it public. One
+    client then moves the sum by up to ``sensitivity`` C (2 C; sqrt 2 C for non-negative rows),
+    each release is a Gaussian mechanism at noise multiplier sigma / sensitivity, and sampling
+    gives no amplification: the realized count says how likely it was that a client was in.
+    """
     if noise_multiplier <= 0:
-        return math.inf
-    return math.sqrt(2.0 * math.log(1.25 / delta)) / noise_multiplier
-
-
-def rdp_epsilon(
-    noise_multiplier: float, delta: float, rounds: int, sample_size: int, population: int
-) -> float:
-    """Epsilon after ``rounds`` identical releases by Flower's RDP accountant."""
-    return rdp_epsilon_rounds(noise_multiplier, delta, [(sample_size, population)] * rounds)
-
-
-def rdp_epsilon_rounds(noise_multiplier: float, delta: float, rounds: list[tuple[int, int]]) -> float:
-    """Epsilon after one release per ``(sample_size, population)`` of ``rounds``, each accounted
-    at its own rate: Poisson sampling at rate sample_size / population (what
-    :func:`poisson_sample` does; rate 1 is full participation, no amplification)."""
-    if noise_multiplier <= 0:
-        return math.inf
-    if not rounds:
-        return 0.0
-    populations = {population for _, population in rounds}
-    if len(populations) != 1:
-        raise ValueError(f"rounds over different populations {sorted(populations)}: the RDP "
-                         "accountant composes releases over one population")
-    return _composed_epsilon(delta, populations.pop(), SamplingMethod.POISSON, Counter(
-        GaussianPrivacyEvent(noise_multiplier, size, population) for size, population in rounds))
-
-
-def unamplified_epsilon(noise_multiplier: float, delta: float, releases: int) -> float:
-    """Epsilon after ``releases`` Gaussian releases at ``noise_multiplier``, with no amplification
-    by sampling: each release's RDP is that of the Gaussian mechanism, alpha / (2 sigma^2), so
-    the bound holds however the clients were chosen (a fixed-size sample, a public one).
-    Flower's wrappers account in this mode too (``accountant=``: no-amplification,
-    add-or-remove-one client); the sample does not enter, so the event names a population of 1."""
-    if noise_multiplier <= 0:
-        return math.inf
+        return Epsilon(math.inf, math.inf)
     if releases == 0:
-        return 0.0
-    return _composed_epsilon(delta, 1, SamplingMethod.NO_AMPLIFICATION,
-                             Counter({GaussianPrivacyEvent(noise_multiplier, 1, 1): releases}))
-
-
-def _composed_epsilon(delta: float, population: int, sampling: SamplingMethod,
-                      events: Counter[GaussianPrivacyEvent]) -> float:
-    """Epsilon at ``delta`` of ``events`` (event -> how many times), composed by Flower's RDP
-    accountant, add-or-remove-one client neighbours; equal events are composed at once."""
-    accountant = RdpAccountant(PrivacyConfig(delta, population, NeighboringRelation.ADD_OR_REMOVE_ONE, sampling))
-    for event, count in events.items():
-        accountant.compose(event, count)
-    return accountant.get_epsilon(delta)
+        return Epsilon(0.0, 0.0)
+    gaussian = dp_accounting.GaussianDpEvent(noise_multiplier / sensitivity)
+    return account(dp_accounting.SelfComposedDpEvent(gaussian, releases), delta)
 
 
 def adaptive_noise_multiplier(update_noise_multiplier: float, clipped_count_stddev: float) -> float:
@@ -189,16 +206,18 @@ def adaptive_noise_multiplier(update_noise_multiplier: float, clipped_count_stdd
 SAMPLING = ("none claimed: every round is accounted as a Gaussian release without amplification "
             "by sampling. With a strategy's fraction_train < 1 each client is in a round on its own "
             "coin at that rate (Poisson sampling, fedsim_strategies/numpy_noise.py), drawn from the "
-            "run's secret noise source: the public seed does not tell who trained, and one more "
-            "client leaves the others' coins as they were, so a neighbouring population changes a "
-            "round by that client's clipped update alone. Amplification would also need the number "
-            "of replies kept secret, and results.json publishes it (the mean's divisor, the fault "
-            "counts)")
-COVERS = ("one client's whole contribution (add or remove one client) to the released global models "
-          "and, under adaptive clipping, to the clipping norm; not what the strategy aggregates "
-          "without noise (train metrics, update norms, the number of clients each round averaged and "
-          "the fault counts in results.json and metrics.csv), and not against the server, which sees "
-          "every client's update")
+            "run's secret noise source: the public seed does not tell who trained. Amplification "
+            "would need the number of replies kept secret, and results.json publishes it (the mean's "
+            "divisor, the fault counts)")
+COVERS = ("replacing one client's whole contribution (its updates in every round) by another's, "
+          "in the released global models and, under adaptive clipping, the clipping norm, with "
+          "everything else the run publishes known (the number of clients each round averaged, the "
+          "fault counts, who was sampled); not what the strategy aggregates without noise (train "
+          "metrics, update norms in results.json and metrics.csv), not whether a client took part "
+          "(the counts show it), and not against the server, which sees every client's update")
+ACCOUNTANT = ("replace-one client (sensitivity 2 C: the noise multiplier accounted is sigma / 2), no "
+              "amplification by sampling; epsilon_rdp by dp-accounting's RdpAccountant, epsilon_pld by "
+              "its PLDAccountant (pessimistic), epsilon the smaller")
 
 
 @dataclass
@@ -206,8 +225,10 @@ class CentralDP:
     """What a run's central-DP releases spent: Flower's DP wrappers, one release per aggregated
     round (``fedsim_strategies/numpy_noise.py``), per phase (a strategy's rounds, e.g. one
     method's model) and over the whole run (every phase composed: what publishing all the
-    run's models costs). Accounted by :func:`unamplified_epsilon` at ``delta``, add-or-remove-one
-    client neighbours, at the wrapper's (effective) ``noise_multiplier``."""
+    run's models costs). Accounted by :func:`release_epsilon` at ``delta`` at the wrapper's
+    (effective) ``noise_multiplier``: model updates are signed, so replacing one client moves
+    the sum of clipped updates by up to 2 C (under adaptive clipping, its clipped-count bit by
+    up to 1: both twice their add-or-remove reach, so the effective multiplier halves as well)."""
 
     delta: float
     mechanism: str           # the wrapper's class name
@@ -217,21 +238,25 @@ class CentralDP:
     def record(self, phase: str) -> float:
         """One more release of ``phase``; the phase's epsilon so far."""
         self.releases[phase] = self.releases.get(phase, 0) + 1
-        return self.epsilon(self.releases[phase])
+        return self.epsilon(self.releases[phase]).reported
 
-    def epsilon(self, releases: int) -> float:
-        return unamplified_epsilon(self.noise_multiplier, self.delta, releases)
+    def epsilon(self, releases: int) -> Epsilon:
+        return release_epsilon(self.noise_multiplier, self.delta, releases)
 
     def report(self) -> dict:
         """results.json's ``privacy.central_dp``: the guarantee, its assumptions, per phase the
-        epsilon after each round, and the run's total."""
+        epsilon after each round, and the run's total; each ``epsilon`` the smaller of
+        ``epsilon_rdp`` and ``epsilon_pld`` beside it."""
+        def spent(releases: int) -> dict:
+            eps = self.epsilon(releases)
+            return {"epsilon": eps.reported, "epsilon_rdp": eps.rdp, "epsilon_pld": eps.pld}
+
+        total = sum(self.releases.values())
         return {"mechanism": self.mechanism, "noise_multiplier": self.noise_multiplier,
-                "delta": self.delta, "accountant": "RDP (Flower's RdpAccountant, dp-accounting), "
-                                                   "add-or-remove-one client",
+                "delta": self.delta, "accountant": ACCOUNTANT,
                 "amplification_by_sampling": SAMPLING, "covers": COVERS,
-                "epsilon_per_round": self.epsilon(1),
-                "phases": {phase: {"rounds": n, "epsilon": self.epsilon(n),
-                                   "epsilon_by_round": [self.epsilon(t) for t in range(1, n + 1)]}
+                "epsilon_per_round": self.epsilon(1).reported,
+                "phases": {phase: {"rounds": n, **spent(n),
+                                   "epsilon_by_round": [self.epsilon(t).reported for t in range(1, n + 1)]}
                            for phase, n in self.releases.items()},
-                "rounds": sum(self.releases.values()),
-                "epsilon": self.epsilon(sum(self.releases.values()))}
+                "rounds": total, **spent(total)}

@@ -1,16 +1,26 @@
-"""The epsilon fedsim reports for Flower's DP wrappers (no amplification by sampling), checked
-against computations that share no code with the accountant, and the refusals of a DP config
-whose (epsilon, delta) would mean nothing."""
+"""The epsilon fedsim reports for its central-DP releases (replace-one neighbours, no
+amplification by sampling, by RDP and by PLD), checked against computations that share no code
+with the accountants and against dp-accounting's own replace-one relation; and the refusals of a
+DP config whose (epsilon, delta) would mean nothing."""
 
 import math
 
+import dp_accounting
 import numpy as np
 import pytest
+from dp_accounting import pld
 from flwr.supercore.differential_privacy import compute_adaptive_noise_params
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from fedsim.privacy.dp import CentralDP, adaptive_noise_multiplier, rdp_epsilon, unamplified_epsilon
+from fedsim.privacy.dp import (
+    NON_NEGATIVE,
+    CentralDP,
+    account,
+    adaptive_noise_multiplier,
+    clipped_sum,
+    release_epsilon,
+)
 from fedsim.run.config import compose
 from fedsim.run.schema import check
 
@@ -35,33 +45,73 @@ def exact_gaussian_epsilon(sigma: float, delta: float) -> float:
 
 
 @pytest.mark.parametrize("sigma,releases", [(1.0, 1), (1.0, 3), (0.7, 10), (4.0, 100)])
-def test_epsilon_is_the_gaussian_mechanisms_rdp_bound(sigma, releases):
-    """The accountant's orders are a grid: its epsilon sits at or just above the fine grid's."""
-    hand = gaussian_rdp_epsilon(sigma, DELTA, releases)
-    assert hand <= unamplified_epsilon(sigma, DELTA, releases) <= hand * 1.01
+def test_epsilon_is_the_gaussian_mechanisms_rdp_bound_at_half_the_noise(sigma, releases):
+    """Replace-one: one client moves the sum by 2 C, so the releases are Gaussian mechanisms at
+    sigma / 2. The accountant's orders are a grid: its epsilon sits at or just above the fine grid's."""
+    hand = gaussian_rdp_epsilon(sigma / 2, DELTA, releases)
+    assert hand <= release_epsilon(sigma, DELTA, releases).rdp <= hand * 1.01
 
 
 def test_one_release_is_an_upper_bound_close_to_the_tight_one():
-    """sigma = 1, delta = 1e-5: RDP gives 4.73, the exact Gaussian curve 4.38 (and the classic
-    sqrt(2 ln(1.25 / delta)) / sigma = 4.84)."""
-    exact, rdp = exact_gaussian_epsilon(1.0, DELTA), unamplified_epsilon(1.0, DELTA, 1)
-    assert exact == pytest.approx(4.38, abs=0.01) and rdp == pytest.approx(4.73, abs=0.01)
-    assert exact < rdp < 1.1 * exact
+    """sigma = 1, delta = 1e-5, replace-one (sigma / 2 at sensitivity 1): RDP gives 10.73, PLD
+    10.00, the exact Gaussian curve 9.99: PLD is the tight value from above."""
+    exact, spent = exact_gaussian_epsilon(0.5, DELTA), release_epsilon(1.0, DELTA, 1)
+    assert spent.rdp == pytest.approx(10.73, abs=0.01) and exact == pytest.approx(9.99, abs=0.01)
+    assert exact <= spent.pld < 1.002 * exact < spent.rdp < 1.1 * exact
+    assert spent.reported == spent.pld
+
+
+@pytest.mark.parametrize("sigma,releases", [(0.5, 1), (1.0, 4), (2.0, 10), (8.0, 1)])
+def test_replace_one_is_dp_accountings_own_relation(sigma, releases):
+    """dp-accounting's PLD under its REPLACE_ONE relation puts the two neighbours' means 2
+    sensitivities apart: the same bound as fedsim's sigma / 2 under add-or-remove. (Its RDP
+    accountant's REPLACE_ONE keeps a Gaussian's distance at 1, which is why fedsim folds the
+    relation into the multiplier instead of naming it.)"""
+    library = pld.PLDAccountant(dp_accounting.NeighboringRelation.REPLACE_ONE, value_discretization_interval=1e-3)
+    library.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma), releases))
+    assert release_epsilon(sigma, DELTA, releases).pld == pytest.approx(library.get_epsilon(DELTA), rel=2e-3)
+
+
+def test_non_negative_rows_are_sqrt_2_clip_norms_apart():
+    """The attack: a client replaces its row by the one farthest from it. Signed rows of norm C
+    can sit 2 C apart (x and -x); rows of the simplex (negative entries set to 0 before clipping,
+    whatever the client sent) at most sqrt 2 C: the sensitivity DPMean accounts under simplex."""
+    rng = np.random.default_rng(7)
+    rows = rng.normal(size=(2000, 2, 5))
+    signed = [np.linalg.norm(clipped_sum(r[:1], 1.0, False) - clipped_sum(-r[:1], 1.0, False)) for r in rows]
+    simplex = [np.linalg.norm(clipped_sum(r[:1], 1.0, True) - clipped_sum(r[1:], 1.0, True)) for r in rows]
+    assert max(signed) == pytest.approx(2.0) and max(simplex) <= NON_NEGATIVE + 1e-12
+    assert max(simplex) > 0.95 * NON_NEGATIVE  # two rows on different coordinates come close
+
+
+@pytest.mark.parametrize("sensitivity", [2.0, NON_NEGATIVE])
+def test_pld_is_never_above_rdp(sensitivity):
+    """Both are upper bounds; PLD (pessimistic, discretized at a share of the RDP epsilon) is the
+    tighter on every sigma and count of releases tried, from epsilon 0.005 to 2,000."""
+    for sigma in (0.1, 0.3, 0.5, 1.0, 2.0, 4.0, 8.0, 32.0, 100.0):
+        for releases in (1, 2, 4, 10, 100):
+            spent = release_epsilon(sigma, DELTA, releases, sensitivity)
+            assert 0 < spent.pld <= spent.rdp, (sigma, releases, spent)
+
+
+@pytest.mark.parametrize("rate", [0.001, 0.01, 0.1, 0.5])
+def test_pld_is_never_above_rdp_for_sampled_steps(rate):
+    """DP-SGD's steps (Poisson-sampled Gaussians, the accountants' add-or-remove relation)."""
+    for sigma in (0.5, 1.0, 4.0):
+        for steps in (1, 30, 1000):
+            event = dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma))
+            spent = account(dp_accounting.SelfComposedDpEvent(event, steps), DELTA)
+            assert 0 < spent.pld <= spent.rdp, (sigma, steps, spent)
 
 
 def test_epsilon_grows_with_rounds_and_falls_with_the_noise():
-    by_round = [unamplified_epsilon(1.0, DELTA, t) for t in range(1, 6)]
+    by_round = [release_epsilon(1.0, DELTA, t).reported for t in range(1, 6)]
     assert all(a < b for a, b in zip(by_round, by_round[1:]))
-    by_sigma = [unamplified_epsilon(s, DELTA, 3) for s in (0.5, 1.0, 2.0, 8.0)]
+    by_sigma = [release_epsilon(s, DELTA, 3).reported for s in (0.5, 1.0, 2.0, 8.0)]
     assert all(a > b for a, b in zip(by_sigma, by_sigma[1:]))
-    assert unamplified_epsilon(1.0, 1e-3, 3) < unamplified_epsilon(1.0, DELTA, 3)
-    assert unamplified_epsilon(0.0, DELTA, 3) == math.inf and unamplified_epsilon(1.0, DELTA, 0) == 0.0
-
-
-def test_no_amplification_is_full_participation():
-    """Without amplification the sample does not enter: the Poisson bound at rate 1."""
-    assert unamplified_epsilon(1.0, DELTA, 4) == pytest.approx(rdp_epsilon(1.0, DELTA, 4, 7, 7))
-    assert unamplified_epsilon(1.0, DELTA, 4) > rdp_epsilon(1.0, DELTA, 4, 2, 7)
+    assert release_epsilon(1.0, 1e-3, 3).reported < release_epsilon(1.0, DELTA, 3).reported
+    assert release_epsilon(1.0, DELTA, 3, NON_NEGATIVE).reported < release_epsilon(1.0, DELTA, 3).reported
+    assert release_epsilon(0.0, DELTA, 3).reported == math.inf and release_epsilon(1.0, DELTA, 0).reported == 0.0
 
 
 @pytest.mark.parametrize("sigma,count_std", [(1.0, 1.0), (0.8, 0.5), (2.0, 5.0)])
@@ -75,15 +125,19 @@ def test_adaptive_multiplier_is_the_one_flower_solved_for(sigma, count_std):
 
 
 def test_the_account_reports_each_phase_and_the_run():
+    """Both accountants beside the reported (smaller) epsilon, per phase and for the run: four
+    rounds at sigma 1 are 25.93 by RDP and 24.38 by PLD (replace-one), not the add-or-remove 10.73."""
     spent = CentralDP(DELTA, "DifferentialPrivacyServerSideFixedClipping", 1.0)
     for phase in ("fedavg", "fedavg", "fedavg", "fedprox"):
         spent.record(phase)
     report = spent.report()
     assert report["phases"]["fedavg"]["rounds"] == 3 and report["rounds"] == 4
-    assert report["phases"]["fedavg"]["epsilon_by_round"] == [unamplified_epsilon(1.0, DELTA, t) for t in (1, 2, 3)]
-    assert report["phases"]["fedprox"]["epsilon"] == report["epsilon_per_round"] == unamplified_epsilon(1.0, DELTA, 1)
-    assert report["epsilon"] == unamplified_epsilon(1.0, DELTA, 4)
+    assert report["phases"]["fedavg"]["epsilon_by_round"] == [release_epsilon(1.0, DELTA, t).pld for t in (1, 2, 3)]
+    assert report["phases"]["fedprox"]["epsilon"] == report["epsilon_per_round"] == release_epsilon(1.0, DELTA, 1).pld
+    assert (report["epsilon_rdp"], report["epsilon_pld"]) == pytest.approx((25.93, 24.38), abs=0.01)
+    assert report["epsilon"] == report["epsilon_pld"] < report["epsilon_rdp"]
     assert "Poisson sampling" in report["amplification_by_sampling"] and "not against the server" in report["covers"]
+    assert "replace-one" in report["accountant"] and "whether a client took part" in report["covers"]
 
 
 DP = ["experiment=fede4rag_paper", "strategy=fedprox", "privacy=dp_server_fixed", "protocol.methods.fede4rag=null"]

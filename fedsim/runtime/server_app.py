@@ -207,10 +207,12 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
 
 def privacy_results(messenger: Messenger, noise: NoiseSource) -> dict:
     """results.json's ``privacy``: whether the DP noise was private, each client's DP-SGD epsilon
-    per round, and what Flower's DP wrappers spent (``central_dp``, ``fedsim/privacy/dp.py``)."""
+    per round (Opacus's RDP; ``dp_sgd_epsilon_pld``: dp-accounting's PLD), and what Flower's DP
+    wrappers spent (``central_dp``, ``fedsim/privacy/dp.py``)."""
     return {"private_noise": noise.private,
             **({} if noise.private else {"warning": NOT_PRIVATE}),
             **({"dp_sgd_epsilon": messenger.epsilon} if messenger.epsilon else {}),
+            **({"dp_sgd_epsilon_pld": messenger.epsilon_pld} if messenger.epsilon_pld else {}),
             **({"central_dp": messenger.central_dp.report()} if messenger.central_dp else {})}
 
 
@@ -228,11 +230,12 @@ def central_dp_section(spent: dict) -> str:
     rows = [{"phase": phase, **p} for phase, p in spent["phases"].items()]
     return "\n\n".join([
         "## Privacy spent (central DP)",
-        f"(epsilon, delta) = ({spent['epsilon']:.3f}, {spent['delta']:g}) for the whole run: "
+        f"(epsilon, delta) = ({spent['epsilon']:.3f}, {spent['delta']:g}) for the whole run "
+        f"(RDP {spent['epsilon_rdp']:.3f}, PLD {spent['epsilon_pld']:.3f}): "
         f"{spent['rounds']} rounds of {spent['mechanism']} at noise multiplier "
         f"{spent['noise_multiplier']:.4g} ({spent['epsilon_per_round']:.3f} per round), every phase "
         "composed. Per phase (one model each):",
-        markdown_table(rows, ["phase", "rounds", "epsilon"], digits=3),
+        markdown_table(rows, ["phase", "rounds", "epsilon", "epsilon_rdp", "epsilon_pld"], digits=3),
         f"Accountant: {spent['accountant']}. Amplification by sampling: {spent['amplification_by_sampling']}. "
         f"Covers: {spent['covers']}."])
 
@@ -248,7 +251,24 @@ def audit_section(audit: AuditReport, out: RunOutput) -> str:
         f"{AUDIT_METHOD}. Canaries: {audit.covers}. A release holds when epsilon_lower <= epsilon_upper.",
         markdown_table([b.as_dict() for b in audit.bounds],
                        ["release", "noise_multiplier", "epsilon_upper", "epsilon_lower", "canaries", "guesses",
-                        "correct", "confidence", "attack", "holds"], digits=3)])
+                        "correct", "confidence", "attack", "holds"], digits=3),
+        *([noise_section(audit)] if audit.noise else [])])
+
+
+def noise_section(audit: AuditReport) -> str:
+    """The summary's noise checks: each release's noise against its claim with the check's power,
+    and the releases' noise against each other."""
+    rows = [{**c.as_dict(), **{f"power {p['shortfall']:g}x": p["power"] for p in c.power}} for c in audit.noise]
+    shared = audit.shared
+    return "\n\n".join([
+        "Each release's noise against its sigma (the exact sum is the server's; power: the chance the "
+        "check fails a release whose noise std falls short of the claim by that factor):",
+        markdown_table(rows, ["release", "noise_multiplier", "measured", "p_value", "significance",
+                              *(f"power {p['shortfall']:g}x" for p in audit.noise[0].power), "shortfall_at_90",
+                              "holds"], digits=3),
+        *([f"The releases' noise together (Bartlett's test of independence): p = {shared.p_value:.3g} at "
+           f"significance {shared.significance:.3g}, largest correlation {shared.largest_correlation:.3f} "
+           f"({shared.pair[0]}, {shared.pair[1]}): {'holds' if shared.holds else 'FAILS'}."] if shared else [])])
 
 
 def seed_server(seed: int) -> None:
