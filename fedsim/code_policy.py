@@ -67,15 +67,19 @@ def allowed_code(path: str, key: str) -> Any:
 
 
 def instantiate_allowed(spec: dict | DictConfig, key: str, /, **kwargs) -> Any:
-    """Hydra's ``instantiate(spec, **kwargs)`` once every ``_target_`` in ``spec`` (nested ones
-    too; interpolations resolved, as ``instantiate`` would) passed both checks, ``key`` naming
-    where ``spec`` sits (``task.partitioner``). The resolved spec is what is built."""
-    resolved = OmegaConf.to_container(OmegaConf.create(spec), resolve=True)
-    named = [(f"{key}.{where}", path) for where, path in named_code(resolved)]
+    """Hydra's ``instantiate(spec, **kwargs)`` once every ``_target_`` in what it would build
+    passed both checks: ``spec`` merged with ``kwargs`` and its interpolations resolved, as
+    ``instantiate`` does (a message's seed or an ``oc.create`` can hold a spec too). ``key``
+    names where ``spec`` sits (``task.partitioner``)."""
+    if isinstance(spec, DictConfig):
+        spec = OmegaConf.to_container(spec, resolve=True)
+    config = OmegaConf.merge(OmegaConf.create(spec, flags={"allow_objects": True}), kwargs)
+    OmegaConf.resolve(config)
+    named = list(named_code(OmegaConf.to_container(config), key))
     refuse_by_name(named)
     for where, path in named:
         refuse_by_definition(where, path, get_object(path))
-    return instantiate(resolved, **kwargs)
+    return instantiate(config)
 
 
 def _in_namespaces(path: str) -> bool:

@@ -68,6 +68,11 @@ def test_a_client_class_must_be_a_class_defined_in_fedsim(target, why):
     assert reply.has_error() and f"task.client: '{target}'" in reply.error.reason and why in reply.error.reason
 
 
+def created(spec: dict) -> str:
+    """``spec`` as an interpolation that resolves to it (OmegaConf's ``oc.create``)."""
+    return "${oc.create:{" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in spec.items()) + "}}"
+
+
 RETRIEVER = {"client": "fedsim_clients.retriever.RetrieverClient", "companies": []}  # builds its partitioner first
 # where a spec's code sits: the partitioner given the spec, the key the refusal names
 NESTINGS = {
@@ -76,6 +81,9 @@ NESTINGS = {
                     "task.partitioner.num_partitions._target_"),
     "a positional argument": (lambda spec: {"_target_": "flwr_datasets.partitioner.IidPartitioner", "_args_": [spec]},
                               "task.partitioner._args_[0]._target_"),
+    "an interpolation": (lambda spec: {"_target_": "flwr_datasets.partitioner.IidPartitioner",
+                                       "num_partitions": created(spec)},
+                         "task.partitioner.num_partitions._target_"),
 }
 
 
@@ -106,6 +114,18 @@ def test_an_evaluator_or_selector_spec_naming_code_outside_fedsim_builds_nothing
         for named, where in ((spec, f"{key}._target_"), (nested, f"{key}.human_words._target_")):
             with pytest.raises(ValueError, match=rf"{where}: 'numpy.load' is outside"):
                 build(json.dumps(named), 0)
+    assert not marker.exists()
+
+
+def test_a_seed_the_message_gives_a_selector_builds_nothing(unpickles):
+    """The message's seed is an argument of the selector Hydra builds: a spec there is built too."""
+    from fedsim_clients.preference import PreferenceClient
+    spec, marker = unpickles
+    for seed in (spec, created(spec)):
+        client = PreferenceClient.__new__(PreferenceClient)  # its data is not what is attacked
+        client.task = {"selector": {"_target_": "fedsim_tasks.hh_preference.selector.TfidfScorer"}, "seed": seed}
+        with pytest.raises(ValueError, match=r"task\.selector\.seed\._target_: 'numpy.load' is outside"):
+            client.initial_selector  # noqa: B018 - the property builds the selector
     assert not marker.exists()
 
 
