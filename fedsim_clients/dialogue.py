@@ -21,8 +21,8 @@ import time
 from functools import lru_cache
 
 from flwr.app import Message, MetricRecord, RecordDict
-from hydra.utils import instantiate
 
+from fedsim.code_policy import instantiate_allowed
 from fedsim.runtime import client_state
 from fedsim.runtime.records import from_bytes
 from fedsim.runtime.seeding import stream
@@ -52,7 +52,7 @@ PERSONAL_CONTEXTS = stream("personal-contexts", "partition", "dataset")
 @lru_cache(maxsize=1)
 def _evaluator(spec: str, seed: int):
     """One trust evaluator per process (each message loads its weights)."""
-    return instantiate(json.loads(spec), seed=seed)
+    return instantiate_allowed(json.loads(spec), "task.evaluator", seed=seed)
 
 
 def round_lr(settings: dict, server_round: int) -> float:

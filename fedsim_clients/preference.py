@@ -15,8 +15,8 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 from flwr.app import Message, MetricRecord, RecordDict
-from hydra.utils import instantiate
 
+from fedsim.code_policy import instantiate_allowed
 from fedsim.runtime.records import from_record
 from fedsim.runtime.seeding import stream
 from fedsim_clients import preference_messages as keys
@@ -34,7 +34,7 @@ TRAINING = stream("preference-training", "round", "partition")  # a round's batc
 def _selector(spec: str, seed: int):
     """One selector per process, shared by the clients a Ray actor serves (each message loads
     its weights): one encoder in memory, and one cache of frozen embeddings."""
-    return instantiate(json.loads(spec), seed=seed)
+    return instantiate_allowed(json.loads(spec), "task.selector", seed=seed)
 
 
 class PreferenceClient(ClientHandler):
@@ -57,7 +57,7 @@ class PreferenceClient(ClientHandler):
     def initial_selector(self) -> dict[str, np.ndarray]:
         """The selector's seeded weights, as the server's initial model (a fresh selector: the shared
         one holds whichever weights its last message loaded)."""
-        return instantiate(self.task["selector"], seed=self.task["seed"]).weights()
+        return instantiate_allowed(self.task["selector"], "task.selector", seed=self.task["seed"]).weights()
 
     def initial_weights(self, msg: Message) -> dict[str, np.ndarray]:
         """The selector's initial weights (HE wraps selector training; the policies start from the

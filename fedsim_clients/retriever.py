@@ -23,8 +23,8 @@ from functools import cached_property
 import numpy as np
 import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
-from hydra.utils import instantiate
 
+from fedsim.code_policy import instantiate_allowed
 from fedsim.run import node_local
 from fedsim.runtime import client_state
 from fedsim.runtime.records import from_record, to_record
@@ -67,7 +67,7 @@ class RetrieverClient(ClientHandler):
 
     def _documents(self, partition_id: int) -> list[str]:
         return client_documents(self.data_root, self.task["companies"],
-                                instantiate(self.task["partitioner"]), partition_id)
+                                instantiate_allowed(self.task["partitioner"], "task.partitioner"), partition_id)
 
     def _pairs(self, documents: list[str]) -> list[tuple[str, str]]:
         """Pseudo-query pairs from the documents' pages (the first ``pages_per_client``), each
@@ -218,6 +218,6 @@ class RetrieverClient(ClientHandler):
     @staticmethod
     def population_size(task: dict, data_root: str) -> int:
         from fedsim_tasks.financebench_rag.dataset import document_table
-        partitioner = instantiate(task["partitioner"])
+        partitioner = instantiate_allowed(task["partitioner"], "task.partitioner")
         partitioner.dataset = document_table(data_root, task["companies"])
         return partitioner.num_partitions

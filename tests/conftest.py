@@ -123,6 +123,27 @@ def without_timings(value):
     return value
 
 
+class Unpickled:
+    """What a planted ``.npy`` holds: unpickling it creates ``marker`` (code ran)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+@pytest.fixture
+def planted(tmp_path, monkeypatch):
+    """A module on the path whose import leaves a mark: its target, and the mark."""
+    name = f"planted_{tmp_path.name.replace('-', '_')}"
+    marker = tmp_path / "imported"
+    (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').close()\n\nclass Strategy:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield f"{name}.Strategy", marker
+    sys.modules.pop(name, None)
+
+
 @pytest.fixture
 def run_small(tmp_path):
     def run(*overrides, timeout=400):

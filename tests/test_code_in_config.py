@@ -11,8 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import fedsim_refusal
+from fedsim.code_policy import CODE_NAMESPACES
 from fedsim.run.config import REFUSED, compose
-from fedsim.run.schema import CODE_NAMESPACES, check_code
+from fedsim.run.schema import check_code
 from fedsim.runtime import server_app
 
 OUTSIDE = ["numpy.load", "os.system", "pickle.loads", "builtins.eval"]
@@ -28,17 +29,6 @@ PLACES = {
     "protocol.run": (["protocol.run={}"], "protocol.run"),
     "protocol.schema": (["protocol.schema={}"], "protocol.schema"),
 }
-
-
-@pytest.fixture
-def planted(tmp_path, monkeypatch):
-    """A module on the path whose import leaves a mark: its target, and the mark."""
-    name = f"planted_{tmp_path.name.replace('-', '_')}"
-    marker = tmp_path / "imported"
-    (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').close()\n\nclass Strategy:\n    pass\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield f"{name}.Strategy", marker
-    sys.modules.pop(name, None)
 
 
 def allowed_in(log: str) -> bool:

@@ -18,22 +18,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from conftest import FEDSIM, SMALL, cmdline, fedsim_refusal, fedsim_run, private_tmpdir
+from conftest import FEDSIM, SMALL, Unpickled, cmdline, fedsim_refusal, fedsim_run, private_tmpdir
 from fedsim.privacy.secret import derive, seal
 from fedsim.run.cli import RUN_FILE, _save_run, prepare, resumed
 from fedsim.run.config import ConfigError
 from fedsim.run.sweep import MANIFEST, Sweep
 from fedsim.run.watchdog import run_processes
-
-
-class Unpickled:
-    """What a planted ``.npy`` holds: unpickling it creates ``marker`` (code ran)."""
-
-    def __init__(self, marker):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return open, (self.marker, "w")
 
 
 def planted_point(tmp_path, point, hardware=("hardware.num_clients=2",)):

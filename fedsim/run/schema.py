@@ -26,15 +26,8 @@ from hydra.utils import get_class, get_method, get_object, instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
+from fedsim.code_policy import named_code, refuse_by_definition, refuse_by_name
 from fedsim.privacy.secret import who_else_writes
-
-# The only code a config may name (under CODE_KEYS, anywhere in its tree): fedsim's own packages
-# and the Flower namespaces conf/ uses. The run config is input (a resume's saved overrides; under
-# `flwr run`, whoever submits it), and the pre-run check imports and builds what it names.
-CODE_NAMESPACES = ("fedsim", "fedsim_strategies", "fedsim_tasks", "fedsim_clients", "fedsim_experiments",
-                   "flwr.serverapp.strategy", "flwr_datasets.partitioner")
-# each key that names code -> what it must name: a class to build (or a block's schema), a function to call
-CODE_KEYS = {"_target_": "class", "schema": "class", "client": "class", "run": "function", "loader": "function"}
 
 
 def require(ok: bool, key: str, rule: str, value) -> None:
@@ -451,47 +444,20 @@ def _entries(value, key: str):
 
 
 def check_code(cfg: DictConfig) -> None:
-    """Refuse code the config names (:data:`CODE_KEYS`) outside :data:`CODE_NAMESPACES`: first by
-    its dotted name, before anything is imported (``numpy.load``, a planted module), then by what
-    it resolves to, once fedsim's and Flower's own modules are imported: code defined there (not
-    ``fedsim.privacy.secret.os.system``, posix's) of the kind its key takes (a class for a
-    ``_target_``, not one of fedsim's functions). By hand: Hydra's own target policy is a
-    blocklist (``numpy.load`` passes it), applied by ``instantiate`` alone, after the import."""
+    """Refuse code the config names outside fedsim's and Flower's strategies
+    (``fedsim/code_policy.py``): every name first, before anything is imported, then what each
+    resolves to. A name that does not resolve is left to the check that uses it, which names it."""
     try:
-        named = list(_code_named(OmegaConf.to_container(cfg, resolve=True), ""))
+        named = list(named_code(OmegaConf.to_container(cfg, resolve=True)))
     except OmegaConfBaseException as exc:  # an interpolation that does not resolve
         raise ValueError(str(exc)) from exc
-    allowed = f"a config may name code in {', '.join(CODE_NAMESPACES)} only"
-    for key, path in named:
-        if not _in_namespaces(path):
-            raise ValueError(f"{key}: {path!r} is outside fedsim and Flower's strategies; {allowed}")
+    refuse_by_name(named)
     for key, path in named:
         try:
             found = get_object(path)
         except Exception:  # left to the check that uses it, which names it
             continue
-        home = found.__name__ if isinstance(found, types.ModuleType) else getattr(found, "__module__", None)
-        if not _in_namespaces(str(home)):
-            raise ValueError(f"{key}: {path!r} is outside fedsim and Flower's strategies (defined in {home}); "
-                             f"{allowed}")
-        kind = CODE_KEYS[key.rsplit(".", 1)[-1]]
-        if isinstance(found, type) != (kind == "class") or not callable(found):
-            raise ValueError(f"{key}: {path!r} is not a {kind}")
-
-
-def _code_named(value, key: str):
-    """Every (key, dotted path) under a key of :data:`CODE_KEYS` inside ``value``."""
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for name, inner in items:
-        where = f"{key}[{name}]" if isinstance(value, list) else f"{key}.{name}" if key else str(name)
-        if name in CODE_KEYS and isinstance(inner, str):
-            yield where, inner
-        else:
-            yield from _code_named(inner, where)
-
-
-def _in_namespaces(path: str) -> bool:
-    return any(path == space or path.startswith(f"{space}.") for space in CODE_NAMESPACES)
+        refuse_by_definition(key, path, found)
 
 
 def refuse_unknown_keys(node: DictConfig, schema: type, prefix: str = "") -> None:

@@ -21,8 +21,8 @@ from flwr.client.mod.utils import make_ffn
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import adaptiveclipping_mod
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
-from hydra.utils import get_class
 
+from fedsim.code_policy import allowed_code
 from fedsim.message_keys import CONFIG, NODE_NUM_PARTITIONS, NODE_PARTITION_ID, PARTITION_ID, RAY_NODE, SERVER_ROUND
 from fedsim.privacy.he import layer as he_layer
 from fedsim.run import exchange_trace, node_local
@@ -72,9 +72,11 @@ app = ClientApp(mods=MODS)
 @lru_cache(maxsize=64)
 def _client(task_json: str, data_root: str, partition_id: int, num_partitions: int):
     """The task's handler (``fedsim_clients/handler.py``), in the HE layer where the task carries
-    CKKS parameters (``fedsim/privacy/he/layer.py``)."""
+    CKKS parameters (``fedsim/privacy/he/layer.py``). The message names it: only a class of fedsim's
+    may be built (``fedsim/code_policy.py``), else the message gets an error reply."""
     task = json.loads(task_json)
-    return he_layer.around(get_class(task["client"])(task, data_root, partition_id, num_partitions), task)
+    handler = allowed_code(task["client"], "task.client")
+    return he_layer.around(handler(task, data_root, partition_id, num_partitions), task)
 
 
 @lru_cache(maxsize=16)

@@ -28,9 +28,9 @@ from pathlib import Path
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import strategy_utils
-from hydra.utils import get_method
 from omegaconf import DictConfig
 
+from fedsim.code_policy import allowed_code
 from fedsim.message_keys import CONFIG
 from fedsim.privacy.audit import METHOD as AUDIT_METHOD
 from fedsim.privacy.audit import AuditReport
@@ -170,7 +170,7 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
         messenger = Messenger(grid, float(cfg.round_timeout), journal=journal, sinks=sinks,
                               noise=noise, know_partitions=True)
         seed_server(int(cfg.seed))
-        results, summary = get_method(cfg.protocol.run)(messenger, cfg, out)
+        results, summary = allowed_code(cfg.protocol.run, "protocol.run")(messenger, cfg, out)
         audit: AuditReport | None = results.pop("audit", None)
         results["privacy"] = privacy_results(messenger, noise)
         if "central_dp" in results["privacy"]:

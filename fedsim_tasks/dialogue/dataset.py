@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 from datasets import Dataset
-from hydra.utils import get_method, instantiate
 
+from fedsim.code_policy import allowed_code, instantiate_allowed
 from fedsim.run.data import DataNotFoundError, require_file
 from fedsim.runtime.seeding import stream
 from fedsim_tasks.causal_lm import format_prompt, generate
@@ -187,11 +187,11 @@ class DialogueTask:
 
     def __init__(self, name: str, spec: dict, task: dict, data_root: str):
         self.name, self.spec, self.task = name, spec, task
-        load = get_method(spec["loader"])
+        load = allowed_code(spec["loader"], f"task.datasets.{name}.loader")
         limit = task.get("max_conversations")
         train = load(data_root, spec["train_split"])[:limit]
         held_out = load(data_root, spec["eval_split"])[:limit]
-        partitioner = instantiate(spec["partitioner"])
+        partitioner = instantiate_allowed(spec["partitioner"], f"task.datasets.{name}.partitioner")
         partitioner.dataset = Dataset.from_dict({"group": [c.group for c in train], "row": list(range(len(train)))})
         if partitioner.num_partitions != task["num_clients"]:
             raise ValueError(f"{name}: the partitioner gives {partitioner.num_partitions} clients but "

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsim.code_policy import instantiate_allowed
 from fedsim.run.data import require_file
 from fedsim.runtime.seeding import stream
 
@@ -219,9 +220,8 @@ class Federation:
         self.flips = minority_flips(pairs, task["minority_preference"], task["split_seed"])
 
     def client(self, partition_id: int) -> ClientData:
-        from hydra.utils import instantiate
-        own = client_partition(self.splits["pool"], self.pool_topics, instantiate(self.task["partitioner"]),
-                               partition_id)
+        partitioner = instantiate_allowed(self.task["partitioner"], "task.partitioner")
+        own = client_partition(self.splits["pool"], self.pool_topics, partitioner, partition_id)
         train, valid = holdout(own, self.task["valid_share"], self.task["split_seed"], partition_id)
         minority = partition_id in self.minority
         flipped = self.flips if minority else frozenset()
