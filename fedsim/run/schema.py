@@ -28,11 +28,13 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 
 from fedsim.privacy.secret import who_else_writes
 
-# The only code a config may name (under CODE_KEYS, anywhere in its tree): fedsim's own packages
-# and the Flower namespaces conf/ uses. The run config is input (a resume's saved overrides; under
+# The only code a config may name (under CODE_KEYS, anywhere in its tree): fedsim's packages of
+# strategies, tasks, clients and experiments, the Flower namespaces conf/ uses, and of fedsim's
+# core its Protocol schema alone (the core is machinery: its launcher's Process runs any command,
+# a fresh Journal empties its folder). The run config is input (a resume's saved overrides; under
 # `flwr run`, whoever submits it), and the pre-run check imports and builds what it names.
-CODE_NAMESPACES = ("fedsim", "fedsim_strategies", "fedsim_tasks", "fedsim_clients", "fedsim_experiments",
-                   "flwr.serverapp.strategy", "flwr_datasets.partitioner")
+CODE_NAMESPACES = ("fedsim.run.schema.Protocol", "fedsim_strategies", "fedsim_tasks", "fedsim_clients",
+                   "fedsim_experiments", "flwr.serverapp.strategy", "flwr_datasets.partitioner")
 # each key that names code -> what it must name: a class to build (or a block's schema), a function to call
 CODE_KEYS = {"_target_": "class", "schema": "class", "client": "class", "run": "function", "loader": "function"}
 
@@ -471,7 +473,8 @@ def check_code(cfg: DictConfig) -> None:
         except Exception:  # left to the check that uses it, which names it
             continue
         home = found.__name__ if isinstance(found, types.ModuleType) else getattr(found, "__module__", None)
-        if not _in_namespaces(str(home)):
+        defined = home if isinstance(found, types.ModuleType) else f"{home}.{getattr(found, '__qualname__', '')}"
+        if not _in_namespaces(defined):
             raise ValueError(f"{key}: {path!r} is outside fedsim and Flower's strategies (defined in {home}); "
                              f"{allowed}")
         kind = CODE_KEYS[key.rsplit(".", 1)[-1]]
