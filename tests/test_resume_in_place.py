@@ -124,6 +124,19 @@ def test_the_resume_key_is_this_users_outside_the_results_folder(tmp_path, monke
         resumed(str(tmp_path / "run"), [])
 
 
+def test_a_run_whose_resume_key_folder_is_open_to_others_is_refused_up_front(tmp_path, monkeypatch):
+    """A fresh run seals its run.json under this user's key: a key folder others can enter (made
+    by hand, or by another tool under another umask) is a configuration error naming the folder,
+    exit 2 before anything starts, not a traceback."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    (tmp_path / "state" / "fedsim").mkdir(parents=True, mode=0o755)
+    os.chmod(tmp_path / "state" / "fedsim", 0o755)
+    code, err = fedsim_refusal("experiment=turn_sentiment_fedavg", "hardware.num_clients=2",
+                               f"results_dir={tmp_path / 'run'}")
+    assert code == 2 and f"checkpoint: {tmp_path / 'state' / 'fedsim'}: a private folder" in err, err
+    assert not (tmp_path / "run" / RUN_FILE).exists()
+
+
 def test_a_checkpoint_of_an_earlier_fedsim_is_refused_with_what_to_do(tmp_path):
     """An earlier fedsim kept run.json's key beside it, where a record carries it: its own
     checkpoints are refused too, saying how to run the point again."""
