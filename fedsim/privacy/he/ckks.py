@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import tenseal as ts
 from flwr.app import Array, ArrayRecord
+from google.protobuf import empty_pb2, unknown_fields
+from google.protobuf.message import DecodeError
 
 from fedsim.privacy.he import messages as keys
 from fedsim.privacy.secret import create_private_file, private_folder, read_private_file
@@ -101,13 +103,47 @@ def key_id(public: bytes) -> str:
     return hashlib.sha256(public).hexdigest()[:16]
 
 
+# What a public context (public_bytes) holds of TenSEAL's context message
+# (tenseal/proto/tensealcontext.proto), by field number: at its top encryption_parameters,
+# public_context and encryption_type (not private_context), inside public_context public_key,
+# auto_flags and scale (not relin_keys, galois_keys)
+PUBLIC_FIELDS = {1, 2, 4}
+PUBLIC_CONTEXT_FIELDS = {1, 2, 3}
+
+
+def _fields(data: bytes) -> list:
+    """A protobuf message's fields, read without its schema (TenSEAL ships none for Python)."""
+    message = empty_pb2.Empty()
+    message.ParseFromString(data)
+    return list(unknown_fields.UnknownFieldSet(message))
+
+
+def _refuse_more_than_public(public: bytes) -> None:
+    """Refuse a client's context that holds more than :func:`public_bytes` writes, before TenSEAL
+    reads it: a relinearization or Galois key set is a count of keys TenSEAL inflates from
+    compressed bytes with no bound (a crafted 515 KB one, within the size cap, had the server
+    hold 462 MB), and a secret key is none of the server's."""
+    try:
+        top = _fields(public)
+        inner = [f for part in top if part.field_number == 2 and isinstance(part.data, bytes)
+                 for f in _fields(part.data)]
+    except DecodeError as exc:
+        raise ValueError(f"a public context that is no TenSEAL context: {exc}") from None
+    extra = sorted({f.field_number for f in top} - PUBLIC_FIELDS) + \
+        sorted(f"public_context.{n}" for n in {f.field_number for f in inner} - PUBLIC_CONTEXT_FIELDS)
+    if extra:
+        raise ValueError(f"a public context with fields {extra} of TenSEAL's context message beside its "
+                         "parameters and public key (a secret key, relinearization or Galois keys)")
+
+
 def server_context(public: bytes, params: CKKSParams) -> ts.Context:
     """The context of a client's ``public`` bytes, checked to be under ``params`` (the run's: a
     ciphertext's size cap holds for them) and to carry no secret key; ``public`` is refused
-    unread when larger than such a context can be."""
+    unread when larger than such a context can be, or holding more than a public context."""
     if len(public) > params.public_context_bytes:
         raise ValueError(f"a public context of {len(public)} bytes, at most {params.public_context_bytes} "
                          "under the run's CKKS parameters")
+    _refuse_more_than_public(public)
     ctx = ts.context_from(public)
     if ctx.is_private():
         raise ValueError("refusing a context that carries a secret key on the server")
