@@ -171,3 +171,21 @@ def test_a_public_context_holding_key_sets_is_refused_before_tenseal_inflates_th
                                                          save_galois_keys=False, save_relin_keys=False)
     with pytest.raises(ValueError, match=r"fields \[3\] "):
         ckks.server_context(private, PARAMS)
+
+
+def test_a_ciphertext_that_is_a_vector_of_several_is_refused_before_tenseal_reads_it(monkeypatch):
+    """TenSEAL's vector message repeats its ciphertexts, and TenSEAL inflates each from SEAL's
+    compression: 800 ciphertexts of zeros fit in 408 KB, within the size cap, and took 300 MB and
+    1.6 s to parse before the probe refused them. fedsim's vectors hold one: a blob of several
+    is refused unread, whatever they hold (here copies of an honest one)."""
+    ctx = ckks.new_secret_context(PARAMS)
+    honest = ckks.encrypt(ctx, np.ones(PARAMS.slots), PARAMS.slots)[0]
+    probe = ckks.Probe(ckks.server_context(ckks.public_bytes(ctx), PARAMS))
+    (ciphertext,) = (f.data for f in ckks._fields(honest) if f.field_number == ckks.CKKS_VECTOR_CIPHERTEXTS)
+    several = honest + _field(ckks.CKKS_VECTOR_CIPHERTEXTS, ciphertext) * 2  # protobuf appends repeated fields
+    parsed, parse = [], ts.ckks_vector_from
+    monkeypatch.setattr(ts, "ckks_vector_from", lambda ctx, blob: parsed.append(blob) or parse(ctx, blob))
+    why = probe.problem([several], PARAMS.slots, PARAMS.slots)
+    assert why == "ciphertext 0 is a vector of 3 ciphertexts, expected 1"
+    assert several not in parsed
+    assert probe.problem([honest], PARAMS.slots, PARAMS.slots) is None and parsed == [honest]
