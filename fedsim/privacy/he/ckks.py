@@ -16,6 +16,7 @@ import fcntl
 import hashlib
 import os
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -107,7 +108,8 @@ def key_id(public: bytes) -> str:
 # (tenseal/proto/tensealcontext.proto), by field number: at its top encryption_parameters,
 # public_context and encryption_type (not private_context), inside public_context public_key,
 # auto_flags and scale (not relin_keys, galois_keys)
-PUBLIC_FIELDS = {1, 2, 4}
+ENCRYPTION_PARAMETERS = 1
+PUBLIC_FIELDS = {ENCRYPTION_PARAMETERS, 2, 4}
 PUBLIC_CONTEXT_FIELDS = {1, 2, 3}
 CKKS_VECTOR_CIPHERTEXTS = 2  # the repeated ciphertexts of TenSEAL's CKKSVectorProto (tenseal/proto/tensors.proto)
 
@@ -119,11 +121,20 @@ def _fields(data: bytes) -> list:
     return list(unknown_fields.UnknownFieldSet(message))
 
 
-def _refuse_more_than_public(public: bytes) -> None:
-    """Refuse a client's context that holds more than :func:`public_bytes` writes, before TenSEAL
-    reads it: a relinearization or Galois key set is a count of keys TenSEAL inflates from
-    compressed bytes with no bound (a crafted 515 KB one, within the size cap, had the server
-    hold 462 MB), and a secret key is none of the server's."""
+@cache
+def _parameters(params: CKKSParams) -> bytes:
+    """``params`` as TenSEAL writes them in a context (SEAL's encryption parameters: N and the
+    moduli CoeffModulus.Create picks for the bit sizes, the same for the same parameters)."""
+    return next(f.data for f in _fields(public_bytes(new_secret_context(params)))
+                if f.field_number == ENCRYPTION_PARAMETERS)
+
+
+def _refuse_other_than_public(public: bytes, params: CKKSParams) -> None:
+    """Refuse a client's context, before TenSEAL reads it, unless it is what :func:`public_bytes`
+    writes under the run's ``params``: TenSEAL builds SEAL's tables for whatever parameters a
+    context names (a crafted 9 KB one of N 32768 took 384 MB and 0.8 s), inflates a
+    relinearization or Galois key set's count of keys from compressed bytes with no bound (515
+    KB within the size cap took 462 MB), and a secret key is none of the server's."""
     try:
         top = _fields(public)
         inner = [f for part in top if part.field_number == 2 and isinstance(part.data, bytes)
@@ -135,26 +146,20 @@ def _refuse_more_than_public(public: bytes) -> None:
     if extra:
         raise ValueError(f"a public context with fields {extra} of TenSEAL's context message beside its "
                          "parameters and public key (a secret key, relinearization or Galois keys)")
+    if {f.data for f in top if f.field_number == ENCRYPTION_PARAMETERS} != {_parameters(params)}:
+        raise ValueError(f"a context under other CKKS parameters than the run's (N {params.poly_modulus_degree}, "
+                         f"moduli of {'-'.join(map(str, params.coeff_mod_bit_sizes))} bits)")
 
 
 def server_context(public: bytes, params: CKKSParams) -> ts.Context:
-    """The context of a client's ``public`` bytes, checked to be under ``params`` (the run's: a
-    ciphertext's size cap holds for them) and to carry no secret key; ``public`` is refused
-    unread when larger than such a context can be, or holding more than a public context."""
+    """The context of a client's ``public`` bytes, under ``params`` (the run's: a ciphertext's
+    size cap holds for them) with no secret key; ``public`` is refused unread when larger than
+    such a context can be or holding anything else."""
     if len(public) > params.public_context_bytes:
         raise ValueError(f"a public context of {len(public)} bytes, at most {params.public_context_bytes} "
                          "under the run's CKKS parameters")
-    _refuse_more_than_public(public)
-    ctx = ts.context_from(public)
-    if ctx.is_private():
-        raise ValueError("refusing a context that carries a secret key on the server")
-    key = ctx.seal_context().data.key_context_data()
-    got = (key.parms().poly_modulus_degree(), key.chain_index() + 1, key.total_coeff_modulus_bit_count())
-    want = (params.poly_modulus_degree, len(params.coeff_mod_bit_sizes), sum(params.coeff_mod_bit_sizes))
-    if got != want:
-        raise ValueError(f"a context of N {got[0]} with {got[1]} moduli of {got[2]} bits; the run's has "
-                         f"N {want[0]} with {want[1]} of {want[2]}")
-    return ctx
+    _refuse_other_than_public(public, params)
+    return ts.context_from(public)
 
 
 def encrypt(ctx: ts.Context, values: np.ndarray, slots: int) -> list[bytes]:
