@@ -110,6 +110,20 @@ def test_a_run_resumes_only_in_the_folder_it_was_started_in(tmp_path):
         resumed(str(run), [])
 
 
+def test_a_link_to_a_run_resumes_that_run_with_its_own_overrides_only(tmp_path):
+    """A link someone else made (``resume=/tmp/shared/run`` naming this user's run folder) is
+    resolved: it resumes this user's run as it was started, nothing of the link's author, and a
+    link inside the folder to another run's run.json opens under no folder's key."""
+    run, other = tmp_path / "run", tmp_path / "other"
+    save_run(run)
+    (tmp_path / "link").symlink_to(run, target_is_directory=True)
+    assert resumed(str(tmp_path / "link"), []) == ["seed=3", "resume=true"]
+    (other / "checkpoint").mkdir(parents=True)
+    (other / RUN_FILE).symlink_to(run / RUN_FILE)
+    with pytest.raises(ConfigError, match="not written here"):
+        resumed(str(other), [])
+
+
 def test_the_resume_key_is_this_users_outside_the_results_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     save_run(tmp_path / "run")
