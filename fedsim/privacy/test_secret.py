@@ -73,3 +73,21 @@ def test_a_users_secret_under_a_folder_others_can_write_is_refused(tmp_path, mon
     with pytest.raises(PermissionError, match=f"{shared} is writable by others"):
         user_secret("resume.key")
     assert not (shared / "state").exists()
+
+
+def test_a_users_key_folder_that_is_a_link_or_another_users_is_refused(tmp_path, monkeypatch):
+    """A link at ``$XDG_STATE_HOME/fedsim`` (to a folder of this user's holding a key someone
+    knows) is not followed; a key folder another user made first is not used."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    (tmp_path / "state").mkdir()
+    (tmp_path / "known").mkdir(mode=0o700)
+    (tmp_path / "state" / "fedsim").symlink_to(tmp_path / "known", target_is_directory=True)
+    with pytest.raises(PermissionError, match="must be a folder of this user"):
+        user_secret("resume.key")
+    if os.getuid() != 0:
+        pytest.skip("making a folder another user's needs root")
+    (tmp_path / "state" / "fedsim").unlink()
+    (tmp_path / "state" / "fedsim").mkdir(mode=0o700)
+    os.chown(tmp_path / "state" / "fedsim", 4242, 4242)
+    with pytest.raises(PermissionError, match="belongs to uid 4242"):
+        user_secret("resume.key")
