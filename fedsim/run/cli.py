@@ -102,8 +102,12 @@ def run_file_key(folder: Path) -> bytes:
 def _save_run(cfg, pinned: list[str]) -> None:
     if cfg.checkpoint.enabled and not cfg.resume:
         path = Path(cfg.results_dir) / RUN_FILE
-        private_folder(path.parent)
-        path.write_bytes(seal(run_file_key(Path(cfg.results_dir)), path.name, {"overrides": pinned}))
+        try:
+            private_folder(path.parent)
+            key = run_file_key(Path(cfg.results_dir))
+        except OSError as exc:  # this user's key folder open to others: refused before anything starts
+            raise ConfigError(f"checkpoint: {exc}") from exc
+        path.write_bytes(seal(key, path.name, {"overrides": pinned}))
 
 
 def prepare(overrides: list[str]) -> tuple[DictConfig, list[str], int, int]:
@@ -172,16 +176,16 @@ def run(overrides: list[str]) -> int:
     given, started, git = list(overrides), provenance.now(), provenance.git_state()
     try:
         cfg, overrides, clients, nodes = prepare(overrides)
+        # the ServerApp composes again from the same overrides: pin what was resolved here (a remote
+        # ServerApp finds its data by its own host's data root and ships its results back)
+        remote = cfg.hardware.backend == "deployment" and not cfg.hardware.launch_local
+        pinned = [*overrides, *([] if remote or cfg.data_root is None else [f"data_root={cfg.data_root}"]),
+                  f"results_dir={cfg.results_dir}", f"logging.mlflow_dir={cfg.logging.mlflow_dir}",
+                  f"hardware.num_clients={clients}"]
+        _save_run(cfg, [o for o in pinned if o != "resume=true"])
     except REFUSED as exc:
         print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
         return 2
-    # the ServerApp composes again from the same overrides: pin what was resolved here (a remote
-    # ServerApp finds its data by its own host's data root and ships its results back)
-    remote = cfg.hardware.backend == "deployment" and not cfg.hardware.launch_local
-    pinned = [*overrides, *([] if remote or cfg.data_root is None else [f"data_root={cfg.data_root}"]),
-              f"results_dir={cfg.results_dir}", f"logging.mlflow_dir={cfg.logging.mlflow_dir}",
-              f"hardware.num_clients={clients}"]
-    _save_run(cfg, [o for o in pinned if o != "resume=true"])
     try:
         outcome = launch(cfg, pinned, nodes)
     except RunFailed as exc:
