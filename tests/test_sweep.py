@@ -226,3 +226,20 @@ def test_a_sweep_folder_others_can_write_is_refused_before_its_manifest_is_read(
         with pytest.raises(ConfigError, match=f"{shared} is writable by others"):
             Sweep(["seed=0,1", where], lambda point: _composed())
     assert sorted(p.name for p in shared.iterdir()) == ["sweep"]
+
+
+def test_a_sweep_folder_named_through_a_folder_others_can_write_or_holding_one_is_refused(tmp_path):
+    """The attack: ``resume=`` names the user's record through a link in a folder another user
+    can write (they could repoint it after the check), or the record holds a point folder others
+    can write (kept by ``tar -p``): either way its files could be swapped after the checks."""
+    own, shared = tmp_path / "own", tmp_path / "shared"
+    _record(own)
+    shared.mkdir()
+    shared.chmod(0o777)
+    (shared / "sweep").symlink_to(own)
+    with pytest.raises(ConfigError, match=f"{shared} is writable by others"):
+        Sweep(["seed=0,1", f"resume={shared / 'sweep'}"], lambda point: _composed())
+    shared.chmod(0o755)
+    (own / "seed-1").chmod(0o777)
+    with pytest.raises(ConfigError, match=f"{own / 'seed-1'} is writable by others"):
+        Sweep(["seed=0,1", f"resume={shared / 'sweep'}"], lambda point: _composed())

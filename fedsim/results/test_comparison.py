@@ -554,3 +554,30 @@ def test_compare_refuses_a_record_or_an_output_folder_others_can_write(tmp_path,
     assert cli.main(["compare", str(shared / "record"), "sweep.baseline=old", "--output", str(own / "out")]) == 2
     assert f"{shared} is writable by others" in capsys.readouterr().err and not (own / "out").exists()
     assert cli.main(["compare", str(own), "sweep.baseline=old"]) == 0
+
+
+def test_compare_refuses_a_record_named_through_a_folder_others_can_write(tmp_path, capsys):
+    """The attack: the record is named through a link in a folder another user can write; its
+    target (the user's own record) passed the check, and the link could be repointed to theirs
+    before the read and the write. Checked as named and as resolved, then used resolved."""
+    own, shared = tmp_path / "own", tmp_path / "shared"
+    own.mkdir()
+    _sweep_folder(own, [0.01, 0.012, 0.011])
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    (shared / "record").symlink_to(own)
+    assert cli.main(["compare", str(shared / "record"), "sweep.baseline=old", "--output", str(tmp_path / "out")]) == 2
+    assert f"{shared} is writable by others" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    assert cli.main(["compare", str(own), "sweep.baseline=old", "--output", str(shared / "record" / "out")]) == 2
+    assert f"{shared} is writable by others" in capsys.readouterr().err and not (own / "out").exists()
+
+
+def test_compare_refuses_a_record_with_a_folder_inside_that_others_can_write(tmp_path, capsys):
+    """The attack: a record unpacked with its modes (``tar -p``, ``cp -a``) keeps a run folder
+    0777; another local user swaps its results.json for a link or a FIFO after the walk and
+    before the read. Every folder in the record is checked, not only the record's own."""
+    _sweep_folder(tmp_path, [0.01, 0.012, 0.011])
+    (tmp_path / "r1").chmod(0o777)
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=old"]) == 2
+    assert f"{tmp_path / 'r1'} is writable by others" in capsys.readouterr().err
+    assert not list(tmp_path.glob("summary*"))

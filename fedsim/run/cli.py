@@ -251,8 +251,8 @@ def compare(folder: str, overrides: list[str], output: str | None = None, force:
     try:
         if any(not o.startswith("sweep.") for o in overrides):
             raise ConfigError(f"compare takes sweep.* overrides only, got {overrides}")
-        for what, path in (("record", folder), ("output folder", output or folder)):
-            refuse_other_writers(Path(path).expanduser().resolve(), what)
+        output = refuse_other_writers(output or folder, "output folder")
+        folder = refuse_other_writers(folder, "record", inside=True)  # resolved: the path checked is the one used
         stated = {str(run.relative_to(folder)): OmegaConf.load(run / "config.yaml").get("sweep", {})
                   for run in counted_runs(folder) if (run / "config.yaml").is_file()}
         if not stated:

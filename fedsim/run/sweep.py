@@ -65,7 +65,7 @@ def _swept_values(point: list[str], swept: list[str]) -> dict[str, str]:
 def _sweep_folder(overrides: list[str], first_cfg) -> Path:
     given = [o.partition("=")[2] for o in overrides if o.startswith("results_dir=")]
     if given:
-        return Path(given[-1]).expanduser().resolve()
+        return Path(given[-1])
     return Path(first_cfg.results_dir).parent / f"sweep-{Path(first_cfg.results_dir).name}"
 
 
@@ -83,8 +83,8 @@ class Sweep:
                 checked.append(prepare(point)[0])
             except Exception as exc:
                 raise ConfigError(f"sweep point {' '.join(point)}:\n{exc}") from exc
-        self.folder = Path(folder[-1]).expanduser().resolve() if folder else _sweep_folder(overrides, checked[0])
-        refuse_other_writers(self.folder, "sweep folder")
+        self.folder = refuse_other_writers(folder[-1] if folder else _sweep_folder(overrides, checked[0]),
+                                           "sweep folder", inside=True)
         if self.folder.exists():
             comparison.refuse_links(self.folder)  # a record is someone else's files
         self.settings = comparison.Settings.of(checked[0].sweep)
@@ -237,12 +237,20 @@ class Sweep:
         return result
 
 
-def refuse_other_writers(folder: Path, what: str) -> None:
-    """Refuse ``folder`` when another local user could write it (``who_else_writes``): they could
-    plant a link or swap a file between fedsim's checks and its reads and writes there."""
-    if why := who_else_writes(folder):
-        raise ConfigError(f"{what} {folder}: {why}, so another user could plant links in it or swap its files: "
-                          "choose a folder only you (and root) can write")
+def refuse_other_writers(folder: str | Path, what: str, inside: bool = False) -> Path:
+    """``folder`` resolved, refused when another local user could write it (``who_else_writes``):
+    they could plant a link or swap a file between fedsim's checks and its reads and writes there.
+    Checked as named too (a link on the way, in a folder others can write, could be repointed
+    after the check: the resolved path is the one to use), and with ``inside`` every folder in it
+    (a record unpacked with its modes may hold one that others can write)."""
+    named = Path(folder).expanduser().absolute()
+    resolved = named.resolve()
+    folders = (Path(root) for root, _, _ in os.walk(resolved)) if inside else ()
+    for path in (named, resolved, *folders):
+        if why := who_else_writes(path):
+            raise ConfigError(f"{what} {folder}: {why}, so another user could plant links in it or swap its files: "
+                              "choose a folder only you (and root) can write")
+    return resolved
 
 
 def _paired_means(result: dict | None) -> dict[str, float]:
