@@ -243,3 +243,12 @@ def test_a_sweep_folder_named_through_a_folder_others_can_write_or_holding_one_i
     (own / "seed-1").chmod(0o777)
     with pytest.raises(ConfigError, match=f"{own / 'seed-1'} is writable by others"):
         Sweep(["seed=0,1", f"resume={shared / 'sweep'}"], lambda point: _composed())
+
+
+def test_a_manifest_that_is_no_sweeps_manifest_is_refused_naming_it(tmp_path):
+    """The attack: a record's sweep.json nested past the recursion limit ended ``fedsim run -m
+    ... resume=`` in a traceback; one over the size any fedsim file has was read whole."""
+    _record(tmp_path / "sweep")
+    (tmp_path / "sweep" / MANIFEST).write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match=f"{re.escape(repr(str(tmp_path / 'sweep' / MANIFEST)))} is not JSON"):
+        Sweep(["seed=0,1", f"resume={tmp_path / 'sweep'}"], lambda point: _composed())

@@ -40,10 +40,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from omegaconf import OmegaConf
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from scipy import stats
 
-from fedsim.results.outputs import RunOutput, markdown_table, markdown_text, write_file
+from fedsim.results.outputs import MAX_FILE_BYTES, RunOutput, markdown_table, markdown_text, write_file
 from fedsim.results.stats import detectable_effect, detectable_effect_of_interval, seeds_needed, t_interval, verdict
 
 POINT_FILE = "point.json"  # a sweep run's overrides, beside its results.json
@@ -141,6 +143,51 @@ def refuse_links(folder: str | Path) -> None:
                                         "before anything in it is read")
 
 
+def read_record(path: Path) -> str:
+    """The text of a record's file (results.json, point.json, config.yaml, sweep.json), refused,
+    naming it, when it is not a plain file (opened without following a link or waiting on a
+    FIFO), holds over :data:`MAX_FILE_BYTES` (the most a run ships of one file: a sparse 1 GiB
+    results.json, 8 blocks on disk, took 2.3 GB of memory to read whole) or is not UTF-8."""
+    try:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise ComparisonRefused(f"{str(path)!r} is not a file")
+            data = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ComparisonRefused(f"{str(path)!r} cannot be read: {exc.strerror}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ComparisonRefused(f"{str(path)!r} holds over {MAX_FILE_BYTES >> 20} MiB: no run's file is that large")
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise ComparisonRefused(f"{str(path)!r} is not UTF-8 text: {exc}") from None
+
+
+def read_json(path: Path):
+    """A record's JSON file (:func:`read_record`), refused when it does not parse."""
+    text = read_record(path)
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ComparisonRefused(f"{str(path)!r} is not JSON: {exc}") from None
+
+
+def read_config(path: Path) -> DictConfig:
+    """A record's config.yaml (:func:`read_record`), refused when it is no YAML mapping or holds
+    an alias (``*a``): a run's config.yaml holds none (OmegaConf writes it resolved), and a few
+    hundred bytes of nested aliases, which PyYAML shares, become billions of nodes in OmegaConf."""
+    text = read_record(path)
+    try:
+        if any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text, Loader=yaml.SafeLoader)):
+            raise ComparisonRefused(f"{str(path)!r} holds a YAML alias, which no run's config.yaml has")
+        config = OmegaConf.create(text)
+    except (yaml.YAMLError, OmegaConfBaseException, RecursionError) as exc:
+        raise ComparisonRefused(f"{str(path)!r} is not a run's config.yaml: {exc}") from None
+    if not isinstance(config, DictConfig):
+        raise ComparisonRefused(f"{str(path)!r} is not a run's config.yaml: not a mapping")
+    return config
+
+
 def counted_runs(folder: str | Path) -> list[Path]:
     """The folder of every run under ``folder`` that a comparison counts: a ``point.json`` and a
     ``results.json`` and no ``error.txt`` (runs copied in from other machines count alike). A run
@@ -156,9 +203,12 @@ def load_runs(folder: str | Path) -> list[Run]:
     """Every run :func:`counted_runs` finds under ``folder``, with every number of its results."""
     runs = []
     for run in counted_runs(folder):
-        overrides = json.loads((run / POINT_FILE).read_text())["overrides"]
+        point = read_json(run / POINT_FILE)
+        overrides = point.get("overrides") if isinstance(point, dict) else None
+        if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+            raise ComparisonRefused(f"{str(run / POINT_FILE)!r} holds no list of overrides (KEY=VALUE strings)")
         runs.append(Run(str(run), dict(o.partition("=")[::2] for o in overrides),
-                        flatten(json.loads((run / "results.json").read_text()))))
+                        flatten(read_json(run / "results.json"))))
     return runs
 
 

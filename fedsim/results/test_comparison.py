@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import math
+import os
 import re
 import shutil
 from functools import cache
@@ -12,7 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 from scipy import stats as scipy_stats
 
-from fedsim.results import comparison, stats
+from fedsim.results import comparison, outputs, stats
 from fedsim.results.comparison import Run, Settings, compare, flatten
 from fedsim.run import cli
 from fedsim.run.config import CONF_DIR
@@ -581,3 +582,49 @@ def test_compare_refuses_a_record_with_a_folder_inside_that_others_can_write(tmp
     assert cli.main(["compare", str(tmp_path), "sweep.baseline=old"]) == 2
     assert f"{tmp_path / 'r1'} is writable by others" in capsys.readouterr().err
     assert not list(tmp_path.glob("summary*"))
+
+
+@pytest.mark.parametrize("planted", ["sparse results.json", "point.json a folder", "overrides not strings",
+                                     "point.json a list", "nested results.json", "results.json not UTF-8",
+                                     "yaml aliases", "config.yaml a list"])
+def test_a_records_file_that_is_no_runs_file_is_refused_naming_it(planted, tmp_path, capsys):
+    """The attack: a record's files are read whole and trusted in shape. A 1 GiB sparse
+    results.json (8 blocks on disk, kept sparse by ``cp``) took 2.3 GB of memory to read (10 GiB
+    would take the machine); a point.json that is a folder or of another shape, or a results.json
+    nested past the recursion limit, ended compare (and a sweep's final compare) in a traceback;
+    a config.yaml of nested YAML aliases, a few hundred bytes, expands to billions of nodes in
+    OmegaConf (here 2**13, which the old code took). Each is refused, naming the file."""
+    _sweep_folder(tmp_path, [0.01, 0.012, 0.011])
+    run = tmp_path / "r1"
+    if planted == "sparse results.json":
+        with open(run / "results.json", "r+b") as fh:
+            fh.truncate(outputs.MAX_FILE_BYTES + 1)
+    elif planted == "point.json a folder":
+        (run / comparison.POINT_FILE).unlink()
+        (run / comparison.POINT_FILE).mkdir()
+    elif planted in ("overrides not strings", "point.json a list"):
+        (run / comparison.POINT_FILE).write_text('{"overrides": [1]}' if planted.startswith("o") else "[]")
+    elif planted == "nested results.json":
+        (run / "results.json").write_text("[" * 100_000 + "]" * 100_000)
+    elif planted == "results.json not UTF-8":
+        (run / "results.json").write_bytes(b'{"m": "\xff"}')
+    elif planted == "config.yaml a list":
+        (run / "config.yaml").write_text("- sweep\n")
+    else:
+        (run / "config.yaml").write_text("a0: &a0 [x, x]\n" + "".join(
+            f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}]\n" for i in range(1, 13)) + "sweep: {}\n")
+    name = "config.yaml" if "yaml" in planted else "results.json" if "results" in planted else "point.json"
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=old"]) == 2
+    assert f"{str(run / name)!r}" in capsys.readouterr().err and not list(tmp_path.glob("summary*"))
+
+
+def test_a_records_file_swapped_for_a_link_or_a_fifo_after_the_walk_is_not_read(tmp_path):
+    """What a concurrent swap would leave at a name the walk found plain: a link is not
+    followed, a FIFO is not waited on (its open would block until a writer came)."""
+    (tmp_path / "results.json").symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere.json").write_text("{}")
+    os.mkfifo(tmp_path / "point.json")
+    with pytest.raises(comparison.ComparisonRefused, match="results.json' cannot be read"):
+        comparison.read_record(tmp_path / "results.json")
+    with pytest.raises(comparison.ComparisonRefused, match="point.json' is not a file"):
+        comparison.read_record(tmp_path / "point.json")

@@ -18,7 +18,7 @@ from flwr.cli.typing import (
 from omegaconf import DictConfig, OmegaConf
 
 from fedsim.privacy.secret import Tampered, derive, open_sealed, run_secret, seal
-from fedsim.results.comparison import POINT_FILE, Settings, counted_runs, plan
+from fedsim.results.comparison import POINT_FILE, Settings, counted_runs, plan, read_config
 from fedsim.results.comparison import build as build_comparison
 from fedsim.results.comparison import write as write_comparison
 from fedsim.results.mlflow_sink import annotate as annotate_mlflow
@@ -253,7 +253,7 @@ def compare(folder: str, overrides: list[str], output: str | None = None, force:
             raise ConfigError(f"compare takes sweep.* overrides only, got {overrides}")
         output = refuse_other_writers(output or folder, "output folder")
         folder = refuse_other_writers(folder, "record", inside=True)  # resolved: the path checked is the one used
-        stated = {str(run.relative_to(folder)): OmegaConf.load(run / "config.yaml").get("sweep", {})
+        stated = {str(run.relative_to(folder)): read_config(run / "config.yaml").get("sweep", {})
                   for run in counted_runs(folder) if (run / "config.yaml").is_file()}
         if not stated:
             raise ConfigError(f"no completed sweep run (a {POINT_FILE} beside a results.json and a config.yaml, "

@@ -100,7 +100,7 @@ class Sweep:
         if resume:
             if not path.is_file():
                 raise ConfigError(f"resume: {path} not found (no sweep in {self.folder})")
-            manifest = json.loads(path.read_text())
+            manifest = comparison.read_json(path)  # a record's file: someone else's
             try:
                 points = [r["overrides"] for r in manifest["runs"]]
             except (TypeError, KeyError) as exc:
