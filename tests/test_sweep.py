@@ -252,3 +252,16 @@ def test_a_manifest_that_is_no_sweeps_manifest_is_refused_naming_it(tmp_path):
     (tmp_path / "sweep" / MANIFEST).write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ValueError, match=f"{re.escape(repr(str(tmp_path / 'sweep' / MANIFEST)))} is not JSON"):
         Sweep(["seed=0,1", f"resume={tmp_path / 'sweep'}"], lambda point: _composed())
+
+
+def test_a_records_names_reach_the_terminal_escaped_from_a_resumed_sweeps_comparison(tmp_path, capsys):
+    """The attack: a completed record's metric name holding an ANSI escape reached the terminal
+    in the final comparison's refusal (its list of methods) as it was."""
+    _record(tmp_path / "sweep", extra=["sweep.baseline=nomethod"])
+    results = tmp_path / "sweep" / "seed-1" / "results.json"
+    routers = {**json.loads(results.read_text())["routers"], "\x1b]0;owned\x07": {"overall": {"ehr": 0.5}}}
+    results.write_text(json.dumps({"routers": routers}))
+    sweep = Sweep(["seed=0,1", "sweep.baseline=nomethod", f"resume={tmp_path / 'sweep'}"], prepare)
+    assert sweep.run() == 1
+    err = capsys.readouterr().err
+    assert "sweep comparison refused" in err and "\\x1b]0;owned\\x07" in err and "\x1b" not in err

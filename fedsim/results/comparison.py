@@ -45,7 +45,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from scipy import stats
 
-from fedsim.results.outputs import MAX_FILE_BYTES, RunOutput, markdown_table, markdown_text, write_file
+from fedsim.results.outputs import (
+    MAX_FILE_BYTES,
+    RunOutput,
+    escape_controls,
+    markdown_table,
+    markdown_text,
+    write_file,
+)
 from fedsim.results.stats import detectable_effect, detectable_effect_of_interval, seeds_needed, t_interval, verdict
 
 POINT_FILE = "point.json"  # a sweep run's overrides, beside its results.json
@@ -603,8 +610,10 @@ def _forest(axes, rows_by_family: dict[str, list[dict]], xlabel, zero: bool) -> 
                 ax.plot(r["effect"]["size"], yi, "x", color="C3")
         if zero:
             ax.axvline(0.0, color="grey", lw=0.8, ls="--")
-        ax.set_yticks(y, [r["name"] for r in rows], fontsize=6)
-        ax.set_xlabel(xlabel(family), fontsize=7)
+        # a record's names, shown as written: no mathtext ("$\\frac{$" refused the comparison), no
+        # control characters (a lone surrogate raised in the font code)
+        ax.set_yticks(y, [escape_controls(r["name"]) for r in rows], fontsize=6, parse_math=False)
+        ax.set_xlabel(escape_controls(xlabel(family)), fontsize=7, parse_math=False)
 
 
 def plot(comparison: dict, out: RunOutput, suffix: str = "") -> None:

@@ -8,6 +8,7 @@ import re
 import shutil
 from functools import cache
 
+import markdown
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
@@ -628,3 +629,45 @@ def test_a_records_file_swapped_for_a_link_or_a_fifo_after_the_walk_is_not_read(
         comparison.read_record(tmp_path / "results.json")
     with pytest.raises(comparison.ComparisonRefused, match="point.json' is not a file"):
         comparison.read_record(tmp_path / "point.json")
+
+
+def test_names_from_a_record_reach_the_terminal_escaped(tmp_path, capsys):
+    """The attack: a record's names went to the terminal as they were, in compare's warnings and
+    refusals: an ANSI escape in one clears the screen, retitles the window, or (some terminals)
+    writes the clipboard. Control characters are printed as escapes, as in the summary."""
+    ansi = "\x1b]0;owned\x07\x1b[2J"
+    _sweep_folder(tmp_path, [0.01, 0.012, 0.011])
+    (tmp_path / "r0" / "config.yaml").write_text(json.dumps({"sweep": {"contrasts": [
+        {"metric": f"m.{ansi}", "equal_at": 0.5}]}}))
+    (tmp_path / "r1" / "results.json").write_text(json.dumps({"m": {"new": {"acc": 0.5}, "old": {"acc": 0.5}},
+                                                              "x": {ansi: 1.0, "y": 1.0}}))
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=old"]) == 0
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=nomethod"]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err
+    assert err.count("\\x1b]0;owned\\x07\\x1b[2J") == 2, err  # the warning, the refusal's list of methods
+
+
+def test_names_from_a_record_add_no_table_cell_in_any_markdown_and_break_no_plot(tmp_path):
+    """The attack: a name holding ``\\|`` became ``\\\\|``: an escaped backslash, then a cell's
+    end for Python-Markdown (GitHub reads an escaped bar), so a column was added; a lone
+    surrogate (``\\ud800`` in JSON, or a folder name that is not UTF-8) refused the whole
+    comparison when the summary was encoded, and raised in the plots' font code; a name in
+    mathtext (``$\\frac{$``) refused it after the summary was written. Backslashes are escaped
+    too, surrogates shown, plot labels not parsed."""
+    for w, name in (("a", "m\\|x"), ("b", "n\ud800"), ("c", "$\\frac{$")):
+        for run in _seed_runs([0.01, 0.012, 0.011]):
+            folder = tmp_path / "record" / f"{run.folder}-{w}"
+            folder.mkdir(parents=True)
+            (folder / comparison.POINT_FILE).write_text(json.dumps({"overrides": [f"seed={run.overrides['seed']}",
+                                                                                  f"w={w}\\|"]}))
+            (folder / "results.json").write_text(json.dumps({"m": {"new": {name: run.values["m.new.acc"]},
+                                                                   "old": {name: run.values["m.old.acc"]}}}))
+            (folder / "config.yaml").write_text("{}\n")
+    assert cli.main(["compare", str(tmp_path / "record"), "sweep.baseline=old"]) == 0
+    summary = (tmp_path / "record" / "summary.md").read_text()
+    assert "m\\\\\\|x" in summary and "n\\ud800" in summary
+    assert all((tmp_path / "record" / n).is_file() for n in comparison.OUTPUTS)
+    html = markdown.markdown(summary, extensions=["tables"])
+    for table in re.findall(r"<table>.*?</table>", html, re.S):
+        assert len({row.count("<td") + row.count("<th") for row in re.findall(r"<tr>.*?</tr>", table, re.S)}) == 1

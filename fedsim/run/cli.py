@@ -22,6 +22,7 @@ from fedsim.results.comparison import POINT_FILE, Settings, counted_runs, plan, 
 from fedsim.results.comparison import build as build_comparison
 from fedsim.results.comparison import write as write_comparison
 from fedsim.results.mlflow_sink import annotate as annotate_mlflow
+from fedsim.results.outputs import escape_controls
 from fedsim.results.sinks import tensorboard_text
 from fedsim.run import provenance
 from fedsim.run.config import (
@@ -262,19 +263,19 @@ def compare(folder: str, overrides: list[str], output: str | None = None, force:
         sweep_overrides = OmegaConf.from_dotlist([o.removeprefix("sweep.") for o in overrides])
         sweep = sweep_settings(defaults, next(iter(stated.values())), sweep_overrides)
         for warning in _sweep_setting_warnings(stated, defaults, sweep_overrides):
-            print(f"fedsim: compare: warning: {warning}", file=sys.stderr)
+            print(escape_controls(f"fedsim: compare: warning: {warning}"), file=sys.stderr)
         metrics_given = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
         if pilot:
             print(plan(build_comparison(folder, Settings.of(sweep), metrics_given)), end="")
             return 0
         result, written = write_comparison(folder, Settings.of(sweep), output, force, metrics_given)
     except REFUSED as exc:
-        print(f"fedsim: compare: {exc}", file=sys.stderr)
+        print(escape_controls(f"fedsim: compare: {exc}", keep="\n"), file=sys.stderr)
         return 2
     for warning in result["warnings"]:
-        print(f"fedsim: compare: warning: {warning}", file=sys.stderr)
-    print(f"fedsim: comparison in {written[0].parent}: {', '.join(p.name for p in written)}"
-          f"{'' if written[0].name == 'summary.md' else ' (an earlier comparison is there; --force replaces it)'}")
+        print(escape_controls(f"fedsim: compare: warning: {warning}"), file=sys.stderr)
+    print(escape_controls(f"fedsim: comparison in {written[0].parent}: {', '.join(p.name for p in written)}"
+          f"{'' if written[0].name == 'summary.md' else ' (an earlier comparison is there; --force replaces it)'}"))
     return 0
 
 

@@ -25,7 +25,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from fedsim.privacy.secret import who_else_writes
 from fedsim.results import comparison
 from fedsim.results.mlflow_sink import SweepRun
-from fedsim.results.outputs import write_file
+from fedsim.results.outputs import escape_controls, write_file
 from fedsim.run import progress, provenance
 from fedsim.run.config import ConfigError
 
@@ -228,11 +228,12 @@ class Sweep:
         try:
             result, _ = comparison.write(self.folder, self.settings, force=True, strict=self.strict)
         except comparison.ComparisonRefused as exc:
-            print(f"fedsim: sweep comparison refused: {exc}\n`fedsim compare {self.folder} sweep.KEY=...` "
+            why = escape_controls(exc, keep="\n")  # the record's names, to a terminal
+            print(f"fedsim: sweep comparison refused: {why}\n`fedsim compare {self.folder} sweep.KEY=...` "
                   "builds it with other settings", file=sys.stderr)
             return None
         for warning in result["warnings"]:
-            print(f"fedsim: sweep comparison: warning: {warning}", file=sys.stderr)
+            print(f"fedsim: sweep comparison: warning: {escape_controls(warning)}", file=sys.stderr)
         print(f"fedsim: sweep comparison in {self.folder / 'summary.md'} and comparison.json", flush=True)
         return result
 
