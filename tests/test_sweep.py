@@ -265,3 +265,16 @@ def test_a_records_names_reach_the_terminal_escaped_from_a_resumed_sweeps_compar
     assert sweep.run() == 1
     err = capsys.readouterr().err
     assert "sweep comparison refused" in err and "\\x1b]0;owned\\x07" in err and "\x1b" not in err
+
+
+@pytest.mark.parametrize("name", ["x${oc.env:SECRET_TOKEN}", "a,b"])
+def test_a_sweep_folder_whose_name_hydra_reads_otherwise_is_refused(name, tmp_path, monkeypatch):
+    """The attack: a record unpacked under its own name, ``x${oc.env:SECRET_TOKEN}``, resumed:
+    each point is passed on as ``results_dir=<folder>/<point>``, which OmegaConf resolved, so the
+    points ran in ``xhunter2/``, outside the sweep folder, with the token in their config.yaml
+    for the record shared back. A folder Hydra does not read back as written is refused."""
+    monkeypatch.setenv("SECRET_TOKEN", "hunter2")
+    _record(tmp_path / name)
+    with pytest.raises(ConfigError, match="sweep folder .* Hydra"):
+        Sweep(["seed=0,1", f"resume={tmp_path / name}"], lambda point: _composed())
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]

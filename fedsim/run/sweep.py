@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 
 from fedsim.privacy.secret import who_else_writes
 from fedsim.results import comparison
@@ -62,6 +63,21 @@ def _swept_values(point: list[str], swept: list[str]) -> dict[str, str]:
     return {k: v for k, _, v in (o.partition("=") for o in point) if k in swept}
 
 
+def _passable(folder: Path) -> Path:
+    """``folder``, refused unless Hydra reads ``results_dir=<folder>`` back as that plain string:
+    each point is passed on so (:meth:`Sweep._run_point`), and a record unpacked under its own
+    name, ``x${oc.env:TOKEN}``, had its points run in ``x<the token>``, outside the sweep folder
+    (the token in their config.yaml); a comma or a quote failed every point."""
+    try:
+        value = OverridesParser.create().parse_override(f"results_dir={folder}").value()
+    except Exception:
+        value = None
+    if value != str(folder) or OmegaConf.is_interpolation(OmegaConf.create({"folder": value}), "folder"):
+        raise ConfigError(f"sweep folder {str(folder)!r}: Hydra reads it otherwise as each point's results_dir= "
+                          "(an interpolation, a comma, a quote, a bracket, a character outside ASCII...); rename it")
+    return folder
+
+
 def _sweep_folder(overrides: list[str], first_cfg) -> Path:
     given = [o.partition("=")[2] for o in overrides if o.startswith("results_dir=")]
     if given:
@@ -83,8 +99,8 @@ class Sweep:
                 checked.append(prepare(point)[0])
             except Exception as exc:
                 raise ConfigError(f"sweep point {' '.join(point)}:\n{exc}") from exc
-        self.folder = refuse_other_writers(folder[-1] if folder else _sweep_folder(overrides, checked[0]),
-                                           "sweep folder", inside=True)
+        self.folder = _passable(refuse_other_writers(folder[-1] if folder else _sweep_folder(overrides, checked[0]),
+                                                     "sweep folder", inside=True))
         if self.folder.exists():
             comparison.refuse_links(self.folder)  # a record is someone else's files
         self.settings = comparison.Settings.of(checked[0].sweep)
