@@ -13,7 +13,7 @@ from fedsim.results import comparison
 from fedsim.results.comparison import Run, Settings, compare
 from fedsim.results.outputs import RunOutput
 from fedsim.results.sinks import Sinks
-from fedsim.run import provenance
+from fedsim.run import cli, provenance
 from fedsim.run.config import CONF_DIR
 from fedsim.run.schema import sweep_settings
 from fedsim.runtime.server_app import faults_section
@@ -164,3 +164,16 @@ def test_a_runs_outputs_replace_a_link_at_their_names_and_never_write_through_it
     Sinks(out.path, to_csv=True).close()
     assert (victim_home / ".bashrc").read_text() == "# the user's own\n"
     assert [n for n in names if (out.path / n).is_symlink() or not (out.path / n).is_file()] == []
+
+
+def test_a_runs_checkpoint_record_never_writes_through_a_link(tmp_path, victim_home):
+    """The attack: ``fedsim run ... results_dir=<a point of a shared record>`` (one point run
+    again) wrote its ``checkpoint/run.json`` through a link planted there: ``~/.bashrc`` became
+    the sealed overrides. It is written as every output is, a new file renamed over the name."""
+    run = tmp_path / "run"
+    (run / "checkpoint").mkdir(parents=True, mode=0o700)
+    (run / "checkpoint" / "run.json").symlink_to(victim_home / ".bashrc")
+    cfg, overrides, _, _ = cli.prepare(["seed=0", f"results_dir={run}", "checkpoint.enabled=true"])
+    cli._save_run(cfg, overrides)
+    assert (victim_home / ".bashrc").read_text() == "# the user's own\n"
+    assert (run / "checkpoint" / "run.json").is_file() and not (run / "checkpoint" / "run.json").is_symlink()

@@ -22,7 +22,7 @@ from fedsim.results.comparison import POINT_FILE, Settings, counted_runs, plan, 
 from fedsim.results.comparison import build as build_comparison
 from fedsim.results.comparison import write as write_comparison
 from fedsim.results.mlflow_sink import annotate as annotate_mlflow
-from fedsim.results.outputs import escape_controls
+from fedsim.results.outputs import escape_controls, write_file
 from fedsim.results.sinks import tensorboard_text
 from fedsim.run import provenance
 from fedsim.run.config import (
@@ -87,7 +87,7 @@ def _save_run(cfg, pinned: list[str]) -> None:
     if cfg.checkpoint.enabled and not cfg.resume:
         path = Path(cfg.results_dir) / RUN_FILE
         key = derive(run_secret(Path(cfg.results_dir) / RUN_KEY, resume=False), b"run.json")
-        path.write_bytes(seal(key, path.name, {"overrides": pinned}))
+        write_file(path, seal(key, path.name, {"overrides": pinned}))  # a record's folder may hold a link there
 
 
 def prepare(overrides: list[str]) -> tuple[DictConfig, list[str], int, int]:
