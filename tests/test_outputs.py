@@ -177,3 +177,17 @@ def test_a_runs_checkpoint_record_never_writes_through_a_link(tmp_path, victim_h
     cli._save_run(cfg, overrides)
     assert (victim_home / ".bashrc").read_text() == "# the user's own\n"
     assert (run / "checkpoint" / "run.json").is_file() and not (run / "checkpoint" / "run.json").is_symlink()
+
+
+def test_a_runs_hydra_record_is_never_written_through_a_link_at_its_folder(tmp_path, victim_home):
+    """The attack: a ``.hydra`` link planted in a results folder (a point of a shared record run
+    again) had Hydra's record written into the folder it named: an application's own
+    ``config.yaml`` there (``~/.config/app``) was replaced by the run's."""
+    app = victim_home / ".config" / "app"
+    app.mkdir(parents=True)
+    (app / "config.yaml").write_text("theirs: 1\n")
+    out = RunOutput(tmp_path / "run")
+    (out.path / ".hydra").symlink_to(app, target_is_directory=True)
+    out.write_config(OmegaConf.create({"a": 1}), ["a=1"], OmegaConf.create({}))
+    assert [p.name for p in app.iterdir()] == ["config.yaml"] and (app / "config.yaml").read_text() == "theirs: 1\n"
+    assert not (out.path / ".hydra").is_symlink() and (out.path / ".hydra" / "config.yaml").is_file()

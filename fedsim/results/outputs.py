@@ -193,6 +193,8 @@ class RunOutput:
         config = OmegaConf.to_yaml(cfg, resolve=True)
         write_file(self.path / "config.yaml", config)
         record = self.path / ".hydra"
+        if record.is_symlink():  # a record's, planted: its files would go where it points
+            record.unlink()
         record.mkdir(exist_ok=True)
         write_file(record / "config.yaml", config)
         write_file(record / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
