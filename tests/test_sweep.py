@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import time
+import tracemalloc
 from functools import cache
 
 import pytest
@@ -21,7 +22,7 @@ from fedsim.run import cli, provenance
 from fedsim.run.cli import prepare
 from fedsim.run.config import ConfigError
 from fedsim.run.data import REPO_ROOT
-from fedsim.run.sweep import MANIFEST, Sweep, expand, point_name
+from fedsim.run.sweep import MANIFEST, Sweep, _tail, expand, point_name
 from fedsim.run.watchdog import run_processes
 
 
@@ -278,3 +279,21 @@ def test_a_sweep_folder_whose_name_hydra_reads_otherwise_is_refused(name, tmp_pa
     with pytest.raises(ConfigError, match="sweep folder .* Hydra"):
         Sweep(["seed=0,1", f"resume={tmp_path / name}"], lambda point: _composed())
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_a_failed_points_log_is_read_from_its_end_only(tmp_path):
+    """The attack: a record's pending point carries a sparse fedsim.log of 10 GiB (nothing on
+    disk); the point fails on resume (for any reason) and the sweep read the whole log into
+    memory for the last 20 lines it keeps in the manifest. Only the log's end is read."""
+    log = tmp_path / "fedsim.log"
+    with open(log, "wb") as fh:
+        fh.truncate(64 << 20)
+    with open(log, "ab") as fh:
+        fh.write(b"".join(b"line %d\n" % i for i in range(30)))
+    tracemalloc.start()
+    try:
+        tail = _tail(log)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert tail.splitlines() == [f"line {i}" for i in range(10, 30)] and peak < 1 << 20, peak

@@ -317,5 +317,9 @@ def _forwarding(child: subprocess.Popen):
             signal.signal(s, handler)
 
 
-def _tail(path: Path, lines: int = 20) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+def _tail(path: Path, lines: int = 20, limit: int = 1 << 16) -> str:
+    """The log's last ``lines`` lines, from its last ``limit`` bytes: a point's log in a record
+    may be of any size (a sparse one of 10 GiB is nothing on disk), and was read whole."""
+    with open(path, "rb") as fh:
+        fh.seek(max(0, fh.seek(0, os.SEEK_END) - limit))
+        return "\n".join(fh.read().decode(errors="replace").splitlines()[-lines:])
