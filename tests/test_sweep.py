@@ -17,7 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import FEDSIM, SMALL, cmdline, fedsim_run, private_tmpdir
-from fedsim.results.mlflow_sink import store_uri
+from fedsim.results.mlflow_sink import SweepRun, store_uri
 from fedsim.run import cli, provenance
 from fedsim.run.cli import prepare
 from fedsim.run.config import ConfigError
@@ -297,3 +297,27 @@ def test_a_failed_points_log_is_read_from_its_end_only(tmp_path):
     finally:
         tracemalloc.stop()
     assert tail.splitlines() == [f"line {i}" for i in range(10, 30)] and peak < 1 << 20, peak
+
+
+def test_a_records_mlflow_run_is_not_reopened_in_the_users_store(tmp_path):
+    """The attack: a record's sweep.json names its MLflow run: an id not in the user's store ended
+    the resume in a traceback; the id of the user's own earlier sweep (from a record they shared)
+    was reopened, given this record's comparison and marked finished. Only a run made for this
+    sweep folder is reopened; else the sweep gets a new one."""
+    store = ["logging.mlflow=true", f"logging.mlflow_dir={tmp_path / 'mlflow'}"]
+    earlier = SweepRun(tmp_path / "mlflow", "fedtp", tmp_path / "mine", None, {}, {})
+    earlier.stop()
+    for planted in (earlier.run_id, "0" * 32):
+        record = tmp_path / f"record-{planted[:4]}"
+        _record(record, extra=store)
+        manifest = json.loads((record / MANIFEST).read_text())
+        (record / MANIFEST).write_text(json.dumps({**manifest, "mlflow_run_id": planted}))
+        sweep = Sweep(["seed=0,1", *store, f"resume={record}"], prepare)
+        sweep.run()
+        assert sweep.manifest["mlflow_run_id"] not in (planted, None)
+        assert _mlflow_runs(tmp_path)[sweep.manifest["mlflow_run_id"]].info.status == "FINISHED"
+    assert _mlflow_runs(tmp_path)[earlier.run_id].info.status == "KILLED"
+    assert MlflowClient(store_uri(tmp_path / "mlflow")).list_artifacts(earlier.run_id) == []
+    again = Sweep(["seed=0,1", *store, f"resume={record}"], prepare)  # the sweep's own run is reopened
+    again.run()
+    assert again.manifest["mlflow_run_id"] == sweep.manifest["mlflow_run_id"]

@@ -203,7 +203,7 @@ class Sweep:
         """With logging.mlflow: the sweep's MLflow run (its id kept in the manifest for a resume)."""
         if not self.first.logging.mlflow:
             return None
-        parent = SweepRun(self.first.logging.mlflow_dir, self.first.protocol.name, self.folder.name,
+        parent = SweepRun(self.first.logging.mlflow_dir, self.first.protocol.name, self.folder,
                           self.manifest.get("mlflow_run_id"), self.manifest["provenance"],
                           {"sweep.command": self.session["command"]["line"][:6000], "sweep.swept": ",".join(self.swept),
                            "sweep.points": str(len(self.points))})
