@@ -191,3 +191,19 @@ def test_a_runs_hydra_record_is_never_written_through_a_link_at_its_folder(tmp_p
     out.write_config(OmegaConf.create({"a": 1}), ["a=1"], OmegaConf.create({}))
     assert [p.name for p in app.iterdir()] == ["config.yaml"] and (app / "config.yaml").read_text() == "theirs: 1\n"
     assert not (out.path / ".hydra").is_symlink() and (out.path / ".hydra" / "config.yaml").is_file()
+
+
+def test_the_sweep_plots_cut_a_records_long_names(tmp_path):
+    """The attack: a record's metric name of 100,000 characters (a results.json under the size
+    cap holds one of millions) took matplotlib 51 s to lay out and draw as a label, time growing
+    with the name. A plot's labels are cut (the summary keeps the whole name)."""
+    name = "a" * 20_000
+    runs = [Run(f"r{s}", {"seed": str(s)}, {f"m.new.{name}": 0.5 + d, f"m.old.{name}": 0.5 + d / 2})
+            for s, d in enumerate([0.01, 0.03, 0.02])]
+    sweep = OmegaConf.load(CONF_DIR / "config.yaml").sweep
+    sweep.baseline = "old"
+    out = Kept(tmp_path)
+    comparison.plot(compare(runs, Settings.of(sweep_settings(sweep))), out)
+    labels = [t for fig in out.figures.values() for ax in fig.axes
+              for t in [ax.get_xlabel(), *(t.get_text() for t in ax.get_yticklabels())]]
+    assert labels and max(map(len, labels)) <= comparison.PLOT_CHARS and all(t.endswith("…") for t in labels)

@@ -60,6 +60,7 @@ OUTPUTS = ("summary.md", "comparison.json", "paired_differences.png", "metrics.p
 BOOTSTRAP_MIN_SEEDS = 10  # below this the BCa interval over seeds undercovers (too narrow)
 CONTRAST_BASELINE = "equal_at"  # the effect-of-interest baseline that names a contrast's null
 MAX_PANELS = 20           # plot panels per figure; the summary says when families were left out
+PLOT_CHARS = 160          # a plot label's characters at most; the summary keeps the whole name
 
 
 class ComparisonRefused(ValueError):
@@ -610,10 +611,16 @@ def _forest(axes, rows_by_family: dict[str, list[dict]], xlabel, zero: bool) -> 
                 ax.plot(r["effect"]["size"], yi, "x", color="C3")
         if zero:
             ax.axvline(0.0, color="grey", lw=0.8, ls="--")
-        # a record's names, shown as written: no mathtext ("$\\frac{$" refused the comparison), no
-        # control characters (a lone surrogate raised in the font code)
-        ax.set_yticks(y, [escape_controls(r["name"]) for r in rows], fontsize=6, parse_math=False)
-        ax.set_xlabel(escape_controls(xlabel(family)), fontsize=7, parse_math=False)
+        # a record's names, shown as written: no mathtext ("$\\frac{$" refused the comparison)
+        ax.set_yticks(y, [_plot_text(r["name"]) for r in rows], fontsize=6, parse_math=False)
+        ax.set_xlabel(_plot_text(xlabel(family)), fontsize=7, parse_math=False)
+
+
+def _plot_text(text: str) -> str:
+    """A record's name as a plot label: control characters escaped (a lone surrogate raised in the
+    font code), cut to :data:`PLOT_CHARS` (one of 100,000 characters took 51 s to draw)."""
+    text = escape_controls(text)
+    return text if len(text) <= PLOT_CHARS else text[:PLOT_CHARS - 1] + "…"
 
 
 def plot(comparison: dict, out: RunOutput, suffix: str = "") -> None:
@@ -673,6 +680,8 @@ def write(folder: str | Path, settings: Settings, output: str | Path | None = No
     result = build(folder, settings, strict)
     out = RunOutput(output or folder)
     suffix = _suffix(out.path, force)
+    if folders := [str(out.path / _named(n, suffix)) for n in OUTPUTS if (out.path / _named(n, suffix)).is_dir()]:
+        raise ComparisonRefused(f"{', '.join(folders)} is a folder, where the comparison writes a file")
     write_file(out.path / _named("summary.md", suffix), summary_markdown(result))
     write_file(out.path / _named("comparison.json", suffix), json.dumps(result, indent=1))
     plot(result, out, suffix)

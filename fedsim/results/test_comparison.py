@@ -671,3 +671,14 @@ def test_names_from_a_record_add_no_table_cell_in_any_markdown_and_break_no_plot
     html = markdown.markdown(summary, extensions=["tables"])
     for table in re.findall(r"<table>.*?</table>", html, re.S):
         assert len({row.count("<td") + row.count("<th") for row in re.findall(r"<tr>.*?</tr>", table, re.S)}) == 1
+
+
+def test_a_folder_at_an_output_name_refuses_the_comparison_naming_it(tmp_path, capsys):
+    """The attack: a record holding a folder named summary.md (or any output's name): ``--force``,
+    which a sweep's final comparison always uses, ended in a traceback when the new file was
+    renamed over it, summary.md and comparison.json written already."""
+    _sweep_folder(tmp_path, [0.01, 0.012, 0.011])
+    (tmp_path / "metrics.png").mkdir()
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=old", "--force"]) == 2
+    assert f"{tmp_path / 'metrics.png'} is a folder" in capsys.readouterr().err
+    assert not list(tmp_path.glob("summary*"))
