@@ -61,6 +61,7 @@ BOOTSTRAP_MIN_SEEDS = 10  # below this the BCa interval over seeds undercovers (
 CONTRAST_BASELINE = "equal_at"  # the effect-of-interest baseline that names a contrast's null
 MAX_PANELS = 20           # plot panels per figure; the summary says when families were left out
 PLOT_CHARS = 160          # a plot label's characters at most; the summary keeps the whole name
+MAX_DEPTH = 64            # folders a record nests at most (a run's are a few deep)
 
 
 class ComparisonRefused(ValueError):
@@ -132,15 +133,21 @@ def _matches(patterns, path: str) -> bool:
     return any(path_pattern(p).fullmatch(path) for p in patterns)
 
 
-def refuse_links(folder: str | Path) -> None:
+def refuse_links(folder: str | Path) -> list[Path]:
     """Refuse ``folder`` when anything under it is a link, or neither a file nor a folder (a FIFO
-    blocks its reader). A record is someone else's files (``cp -r`` and git keep links): a link in
+    blocks its reader), or it nests folders :data:`MAX_DEPTH` deep (1,100 ended the walk in a
+    RecursionError). A record is someone else's files (``cp -r`` and git keep links): a link in
     it would have fedsim read the user's files as results, or write its outputs where it points
-    (``~/.ssh/authorized_keys``). Every entry is ``lstat``'ed, no link followed (``os.walk``)."""
+    (``~/.ssh/authorized_keys``). Every entry is ``lstat``'ed, no link followed (``os.walk``).
+    Returns the folders walked, ``folder`` first."""
     def unreadable(exc: OSError):
         raise ComparisonRefused(f"{exc.filename!r} cannot be listed, so it cannot be checked for links: {exc}")
 
+    folders = []
     for root, dirs, files in os.walk(folder, onerror=unreadable):
+        folders.append(Path(root))
+        if len(folders[-1].relative_to(folder).parts) >= MAX_DEPTH:
+            raise ComparisonRefused(f"{root!r}: a record nests folders {MAX_DEPTH} deep at most")
         for path in (Path(root, name) for name in [*dirs, *files]):
             mode = path.lstat().st_mode
             if stat.S_ISLNK(mode):
@@ -149,6 +156,7 @@ def refuse_links(folder: str | Path) -> None:
             if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
                 raise ComparisonRefused(f"{str(path)!r} is neither a file nor a folder: {str(folder)!r} is refused "
                                         "before anything in it is read")
+    return folders
 
 
 def read_record(path: Path) -> str:

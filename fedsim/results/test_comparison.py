@@ -682,3 +682,18 @@ def test_a_folder_at_an_output_name_refuses_the_comparison_naming_it(tmp_path, c
     assert cli.main(["compare", str(tmp_path), "sweep.baseline=old", "--force"]) == 2
     assert f"{tmp_path / 'metrics.png'} is a folder" in capsys.readouterr().err
     assert not list(tmp_path.glob("summary*"))
+
+
+def test_a_record_nesting_folders_past_any_runs_depth_is_refused(tmp_path, capsys):
+    """The attack: 1,100 nested folders in a record (2,200 characters of path, which git and
+    ``cp -r`` keep) ended compare in a RecursionError traceback from the walk."""
+    _sweep_folder(tmp_path, [0.01, 0.012, 0.011])
+    nested = [tmp_path.joinpath(*["a"] * depth) for depth in range(1, 1101)]
+    for folder in nested:  # os.makedirs and shutil.rmtree recurse too
+        folder.mkdir()
+    try:
+        assert cli.main(["compare", str(tmp_path), "sweep.baseline=old"]) == 2
+        assert f"folders {comparison.MAX_DEPTH} deep at most" in capsys.readouterr().err
+    finally:
+        for folder in reversed(nested):
+            folder.rmdir()

@@ -100,9 +100,7 @@ class Sweep:
             except Exception as exc:
                 raise ConfigError(f"sweep point {' '.join(point)}:\n{exc}") from exc
         self.folder = _passable(refuse_other_writers(folder[-1] if folder else _sweep_folder(overrides, checked[0]),
-                                                     "sweep folder", inside=True))
-        if self.folder.exists():
-            comparison.refuse_links(self.folder)  # a record is someone else's files
+                                                     "sweep folder", inside=True))  # a record: someone else's files
         self.settings = comparison.Settings.of(checked[0].sweep)
         self.strict = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
         _check_swept_baseline(self.settings.baseline, self.points)
@@ -259,15 +257,21 @@ def refuse_other_writers(folder: str | Path, what: str, inside: bool = False) ->
     they could plant a link or swap a file between fedsim's checks and its reads and writes there.
     Checked as named too (a link on the way, in a folder others can write, could be repointed
     after the check: the resolved path is the one to use), and with ``inside`` every folder in it
-    (a record unpacked with its modes may hold one that others can write)."""
+    (a record unpacked with its modes may hold one that others can write), which must hold no
+    link either (``comparison.refuse_links``)."""
     named = Path(folder).expanduser().absolute()
     resolved = named.resolve()
-    folders = (Path(root) for root, _, _ in os.walk(resolved)) if inside else ()
-    for path in (named, resolved, *folders):
+    _refuse_writable([named, resolved], folder, what)
+    if inside and resolved.exists():
+        _refuse_writable(comparison.refuse_links(resolved)[1:], folder, what)
+    return resolved
+
+
+def _refuse_writable(paths: list[Path], folder: str | Path, what: str) -> None:
+    for path in paths:
         if why := who_else_writes(path):
             raise ConfigError(f"{what} {folder}: {why}, so another user could plant links in it or swap its files: "
                               "choose a folder only you (and root) can write")
-    return resolved
 
 
 def _paired_means(result: dict | None) -> dict[str, float]:
