@@ -697,3 +697,37 @@ def test_a_record_nesting_folders_past_any_runs_depth_is_refused(tmp_path, capsy
     finally:
         for folder in reversed(nested):
             folder.rmdir()
+
+
+def test_a_records_fifo_hard_link_or_own_link_reaches_no_file_of_the_users(tmp_path, victim_home, capsys):
+    """Attacks that hold: a FIFO in a record (a reader would block) is refused before the read; a
+    hard link at an output name (a tarball may carry one between its own members; a local user's
+    to the victim's file) is replaced by the rename, not written through; a record named through
+    a link is walked where the link leads, so the links there are found."""
+    fifo, linked, own = tmp_path / "fifo", tmp_path / "linked", tmp_path / "own"
+    for record in (fifo, linked, own):
+        record.mkdir()
+        _sweep_folder(record, [0.01, 0.012, 0.011])
+    os.mkfifo(fifo / "r1" / "pipe")
+    assert cli.main(["compare", str(fifo), "sweep.baseline=old"]) == 2
+    assert "pipe' is neither a file nor a folder" in capsys.readouterr().err
+    os.link(victim_home / ".bashrc", linked / "summary.md")
+    assert cli.main(["compare", str(linked), "sweep.baseline=old", "--force"]) == 0
+    assert (victim_home / ".bashrc").read_text() == "# the user's own\n"
+    assert (linked / "summary.md").stat().st_nlink == 1
+    (own / "summary.md").symlink_to(victim_home / ".ssh" / "authorized_keys")
+    (tmp_path / "named").symlink_to(own)
+    assert cli.main(["compare", str(tmp_path / "named"), "sweep.baseline=old"]) == 2
+    assert "summary.md' is a link" in capsys.readouterr().err
+    assert not (victim_home / ".ssh" / "authorized_keys").exists()
+
+
+def test_an_interpolation_in_a_records_config_is_not_resolved_into_the_comparison(tmp_path, monkeypatch):
+    """An attack that holds: a record's config.yaml states ``sweep.metrics`` with
+    ``${oc.env:SECRET_TOKEN}``; had it been resolved, the user's token would be listed in the
+    summary ("patterns these runs hold no number for") and shared back with it."""
+    monkeypatch.setenv("SECRET_TOKEN", "hunter2")
+    _sweep_folder(tmp_path, [0.01, 0.012, 0.011])
+    (tmp_path / "r0" / "config.yaml").write_text("sweep:\n  metrics: ['m.**', '${oc.env:SECRET_TOKEN}']\n")
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=old"]) == 0
+    assert not [p for p in tmp_path.iterdir() if p.is_file() and b"hunter2" in p.read_bytes()]
