@@ -321,3 +321,15 @@ def test_a_records_mlflow_run_is_not_reopened_in_the_users_store(tmp_path):
     again = Sweep(["seed=0,1", *store, f"resume={record}"], prepare)  # the sweep's own run is reopened
     again.run()
     assert again.manifest["mlflow_run_id"] == sweep.manifest["mlflow_run_id"]
+
+
+@pytest.mark.parametrize("change", [{"resumed": "x"}, {"runs": [{"name": "seed-0", "overrides": ["seed=0"]},
+                                                              {"name": "seed-1", "overrides": ["seed=1"]}]}])
+def test_a_manifest_of_another_shape_is_refused_before_the_sweep_resumes(change, tmp_path):
+    """The attack: a record's sweep.json whose ``resumed`` is not a list, or whose points have no
+    status, ended ``fedsim run -m ... resume=`` in a traceback (AttributeError, KeyError)."""
+    _record(tmp_path / "sweep")
+    manifest = json.loads((tmp_path / "sweep" / MANIFEST).read_text())
+    (tmp_path / "sweep" / MANIFEST).write_text(json.dumps({**manifest, **change}))
+    with pytest.raises(ConfigError, match="is not a sweep's manifest"):
+        Sweep(["seed=0,1", f"resume={tmp_path / 'sweep'}"], lambda point: _composed()).run()

@@ -117,8 +117,13 @@ class Sweep:
             manifest = comparison.read_json(path)  # a record's file: someone else's
             try:
                 points = [r["overrides"] for r in manifest["runs"]]
+                if not all("status" in r for r in manifest["runs"]):
+                    raise TypeError("a run without a status")
+                if not isinstance(manifest.get("resumed", []), list):
+                    raise TypeError("resumed is not a list")
             except (TypeError, KeyError) as exc:
-                raise ConfigError(f"resume: {path} is not a sweep's manifest (no runs with overrides)") from exc
+                raise ConfigError(f"resume: {path} is not a sweep's manifest (runs with overrides and a status, "
+                                  f"resumed sessions in a list): {exc}") from exc
             if points != self.points:
                 raise ConfigError(f"resume: these overrides expand to other points than the sweep in "
                                   f"{self.folder} ({len(self.points)} vs {len(manifest['runs'])}); "
