@@ -579,10 +579,11 @@ def test_compare_refuses_a_record_with_a_folder_inside_that_others_can_write(tmp
     0777; another local user swaps its results.json for a link or a FIFO after the walk and
     before the read. Every folder in the record is checked, not only the record's own."""
     _sweep_folder(tmp_path, [0.01, 0.012, 0.011])
-    (tmp_path / "r1").chmod(0o777)
-    assert cli.main(["compare", str(tmp_path), "sweep.baseline=old"]) == 2
-    assert f"{tmp_path / 'r1'} is writable by others" in capsys.readouterr().err
-    assert not list(tmp_path.glob("summary*"))
+    for mode in (0o777, 0o1777):  # sticky: another user's entry there stays theirs to swap for a link
+        (tmp_path / "r1").chmod(mode)
+        assert cli.main(["compare", str(tmp_path), "sweep.baseline=old"]) == 2
+        assert f"{tmp_path / 'r1'} is writable by others" in capsys.readouterr().err
+        assert not list(tmp_path.glob("summary*"))
 
 
 @pytest.mark.parametrize("planted", ["sparse results.json", "point.json a folder", "overrides not strings",

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -266,17 +267,21 @@ def refuse_other_writers(folder: str | Path, what: str, inside: bool = False) ->
     link either (``comparison.refuse_links``)."""
     named = Path(folder).expanduser().absolute()
     resolved = named.resolve()
-    _refuse_writable([named, resolved], folder, what)
-    if inside and resolved.exists():
-        _refuse_writable(comparison.refuse_links(resolved)[1:], folder, what)
+    why = who_else_writes(named) or who_else_writes(resolved)
+    if not why and inside and resolved.exists():
+        why = next(filter(None, map(_shared, comparison.refuse_links(resolved)[1:])), None)
+    if why:
+        raise ConfigError(f"{what} {folder}: {why}, so another user could plant links in it or swap its files: "
+                          "choose a folder only you (and root) can write")
     return resolved
 
 
-def _refuse_writable(paths: list[Path], folder: str | Path, what: str) -> None:
-    for path in paths:
-        if why := who_else_writes(path):
-            raise ConfigError(f"{what} {folder}: {why}, so another user could plant links in it or swap its files: "
-                              "choose a folder only you (and root) can write")
+def _shared(folder: Path) -> str | None:
+    """Why another user could swap an entry of ``folder``, a folder inside a record: what
+    ``who_else_writes`` says, and a sticky folder others can write too, which it lets pass as
+    /tmp: an entry another user makes there after the checks stays theirs, to swap for a link."""
+    mode = folder.stat().st_mode
+    return f"{folder} is writable by others ({stat.filemode(mode)})" if mode & 0o022 else who_else_writes(folder)
 
 
 def _paired_means(result: dict | None) -> dict[str, float]:
