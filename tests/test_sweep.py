@@ -333,3 +333,14 @@ def test_a_manifest_of_another_shape_is_refused_before_the_sweep_resumes(change,
     (tmp_path / "sweep" / MANIFEST).write_text(json.dumps({**manifest, **change}))
     with pytest.raises(ConfigError, match="is not a sweep's manifest"):
         Sweep(["seed=0,1", f"resume={tmp_path / 'sweep'}"], lambda point: _composed()).run()
+
+
+def test_a_records_folder_names_reach_the_terminal_escaped_when_a_resume_is_refused(tmp_path, capsys):
+    """The attack: a record's folder named with an ANSI escape, refused (here: others can write
+    it), was named in the configuration error as it was, to the terminal."""
+    _record(tmp_path / "sweep")
+    (tmp_path / "sweep" / "\x1b]0;owned\x07").mkdir(mode=0o777)
+    (tmp_path / "sweep" / "\x1b]0;owned\x07").chmod(0o777)
+    assert cli.main(["run", "-m", "seed=0,1", f"resume={tmp_path / 'sweep'}"]) == 2
+    err = capsys.readouterr().err
+    assert "\\x1b]0;owned\\x07 is writable by others" in err and "\x1b" not in err

@@ -221,8 +221,8 @@ def record_provenance(cfg, results_dir: Path, part: dict) -> None:
 def multirun(overrides: list[str]) -> int:
     try:
         sweep = Sweep(overrides, prepare)
-    except REFUSED as exc:
-        print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
+    except REFUSED as exc:  # may name a record's folders and files: escaped for the terminal
+        print(escape_controls(f"fedsim: configuration error:\n{exc}", keep="\n"), file=sys.stderr)
         return 2
     return sweep.run()
 
