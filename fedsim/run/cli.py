@@ -19,10 +19,11 @@ from flwr.cli.typing import (
 from omegaconf import DictConfig, OmegaConf
 
 from fedsim.privacy.secret import Tampered, derive, open_sealed, private_folder, seal, user_secret
-from fedsim.results.comparison import POINT_FILE, Settings, counted_runs, plan
+from fedsim.results.comparison import POINT_FILE, Settings, counted_runs, plan, read_config
 from fedsim.results.comparison import build as build_comparison
 from fedsim.results.comparison import write as write_comparison
 from fedsim.results.mlflow_sink import annotate as annotate_mlflow
+from fedsim.results.outputs import escape_controls, write_file
 from fedsim.results.sinks import tensorboard_text
 from fedsim.run import provenance
 from fedsim.run.config import (
@@ -107,7 +108,7 @@ def _save_run(cfg, pinned: list[str]) -> None:
             key = run_file_key(Path(cfg.results_dir))
         except OSError as exc:  # this user's key folder open to others: refused before anything starts
             raise ConfigError(f"checkpoint: {exc}") from exc
-        path.write_bytes(seal(key, path.name, {"overrides": pinned}))
+        write_file(path, seal(key, path.name, {"overrides": pinned}))  # a record's folder may hold a link there
 
 
 def prepare(overrides: list[str]) -> tuple[DictConfig, list[str], int, int]:
@@ -241,8 +242,8 @@ def record_provenance(cfg, results_dir: Path, part: dict) -> None:
 def multirun(overrides: list[str]) -> int:
     try:
         sweep = Sweep(overrides, prepare)
-    except REFUSED as exc:
-        print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
+    except REFUSED as exc:  # may name a record's folders and files: escaped for the terminal
+        print(escape_controls(f"fedsim: configuration error:\n{exc}", keep="\n"), file=sys.stderr)
         return 2
     return sweep.run()
 
@@ -272,9 +273,9 @@ def compare(folder: str, overrides: list[str], output: str | None = None, force:
     try:
         if any(not o.startswith("sweep.") for o in overrides):
             raise ConfigError(f"compare takes sweep.* overrides only, got {overrides}")
-        for what, path in (("record", folder), ("output folder", output or folder)):
-            refuse_other_writers(Path(path).expanduser().resolve(), what)
-        stated = {str(run.relative_to(folder)): OmegaConf.load(run / "config.yaml").get("sweep", {})
+        output = refuse_other_writers(output or folder, "output folder")
+        folder = refuse_other_writers(folder, "record", inside=True)  # resolved: the path checked is the one used
+        stated = {str(run.relative_to(folder)): read_config(run / "config.yaml").get("sweep", {})
                   for run in counted_runs(folder) if (run / "config.yaml").is_file()}
         if not stated:
             raise ConfigError(f"no completed sweep run (a {POINT_FILE} beside a results.json and a config.yaml, "
@@ -283,19 +284,19 @@ def compare(folder: str, overrides: list[str], output: str | None = None, force:
         sweep_overrides = OmegaConf.from_dotlist([o.removeprefix("sweep.") for o in overrides])
         sweep = sweep_settings(defaults, next(iter(stated.values())), sweep_overrides)
         for warning in _sweep_setting_warnings(stated, defaults, sweep_overrides):
-            print(f"fedsim: compare: warning: {warning}", file=sys.stderr)
+            print(escape_controls(f"fedsim: compare: warning: {warning}"), file=sys.stderr)
         metrics_given = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
         if pilot:
             print(plan(build_comparison(folder, Settings.of(sweep), metrics_given)), end="")
             return 0
         result, written = write_comparison(folder, Settings.of(sweep), output, force, metrics_given)
     except REFUSED as exc:
-        print(f"fedsim: compare: {exc}", file=sys.stderr)
+        print(escape_controls(f"fedsim: compare: {exc}", keep="\n"), file=sys.stderr)
         return 2
     for warning in result["warnings"]:
-        print(f"fedsim: compare: warning: {warning}", file=sys.stderr)
-    print(f"fedsim: comparison in {written[0].parent}: {', '.join(p.name for p in written)}"
-          f"{'' if written[0].name == 'summary.md' else ' (an earlier comparison is there; --force replaces it)'}")
+        print(escape_controls(f"fedsim: compare: warning: {warning}"), file=sys.stderr)
+    print(escape_controls(f"fedsim: comparison in {written[0].parent}: {', '.join(p.name for p in written)}"
+          f"{'' if written[0].name == 'summary.md' else ' (an earlier comparison is there; --force replaces it)'}"))
     return 0
 
 
