@@ -6,7 +6,7 @@
 (b) DP-SGD, record level: private SFT (``fedsim_tasks.causal_lm.sft_train`` under DP-SGD) of a
     tiny causal LM (a 2-layer BERT decoder with LoRA, as the tests build it) on real
     Synthetic-Persona-Chat replies, with gradient canaries sampled beside the records, at each
-    sigma: Opacus's RDP epsilon and the audit's bound from every step's noised gradient.
+    sigma: the reported epsilon (a record replaced) and the audit's bound from every step's noised gradient.
 
 Prints both tables (markdown), an ideal attacker's bound on the same Gaussian mechanism (the reference
 for FedTP's), and writes the plot of both bounds against sigma.

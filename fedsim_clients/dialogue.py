@@ -33,7 +33,7 @@ from fedsim_tasks.causal_lm import mean_token_nll, sft_train, shared_policy, tur
 from fedsim_tasks.dialogue.dataset import answer_sample, contamination, load_tasks
 from fedsim_tasks.dialogue.metrics import reply_scores
 from fedsim_tasks.dialogue.trust_data import contaminate, trust_examples
-from fedsim_tasks.dp_sgd import DP_EPSILON, DP_EPSILON_PLD, DPSGD, StepsLedger, spent_epsilon, spent_epsilons
+from fedsim_tasks.dp_sgd import DP_EPSILON, DP_EPSILON_PLD, DP_EPSILON_RDP, DPSGD, StepsLedger, spent_epsilons
 from fedsim_tasks.hf import load_trainable, trainable_arrays
 from fedsim_tasks.proximal import proximal_mu
 
@@ -188,9 +188,10 @@ class DialogueClient(ClientHandler):
         """Local SFT of the adapters; its metrics. Under ``dp_sgd`` the steps are DP-SGD's, every
         training's steps are appended to this client's ledger of the dataset's records on its disk
         (a round sent again counts again: its batches and noise are new), and the reply carries
-        the epsilon the records have spent in every training that ended so far, every method's
-        (``dp-epsilon``, Opacus's RDP, and ``dp-epsilon-pld``, dp-accounting's PLD: what the server
-        has seen of them; results.json, metrics.csv), and in this method's alone (``dp-epsilon-method``)."""
+        the epsilon the records have spent in every training that ended so far, every method's, for
+        replacing one record (the reply publishes the record count): ``dp-epsilon``, the smaller of
+        ``dp-epsilon-rdp`` and ``dp-epsilon-pld`` (what the server has seen of them; results.json,
+        metrics.csv), and in this method's alone (``dp-epsilon-method``)."""
         config = msg.content[keys.CONFIG]
         steps, dp = int(config[keys.LOCAL_STEPS]), DPSGD(**s["dp_sgd"])  # checked again: a client trusts no sender
         dp_state = {"horizon_steps": s["rounds"] * steps} if dp.enabled else {}
@@ -205,8 +206,8 @@ class DialogueClient(ClientHandler):
             account = str(config.get(keys.DP_ACCOUNT, dataset))
             ledger.add(account, stats["dp-steps"])
             spent = spent_epsilons(ledger.history(), dp.delta)
-            metrics |= {DP_EPSILON: spent.rdp, DP_EPSILON_PLD: spent.pld,
-                        keys.DP_EPSILON_METHOD: spent_epsilon(ledger.history(account), dp.delta),
+            metrics |= {DP_EPSILON: spent.reported, DP_EPSILON_RDP: spent.rdp, DP_EPSILON_PLD: spent.pld,
+                        keys.DP_EPSILON_METHOD: spent_epsilons(ledger.history(account), dp.delta).reported,
                         "dp-noise-multiplier": stats["dp-noise-multiplier"]}
         return metrics
 

@@ -1,20 +1,21 @@
 """A dialogue client's DP-SGD epsilon counts every training it performed and sent: a server that
-sends a round again, even while the client is still training it, gets no training for free."""
+sends a round again, even while the client is still training it, gets no training for free; and
+it holds with the record count the client's reply publishes (replace one record)."""
 
 from pathlib import Path
 
 import pytest
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
-from opacus.accountants import RDPAccountant
 
+from fedsim.message_keys import NUM_EXAMPLES
 from fedsim.runtime import client_state
 from fedsim_clients import dialogue
 from fedsim_clients import feddtre_messages as keys
 from fedsim_clients.dialogue import DialogueClient
 from fedsim_tasks.causal_lm import load_policy, load_tokenizer, prepare_base
-from fedsim_tasks.dp_sgd import DP_EPSILON, DP_EPSILON_PLD, spent_epsilons
+from fedsim_tasks.dp_sgd import DP_EPSILON, DP_EPSILON_PLD, DP_EPSILON_RDP, spent_epsilons
 from fedsim_tasks.test_causal_lm import encoder_dir, one_thread  # noqa: F401 (fixtures: a tiny BERT, one thread)
-from fedsim_tasks.test_dp_sgd import EXAMPLES, LORA, dp_sgd
+from fedsim_tasks.test_dp_sgd import EXAMPLES, LORA, dp_sgd, replace_one_pld
 
 STEPS, BATCH = 3, 2
 
@@ -51,10 +52,8 @@ def _client(encoder: Path, tmp_path: Path):
 
 
 def _epsilon(sigma: float, trainings: int, delta: float) -> float:
-    """Opacus's RDP epsilon of ``trainings`` x STEPS steps at rate BATCH / records."""
-    accountant = RDPAccountant()
-    accountant.history = [(sigma, BATCH / len(EXAMPLES), trainings * STEPS)]
-    return accountant.get_epsilon(delta)
+    """The epsilon reported for ``trainings`` x STEPS steps at rate BATCH / records."""
+    return spent_epsilons([(sigma, BATCH / len(EXAMPLES), trainings * STEPS)], delta).reported
 
 
 def test_a_round_sent_again_while_training_is_counted_twice(encoder_dir, tmp_path, monkeypatch):  # noqa: F811
@@ -93,4 +92,21 @@ def test_every_method_trained_on_the_records_is_counted(encoder_dir, tmp_path): 
     assert second[DP_EPSILON] == pytest.approx(_epsilon(sigma, 2, dp.delta))
     assert second[keys.DP_EPSILON_METHOD] == pytest.approx(_epsilon(sigma, 1, dp.delta))
     both = spent_epsilons([(sigma, BATCH / len(EXAMPLES), 2 * STEPS)], dp.delta)  # PLD beside RDP, every method's
-    assert second[DP_EPSILON_PLD] == pytest.approx(both.pld) and both.pld < second[DP_EPSILON]
+    assert (second[DP_EPSILON_RDP], second[DP_EPSILON_PLD]) == pytest.approx((both.rdp, both.pld))
+    assert second[DP_EPSILON] == min(second[DP_EPSILON_RDP], second[DP_EPSILON_PLD])
+
+
+def test_the_reply_epsilon_holds_with_its_published_record_count(encoder_dir, tmp_path):  # noqa: F811
+    """Attack: the reply publishes the client's record count (``num-examples``; results.json and
+    the partitioning too), which tells a data set with one record more or less apart by itself.
+    The add-or-remove epsilon (Opacus's RDP, 8.98 for these 6 steps at rate 1/2 and sigma 1) is
+    below what replacing one record, which keeps the count, costs: dp-accounting's replace-one
+    PLD of the same steps (11.70). Every epsilon in the reply must be at least that."""
+    sft, dp = _client(encoder_dir, tmp_path)
+    sft(_train_message("fedavg"))
+    reply = sft(_train_message("feddtre"))
+    sigma, records = reply["dp-noise-multiplier"], reply[NUM_EXAMPLES]
+    published = replace_one_pld(sigma, BATCH / records, 2 * STEPS, dp.delta)
+    assert published == pytest.approx(11.70, abs=0.01)
+    assert published <= reply[DP_EPSILON] <= min(reply[DP_EPSILON_RDP], reply[DP_EPSILON_PLD])
+    assert reply[keys.DP_EPSILON_METHOD] >= replace_one_pld(sigma, BATCH / records, STEPS, dp.delta)

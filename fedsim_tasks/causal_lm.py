@@ -39,7 +39,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from fedsim.run import progress
 from fedsim.runtime.seeding import stream
-from fedsim_tasks.dp_sgd import DP_EPSILON, DP_EPSILON_PLD, DPSGD, GradientCanaries, PrivateSteps
+from fedsim_tasks.dp_sgd import DP_EPSILON, DP_EPSILON_PLD, DP_EPSILON_RDP, DPSGD, GradientCanaries, PrivateSteps
 from fedsim_tasks.hf import default_device, lora_config, resolve_model
 from fedsim_tasks.proximal import ProximalTerm
 
@@ -375,7 +375,8 @@ def private_sft(model, tokenizer, examples: list[tuple[str, str]], *, steps: int
     spent = private.epsilon()
     return {"loss": losses[-1] if losses else float("nan"),
             "mean_loss": float(np.mean(losses)) if losses else float("nan"), "steps": steps,
-            DP_EPSILON: spent.rdp, DP_EPSILON_PLD: spent.pld, "dp-noise-multiplier": private.sigma,
+            DP_EPSILON: spent.reported, DP_EPSILON_RDP: spent.rdp, DP_EPSILON_PLD: spent.pld,
+            "dp-noise-multiplier": private.sigma,
             "dp-steps": private.steps}
 
 

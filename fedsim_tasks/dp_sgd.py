@@ -7,28 +7,34 @@ a network observer, other clients through the global model): every step samples 
 Poisson sampling (rate ``batch_size / n``, Opacus's ``UniformWithReplacementSampler``), clips
 each record's gradient to ``max_grad_norm`` and adds Gaussian noise of std
 ``noise_multiplier * max_grad_norm`` to their sum (Opacus's ``GradSampleModule`` and
-``DPOptimizer``); Opacus's RDP accountant turns the steps taken so far into the epsilon spent at
-``delta``, and dp-accounting's PLD accountant the same steps into a tighter one beside it
-(:func:`spent_epsilons`). A task's loop turns it on with :class:`PrivateSteps`:
+``DPOptimizer``, whose accountant hook records the steps taken). :func:`spent_epsilons` turns
+the steps into the epsilon spent at ``delta`` for replacing one record by another, by RDP and by
+PLD side by side (``fedsim.privacy.dp.replace_one_account``): each client's record count n is
+public (its ``num-examples`` reply, the partitioning), and between data sets of n and n + 1
+records that count alone tells them apart, so the add-or-remove epsilon holds for nothing fedsim
+publishes; replacing a record keeps the count. Poisson amplification still holds: the server
+does not know the batches. A task's loop turns it on with :class:`PrivateSteps`:
 
     steps = PrivateSteps(cfg, model, optimizer, n, batch_size, horizon)
     for idx in steps.batches(local_steps): loss = mean of per-record losses; steps.step(loss)
-    steps.close(); ledger.add(account, steps.steps); spent_epsilon(ledger.history(), delta)
+    steps.close(); ledger.add(account, steps.steps); spent_epsilons(ledger.history(), delta)
 
 The batches and the noise are drawn from the OS's randomness, never the run's public seed: a
 server knowing the seed would know which steps used a record (each such step a Gaussian release
-without amplification: 6 known steps at sigma 1 are epsilon 13.8 at delta 1e-5, whatever the
-accountant says) and could subtract the noise. ``noise_seed`` exists for tests only. Drawn so, a
-round trained again (a resumed run, a server that sends a round twice) is a new release on new
-batches: the client's :class:`StepsLedger` counts every training it ran.
+without amplification: 6 known steps at sigma 1 are epsilon 32.2 at delta 1e-5 for a replaced
+record, whatever the accountant says) and could subtract the noise. ``noise_seed`` exists for
+tests only. Drawn so, a round trained again (a resumed run, a server that sends a round twice)
+is a new release on new batches: the client's :class:`StepsLedger` counts every training it ran.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import secrets
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -38,16 +44,15 @@ import numpy as np
 import torch
 from opacus import GradSampleModule
 from opacus.accountants import RDPAccountant
-from opacus.accountants.utils import get_noise_multiplier
 from opacus.optimizers import DPOptimizer
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
-from fedsim.message_keys import DP_EPSILON, DP_EPSILON_PLD
+from fedsim.message_keys import DP_EPSILON, DP_EPSILON_PLD, DP_EPSILON_RDP
 from fedsim.privacy.audit import fair_coins, sampled_gaussian_scores
-from fedsim.privacy.dp import Epsilon, account
+from fedsim.privacy.dp import PLD_RESOLUTION, REPLACE_RECORD, Epsilon, replace_one_account
 
-__all__ = ["DP_EPSILON", "DP_EPSILON_PLD", "DPSGD", "GradientCanaries", "PrivateSteps", "StepsLedger",
-           "spent_epsilon", "spent_epsilons"]
+__all__ = ["DP_EPSILON", "DP_EPSILON_PLD", "DP_EPSILON_RDP", "DPSGD", "GradientCanaries", "PrivateSteps",
+           "StepsLedger", "spent_epsilons"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,26 +84,33 @@ class DPSGD:
         return asdict(self)
 
 
-def spent_epsilon(history: list, delta: float) -> float:
-    """Epsilon at ``delta`` of the steps in ``history`` (Opacus's RDP accountant's entries:
-    noise multiplier, sample rate, steps)."""
-    if not history:
-        return 0.0
-    accountant = RDPAccountant()
-    accountant.history = [tuple(h) for h in history]
-    return float(accountant.get_epsilon(delta))
+def _sampled_steps(sigma: float, rate: float, count: int) -> dp_accounting.DpEvent:
+    return dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), count)
 
 
 def spent_epsilons(history: list, delta: float) -> Epsilon:
-    """The steps of ``history`` by both accountants: Opacus's RDP (:func:`spent_epsilon`, what
-    ``dp-epsilon`` has always reported) and dp-accounting's PLD of the same Poisson-sampled
-    Gaussian steps (add or remove one record)."""
-    if not history:
+    """Epsilon at ``delta`` of the steps in ``history`` (Opacus's accountant's entries: noise
+    multiplier, sample rate, steps) for replacing one record, by RDP and by PLD (the reported
+    one the smaller, ``Epsilon.reported``). Entries of one noise and rate are one run of steps
+    (composition does not care about order): a ledger of many rounds costs what one entry does."""
+    runs = Counter()
+    for sigma, rate, count in history:
+        runs[float(sigma), float(rate)] += int(count)
+    if not runs:
         return Epsilon(0.0, 0.0)
-    steps = dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), count)
-        for sigma, rate, count in history])
-    return Epsilon(spent_epsilon(history, delta), account(steps, delta).pld)
+    steps = dp_accounting.ComposedDpEvent([_sampled_steps(sigma, rate, count) for (sigma, rate), count in runs.items()])
+    return replace_one_account(steps, delta)
+
+
+@functools.cache
+def noise_for(target_epsilon: float, delta: float, rate: float, steps: int) -> float:
+    """The noise multiplier whose ``steps`` at ``rate`` spend ``target_epsilon`` at ``delta`` for
+    a replaced record, by dp-accounting's PLD under REPLACE_ONE at the step the reported epsilon
+    uses (a share of the target), searched up from noise 0 (no privacy, nothing to compute) and 1."""
+    return float(dp_accounting.calibrate_dp_mechanism(
+        lambda: dp_accounting.pld.PLDAccountant(REPLACE_RECORD, PLD_RESOLUTION * target_epsilon),
+        lambda sigma: _sampled_steps(sigma, rate, steps), target_epsilon, delta, tol=1e-4))
 
 
 class StepsLedger:
@@ -134,9 +146,10 @@ class GradientCanaries:
     record whose gradient is C e_i in a parameter of its own, which no real record reaches (the
     white-box Dirac canaries of Steinke et al. 2023 and Nasr et al. 2023: one canary never masks
     another, and the model's own weights are untouched). :class:`PrivateSteps` samples the
-    canaries' slots beside the real records; an excluded canary's slot stays with no gradient,
-    which releases exactly what no record there would (each slot's coin is its own). The attacker
-    of DP-SGD's accountant sees every step's noised gradient: :attr:`observed`, in units of C."""
+    canaries' slots beside the real records; an excluded canary's slot stays, with a record of
+    no gradient: the canary replaced, the number of records the same either way, as the
+    accountant's replace-one neighbours (each slot's coin is its own). The attacker of DP-SGD's
+    accountant sees every step's noised gradient: :attr:`observed`, in units of C."""
 
     def __init__(self, count: int, rng: np.random.Generator | None = None):
         self.included = fair_coins(count, rng or np.random.default_rng(secrets.randbits(128)))
@@ -184,9 +197,7 @@ class PrivateSteps:
             raise ValueError("no training records")
         self.cfg, self.rate = cfg, min(1.0, batch_size / num_examples)
         self.num_examples = num_examples
-        self.sigma = cfg.noise_multiplier or get_noise_multiplier(
-            target_epsilon=cfg.target_epsilon, target_delta=cfg.delta, sample_rate=self.rate,
-            steps=max(horizon_steps, 1), accountant="rdp")
+        self.sigma = cfg.noise_multiplier or noise_for(cfg.target_epsilon, cfg.delta, self.rate, max(horizon_steps, 1))
         self.accountant = RDPAccountant()
         self.canaries, self._canary_slots = canaries, []
         if canaries is not None:  # clipped, noised and accounted with the model's weights; never moved
@@ -234,5 +245,5 @@ class PrivateSteps:
         return [list(h) for h in self.accountant.history]
 
     def epsilon(self) -> Epsilon:
-        """This call's epsilon alone, by both accountants."""
+        """This call's epsilon alone, a record replaced, by both accountants."""
         return spent_epsilons(self.steps, self.cfg.delta)

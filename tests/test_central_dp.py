@@ -10,7 +10,7 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, 
 from flwr.serverapp.strategy import strategy_utils
 from omegaconf import OmegaConf
 
-from fedsim.message_keys import DP_EPSILON, DP_EPSILON_PLD
+from fedsim.message_keys import DP_EPSILON, DP_EPSILON_PLD, DP_EPSILON_RDP
 from fedsim.privacy.dp import NoiseSource, adaptive_noise_multiplier, release_epsilon
 from fedsim.run.config import CONF_DIR
 from fedsim.runtime.client_app import dp_clipping_mod
@@ -160,12 +160,13 @@ def test_two_phases_never_share_noise():
 
 
 def test_each_clients_dp_sgd_epsilon_is_kept_by_both_accountants():
-    """A client's DP-SGD reply carries its epsilon by RDP and by PLD (``fedsim_tasks/dp_sgd.py``);
-    results.json keeps both per client and round."""
+    """A client's DP-SGD reply carries its epsilon (the smaller) beside its RDP and PLD
+    (``fedsim_tasks/dp_sgd.py``); results.json keeps the three per client and round."""
     messenger = Messenger(InProcessGrid({n: (lambda msg, n=n: RecordDict({"metrics": MetricRecord(
-        {DP_EPSILON: 2.0 * n, DP_EPSILON_PLD: 1.5 * n})})) for n in (1, 3)}), timeout=5)
+        {DP_EPSILON: 1.5 * n, DP_EPSILON_RDP: 2.0 * n, DP_EPSILON_PLD: 1.5 * n})})) for n in (1, 3)}), timeout=5)
     messenger.exchange("dp/train", [Message(RecordDict({"config": ConfigRecord({"server-round": 1})}),
                                             dst_node_id=n, message_type=MessageType.TRAIN) for n in (1, 3)])
     privacy = privacy_results(messenger, messenger.noise)
-    assert privacy["dp_sgd_epsilon"] == {"dp/train": {1: {1: 2.0, 3: 6.0}}}
+    assert privacy["dp_sgd_epsilon"] == {"dp/train": {1: {1: 1.5, 3: 4.5}}}
+    assert privacy["dp_sgd_epsilon_rdp"] == {"dp/train": {1: {1: 2.0, 3: 6.0}}}
     assert privacy["dp_sgd_epsilon_pld"] == {"dp/train": {1: {1: 1.5, 3: 4.5}}}

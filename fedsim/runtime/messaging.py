@@ -45,7 +45,7 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim.message_keys import DP_EPSILON, DP_EPSILON_PLD, NUM_EXAMPLES, SERVER_ROUND
+from fedsim.message_keys import DP_EPSILON, DP_EPSILON_PLD, DP_EPSILON_RDP, NUM_EXAMPLES, SERVER_ROUND
 from fedsim.privacy.dp import CentralDP, NoiseSource
 from fedsim.results.sinks import Sinks, reply_metrics
 from fedsim.run import exchange_trace, progress
@@ -158,7 +158,8 @@ class Messenger:
         self.faults: dict[str, dict[int, dict[str, int]]] = {}
         self.traffic: dict[str, dict[int, dict[str, float]]] = {}
         self.epsilon: dict[str, dict[int, dict[int, float]]] = {}  # phase -> round -> node -> DP-SGD epsilon
-        self.epsilon_pld: dict[str, dict[int, dict[int, float]]] = {}  # the same, by the PLD accountant
+        self.epsilon_rdp: dict[str, dict[int, dict[int, float]]] = {}  # the same, by the RDP bound
+        self.epsilon_pld: dict[str, dict[int, dict[int, float]]] = {}  # and by the PLD accountant
         self.central_dp: CentralDP | None = None  # what Flower's DP wrappers spent (fedsim_experiments/common.py)
         self._to_new: dict[int, int] = {}  # on resume: the journaled run's node ids -> this run's
         self._to_old: dict[int, int] = {}  # and back
@@ -262,12 +263,13 @@ class Messenger:
         def by_node(key: str) -> dict[int, float]:
             return {m.metadata.src_node_id: float(r[key]) for m in good
                     for r in m.content.metric_records.values() if isinstance(r.get(key), (int, float))}
-        spent, pld = by_node(DP_EPSILON), by_node(DP_EPSILON_PLD)
+        spent = by_node(DP_EPSILON)
         if not spent:
             return {}
         self.epsilon.setdefault(phase, {})[server_round] = spent
-        if pld:
-            self.epsilon_pld.setdefault(phase, {})[server_round] = pld
+        for kept, key in ((self.epsilon_rdp, DP_EPSILON_RDP), (self.epsilon_pld, DP_EPSILON_PLD)):
+            if by_accountant := by_node(key):
+                kept.setdefault(phase, {})[server_round] = by_accountant
         return {f"metric/{DP_EPSILON}-max": max(spent.values())}
 
     @staticmethod

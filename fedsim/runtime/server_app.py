@@ -207,11 +207,13 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
 
 def privacy_results(messenger: Messenger, noise: NoiseSource) -> dict:
     """results.json's ``privacy``: whether the DP noise was private, each client's DP-SGD epsilon
-    per round (Opacus's RDP; ``dp_sgd_epsilon_pld``: dp-accounting's PLD), and what Flower's DP
-    wrappers spent (``central_dp``, ``fedsim/privacy/dp.py``)."""
+    per round for replacing one record (``dp_sgd_epsilon``, the smaller of ``dp_sgd_epsilon_rdp``
+    and ``dp_sgd_epsilon_pld``), and what Flower's DP wrappers spent (``central_dp``,
+    ``fedsim/privacy/dp.py``)."""
     return {"private_noise": noise.private,
             **({} if noise.private else {"warning": NOT_PRIVATE}),
             **({"dp_sgd_epsilon": messenger.epsilon} if messenger.epsilon else {}),
+            **({"dp_sgd_epsilon_rdp": messenger.epsilon_rdp} if messenger.epsilon_rdp else {}),
             **({"dp_sgd_epsilon_pld": messenger.epsilon_pld} if messenger.epsilon_pld else {}),
             **({"central_dp": messenger.central_dp.report()} if messenger.central_dp else {})}
 
