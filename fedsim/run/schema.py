@@ -209,7 +209,7 @@ class Sweep:
     effect_of_interest: list[EffectOfInterest] = MISSING  # effects whose exclusion is a verdict
     run_intervals: list[RunInterval] = MISSING  # per-run intervals used when the seeds give no spread
     contrasts: list[Contrast] = MISSING  # metrics that compare two arms themselves, judged against their null
-    plan: Plan | None = None  # the pre-registered analysis; null: every row is secondary (Holm-adjusted)
+    plan: Any = None  # a Plan (checked by check_plan: OmegaConf cannot merge into a null typed node); null: no plan
 
 
 @dataclass
@@ -378,8 +378,20 @@ def sweep_settings(*layers) -> DictConfig:
         raise ValueError(f"sweep.interval must be one of {INTERVALS}, 0 < sweep.level < 1 and 0 < sweep.power < 1, "
                          f"got {sweep.interval!r}, {sweep.level}, {sweep.power}")
     if sweep.plan is not None:
-        check_plan(sweep.plan)
+        sweep.plan = typed_plan(sweep.plan)
     return sweep
+
+
+def typed_plan(plan) -> DictConfig:
+    """``sweep.plan`` merged onto :class:`Plan` (a wrong key or type is refused) and checked."""
+    try:
+        plan = OmegaConf.merge(OmegaConf.structured(Plan), plan)
+    except Exception as exc:
+        raise ValueError(f"sweep.plan: {exc}") from exc
+    if unset := OmegaConf.missing_keys(plan):
+        raise ValueError(f"sweep.plan: no value for {sorted(unset)}")
+    check_plan(plan)
+    return plan
 
 
 def check_plan(plan: DictConfig) -> None:
