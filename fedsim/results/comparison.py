@@ -299,7 +299,7 @@ def judge_family(rows: list[dict], settings: Settings, look: dict | None) -> dic
     ``sweep.level`` without a plan), and a verdict that does not survive reads ``nominal``.
     Returns the count of each."""
     plan = settings.plan
-    alpha = plan["alpha"] if plan else 1.0 - settings.level
+    alpha = plan["alpha"] if plan else round(1.0 - settings.level, 12)
     secondary = []
     for row in rows:
         row["level"] = settings.level

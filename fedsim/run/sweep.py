@@ -103,6 +103,7 @@ class Sweep:
             if not path.is_file():
                 raise ConfigError(f"resume: {path} not found (no sweep in {self.folder})")
             manifest = json.loads(path.read_text())
+            refuse_changed_plan(path, manifest, self.settings.plan)  # before the points: they hold the plan's override
             try:
                 points = [r["overrides"] for r in manifest["runs"]]
             except (TypeError, KeyError) as exc:
@@ -112,7 +113,6 @@ class Sweep:
                                   f"{self.folder} ({len(self.points)} vs {len(manifest['runs'])}); "
                                   f"repeat the sweep's own overrides")
             self._check_names(manifest["runs"])
-            refuse_changed_plan(path, manifest, self.settings.plan)
             manifest.setdefault("resumed", []).append(self.session)
             return manifest
         if path.exists():
@@ -257,8 +257,8 @@ def refuse_changed_plan(path: Path, manifest: dict, plan: dict | None) -> None:
     """Refuse a resume or a comparison whose ``sweep.plan`` is not the one hashed into the
     manifest ``path`` before the first run (added, dropped or changed), or whose manifest plan no
     longer matches its own hash: a plan chosen after seeing results is no plan."""
-    kept = manifest.get("plan")
-    if kept is not None and plan_record(kept.get("settings")) != kept:
+    kept = manifest.get("plan") if isinstance(manifest, dict) else None
+    if kept is not None and (not isinstance(kept, dict) or plan_record(kept.get("settings")) != kept):
         raise ConfigError(f"{path}: its plan does not match its own sha256: the manifest was edited")
     if (kept or {}).get("sha256") != (plan_record(plan) or {}).get("sha256"):
         raise ConfigError(f"sweep.plan {json.dumps(plan)} is not the plan {path} holds from before the first run "
@@ -290,7 +290,12 @@ def record_look(path: Path, manifest: dict, result: dict) -> None:
 def read_manifest(folder: Path) -> tuple[Path, dict] | None:
     """The sweep.json in ``folder`` and its content, None when there is none."""
     path = folder / MANIFEST
-    return (path, json.loads(path.read_text())) if path.is_file() else None
+    if not path.is_file():
+        return None
+    manifest = json.loads(path.read_text())
+    if not isinstance(manifest, dict):
+        raise ConfigError(f"{path} is not a sweep's manifest (not a JSON object)")
+    return path, manifest
 
 
 def refuse_other_writers(folder: Path, what: str) -> None:
