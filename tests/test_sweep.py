@@ -76,7 +76,7 @@ def test_a_plan_is_hashed_before_the_first_run_and_a_resume_with_another_is_refu
 def test_a_malformed_plan_is_refused_before_anything_runs_naming_its_key(tmp_path):
     out = tmp_path / "sweep"
     for plan, key in (("{primary: [x], seeds: 1}", "sweep.plan.seeds"),
-                      ("{primary: [], seeds: 4}", "sweep.plan.primary"),
+                      ("{primary: [x], seeds: 4, alpha: 1.5}", "sweep.plan.alpha"),
                       ("{primary: [x], seeds: 4, looks: [3, 2]}", "sweep.plan.looks"),
                       ("{primary: [x], seeds: 4, spending: linear}", "sweep.plan.spending")):
         code = subprocess.run([FEDSIM, "run", "-m", "seed=0,1", f"sweep.plan={plan}", f"results_dir={out}"],

@@ -80,12 +80,14 @@ class Settings:
     effect_of_interest: tuple[dict, ...]
     run_intervals: tuple[dict, ...]
     contrasts: tuple[dict, ...]
-    plan: dict | None = None  # sweep.plan: the primary endpoints, alpha, planned seeds and looks
+    plan: dict | None  # sweep.plan: the primary endpoints, alpha, planned seeds and looks; None without a primary
 
     @classmethod
     def of(cls, sweep) -> Settings:
-        """From a composed config's ``sweep`` block."""
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in OmegaConf.to_container(sweep).items()})
+        """From a composed config's ``sweep`` block (a plan without a primary endpoint is no plan)."""
+        values = OmegaConf.to_container(sweep)
+        values["plan"] = values["plan"] if values["plan"]["primary"] else None
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 @dataclass(frozen=True)

@@ -188,12 +188,12 @@ class Contrast:
 class Plan:
     """A sweep's pre-registered analysis, fixed before its first run (``fedsim/run/sweep.py``
     hashes it into sweep.json): the primary endpoints, the family-wise alpha, the planned seeds
-    and the looks at which the comparison is read."""
+    and the looks at which the comparison is read. No primary endpoint: no plan."""
     primary: list[str] = MISSING  # patterns of the primary paired or contrast rows' metrics; the rest are secondary
-    alpha: float = 0.05           # two-sided type I error of the primaries over all looks, and of the Holm family
+    alpha: float = MISSING        # two-sided type I error of the primaries over all looks, and of the Holm family
     seeds: int = MISSING          # planned seeds (fedsim compare --plan on a pilot)
-    looks: list[int] = dataclasses.field(default_factory=list)  # seeds at which the comparison is read; [] = [seeds]
-    spending: str = "obrien_fleming"  # Lan-DeMets alpha spending: obrien_fleming | pocock
+    looks: list[int] = MISSING    # seeds at which the comparison is read; [] = [seeds]
+    spending: str = MISSING       # Lan-DeMets alpha spending: obrien_fleming | pocock
 
 
 @dataclass
@@ -209,7 +209,7 @@ class Sweep:
     effect_of_interest: list[EffectOfInterest] = MISSING  # effects whose exclusion is a verdict
     run_intervals: list[RunInterval] = MISSING  # per-run intervals used when the seeds give no spread
     contrasts: list[Contrast] = MISSING  # metrics that compare two arms themselves, judged against their null
-    plan: Any = None  # a Plan (checked by check_plan: OmegaConf cannot merge into a null typed node); null: no plan
+    plan: Plan = MISSING  # the pre-registered analysis; primary [] = no plan: every row is secondary (Holm-adjusted)
 
 
 @dataclass
@@ -377,34 +377,21 @@ def sweep_settings(*layers) -> DictConfig:
     if sweep.interval not in INTERVALS or not 0.0 < sweep.level < 1.0 or not 0.0 < sweep.power < 1.0:
         raise ValueError(f"sweep.interval must be one of {INTERVALS}, 0 < sweep.level < 1 and 0 < sweep.power < 1, "
                          f"got {sweep.interval!r}, {sweep.level}, {sweep.power}")
-    if sweep.plan is not None:
-        sweep.plan = typed_plan(sweep.plan)
+    if sweep.plan.primary:
+        check_plan(sweep.plan)
     return sweep
 
 
-def typed_plan(plan) -> DictConfig:
-    """``sweep.plan`` merged onto :class:`Plan` (a wrong key or type is refused) and checked."""
-    try:
-        plan = OmegaConf.merge(OmegaConf.structured(Plan), plan)
-    except Exception as exc:
-        raise ValueError(f"sweep.plan: {exc}") from exc
-    if unset := OmegaConf.missing_keys(plan):
-        raise ValueError(f"sweep.plan: no value for {sorted(unset)}")
-    check_plan(plan)
-    return plan
-
-
 def check_plan(plan: DictConfig) -> None:
-    """Refuse a plan that cannot be followed, naming its key: no primary endpoint, an alpha
-    outside (0, 1), fewer than two seeds, looks that are not increasing seed counts ending at
-    the planned seeds, an unknown spending function. ``looks: []`` becomes ``[seeds]``."""
+    """Refuse a plan that cannot be followed, naming its key: an alpha outside (0, 1), fewer
+    than two seeds, looks that are not increasing seed counts ending at the planned seeds, an
+    unknown spending function. ``looks: []`` becomes ``[seeds]``."""
     from fedsim.results.stats import SPENDING  # scipy: imported only when a plan is given
 
     if not plan.looks:
         plan.looks = [plan.seeds]
     looks = list(plan.looks)
     for key, ok, rule in (
-            ("primary", len(plan.primary) > 0, "at least one metric pattern"),
             ("alpha", 0.0 < plan.alpha < 1.0, "within (0, 1)"),
             ("seeds", plan.seeds >= 2, "at least 2"),
             ("looks", looks == sorted(set(looks)) and looks[0] >= 2 and looks[-1] == plan.seeds,
