@@ -20,8 +20,11 @@ from typing import Any
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-CODE_NAMESPACES = ("fedsim", "fedsim_strategies", "fedsim_tasks", "fedsim_clients", "fedsim_experiments",
-                   "flwr.serverapp.strategy", "flwr_datasets.partitioner")
+# fedsim's packages of strategies, tasks, clients and experiments, the Flower namespaces conf/
+# uses, and of fedsim's core its Protocol schema alone: the core is machinery (its launcher's
+# Process runs any command, a fresh Journal empties its folder)
+CODE_NAMESPACES = ("fedsim.run.schema.Protocol", "fedsim_strategies", "fedsim_tasks", "fedsim_clients",
+                   "fedsim_experiments", "flwr.serverapp.strategy", "flwr_datasets.partitioner")
 # each key that names code -> what it must name: a class to build (or a block's schema), a function to call
 CODE_KEYS = {"_target_": "class", "schema": "class", "client": "class", "run": "function", "loader": "function"}
 ALLOWED = f"a config may name code in {', '.join(CODE_NAMESPACES)} only"
@@ -48,9 +51,10 @@ def refuse_by_name(named: Iterable[tuple[str, str]]) -> None:
 
 def refuse_by_definition(key: str, path: str, found: Any) -> None:
     """Refuse what ``path`` resolved to (``found``) unless it is defined in :data:`CODE_NAMESPACES`
-    and is of the kind ``key`` takes (:data:`CODE_KEYS`, by ``key``'s last part)."""
+    (by module and qualified name) and is of the kind ``key`` takes (:data:`CODE_KEYS`, by ``key``'s last part)."""
     home = found.__name__ if isinstance(found, types.ModuleType) else getattr(found, "__module__", None)
-    if not _in_namespaces(str(home)):
+    defined = home if isinstance(found, types.ModuleType) else f"{home}.{getattr(found, '__qualname__', '')}"
+    if not _in_namespaces(str(defined)):
         raise ValueError(f"{key}: {path!r} is outside fedsim and Flower's strategies (defined in {home}); {ALLOWED}")
     kind = CODE_KEYS[key.rsplit(".", 1)[-1]]
     if isinstance(found, type) != (kind == "class") or not callable(found):

@@ -60,8 +60,9 @@ def test_a_client_class_in_a_planted_module_is_never_imported(planted):
 
 
 @pytest.mark.parametrize(("target", "why"), [
-    ("fedsim.privacy.secret.os.system", "defined in posix"),  # reached through a module's import
-    ("fedsim.privacy.secret.create_private_file", "is not a class"),  # fedsim's, but a function
+    ("fedsim_clients.handler.os.system", "defined in posix"),  # reached through a module's import
+    ("fedsim_clients.dialogue.round_lr", "is not a class"),  # fedsim's, but a function
+    ("fedsim.privacy.secret.create_private_file", "is outside"),  # fedsim's core: machinery
 ])
 def test_a_client_class_must_be_a_class_defined_in_fedsim(target, why):
     reply = reply_to({"client": target})
@@ -132,7 +133,7 @@ def test_a_seed_the_message_gives_a_selector_builds_nothing(unpickles):
 def test_a_dataset_loader_outside_fedsim_is_never_imported(planted, tmp_path):
     from fedsim_tasks.dialogue.dataset import DialogueTask
     target, marker = planted
-    hop = "fedsim.privacy.secret.os.system"  # reached through a module's import
+    hop = "fedsim_tasks.causal_lm.os.system"  # reached through a module's import
     for loader, why in ((target, "is outside"), (hop, r"is outside .*\(defined in posix\)")):
         with pytest.raises(ValueError, match=rf"task\.datasets\.spc\.loader: '{re.escape(loader)}' {why}"):
             DialogueTask("spc", {"loader": loader, "train_split": "train"}, {}, str(tmp_path))

@@ -13,7 +13,7 @@ from fedsim.results import comparison
 from fedsim.results.comparison import Run, Settings, compare
 from fedsim.results.outputs import RunOutput
 from fedsim.results.sinks import Sinks
-from fedsim.run import provenance
+from fedsim.run import cli, provenance
 from fedsim.run.config import CONF_DIR
 from fedsim.run.schema import sweep_settings
 from fedsim.runtime.server_app import faults_section
@@ -166,3 +166,46 @@ def test_a_runs_outputs_replace_a_link_at_their_names_and_never_write_through_it
     Sinks(out.path, to_csv=True).close()
     assert (victim_home / ".bashrc").read_text() == "# the user's own\n"
     assert [n for n in names if (out.path / n).is_symlink() or not (out.path / n).is_file()] == []
+
+
+def test_a_runs_checkpoint_record_never_writes_through_a_link(tmp_path, victim_home):
+    """The attack: ``fedsim run ... results_dir=<a point of a shared record>`` (one point run
+    again) wrote its ``checkpoint/run.json`` through a link planted there: ``~/.bashrc`` became
+    the sealed overrides. It is written as every output is, a new file renamed over the name."""
+    run = tmp_path / "run"
+    (run / "checkpoint").mkdir(parents=True, mode=0o700)
+    (run / "checkpoint" / "run.json").symlink_to(victim_home / ".bashrc")
+    cfg, overrides, _, _ = cli.prepare(["seed=0", f"results_dir={run}", "checkpoint.enabled=true"])
+    cli._save_run(cfg, overrides)
+    assert (victim_home / ".bashrc").read_text() == "# the user's own\n"
+    assert (run / "checkpoint" / "run.json").is_file() and not (run / "checkpoint" / "run.json").is_symlink()
+
+
+def test_a_runs_hydra_record_is_never_written_through_a_link_at_its_folder(tmp_path, victim_home):
+    """The attack: a ``.hydra`` link planted in a results folder (a point of a shared record run
+    again) had Hydra's record written into the folder it named: an application's own
+    ``config.yaml`` there (``~/.config/app``) was replaced by the run's."""
+    app = victim_home / ".config" / "app"
+    app.mkdir(parents=True)
+    (app / "config.yaml").write_text("theirs: 1\n")
+    out = RunOutput(tmp_path / "run")
+    (out.path / ".hydra").symlink_to(app, target_is_directory=True)
+    out.write_config(OmegaConf.create({"a": 1}), ["a=1"], OmegaConf.create({}))
+    assert [p.name for p in app.iterdir()] == ["config.yaml"] and (app / "config.yaml").read_text() == "theirs: 1\n"
+    assert not (out.path / ".hydra").is_symlink() and (out.path / ".hydra" / "config.yaml").is_file()
+
+
+def test_the_sweep_plots_cut_a_records_long_names(tmp_path):
+    """The attack: a record's metric name of 100,000 characters (a results.json under the size
+    cap holds one of millions) took matplotlib 51 s to lay out and draw as a label, time growing
+    with the name. A plot's labels are cut (the summary keeps the whole name)."""
+    name = "a" * 20_000
+    runs = [Run(f"r{s}", {"seed": str(s)}, {f"m.new.{name}": 0.5 + d, f"m.old.{name}": 0.5 + d / 2})
+            for s, d in enumerate([0.01, 0.03, 0.02])]
+    sweep = OmegaConf.load(CONF_DIR / "config.yaml").sweep
+    sweep.baseline = "old"
+    out = Kept(tmp_path)
+    comparison.plot(compare(runs, Settings.of(sweep_settings(sweep))), out)
+    labels = [t for fig in out.figures.values() for ax in fig.axes
+              for t in [ax.get_xlabel(), *(t.get_text() for t in ax.get_yticklabels())]]
+    assert labels and max(map(len, labels)) <= comparison.PLOT_CHARS and all(t.endswith("…") for t in labels)

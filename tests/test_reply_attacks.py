@@ -4,6 +4,7 @@ is now counted ``malformed`` (or, for a duplicate partition claim, refused) and 
 the one the honest clients give. The protocols' own phase code runs (``fedsim_experiments``), its
 clients are fakes that answer as the real ones do (``fedsim_clients``), in process."""
 
+import json
 from functools import cache
 
 import numpy as np
@@ -315,6 +316,39 @@ def test_the_logical_clients_of_key_bound_supernodes_tell_their_partitions(tmp_p
     hosts = supernodes(2).handlers
     grid = ShardedGrid(KeyedGrid(hosts, {n: _registered(certs, n - 100) for n in hosts}), 4, timeout=5, poll=0.0)
     assert Messenger(grid, timeout=5, know_partitions=True).partitions == {1: 0, 2: 1, 3: 2, 4: 3}
+
+
+def test_a_logical_client_claiming_a_vacant_partition_of_another_supernode_is_refused(tmp_path, monkeypatch):
+    """Many clients per SuperNode, under SuperNode authentication: SuperNode 100 hosts logical
+    clients 0 and 2, SuperNode 101 clients 1 and 3, and client 3 fails at whoami. SuperNode 100
+    answers its client 2's whoami with partition 3: before, no other claim made it a duplicate
+    and the node the server placed as client 2 took partition 3 (the finding the key binding
+    closed, one level down); the server placed every logical client, so a claim of any other
+    partition than its own is refused and counted, and partition 3 stays vacant."""
+    certs = make_federation(tmp_path / "certs", ["127.0.0.1"], nodes=2)
+    monkeypatch.setenv(NODE_KEYS_ENV, partition_keys(certs, 2))
+    hosts = supernodes(2).handlers
+
+    def tamper(p, handle):
+        def answer(msg):
+            packed = handle(msg)
+            if SHARD not in msg.content or WHOAMI not in json.loads(msg.content[SHARD][LAYOUT])["records"][0]:
+                return packed  # the SuperNodes' own whoami
+            layout = json.loads(packed[SHARD][LAYOUT])
+            if p == 0:  # its second client, logical 2, claims partition 3
+                packed[layout["records"][1][WHOAMI]][PARTITION_ID] = 3
+            else:  # its second client, logical 3, fails
+                layout["errors"]["1"] = "client 3 failed"
+                packed[SHARD][LAYOUT] = json.dumps(layout)
+            return packed
+        return answer
+
+    keys = {n: _registered(certs, n - 100) for n in hosts}
+    grid = KeyedGrid({n: tamper(n - 100, h) for n, h in hosts.items()}, keys)
+    messenger = Messenger(ShardedGrid(grid, 4, timeout=5, poll=0.0), timeout=5, know_partitions=True)
+    assert messenger.partitions == {1: 0, 2: 1}
+    counts = messenger.faults["whoami"][1]
+    assert (counts["accepted"], counts["failed"], counts["malformed"]) == (2, 1, 1)
 
 
 def _down(msg):

@@ -100,6 +100,20 @@ def test_a_run_resumes_only_in_the_folder_it_was_started_in(tmp_path):
         resumed(str(run), [])
 
 
+def test_a_link_to_a_run_resumes_that_run_with_its_own_overrides_only(tmp_path):
+    """A link someone else made (``resume=/tmp/shared/run`` naming this user's run folder) is
+    resolved: it resumes this user's run as it was started, nothing of the link's author, and a
+    link inside the folder to another run's run.json opens under no folder's key."""
+    run, other = tmp_path / "run", tmp_path / "other"
+    save_run(run)
+    (tmp_path / "link").symlink_to(run, target_is_directory=True)
+    assert resumed(str(tmp_path / "link"), []) == ["seed=3", "resume=true"]
+    (other / "checkpoint").mkdir(parents=True)
+    (other / RUN_FILE).symlink_to(run / RUN_FILE)
+    with pytest.raises(ConfigError, match="not written here"):
+        resumed(str(other), [])
+
+
 def test_the_resume_key_is_this_users_outside_the_results_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     save_run(tmp_path / "run")
@@ -112,6 +126,19 @@ def test_the_resume_key_is_this_users_outside_the_results_folder(tmp_path, monke
     os.chmod(key.parent, 0o755)  # another user could swap the key
     with pytest.raises(ConfigError, match="mode 0700"):
         resumed(str(tmp_path / "run"), [])
+
+
+def test_a_run_whose_resume_key_folder_is_open_to_others_is_refused_up_front(tmp_path, monkeypatch):
+    """A fresh run seals its run.json under this user's key: a key folder others can enter (made
+    by hand, or by another tool under another umask) is a configuration error naming the folder,
+    exit 2 before anything starts, not a traceback."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    (tmp_path / "state" / "fedsim").mkdir(parents=True, mode=0o755)
+    os.chmod(tmp_path / "state" / "fedsim", 0o755)
+    code, err = fedsim_refusal("experiment=turn_sentiment_fedavg", "hardware.num_clients=2",
+                               f"results_dir={tmp_path / 'run'}")
+    assert code == 2 and f"checkpoint: {tmp_path / 'state' / 'fedsim'}: a private folder" in err, err
+    assert not (tmp_path / "run" / RUN_FILE).exists()
 
 
 def test_a_checkpoint_of_an_earlier_fedsim_is_refused_with_what_to_do(tmp_path):

@@ -11,18 +11,19 @@ import shutil
 import signal
 import subprocess
 import time
+import tracemalloc
 from functools import cache
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import FEDSIM, SMALL, cmdline, fedsim_run, private_tmpdir
-from fedsim.results.mlflow_sink import store_uri
+from fedsim.results.mlflow_sink import SweepRun, store_uri
 from fedsim.run import cli, provenance
 from fedsim.run.cli import prepare
 from fedsim.run.config import ConfigError
 from fedsim.run.data import REPO_ROOT
-from fedsim.run.sweep import MANIFEST, Sweep, expand, point_name
+from fedsim.run.sweep import MANIFEST, Sweep, _tail, expand, point_name
 from fedsim.run.watchdog import run_processes
 
 
@@ -254,3 +255,120 @@ def test_a_sweep_folder_others_can_write_is_refused_before_its_manifest_is_read(
         with pytest.raises(ConfigError, match=f"{shared} is writable by others"):
             Sweep(["seed=0,1", where], lambda point: _composed())
     assert sorted(p.name for p in shared.iterdir()) == ["sweep"]
+
+
+def test_a_sweep_folder_named_through_a_folder_others_can_write_or_holding_one_is_refused(tmp_path):
+    """The attack: ``resume=`` names the user's record through a link in a folder another user
+    can write (they could repoint it after the check), or the record holds a point folder others
+    can write (kept by ``tar -p``): either way its files could be swapped after the checks."""
+    own, shared = tmp_path / "own", tmp_path / "shared"
+    _record(own)
+    shared.mkdir()
+    shared.chmod(0o777)
+    (shared / "sweep").symlink_to(own)
+    with pytest.raises(ConfigError, match=f"{shared} is writable by others"):
+        Sweep(["seed=0,1", f"resume={shared / 'sweep'}"], lambda point: _composed())
+    shared.chmod(0o755)
+    (own / "seed-1").chmod(0o777)
+    with pytest.raises(ConfigError, match=f"{own / 'seed-1'} is writable by others"):
+        Sweep(["seed=0,1", f"resume={shared / 'sweep'}"], lambda point: _composed())
+
+
+def test_a_manifest_that_is_no_sweeps_manifest_is_refused_naming_it(tmp_path):
+    """The attack: a record's sweep.json nested past the recursion limit ended ``fedsim run -m
+    ... resume=`` in a traceback; one over the size any fedsim file has was read whole."""
+    _record(tmp_path / "sweep")
+    (tmp_path / "sweep" / MANIFEST).write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match=f"{re.escape(repr(str(tmp_path / 'sweep' / MANIFEST)))} is not JSON"):
+        Sweep(["seed=0,1", f"resume={tmp_path / 'sweep'}"], lambda point: _composed())
+
+
+def test_a_records_names_reach_the_terminal_escaped_from_a_resumed_sweeps_comparison(tmp_path, capsys):
+    """The attack: a completed record's metric name holding an ANSI escape reached the terminal
+    in the final comparison's refusal (its list of methods) as it was."""
+    _record(tmp_path / "sweep", extra=["sweep.baseline=nomethod"])
+    results = tmp_path / "sweep" / "seed-1" / "results.json"
+    routers = {**json.loads(results.read_text())["routers"], "\x1b]0;owned\x07": {"overall": {"ehr": 0.5}}}
+    results.write_text(json.dumps({"routers": routers}))
+    sweep = Sweep(["seed=0,1", "sweep.baseline=nomethod", f"resume={tmp_path / 'sweep'}"], prepare)
+    assert sweep.run() == 1
+    err = capsys.readouterr().err
+    assert "sweep comparison refused" in err and "\\x1b]0;owned\\x07" in err and "\x1b" not in err
+
+
+@pytest.mark.parametrize("name", ["x${oc.env:SECRET_TOKEN}", "a,b"])
+def test_a_sweep_folder_whose_name_hydra_reads_otherwise_is_refused(name, tmp_path, monkeypatch):
+    """The attack: a record unpacked under its own name, ``x${oc.env:SECRET_TOKEN}``, resumed:
+    each point is passed on as ``results_dir=<folder>/<point>``, which OmegaConf resolved, so the
+    points ran in ``xhunter2/``, outside the sweep folder, with the token in their config.yaml
+    for the record shared back. A folder Hydra does not read back as written is refused."""
+    monkeypatch.setenv("SECRET_TOKEN", "hunter2")
+    _record(tmp_path / name)
+    with pytest.raises(ConfigError, match="sweep folder .* Hydra"):
+        Sweep(["seed=0,1", f"resume={tmp_path / name}"], lambda point: _composed())
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_a_failed_points_log_is_read_from_its_end_only(tmp_path):
+    """The attack: a record's pending point carries a sparse fedsim.log of 10 GiB (nothing on
+    disk); the point fails on resume (for any reason) and the sweep read the whole log into
+    memory for the last 20 lines it keeps in the manifest. Only the log's end is read."""
+    log = tmp_path / "fedsim.log"
+    with open(log, "wb") as fh:
+        fh.truncate(64 << 20)
+    with open(log, "ab") as fh:
+        fh.write(b"".join(b"line %d\n" % i for i in range(30)))
+    tracemalloc.start()
+    try:
+        tail = _tail(log)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert tail.splitlines() == [f"line {i}" for i in range(10, 30)] and peak < 1 << 20, peak
+
+
+def test_a_records_mlflow_run_is_not_reopened_in_the_users_store(tmp_path):
+    """The attack: a record's sweep.json names its MLflow run: an id not in the user's store ended
+    the resume in a traceback; the id of the user's own earlier sweep (from a record they shared)
+    was reopened, given this record's comparison and marked finished. Only a run made for this
+    sweep folder is reopened; else the sweep gets a new one."""
+    store = ["logging.mlflow=true", f"logging.mlflow_dir={tmp_path / 'mlflow'}"]
+    earlier = SweepRun(tmp_path / "mlflow", "fedtp", tmp_path / "mine", None, {}, {})
+    earlier.stop()
+    for planted in (earlier.run_id, "0" * 32):
+        record = tmp_path / f"record-{planted[:4]}"
+        _record(record, extra=store)
+        manifest = json.loads((record / MANIFEST).read_text())
+        (record / MANIFEST).write_text(json.dumps({**manifest, "mlflow_run_id": planted}))
+        sweep = Sweep(["seed=0,1", *store, f"resume={record}"], prepare)
+        sweep.run()
+        assert sweep.manifest["mlflow_run_id"] not in (planted, None)
+        assert _mlflow_runs(tmp_path)[sweep.manifest["mlflow_run_id"]].info.status == "FINISHED"
+    assert _mlflow_runs(tmp_path)[earlier.run_id].info.status == "KILLED"
+    assert MlflowClient(store_uri(tmp_path / "mlflow")).list_artifacts(earlier.run_id) == []
+    again = Sweep(["seed=0,1", *store, f"resume={record}"], prepare)  # the sweep's own run is reopened
+    again.run()
+    assert again.manifest["mlflow_run_id"] == sweep.manifest["mlflow_run_id"]
+
+
+@pytest.mark.parametrize("change", [{"resumed": "x"}, {"runs": [{"name": "seed-0", "overrides": ["seed=0"]},
+                                                              {"name": "seed-1", "overrides": ["seed=1"]}]}])
+def test_a_manifest_of_another_shape_is_refused_before_the_sweep_resumes(change, tmp_path):
+    """The attack: a record's sweep.json whose ``resumed`` is not a list, or whose points have no
+    status, ended ``fedsim run -m ... resume=`` in a traceback (AttributeError, KeyError)."""
+    _record(tmp_path / "sweep")
+    manifest = json.loads((tmp_path / "sweep" / MANIFEST).read_text())
+    (tmp_path / "sweep" / MANIFEST).write_text(json.dumps({**manifest, **change}))
+    with pytest.raises(ConfigError, match="is not a sweep's manifest"):
+        Sweep(["seed=0,1", f"resume={tmp_path / 'sweep'}"], lambda point: _composed()).run()
+
+
+def test_a_records_folder_names_reach_the_terminal_escaped_when_a_resume_is_refused(tmp_path, capsys):
+    """The attack: a record's folder named with an ANSI escape, refused (here: others can write
+    it), was named in the configuration error as it was, to the terminal."""
+    _record(tmp_path / "sweep")
+    (tmp_path / "sweep" / "\x1b]0;owned\x07").mkdir(mode=0o777)
+    (tmp_path / "sweep" / "\x1b]0;owned\x07").chmod(0o777)
+    assert cli.main(["run", "-m", "seed=0,1", f"resume={tmp_path / 'sweep'}"]) == 2
+    err = capsys.readouterr().err
+    assert "\\x1b]0;owned\\x07 is writable by others" in err and "\x1b" not in err

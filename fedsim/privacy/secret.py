@@ -97,8 +97,10 @@ def user_secret(name: str) -> bytes:
     made on first use. Found by hand: one environment variable, where platformdirs (the same
     path) would be a dependency of its own."""
     base = os.environ.get("XDG_STATE_HOME", "")
-    folder = private_folder((Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state") / "fedsim")
-    path = folder / name
+    folder = (Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state") / "fedsim"
+    if why := who_else_writes(folder):  # they could put a folder of this user's holding a key they know in its place
+        raise PermissionError(f"{folder}: {why}, so another user could swap this user's key folder")
+    path = private_folder(folder) / name
     try:
         return read_private_file(path)
     except FileNotFoundError:

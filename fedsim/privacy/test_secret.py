@@ -59,3 +59,35 @@ def test_a_users_secret_is_made_once_owner_only_outside_any_run(tmp_path, monkey
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     with pytest.raises(PermissionError, match="mode 0700"):
         user_secret("resume.key")
+
+
+def test_a_users_secret_under_a_folder_others_can_write_is_refused(tmp_path, monkeypatch):
+    """Whoever can write a folder above the key folder can rename it away and put in its place a
+    folder of this user's holding a 32-byte 0600 key they know (a record's checkpoint folder as an
+    earlier fedsim shipped it, copied under umask 077): every check on the folder and the key
+    then holds, and run.json is sealed under the other user's key. Refused at the first use."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # another local user may rename what is in it
+    monkeypatch.setenv("XDG_STATE_HOME", str(shared / "state"))
+    with pytest.raises(PermissionError, match=f"{shared} is writable by others"):
+        user_secret("resume.key")
+    assert not (shared / "state").exists()
+
+
+def test_a_users_key_folder_that_is_a_link_or_another_users_is_refused(tmp_path, monkeypatch):
+    """A link at ``$XDG_STATE_HOME/fedsim`` (to a folder of this user's holding a key someone
+    knows) is not followed; a key folder another user made first is not used."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    (tmp_path / "state").mkdir()
+    (tmp_path / "known").mkdir(mode=0o700)
+    (tmp_path / "state" / "fedsim").symlink_to(tmp_path / "known", target_is_directory=True)
+    with pytest.raises(PermissionError, match="must be a folder of this user"):
+        user_secret("resume.key")
+    if os.getuid() != 0:
+        pytest.skip("making a folder another user's needs root")
+    (tmp_path / "state" / "fedsim").unlink()
+    (tmp_path / "state" / "fedsim").mkdir(mode=0o700)
+    os.chown(tmp_path / "state" / "fedsim", 4242, 4242)
+    with pytest.raises(PermissionError, match="belongs to uid 4242"):
+        user_secret("resume.key")

@@ -41,10 +41,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from omegaconf import OmegaConf
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from scipy import stats
 
-from fedsim.results.outputs import RunOutput, markdown_table, markdown_text, write_file
+from fedsim.results.outputs import (
+    MAX_FILE_BYTES,
+    RunOutput,
+    escape_controls,
+    markdown_table,
+    markdown_text,
+    write_file,
+)
 from fedsim.results.stats import (
     detectable_effect,
     detectable_effect_of_interval,
@@ -60,6 +69,8 @@ OUTPUTS = ("summary.md", "comparison.json", "paired_differences.png", "metrics.p
 BOOTSTRAP_MIN_SEEDS = 10  # below this the BCa interval over seeds undercovers (too narrow)
 CONTRAST_BASELINE = "equal_at"  # the effect-of-interest baseline that names a contrast's null
 MAX_PANELS = 20           # plot panels per figure; the summary says when families were left out
+PLOT_CHARS = 160          # a plot label's characters at most; the summary keeps the whole name
+MAX_DEPTH = 64            # folders a record nests at most (a run's are a few deep)
 
 
 class ComparisonRefused(ValueError):
@@ -134,15 +145,21 @@ def _matches(patterns, path: str) -> bool:
     return any(path_pattern(p).fullmatch(path) for p in patterns)
 
 
-def refuse_links(folder: str | Path) -> None:
+def refuse_links(folder: str | Path) -> list[Path]:
     """Refuse ``folder`` when anything under it is a link, or neither a file nor a folder (a FIFO
-    blocks its reader). A record is someone else's files (``cp -r`` and git keep links): a link in
+    blocks its reader), or it nests folders :data:`MAX_DEPTH` deep (1,100 ended the walk in a
+    RecursionError). A record is someone else's files (``cp -r`` and git keep links): a link in
     it would have fedsim read the user's files as results, or write its outputs where it points
-    (``~/.ssh/authorized_keys``). Every entry is ``lstat``'ed, no link followed (``os.walk``)."""
+    (``~/.ssh/authorized_keys``). Every entry is ``lstat``'ed, no link followed (``os.walk``).
+    Returns the folders walked, ``folder`` first."""
     def unreadable(exc: OSError):
         raise ComparisonRefused(f"{exc.filename!r} cannot be listed, so it cannot be checked for links: {exc}")
 
+    folders = []
     for root, dirs, files in os.walk(folder, onerror=unreadable):
+        folders.append(Path(root))
+        if len(folders[-1].relative_to(folder).parts) >= MAX_DEPTH:
+            raise ComparisonRefused(f"{root!r}: a record nests folders {MAX_DEPTH} deep at most")
         for path in (Path(root, name) for name in [*dirs, *files]):
             mode = path.lstat().st_mode
             if stat.S_ISLNK(mode):
@@ -151,6 +168,52 @@ def refuse_links(folder: str | Path) -> None:
             if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
                 raise ComparisonRefused(f"{str(path)!r} is neither a file nor a folder: {str(folder)!r} is refused "
                                         "before anything in it is read")
+    return folders
+
+
+def read_record(path: Path) -> str:
+    """The text of a record's file (results.json, point.json, config.yaml, sweep.json), refused,
+    naming it, when it is not a plain file (opened without following a link or waiting on a
+    FIFO), holds over :data:`MAX_FILE_BYTES` (the most a run ships of one file: a sparse 1 GiB
+    results.json, 8 blocks on disk, took 2.3 GB of memory to read whole) or is not UTF-8."""
+    try:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise ComparisonRefused(f"{str(path)!r} is not a file")
+            data = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ComparisonRefused(f"{str(path)!r} cannot be read: {exc.strerror}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ComparisonRefused(f"{str(path)!r} holds over {MAX_FILE_BYTES >> 20} MiB: no run's file is that large")
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise ComparisonRefused(f"{str(path)!r} is not UTF-8 text: {exc}") from None
+
+
+def read_json(path: Path):
+    """A record's JSON file (:func:`read_record`), refused when it does not parse."""
+    text = read_record(path)
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ComparisonRefused(f"{str(path)!r} is not JSON: {exc}") from None
+
+
+def read_config(path: Path) -> DictConfig:
+    """A record's config.yaml (:func:`read_record`), refused when it is no YAML mapping or holds
+    an alias (``*a``): a run's config.yaml holds none (OmegaConf writes it resolved), and a few
+    hundred bytes of nested aliases, which PyYAML shares, become billions of nodes in OmegaConf."""
+    text = read_record(path)
+    try:
+        if any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text, Loader=yaml.SafeLoader)):
+            raise ComparisonRefused(f"{str(path)!r} holds a YAML alias, which no run's config.yaml has")
+        config = OmegaConf.create(text)
+    except (yaml.YAMLError, OmegaConfBaseException, RecursionError) as exc:
+        raise ComparisonRefused(f"{str(path)!r} is not a run's config.yaml: {exc}") from None
+    if not isinstance(config, DictConfig):
+        raise ComparisonRefused(f"{str(path)!r} is not a run's config.yaml: not a mapping")
+    return config
 
 
 def counted_runs(folder: str | Path) -> list[Path]:
@@ -168,9 +231,12 @@ def load_runs(folder: str | Path) -> list[Run]:
     """Every run :func:`counted_runs` finds under ``folder``, with every number of its results."""
     runs = []
     for run in counted_runs(folder):
-        overrides = json.loads((run / POINT_FILE).read_text())["overrides"]
+        point = read_json(run / POINT_FILE)
+        overrides = point.get("overrides") if isinstance(point, dict) else None
+        if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+            raise ComparisonRefused(f"{str(run / POINT_FILE)!r} holds no list of overrides (KEY=VALUE strings)")
         runs.append(Run(str(run), dict(o.partition("=")[::2] for o in overrides),
-                        flatten(json.loads((run / "results.json").read_text()))))
+                        flatten(read_json(run / "results.json"))))
     return runs
 
 
@@ -664,8 +730,16 @@ def _forest(axes, rows_by_family: dict[str, list[dict]], xlabel, zero: bool) -> 
                 ax.plot(r["effect"]["size"], yi, "x", color="C3")
         if zero:
             ax.axvline(0.0, color="grey", lw=0.8, ls="--")
-        ax.set_yticks(y, [r["name"] for r in rows], fontsize=6)
-        ax.set_xlabel(xlabel(family), fontsize=7)
+        # a record's names, shown as written: no mathtext ("$\\frac{$" refused the comparison)
+        ax.set_yticks(y, [_plot_text(r["name"]) for r in rows], fontsize=6, parse_math=False)
+        ax.set_xlabel(_plot_text(xlabel(family)), fontsize=7, parse_math=False)
+
+
+def _plot_text(text: str) -> str:
+    """A record's name as a plot label: control characters escaped (a lone surrogate raised in the
+    font code), cut to :data:`PLOT_CHARS` (one of 100,000 characters took 51 s to draw)."""
+    text = escape_controls(text)
+    return text if len(text) <= PLOT_CHARS else text[:PLOT_CHARS - 1] + "…"
 
 
 def plot(comparison: dict, out: RunOutput, suffix: str = "") -> None:
@@ -725,6 +799,8 @@ def write(folder: str | Path, settings: Settings, output: str | Path | None = No
     result = build(folder, settings, strict, earlier_looks)
     out = RunOutput(output or folder)
     suffix = _suffix(out.path, force)
+    if folders := [str(out.path / _named(n, suffix)) for n in OUTPUTS if (out.path / _named(n, suffix)).is_dir()]:
+        raise ComparisonRefused(f"{', '.join(folders)} is a folder, where the comparison writes a file")
     write_file(out.path / _named("summary.md", suffix), summary_markdown(result))
     write_file(out.path / _named("comparison.json", suffix), json.dumps(result, indent=1))
     plot(result, out, suffix)

@@ -27,6 +27,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 RUN_KEY_TAG = "fedsim.run_key"
+SWEEP_FOLDER_TAG = "fedsim.sweep_folder"  # the folder a sweep's MLflow run was made for
 _NOT_IN_NAMES = re.compile(r"[^/\w.\- ]")
 
 
@@ -131,21 +132,35 @@ def annotate(results_dir: Path, prov: dict, artifacts: list[Path]) -> None:
 
 class SweepRun:
     """A sweep's MLflow run, the parent of its points' runs (tag ``mlflow.parentRunId``, which
-    ``mlflow ui`` nests them by); reopened by its id when the sweep is resumed."""
+    ``mlflow ui`` nests them by); reopened by its id when the sweep is resumed, if it is this
+    sweep folder's (tag ``fedsim.sweep_folder``): the id comes from the manifest, a record's file,
+    and another run's (the user's earlier sweep, named in a record they shared) was reopened and
+    given this record's comparison; one not in the store ended the resume in a traceback."""
 
-    def __init__(self, folder: str | Path, experiment: str, name: str, run_id: str | None, prov: dict,
+    def __init__(self, folder: str | Path, experiment: str, sweep_folder: Path, run_id: str | None, prov: dict,
                  params: dict[str, str]):
         from mlflow.entities import Param
 
         self._client = client = _client(folder)
         self._folder = folder
         self._experiment_id = _experiment_id(client, experiment, folder)
-        if run_id is None:
-            run_id = client.create_run(self._experiment_id, run_name=name, tags=source_tags(prov)).info.run_id
-            client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
-        else:
+        if self._of_this_sweep(run_id, sweep_folder):
             client.update_run(run_id, status="RUNNING")
+        else:
+            run_id = client.create_run(self._experiment_id, run_name=sweep_folder.name,
+                                       tags={**source_tags(prov), SWEEP_FOLDER_TAG: str(sweep_folder)}).info.run_id
+            client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
         self.run_id = run_id
+
+    def _of_this_sweep(self, run_id, sweep_folder: Path) -> bool:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = self._client.get_run(run_id) if isinstance(run_id, str) else None
+        except MlflowException:  # not in this store
+            return False
+        return (run is not None and run.info.experiment_id == self._experiment_id
+                and run.data.tags.get(SWEEP_FOLDER_TAG) == str(sweep_folder))
 
     def adopt(self, point_dir: Path) -> None:
         """The point's run (found by the run key in its config.yaml) becomes this run's child."""

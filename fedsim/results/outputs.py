@@ -193,6 +193,8 @@ class RunOutput:
         config = OmegaConf.to_yaml(cfg, resolve=True)
         write_file(self.path / "config.yaml", config)
         record = self.path / ".hydra"
+        if record.is_symlink():  # a record's, planted: its files would go where it points
+            record.unlink()
         record.mkdir(exist_ok=True)
         write_file(record / "config.yaml", config)
         write_file(record / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
@@ -244,14 +246,23 @@ def plain_log_scale(ax, which: str = "y") -> None:
     axis.set_minor_formatter(LogFormatter(minor_thresholds=(2, 0.5)))
 
 
+def escape_controls(text, keep: str = "") -> str:
+    """``text`` with its control characters (newline, CR, tab, ANSI's ESC, the rest of C0 and C1,
+    Unicode's line and paragraph separators, format characters such as bidi overrides, lone
+    surrogates) as their Python escapes, but those in ``keep``. A record's names (metrics,
+    methods, overrides, folders) are someone else's: a terminal obeys an ANSI escape in one
+    (clears the screen, retitles the window, on some terminals writes the clipboard)."""
+    return "".join(c.encode("unicode_escape").decode()
+                   if c not in keep and unicodedata.category(c) in ("Cc", "Cf", "Cs", "Zl", "Zp") else c
+                   for c in str(text))
+
+
 def markdown_text(text) -> str:
-    """``text`` as markdown that starts no line and adds no table cell: control characters
-    (newline, CR, tab, ANSI's ESC, the rest of C0 and C1, Unicode's line and paragraph separators
-    and format characters such as bidi overrides) as their Python escapes, ``|`` as ``\\|``. A
-    record's names (metrics, methods, overrides) are someone else's: a metric name holding a
-    newline put a line of its own into the summary."""
-    return "".join(c.encode("unicode_escape").decode() if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")
-                   else "\\|" if c == "|" else c for c in str(text))
+    """``text`` as markdown that starts no line and adds no table cell: control characters as
+    :func:`escape_controls` writes them, ``|`` and ``\\`` as ``\\|`` and ``\\\\`` (a name's own
+    ``\\|`` would otherwise become ``\\\\|``: an escaped backslash, then the cell's end for
+    Python-Markdown). A metric name holding a newline put a line of its own into the summary."""
+    return "".join("\\" + c if c in "\\|" else escape_controls(c) for c in str(text))
 
 
 def markdown_table(rows: list[dict], columns: list[str], digits: int = 4) -> str:

@@ -3,16 +3,18 @@
 import dataclasses
 import json
 import math
+import os
 import re
 import shutil
 from functools import cache
 
+import markdown
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
 from scipy import stats as scipy_stats
 
-from fedsim.results import comparison, stats
+from fedsim.results import comparison, outputs, stats
 from fedsim.results.comparison import Run, Settings, compare, flatten
 from fedsim.run import cli
 from fedsim.run.config import CONF_DIR
@@ -556,6 +558,182 @@ def test_compare_refuses_a_record_or_an_output_folder_others_can_write(tmp_path,
     assert cli.main(["compare", str(own), "sweep.baseline=old"]) == 0
 
 
+def test_compare_refuses_a_record_named_through_a_folder_others_can_write(tmp_path, capsys):
+    """The attack: the record is named through a link in a folder another user can write; its
+    target (the user's own record) passed the check, and the link could be repointed to theirs
+    before the read and the write. Checked as named and as resolved, then used resolved."""
+    own, shared = tmp_path / "own", tmp_path / "shared"
+    own.mkdir()
+    _sweep_folder(own, [0.01, 0.012, 0.011])
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    (shared / "record").symlink_to(own)
+    assert cli.main(["compare", str(shared / "record"), "sweep.baseline=old", "--output", str(tmp_path / "out")]) == 2
+    assert f"{shared} is writable by others" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    assert cli.main(["compare", str(own), "sweep.baseline=old", "--output", str(shared / "record" / "out")]) == 2
+    assert f"{shared} is writable by others" in capsys.readouterr().err and not (own / "out").exists()
+
+
+def test_compare_refuses_a_record_with_a_folder_inside_that_others_can_write(tmp_path, capsys):
+    """The attack: a record unpacked with its modes (``tar -p``, ``cp -a``) keeps a run folder
+    0777; another local user swaps its results.json for a link or a FIFO after the walk and
+    before the read. Every folder in the record is checked, not only the record's own."""
+    _sweep_folder(tmp_path, [0.01, 0.012, 0.011])
+    for mode in (0o777, 0o1777):  # sticky: another user's entry there stays theirs to swap for a link
+        (tmp_path / "r1").chmod(mode)
+        assert cli.main(["compare", str(tmp_path), "sweep.baseline=old"]) == 2
+        assert f"{tmp_path / 'r1'} is writable by others" in capsys.readouterr().err
+        assert not list(tmp_path.glob("summary*"))
+
+
+@pytest.mark.parametrize("planted", ["sparse results.json", "point.json a folder", "overrides not strings",
+                                     "point.json a list", "nested results.json", "results.json not UTF-8",
+                                     "yaml aliases", "config.yaml a list"])
+def test_a_records_file_that_is_no_runs_file_is_refused_naming_it(planted, tmp_path, capsys):
+    """The attack: a record's files are read whole and trusted in shape. A 1 GiB sparse
+    results.json (8 blocks on disk, kept sparse by ``cp``) took 2.3 GB of memory to read (10 GiB
+    would take the machine); a point.json that is a folder or of another shape, or a results.json
+    nested past the recursion limit, ended compare (and a sweep's final compare) in a traceback;
+    a config.yaml of nested YAML aliases, a few hundred bytes, expands to billions of nodes in
+    OmegaConf (here 2**13, which the old code took). Each is refused, naming the file."""
+    _sweep_folder(tmp_path, [0.01, 0.012, 0.011])
+    run = tmp_path / "r1"
+    if planted == "sparse results.json":
+        with open(run / "results.json", "r+b") as fh:
+            fh.truncate(outputs.MAX_FILE_BYTES + 1)
+    elif planted == "point.json a folder":
+        (run / comparison.POINT_FILE).unlink()
+        (run / comparison.POINT_FILE).mkdir()
+    elif planted in ("overrides not strings", "point.json a list"):
+        (run / comparison.POINT_FILE).write_text('{"overrides": [1]}' if planted.startswith("o") else "[]")
+    elif planted == "nested results.json":
+        (run / "results.json").write_text("[" * 100_000 + "]" * 100_000)
+    elif planted == "results.json not UTF-8":
+        (run / "results.json").write_bytes(b'{"m": "\xff"}')
+    elif planted == "config.yaml a list":
+        (run / "config.yaml").write_text("- sweep\n")
+    else:
+        (run / "config.yaml").write_text("a0: &a0 [x, x]\n" + "".join(
+            f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}]\n" for i in range(1, 13)) + "sweep: {}\n")
+    name = "config.yaml" if "yaml" in planted else "results.json" if "results" in planted else "point.json"
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=old"]) == 2
+    assert f"{str(run / name)!r}" in capsys.readouterr().err and not list(tmp_path.glob("summary*"))
+
+
+def test_a_records_file_swapped_for_a_link_or_a_fifo_after_the_walk_is_not_read(tmp_path):
+    """What a concurrent swap would leave at a name the walk found plain: a link is not
+    followed, a FIFO is not waited on (its open would block until a writer came)."""
+    (tmp_path / "results.json").symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere.json").write_text("{}")
+    os.mkfifo(tmp_path / "point.json")
+    with pytest.raises(comparison.ComparisonRefused, match="results.json' cannot be read"):
+        comparison.read_record(tmp_path / "results.json")
+    with pytest.raises(comparison.ComparisonRefused, match="point.json' is not a file"):
+        comparison.read_record(tmp_path / "point.json")
+
+
+def test_names_from_a_record_reach_the_terminal_escaped(tmp_path, capsys):
+    """The attack: a record's names went to the terminal as they were, in compare's warnings and
+    refusals: an ANSI escape in one clears the screen, retitles the window, or (some terminals)
+    writes the clipboard. Control characters are printed as escapes, as in the summary."""
+    ansi = "\x1b]0;owned\x07\x1b[2J"
+    _sweep_folder(tmp_path, [0.01, 0.012, 0.011])
+    (tmp_path / "r0" / "config.yaml").write_text(json.dumps({"sweep": {"contrasts": [
+        {"metric": f"m.{ansi}", "equal_at": 0.5}]}}))
+    (tmp_path / "r1" / "results.json").write_text(json.dumps({"m": {"new": {"acc": 0.5}, "old": {"acc": 0.5}},
+                                                              "x": {ansi: 1.0, "y": 1.0}}))
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=old"]) == 0
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=nomethod"]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err
+    assert err.count("\\x1b]0;owned\\x07\\x1b[2J") == 2, err  # the warning, the refusal's list of methods
+
+
+def test_names_from_a_record_add_no_table_cell_in_any_markdown_and_break_no_plot(tmp_path):
+    """The attack: a name holding ``\\|`` became ``\\\\|``: an escaped backslash, then a cell's
+    end for Python-Markdown (GitHub reads an escaped bar), so a column was added; a lone
+    surrogate (``\\ud800`` in JSON, or a folder name that is not UTF-8) refused the whole
+    comparison when the summary was encoded, and raised in the plots' font code; a name in
+    mathtext (``$\\frac{$``) refused it after the summary was written. Backslashes are escaped
+    too, surrogates shown, plot labels not parsed."""
+    for w, name in (("a", "m\\|x"), ("b", "n\ud800"), ("c", "$\\frac{$")):
+        for run in _seed_runs([0.01, 0.012, 0.011]):
+            folder = tmp_path / "record" / f"{run.folder}-{w}"
+            folder.mkdir(parents=True)
+            (folder / comparison.POINT_FILE).write_text(json.dumps({"overrides": [f"seed={run.overrides['seed']}",
+                                                                                  f"w={w}\\|"]}))
+            (folder / "results.json").write_text(json.dumps({"m": {"new": {name: run.values["m.new.acc"]},
+                                                                   "old": {name: run.values["m.old.acc"]}}}))
+            (folder / "config.yaml").write_text("{}\n")
+    assert cli.main(["compare", str(tmp_path / "record"), "sweep.baseline=old"]) == 0
+    summary = (tmp_path / "record" / "summary.md").read_text()
+    assert "m\\\\\\|x" in summary and "n\\ud800" in summary
+    assert all((tmp_path / "record" / n).is_file() for n in comparison.OUTPUTS)
+    html = markdown.markdown(summary, extensions=["tables"])
+    for table in re.findall(r"<table>.*?</table>", html, re.S):
+        assert len({row.count("<td") + row.count("<th") for row in re.findall(r"<tr>.*?</tr>", table, re.S)}) == 1
+
+
+def test_a_folder_at_an_output_name_refuses_the_comparison_naming_it(tmp_path, capsys):
+    """The attack: a record holding a folder named summary.md (or any output's name): ``--force``,
+    which a sweep's final comparison always uses, ended in a traceback when the new file was
+    renamed over it, summary.md and comparison.json written already."""
+    _sweep_folder(tmp_path, [0.01, 0.012, 0.011])
+    (tmp_path / "metrics.png").mkdir()
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=old", "--force"]) == 2
+    assert f"{tmp_path / 'metrics.png'} is a folder" in capsys.readouterr().err
+    assert not list(tmp_path.glob("summary*"))
+
+
+def test_a_record_nesting_folders_past_any_runs_depth_is_refused(tmp_path, capsys):
+    """The attack: 1,100 nested folders in a record (2,200 characters of path, which git and
+    ``cp -r`` keep) ended compare in a RecursionError traceback from the walk."""
+    _sweep_folder(tmp_path, [0.01, 0.012, 0.011])
+    nested = [tmp_path.joinpath(*["a"] * depth) for depth in range(1, 1101)]
+    for folder in nested:  # os.makedirs and shutil.rmtree recurse too
+        folder.mkdir()
+    try:
+        assert cli.main(["compare", str(tmp_path), "sweep.baseline=old"]) == 2
+        assert f"folders {comparison.MAX_DEPTH} deep at most" in capsys.readouterr().err
+    finally:
+        for folder in reversed(nested):
+            folder.rmdir()
+
+
+def test_a_records_fifo_hard_link_or_own_link_reaches_no_file_of_the_users(tmp_path, victim_home, capsys):
+    """Attacks that hold: a FIFO in a record (a reader would block) is refused before the read; a
+    hard link at an output name (a tarball may carry one between its own members; a local user's
+    to the victim's file) is replaced by the rename, not written through; a record named through
+    a link is walked where the link leads, so the links there are found."""
+    fifo, linked, own = tmp_path / "fifo", tmp_path / "linked", tmp_path / "own"
+    for record in (fifo, linked, own):
+        record.mkdir()
+        _sweep_folder(record, [0.01, 0.012, 0.011])
+    os.mkfifo(fifo / "r1" / "pipe")
+    assert cli.main(["compare", str(fifo), "sweep.baseline=old"]) == 2
+    assert "pipe' is neither a file nor a folder" in capsys.readouterr().err
+    os.link(victim_home / ".bashrc", linked / "summary.md")
+    assert cli.main(["compare", str(linked), "sweep.baseline=old", "--force"]) == 0
+    assert (victim_home / ".bashrc").read_text() == "# the user's own\n"
+    assert (linked / "summary.md").stat().st_nlink == 1
+    (own / "summary.md").symlink_to(victim_home / ".ssh" / "authorized_keys")
+    (tmp_path / "named").symlink_to(own)
+    assert cli.main(["compare", str(tmp_path / "named"), "sweep.baseline=old"]) == 2
+    assert "summary.md' is a link" in capsys.readouterr().err
+    assert not (victim_home / ".ssh" / "authorized_keys").exists()
+
+
+def test_an_interpolation_in_a_records_config_is_not_resolved_into_the_comparison(tmp_path, monkeypatch):
+    """An attack that holds: a record's config.yaml states ``sweep.metrics`` with
+    ``${oc.env:SECRET_TOKEN}``; had it been resolved, the user's token would be listed in the
+    summary ("patterns these runs hold no number for") and shared back with it."""
+    monkeypatch.setenv("SECRET_TOKEN", "hunter2")
+    _sweep_folder(tmp_path, [0.01, 0.012, 0.011])
+    (tmp_path / "r0" / "config.yaml").write_text("sweep:\n  metrics: ['m.**', '${oc.env:SECRET_TOKEN}']\n")
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=old"]) == 0
+    assert not [p for p in tmp_path.iterdir() if p.is_file() and b"hunter2" in p.read_bytes()]
+
+
 # ---- plans, looks and multiplicity (issue 58) -------------------------------------------------
 
 DIFFS = {"a": [0.1, 0.11, 0.12, 0.1], "b": [0.01, 0.02, 0.03, 0.04], "c": [-0.01, 0.01, 0.0, 0.02]}
@@ -628,6 +806,9 @@ def test_compare_counts_each_look_in_the_manifest_and_refuses_another_plan(tmp_p
     for other in ([plan, "sweep.plan.alpha=0.1"], []):  # changed, dropped
         assert cli.main(["compare", str(tmp_path), "sweep.baseline=old", *other, "--output", str(tmp_path / "c")]) == 2
         assert "a plan cannot change once the sweep has run" in capsys.readouterr().err
+    (tmp_path / MANIFEST).write_text(json.dumps({**manifest, "looks": [{"n": "3"}]}))
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=old", plan, "--output", str(tmp_path / "c")]) == 2
+    assert "its looks are not a list" in capsys.readouterr().err
     manifest["plan"]["settings"]["alpha"] = 0.1  # edited, not rehashed
     (tmp_path / MANIFEST).write_text(json.dumps(manifest))
     assert cli.main(["compare", str(tmp_path), "sweep.baseline=old", plan, "--output", str(tmp_path / "c")]) == 2

@@ -19,10 +19,11 @@ from flwr.cli.typing import (
 from omegaconf import DictConfig, OmegaConf
 
 from fedsim.privacy.secret import Tampered, derive, open_sealed, private_folder, seal, user_secret
-from fedsim.results.comparison import POINT_FILE, Settings, counted_runs, plan
+from fedsim.results.comparison import POINT_FILE, Settings, counted_runs, plan, read_config
 from fedsim.results.comparison import build as build_comparison
 from fedsim.results.comparison import write as write_comparison
 from fedsim.results.mlflow_sink import annotate as annotate_mlflow
+from fedsim.results.outputs import escape_controls, write_file
 from fedsim.results.sinks import tensorboard_text
 from fedsim.run import provenance
 from fedsim.run.config import (
@@ -102,8 +103,12 @@ def run_file_key(folder: Path) -> bytes:
 def _save_run(cfg, pinned: list[str]) -> None:
     if cfg.checkpoint.enabled and not cfg.resume:
         path = Path(cfg.results_dir) / RUN_FILE
-        private_folder(path.parent)
-        path.write_bytes(seal(run_file_key(Path(cfg.results_dir)), path.name, {"overrides": pinned}))
+        try:
+            private_folder(path.parent)
+            key = run_file_key(Path(cfg.results_dir))
+        except OSError as exc:  # this user's key folder open to others: refused before anything starts
+            raise ConfigError(f"checkpoint: {exc}") from exc
+        write_file(path, seal(key, path.name, {"overrides": pinned}))  # a record's folder may hold a link there
 
 
 def prepare(overrides: list[str]) -> tuple[DictConfig, list[str], int, int]:
@@ -172,16 +177,16 @@ def run(overrides: list[str]) -> int:
     given, started, git = list(overrides), provenance.now(), provenance.git_state()
     try:
         cfg, overrides, clients, nodes = prepare(overrides)
+        # the ServerApp composes again from the same overrides: pin what was resolved here (a remote
+        # ServerApp finds its data by its own host's data root and ships its results back)
+        remote = cfg.hardware.backend == "deployment" and not cfg.hardware.launch_local
+        pinned = [*overrides, *([] if remote or cfg.data_root is None else [f"data_root={cfg.data_root}"]),
+                  f"results_dir={cfg.results_dir}", f"logging.mlflow_dir={cfg.logging.mlflow_dir}",
+                  f"hardware.num_clients={clients}"]
+        _save_run(cfg, [o for o in pinned if o != "resume=true"])
     except REFUSED as exc:
         print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
         return 2
-    # the ServerApp composes again from the same overrides: pin what was resolved here (a remote
-    # ServerApp finds its data by its own host's data root and ships its results back)
-    remote = cfg.hardware.backend == "deployment" and not cfg.hardware.launch_local
-    pinned = [*overrides, *([] if remote or cfg.data_root is None else [f"data_root={cfg.data_root}"]),
-              f"results_dir={cfg.results_dir}", f"logging.mlflow_dir={cfg.logging.mlflow_dir}",
-              f"hardware.num_clients={clients}"]
-    _save_run(cfg, [o for o in pinned if o != "resume=true"])
     try:
         outcome = launch(cfg, pinned, nodes)
     except RunFailed as exc:
@@ -237,8 +242,8 @@ def record_provenance(cfg, results_dir: Path, part: dict) -> None:
 def multirun(overrides: list[str]) -> int:
     try:
         sweep = Sweep(overrides, prepare)
-    except REFUSED as exc:
-        print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
+    except REFUSED as exc:  # may name a record's folders and files: escaped for the terminal
+        print(escape_controls(f"fedsim: configuration error:\n{exc}", keep="\n"), file=sys.stderr)
         return 2
     return sweep.run()
 
@@ -268,9 +273,9 @@ def compare(folder: str, overrides: list[str], output: str | None = None, force:
     try:
         if any(not o.startswith("sweep.") for o in overrides):
             raise ConfigError(f"compare takes sweep.* overrides only, got {overrides}")
-        for what, path in (("record", folder), ("output folder", output or folder)):
-            refuse_other_writers(Path(path).expanduser().resolve(), what)
-        stated = {str(run.relative_to(folder)): OmegaConf.load(run / "config.yaml").get("sweep", {})
+        output = refuse_other_writers(output or folder, "output folder")
+        folder = refuse_other_writers(folder, "record", inside=True)  # resolved: the path checked is the one used
+        stated = {str(run.relative_to(folder)): read_config(run / "config.yaml").get("sweep", {})
                   for run in counted_runs(folder) if (run / "config.yaml").is_file()}
         if not stated:
             raise ConfigError(f"no completed sweep run (a {POINT_FILE} beside a results.json and a config.yaml, "
@@ -279,10 +284,10 @@ def compare(folder: str, overrides: list[str], output: str | None = None, force:
         sweep_overrides = OmegaConf.from_dotlist([o.removeprefix("sweep.") for o in overrides])
         sweep = sweep_settings(defaults, next(iter(stated.values())), sweep_overrides)
         for warning in _sweep_setting_warnings(stated, defaults, sweep_overrides):
-            print(f"fedsim: compare: warning: {warning}", file=sys.stderr)
+            print(escape_controls(f"fedsim: compare: warning: {warning}"), file=sys.stderr)
         metrics_given = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
         settings = Settings.of(sweep)
-        if manifest := read_manifest(Path(folder)):
+        if manifest := read_manifest(folder):
             refuse_changed_plan(*manifest, settings.plan)
         if pilot:
             print(plan(build_comparison(folder, settings, metrics_given)), end="")
@@ -292,12 +297,12 @@ def compare(folder: str, overrides: list[str], output: str | None = None, force:
         if manifest:  # a look at the record counts wherever its outputs go
             record_look(*manifest, result)
     except REFUSED as exc:
-        print(f"fedsim: compare: {exc}", file=sys.stderr)
+        print(escape_controls(f"fedsim: compare: {exc}", keep="\n"), file=sys.stderr)
         return 2
     for warning in result["warnings"]:
-        print(f"fedsim: compare: warning: {warning}", file=sys.stderr)
-    print(f"fedsim: comparison in {written[0].parent}: {', '.join(p.name for p in written)}"
-          f"{'' if written[0].name == 'summary.md' else ' (an earlier comparison is there; --force replaces it)'}")
+        print(escape_controls(f"fedsim: compare: warning: {warning}"), file=sys.stderr)
+    print(escape_controls(f"fedsim: comparison in {written[0].parent}: {', '.join(p.name for p in written)}"
+          f"{'' if written[0].name == 'summary.md' else ' (an earlier comparison is there; --force replaces it)'}"))
     return 0
 
 

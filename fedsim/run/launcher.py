@@ -384,10 +384,11 @@ def keep_logs(workdir: Path, results_dir: Path):
     """An exit callback for :func:`launch`: where the run failed, the logs of its processes (the
     SuperLink with the SuperExec it starts, the ServerApp's as Flower relayed it, each SuperNode),
     which lie in the work folder that goes with the run, copied into a new 0700 folder ``logs-*``
-    of ``results_dir`` (nothing there is overwritten, nothing followed); the error names the
-    copies."""
+    of ``results_dir`` (nothing there is overwritten, nothing followed: a log that is a link is
+    left out, as its target may be any file of this user's, and results travel); the error names
+    the copies."""
     def keep(exc_type, exc, tb) -> bool:
-        logs = sorted(workdir.glob("*.log"))
+        logs = sorted(log for log in workdir.glob("*.log") if log.is_file() and not log.is_symlink())
         if not isinstance(exc, RunFailed) or not logs:
             return False
         try:

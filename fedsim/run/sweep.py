@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -22,11 +23,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 
 from fedsim.privacy.secret import who_else_writes
 from fedsim.results import comparison
 from fedsim.results.mlflow_sink import SweepRun
-from fedsim.results.outputs import write_file
+from fedsim.results.outputs import escape_controls, write_file
 from fedsim.run import progress, provenance
 from fedsim.run.config import ConfigError
 from fedsim.run.schema import sweep_settings
@@ -64,10 +66,25 @@ def _swept_values(point: list[str], swept: list[str]) -> dict[str, str]:
     return {k: v for k, _, v in (o.partition("=") for o in point) if k in swept}
 
 
+def _passable(folder: Path) -> Path:
+    """``folder``, refused unless Hydra reads ``results_dir=<folder>`` back as that plain string:
+    each point is passed on so (:meth:`Sweep._run_point`), and a record unpacked under its own
+    name, ``x${oc.env:TOKEN}``, had its points run in ``x<the token>``, outside the sweep folder
+    (the token in their config.yaml); a comma or a quote failed every point."""
+    try:
+        value = OverridesParser.create().parse_override(f"results_dir={folder}").value()
+    except Exception:
+        value = None
+    if value != str(folder) or OmegaConf.is_interpolation(OmegaConf.create({"folder": value}), "folder"):
+        raise ConfigError(f"sweep folder {str(folder)!r}: Hydra reads it otherwise as each point's results_dir= "
+                          "(an interpolation, a comma, a quote, a bracket, a character outside ASCII...); rename it")
+    return folder
+
+
 def _sweep_folder(overrides: list[str], first_cfg) -> Path:
     given = [o.partition("=")[2] for o in overrides if o.startswith("results_dir=")]
     if given:
-        return Path(given[-1]).expanduser().resolve()
+        return Path(given[-1])
     return Path(first_cfg.results_dir).parent / f"sweep-{Path(first_cfg.results_dir).name}"
 
 
@@ -85,10 +102,8 @@ class Sweep:
                 checked.append(prepare(point)[0])
             except Exception as exc:
                 raise ConfigError(f"sweep point {' '.join(point)}:\n{exc}") from exc
-        self.folder = Path(folder[-1]).expanduser().resolve() if folder else _sweep_folder(overrides, checked[0])
-        refuse_other_writers(self.folder, "sweep folder")
-        if self.folder.exists():
-            comparison.refuse_links(self.folder)  # a record is someone else's files
+        self.folder = _passable(refuse_other_writers(folder[-1] if folder else _sweep_folder(overrides, checked[0]),
+                                                     "sweep folder", inside=True))  # a record: someone else's files
         self.settings = comparison.Settings.of(sweep_settings(checked[0].sweep))  # the plan's defaults filled in
         self.strict = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
         _check_swept_baseline(self.settings.baseline, self.points)
@@ -102,17 +117,23 @@ class Sweep:
         if resume:
             if not path.is_file():
                 raise ConfigError(f"resume: {path} not found (no sweep in {self.folder})")
-            manifest = json.loads(path.read_text())
+            manifest = comparison.read_json(path)  # a record's file: someone else's
             refuse_changed_plan(path, manifest, self.settings.plan)  # before the points: they hold the plan's override
             try:
                 points = [r["overrides"] for r in manifest["runs"]]
+                if not all("status" in r for r in manifest["runs"]):
+                    raise TypeError("a run without a status")
+                if not isinstance(manifest.get("resumed", []), list):
+                    raise TypeError("resumed is not a list")
             except (TypeError, KeyError) as exc:
-                raise ConfigError(f"resume: {path} is not a sweep's manifest (no runs with overrides)") from exc
+                raise ConfigError(f"resume: {path} is not a sweep's manifest (runs with overrides and a status, "
+                                  f"resumed sessions in a list): {exc}") from exc
             if points != self.points:
                 raise ConfigError(f"resume: these overrides expand to other points than the sweep in "
                                   f"{self.folder} ({len(self.points)} vs {len(manifest['runs'])}); "
                                   f"repeat the sweep's own overrides")
             self._check_names(manifest["runs"])
+            earlier_looks(manifest)  # refused now, not at the comparison after the runs
             manifest.setdefault("resumed", []).append(self.session)
             return manifest
         if path.exists():
@@ -191,7 +212,7 @@ class Sweep:
         """With logging.mlflow: the sweep's MLflow run (its id kept in the manifest for a resume)."""
         if not self.first.logging.mlflow:
             return None
-        parent = SweepRun(self.first.logging.mlflow_dir, self.first.protocol.name, self.folder.name,
+        parent = SweepRun(self.first.logging.mlflow_dir, self.first.protocol.name, self.folder,
                           self.manifest.get("mlflow_run_id"), self.manifest["provenance"],
                           {"sweep.command": self.session["command"]["line"][:6000], "sweep.swept": ",".join(self.swept),
                            "sweep.points": str(len(self.points))})
@@ -233,13 +254,14 @@ class Sweep:
             result, _ = comparison.write(self.folder, self.settings, force=True, strict=self.strict,
                                          earlier_looks=earlier_looks(self.manifest))
         except comparison.ComparisonRefused as exc:
-            print(f"fedsim: sweep comparison refused: {exc}\n`fedsim compare {self.folder} sweep.KEY=...` "
+            why = escape_controls(exc, keep="\n")  # the record's names, to a terminal
+            print(f"fedsim: sweep comparison refused: {why}\n`fedsim compare {self.folder} sweep.KEY=...` "
                   "builds it with other settings", file=sys.stderr)
             return None
         count_look(self.manifest, result)
         self.save()
         for warning in result["warnings"]:
-            print(f"fedsim: sweep comparison: warning: {warning}", file=sys.stderr)
+            print(f"fedsim: sweep comparison: warning: {escape_controls(warning)}", file=sys.stderr)
         print(f"fedsim: sweep comparison in {self.folder / 'summary.md'} and comparison.json", flush=True)
         return result
 
@@ -266,8 +288,13 @@ def refuse_changed_plan(path: Path, manifest: dict, plan: dict | None) -> None:
 
 
 def earlier_looks(manifest: dict) -> tuple[int, ...]:
-    """The seed counts at which the sweep's comparison was read before (``looks`` in sweep.json)."""
-    return tuple(look["n"] for look in manifest.get("looks", []))
+    """The seed counts at which the sweep's comparison was read before (``looks`` in sweep.json),
+    refused when they are not a list of ``{"n": count, ...}`` (a record's file: someone else's)."""
+    looks = manifest.get("looks", [])
+    if not isinstance(looks, list) or not all(isinstance(look, dict) and type(look.get("n")) is int
+                                              for look in looks):
+        raise ConfigError(f"sweep.json: its looks are not a list of {{\"n\": seeds, ...}}: {str(looks)[:200]}")
+    return tuple(look["n"] for look in looks)
 
 
 def count_look(manifest: dict, result: dict) -> bool:
@@ -292,18 +319,36 @@ def read_manifest(folder: Path) -> tuple[Path, dict] | None:
     path = folder / MANIFEST
     if not path.is_file():
         return None
-    manifest = json.loads(path.read_text())
+    manifest = comparison.read_json(path)  # a record's file: someone else's
     if not isinstance(manifest, dict):
         raise ConfigError(f"{path} is not a sweep's manifest (not a JSON object)")
     return path, manifest
 
 
-def refuse_other_writers(folder: Path, what: str) -> None:
-    """Refuse ``folder`` when another local user could write it (``who_else_writes``): they could
-    plant a link or swap a file between fedsim's checks and its reads and writes there."""
-    if why := who_else_writes(folder):
+def refuse_other_writers(folder: str | Path, what: str, inside: bool = False) -> Path:
+    """``folder`` resolved, refused when another local user could write it (``who_else_writes``):
+    they could plant a link or swap a file between fedsim's checks and its reads and writes there.
+    Checked as named too (a link on the way, in a folder others can write, could be repointed
+    after the check: the resolved path is the one to use), and with ``inside`` every folder in it
+    (a record unpacked with its modes may hold one that others can write), which must hold no
+    link either (``comparison.refuse_links``)."""
+    named = Path(folder).expanduser().absolute()
+    resolved = named.resolve()
+    why = who_else_writes(named) or who_else_writes(resolved)
+    if not why and inside and resolved.exists():
+        why = next(filter(None, map(_shared, comparison.refuse_links(resolved)[1:])), None)
+    if why:
         raise ConfigError(f"{what} {folder}: {why}, so another user could plant links in it or swap its files: "
                           "choose a folder only you (and root) can write")
+    return resolved
+
+
+def _shared(folder: Path) -> str | None:
+    """Why another user could swap an entry of ``folder``, a folder inside a record: what
+    ``who_else_writes`` says, and a sticky folder others can write too, which it lets pass as
+    /tmp: an entry another user makes there after the checks stays theirs, to swap for a link."""
+    mode = folder.stat().st_mode
+    return f"{folder} is writable by others ({stat.filemode(mode)})" if mode & 0o022 else who_else_writes(folder)
 
 
 def _paired_means(result: dict | None) -> dict[str, float]:
@@ -353,5 +398,9 @@ def _forwarding(child: subprocess.Popen):
             signal.signal(s, handler)
 
 
-def _tail(path: Path, lines: int = 20) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+def _tail(path: Path, lines: int = 20, limit: int = 1 << 16) -> str:
+    """The log's last ``lines`` lines, from its last ``limit`` bytes: a point's log in a record
+    may be of any size (a sparse one of 10 GiB is nothing on disk), and was read whole."""
+    with open(path, "rb") as fh:
+        fh.seek(max(0, fh.seek(0, os.SEEK_END) - limit))
+        return "\n".join(fh.read().decode(errors="replace").splitlines()[-lines:])

@@ -23,10 +23,13 @@ def test_ray_reaches_a_deep_work_folder_by_a_short_private_path_gone_with_the_ru
     assert not link.parent.exists()
 
 
-def _launch(workdir: Path, results: Path, failure: Exception) -> None:
-    """What :func:`~fedsim.run.launcher.launch` does on the way out of a run that raised ``failure``."""
+def _launch(workdir: Path, results: Path, failure: Exception, secret: Path | None = None) -> None:
+    """What :func:`~fedsim.run.launcher.launch` does on the way out of a run that raised ``failure``
+    (with ``secret``, one of the work folder's logs is a link to it)."""
     workdir.mkdir()
     (workdir / "superlink.log").write_text("killed\n")
+    if secret is not None:
+        (workdir / "supernode-0.log").symlink_to(secret)
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, workdir)
         stack.push(keep_logs(workdir, results))
@@ -49,3 +52,15 @@ def test_an_interrupted_run_keeps_no_logs(tmp_path):
     with pytest.raises(Interrupted):
         _launch(tmp_path / "work", tmp_path / "results", Interrupted(130))
     assert not list((tmp_path / "results").iterdir())
+
+
+def test_a_log_that_is_a_link_is_not_followed_into_the_results(tmp_path):
+    """Results travel (a sweep record is shared as files): a ``*.log`` link in the work folder
+    to any file of this user's must not bring that file's bytes into ``logs-*``."""
+    secret = tmp_path / "id_ed25519"
+    secret.write_text("PRIVATE KEY\n")
+    (tmp_path / "results").mkdir()
+    with pytest.raises(RunFailed):
+        _launch(tmp_path / "work", tmp_path / "results", RunFailed("flower-superlink exited with -9"), secret)
+    [kept] = (tmp_path / "results").glob("logs-*")
+    assert sorted(p.name for p in kept.iterdir()) == ["superlink.log"]

@@ -61,17 +61,19 @@ WHOAMI = "fedsim-whoami"        # the core query every ClientApp answers with it
 HEAD = "head"                   # the journal's sealed count and last digest
 
 
-def ask_partitions(grid, timeout: float, poll: float) -> tuple[dict[int, int], dict[str, int], dict[str, int]]:
+def ask_partitions(grid, timeout: float, poll: float, placed: dict[int, int] | None = None
+                   ) -> tuple[dict[int, int], dict[str, int], dict[str, int]]:
     """Every node's partition id (node id -> partition), asked with ``WHOAMI``, the counts of the
     ``whoami`` phase, and the accepted replies per Ray node (``RAY_NODE``; none outside a
     simulation): the Messenger maps node ids across a resume and lists nodes in partition order,
     the ShardedGrid places logical clients, the results' provenance names the Ray nodes. A node
     that fails or does not answer in time, or names no whole partition in [0, nodes), is left
     out; so is every node of a partition that several claim (``duplicate``): a node that claims
-    another's partition never takes its place. Where the launcher bound each partition to a
-    SuperNode key (:func:`key_partitions`), a node claiming another partition than its key's is
-    left out too (``malformed``): a partition whose holder is down stays vacant."""
-    nodes, bound = list(grid.get_node_ids()), key_partitions(grid)
+    another's partition never takes its place. Where the server ``placed`` each node's partition
+    (a ShardedGrid's logical clients) or the launcher bound each partition to a SuperNode key
+    (:func:`key_partitions`), a node claiming another partition than its own is left out too
+    (``malformed``): a partition whose holder is down stays vacant."""
+    nodes, bound = list(grid.get_node_ids()), key_partitions(grid) if placed is None else placed
     pending = set(grid.push_messages([
         Message(RecordDict({WHOAMI: ConfigRecord()}), dst_node_id=n, message_type=MessageType.QUERY)
         for n in nodes]))
@@ -87,9 +89,9 @@ def ask_partitions(grid, timeout: float, poll: float) -> tuple[dict[int, int], d
             elif bound is not None and bound.get(reply.metadata.src_node_id) != partition:
                 counts["malformed"] += 1
                 logging.getLogger("fedsim").warning(
-                    "whoami: node %d claims partition %d; its key is %s", reply.metadata.src_node_id, partition,
-                    "no SuperNode's" if bound.get(reply.metadata.src_node_id) is None
-                    else f"partition {bound[reply.metadata.src_node_id]}'s")
+                    "whoami: node %d claims partition %d, bound to %s", reply.metadata.src_node_id, partition,
+                    "none" if bound.get(reply.metadata.src_node_id) is None
+                    else f"partition {bound[reply.metadata.src_node_id]}")
             else:
                 claims[reply.metadata.src_node_id] = partition
                 ray_nodes[_ray_node(reply.content)] += 1

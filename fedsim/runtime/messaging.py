@@ -56,7 +56,7 @@ from fedsim.runtime.client_state import RUN_KEY, STATE_KEY
 from fedsim.runtime.faults import FAULTS_KEY
 from fedsim.runtime.journal import Journal, ResumeMismatch, ask_partitions
 from fedsim.runtime.message_metadata import set_src_node_id
-from fedsim.runtime.sharded_grid import MALFORMED_CODE
+from fedsim.runtime.sharded_grid import MALFORMED_CODE, ShardedGrid
 from fedsim.runtime.validators import Validator, both, common_metrics, metric_values
 
 log = logging.getLogger("fedsim")
@@ -186,7 +186,8 @@ class Messenger:
         self._to_old = {n: o for o, n in self._to_new.items()}
 
     def _whoami(self) -> dict[int, int]:
-        partitions, counts, self.ray_nodes = ask_partitions(self.raw, self.timeout, self.poll_seconds)
+        placed = self.raw.placed() if isinstance(self.raw, ShardedGrid) else None
+        partitions, counts, self.ray_nodes = ask_partitions(self.raw, self.timeout, self.poll_seconds, placed)
         counts["examples"] = counts["accepted"]
         self._record(self.faults, "whoami", 1, counts)
         if not partitions:

@@ -154,6 +154,11 @@ class ShardedGrid(Grid):
     def get_node_ids(self) -> Iterable[int]:
         return list(self.host)
 
+    def placed(self) -> dict[int, int]:
+        """Each logical client's node id -> its partition: the server placed it, so a whoami reply
+        naming another (its SuperNode's words) is refused."""
+        return {node: logical_partition(node) for node in self.host}
+
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         groups: dict[tuple[int, str], list[Message]] = {}
         ids = []

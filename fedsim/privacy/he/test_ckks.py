@@ -4,9 +4,12 @@ secret are); and the record its ciphertexts travel in, which a hostile peer may 
 
 import os
 import stat
+import struct
+import zlib
 
 import numpy as np
 import pytest
+import tenseal as ts
 from flwr.app import Array, ArrayRecord
 
 from fedsim.privacy.he import ckks
@@ -115,9 +118,81 @@ def test_honest_ciphertexts_and_contexts_fit_the_caps_their_parameters_set(param
         ckks.record_blobs(record, largest=params.ciphertext_bytes)
 
 
-def test_a_context_under_other_parameters_than_the_runs_is_refused():
-    """The caps hold for the run's parameters only: a client's context under others (a larger N,
-    more moduli) is refused, whichever key it names."""
-    public = ckks.public_bytes(ckks.new_secret_context(ckks.CKKSParams(4096, (40, 20, 40), 20)))
-    with pytest.raises(ValueError, match="N 4096 with 3 moduli of 100 bits; the run's has N 8192 with 4 of 200"):
+@pytest.mark.parametrize("other", [ckks.CKKSParams(4096, (40, 20, 40), 20),
+                                   ckks.CKKSParams(8192, (60, 30, 50, 60), 40)],
+                         ids=["N 4096", "other moduli of as many bits"])
+def test_a_context_under_other_parameters_than_the_runs_is_refused_before_tenseal_reads_it(other, monkeypatch):
+    """The caps hold for the run's parameters only: a client's context under others is refused,
+    whichever key it names, before TenSEAL builds SEAL's tables for them (a crafted 9 KB context
+    of N 32768 and 17 moduli, its public key compressed zeros, took 384 MB and 0.8 s)."""
+    public = ckks.public_bytes(ckks.new_secret_context(other))
+    parsed, parse = [], ts.context_from
+    monkeypatch.setattr(ts, "context_from", lambda data: parsed.append(data) or parse(data))
+    with pytest.raises(ValueError, match=r"other CKKS parameters than the run's \(N 8192, moduli of 60-40-40-60 bits"):
         ckks.server_context(public, PARAMS)
+    assert public not in parsed
+
+
+def _seal(payload: bytes, compressed: bool) -> bytes:
+    """A SEAL object as SEAL 4.x saves it: its 16-byte header (magic, header size, version,
+    compression: zlib or none, total size), then its members (zlib-compressed or not)."""
+    body = zlib.compress(payload, 9) if compressed else payload
+    return struct.pack("<HBBBBHQ", 0xA15E, 16, 4, 3, 1 if compressed else 0, 0, 16 + len(body)) + body
+
+
+def _varint(n: int) -> bytes:
+    return bytes([n & 0x7F | 0x80]) + _varint(n >> 7) if n >= 0x80 else bytes([n])
+
+
+def _field(number: int, data: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(data)) + data
+
+
+def _key_set_bomb(params: ckks.CKKSParams, keys: int) -> bytes:
+    """A client's public context with a Galois key set of ``keys`` keys of zeros (each as
+    key-switching keys are: one key-level ciphertext per data modulus), zlib-compressed by SEAL's
+    own serialization: a few hundred bytes a key that TenSEAL inflates to 2 N L words each."""
+    honest = ckks.public_bytes(ckks.new_secret_context(params))
+    parms_id = struct.pack("<4Q", *ts.context_from(honest).seal_context().data.key_context_data().parms_id())
+    words, level = 2 * params.poly_modulus_degree * len(params.coeff_mod_bit_sizes), len(params.coeff_mod_bit_sizes)
+    array = _seal(struct.pack("<Q", words) + bytes(8 * words), compressed=False)
+    key = _seal(parms_id + b"\x01" + struct.pack("<QQQdQ", 2, params.poly_modulus_degree, level, 1.0, 1) + array,
+                compressed=False)
+    galois = _seal(parms_id + struct.pack("<Q", keys) + (struct.pack("<Q", level - 1) + key * (level - 1)) * keys,
+                   compressed=True)
+    return honest + _field(2, _field(5, galois))  # a second public_context: protobuf merges it into the first
+
+
+def test_a_public_context_holding_key_sets_is_refused_before_tenseal_inflates_them():
+    """A hostile client's public context within the size cap may still hold a Galois (or
+    relinearization) key set of compressed zeros, which TenSEAL inflates with no bound: 16
+    keys here add 28 KB to the message and 25 MB once parsed (with a public key of zeros too,
+    300 keys fit in 515 KB and took 462 MB). The server refuses any context holding more than
+    parameters and a public key, unread."""
+    bomb = _key_set_bomb(PARAMS, 16)
+    assert len(bomb) < PARAMS.public_context_bytes and ts.context_from(bomb).has_galois_keys()  # what it was
+    with pytest.raises(ValueError, match=r"fields \['public_context.5'\] .* Galois keys"):
+        ckks.server_context(bomb, PARAMS)
+    private = ckks.new_secret_context(PARAMS).serialize(save_public_key=False, save_secret_key=True,
+                                                         save_galois_keys=False, save_relin_keys=False)
+    with pytest.raises(ValueError, match=r"fields \[3\] "):
+        ckks.server_context(private, PARAMS)
+
+
+def test_a_ciphertext_that_is_a_vector_of_several_is_refused_before_tenseal_reads_it(monkeypatch):
+    """TenSEAL's vector message repeats its ciphertexts, and TenSEAL inflates each from SEAL's
+    compression: 800 ciphertexts of zeros fit in 408 KB, within the size cap, and took 300 MB and
+    1.6 s to parse before the probe refused them. fedsim's vectors hold one: a blob of several
+    is refused unread, whatever they hold (here copies of an honest one)."""
+    ctx = ckks.new_secret_context(PARAMS)
+    honest = ckks.encrypt(ctx, np.ones(PARAMS.slots), PARAMS.slots)[0]
+    probe = ckks.Probe(ckks.server_context(ckks.public_bytes(ctx), PARAMS))
+    (ciphertext,) = (f.data for f in ckks._fields(honest) if f.field_number == ckks.CKKS_VECTOR_CIPHERTEXTS)
+    several = honest + _field(ckks.CKKS_VECTOR_CIPHERTEXTS, ciphertext) * 2  # protobuf appends repeated fields
+    parsed, parse = [], ts.ckks_vector_from
+    monkeypatch.setattr(ts, "ckks_vector_from", lambda ctx, blob: parsed.append(blob) or parse(ctx, blob))
+    why = probe.problem([several], PARAMS.slots, PARAMS.slots)
+    assert why == "ciphertext 0 is a vector of 3 ciphertexts, expected 1"
+    assert several not in parsed
+    assert probe.problem([honest], PARAMS.slots, PARAMS.slots) is None and parsed == [honest]
