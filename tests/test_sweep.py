@@ -2,6 +2,7 @@
 skipped, a resume that runs only what did not complete, `fedsim compare`, and a SIGTERM that
 stops the sweep with nothing left running."""
 
+import hashlib
 import json
 import os
 import re
@@ -55,6 +56,33 @@ def test_a_baseline_value_the_sweep_does_not_run_is_refused_before_anything_runs
         Sweep(["seed=0,1", "sweep.baseline='protocol.alpha=0.5'", f"results_dir={out}"], prepare)
     assert Sweep(["num_rounds=1,2", "sweep.baseline='num_rounds=1'", f"results_dir={out}"], prepare).strict is False
     assert not out.exists()
+
+
+def test_a_plan_is_hashed_before_the_first_run_and_a_resume_with_another_is_refused(tmp_path):
+    out = tmp_path / "sweep"
+    plan = "sweep.plan={primary: [routers.fedmix.overall.ehr], seeds: 2}"
+    sweep = Sweep(["seed=0,1", plan, f"results_dir={out}"], prepare)
+    sweep.save()  # what run() writes before the first point
+    kept = json.loads((out / MANIFEST).read_text())["plan"]
+    assert kept["settings"] == {"primary": ["routers.fedmix.overall.ehr"], "alpha": 0.05, "seeds": 2, "looks": [2],
+                                "spending": "obrien_fleming"}
+    canonical = json.dumps(kept["settings"], sort_keys=True, separators=(",", ":")).encode()
+    assert kept["sha256"] == hashlib.sha256(canonical).hexdigest()
+    assert Sweep(["seed=0,1", plan, f"resume={out}"], prepare).manifest["plan"] == kept
+    for changed in ([plan.replace("seeds: 2", "seeds: 2, alpha: 0.1")], [plan.replace("fedmix", "local")], []):
+        with pytest.raises(ConfigError, match="a plan cannot change once the sweep has run"):
+            Sweep(["seed=0,1", *changed, f"resume={out}"], prepare)
+
+
+def test_a_malformed_plan_is_refused_before_anything_runs_naming_its_key(tmp_path):
+    out = tmp_path / "sweep"
+    for plan, key in (("{primary: [x], seeds: 1}", "sweep.plan.seeds"),
+                      ("{primary: [x], seeds: 4, alpha: 1.5}", "sweep.plan.alpha"),
+                      ("{primary: [x], seeds: 4, looks: [3, 2]}", "sweep.plan.looks"),
+                      ("{primary: [x], seeds: 4, spending: linear}", "sweep.plan.spending")):
+        code = subprocess.run([FEDSIM, "run", "-m", "seed=0,1", f"sweep.plan={plan}", f"results_dir={out}"],
+                              capture_output=True, text=True)
+        assert code.returncode == 2 and key in code.stderr and not out.exists(), (plan, code.stderr)
 
 
 @pytest.mark.e2e

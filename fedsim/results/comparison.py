@@ -30,6 +30,7 @@ and one plot panel (one unit per axis) per family; counters, bytes and timings
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import math
@@ -53,7 +54,15 @@ from fedsim.results.outputs import (
     markdown_text,
     write_file,
 )
-from fedsim.results.stats import detectable_effect, detectable_effect_of_interval, seeds_needed, t_interval, verdict
+from fedsim.results.stats import (
+    detectable_effect,
+    detectable_effect_of_interval,
+    holm,
+    seeds_needed,
+    sequential_bounds,
+    t_interval,
+    verdict,
+)
 
 POINT_FILE = "point.json"  # a sweep run's overrides, beside its results.json
 OUTPUTS = ("summary.md", "comparison.json", "paired_differences.png", "metrics.png")
@@ -82,11 +91,14 @@ class Settings:
     effect_of_interest: tuple[dict, ...]
     run_intervals: tuple[dict, ...]
     contrasts: tuple[dict, ...]
+    plan: dict | None  # sweep.plan: the primary endpoints, alpha, planned seeds and looks; None without a primary
 
     @classmethod
     def of(cls, sweep) -> Settings:
-        """From a composed config's ``sweep`` block."""
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in OmegaConf.to_container(sweep).items()})
+        """From a composed config's ``sweep`` block (a plan without a primary endpoint is no plan)."""
+        values = OmegaConf.to_container(sweep)
+        values["plan"] = values["plan"] if values["plan"]["primary"] else None
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 @dataclass(frozen=True)
@@ -314,6 +326,70 @@ def judge(values: np.ndarray, metric: str, baseline: str | None, by_seed: dict, 
     return out
 
 
+# ---- the plan's looks and the family of comparisons ------------------------------------------
+
+def look_at(n: int, plan: dict | None, earlier: tuple[int, ...]) -> dict | None:
+    """This comparison as a look of ``plan`` at ``n`` completed seeds: the seed counts read so
+    far (``earlier`` below ``n``, then ``n``), and the Lan-DeMets boundary at their information
+    fractions n / planned seeds (:func:`~fedsim.results.stats.sequential_bounds`), as a z and as
+    the confidence level of the repeated CI. None without a plan; past the plan, no boundary."""
+    if plan is None:
+        return None
+    planned = plan["seeds"]
+    looks = sorted({m for m in earlier if m < n} | {n})
+    out = {"n": n, "planned_seeds": planned, "planned_looks": list(plan["looks"]), "looks": looks,
+           "unplanned": [m for m in looks if m not in plan["looks"]], "spending": plan["spending"]}
+    if n > planned:
+        return {**out, "status": "past the plan", "boundary_z": None, "level": None}
+    z = sequential_bounds([m / planned for m in looks], plan["alpha"], plan["spending"])[-1]
+    return {**out, "status": "final" if n == planned else "interim", "boundary_z": z,
+            "level": float(1.0 - 2.0 * stats.norm.sf(z))}
+
+
+def _claim_p(row: dict) -> float | None:
+    """The two-sided p of the claim a row's nominal verdict makes: against its effect of
+    interest when it reads excluded, else against 0 (the t-test over seeds, or the normal
+    approximation of the run's own interval, its SE from the half-width); None without a CI."""
+    if row["ci"] is None:
+        return None
+    null = row["effect"]["size"] if row["verdict"] == "excluded" else 0.0
+    if "p_value" in row:
+        return float(stats.ttest_1samp(row["per_seed"], null).pvalue) if null else row["p_value"]
+    lo, hi = row["ci"]
+    se = (hi - lo) / (2.0 * stats.norm.isf((1.0 - row["level"]) / 2.0))
+    return float(2.0 * stats.norm.sf(abs((lo + hi) / 2.0 - null) / se))
+
+
+def judge_family(rows: list[dict], settings: Settings, look: dict | None) -> dict:
+    """Each paired or contrast row's role and final verdict. A primary row (``sweep.plan.primary``)
+    at a look within the plan: its CI at the look's level (the repeated CI) and its verdict from
+    that. Every other row is secondary: Holm-adjusted over all of them at the plan's alpha (1 -
+    ``sweep.level`` without a plan), and a verdict that does not survive reads ``nominal``.
+    Returns the count of each."""
+    plan = settings.plan
+    alpha = plan["alpha"] if plan else round(1.0 - settings.level, 12)
+    secondary = []
+    for row in rows:
+        row["level"] = settings.level
+        row["nominal_verdict"] = row["verdict"]
+        row["role"] = "primary" if plan and _matches(plan["primary"], row["metric"]) else "secondary"
+        if row["role"] == "secondary":
+            secondary.append(row)
+        elif look["level"] is not None and "p_value" in row:
+            row["level"] = look["level"]
+            row["ci"] = interval(row["per_seed"], dataclasses.replace(settings, level=look["level"]))
+            size = row["effect"]["size"] if row["effect"] else None
+            row["verdict"] = row["nominal_verdict"] = verdict(row["ci"], size)
+            row["excludes_effect"] = None if size is None or row["ci"] is None else \
+                bool(row["ci"][1] < size if size > 0 else row["ci"][0] > size)
+    tested = [(r, p) for r in secondary if (p := _claim_p(r)) is not None]
+    for (row, _), survives, adjusted in zip(tested, *holm([p for _, p in tested], alpha)):
+        row["p_holm"] = adjusted
+        if row["verdict"] in ("shown", "excluded") and not survives:
+            row["verdict"] = "nominal"
+    return {"primary": len(rows) - len(secondary), "secondary": len(secondary), "holm_alpha": alpha}
+
+
 # ---- grouping, families and the baseline ------------------------------------------------------
 
 def _group_key(run: Run, seed_keys: tuple[str, ...]) -> tuple:
@@ -405,9 +481,11 @@ def _check_baseline(settings: Settings, headline: set[str], varying: dict[str, l
                                 f"{', '.join(names) or '(none)'}; or KEY=VALUE of an override that varies: {swept}")
 
 
-def compare(runs: list[Run], settings: Settings, strict: bool = True) -> dict:
+def compare(runs: list[Run], settings: Settings, strict: bool = True, earlier_looks: tuple[int, ...] = ()) -> dict:
     """Per group and headline metric: mean, std and CI over seeds; per baseline pair: the
-    paired difference per seed, its CI and verdict; bookkeeping metrics over seeds apart.
+    paired difference per seed, its CI and verdict; bookkeeping metrics over seeds apart. The
+    primary rows of ``settings.plan`` are judged at this look (``earlier_looks``: the seed
+    counts at which the sweep was read before), every other row Holm-adjusted (:func:`judge_family`).
     Raises :class:`ComparisonRefused` for a baseline the runs do not have, and (``strict``) a
     metric pattern."""
     by_group: dict[tuple, dict[tuple, Run]] = {}
@@ -431,12 +509,16 @@ def compare(runs: list[Run], settings: Settings, strict: bool = True) -> dict:
                        "bookkeeping": {m: describe([r.values[m] for r in by_seed.values() if m in r.values], settings)
                                        for m in present if m in bookkeeping}})
     paired = _paired_all(by_group, settings, set(varying), headline)
+    contrasts = _contrasts_all(by_group, settings, set(varying), headline)
+    look = look_at(len({_seed_of(r, settings.seed_keys) for r in runs}), settings.plan, earlier_looks)
+    family = judge_family(paired + contrasts, settings, look)
     few = settings.interval == "bootstrap" and any(
         d["n"] < BOOTSTRAP_MIN_SEEDS for g in groups for d in g["metrics"].values())
     return {"settings": {"seed_keys": list(settings.seed_keys), "baseline": settings.baseline,
-                         "interval": settings.interval, "level": settings.level, "power": settings.power},
+                         "interval": settings.interval, "level": settings.level, "power": settings.power,
+                         "plan": settings.plan},
             "runs": len(runs), "families": family_of, "bookkeeping": bookkeeping, "groups": groups, "paired": paired,
-            "contrasts": _contrasts_all(by_group, settings, set(varying), headline),
+            "contrasts": contrasts, "look": look, "comparisons": family,
             "not_in_runs": [p for p in settings.metrics if p not in family_of],
             "warnings": [f"sweep.interval=bootstrap over fewer than {BOOTSTRAP_MIN_SEEDS} seeds: the BCa interval "
                          "is too narrow there (it undercovers); sweep.interval=t is the default"] * few
@@ -525,17 +607,44 @@ def _row_metric(p: dict) -> str:
     return p["metric"] if "null" not in p else f"{p['metric']} - {p['null']:g}"
 
 
+def _verdict_text(p: dict) -> str:
+    if p["verdict"] == "nominal":
+        return f"nominal ({p['nominal_verdict']} at the nominal level only)"
+    return p["verdict"] or "no claim"
+
+
 def _paired_row(p: dict) -> dict:
     return {"group": p["label"], "metric": _row_metric(p), "n": p["n"], "mean diff": p["mean"],
-            "CI": _ci_text(p["ci"]), "p (t)": p.get("p_value", ""), "verdict": p["verdict"] or "no claim",
+            "CI": _ci_text(p["ci"]), "p (t)": p.get("p_value", ""), "role": p["role"], "p (Holm)": p.get("p_holm", ""),
+            "verdict": _verdict_text(p),
             "effect of interest": _effect_text(p), "excludes it": "" if p["excludes_effect"] is None else
             ("yes" if p["excludes_effect"] else "no"), "MDE": _num(p["mde"]).lstrip("+"),
             "seeds for it": p["seeds_needed"] or "", "basis": p["basis"]}
 
 
-PAIRED_COLUMNS = ["group", "metric", "n", "mean diff", "CI", "p (t)", "verdict", "effect of interest",
-                  "excludes it", "MDE", "seeds for it", "basis"]
+PAIRED_COLUMNS = ["group", "metric", "n", "mean diff", "CI", "p (t)", "role", "p (Holm)", "verdict",
+                  "effect of interest", "excludes it", "MDE", "seeds for it", "basis"]
 OVER_SEEDS_COLUMNS = ["group", "metric", "n", "mean", "std", "CI", "basis"]
+
+
+def _plan_text(comparison: dict) -> str:
+    """The plan, the look and the family: what the verdicts below are judged at."""
+    counts, look, plan = comparison["comparisons"], comparison["look"], comparison["settings"]["plan"]
+    family = (f"This comparison holds {counts['primary'] + counts['secondary']} comparisons: {counts['primary']} "
+              f"primary, {counts['secondary']} secondary, Holm-adjusted at family-wise alpha {counts['holm_alpha']:g} "
+              "(p (Holm)); a secondary verdict that does not survive reads **nominal**.")
+    if plan is None:
+        return f"**No plan** (sweep.plan): no endpoint is primary, no verdict was pre-registered. {family}"
+    seen = f"seeds read at {', '.join(map(str, look['looks']))} of {look['planned_seeds']} planned" + (
+        f" (unplanned: {', '.join(map(str, look['unplanned']))})" if look["unplanned"] else "")
+    if look["level"] is None:
+        at = (f"**Past the plan**: {look['n']} seeds, {look['planned_seeds']} planned; the primary verdicts are "
+              "at the nominal level, outside the plan")
+    else:
+        at = (f"Look at {look['n']} seeds ({look['status']}; {seen}): the primary rows' CI is the repeated CI at "
+              f"{look['level']:.4%} (Lan-DeMets {look['spending'].replace('_', '-')} spending of alpha "
+              f"{plan['alpha']:g}, boundary |z| {look['boundary_z']:.3f})")
+    return (f"Plan (sweep.plan): primary {markdown_text(', '.join(plan['primary']))}. {at}. {family}")
 
 
 def summary_markdown(comparison: dict) -> str:
@@ -550,6 +659,8 @@ def summary_markdown(comparison: dict) -> str:
               f"difference a two-sided paired t-test over these seeds finds with {power}% power at the observed "
               f"spread (for a run's own interval: its normal approximation). Seeds for it: the seeds the effect of "
               f"interest needs for {power}% power at that spread.")
+    if comparison["paired"] or comparison["contrasts"]:
+        text.append(_plan_text(comparison))
     if comparison["paired"]:
         baseline = markdown_text(s["baseline"])
         text.append(f"## Paired differences against the baseline ({baseline}), per seed\n\n{legend}")
@@ -672,20 +783,20 @@ def _named(name: str, suffix: str) -> str:
     return f"{stem}{suffix}.{ext}"
 
 
-def build(folder: str | Path, settings: Settings, strict: bool = True) -> dict:
+def build(folder: str | Path, settings: Settings, strict: bool = True, earlier_looks: tuple[int, ...] = ()) -> dict:
     """The comparison of the runs under ``folder``; writes nothing (refusals happen here)."""
     runs = load_runs(folder)
     if not runs:
         raise ComparisonRefused(f"no completed run (a {POINT_FILE} beside a results.json) under {folder}")
-    return compare(runs, settings, strict)
+    return compare(runs, settings, strict, earlier_looks)
 
 
 def write(folder: str | Path, settings: Settings, output: str | Path | None = None,
-          force: bool = False, strict: bool = True) -> tuple[dict, list[Path]]:
+          force: bool = False, strict: bool = True, earlier_looks: tuple[int, ...] = ()) -> tuple[dict, list[Path]]:
     """Compare the runs under ``folder`` and write ``summary.md``, ``comparison.json`` and the
     plots to ``output`` (default: ``folder``), under new names (``summary-2.md``...) when an
     earlier comparison is there, unless ``force``. Returns the comparison and the files written."""
-    result = build(folder, settings, strict)
+    result = build(folder, settings, strict, earlier_looks)
     out = RunOutput(output or folder)
     suffix = _suffix(out.path, force)
     if folders := [str(out.path / _named(n, suffix)) for n in OUTPUTS if (out.path / _named(n, suffix)).is_dir()]:

@@ -4,7 +4,7 @@ the power of a paired comparison over seeds (minimum detectable effect, seeds ne
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 
 def paired_bootstrap_ci(diff: np.ndarray, resamples: int, seed: int,
@@ -104,3 +104,73 @@ def verdict(ci: tuple[float, float] | None, effect: float | None) -> str | None:
     if effect is not None and (hi < effect if effect > 0 else lo > effect):
         return "excluded"
     return "inconclusive"
+
+
+# Looks at a sweep before its planned seeds: Lan-DeMets alpha spending (Lan & DeMets 1983,
+# Biometrika 70:659; DeMets & Lan 1994, Stat Med 13:1341). Written here, by hand, because no
+# maintained Python library computes it: PyPI's gsdesign (0.1.x, "experimental") holds only the
+# integration grid and no spending function or boundary search; gsmethods ships no code.
+
+SPENDING = ("obrien_fleming", "pocock")
+BOUNDARY_GRID = 501  # points of the recursive integration: boundaries agree with 2001 to 1e-4
+
+
+def alpha_spent(fraction, alpha: float, spending: str) -> np.ndarray:
+    """The two-sided type I error spent by information fraction ``fraction`` (0 < t <= 1;
+    ``alpha`` at 1). ``obrien_fleming``: each side spends alpha/2 as Lan-DeMets' O'Brien-Fleming
+    type 2 - 2 Phi(z_{alpha/4} / sqrt(t)) (gsDesign's sfLDOF per side, the boundaries of DeMets
+    & Lan 1994); ``pocock``: alpha ln(1 + (e - 1) t)."""
+    t = np.asarray(fraction, float)
+    if spending == "obrien_fleming":
+        return 4.0 - 4.0 * stats.norm.cdf(stats.norm.isf(alpha / 4.0) / np.sqrt(t))
+    if spending == "pocock":
+        return alpha * np.log1p((np.e - 1.0) * t)
+    raise ValueError(f"alpha spending {spending!r}: one of {SPENDING}")
+
+
+def _simpson_weights(x: np.ndarray) -> np.ndarray:
+    w = np.ones(x.size)
+    w[1:-1:2], w[2:-1:2] = 4.0, 2.0
+    return w * (x[-1] - x[0]) / (3.0 * (x.size - 1))
+
+
+def sequential_bounds(fractions, alpha: float, spending: str) -> list[float]:
+    """Two-sided symmetric z boundaries c_k at looks with information ``fractions`` (increasing,
+    the last <= 1): P(|Z_j| < c_j for j < k, |Z_k| >= c_k) = alpha(t_k) - alpha(t_{k-1}) under
+    the null, where Z_k = S_k / sqrt(t_k) and S has independent normal increments (corr(Z_j, Z_k)
+    = sqrt(t_j / t_k)). Solved look by look by recursive numerical integration of the density
+    of S on the continuation region (Armitage, McPherson & Rowe 1969; Simpson's rule)."""
+    t = np.asarray(fractions, float)
+    if t.size == 0 or np.any(np.diff(t) <= 0) or t[0] <= 0 or t[-1] > 1:
+        raise ValueError(f"information fractions must increase within (0, 1], got {list(t)}")
+    spent = alpha_spent(t, alpha, spending)
+    bounds = [float(stats.norm.isf(spent[0] / 2.0))]
+    s = np.linspace(-1.0, 1.0, BOUNDARY_GRID) * bounds[0] * np.sqrt(t[0])
+    density = stats.norm.pdf(s, scale=np.sqrt(t[0]))
+    for k in range(1, t.size):
+        step = np.sqrt(t[k] - t[k - 1])
+        mass = density * _simpson_weights(s)
+
+        def excess(c, s=s, mass=mass, step=step, k=k):
+            """The null probability of stopping first at look k, minus what look k may spend."""
+            edge = c * np.sqrt(t[k])
+            exits = mass @ (stats.norm.sf((edge - s) / step) + stats.norm.cdf((-edge - s) / step))
+            return exits - (spent[k] - spent[k - 1])
+
+        c = optimize.brentq(excess, 0.01, 40.0, xtol=1e-10)
+        bounds.append(float(c))
+        y = np.linspace(-1.0, 1.0, BOUNDARY_GRID) * c * np.sqrt(t[k])
+        density = stats.norm.pdf((y[:, None] - s[None, :]) / step) / step @ mass
+        s = y
+    return bounds
+
+
+def holm(p_values, alpha: float) -> tuple[list[bool], list[float]]:
+    """Holm's step-down adjustment (statsmodels ``multipletests``): which hypotheses are
+    rejected at family-wise ``alpha``, and the adjusted p values."""
+    from statsmodels.stats.multitest import multipletests  # only when asked: the import takes seconds
+
+    if len(p_values) == 0:
+        return [], []
+    reject, adjusted, _, _ = multipletests(np.asarray(p_values, float), alpha=alpha, method="holm")
+    return [bool(r) for r in reject], [float(p) for p in adjusted]

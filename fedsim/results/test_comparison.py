@@ -732,3 +732,84 @@ def test_an_interpolation_in_a_records_config_is_not_resolved_into_the_compariso
     (tmp_path / "r0" / "config.yaml").write_text("sweep:\n  metrics: ['m.**', '${oc.env:SECRET_TOKEN}']\n")
     assert cli.main(["compare", str(tmp_path), "sweep.baseline=old"]) == 0
     assert not [p for p in tmp_path.iterdir() if p.is_file() and b"hunter2" in p.read_bytes()]
+
+
+# ---- plans, looks and multiplicity (issue 58) -------------------------------------------------
+
+DIFFS = {"a": [0.1, 0.11, 0.12, 0.1], "b": [0.01, 0.02, 0.03, 0.04], "c": [-0.01, 0.01, 0.0, 0.02]}
+
+
+def _methods_runs() -> list[Run]:
+    """Methods a, b, c against old over four seeds: p 0.0002, 0.030, 0.50 (t-tests by seed)."""
+    base = [0.5, 0.6, 0.55, 0.52]
+    return _runs({s: {"m.old.acc": base[s], **{f"m.{k}.acc": base[s] + d[s] for k, d in DIFFS.items()}}
+                  for s in range(4)})
+
+
+def _plan(**changes) -> dict:
+    return {"primary": ["m.b.acc"], "alpha": 0.05, "seeds": 8, "looks": [4, 8], "spending": "obrien_fleming",
+            **changes}
+
+
+def test_without_a_plan_every_row_is_holm_adjusted_and_one_that_does_not_survive_reads_nominal():
+    from statsmodels.stats.multitest import multipletests
+    out = compare(_methods_runs(), settings(baseline="old"))
+    rows = {p["metric"]: p for p in out["paired"]}
+    raw = [scipy_stats.ttest_1samp(DIFFS[k], 0.0).pvalue for k in "abc"]
+    assert [rows[f"m.{k}.acc"]["p_value"] for k in "abc"] == pytest.approx(raw)
+    assert [rows[f"m.{k}.acc"]["p_holm"] for k in "abc"] == pytest.approx(multipletests(raw, method="holm")[1])
+    a, b, c = (rows[f"m.{k}.acc"] for k in "abc")
+    assert (a["verdict"], b["verdict"], c["verdict"]) == ("shown", "nominal", "inconclusive")
+    assert b["nominal_verdict"] == "shown" and b["role"] == "secondary"  # p 0.030 alone, 0.061 after Holm
+    assert out["look"] is None and out["comparisons"] == {"primary": 0, "secondary": 3, "holm_alpha": 0.05}
+    text = comparison.summary_markdown(out)
+    assert "**No plan** (sweep.plan)" in text and "holds 3 comparisons: 0 primary, 3 secondary" in text
+    assert "| nominal (shown at the nominal level only) |" in text
+
+
+def test_a_compare_before_the_planned_seeds_is_a_look_judged_at_its_boundary():
+    out = compare(_methods_runs(), settings(baseline="old", plan=_plan()), earlier_looks=(2,))
+    look = out["look"]
+    z = stats.sequential_bounds([2 / 8, 4 / 8], 0.05, "obrien_fleming")[-1]
+    assert look["status"] == "interim" and look["looks"] == [2, 4] and look["unplanned"] == [2]
+    assert look["boundary_z"] == pytest.approx(z) and look["level"] == pytest.approx(1 - 2 * scipy_stats.norm.sf(z))
+    b = next(p for p in out["paired"] if p["metric"] == "m.b.acc")
+    assert b["role"] == "primary" and b["ci"] == pytest.approx(stats.t_interval(DIFFS["b"], look["level"]))
+    assert b["verdict"] == "inconclusive"  # p 0.030 is shown at the nominal level, not at the look's boundary
+    assert out["comparisons"]["primary"] == 1 and "p_holm" not in b
+    text = comparison.summary_markdown(out)
+    assert "Look at 4 seeds (interim; seeds read at 2, 4 of 8 planned (unplanned: 2))" in text
+    final = compare(_methods_runs(), settings(baseline="old", plan=_plan(seeds=4, looks=[4])))
+    b = next(p for p in final["paired"] if p["metric"] == "m.b.acc")  # one look at the planned seeds: nominal
+    assert final["look"]["status"] == "final" and b["verdict"] == "shown"
+
+
+def test_a_verdict_past_the_plan_says_so():
+    out = compare(_methods_runs(), settings(baseline="old", plan=_plan(seeds=3, looks=[3])))
+    assert out["look"]["status"] == "past the plan" and out["look"]["level"] is None
+    assert "**Past the plan**: 4 seeds, 3 planned" in comparison.summary_markdown(out)
+
+
+def test_compare_counts_each_look_in_the_manifest_and_refuses_another_plan(tmp_path, capsys):
+    from fedsim.run.sweep import MANIFEST, plan_record
+    _sweep_folder(tmp_path, [0.01, 0.012, 0.011])
+    plan = "sweep.plan={primary: [m.new.acc], seeds: 6}"  # YAML and Hydra alike
+    typed = _plan(primary=["m.new.acc"], seeds=6, looks=[6])
+    (tmp_path / MANIFEST).write_text(json.dumps({"plan": plan_record(typed), "looks": [], "runs": []}))
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=old", plan, "--output", str(tmp_path / "a")]) == 0
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    assert [look["n"] for look in manifest["looks"]] == [3] and manifest["looks"][0]["status"] == "interim"
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=old", plan, "--output", str(tmp_path / "b")]) == 0
+    assert len(json.loads((tmp_path / MANIFEST).read_text())["looks"]) == 1  # the same seeds read again
+    assert json.loads((tmp_path / "b" / "comparison.json").read_text())["look"]["looks"] == [3]
+    capsys.readouterr()
+    for other in ([plan, "sweep.plan.alpha=0.1"], []):  # changed, dropped
+        assert cli.main(["compare", str(tmp_path), "sweep.baseline=old", *other, "--output", str(tmp_path / "c")]) == 2
+        assert "a plan cannot change once the sweep has run" in capsys.readouterr().err
+    (tmp_path / MANIFEST).write_text(json.dumps({**manifest, "looks": [{"n": "3"}]}))
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=old", plan, "--output", str(tmp_path / "c")]) == 2
+    assert "its looks are not a list" in capsys.readouterr().err
+    manifest["plan"]["settings"]["alpha"] = 0.1  # edited, not rehashed
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    assert cli.main(["compare", str(tmp_path), "sweep.baseline=old", plan, "--output", str(tmp_path / "c")]) == 2
+    assert "does not match its own sha256" in capsys.readouterr().err and not (tmp_path / "c").exists()

@@ -46,7 +46,7 @@ from fedsim.run.launcher import (
     user_certificates,
 )
 from fedsim.run.schema import layout, protocol_of, sweep_settings
-from fedsim.run.sweep import Sweep, refuse_other_writers
+from fedsim.run.sweep import Sweep, earlier_looks, read_manifest, record_look, refuse_changed_plan, refuse_other_writers
 from fedsim.run.tls import make_federation
 
 RUN_FILE = Path("checkpoint") / "run.json"
@@ -286,10 +286,16 @@ def compare(folder: str, overrides: list[str], output: str | None = None, force:
         for warning in _sweep_setting_warnings(stated, defaults, sweep_overrides):
             print(escape_controls(f"fedsim: compare: warning: {warning}"), file=sys.stderr)
         metrics_given = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
+        settings = Settings.of(sweep)
+        if manifest := read_manifest(folder):
+            refuse_changed_plan(*manifest, settings.plan)
         if pilot:
-            print(plan(build_comparison(folder, Settings.of(sweep), metrics_given)), end="")
+            print(plan(build_comparison(folder, settings, metrics_given)), end="")
             return 0
-        result, written = write_comparison(folder, Settings.of(sweep), output, force, metrics_given)
+        looks = earlier_looks(manifest[1]) if manifest else ()
+        result, written = write_comparison(folder, settings, output, force, metrics_given, looks)
+        if manifest:  # a look at the record counts wherever its outputs go
+            record_look(*manifest, result)
     except REFUSED as exc:
         print(escape_controls(f"fedsim: compare: {exc}", keep="\n"), file=sys.stderr)
         return 2

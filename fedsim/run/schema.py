@@ -185,6 +185,18 @@ class Contrast:
 
 
 @dataclass
+class Plan:
+    """A sweep's pre-registered analysis, fixed before its first run (``fedsim/run/sweep.py``
+    hashes it into sweep.json): the primary endpoints, the family-wise alpha, the planned seeds
+    and the looks at which the comparison is read. No primary endpoint: no plan."""
+    primary: list[str] = MISSING  # patterns of the primary paired or contrast rows' metrics; the rest are secondary
+    alpha: float = MISSING        # two-sided type I error of the primaries over all looks, and of the Holm family
+    seeds: int = MISSING          # planned seeds (fedsim compare --plan on a pilot)
+    looks: list[int] = MISSING    # seeds at which the comparison is read; [] = [seeds]
+    spending: str = MISSING       # Lan-DeMets alpha spending: obrien_fleming | pocock
+
+
+@dataclass
 class Sweep:
     """How ``fedsim run -m`` / ``fedsim compare`` summarize a sweep (``fedsim/results/comparison.py``)."""
     seed_keys: list[str] = MISSING  # overrides that are replicates
@@ -197,6 +209,7 @@ class Sweep:
     effect_of_interest: list[EffectOfInterest] = MISSING  # effects whose exclusion is a verdict
     run_intervals: list[RunInterval] = MISSING  # per-run intervals used when the seeds give no spread
     contrasts: list[Contrast] = MISSING  # metrics that compare two arms themselves, judged against their null
+    plan: Plan = MISSING  # the pre-registered analysis; primary [] = no plan: every row is secondary (Holm-adjusted)
 
 
 @dataclass
@@ -364,7 +377,29 @@ def sweep_settings(*layers) -> DictConfig:
     if sweep.interval not in INTERVALS or not 0.0 < sweep.level < 1.0 or not 0.0 < sweep.power < 1.0:
         raise ValueError(f"sweep.interval must be one of {INTERVALS}, 0 < sweep.level < 1 and 0 < sweep.power < 1, "
                          f"got {sweep.interval!r}, {sweep.level}, {sweep.power}")
+    if sweep.plan.primary:
+        check_plan(sweep.plan)
     return sweep
+
+
+def check_plan(plan: DictConfig) -> None:
+    """Refuse a plan that cannot be followed, naming its key: an alpha outside (0, 1), fewer
+    than two seeds, looks that are not increasing seed counts ending at the planned seeds, an
+    unknown spending function. ``looks: []`` becomes ``[seeds]``."""
+    from fedsim.results.stats import SPENDING  # scipy: imported only when a plan is given
+
+    if not plan.looks:
+        plan.looks = [plan.seeds]
+    looks = list(plan.looks)
+    for key, ok, rule in (
+            ("alpha", 0.0 < plan.alpha < 1.0, "within (0, 1)"),
+            ("seeds", plan.seeds >= 2, "at least 2"),
+            ("looks", looks == sorted(set(looks)) and looks[0] >= 2 and looks[-1] == plan.seeds,
+             "increasing seed counts, from 2, ending at sweep.plan.seeds"),
+            ("spending", plan.spending in SPENDING, f"one of {SPENDING}")):
+        value = getattr(plan, key)
+        require(ok, f"sweep.plan.{key}", rule, OmegaConf.to_container(value) if isinstance(value, DictConfig | list)
+                else value)
 
 
 def check(cfg: DictConfig) -> Protocol:

@@ -9,6 +9,7 @@ is a whole Flower run with its own processes, journal and results, not a functio
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -30,6 +31,7 @@ from fedsim.results.mlflow_sink import SweepRun
 from fedsim.results.outputs import escape_controls, write_file
 from fedsim.run import progress, provenance
 from fedsim.run.config import ConfigError
+from fedsim.run.schema import sweep_settings
 
 MANIFEST = "sweep.json"
 INTERRUPTED = (130, 143)  # SIGINT / SIGTERM stopped the point: the sweep stops too
@@ -102,7 +104,7 @@ class Sweep:
                 raise ConfigError(f"sweep point {' '.join(point)}:\n{exc}") from exc
         self.folder = _passable(refuse_other_writers(folder[-1] if folder else _sweep_folder(overrides, checked[0]),
                                                      "sweep folder", inside=True))  # a record: someone else's files
-        self.settings = comparison.Settings.of(checked[0].sweep)
+        self.settings = comparison.Settings.of(sweep_settings(checked[0].sweep))  # the plan's defaults filled in
         self.strict = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
         _check_swept_baseline(self.settings.baseline, self.points)
         self.first = checked[0]  # where the points' MLflow runs go (logging.*, protocol.name)
@@ -116,6 +118,7 @@ class Sweep:
             if not path.is_file():
                 raise ConfigError(f"resume: {path} not found (no sweep in {self.folder})")
             manifest = comparison.read_json(path)  # a record's file: someone else's
+            refuse_changed_plan(path, manifest, self.settings.plan)  # before the points: they hold the plan's override
             try:
                 points = [r["overrides"] for r in manifest["runs"]]
                 if not all("status" in r for r in manifest["runs"]):
@@ -130,6 +133,7 @@ class Sweep:
                                   f"{self.folder} ({len(self.points)} vs {len(manifest['runs'])}); "
                                   f"repeat the sweep's own overrides")
             self._check_names(manifest["runs"])
+            earlier_looks(manifest)  # refused now, not at the comparison after the runs
             manifest.setdefault("resumed", []).append(self.session)
             return manifest
         if path.exists():
@@ -139,7 +143,8 @@ class Sweep:
         if len(set(names)) != len(names):
             raise ConfigError("two sweep points would share a folder (repeated values?)")
         self._check_names(runs)
-        return {"swept": self.swept, "provenance": self.session, "runs": runs}
+        return {"swept": self.swept, "provenance": self.session, "plan": plan_record(self.settings.plan),
+                "looks": [], "runs": runs}
 
     def _check_names(self, runs: list[dict]) -> None:
         """Each point's folder is the one the sweep names from its overrides (:func:`point_name`),
@@ -246,16 +251,78 @@ class Sweep:
         if not any(r["status"] == "completed" for r in self.manifest["runs"]):
             return {"paired": []}
         try:
-            result, _ = comparison.write(self.folder, self.settings, force=True, strict=self.strict)
+            result, _ = comparison.write(self.folder, self.settings, force=True, strict=self.strict,
+                                         earlier_looks=earlier_looks(self.manifest))
         except comparison.ComparisonRefused as exc:
             why = escape_controls(exc, keep="\n")  # the record's names, to a terminal
             print(f"fedsim: sweep comparison refused: {why}\n`fedsim compare {self.folder} sweep.KEY=...` "
                   "builds it with other settings", file=sys.stderr)
             return None
+        count_look(self.manifest, result)
+        self.save()
         for warning in result["warnings"]:
             print(f"fedsim: sweep comparison: warning: {escape_controls(warning)}", file=sys.stderr)
         print(f"fedsim: sweep comparison in {self.folder / 'summary.md'} and comparison.json", flush=True)
         return result
+
+
+def plan_record(plan: dict | None) -> dict | None:
+    """``sweep.plan`` as sweep.json keeps it: its settings and the SHA-256 of their canonical JSON
+    (sorted keys, no spaces), written before the first run."""
+    if plan is None:
+        return None
+    canonical = json.dumps(plan, sort_keys=True, separators=(",", ":"))
+    return {"settings": plan, "sha256": hashlib.sha256(canonical.encode()).hexdigest()}
+
+
+def refuse_changed_plan(path: Path, manifest: dict, plan: dict | None) -> None:
+    """Refuse a resume or a comparison whose ``sweep.plan`` is not the one hashed into the
+    manifest ``path`` before the first run (added, dropped or changed), or whose manifest plan no
+    longer matches its own hash: a plan chosen after seeing results is no plan."""
+    kept = manifest.get("plan") if isinstance(manifest, dict) else None
+    if kept is not None and (not isinstance(kept, dict) or plan_record(kept.get("settings")) != kept):
+        raise ConfigError(f"{path}: its plan does not match its own sha256: the manifest was edited")
+    if (kept or {}).get("sha256") != (plan_record(plan) or {}).get("sha256"):
+        raise ConfigError(f"sweep.plan {json.dumps(plan)} is not the plan {path} holds from before the first run "
+                          f"({json.dumps(kept and kept['settings'])}): a plan cannot change once the sweep has run")
+
+
+def earlier_looks(manifest: dict) -> tuple[int, ...]:
+    """The seed counts at which the sweep's comparison was read before (``looks`` in sweep.json),
+    refused when they are not a list of ``{"n": count, ...}`` (a record's file: someone else's)."""
+    looks = manifest.get("looks", [])
+    if not isinstance(looks, list) or not all(isinstance(look, dict) and type(look.get("n")) is int
+                                              for look in looks):
+        raise ConfigError(f"sweep.json: its looks are not a list of {{\"n\": seeds, ...}}: {str(looks)[:200]}")
+    return tuple(look["n"] for look in looks)
+
+
+def count_look(manifest: dict, result: dict) -> bool:
+    """Add the comparison's look (seeds read, its status and boundary) to the manifest's looks,
+    once per seed count: reading the same seeds again spends nothing more. True when added."""
+    look = result.get("look")
+    if look is None or look["n"] in earlier_looks(manifest):
+        return False
+    manifest.setdefault("looks", []).append({"n": look["n"], "status": look["status"],
+                                             "boundary_z": look["boundary_z"], "at": provenance.now()})
+    return True
+
+
+def record_look(path: Path, manifest: dict, result: dict) -> None:
+    """:func:`count_look`, written to the manifest ``path`` when it is a new look."""
+    if count_look(manifest, result):
+        write_file(path, json.dumps(manifest, indent=1))
+
+
+def read_manifest(folder: Path) -> tuple[Path, dict] | None:
+    """The sweep.json in ``folder`` and its content, None when there is none."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        return None
+    manifest = comparison.read_json(path)  # a record's file: someone else's
+    if not isinstance(manifest, dict):
+        raise ConfigError(f"{path} is not a sweep's manifest (not a JSON object)")
+    return path, manifest
 
 
 def refuse_other_writers(folder: str | Path, what: str, inside: bool = False) -> Path:
