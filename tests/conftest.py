@@ -77,6 +77,20 @@ def cmdline(pid: int) -> bytes:
         return b""
 
 
+def stop_sweep_mid_point(sweep: list[str], out: Path, root: str, log: Path) -> None:
+    """``fedsim run -m <sweep> results_dir=<out>`` under TMPDIR ``root``, stopped by SIGTERM once
+    its first point works (a Ray actor runs): the sweep exits 143, its log in ``log``."""
+    with open(log, "w") as fh:
+        running = subprocess.Popen([FEDSIM, "run", "-m", *sweep, f"results_dir={out}"], stdout=fh,
+                                   stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": root})
+        deadline = time.monotonic() + 180
+        while not any(b"ray::" in cmdline(pid) for pid in run_processes(root)):  # the point is working
+            assert running.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.5)
+        running.send_signal(signal.SIGTERM)
+        assert running.wait(90) == 143
+
+
 def read_results(path: Path) -> dict:
     return json.loads((path / "results.json").read_text())
 

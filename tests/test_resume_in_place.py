@@ -9,21 +9,17 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import stat
-import subprocess
-import time
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from conftest import FEDSIM, SMALL, Unpickled, cmdline, fedsim_refusal, fedsim_run, private_tmpdir
+from conftest import SMALL, Unpickled, fedsim_refusal, fedsim_run, private_tmpdir, stop_sweep_mid_point
 from fedsim.privacy.secret import derive, seal
 from fedsim.run.cli import RUN_FILE, _save_run, prepare, resumed
 from fedsim.run.config import ConfigError
 from fedsim.run.sweep import MANIFEST, Sweep
-from fedsim.run.watchdog import run_processes
 
 
 def planted_point(tmp_path, point, hardware=("hardware.num_clients=2",)):
@@ -158,15 +154,7 @@ def test_a_sweep_stopped_mid_point_resumes_that_point_in_place(tmp_path):
     root, out = private_tmpdir(), tmp_path / "sweep"
     sweep = [*SMALL, "seed=0,1"]
     try:
-        with open(tmp_path / "log.txt", "w") as log:
-            stopped = subprocess.Popen([FEDSIM, "run", "-m", *sweep, f"results_dir={out}"], stdout=log,
-                                       stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": root})
-            deadline = time.monotonic() + 180
-            while not any(b"ray::" in cmdline(pid) for pid in run_processes(root)):  # the point is working
-                assert stopped.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()
-                time.sleep(0.5)
-            stopped.send_signal(signal.SIGTERM)
-            assert stopped.wait(90) == 143
+        stop_sweep_mid_point(sweep, out, root, tmp_path / "log.txt")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     first = out / json.loads((out / MANIFEST).read_text())["runs"][0]["name"]

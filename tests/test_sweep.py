@@ -17,7 +17,7 @@ from functools import cache
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import FEDSIM, SMALL, cmdline, fedsim_run, private_tmpdir
+from conftest import FEDSIM, SMALL, fedsim_run, private_tmpdir, stop_sweep_mid_point
 from fedsim.results.mlflow_sink import SweepRun, store_uri
 from fedsim.run import cli, provenance
 from fedsim.run.cli import prepare
@@ -145,15 +145,7 @@ def test_sigterm_stops_the_running_point_and_the_sweep_leaving_nothing(tmp_path)
     root = private_tmpdir()
     out = tmp_path / "sweep"
     try:
-        log = open(tmp_path / "log.txt", "w+")
-        sweep = subprocess.Popen([FEDSIM, "run", "-m", *SMALL, "seed=0,1", f"results_dir={out}"],
-                                 stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": root})
-        deadline = time.monotonic() + 180
-        while not any(b"ray::" in cmdline(pid) for pid in run_processes(root)):  # the point is working
-            assert sweep.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()
-            time.sleep(0.5)
-        sweep.send_signal(signal.SIGTERM)
-        assert sweep.wait(90) == 143
+        stop_sweep_mid_point([*SMALL, "seed=0,1"], out, root, tmp_path / "log.txt")
         deadline = time.monotonic() + 30
         while run_processes(root) and time.monotonic() < deadline:
             time.sleep(0.5)
