@@ -1,7 +1,7 @@
 """FedDTRE's alpha against each client's overfitting, pooled over the seeds of a sweep.
 
 Each run reports the relation over its own client-rounds (``results.json`` ``alpha_gap``, 12 at
-the pilot setting: CIs of about +-0.55); this pools every completed run's client-rounds under the
+the pilot setting, from a few clients: wide CIs); this pools every completed run's client-rounds under the
 same statistic (``fedsim_experiments.feddtre_report.alpha_vs_gap``: r's CI a bootstrap over
 clients, each client's rounds of every seed resampled together), prints it per method and
 dataset with the per-seed r, and plots the points.
