@@ -37,8 +37,8 @@ ALPHA_GAP_RESAMPLES = 2000  # cluster bootstrap resamples of r's CI: a few clien
 def alpha_vs_gap(alphas: dict[int, list[dict]], unit: str, seed: int) -> dict:
     """Does a client's alpha follow its overfitting? Over every client-round: the correlation of
     alpha with the local model's held-out minus train nll (Pearson's r, scipy.stats.pearsonr; its
-    95% CI a bootstrap over clients, ``unit`` (the task's: ``client``), since rounds of one client are not
-    independent: Fisher's z over client-rounds would be too narrow), and whether s_g - s_l stood
+    95% CI a bootstrap over clients, ``unit`` (the task's: ``client``), since rounds of one client
+    are not independent: Fisher's z over client-rounds would be too narrow), and whether s_g - s_l stood
     above its own noise (its mean, the mean standard error over the scoring contexts, the share of
     client-rounds beyond 2 standard errors). Empty where the clients measured no gap; no r where
     alpha or the gap does not vary, no CI under two clients or where a resample of them has no

@@ -1,6 +1,6 @@
 """Paired comparisons: two systems on the same items (a bootstrap over items, or over the
-clusters the items come in: a task's unit, ``task.unit``), and the power
-of a paired comparison over seeds (minimum detectable effect, seeds needed, verdict)."""
+clusters they come in: the task's unit, ``task.unit``), and the power of a paired comparison
+over seeds (minimum detectable effect, seeds needed, verdict)."""
 
 from __future__ import annotations
 
