@@ -1,8 +1,9 @@
 """FedDTRE's alpha against each client's overfitting, pooled over the seeds of a sweep.
 
 Each run reports the relation over its own client-rounds (``results.json`` ``alpha_gap``, 12 at
-the pilot setting: CIs of about +-0.55); this pools every completed run's client-rounds under the
-same statistic (``fedsim_experiments.feddtre_report.alpha_vs_gap``), prints it per method and
+the pilot setting, from a few clients: wide CIs); this pools every completed run's client-rounds under the
+same statistic (``fedsim_experiments.feddtre_report.alpha_vs_gap``: r's CI a bootstrap over
+clients, each client's rounds of every seed resampled together), prints it per method and
 dataset with the per-seed r, and plots the points.
 
     .venv/bin/python bench/feddtre_alpha_pooled.py SWEEP_DIR [SWEEP_DIR ...] \
@@ -50,7 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     runs = completed_runs(args.sweeps)
     client_rounds = pooled(runs, args.method, args.dataset)
-    stats = alpha_vs_gap(client_rounds)
+    stats = alpha_vs_gap(client_rounds, "client", seed=0)  # a client's rounds of every seed: one cluster
     rows = [row for rs in client_rounds.values() for row in rs]
     gap = [row[keys.HELDOUT_NLL] - row[keys.TRAIN_NLL] for row in rows]
     alpha = [row[keys.ALPHA] for row in rows]
@@ -66,7 +67,8 @@ def main() -> None:
         ax.set_xlabel("local model: held-out minus train nll per token")
         ax.set_ylabel("alpha")
         ax.set_title(f"FedDTRE, {len(runs)} seeds, {len(rows)} client-rounds: "
-                     f"r {stats['pearson_r']:+.2f} [{stats['ci'][0]:+.2f}, {stats['ci'][1]:+.2f}]", fontsize=9)
+                     f"r {stats['pearson_r']:+.2f} [{stats['ci'][0]:+.2f}, {stats['ci'][1]:+.2f}] "
+                     f"over {stats['clusters']} clients", fontsize=9)
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
 

@@ -335,7 +335,8 @@ def _policy_summary(r: dict) -> str:
             f"{base_line(rl['base']['sft'])}\n\n"
             + markdown_table(rows, ["policy", "n", "win rate vs base", "95% CI", "minority win rate",
                                     "minority CI", "mean judge reward", "DPO pairs"])
-            + f"\n\n## Policies against {reference}'s, on the same prompts (paired bootstrap)\n"
+            + f"\n\n## Policies against {reference}'s, on the same prompts (paired bootstrap over the "
+              f"{prompts} prompts)\n"
             + markdown_table(h2h, ["policy", "n", "win rate", "95% CI", "reward diff", "reward diff CI"]) + "\n"
             + ("\n## Reward hacking: win rate against the base by DPO steps, its labellers' (proxy) and the judge's\n"
                + markdown_table(hacking, ["policy", "steps", "proxy_win_rate", "judge_win_rate", "gap",

@@ -268,7 +268,8 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
             results["rounds"].setdefault(name, {})[dataset] = trained.get("rounds", {})
             if "alphas" in trained:
                 results["alpha"].setdefault(name, {})[dataset] = alpha_rows(trained["alphas"])
-                results.setdefault("alpha_gap", {}).setdefault(name, {})[dataset] = alpha_vs_gap(trained["alphas"])
+                results.setdefault("alpha_gap", {}).setdefault(name, {})[dataset] = alpha_vs_gap(
+                    trained["alphas"], cfg.task.unit, int(cfg.seed))
             if contaminated and personal:
                 results["contamination"]["methods"].setdefault(name, {})[dataset] = contamination_rows(
                     trained, contaminated)

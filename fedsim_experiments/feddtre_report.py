@@ -9,6 +9,7 @@ import numpy as np
 from scipy.stats import pearsonr
 
 from fedsim.results.outputs import RunOutput, markdown_table
+from fedsim.results.stats import cluster_pearson_ci
 from fedsim.runtime.messaging import Messenger
 from fedsim_clients import feddtre_messages as keys
 from fedsim_experiments.common import base_line
@@ -30,13 +31,18 @@ def alpha_rows(alphas: dict[int, list[dict]]) -> dict:
             for rnd, rows in sorted(alphas.items())}
 
 
-def alpha_vs_gap(alphas: dict[int, list[dict]]) -> dict:
+ALPHA_GAP_RESAMPLES = 2000  # cluster bootstrap resamples of r's CI: a few clients, so cheap
+
+
+def alpha_vs_gap(alphas: dict[int, list[dict]], unit: str, seed: int) -> dict:
     """Does a client's alpha follow its overfitting? Over every client-round: the correlation of
-    alpha with the local model's held-out minus train nll (Pearson's r, its 95% CI by Fisher's z:
-    scipy.stats.pearsonr; client-rounds of one client are not independent, so the CI is a lower
-    bound on the uncertainty), and whether s_g - s_l stood above its own noise (its mean, the mean
-    standard error over the scoring contexts, the share of client-rounds beyond 2 standard errors).
-    Empty where the clients measured no gap; no r where alpha or the gap does not vary."""
+    alpha with the local model's held-out minus train nll (Pearson's r, scipy.stats.pearsonr; its
+    95% CI a bootstrap over clients, ``unit`` (the task's: ``client``), since rounds of one client
+    are not independent: Fisher's z over client-rounds would be too narrow), and whether s_g - s_l stood
+    above its own noise (its mean, the mean standard error over the scoring contexts, the share of
+    client-rounds beyond 2 standard errors). Empty where the clients measured no gap; no r where
+    alpha or the gap does not vary, no CI under two clients or where a resample of them has no
+    spread (a client whose alpha never moved, drawn alone)."""
     rows = [r for rs in alphas.values() for r in rs]
     out: dict[str, Any] = {"client_rounds": len(rows)}
     if rows and all(keys.S_GAP_SE in r for r in rows):
@@ -50,9 +56,12 @@ def alpha_vs_gap(alphas: dict[int, list[dict]]) -> dict:
     gap = np.array([r[keys.HELDOUT_NLL] - r[keys.TRAIN_NLL] for r in rows])
     out |= {"loss_gap_mean": float(gap.mean()), "alpha_mean": float(alpha.mean())}
     if len(rows) >= 3 and np.ptp(alpha) > 0 and np.ptp(gap) > 0:
-        test = pearsonr(alpha, gap)
-        ci = test.confidence_interval(0.95)
-        out |= {"pearson_r": float(test.statistic), "ci": [float(ci.low), float(ci.high)], "p": float(test.pvalue)}
+        out["pearson_r"] = float(pearsonr(alpha, gap).statistic)
+        clients = np.array([r["partition"] for r in rows])
+        out |= {"unit": unit, "clusters": int(np.unique(clients).size)}
+        if out["clusters"] >= 2 and np.isfinite(ci := cluster_pearson_ci(alpha, gap, clients, ALPHA_GAP_RESAMPLES,
+                                                                           seed)).all():
+            out["ci"] = list(ci)
     return out
 
 
@@ -123,7 +132,7 @@ def _personalized_table(r: dict, dataset: str) -> str:
 def _alpha_gap_table(r: dict, dataset: str) -> str:
     """Each mixing method's s_g - s_l against its noise and alpha against the overfitting gap."""
     columns = ["client_rounds", "s_gap_mean", "s_gap_se_mean", "share_beyond_2se", "alpha_mean", "loss_gap_mean",
-               "pearson_r", "ci", "p"]
+               "pearson_r", "ci", "clusters"]
     rows = [{"method": m, **{k: v[dataset][k] for k in columns if k in v[dataset]}}
             for m, v in r.get("alpha_gap", {}).items() if dataset in v]
     if not rows:
@@ -131,7 +140,8 @@ def _alpha_gap_table(r: dict, dataset: str) -> str:
     for row in rows:
         row["ci"] = "[{:.3f}, {:.3f}]".format(*row["ci"]) if "ci" in row else ""
     return (f"\n### {dataset}: alpha against the local model's overfitting (held-out minus train nll per token), "
-            f"over client-rounds; s_g - s_l against its standard error over the scoring contexts\n"
+            f"over client-rounds (r's CI a bootstrap over clients); s_g - s_l against its standard error over "
+            f"the scoring contexts\n"
             + markdown_table(rows, ["method", *columns], digits=3) + "\n")
 
 

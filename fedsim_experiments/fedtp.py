@@ -36,7 +36,7 @@ from fedsim.privacy.audit import (
 )
 from fedsim.privacy.dp import RELEASE, SWEEP, NoiseSource, Release, clipped_sum, gaussian_noise
 from fedsim.results.outputs import RunOutput, markdown_table
-from fedsim.results.stats import GAIN_TOL, gain_distribution, group_gains, paired_bootstrap_ci, t_interval
+from fedsim.results.stats import GAIN_TOL, cluster_mean_ci, gain_distribution, group_gains, t_interval
 from fedsim.run.schema import Protocol
 from fedsim.runtime.messaging import ANY, Messenger, Policy, client_config
 from fedsim.runtime.validators import Bound, Validator
@@ -57,7 +57,7 @@ class FedTPProtocol(Protocol):
     dp_sigmas: list[float]
     """sigma sweep of the FedMix router (re-releases of the received vectors)"""
     dp_seeds: int   # noise seeds per sigma
-    bootstrap: int  # paired bootstrap resamples of the EHR gain CI
+    bootstrap: int  # paired bootstrap resamples (of conversations) of the EHR gain CI
 
     def refuses_audit(self, cfg: DictConfig) -> str | None:
         """The audit puts canary clients into DPMean's one release of every client's row (and so
@@ -365,15 +365,17 @@ def _epsilons(strategy, sigma: float) -> dict:
     return {"epsilon": spent.reported, "epsilon_rdp": spent.rdp, "epsilon_pld": spent.pld}
 
 
-def _paired_analyses(turns: dict, resamples: int, seed: int) -> tuple[dict, np.ndarray]:
-    """FedMix against TF-IDF turn by turn: the EHR gain and its paired bootstrap CI, the routing
-    decisions changed, the ambiguous turns, and the per-conversation gains."""
+def _paired_analyses(turns: dict, unit: str, resamples: int, seed: int) -> tuple[dict, np.ndarray]:
+    """FedMix against TF-IDF turn by turn: the EHR gain and its paired bootstrap CI over
+    conversations (``task.unit``: a conversation's turns share its prior and candidates), the
+    routing decisions changed, the ambiguous turns, and the per-conversation gains."""
     hit = {r: (turns[f"pick/{r}"] == turns["gold"]).astype(float) for r in ("tfidf", "fedmix")}
     amb = turns["ambiguous"].astype(bool)
     gains = group_gains(turns["row"], hit["tfidf"], hit["fedmix"])
     changed = int(np.sum(turns["pick/fedmix"] != turns["pick/tfidf"]))
     return {
-        "bootstrap_ci_ehr_gain": list(paired_bootstrap_ci(hit["fedmix"] - hit["tfidf"], resamples, seed)),
+        "bootstrap_ci_ehr_gain": list(cluster_mean_ci(hit["fedmix"] - hit["tfidf"], turns["row"], resamples, seed)),
+        "bootstrap_ci_ehr_gain_unit": {"unit": unit, "clusters": int(gains.size)},
         "ehr_gain": float(np.mean(hit["fedmix"] - hit["tfidf"])),
         "changed_decisions": {"count": changed, "turns": int(amb.size),
                               "share": changed / amb.size if amb.size else 0.0},
@@ -406,7 +408,7 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     lambda_sweep, best = _timed(timings, "tune_s", tune_lambda, ctx, prior.vector)
     sums, turns, sweep_keys = _timed(timings, "test_s", evaluate_routers, ctx, prior.vector, best)
     test = ctx.task["test_splits"]
-    analyses, gains = _paired_analyses(turns, int(proto.bootstrap), int(cfg.seed))
+    analyses, gains = _paired_analyses(turns, cfg.task.unit, int(proto.bootstrap), int(cfg.seed))
     dp_sweep = _dp_sweep(strategy, sums, test, sweep_keys)
     audit = audit_releases(cfg, innermost(strategy), prior.vector) if cfg.privacy.audit.enabled else None
     timings["total_s"] = time.monotonic() - t_all
@@ -498,6 +500,7 @@ def _summary(r: dict, test: list[str]) -> str:
                    for name in ROUTERS for split in [*test, "overall"]]
     amb, ch = r["ambiguous"], r["changed_decisions"]
     lo, hi = r["bootstrap_ci_ehr_gain"]
+    unit = r["bootstrap_ci_ehr_gain_unit"]
     return "\n\n".join([
         f"# {r['experiment']}",
         f"Prior from {r['prior_clients']['count']} clients of {', '.join(r['prior_clients']['splits'])}"
@@ -508,7 +511,8 @@ def _summary(r: dict, test: list[str]) -> str:
         "## DP sweep (test, FedMix)\n" + markdown_table(
             r["dp_sweep"], ["sigma", "epsilon", "epsilon_rdp", "epsilon_pld", "ehr_mean", "ehr_std", "seeds"]),
         "## Analyses\n"
-        f"- EHR gain FedMix - TF-IDF: {r['ehr_gain']:.4f}, paired bootstrap 95% CI [{lo:.4f}, {hi:.4f}]\n"
+        f"- EHR gain FedMix - TF-IDF: {r['ehr_gain']:.4f}, paired bootstrap 95% CI [{lo:.4f}, {hi:.4f}] "
+        f"over {unit['clusters']} {unit['unit']}s\n"
         f"- routing decisions changed: {ch['count']} of {ch['turns']} ({ch['share']:.2%})\n"
         f"- ambiguous turns: {amb['turns']}" + ("" if amb["ehr_tfidf"] is None else
                                                 f"; EHR TF-IDF {amb['ehr_tfidf']:.4f}, FedMix {amb['ehr_fedmix']:.4f}"),

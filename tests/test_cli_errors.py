@@ -102,6 +102,7 @@ def test_a_client_layout_that_leaves_a_supernode_empty_is_refused():
     (["experiment=fede4rag_paper", "strategy=fedavg", "strategy.fraction_train=high"],
      "strategy.fraction_train: expected float, got 'high'"),
     (["task.max_per_split=abc"], "task.max_per_split: expected int | None, got 'abc'"),
+    (["task.unit=turn"], "task.unit must be one of ('conversation',), got 'turn'"),  # turns are not independent
     (["experiment=fedtp", "strategy=fedprox", "strategy.proximal_mu=10"],
      "cannot run strategy FedProx: FedTP's clients train no model"),  # once FedAvg under FedProx's name
     (["privacy.audit.enabled=true", "privacy.audit.canaries=300"], "privacy.audit.canaries=300 exceeds half"),

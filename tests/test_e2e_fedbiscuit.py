@@ -60,6 +60,7 @@ def test_fedbis_and_fedbiscuit_survive_faulty_regroups(tmp_path):
     assert set(policy) == {"raw", "fedbis", "fedbiscuit_u3", "fedavg", "feddpo"}
     for method in ("fedbis", "fedbiscuit_u3"):
         assert 0.0 <= policy[method]["2"]["win_rate"] <= 1.0 and policy[method]["2"]["prompts"] == 6
+        assert (policy[method]["2"]["unit"], policy[method]["2"]["clusters"]) == ("prompt", 6)
         lo, hi = policy[method]["2"]["ci"]
         assert lo <= policy[method]["2"]["win_rate"] <= hi
     assert policy["fedavg"]["clients"]["prompts"] == policy["feddpo"]["clients"]["prompts"] == 6

@@ -41,12 +41,15 @@ def test_fedtp_small_slice_end_to_end(run_small):
     assert res["supernodes"] == 20 and res["conversations"] == 20
     lo, hi = res["bootstrap_ci_ehr_gain"]
     assert lo <= res["ehr_gain"] <= hi
+    clusters = res["per_conversation_gain"]["groups"]  # the test conversations with a scored turn
+    assert res["bootstrap_ci_ehr_gain_unit"] == {"unit": "conversation", "clusters": clusters} and clusters >= 2
     assert res["changed_decisions"]["turns"] == res["routers"]["fedmix"]["overall"]["turns"]
     assert res["faults"]["prior/train"]["1"] == {"sent": 10, "failed": 0, "malformed": 0,
                                            "timed_out": 0, "accepted": 10, "examples": 10}
     for name in ("config.yaml", "summary.md", "ehr_vs_epsilon.png", "gain_histogram.png"):
         assert (out / name).stat().st_size > 0
     assert "Routers on test" in (out / "summary.md").read_text()
+    assert f"over {clusters} conversations" in (out / "summary.md").read_text()
     assert "clients done [" in log or "replies in" in log  # progress output (a plain line off a terminal)
     _check_provenance(res["provenance"], out)
     _check_hydra_record(out)

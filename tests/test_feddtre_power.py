@@ -93,21 +93,38 @@ def test_alpha_against_the_overfitting_gap_is_logged(runs):
     assert np.ptp(alpha) > 0, alpha  # midpoint 0: any client whose global replies score higher earns more
     expected = pearsonr(alpha, gap)
     assert logged["pearson_r"] == pytest.approx(expected.statistic)
-    assert logged["ci"][0] <= logged["pearson_r"] <= logged["ci"][1]
+    assert logged["unit"] == "client" and logged["clusters"] == CLIENTS  # r's CI resamples clients, not rounds
+    assert "ci" not in logged or -1 <= logged["ci"][0] <= logged["ci"][1] <= 1
     assert "alpha against the local model's overfitting" in (folder / "summary.md").read_text()
     assert (folder / "alpha_vs_gap.png").stat().st_size > 0
 
 
 def test_alpha_vs_gap_by_hand():
     """r of (0.1, 0.2, 0.3, 0.4) with gaps (1, 2, 3, 5): 0.9827; a constant alpha has none."""
-    rows = {1: [{"alpha": a, "train-nll": 1.0, "heldout-nll": 1.0 + g, "s-local": 0.5, "s-global": 0.5 + a,
-                 "s-gap-se": 0.1} for a, g in ((0.1, 1), (0.2, 2), (0.3, 3), (0.4, 5))]}
-    out = feddtre_report.alpha_vs_gap(rows)
+    rows = {1: [{"partition": p, "alpha": a, "train-nll": 1.0, "heldout-nll": 1.0 + g, "s-local": 0.5,
+                 "s-global": 0.5 + a, "s-gap-se": 0.1}
+                for p, a, g in ((0, 0.1, 1), (1, 0.2, 2), (2, 0.3, 3), (3, 0.4, 5))]}
+    out = feddtre_report.alpha_vs_gap(rows, "client", seed=0)
     assert out["pearson_r"] == pytest.approx(0.98270, abs=1e-5) and out["loss_gap_mean"] == pytest.approx(2.75)
     assert out["share_beyond_2se"] == 0.5 and out["s_gap_se_mean"] == pytest.approx(0.1)  # 0.3, 0.4 > 0.2
     for r in rows[1]:
         r["alpha"] = 0.1
-    assert "pearson_r" not in feddtre_report.alpha_vs_gap(rows)
+    assert "pearson_r" not in feddtre_report.alpha_vs_gap(rows, "client", seed=0)
+
+
+def test_alpha_vs_gap_resamples_clients_not_rounds():
+    """Twelve clients, ten rounds each that repeat the client's (alpha, gap) with jitter: r's CI
+    is the bootstrap over the 12 clients (the unit), far wider than Fisher's z over 120 rounds."""
+    rng = np.random.default_rng(5)
+    clients = np.repeat(np.arange(12), 10)
+    alpha = rng.normal(size=12)[clients] + rng.normal(0, 0.05, clients.size)
+    gap = 0.3 * alpha + rng.normal(size=12)[clients] + rng.normal(0, 0.05, clients.size)
+    rows = {rnd: [{"partition": int(c), "alpha": a, "train-nll": 1.0, "heldout-nll": 1.0 + g}
+                  for c, a, g in zip(clients[rnd::10], alpha[rnd::10], gap[rnd::10])] for rnd in range(10)}
+    out = feddtre_report.alpha_vs_gap(rows, "client", seed=0)
+    assert (out["unit"], out["clusters"], out["client_rounds"]) == ("client", 12, 120)
+    fisher = pearsonr(alpha, gap).confidence_interval(0.95)
+    assert out["ci"][1] - out["ci"][0] > 2 * (fisher.high - fisher.low)
 
 
 def test_no_loss_gap_under_dp_sgd(encoder_dir, tmp_path):  # noqa: F811

@@ -1,5 +1,6 @@
-"""Paired comparisons: two systems on the same items (a bootstrap over turns or prompts), and
-the power of a paired comparison over seeds (minimum detectable effect, seeds needed, verdict)."""
+"""Paired comparisons: two systems on the same items (a bootstrap over items, or over the
+clusters they come in: the task's unit, ``task.unit``), and the power of a paired comparison
+over seeds (minimum detectable effect, seeds needed, verdict)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,55 @@ def paired_bootstrap_ci(diff: np.ndarray, resamples: int, seed: int,
         raise ValueError("no paired items to bootstrap")
     ci = stats.bootstrap((diff,), np.mean, n_resamples=resamples, batch=256, method="percentile",
                          confidence_level=level, rng=np.random.default_rng(seed)).confidence_interval
+    return float(ci.low), float(ci.high)
+
+
+def cluster_mean_ci(values: np.ndarray, clusters: np.ndarray, resamples: int, seed: int,
+                    level: float = 0.95) -> tuple[float, float]:
+    """Percentile CI of mean(values) over all items, resampling whole clusters (``clusters[i]``
+    names item i's: a conversation, a client) with replacement. Items of one cluster share its
+    data (a conversation's prior and candidates), so they are not independent draws and a
+    bootstrap over items is too narrow. The statistic is the pooled ratio, the items' sum over
+    the resampled clusters divided by their item count: that is the point estimate reported
+    (EHR over all test turns), not the mean of cluster means, which would weigh a two-turn
+    conversation like a forty-turn one."""
+    values = np.asarray(values, float)
+    keys, inverse = np.unique(clusters, return_inverse=True)
+    totals = np.stack([np.bincount(inverse, values, keys.size), np.bincount(inverse, minlength=keys.size)], 1)
+    return cluster_bootstrap_ci(totals, lambda t: t[..., 0] / t[..., 1], resamples, seed, level)
+
+
+def cluster_pearson_ci(x: np.ndarray, y: np.ndarray, clusters: np.ndarray, resamples: int, seed: int,
+                       level: float = 0.95) -> tuple[float, float]:
+    """Percentile CI of Pearson's r of the pooled (x, y) items, resampling whole clusters (a
+    client's rounds) with replacement: Fisher's z would count every item as independent. nan
+    where a resample has no spread in x or y (a few clusters, one of them constant)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    keys, inverse = np.unique(clusters, return_inverse=True)
+    totals = np.stack([np.bincount(inverse, w, keys.size) for w in (np.ones_like(x), x, y, x * x, y * y, x * y)], 1)
+
+    def pearson(t: np.ndarray) -> np.ndarray:
+        n, sx, sy, sxx, syy, sxy = np.moveaxis(t, -1, 0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (n * sxy - sx * sy) / np.sqrt((n * sxx - sx * sx) * (n * syy - sy * sy))
+    return cluster_bootstrap_ci(totals, pearson, resamples, seed, level)
+
+
+def cluster_bootstrap_ci(totals: np.ndarray, pooled, resamples: int, seed: int,
+                         level: float = 0.95) -> tuple[float, float]:
+    """Percentile CI of ``pooled(summed totals)`` where ``totals`` holds one row of additive
+    sums per cluster: ``scipy.stats.bootstrap`` resamples the cluster indices (it has no
+    clusters of its own), and each resample's statistic adds the picked clusters' rows, so a
+    batch of 256 resamples costs 256 x clusters x sums, not items."""
+    totals = np.asarray(totals, float)
+    if len(totals) < 2:
+        raise ValueError(f"a cluster bootstrap needs at least 2 clusters, got {len(totals)}")
+
+    def statistic(picked: np.ndarray, axis: int = -1) -> np.ndarray:
+        return pooled(totals[np.moveaxis(picked, axis, -1).astype(int)].sum(axis=-2))
+    ci = stats.bootstrap((np.arange(len(totals)),), statistic, n_resamples=resamples, batch=256, vectorized=True,
+                         method="percentile", confidence_level=level,
+                         rng=np.random.default_rng(seed)).confidence_interval
     return float(ci.low), float(ci.high)
 
 

@@ -19,7 +19,7 @@ import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hydra.core.config_store import ConfigStore
 from hydra.utils import get_class, get_method, get_object, instantiate
@@ -328,6 +328,12 @@ class TaskSettings:
     client: str     # ClientApp handler class
     schema: str     # this block's dataclass (a subclass of TaskSettings)
     data_root: str | None  # data folder, never sent to clients; null: the task reads no data
+    unit: str       # the cluster a per-run interval resamples: what a client is made of (one of ``units``)
+    units: ClassVar[tuple[str, ...]] = ()
+    """the units the task's items carry, so that its intervals can group them (its subclass says)"""
+
+    def __post_init__(self):
+        require(self.unit in self.units, "task.unit", f"one of {self.units}", self.unit)
 
 
 ConfigStore.instance().store(name="fedsim_schema", node=RunConfig)

@@ -33,6 +33,7 @@ class TrustData:
 
 @dataclass(frozen=True, kw_only=True)
 class DialogueSettings(TaskSettings):
+    units = ("client",)  # a client-round belongs to one client
     seed: int
     num_clients: int
     split_seed: int

@@ -41,6 +41,7 @@ class HESettings:
 
 @dataclass(frozen=True, kw_only=True)
 class FinanceBenchSettings(TaskSettings):
+    units = ("company",)  # a client holds one company's documents
     companies: list[str] | None
     partitioner: dict
     model: str

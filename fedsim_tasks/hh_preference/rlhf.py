@@ -97,9 +97,11 @@ class SecondCriterionJudge:
 def win_rate(prompt_wins: np.ndarray, resamples: int, seed: int, minority_wins: np.ndarray) -> dict:
     """How often reply A beats reply B on the same prompts (``prompt_wins``, ties counted half),
     and the same by the minority's judge (``minority_wins``), each with a paired bootstrap 95% CI
-    over prompts."""
+    over prompts: the held-out prompts are the unit (``task.unit``), each its own cluster, so the
+    bootstrap over items is the one over clusters, named as such."""
     lo, hi = paired_bootstrap_ci(prompt_wins, resamples, seed)
     return {"win_rate": float(prompt_wins.mean()), "ci": [lo, hi], "prompts": int(prompt_wins.size),
+            "unit": "prompt", "clusters": int(prompt_wins.size),
             "win_rate_minority": float(minority_wins.mean()),
             "ci_minority": list(paired_bootstrap_ci(minority_wins, resamples, seed))}
 

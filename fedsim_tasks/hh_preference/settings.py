@@ -30,6 +30,7 @@ class MinorityPreference:
 
 @dataclass(frozen=True, kw_only=True)
 class HHRLHFSettings(TaskSettings):
+    units = ("prompt",)  # the policies are compared on held-out prompts, no client's
     selector: dict
     """the selector entry (``conf/task/selector/*.yaml``: its ``_target_`` and settings)"""
     seed: int

@@ -52,6 +52,7 @@ def test_win_rate_counts_ties_half_with_a_ci():
     a, b = np.array([1.0, 2.0, 3.0, 0.0]), np.array([0.0, 2.0, 1.0, 1.0])
     out = win_rate(wins(a, b), 500, 0, ReversedJudge().wins(a, b, [], []))
     assert out["win_rate"] == (1 + 0.5 + 1 + 0) / 4 and out["prompts"] == 4
+    assert (out["unit"], out["clusters"]) == ("prompt", 4)  # every interval names what it resampled
     assert out["ci"][0] <= out["win_rate"] <= out["ci"][1]
     assert out["win_rate_minority"] == 1 - out["win_rate"]
     assert out["ci_minority"][0] <= out["win_rate_minority"] <= out["ci_minority"][1]

@@ -11,6 +11,7 @@ from fedsim_tasks.topical_chat.dataset import SPLITS
 
 @dataclass(frozen=True, kw_only=True)
 class TopicalChatSettings(TaskSettings):
+    units = ("conversation",)  # a turn belongs to one conversation, the client
     splits: list[str]
     prior_splits: list[str]
     tune_splits: list[str]
@@ -20,6 +21,7 @@ class TopicalChatSettings(TaskSettings):
 
 @dataclass(frozen=True, kw_only=True)
 class TurnSentimentSettings(TaskSettings):
+    units = ("client",)
     train_splits: list[str]
     test_splits: list[str]
     features: int
@@ -28,6 +30,7 @@ class TurnSentimentSettings(TaskSettings):
     lr: float
 
     def __post_init__(self):
+        super().__post_init__()
         for name in ("features", "hidden", "batch_size"):
             require(getattr(self, name) >= 1, f"task.{name}", ">= 1", getattr(self, name))
         require(self.lr > 0, "task.lr", "> 0", self.lr)

@@ -50,8 +50,9 @@ def test_local_update_is_seeded_by_round_and_client_and_learns():
 
 def test_a_wrong_task_value_is_refused_by_its_settings():
     from fedsim_tasks.topical_chat.settings import TurnSentimentSettings
-    base = {"name": "t", "client": "c", "schema": "s", "data_root": ROOT, **TASK}
+    base = {"name": "t", "client": "c", "schema": "s", "data_root": ROOT, "unit": "client", **TASK}
     TurnSentimentSettings(**base)
-    for key, value in (("lr", 0.0), ("batch_size", 0), ("test_splits", ["valid_rare"]), ("train_splits", ["train"])):
+    for key, value in (("unit", "turn"), ("lr", 0.0), ("batch_size", 0), ("test_splits", ["valid_rare"]),
+                       ("train_splits", ["train"])):
         with pytest.raises(ValueError, match=f"task.{key}"):
             TurnSentimentSettings(**{**base, key: value})
