@@ -368,8 +368,10 @@ def _epsilons(strategy, sigma: float) -> dict:
 def _paired_analyses(turns: dict, unit: str, resamples: int, seed: int) -> tuple[dict, np.ndarray]:
     """FedMix against TF-IDF turn by turn: the EHR gain and its paired bootstrap CI over
     conversations (``task.unit``: a conversation's turns share its prior and candidates), the
-    routing decisions changed, the ambiguous turns, and the per-conversation gains."""
-    hit = {r: (turns[f"pick/{r}"] == turns["gold"]).astype(float) for r in ("tfidf", "fedmix")}
+    routing decisions changed, the ambiguous turns, and the per-conversation gains; and the
+    ablation, FedMix against the global prior alone (does mixing in the local prior add anything?),
+    over the same conversations."""
+    hit = {r: (turns[f"pick/{r}"] == turns["gold"]).astype(float) for r in ("tfidf", "global", "fedmix")}
     amb = turns["ambiguous"].astype(bool)
     gains = group_gains(turns["row"], hit["tfidf"], hit["fedmix"])
     changed = int(np.sum(turns["pick/fedmix"] != turns["pick/tfidf"]))
@@ -377,6 +379,9 @@ def _paired_analyses(turns: dict, unit: str, resamples: int, seed: int) -> tuple
         "bootstrap_ci_ehr_gain": list(cluster_mean_ci(hit["fedmix"] - hit["tfidf"], turns["row"], resamples, seed)),
         "bootstrap_ci_ehr_gain_unit": {"unit": unit, "clusters": int(gains.size)},
         "ehr_gain": float(np.mean(hit["fedmix"] - hit["tfidf"])),
+        "bootstrap_ci_ehr_gain_over_global": list(cluster_mean_ci(hit["fedmix"] - hit["global"], turns["row"],
+                                                                  resamples, seed)),
+        "ehr_gain_over_global": float(np.mean(hit["fedmix"] - hit["global"])),
         "changed_decisions": {"count": changed, "turns": int(amb.size),
                               "share": changed / amb.size if amb.size else 0.0},
         "ambiguous": {"turns": int(amb.sum()),
@@ -501,6 +506,7 @@ def _summary(r: dict, test: list[str]) -> str:
     amb, ch = r["ambiguous"], r["changed_decisions"]
     lo, hi = r["bootstrap_ci_ehr_gain"]
     unit = r["bootstrap_ci_ehr_gain_unit"]
+    over_global = r["bootstrap_ci_ehr_gain_over_global"]
     return "\n\n".join([
         f"# {r['experiment']}",
         f"Prior from {r['prior_clients']['count']} clients of {', '.join(r['prior_clients']['splits'])}"
@@ -513,6 +519,8 @@ def _summary(r: dict, test: list[str]) -> str:
         "## Analyses\n"
         f"- EHR gain FedMix - TF-IDF: {r['ehr_gain']:.4f}, paired bootstrap 95% CI [{lo:.4f}, {hi:.4f}] "
         f"over {unit['clusters']} {unit['unit']}s\n"
+        f"- ablation, FedMix - global prior alone: {r['ehr_gain_over_global']:.4f}, 95% CI "
+        f"[{over_global[0]:.4f}, {over_global[1]:.4f}] over the same {unit['unit']}s\n"
         f"- routing decisions changed: {ch['count']} of {ch['turns']} ({ch['share']:.2%})\n"
         f"- ambiguous turns: {amb['turns']}" + ("" if amb["ehr_tfidf"] is None else
                                                 f"; EHR TF-IDF {amb['ehr_tfidf']:.4f}, FedMix {amb['ehr_fedmix']:.4f}"),

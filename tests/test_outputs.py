@@ -57,6 +57,8 @@ def _fedtp_results() -> dict:
         "bootstrap_ci_ehr_gain": [-0.012048192771084338, 0.024096385542168676],
         "bootstrap_ci_ehr_gain_unit": {"unit": "conversation", "clusters": 6},
         "ehr_gain": 0.006024096385542169,
+        "bootstrap_ci_ehr_gain_over_global": [-0.024096385542168676, 0.012048192771084338],
+        "ehr_gain_over_global": -0.006024096385542169,
         "changed_decisions": {"count": 3, "turns": 83, "share": 0.03614457831325301},
         "ambiguous": {"turns": 11, "ehr_tfidf": 0.6363636363636364, "ehr_fedmix": 0.7272727272727273},
         "per_conversation_gain": {"groups": 6, "improved": 2, "worsened": 1, "unchanged": 3,
@@ -118,6 +120,7 @@ def test_the_summary_is_rounded_numbers_and_tables():
     assert "| discover | 1 | 20 | 0 | 1 | 0 | 19 |" in text and "| prior/train | 1 | 10 | 2 | 0 | 0 | 8 |" in text
     assert "EHR TF-IDF 0.6364, FedMix 0.7273" in text
     assert "95% CI [-0.0120, 0.0241] over 6 conversations" in text  # the interval's unit, named
+    assert "FedMix - global prior alone: -0.0060, 95% CI [-0.0241, 0.0120] over the same conversations" in text
 
 
 def test_the_sweep_plots_have_a_labelled_point_and_interval_per_row(tmp_path):
