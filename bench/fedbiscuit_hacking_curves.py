@@ -6,7 +6,7 @@ and the judge's win rate against the base, with Student t 95% CIs as bands
 of the claim (the proxy-judge gap grows more slowly under FedBiscuit) is ``fedsim compare``'s
 ``rlhf.reward_hacking.*.*.gap`` rows against FedBis.
 
-    .venv/bin/python bench/fedbiscuit_hacking_curves.py docs/sweeps/fedbiscuit_length-40 \\
+    .venv/bin/python bench/fedbiscuit_hacking_curves.py records/fedbiscuit_length-40 \\
         --into docs --output fedbiscuit_reward_hacking
 """
 

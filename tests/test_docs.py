@@ -1,5 +1,5 @@
 """The documentation is checked like code, so a renamed key or a moved page fails the tests
-instead of the reader: every `fedsim run` command of README.md and docs/**/*.md (fenced blocks and
+instead of the reader: every `fedsim run` command of README.md, docs/**/*.md and records/README.md (fenced blocks and
 inline code) composes and passes the same check as ``fedsim run`` before it starts anything
 (``fedsim.run.cli.prepare``), without running; every relative link resolves, anchors included; the
 config-group table lists every file under conf/.
@@ -27,7 +27,7 @@ from fedsim.run.sweep import expand
 from fedsim.run.tls import make_federation
 from fedsim.runtime.server_app import config_from_run
 
-DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md")), REPO_ROOT / "records" / "README.md"]
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.S | re.M)
 SHELLS = ("", "bash", "sh", "shell", "console")  # fences whose lines are commands
 INLINE = re.compile(r"(?<!`)`((?:\.venv/bin/)?fedsim run\b[^`]*)`(?!`)")
@@ -222,7 +222,7 @@ def _anchors(doc: Path) -> set[str]:
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda d: str(d.relative_to(REPO_ROOT)))
 def test_every_relative_link_resolves(doc):
-    """Links to files and headings of README.md and docs/ (web links are not followed; the
+    """Links to files and headings of README.md, docs/ and records/README.md (web links are not followed; the
     strategies page is written beside this work, so a missing docs/strategies.md is tolerated)."""
     broken = []
     for target in re.findall(r"\]\(([^)\s]+)\)", FENCE.sub("", doc.read_text())):

@@ -192,7 +192,7 @@ def _composed():
 
 
 def _record(folder, overrides=("seed=0", "seed=1"), names=("seed-0", "seed-1"), extra=()) -> None:
-    """A sweep record of FedTP points over seeds, completed (what docs/sweeps holds: the manifest,
+    """A sweep record of FedTP points over seeds, completed (what records/ holds: the manifest,
     each point's point.json, config.yaml and results.json) unless its name is not the sweep's."""
     runs = []
     for seed, (override, name) in enumerate(zip(overrides, names)):
