@@ -327,7 +327,7 @@ def test_fedtp_test(profile):
     def run(ctx):
         ctx.task = {**ctx.task, "test_splits": ["valid_freq"]}
         sums, turns, _ = fedtp.evaluate_routers(ctx, np.full(DIM, 1 / DIM), 0.01)
-        return {"sums": sums, "analyses": fedtp._paired_analyses(turns, 20, 0)[0],
+        return {"sums": sums, "analyses": fedtp._paired_analyses(turns, "conversation", 20, 0)[0],
                 "routers": {r: fedtp._scores(sums, ["valid_freq"], r) for r in fedtp.ROUTERS}}
     fuzz(profile, _fedtp_drive(run), bounded=lambda out, sent: all(
         v["ehr"] is None or 0 <= v["ehr"] <= 1 for v in out["routers"].values()))
