@@ -22,8 +22,8 @@ from contextlib import contextmanager
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
+from fedsim.flower.messages import TaskIdentity
 from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
 from fedsim.privacy import dp as privacy
 from fedsim.privacy.dp import NoiseSource

@@ -26,7 +26,7 @@ def _run_identity(monkeypatch, tmp_path):
     node's client-state root is the test's own folder (node-local configuration, never the
     message's)."""
     monkeypatch.setenv("FEDSIM_STATE_DIR", str(tmp_path / "state"))
-    from flwr.supercore.task_identity import TaskIdentity
+    from fedsim.flower.messages import TaskIdentity
     monkeypatch.setattr(TaskIdentity, "_run_id", 1)
     monkeypatch.setattr(TaskIdentity, "_node_id", 0, raising=False)
     monkeypatch.setattr(TaskIdentity, "_task_id", 0, raising=False)

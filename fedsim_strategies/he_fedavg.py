@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
-from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
+from fedsim.flower.strategies import aggregate_metricrecords
 from fedsim.message_keys import NUM_EXAMPLES
 from fedsim.privacy.he import ckks
 from fedsim.privacy.he import messages as keys

@@ -44,13 +44,9 @@ from contextlib import contextmanager
 
 import numpy as np
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
-from flwr.serverapp.strategy import Strategy
-from flwr.serverapp.strategy.dp_adaptive_clipping import (
-    DifferentialPrivacyAdaptiveBase,
-    DifferentialPrivacyClientSideAdaptiveClipping,
-)
-from flwr.supercore.differential_privacy import KEY_NORM_BIT
+from flwr.serverapp.strategy import DifferentialPrivacyClientSideAdaptiveClipping, Strategy
 
+from fedsim.flower.strategies import KEY_NORM_BIT, DifferentialPrivacyAdaptiveBase
 from fedsim.privacy.dp import FLOWER_DP, SAMPLE, CentralDP, NoiseSource, adaptive_noise_multiplier, poisson_sample
 from fedsim.runtime.messaging import phase_grid
 from fedsim.runtime.seeding import derived_seed

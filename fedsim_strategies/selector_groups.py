@@ -18,8 +18,8 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
-from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
+from fedsim.flower.strategies import sample_nodes
 from fedsim.message_keys import SERVER_ROUND
 from fedsim.runtime.messaging import Policy, Quorum, phase_grid
 from fedsim.runtime.records import from_record, to_record

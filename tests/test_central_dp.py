@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
-from flwr.serverapp.strategy import strategy_utils
 from omegaconf import OmegaConf
 
+from fedsim.flower.strategies import strategy_utils
 from fedsim.message_keys import DP_EPSILON, DP_EPSILON_PLD, DP_EPSILON_RDP
 from fedsim.privacy.dp import NoiseSource, adaptive_noise_multiplier, release_epsilon
 from fedsim.run.config import CONF_DIR

@@ -17,13 +17,13 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
-from flwr.serverapp.strategy import strategy_utils
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from test_e2e_fedbiscuit import SLICE as FEDBISCUIT
 from test_e2e_feddtre import SLICE as FEDDTRE
 
 from conftest import data_root_override
+from fedsim.flower.strategies import strategy_utils
 from fedsim.run.config import compose
 from fedsim.run.node_local import from_run
 from fedsim.run.schema import check

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from flwr.common.config import get_fused_config_from_dir, parse_config_args
 
+from fedsim.flower.cli import get_fused_config_from_dir, parse_config_args
 from fedsim.run import cli
 from fedsim.run.config import CONF_DIR, GROUPS, choices, compose
 from fedsim.run.data import REPO_ROOT

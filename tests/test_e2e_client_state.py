@@ -26,12 +26,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.common.serde import message_from_proto
-from flwr.proto.message_pb2 import Message as ProtoMessage
 from omegaconf import OmegaConf
 from test_sharded_grid import supernodes
 
 from conftest import cmdline, fedsim_run, journaled, kill_when, private_tmpdir, read_results, without_timings
+from fedsim.flower.messages import ProtoMessage, message_from_proto
 from fedsim.results.outputs import RunOutput
 from fedsim.run.config import compose
 from fedsim.run.node_local import from_run

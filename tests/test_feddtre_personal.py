@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.serverapp.strategy import strategy_utils
 from test_determinism import serve
 
 from conftest import data_root_override
+from fedsim.flower.strategies import strategy_utils
 from fedsim.results.outputs import RunOutput
 from fedsim.run.config import compose
 from fedsim.run.node_local import from_run

@@ -8,13 +8,16 @@ import logging
 import tomllib
 
 import pytest
-from flwr.cli.flower_config import read_superlink_connection
-from flwr.cli.run.run import _parse_federation_config_overrides
-from flwr.cli.typing import SuperLinkConnection
-from flwr.common.config import get_fused_config_from_dir, parse_config_args
-from flwr.simulation.app import _run_simulation_settings
 
 from conftest import SMALL
+from fedsim.flower.cli import (
+    SuperLinkConnection,
+    _parse_federation_config_overrides,
+    _run_simulation_settings,
+    get_fused_config_from_dir,
+    parse_config_args,
+    read_superlink_connection,
+)
 from fedsim.run import cli
 from fedsim.run.config import CONF_DIR, REFUSED, compose
 from fedsim.run.data import REPO_ROOT

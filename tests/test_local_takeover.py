@@ -24,12 +24,14 @@ import httpx
 import psutil
 import pytest
 import tomli_w
-from flwr.cli.cli_client_interceptor import CliClientHttpInterceptor
-from flwr.proto.control_pb2 import ListRunsRequest
-from flwr.supercore.control import ControlHttpClient
-from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
 
 from conftest import FEDSIM, SMALL, cmdline, private_tmpdir, read_results
+from fedsim.flower.cli import (
+    CliClientHttpInterceptor,
+    ControlHttpClient,
+    ListRunsRequest,
+    RuntimeVersionHttpInterceptor,
+)
 from fedsim.run.launcher import BIN
 from fedsim.run.netns import listening, socket_inodes
 from fedsim.run.watchdog import run_processes

@@ -18,9 +18,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from flwr.cli.build import build_fab_from_disk
-from flwr.cli.install import install_from_fab
 
+from fedsim.flower.cli import build_fab_from_disk, install_from_fab
 from fedsim.run.data import REPO_ROOT
 
 GENERIC = ("tasks", "clients", "strategies", "experiments")

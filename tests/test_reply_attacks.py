@@ -12,12 +12,11 @@ import pytest
 import tenseal
 from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
-from flwr.supercore.primitives.asymmetric import public_key_to_bytes
 from omegaconf import OmegaConf
 from test_sharded_grid import supernodes, tampering_supernodes
 
 from conftest import data_root_override
+from fedsim.flower.messages import NodeInfo, public_key_to_bytes
 from fedsim.message_keys import PARTITION_ID, RAY_NODE
 from fedsim.privacy.he import messages as he_keys
 from fedsim.run.config import compose

@@ -34,12 +34,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord
-from flwr.serverapp.strategy import strategy_utils
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from test_determinism import serve
 
 from conftest import data_root_override
+from fedsim.flower.strategies import strategy_utils
 from fedsim.run.config import CONF_DIR, choices, compose
 from fedsim.run.node_local import from_run
 from fedsim.run.schema import check

@@ -10,11 +10,11 @@ import dp_accounting
 import numpy as np
 import pytest
 from dp_accounting import pld
-from flwr.supercore.differential_privacy import compute_adaptive_noise_params
 from scipy.integrate import quad
 from scipy.optimize import brentq
 from scipy.stats import norm
 
+from fedsim.flower.strategies import compute_adaptive_noise_params
 from fedsim.privacy.dp import (
     NON_NEGATIVE,
     REPLACE_ONE_ORDERS,

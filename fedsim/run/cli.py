@@ -8,16 +8,17 @@ import shutil
 import sys
 from pathlib import Path
 
-from flwr.cli.flower_config import init_flwr_config, write_superlink_connection
-from flwr.cli.typing import (
+from omegaconf import DictConfig, OmegaConf
+
+from fedsim.flower.cli import (
     SimulationBackendConfig,
     SimulationClientResources,
     SimulationInitArgs,
     SuperLinkConnection,
     SuperLinkSimulationOptions,
+    init_flwr_config,
+    write_superlink_connection,
 )
-from omegaconf import DictConfig, OmegaConf
-
 from fedsim.privacy.secret import Tampered, derive, open_sealed, private_folder, seal, user_secret
 from fedsim.results.comparison import POINT_FILE, Settings, counted_runs, plan, read_config
 from fedsim.results.comparison import build as build_comparison

@@ -31,6 +31,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
+from fedsim.flower.processes import run_clientapp, trigger_exit_handlers
 from fedsim.run import exchange_trace
 
 FREE = "free"  # a worker's note after a message that succeeded
@@ -47,7 +48,6 @@ class MessageDone(Exception):  # noqa: N818 (a normal end, not an error)
 def end_message(code: int, *_args, **_kwargs) -> None:
     """``flwr_exit`` for a worker: Flower's exit handlers of the message (push the task's status,
     stop its heartbeat, close its connection) in Flower's two phases, then back to the loop."""
-    from flwr.supercore.exit.exit_handler import trigger_exit_handlers
     trigger_exit_handlers(run_before_force_exit=True)
     trigger_exit_handlers(run_before_force_exit=False)
     raise MessageDone(code)
@@ -83,7 +83,6 @@ def serve(conn: Connection, argv: list[str], run_message) -> None:
     """The worker's loop: ``run_message(argv)`` (Flower's entry, returning its exit code) for the
     first message, then for each ``argv`` the SuperExec sends, until it sends None, the pipe
     closes (the SuperExec is gone) or a message fails."""
-    from flwr.supernode.runtime import run_clientapp
     run_clientapp.flwr_exit = end_message  # the names Flower's entry calls, in its own module only
     run_clientapp.install_from_fab = install_once(run_clientapp.install_from_fab)
     while True:

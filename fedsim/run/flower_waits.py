@@ -29,8 +29,7 @@ def shorten_pull_backoff(first: float) -> None:
     tries per object grow by as much as its cap shrinks, so a pull gives up no sooner than
     before. Both functions' keyword defaults are patched: each module imports them by name.
     Flower is imported here, not above: the launcher imports this module and stays without it."""
-    from flwr.supercore import constant
-    from flwr.supercore.inflatable import inflatable_utils
+    from fedsim.flower.messages import constant, inflatable_utils
 
     tries = int(constant.PULL_MAX_TRIES_PER_OBJECT * constant.PULL_BACKOFF_CAP / BACKOFF_CAP)
     for fn in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):

@@ -32,10 +32,7 @@ import subprocess
 import sys
 from multiprocessing import forkserver
 
-from flwr.supercore.cli.flower_superexec import flower_superexec
-from flwr.supercore.superexec.executor import subprocess_executor
-from flwr.supercore.superexec.plugin.base_exec_plugin import BaseExecPlugin
-
+from fedsim.flower.processes import BaseExecPlugin, flower_superexec, flwr_clientapp, subprocess_executor
 from fedsim.run.clientapp_workers import MessageDone, Worker, WorkerPool, serve
 from fedsim.run.flower_waits import shorten_pull_backoff
 from fedsim.run.supernode import after_separator
@@ -69,8 +66,6 @@ def prepare_fork(pull_backoff: float | None) -> None:
 def flower_entry(argv: list[str]) -> int:
     """Flower's ``flwr-clientapp`` entry with ``argv``; its exit code (a worker's ``flwr_exit``
     returns it, Flower's own ends the process)."""
-    from flwr.supernode.cli import flwr_clientapp  # preloaded: no import cost
-
     sys.argv = argv
     try:
         flwr_clientapp()
@@ -151,7 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("flower_args", nargs=argparse.REMAINDER, help="-- then flower-superexec's arguments")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["flwr.supernode.cli", *filter(None, args.preload.split(","))])
+    entry = flwr_clientapp.__module__  # Flower's ClientApp entry and what it imports, not fedsim's modules
+    context.set_forkserver_preload([entry, *filter(None, args.preload.split(","))])
     forkserver.ensure_running()  # the imports happen now, while the run starts, not at its first message
     pool = WorkerPool(args.workers, args.worker_idle) if args.workers > 0 else None
     popen = ForkingPopen(context, args.pull_backoff, pool)

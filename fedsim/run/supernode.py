@@ -17,9 +17,7 @@ import argparse
 import subprocess
 import sys
 
-from flwr.supernode import start_client_internal
-from flwr.supernode.cli import flower_supernode
-
+from fedsim.flower.processes import flower_supernode, start_client_internal
 from fedsim.run.flower_waits import Sleeps, shorten_pull_backoff
 
 

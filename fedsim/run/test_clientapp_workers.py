@@ -8,9 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from flwr.supercore.exit.exit_handler import add_exit_handler, registered_exit_handlers
-from flwr.supercore.superexec.plugin.base_exec_plugin import BaseExecPlugin
 
+from fedsim.flower.processes import BaseExecPlugin, add_exit_handler, registered_exit_handlers
 from fedsim.run import superexec
 from fedsim.run.clientapp_workers import (
     MessageDone,

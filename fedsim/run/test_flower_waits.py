@@ -6,11 +6,9 @@ import sys
 import time
 
 import pytest
-from flwr.supercore.inflatable import inflatable_utils
-from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError, pull_objects
-from flwr.supercore.superexec import run_superexec
-from flwr.supernode import start_client_internal
 
+from fedsim.flower.messages import ObjectUnavailableError, inflatable_utils, pull_objects
+from fedsim.flower.processes import run_superexec, start_client_internal
 from fedsim.run import launcher, supernode
 from fedsim.run.flower_waits import BACKOFF_CAP, SUPEREXEC_POLL_ENV, Sleeps, shorten_pull_backoff
 from fedsim.run.tls import make_federation

@@ -7,10 +7,7 @@ import os
 import subprocess
 import sys
 
-from flwr.supercore.constant import TASK_TYPE_TO_COMMAND
-from flwr.supercore.superexec.executor import subprocess_executor
-from flwr.supernode import start_client_internal
-
+from fedsim.flower.processes import TASK_TYPE_TO_COMMAND, start_client_internal, subprocess_executor
 from fedsim.run import launcher
 from fedsim.run.superexec import CLIENTAPP, ForkingPopen
 from fedsim.run.supernode import WarmSuperExec

@@ -17,12 +17,11 @@ import sys
 from functools import lru_cache
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
-from flwr.client.mod.utils import make_ffn
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import adaptiveclipping_mod
-from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
 from fedsim.code_policy import allowed_code
+from fedsim.flower.strategies import KEY_CLIPPING_NORM, make_ffn
 from fedsim.message_keys import CONFIG, NODE_NUM_PARTITIONS, NODE_PARTITION_ID, PARTITION_ID, RAY_NODE, SERVER_ROUND
 from fedsim.privacy.he import layer as he_layer
 from fedsim.run import exchange_trace, node_local

@@ -9,11 +9,9 @@ from collections.abc import Callable, Iterable
 from uuid import uuid4
 
 from flwr.app import Error, Message, RecordDict
-from flwr.common.serde import message_from_proto, message_to_proto
-from flwr.proto.message_pb2 import Message as ProtoMessage
 from flwr.serverapp import Grid
-from flwr.supercore.task_identity import TaskIdentity
 
+from fedsim.flower.messages import ProtoMessage, TaskIdentity, message_from_proto, message_to_proto
 from fedsim.runtime.message_metadata import set_message_id
 
 Handler = Callable[[Message], RecordDict]  # raises = the ClientApp failed

@@ -49,9 +49,8 @@ from pathlib import Path
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
-from flwr.common.serde import message_from_proto, message_to_proto
-from flwr.proto.message_pb2 import Message as ProtoMessage
 
+from fedsim.flower.messages import ProtoMessage, message_from_proto, message_to_proto
 from fedsim.message_keys import PARTITION_ID, RAY_NODE
 from fedsim.privacy.secret import Tampered, open_sealed, open_sealed_bytes, private_folder, seal
 from fedsim.results.outputs import write_file

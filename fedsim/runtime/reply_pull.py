@@ -27,18 +27,22 @@ from functools import partial
 
 import httpx
 from flwr.app import Error, Message, Metadata
-from flwr.app.message import make_message
-from flwr.common.constant import ErrorCode
-from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest  # pylint: disable=E0611
-from flwr.proto.runtime_pb2 import PullAppMessagesRequest  # pylint: disable=E0611
+from flwr.common import now
 from flwr.serverapp import Grid
-from flwr.supercore.constant import SYSTEM_MESSAGE_TYPE
-from flwr.supercore.date import now
-from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
-from flwr.supercore.inflatable.inflatable_protobuf_utils import make_pull_object_fn_protobuf
-from flwr.supercore.inflatable.inflatable_utils import ObjectPullError, inflate_object_from_contents, pull_objects
-from flwr.superlink.grid.http_grid import HttpGrid
 
+from fedsim.flower.grid import HttpGrid
+from fedsim.flower.messages import (
+    SYSTEM_MESSAGE_TYPE,
+    ConfirmMessageReceivedRequest,
+    ErrorCode,
+    ObjectPullError,
+    PullAppMessagesRequest,
+    inflate_object_from_contents,
+    iterate_object_tree,
+    make_message,
+    make_pull_object_fn_protobuf,
+    pull_objects,
+)
 from fedsim.runtime.sharded_grid import MALFORMED_CODE
 
 

@@ -27,10 +27,10 @@ from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import strategy_utils
 from omegaconf import DictConfig
 
 from fedsim.code_policy import allowed_code
+from fedsim.flower.strategies import strategy_utils
 from fedsim.message_keys import CONFIG
 from fedsim.privacy.audit import METHOD as AUDIT_METHOD
 from fedsim.privacy.audit import AuditReport

@@ -27,9 +27,9 @@ from dataclasses import replace
 from uuid import uuid4
 
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
-from flwr.app.message import make_message
 from flwr.serverapp import Grid
 
+from fedsim.flower.messages import make_message
 from fedsim.message_keys import NODE_NUM_PARTITIONS, NODE_PARTITION_ID
 from fedsim.runtime.journal import ask_partitions
 from fedsim.runtime.message_metadata import set_message_id

@@ -6,16 +6,20 @@ node's place: its reply is counted ``malformed`` and the other node's reply stay
 
 import pytest
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.common.constant import SUPERLINK_NODE_ID
-from flwr.common.serde import metadata_to_proto
-from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=E0611
-from flwr.proto.message_pb2 import ObjectTree, PullObjectResponse  # pylint: disable=E0611
-from flwr.proto.runtime_pb2 import PullAppMessagesResponse  # pylint: disable=E0611
-from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
-from flwr.supercore.run import Run
-from flwr.supercore.task_identity import TaskIdentity
-from flwr.superlink.grid.http_grid import HttpGrid
 
+from fedsim.flower.grid import HttpGrid
+from fedsim.flower.messages import (
+    SUPERLINK_NODE_ID,
+    ObjectTree,
+    ProtoMessage,
+    PullAppMessagesResponse,
+    PullObjectResponse,
+    Run,
+    TaskIdentity,
+    get_all_nested_objects,
+    get_object_tree,
+    metadata_to_proto,
+)
 from fedsim.runtime.message_metadata import set_message_id, set_src_node_id
 from fedsim.runtime.messaging import ANY, Messenger, Policy
 from fedsim.runtime.reply_pull import isolate_reply_pulls
