@@ -3,7 +3,7 @@
 The paper ("Differentially private learning with adaptive clipping") clips round t's updates to
 C_t, adds N(0, (z C_t)^2) to their sum, and then moves the norm toward the gamma-quantile of the
 update norms: C_{t+1} = C_t exp(-eta (b - gamma)), b the noisy share of updates that were NOT
-clipped. Flower 1.41 (``flwr/serverapp/strategy/dp_adaptive_clipping.py``) departs twice:
+clipped. Flower 1.42 (``flwr/serverapp/strategy/dp_adaptive_clipping.py``) departs twice:
 
 - it updates C before it noises the mean, so round t's noise is z C_{t+1} / m on a mean whose
   sensitivity is C_t / m: the multiplier applied is z C_{t+1} / C_t (from z e^-0.1 to z e^0.1 at

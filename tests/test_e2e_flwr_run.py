@@ -55,7 +55,7 @@ def test_flwr_run_refuses_bad_config_and_states_the_supernodes(flwr, tmp_path):
     log = wrong_type.stdout + wrong_type.stderr
     assert "configuration error, nothing was sent" in log and "could not be converted to Integer" in log, log
     assert "clients done" not in log and status(flwr, log) == "finished:failed"
-    assert wrong_type.returncode == 0  # Flower 1.41's CLI: a failed ServerApp is seen in `flwr ls`, not the exit
+    assert wrong_type.returncode == 0  # Flower 1.42's CLI: a failed ServerApp is seen in `flwr ls`, not the exit
 
     out = tmp_path / "results"
     tiny = flwr("run", str(REPO_ROOT), "--stream", "--run-config",

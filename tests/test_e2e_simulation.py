@@ -72,7 +72,7 @@ def _check_provenance(prov: dict, out) -> None:
         return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True).stdout.strip()
 
     assert prov["git"] == {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
-    assert prov["packages"] == provenance.packages() and prov["packages"]["flwr"] == "1.41.0"
+    assert prov["packages"] == provenance.packages() and prov["packages"]["flwr"] == "1.42.0"
     assert prov["machine"]["cores"] == os.cpu_count() and prov["machine"]["host"] == platform.node()
     assert prov["machine"]["cpu_model"] == provenance.machine()["cpu_model"]
     assert prov["command"]["line"] == shlex.join(["fedsim", "run", *SMALL, f"results_dir={out}"])

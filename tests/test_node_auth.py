@@ -1,5 +1,5 @@
 """SuperNode authentication over TLS: a registered SuperNode joins, an unregistered one is
-refused (Flower 1.41 ``--enable-supernode-auth``, ``flwr supernode register``)."""
+refused (Flower 1.42 ``--enable-supernode-auth``, ``flwr supernode register``)."""
 
 import json
 import time

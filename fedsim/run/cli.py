@@ -209,7 +209,7 @@ def federations(overrides: list[str]) -> int:
     ``gpu-simulation`` (:data:`FEDERATIONS`) in ``$FLWR_HOME/config.toml``, each Flower's local
     SuperLink sized as ``fedsim run`` sizes the run of ``OVERRIDES`` on that hardware profile (one
     SuperNode per client, the profile's CPUs and GPU shares), written by Flower's own writer.
-    Not in pyproject.toml: Flower 1.41 reads named connections only from its config file, and
+    Not in pyproject.toml: Flower 1.42 reads named connections only from its config file, and
     migrates a ``[tool.flwr.federations]`` table there by rewriting pyproject.toml."""
     try:
         sized = {name: prepare([*overrides, f"hardware={profile}"]) for name, profile in FEDERATIONS.items()}

@@ -1,7 +1,7 @@
 """ClientApp processes that serve one run's messages one after another, as a simulation's Ray actor
 serves its clients (``hardware.clientapp_workers``).
 
-Flower 1.41 runs every message of a deployment in a new process, so a deployment pays per message
+Flower 1.42 runs every message of a deployment in a new process, so a deployment pays per message
 what the simulation's warm actor pays once: the client's data and model, an evaluation encoder
 (the LoRA model merged, converted and compiled; ``fedsim_tasks/financebench_rag/inference.py``).
 A worker is a fork of the SuperExec's warm process that runs Flower's own ``flwr-clientapp``

@@ -1,4 +1,4 @@
-"""Flower 1.41's fixed waits on a deployment's message path, shortened where fedsim runs them.
+"""Flower 1.42's fixed waits on a deployment's message path, shortened where fedsim runs them.
 
 Flower's polls alone cost each exchange of a deployment ~2.5 s on average (docs/deploy.md,
 Flower's waits on the message path). Flower has a setting for one of them, the SuperExec's

@@ -1,6 +1,6 @@
 """A network namespace of the run's own: what a run listens on exists for its processes alone.
 
-Flower 1.41 authenticates no local client: its SuperLink serves the Control, ServerAppIo and
+Flower 1.42 authenticates no local client: its SuperLink serves the Control, ServerAppIo and
 Fleet APIs on one TCP port (TLS proves the server, never the client; account authentication is
 an enterprise plugin), a SuperNode serves its ClientAppIo API on another, and Ray opens its GCS,
 raylet and worker ports, some on every interface. On the machine's network any local user could

@@ -3,7 +3,7 @@
     python -m fedsim.run.superexec --preload MOD[,MOD...] [--pull-backoff S] \
         [--workers N --worker-idle S] -- ARGS
 
-ARGS are ``flower-superexec``'s own, passed through unchanged. Flower 1.41 runs every message of
+ARGS are ``flower-superexec``'s own, passed through unchanged. Flower 1.42 runs every message of
 a deployment in a new ``flwr-clientapp`` process (its executor: ``subprocess.Popen``), so each
 message pays an interpreter start, Flower's imports and the app's libraries (numpy, scikit-learn,
 datasets, torch, transformers: 2-5 s on a 2-core CPU) before any work. Here the executor's

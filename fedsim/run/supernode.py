@@ -1,4 +1,4 @@
-"""``flower-supernode`` with shorter waits (``fedsim/run/flower_waits.py``: Flower 1.41 hard-codes
+"""``flower-supernode`` with shorter waits (``fedsim/run/flower_waits.py``: Flower 1.42 hard-codes
 them, flwr/supernode/start_client_internal.py:263, :470, :506) and warm ClientApp processes.
 
     python -m fedsim.run.supernode [--idle-wait S] [--reply-wait S] [--pull-backoff S] \

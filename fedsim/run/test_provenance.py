@@ -35,7 +35,7 @@ def test_git_state_is_the_checkouts_commit_and_whether_it_differs(tmp_path):
 def test_packages_and_machine_are_what_the_system_reports():
     versions = provenance.packages()
     assert list(versions) == list(provenance.PACKAGES)
-    assert versions["flwr"] == metadata.version("flwr") == "1.41.0" and versions["fedsim"] == metadata.version("fedsim")
+    assert versions["flwr"] == metadata.version("flwr") == "1.42.0" and versions["fedsim"] == metadata.version("fedsim")
     box = provenance.machine()
     assert box["cores"] == os.cpu_count() and box["memory_gib"] == round(psutil.virtual_memory().total / 2**30, 1)
     assert box["cpu_model"] and isinstance(box["gpus"], list)

@@ -3,7 +3,7 @@
 A real federation takes its certificates from the operator; a test federation (``hardware=
 deploy_local``, the namespace and Docker tests, ``fedsim certs``) gets a private CA made here
 with ``cryptography``: a SuperLink certificate signed by it for the given host names / IPs, and
-one NIST P-384 key pair per SuperNode in OpenSSH format, which is what Flower 1.41's
+one NIST P-384 key pair per SuperNode in OpenSSH format, which is what Flower 1.42's
 ``--auth-supernode-private-key`` and ``flwr supernode register`` read.
 
 Private keys are created owner-only from their first byte (``O_EXCL``, mode 0600: no window in

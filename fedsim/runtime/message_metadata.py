@@ -1,4 +1,4 @@
-"""The two message fields fedsim writes that Flower 1.41 gives no setter.
+"""The two message fields fedsim writes that Flower 1.42 gives no setter.
 
 ``Metadata.message_id`` and ``Metadata.src_node_id`` are read-only properties over the
 ``_message_id`` and ``_src_node_id`` entries of the metadata's ``__dict__``
