@@ -11,7 +11,8 @@ paired by seed: the per-seed difference removes what the seed moves in both.
 
 Every paired difference gets a verdict (``fedsim/results/stats.py``): **shown** (its CI excludes 0),
 **excluded** (its CI excludes the effect of interest, ``sweep.effect_of_interest``: the paper's
-or a stated one), **inconclusive** (neither), with the minimum detectable effect at
+or a stated one), **inconclusive** (neither), **nominal** (a secondary row shown or excluded at
+the nominal level whose Holm-adjusted p does not survive), with the minimum detectable effect at
 ``sweep.power`` for the observed spread and the seeds an effect of interest would need. When
 every seed gives the same value there is no spread over seeds to claim anything from: the
 comparison says so and uses the interval the experiment computes inside a run
@@ -655,8 +656,9 @@ def summary_markdown(comparison: dict) -> str:
             f"{markdown_text(', '.join(s['seed_keys']))}; {level}% CI: {how}.",
             *[f"**Warning: {markdown_text(w)}.**" for w in comparison["warnings"]]]
     legend = (f"Verdict: **shown** (the CI excludes 0), **excluded** (it excludes the effect of interest: the "
-              f"paper's or a stated one), **inconclusive** (neither); no claim without spread. MDE: the smallest true "
-              f"difference a two-sided paired t-test over these seeds finds with {power}% power at the observed "
+              f"paper's or a stated one), **inconclusive** (neither), **nominal** (shown or excluded at the "
+              f"nominal level, not after Holm); no claim without spread. MDE: the smallest true difference a "
+              f"two-sided paired t-test over these seeds finds with {power}% power at the observed "
               f"spread (for a run's own interval: its normal approximation). Seeds for it: the seeds the effect of "
               f"interest needs for {power}% power at that spread.")
     if comparison["paired"] or comparison["contrasts"]:

@@ -139,9 +139,6 @@ def detectable_effect_of_interval(ci: tuple[float, float], level: float, power: 
     return float((z + stats.norm.ppf(power)) * (ci[1] - ci[0]) / (2.0 * z))
 
 
-VERDICTS = ("shown", "excluded", "inconclusive")
-
-
 def verdict(ci: tuple[float, float] | None, effect: float | None) -> str | None:
     """``shown`` when the CI excludes 0; else ``excluded`` when it excludes ``effect`` (the
     effect of interest, signed: the CI lies wholly on 0's side of it); else ``inconclusive``.

@@ -765,6 +765,7 @@ def test_without_a_plan_every_row_is_holm_adjusted_and_one_that_does_not_survive
     text = comparison.summary_markdown(out)
     assert "**No plan** (sweep.plan)" in text and "holds 3 comparisons: 0 primary, 3 secondary" in text
     assert "| nominal (shown at the nominal level only) |" in text
+    assert "**nominal** (shown or excluded at the nominal level, not after Holm)" in text  # the legend names it
 
 
 def test_a_compare_before_the_planned_seeds_is_a_look_judged_at_its_boundary():
