@@ -6,7 +6,9 @@ A marker is an HTML comment (invisible when rendered) right after the number it 
 
 - ``<!-- record: RUN PATH -->``: the value at ``PATH`` (dotted; a list index is a number) of the
   ``results.json`` in the run folder ``RUN``, e.g.
-  ``+0.0031 <!-- record: records/fedtp_paper-58/run ehr_gain -->``;
+  ``+0.0031 <!-- record: records/fedtp_paper-58/run ehr_gain -->``; ``RUN`` may instead name a
+  JSON file kept as a record (a bench's output), e.g.
+  ``records/fedbiscuit_populations_length/populations.json summary.second_criterion/majority.ci.0``;
 - ``<!-- record: SWEEP compare OVERRIDE... METRIC FIELD -->``: the field ``FIELD`` (dotted:
   ``mean``, ``ci.0``, ``ci.1``, ``p_value``, ``p_holm``, ``mde``) of the paired or contrast row
   of ``METRIC`` in the comparison ``fedsim compare SWEEP OVERRIDE...`` builds
@@ -77,6 +79,13 @@ def _folder(name: str) -> Path:
     return folder
 
 
+def _record_file(name: str) -> Path:
+    path = REPO_ROOT / name
+    if not name.startswith("records/") or not path.is_file():
+        raise MarkerError(f"no record file {name} (a record lives under records/)")
+    return path
+
+
 @cache
 def comparison(folders: str, overrides: tuple[str, ...]) -> dict:
     """The comparison ``fedsim compare`` builds for these folders and overrides: the sweep settings
@@ -103,7 +112,7 @@ def rebuild(marker: str, variables: dict[str, str | None]) -> float:
 
     tokens = [expand(t) for t in shlex.split(marker)]
     if len(tokens) == 2:
-        results = _folder(tokens[0]) / "results.json"
+        results = _record_file(tokens[0]) if tokens[0].endswith(".json") else _folder(tokens[0]) / "results.json"
         if not results.is_file():
             raise MarkerError(f"no {results.relative_to(REPO_ROOT)}")
         return float(dig(json.loads(results.read_text()), tokens[1]))
@@ -156,6 +165,10 @@ def test_marked_number_is_its_record(before, marker):
     ("EHR +0.0033 ", "records/fedtp_paper-58/run bootstrap_ci_ehr_gain.2", "no 'bootstrap_ci_ehr_gain.2'"),
     ("EHR +0.0033 ", "records/fedtp_paper-58 ehr_gain", "no records/fedtp_paper-58/results.json"),
     ("EHR +0.0033 ", "docs/methods ehr_gain", "no record folder"),
+    ("+0.0658 ", "records/fedbiscuit_populations_length/population.json summary", "no record file"),
+    ("+0.0658 ", "pyproject.json summary", "no record file"),
+    ("+0.0659 ", "records/fedbiscuit_populations_length/populations.json summary.second_criterion/majority.own_minus_pooled",
+     "printed"),
     ("EHR ", "records/fedtp_paper-58/run ehr_gain", "no number"),
     ("+0.039 ", "records/fedbiscuit_length-40 compare sweep.baseline=raw policy.fedbis.4.win_rat mean", "0 rows"),
     ("+0.039 ", "records/fedbiscuit_length-40 compare sweep.baseline=raw $NO_SUCH policy.fedbis.4.win_rate mean",
@@ -174,6 +187,8 @@ def test_a_right_marker_passes():
     check("EHR +0.0031 ", rebuild("records/fedtp_paper-58/run ehr_gain", VARIABLES))
     check("EHR 0.31% ", rebuild("records/fedtp_paper-58/run ehr_gain", VARIABLES))
     check("1,058 ", rebuild("records/fedtp_paper-58/run bootstrap_ci_ehr_gain_unit.clusters", VARIABLES))
+    check("+0.0658 ", rebuild("records/fedbiscuit_populations_length/populations.json "
+                              "summary.second_criterion/majority.own_minus_pooled", VARIABLES))
     check("+0.039 ", rebuild("records/fedbiscuit_length-40 compare sweep.baseline=raw policy.fedbis.4.win_rate mean",
                              VARIABLES))
 
