@@ -12,7 +12,9 @@ A marker is an HTML comment (invisible when rendered) right after the number it 
 - ``<!-- record: SWEEP compare OVERRIDE... METRIC FIELD -->``: the field ``FIELD`` (dotted:
   ``mean``, ``ci.0``, ``ci.1``, ``p_value``, ``p_holm``, ``mde``) of the paired or contrast row
   of ``METRIC`` in the comparison ``fedsim compare SWEEP OVERRIDE...`` builds
-  (:func:`fedsim.results.comparison.compare`, in process, writing nothing). ``SWEEP`` may join
+  (:func:`fedsim.results.comparison.compare`, in process, writing nothing; a metric that is both
+  a paired row and a contrast, FedBiscuit U=3's gap minus FedBis's and minus 0, names the paired
+  row). ``SWEEP`` may join
   several record folders with ``+`` (a sweep kept in parts: their runs compared together).
   Tokens are split as a shell would; ``$NAME`` is a ``NAME=value`` line of a shell block of the
   scanned pages (one value across them), so a marker states the page's own compare line.
@@ -119,7 +121,8 @@ def rebuild(marker: str, variables: dict[str, str | None]) -> float:
     if len(tokens) < 4 or tokens[1] != "compare":
         raise MarkerError(f"a marker is RUN PATH or SWEEP compare OVERRIDE... METRIC FIELD, got {marker!r}")
     result = comparison(tokens[0], tuple(tokens[2:-2]))
-    rows = [r for r in result["paired"] + result["contrasts"] if r["metric"] == tokens[-2]]
+    rows = ([r for r in result["paired"] if r["metric"] == tokens[-2]]
+            or [r for r in result["contrasts"] if r["metric"] == tokens[-2]])
     if len(rows) != 1:
         raise MarkerError(f"{len(rows)} rows of {tokens[-2]} in the comparison (one wanted)")
     return float(dig(rows[0], tokens[-1]))
@@ -187,6 +190,8 @@ def test_a_right_marker_passes():
     check("EHR +0.0031 ", rebuild("records/fedtp_paper-58/run ehr_gain", VARIABLES))
     check("EHR 0.31% ", rebuild("records/fedtp_paper-58/run ehr_gain", VARIABLES))
     check("1,058 ", rebuild("records/fedtp_paper-58/run bootstrap_ci_ehr_gain_unit.clusters", VARIABLES))
+    check("+0.035 ", rebuild('records/fedbiscuit_length-40 compare sweep.baseline=fedbis "$CONTRASTS" "$EFFECTS" '
+                             "rlhf.reward_hacking.fedbiscuit_u3.1.gap mean", VARIABLES))  # paired; the contrast is +0.449
     check("+0.0658 ", rebuild("records/fedbiscuit_populations_length/populations.json "
                               "summary.second_criterion/majority.own_minus_pooled", VARIABLES))
     check("+0.039 ", rebuild("records/fedbiscuit_length-40 compare sweep.baseline=raw policy.fedbis.4.win_rate mean",
