@@ -170,8 +170,8 @@ def test_marked_number_is_its_record(before, marker):
     ("EHR +0.0033 ", "docs/methods ehr_gain", "no record folder"),
     ("+0.0658 ", "records/fedbiscuit_populations_length/population.json summary", "no record file"),
     ("+0.0658 ", "pyproject.json summary", "no record file"),
-    ("+0.0659 ", "records/fedbiscuit_populations_length/populations.json summary.second_criterion/majority.own_minus_pooled",
-     "printed"),
+    ("+0.0659 ", "records/fedbiscuit_populations_length/populations.json "
+     "summary.second_criterion/majority.own_minus_pooled", "printed"),
     ("EHR ", "records/fedtp_paper-58/run ehr_gain", "no number"),
     ("+0.039 ", "records/fedbiscuit_length-40 compare sweep.baseline=raw policy.fedbis.4.win_rat mean", "0 rows"),
     ("+0.039 ", "records/fedbiscuit_length-40 compare sweep.baseline=raw $NO_SUCH policy.fedbis.4.win_rate mean",
@@ -191,7 +191,7 @@ def test_a_right_marker_passes():
     check("EHR 0.31% ", rebuild("records/fedtp_paper-58/run ehr_gain", VARIABLES))
     check("1,058 ", rebuild("records/fedtp_paper-58/run bootstrap_ci_ehr_gain_unit.clusters", VARIABLES))
     check("+0.035 ", rebuild('records/fedbiscuit_length-40 compare sweep.baseline=fedbis "$CONTRASTS" "$EFFECTS" '
-                             "rlhf.reward_hacking.fedbiscuit_u3.1.gap mean", VARIABLES))  # paired; the contrast is +0.449
+                             "rlhf.reward_hacking.fedbiscuit_u3.1.gap mean", VARIABLES))  # paired; the contrast: +0.45
     check("+0.0658 ", rebuild("records/fedbiscuit_populations_length/populations.json "
                               "summary.second_criterion/majority.own_minus_pooled", VARIABLES))
     check("+0.039 ", rebuild("records/fedbiscuit_length-40 compare sweep.baseline=raw policy.fedbis.4.win_rate mean",
