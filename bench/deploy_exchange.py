@@ -7,7 +7,7 @@ Messenger's own per-exchange records (``results.json`` ``communication``: push t
 not the wall time of the whole command, so start-up costs stay out. Prints, per exchange, the
 simulation's seconds, each deployment variant's, their ratio and difference, and the sum over
 the exchanges after ``discover``; then, per deployment, where each exchange's seconds went
-(``fedsim/run/exchange_trace.py``: dispatch, process start, set-up, work, reply; the mean over the
+(``fedsim/runtime/exchange_trace.py``: dispatch, process start, set-up, work, reply; the mean over the
 exchange's messages).
 
     nice -n 19 .venv/bin/python bench/deploy_exchange.py [--only fedtp|lora] \
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedsim.run import exchange_trace
+from fedsim.runtime import exchange_trace
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")
 FEDTP = ["task.max_per_split=2", "protocol.dp_seeds=2", "protocol.bootstrap=200"]

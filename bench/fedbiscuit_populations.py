@@ -28,8 +28,8 @@ import numpy as np
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from fedsim.config.compose import compose_checked
 from fedsim.results.stats import t_interval, verdict
-from fedsim.run.config import compose_checked
 from fedsim_experiments.fedbiscuit import evaluate_selectors, train_central
 from fedsim_experiments.fedbiscuit_rlhf import JUDGE_TRAINING
 from fedsim_tasks.hh_preference.dataset import Federation, both_orders

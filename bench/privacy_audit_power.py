@@ -24,12 +24,12 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
+from fedsim.config.compose import compose
+from fedsim.config.data import resolve_data_root
 from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
 from fedsim.privacy import dp as privacy
 from fedsim.privacy.dp import NoiseSource
 from fedsim.results.outputs import markdown_table
-from fedsim.run.config import compose
-from fedsim.run.data import resolve_data_root
 from fedsim_clients.fedtp_messages import VECTORS
 from fedsim_experiments.fedtp import audit_releases
 from fedsim_strategies.dp_mean import DPMean

@@ -11,8 +11,8 @@ from flwr.serverapp.strategy import Result, Strategy
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from fedsim.config.schema import entry as schema_entry
 from fedsim.message_keys import CONFIG, INFO, PARTITION_ID
-from fedsim.run.schema import entry as schema_entry
 from fedsim.runtime.messaging import ANY, Messenger, Policy
 from fedsim.runtime.validators import Validator
 from fedsim_strategies.numpy_noise import NumpyNoise, account

@@ -25,12 +25,12 @@ from flwr.app import ArrayRecord, ConfigRecord
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from fedsim.config.schema import Protocol
 from fedsim.results.outputs import RunOutput, markdown_table
-from fedsim.run.schema import Protocol
 from fedsim.runtime.messaging import ANY, Messenger, Policy, client_config
 from fedsim.runtime.records import from_record, to_record
-from fedsim.runtime.seeding import stream
 from fedsim.runtime.validators import Validator
+from fedsim.seeding import stream
 from fedsim_clients import preference_messages as keys
 from fedsim_experiments.common import RunContext, base_line, discover
 from fedsim_experiments.fedbiscuit_rlhf import RLHF, run_rlhf

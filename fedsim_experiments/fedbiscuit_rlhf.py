@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedsim.results.stats import paired_bootstrap_ci
 from fedsim.runtime.records import from_record, to_record
-from fedsim.runtime.seeding import stream
+from fedsim.seeding import stream
 from fedsim_clients import preference_messages as keys
 from fedsim_strategies.selector_groups import majority_vote
 from fedsim_tasks.causal_lm import (

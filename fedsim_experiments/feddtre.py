@@ -30,11 +30,11 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from fedsim.config.schema import check
 from fedsim.results.outputs import RunOutput
-from fedsim.run.schema import check
 from fedsim.runtime.messaging import ANY, Messenger, Policy, client_config
 from fedsim.runtime.records import from_record, to_bytes, to_record
-from fedsim.runtime.seeding import stream
+from fedsim.seeding import stream
 from fedsim_clients import feddtre_messages as keys
 from fedsim_experiments.common import RunContext, build_strategy, discover, innermost
 from fedsim_experiments.feddtre_report import (

@@ -8,7 +8,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim.run.schema import Protocol
+from fedsim.config.schema import Protocol
 from fedsim_tasks.dialogue.dataset import DialogueTask, load_tasks, topical_chat_file
 from fedsim_tasks.dp_sgd import DPSGD
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from fedsim.run.schema import Protocol
+from fedsim.config.schema import Protocol
 from fedsim_tasks.financebench_rag.inference import BACKENDS
 
 LORA_AGGREGATIONS = ("factors", "product")  # a federated method's lora_aggregation: each factor apart, or B @ A

@@ -26,6 +26,7 @@ from flwr.serverapp.strategy import Strategy
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter
 from omegaconf import DictConfig, OmegaConf
 
+from fedsim.config.schema import Protocol
 from fedsim.privacy.audit import (
     AuditReport,
     NoiseCheck,
@@ -37,7 +38,6 @@ from fedsim.privacy.audit import (
 from fedsim.privacy.dp import RELEASE, SWEEP, NoiseSource, Release, clipped_sum, gaussian_noise
 from fedsim.results.outputs import RunOutput, markdown_table
 from fedsim.results.stats import GAIN_TOL, cluster_mean_ci, gain_distribution, group_gains, t_interval
-from fedsim.run.schema import Protocol
 from fedsim.runtime.messaging import ANY, Messenger, Policy, client_config
 from fedsim.runtime.validators import Bound, Validator
 from fedsim_clients import fedtp_messages as keys

@@ -13,8 +13,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord
 from omegaconf import DictConfig
 
+from fedsim.config.schema import layout
 from fedsim.results.outputs import RunOutput, markdown_table
-from fedsim.run.schema import layout
 from fedsim.runtime.messaging import Messenger, client_config
 from fedsim_clients import fedtp_messages as keys
 from fedsim_clients.topic_preference import hosted_rows

@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from fedsim.run.config import compose
+from fedsim.config.compose import compose
 from fedsim_experiments.fedbiscuit import evaluate_selectors
 from fedsim_experiments.fedbiscuit_rlhf import DPO_TRAINING, RLHF, judges, reward_hacking
 from fedsim_tasks.causal_lm import dpo_train, generate, load_policy, load_tokenizer
@@ -195,6 +195,6 @@ def test_summary_shows_the_reward_hacking_curves_and_the_minority_rule(tmp_path)
     ("protocol.methods.oracle_groups.num_selectors=2", "num_selectors must be >= 3"),
 ])
 def test_a_wrong_method_setting_is_refused_before_the_run(override, message):
-    from fedsim.run.config import compose_checked
+    from fedsim.config.compose import compose_checked
     with pytest.raises(Exception, match=message):
         compose_checked(["experiment=fedbiscuit_length", override])

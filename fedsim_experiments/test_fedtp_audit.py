@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
+from fedsim.config.compose import compose
+from fedsim.config.data import resolve_data_root
+from fedsim.config.schema import check
 from fedsim.privacy import dp as privacy
 from fedsim.privacy.audit import PrivacyAuditFailed
 from fedsim.privacy.dp import NON_NEGATIVE, NoiseSource, clip_rows, release_epsilon
 from fedsim.results.comparison import flatten
-from fedsim.run.config import compose
-from fedsim.run.data import resolve_data_root
-from fedsim.run.schema import check
 from fedsim_experiments.fedtp import audit_releases, noise_checks, sweep_releases
 from fedsim_strategies.conftest import NodeIds, _run_identity  # noqa: F401 (fixture: messages outside a run)
 from fedsim_strategies.dp_mean import DPMean

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord
 
+from fedsim.config.compose import compose
+from fedsim.config.schema import check
 from fedsim.privacy.dp import NoiseSource, clip_rows
-from fedsim.run.config import compose
-from fedsim.run.schema import check
 from fedsim_experiments.fedtp import check_records, sweep_priors
 from fedsim_strategies.dp_mean import DPMean
 

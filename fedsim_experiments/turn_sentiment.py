@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from flwr.app import ArrayRecord, MetricRecord
 from omegaconf import DictConfig, OmegaConf
 
+from fedsim.config.schema import Protocol, layout, require
 from fedsim.results.outputs import RunOutput, markdown_table
-from fedsim.run.schema import Protocol, layout, require
 from fedsim.runtime.messaging import Messenger, client_config
 from fedsim.runtime.records import from_record, to_record
 from fedsim_clients import turn_sentiment_messages as keys

@@ -10,9 +10,9 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, 
 from flwr.serverapp.strategy import strategy_utils
 from omegaconf import OmegaConf
 
+from fedsim.config.compose import CONF_DIR
 from fedsim.message_keys import DP_EPSILON, DP_EPSILON_PLD, DP_EPSILON_RDP
 from fedsim.privacy.dp import NoiseSource, adaptive_noise_multiplier, release_epsilon
-from fedsim.run.config import CONF_DIR
 from fedsim.runtime.client_app import dp_clipping_mod
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.messaging import ANY, Messenger, Policy

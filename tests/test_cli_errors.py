@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FEDSIM, fedsim_refusal, fedsim_run
-from fedsim.run.data import resolve_data_root
+from fedsim.config.data import resolve_data_root
 
 
 def test_wrong_group_choice_names_valid_choices():

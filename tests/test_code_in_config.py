@@ -16,9 +16,9 @@ from omegaconf import OmegaConf
 
 from conftest import fedsim_refusal
 from fedsim.code_policy import CODE_NAMESPACES
+from fedsim.config.compose import REFUSED, compose
+from fedsim.config.schema import check_code
 from fedsim.privacy.secret import private_folder
-from fedsim.run.config import REFUSED, compose
-from fedsim.run.schema import check_code
 from fedsim.runtime import server_app
 
 OUTSIDE = ["numpy.load", "os.system", "pickle.loads", "builtins.eval"]

@@ -24,9 +24,9 @@ from test_e2e_fedbiscuit import SLICE as FEDBISCUIT
 from test_e2e_feddtre import SLICE as FEDDTRE
 
 from conftest import data_root_override
-from fedsim.run.config import compose
-from fedsim.run.node_local import from_run
-from fedsim.run.schema import check
+from fedsim.config.compose import compose
+from fedsim.config.node_local import from_run
+from fedsim.config.schema import check
 from fedsim.runtime import client_app
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.messaging import ANY, Messenger, Policy, client_config
@@ -47,7 +47,7 @@ DATA = data_root_override()
 def serve(msg: Message, partition: int, num_partitions: int, node: dict | None = None) -> RecordDict:
     """``msg`` through the real ClientApp (its mods: fault injection, client-side clipping; the
     per-message seeding) as partition ``partition`` of this process, on a node whose config
-    gives ``node`` (its folders: ``fedsim.run.node_local.from_run(cfg)``)."""
+    gives ``node`` (its folders: ``fedsim.config.node_local.from_run(cfg)``)."""
     context = Context(run_id=1, node_id=100 + partition, state=RecordDict(), run_config={},
                       node_config={**(node or {}), "partition-id": partition, "num-partitions": num_partitions})
     return client_app.app(msg, context).content

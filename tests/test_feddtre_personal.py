@@ -6,7 +6,7 @@ adapters); one client's generator training replies all carry planted PII.
 
 What holds at this size, and is asserted (measured on this slice: PII rate of the personalized
 replies 0.2 against 0.0 and 0.0 on 10 contexts; mean s_l 0.22 against 0.30; mean alpha
-0.170 against 0.110; with the seeding before ``fedsim/runtime/seeding.py``'s streams, 0.6, 0.23 against
+0.170 against 0.110; with the seeding before ``fedsim/seeding.py``'s streams, 0.6, 0.23 against
 0.35, 0.106 against 0.100): the contaminated client's own model learns the leaking wording, the
 trust evaluator scores its local replies lower than the clean clients', and FedDTRE gives it
 the larger alpha. The margins are small here: with a 40-step base the global model's
@@ -25,9 +25,9 @@ from flwr.serverapp.strategy import strategy_utils
 from test_determinism import serve
 
 from conftest import data_root_override
+from fedsim.config.compose import compose
+from fedsim.config.node_local import from_run
 from fedsim.results.outputs import RunOutput
-from fedsim.run.config import compose
-from fedsim.run.node_local import from_run
 from fedsim.runtime import server_app
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim_experiments import feddtre

@@ -14,9 +14,9 @@ from scipy.stats import pearsonr
 from test_feddtre_personal import play
 
 from conftest import data_root_override
-from fedsim.run.config import compose
-from fedsim.run.data import resolve_data_root
-from fedsim.run.schema import check
+from fedsim.config.compose import compose
+from fedsim.config.data import resolve_data_root
+from fedsim.config.schema import check
 from fedsim_clients.dialogue import DialogueClient
 from fedsim_experiments import feddtre_report
 from fedsim_tasks.test_causal_lm import encoder_dir  # noqa: F401 (fixture: the tiny BERT of every model here)

@@ -17,11 +17,11 @@ from omegaconf import OmegaConf
 from test_determinism import serve
 
 from conftest import data_root_override
+from fedsim.config.compose import compose
+from fedsim.config.data import resolve_data_root
+from fedsim.config.node_local import from_run
+from fedsim.config.schema import check
 from fedsim.results.outputs import RunOutput
-from fedsim.run.config import compose
-from fedsim.run.data import resolve_data_root
-from fedsim.run.node_local import from_run
-from fedsim.run.schema import check
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.messaging import Messenger
 from fedsim.runtime.records import from_record

@@ -15,9 +15,9 @@ from flwr.common.config import get_fused_config_from_dir, parse_config_args
 from flwr.simulation.app import _run_simulation_settings
 
 from conftest import SMALL
+from fedsim.config.compose import CONF_DIR, REFUSED, compose
+from fedsim.config.data import REPO_ROOT
 from fedsim.run import cli
-from fedsim.run.config import CONF_DIR, REFUSED, compose
-from fedsim.run.data import REPO_ROOT
 from fedsim.run.launcher import federation_config, simulation_env
 from fedsim.runtime.server_app import RUN_CONFIG_KEYS, config_from_run, state_layout
 

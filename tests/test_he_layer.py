@@ -17,13 +17,13 @@ from test_determinism import serve
 from test_strategy_matrix import CLIENTS, WEIGHT_SLICES
 
 from conftest import data_root_override
+from fedsim.config import node_local
+from fedsim.config.compose import CONF_DIR, compose
 from fedsim.message_keys import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, SERVER_ROUND
 from fedsim.privacy.he.ckks import CKKSParams
 from fedsim.privacy.he.client import HEClient
-from fedsim.privacy.he.layer import unflatten
-from fedsim.run import node_local
-from fedsim.run.config import CONF_DIR, compose
 from fedsim.runtime import client_state
+from fedsim.runtime.he_layer import unflatten
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.messaging import ANY, Messenger, Policy
 from fedsim.runtime.records import from_record, to_record

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from conftest import FEDSIM, SMALL, private_tmpdir, read_results
+from fedsim.config.compose import compose
+from fedsim.config.data import resolve_data_root
 from fedsim.run import launcher
-from fedsim.run.config import compose
-from fedsim.run.data import resolve_data_root
 from fedsim.run.tls import make_federation
 
 LINK_IP, USER_IP, PORT = "10.77.0.1", "10.77.0.100", 9093

@@ -9,13 +9,13 @@ import pytest
 from matplotlib.container import ErrorbarContainer
 from omegaconf import OmegaConf
 
-from fedsim.results import comparison
-from fedsim.results.comparison import Run, Settings, compare
+from fedsim.config.compose import CONF_DIR
+from fedsim.config.schema import typed_sweep
+from fedsim.results import comparison, provenance
+from fedsim.results.comparison import Run, compare
 from fedsim.results.outputs import RunOutput
 from fedsim.results.sinks import Sinks
-from fedsim.run import cli, provenance
-from fedsim.run.config import CONF_DIR
-from fedsim.run.schema import sweep_settings
+from fedsim.run import cli
 from fedsim.runtime.server_app import faults_section
 from fedsim_experiments import fede4rag_kd_sweep, fedtp
 
@@ -128,7 +128,7 @@ def test_the_sweep_plots_have_a_labelled_point_and_interval_per_row(tmp_path):
             for s, d in enumerate([0.01, 0.03, 0.02, 0.04])]
     sweep = OmegaConf.load(CONF_DIR / "config.yaml").sweep
     sweep.baseline = "old"
-    result = compare(runs, Settings.of(sweep_settings(sweep)))
+    result = compare(runs, typed_sweep(sweep))
     out = Kept(tmp_path)
     comparison.plot(result, out)
     for name, rows in (("paired_differences", 2), ("metrics", 3)):
@@ -210,7 +210,7 @@ def test_the_sweep_plots_cut_a_records_long_names(tmp_path):
     sweep = OmegaConf.load(CONF_DIR / "config.yaml").sweep
     sweep.baseline = "old"
     out = Kept(tmp_path)
-    comparison.plot(compare(runs, Settings.of(sweep_settings(sweep))), out)
+    comparison.plot(compare(runs, typed_sweep(sweep)), out)
     labels = [t for fig in out.figures.values() for ax in fig.axes
               for t in [ax.get_xlabel(), *(t.get_text() for t in ax.get_yticklabels())]]
     assert labels and max(map(len, labels)) <= comparison.PLOT_CHARS and all(t.endswith("…") for t in labels)

@@ -21,7 +21,7 @@ import pytest
 from flwr.cli.build import build_fab_from_disk
 from flwr.cli.install import install_from_fab
 
-from fedsim.run.data import REPO_ROOT
+from fedsim.config.data import REPO_ROOT
 
 GENERIC = ("tasks", "clients", "strategies", "experiments")
 

@@ -34,10 +34,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from fedsim.results.comparison import Settings, compare, counted_runs, load_runs, read_config
-from fedsim.run.config import CONF_DIR
-from fedsim.run.data import REPO_ROOT
-from fedsim.run.schema import sweep_settings
+from fedsim.config.compose import CONF_DIR
+from fedsim.config.data import REPO_ROOT
+from fedsim.config.schema import typed_sweep
+from fedsim.results.comparison import compare, counted_runs, load_runs, read_config
 
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs" / "methods").glob("*.md"))]
 MARKER = re.compile(r"<!--\s*record:\s*(.*?)\s*-->", re.S)
@@ -98,7 +98,7 @@ def comparison(folders: str, overrides: tuple[str, ...]) -> dict:
         raise MarkerError(f"no completed sweep run under {paths[0]}")
     defaults = OmegaConf.load(CONF_DIR / "config.yaml").sweep
     given = OmegaConf.from_dotlist([o.removeprefix("sweep.") for o in overrides])
-    settings = Settings.of(sweep_settings(defaults, read_config(first / "config.yaml").get("sweep", {}), given))
+    settings = typed_sweep(defaults, read_config(first / "config.yaml").get("sweep", {}), given)
     return compare([run for p in paths for run in load_runs(p)], settings,
                    strict=any(o.startswith("sweep.metrics=") for o in overrides))
 

@@ -18,12 +18,12 @@ from omegaconf import OmegaConf
 from test_sharded_grid import supernodes, tampering_supernodes
 
 from conftest import data_root_override
+from fedsim.config.compose import compose
 from fedsim.message_keys import PARTITION_ID, RAY_NODE
 from fedsim.privacy.he import messages as he_keys
-from fedsim.run.config import compose
-from fedsim.run.tls import NODE_KEYS_ENV, Certificates, make_federation, partition_keys
+from fedsim.run.tls import Certificates, make_federation, partition_keys
 from fedsim.runtime.inprocess_grid import InProcessGrid
-from fedsim.runtime.journal import WHOAMI
+from fedsim.runtime.journal import NODE_KEYS_ENV, WHOAMI
 from fedsim.runtime.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
 from fedsim.runtime.records import from_record, to_record
 from fedsim.runtime.sharded_grid import LAYOUT, SHARD, ShardedGrid

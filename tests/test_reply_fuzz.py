@@ -39,7 +39,7 @@ from test_reply_attacks import (
 )
 from test_sharded_grid import tampering_supernodes
 
-from fedsim.run.config import compose
+from fedsim.config.compose import compose
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.journal import WHOAMI
 from fedsim.runtime.messaging import ANY, Messenger, PhaseFailed, Policy

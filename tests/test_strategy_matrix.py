@@ -1,7 +1,7 @@
 """Every strategy entry x every experiment's strategy slot x every privacy wrapper.
 
 1. The refusals (config only): each pair is checked exactly as ``fedsim run`` checks it before
-   anything starts (``fedsim.run.schema.check``); a refused pair names its reason, which comes from
+   anything starts (``fedsim.config.schema.check``); a refused pair names its reason, which comes from
    the entries' data (``traits``, the slot's ``refuses``), never from a name check.
 2. The runs (in process, no Ray: the Ray path of each experiment is covered by its
    ``test_e2e_*``), five clients of which one crashes (``faults.crash``, the real ClientApp's
@@ -40,9 +40,9 @@ from omegaconf import OmegaConf
 from test_determinism import serve
 
 from conftest import data_root_override
-from fedsim.run.config import CONF_DIR, choices, compose
-from fedsim.run.node_local import from_run
-from fedsim.run.schema import check
+from fedsim.config.compose import CONF_DIR, choices, compose
+from fedsim.config.node_local import from_run
+from fedsim.config.schema import check
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.messaging import Messenger, client_config
 from fedsim.runtime.records import from_record, to_bytes

@@ -25,7 +25,7 @@ import subprocess
 
 import pytest
 
-from fedsim.run.data import ENV_VAR, REPO_ROOT, resolve_data_root
+from fedsim.config.data import ENV_VAR, REPO_ROOT, resolve_data_root
 
 WALKTHROUGH = REPO_ROOT / "docs" / "adding-a-method.md"
 BLOCK = re.compile(r'^```(\w+)(?: title="([^"]+)")?\n(.*?)^```$', re.S | re.M)

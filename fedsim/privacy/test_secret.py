@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from fedsim.config.compose import compose
 from fedsim.privacy.secret import derive, run_secret, user_secret
-from fedsim.run.config import compose
 from fedsim.runtime.server_app import noise_source
 
 

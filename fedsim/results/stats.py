@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import optimize, stats
 
+from fedsim.config.schema import SPENDING
+
 
 def paired_bootstrap_ci(diff: np.ndarray, resamples: int, seed: int,
                         level: float = 0.95) -> tuple[float, float]:
@@ -158,7 +160,6 @@ def verdict(ci: tuple[float, float] | None, effect: float | None) -> str | None:
 # maintained Python library computes it: PyPI's gsdesign (0.1.x, "experimental") holds only the
 # integration grid and no spending function or boundary search; gsmethods ships no code.
 
-SPENDING = ("obrien_fleming", "pocock")
 BOUNDARY_GRID = 501  # points of the recursive integration: boundaries agree with 2001 to 1e-4
 
 

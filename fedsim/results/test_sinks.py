@@ -8,12 +8,12 @@ from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDic
 from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from fedsim.config.compose import ConfigError, compose
+from fedsim.config.schema import check
 from fedsim.message_keys import DP_EPSILON
 from fedsim.results.mlflow_sink import RUN_KEY_TAG, MlflowSink, store_uri
 from fedsim.results.outputs import RunOutput
 from fedsim.results.sinks import Sinks, tensorboard_text
-from fedsim.run.config import ConfigError, compose
-from fedsim.run.schema import check
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.messaging import Messenger
 from fedsim.runtime.test_journal import _grid, _rounds

@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
-from fedsim.run import exchange_trace
+from fedsim.runtime import exchange_trace
 
 FREE = "free"  # a worker's note after a message that succeeded
 

@@ -1,4 +1,4 @@
-"""``flower-supernode`` with shorter waits (``fedsim/run/flower_waits.py``: Flower 1.41 hard-codes
+"""``flower-supernode`` with shorter waits (``fedsim/runtime/flower_waits.py``: Flower 1.41 hard-codes
 them, flwr/supernode/start_client_internal.py:263, :470, :506) and warm ClientApp processes.
 
     python -m fedsim.run.supernode [--idle-wait S] [--reply-wait S] [--pull-backoff S] \
@@ -20,7 +20,7 @@ import sys
 from flwr.supernode import start_client_internal
 from flwr.supernode.cli import flower_supernode
 
-from fedsim.run.flower_waits import Sleeps, shorten_pull_backoff
+from fedsim.runtime.flower_waits import Sleeps, shorten_pull_backoff
 
 
 def after_separator(remainder: list[str]) -> list[str]:

@@ -45,12 +45,13 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from omegaconf import DictConfig, OmegaConf
 
+from fedsim import progress
+from fedsim.config.data import reads_data
+from fedsim.config.node_local import sent_task
 from fedsim.message_keys import DP_EPSILON, DP_EPSILON_PLD, DP_EPSILON_RDP, NUM_EXAMPLES, SERVER_ROUND
 from fedsim.privacy.dp import CentralDP, NoiseSource
 from fedsim.results.sinks import Sinks, reply_metrics
-from fedsim.run import exchange_trace, progress
-from fedsim.run.data import reads_data
-from fedsim.run.node_local import sent_task
+from fedsim.runtime import exchange_trace
 from fedsim.runtime.client_app import SEED_KEY, TASK_KEY
 from fedsim.runtime.client_state import RUN_KEY, STATE_KEY
 from fedsim.runtime.faults import FAULTS_KEY
@@ -98,7 +99,7 @@ class PhaseFailed(RuntimeError):
 
 def client_config(cfg: DictConfig) -> dict:
     """The config entries every client message carries: the resolved task (without the folders
-    each node chooses for itself, ``fedsim/run/node_local.py``), the fault spec, the run's seed (the
+    each node chooses for itself, ``fedsim/config/node_local.py``), the fault spec, the run's seed (the
     ClientApp reseeds each handler from it), the run's key (:func:`run_key_of`), under which
     clients keep state between rounds, and whether they keep it after the run
     (``fedsim/runtime/client_state.py``)."""

@@ -12,7 +12,7 @@ is logged as fedsim's message (the valid choices, the nearest key). The protocol
 phase through one :class:`~fedsim.runtime.messaging.Messenger`, whose fault counts and traffic go into
 every ``results.json`` (``faults``, ``communication``), also when the protocol fails.
 The process's random state and Flower's node sampling are seeded from the run's seed before
-the protocol starts (``fedsim/runtime/seeding.py``), and the Messenger learns every node's partition,
+the protocol starts (``fedsim/seeding.py``), and the Messenger learns every node's partition,
 so that the same seed samples, sends and sums in the same order in every run.
 """
 
@@ -31,24 +31,25 @@ from flwr.serverapp.strategy import strategy_utils
 from omegaconf import DictConfig
 
 from fedsim.code_policy import allowed_code
+from fedsim.config.compose import REFUSED, compose_checked, experiment_digest, hydra_config, population
+from fedsim.config.schema import typed_sweep
 from fedsim.message_keys import CONFIG
 from fedsim.privacy.audit import METHOD as AUDIT_METHOD
 from fedsim.privacy.audit import AuditReport
 from fedsim.privacy.dp import NOT_PRIVATE, NoiseSource
 from fedsim.privacy.secret import derive, run_secret
-from fedsim.results.comparison import Settings, headline
+from fedsim.results import provenance
+from fedsim.results.comparison import headline
 from fedsim.results.mlflow_sink import MlflowSink
 from fedsim.results.outputs import RunOutput, markdown_table, ship_results
 from fedsim.results.sinks import Sinks
-from fedsim.run import provenance
-from fedsim.run.config import REFUSED, compose_checked, experiment_digest, hydra_config, population
-from fedsim.run.flower_waits import shorten_pull_backoff
 from fedsim.runtime.client_state import FORGET, RUN_KEY, STATE_KEY, forget_request
+from fedsim.runtime.flower_waits import shorten_pull_backoff
 from fedsim.runtime.journal import Journal
 from fedsim.runtime.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
 from fedsim.runtime.reply_pull import isolate_reply_pulls
-from fedsim.runtime.seeding import SERVER, SERVER_SAMPLING, reseed
 from fedsim.runtime.sharded_grid import ShardedGrid
+from fedsim.seeding import SERVER, SERVER_SAMPLING, reseed
 
 app = ServerApp()
 
@@ -190,7 +191,7 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
                                  **({"ray_nodes": messenger.ray_nodes} if messenger.ray_nodes else {})}
         summary = f"{summary.rstrip()}\n\n{provenance.section(results['provenance'])}\n"
         out.write_results(results, summary)
-        sinks.finish(headline(results, Settings.of(cfg.sweep)), int(cfg.num_rounds),
+        sinks.finish(headline(results, typed_sweep(cfg.sweep)), int(cfg.num_rounds),
                      (out.path / "config.yaml").read_text(), summary, out.files())
         print(summary, flush=True)
         _forget_client_state(messenger, cfg)
@@ -276,7 +277,7 @@ def noise_section(audit: AuditReport) -> str:
 def seed_server(seed: int) -> None:
     """The ServerApp's random state, and a generator of Flower's node sampling of its own:
     with the shared one, which clients a round trained depended on how often the heartbeat
-    thread had drawn before (``fedsim/runtime/seeding.py``)."""
+    thread had drawn before (``fedsim/seeding.py``)."""
     reseed(SERVER.seed(seed))
     strategy_utils.random = random.Random(SERVER_SAMPLING.seed(seed))
 

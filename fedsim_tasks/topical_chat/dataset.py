@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsim.run.data import require_file
+from fedsim.config.data import require_file
 
 UPSTREAM = "github.com/alexa/Topical-Chat (CDLA-Sharing 1.0)"
 SPLITS = ("valid_freq", "valid_rare", "test_freq", "test_rare")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedsim.run.schema import TaskSettings, require
+from fedsim.config.schema import TaskSettings, require
 from fedsim_tasks.topical_chat.dataset import SPLITS
 
 

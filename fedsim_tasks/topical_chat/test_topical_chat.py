@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from fedsim.run.data import DataNotFoundError, resolve_data_root
+from fedsim.config.data import DataNotFoundError, resolve_data_root
 from fedsim_tasks.topical_chat.dataset import (
     Conversation,
     Turn,

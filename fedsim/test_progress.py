@@ -6,7 +6,7 @@ import logging
 import pytest
 from flwr.app import Message, MessageType, RecordDict
 
-from fedsim.run.progress import LINE, Bars, line
+from fedsim.progress import LINE, Bars, line
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.messaging import Messenger, PhaseFailed
 

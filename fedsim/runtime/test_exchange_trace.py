@@ -6,8 +6,8 @@ import time
 import psutil
 import pytest
 
-from fedsim.run import exchange_trace
-from fedsim.run.exchange_trace import STAGES, breakdown, mark, process_start, read
+from fedsim.runtime import exchange_trace
+from fedsim.runtime.exchange_trace import STAGES, breakdown, mark, process_start, read
 
 
 def test_nothing_is_written_without_the_variable(tmp_path, monkeypatch):

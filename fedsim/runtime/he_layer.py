@@ -17,11 +17,11 @@ from collections import OrderedDict
 import numpy as np
 from flwr.app import Message, RecordDict
 
+from fedsim.config import node_local
 from fedsim.message_keys import ARRAYS
 from fedsim.privacy.he import messages as keys
 from fedsim.privacy.he.ckks import CKKSParams
 from fedsim.privacy.he.client import HEClient, IncompleteGlobal, is_he_operation
-from fedsim.run import node_local
 from fedsim.runtime import client_state
 from fedsim.runtime.records import from_record, to_record
 

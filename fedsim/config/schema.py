@@ -27,7 +27,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
 from fedsim.code_policy import named_code, refuse_by_definition, refuse_by_name
-from fedsim.privacy.secret import who_else_writes
+from fedsim.config.data import who_else_writes
 
 
 def require(ok: bool, key: str, rule: str, value) -> None:
@@ -81,7 +81,7 @@ class Faults:
 
 @dataclass
 class Waits:
-    """Flower's fixed waits on a deployment's message path, in seconds (``fedsim/run/flower_waits.py``);
+    """Flower's fixed waits on a deployment's message path, in seconds (``fedsim/runtime/flower_waits.py``);
     null keeps Flower's own."""
     superexec_poll: float | None = MISSING   # each SuperNode's SuperExec polls for tasks (Flower: 1.0)
     supernode_idle: float | None = MISSING   # a SuperNode's wait after a pull found no message (Flower: 3)
@@ -149,7 +149,7 @@ class Checkpoint:
 @dataclass
 class ClientStateSettings:
     """Where clients keep state across rounds (``fedsim/runtime/client_state.py``)."""
-    dir: str | None = MISSING      # root of the clients fedsim run starts (fedsim/run/node_local.py); never sent
+    dir: str | None = MISSING      # root of the clients fedsim run starts (fedsim/config/node_local.py); never sent
     keep: bool = MISSING           # keep the run's client state after it completes
     run_key: str | None = MISSING  # set by the ServerApp, not by hand: the run's folder run-<key>
 
@@ -198,7 +198,8 @@ class Plan:
 
 @dataclass
 class Sweep:
-    """How ``fedsim run -m`` / ``fedsim compare`` summarize a sweep (``fedsim/results/comparison.py``)."""
+    """How ``fedsim run -m`` / ``fedsim compare`` summarize a sweep: the one type of the sweep settings,
+    read by ``fedsim/results/comparison.py`` as :func:`typed_sweep` builds it."""
     seed_keys: list[str] = MISSING  # overrides that are replicates
     baseline: str | None = MISSING  # a method name inside results, or KEY=VALUE of a swept override
     metrics: list[str] = MISSING    # the headline: results.json path patterns, a family each; [] = all
@@ -210,6 +211,10 @@ class Sweep:
     run_intervals: list[RunInterval] = MISSING  # per-run intervals used when the seeds give no spread
     contrasts: list[Contrast] = MISSING  # metrics that compare two arms themselves, judged against their null
     plan: Plan = MISSING  # the pre-registered analysis; primary [] = no plan: every row is secondary (Holm-adjusted)
+
+    def planned(self) -> dict | None:
+        """``plan`` as the comparison reads it and sweep.json hashes it; None without a primary endpoint."""
+        return dataclasses.asdict(self.plan) if self.plan.primary else None
 
 
 @dataclass
@@ -341,6 +346,7 @@ ConfigStore.instance().store(name="fedsim_schema", node=RunConfig)
 BACKENDS = ("simulation", "deployment")
 MESSAGE_TYPES = ("train", "evaluate", "query")
 INTERVALS = ("t", "bootstrap")
+SPENDING = ("obrien_fleming", "pocock")  # Lan-DeMets alpha spending (fedsim/results/stats.py)
 
 
 def _writable(schema: type) -> DictConfig:
@@ -388,12 +394,19 @@ def sweep_settings(*layers) -> DictConfig:
     return sweep
 
 
+def typed_sweep(*layers) -> Sweep:
+    """The ``sweep`` block from ``layers``, checked by :func:`sweep_settings`, as its dataclass; an
+    interpolation stays text (a record's config.yaml may hold ``${oc.env:...}``: never resolved)."""
+    values = OmegaConf.to_container(sweep_settings(*layers))  # OmegaConf.to_object would resolve
+    entries = {"effect_of_interest": EffectOfInterest, "run_intervals": RunInterval, "contrasts": Contrast}
+    return Sweep(**values | {key: [kind(**e) for e in values[key]] for key, kind in entries.items()}
+                 | {"plan": Plan(**values["plan"])})
+
+
 def check_plan(plan: DictConfig) -> None:
     """Refuse a plan that cannot be followed, naming its key: an alpha outside (0, 1), fewer
     than two seeds, looks that are not increasing seed counts ending at the planned seeds, an
     unknown spending function. ``looks: []`` becomes ``[seeds]``."""
-    from fedsim.results.stats import SPENDING  # scipy: imported only when a plan is given
-
     if not plan.looks:
         plan.looks = [plan.seeds]
     looks = list(plan.looks)

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import psutil
 
+from fedsim.config.data import REPO_ROOT
 from fedsim.results.outputs import write_file
-from fedsim.run.data import REPO_ROOT
 
 PACKAGES = ("fedsim", "flwr", "torch", "transformers", "peft", "ray")
 HEADING = "## Provenance"  # the summary's last section

@@ -4,7 +4,7 @@ refuses a vector of another model's size (``tests/test_he_layer.py`` runs the la
 import numpy as np
 import pytest
 
-from fedsim.privacy.he.layer import flatten, unflatten
+from fedsim.runtime.he_layer import flatten, unflatten
 
 
 def test_a_flat_vector_unflattens_to_the_arrays_it_was_made_of():

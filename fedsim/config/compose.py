@@ -16,8 +16,8 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from fedsim.run import schema  # registers the typed schema with Hydra
-from fedsim.run.data import REPO_ROOT, DataNotFoundError, reads_data, resolve_data_root
+from fedsim.config import schema  # registers the typed schema with Hydra
+from fedsim.config.data import REPO_ROOT, DataNotFoundError, reads_data, resolve_data_root
 
 CONF_DIR = REPO_ROOT / "conf"
 GROUPS = ("task", "strategy", "privacy", "hardware", "experiment")

@@ -30,8 +30,8 @@ from collections.abc import Mapping
 from flwr.app import ConfigRecord, Message
 from omegaconf import DictConfig, OmegaConf
 
+from fedsim.config.data import ENV_VAR as DATA_ROOT_ENV
 from fedsim.message_keys import CONFIG
-from fedsim.run.data import ENV_VAR as DATA_ROOT_ENV
 
 NODE_KEY = "fedsim-node"  # config entry the ClientApp fills with the node's values (JSON)
 SETTINGS = {  # node config key: (environment variable, the run config key fedsim run gives it from)
@@ -89,7 +89,7 @@ def setting(msg: Message, key: str) -> str | None:
 def sent_task(task: dict, reads_data: bool = True) -> dict:
     """The task config a message carries: without its node-local keys, which no client reads
     from a message (and the task's copy of the run's data root, ``conf/task/*.yaml``). A task
-    that reads no data (``fedsim.run.data.reads_data``) carries ``data_root: null`` instead, so
+    that reads no data (``fedsim.config.data.reads_data``) carries ``data_root: null`` instead, so
     its clients look for no data root either."""
     task = copy.deepcopy(task)
     for *parents, leaf in TASK_COPIES:

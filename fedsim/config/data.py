@@ -1,7 +1,7 @@
 """Data-root resolution and file checks shared by every task.
 
 Order of precedence: an explicit setting (the server's config ``data_root``, or a client node's
-``data-root``: a client never reads the server's, ``fedsim/run/node_local.py``), then the
+``data-root``: a client never reads the server's, ``fedsim/config/node_local.py``), then the
 ``FEDSIM_DATA_ROOT`` environment variable, then
 ``../shared/data`` beside the checkout, then beside the working directory (under ``flwr run .``
 the app runs from Flower's installed copy, and the working directory is the checkout). A task
@@ -11,6 +11,7 @@ whose YAML sets ``data_root: null`` reads no data: no root is looked for (:func:
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -57,3 +58,19 @@ def require_file(path: Path, upstream: str) -> Path:
             f"files under the data root (see ../shared/data/README.md for the layout)."
         )
     return path
+
+
+def who_else_writes(path: Path) -> str | None:
+    """Why another local user could plant links in ``path`` or swap what is written there (None:
+    no one but this user and root can): the nearest existing folder on the way and the first one
+    of its ancestors owned by another user, or writable by others without the sticky bit (as
+    /tmp has it, where each entry stays its owner's). What OpenSSH's StrictModes checks; no
+    library offers it."""
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    for folder in reversed((existing, *existing.parents)):
+        info = folder.stat()
+        if info.st_uid not in (0, os.getuid()):
+            return f"{folder} belongs to uid {info.st_uid}"
+        if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+            return f"{folder} is writable by others ({stat.filemode(info.st_mode)})"
+    return None

@@ -8,7 +8,7 @@ from importlib import metadata
 
 import psutil
 
-from fedsim.run import provenance
+from fedsim.results import provenance
 
 
 def _git(root, *args) -> str:
