@@ -26,6 +26,7 @@ from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from fedsim.config.schema import Protocol
+from fedsim.privacy.plan import PrivacyPlan
 from fedsim.results.outputs import RunOutput, markdown_table
 from fedsim.runtime.messaging import ANY, Messenger, Policy, client_config
 from fedsim.runtime.records import from_record, to_record
@@ -200,7 +201,7 @@ def evaluate_selectors(selector, weights: list[dict], fed: Federation, minority_
     return out
 
 
-def context(messenger: Messenger, cfg: DictConfig, selector) -> Context:
+def context(messenger: Messenger, cfg: DictConfig, selector, plan: PrivacyPlan) -> Context:
     """The runners' context: every client discovered, the server's view of the data, and
     ``selector``'s weights as the initial ones (a function of its own, so that a test drives a
     runner with the messages a run sends)."""
@@ -216,12 +217,12 @@ def context(messenger: Messenger, cfg: DictConfig, selector) -> Context:
     nodes, records = discover(messenger, base, reply)
     info = {partition_id: {k: r[k] for k in (keys.NUM_EXAMPLES, keys.NUM_VALID, keys.POPULATION)}
             for partition_id, r in records.items()}
-    return Context(messenger, cfg, base, nodes, info, federation, selector.weights())
+    return Context(messenger, cfg, base, nodes, info, federation, selector.weights(), plan=plan)
 
 
-def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
+def run(messenger: Messenger, cfg: DictConfig, out: RunOutput, plan: PrivacyPlan) -> tuple[dict, str]:
     selector = instantiate(cfg.task.selector, seed=cfg.task.seed)
-    ctx = context(messenger, cfg, selector)
+    ctx = context(messenger, cfg, selector, plan)
     federation, info, nodes = ctx.federation, ctx.info, ctx.nodes
     share = len(federation.minority) / federation.num_clients
     pairs = {partition_id: i[keys.NUM_EXAMPLES] for partition_id, i in info.items()}

@@ -31,6 +31,7 @@ from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from fedsim.config.schema import check
+from fedsim.privacy.plan import PrivacyPlan
 from fedsim.results.outputs import RunOutput
 from fedsim.runtime.messaging import ANY, Messenger, Policy, client_config
 from fedsim.runtime.records import from_record, to_bytes, to_record
@@ -91,7 +92,7 @@ def federated(ctx: Context, name: str, spec: DictConfig, dataset: str) -> dict:
     """The method's Flower strategy (``spec.strategy``) over ``clients_per_round`` clients per
     round; replies need finite weights (and, under mixing, an alpha in [0, 1])."""
     n = ctx.protocol.clients_per_round  # the fraction may round down; min_train_nodes restores n
-    strategy = build_strategy(ctx.cfg, ctx.messenger, len(ctx.nodes), spec.get("strategy"),
+    strategy = build_strategy(ctx.cfg, ctx.plan, len(ctx.nodes), spec.get("strategy"),
                               fraction_train=n / len(ctx.nodes), fraction_evaluate=0.0, min_train_nodes=n,
                               min_available_nodes=n, weighted_by_key=keys.NUM_EXAMPLES, arrayrecord_key=keys.ARRAYS,
                               configrecord_key=keys.CONFIG)
@@ -211,7 +212,8 @@ def evaluate_generator(ctx: Context, weights: dict, dataset: str, evaluator, mod
             "example": {"context": chosen[0].prompt, "reply": replies[0], "true": chosen[0].reply}}
 
 
-def context(messenger: Messenger, cfg: DictConfig, protocol: FedDTREProtocol, base_path: str, model) -> Context:
+def context(messenger: Messenger, cfg: DictConfig, protocol: FedDTREProtocol, base_path: str, model,
+            plan: PrivacyPlan) -> Context:
     """The runners' context: every client discovered, the task's datasets, the base generator at
     ``base_path`` and the initial weights of ``model``'s adapters (a function of its own, so that a
     test drives a runner with the messages a run sends)."""
@@ -227,10 +229,10 @@ def context(messenger: Messenger, cfg: DictConfig, protocol: FedDTREProtocol, ba
         raise ValueError(why)
     nodes, info = discover(messenger, base_cfg, reply)
     return Context(messenger, cfg, base_cfg, nodes, {p: dict(i) for p, i in info.items()}, protocol,
-                   tasks, base_path, trainable_arrays(model))
+                   tasks, base_path, trainable_arrays(model), plan=plan)
 
 
-def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
+def run(messenger: Messenger, cfg: DictConfig, out: RunOutput, plan: PrivacyPlan) -> tuple[dict, str]:
     protocol = check(cfg)  # the protocol block as its typed dataclass
     task = OmegaConf.to_container(cfg.task, resolve=True)
     g = protocol.generator
@@ -240,7 +242,7 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     model = load_policy(base_path, dict(g.lora), int(cfg.task.seed), g.quantization)
     tokenizer = load_tokenizer(base_path)
     base_seconds = time.perf_counter() - start
-    ctx = context(messenger, cfg, protocol, base_path, model)
+    ctx = context(messenger, cfg, protocol, base_path, model, plan)
     results = {"clients": {str(p): dict(i) for p, i in sorted(ctx.info.items())},
                "data": {name: {"train": f"{d.spec['train_split']} split ({len(d.train)} conversations)",
                                "evaluation": f"{d.spec['eval_split']} split: {len(d.trust_heldout)} conversations "

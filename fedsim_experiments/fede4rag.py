@@ -34,6 +34,7 @@ from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig
 
 from fedsim.privacy.he import messages as he_keys
+from fedsim.privacy.plan import PrivacyPlan
 from fedsim.results.outputs import RunOutput
 from fedsim.runtime.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
 from fedsim.runtime.records import from_record
@@ -50,8 +51,8 @@ from fedsim_tasks.financebench_rag.retrieval import METRICS, weights_key
 log = logging.getLogger("fedsim")
 
 
-def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
-    ctx = context(messenger, cfg)
+def run(messenger: Messenger, cfg: DictConfig, out: RunOutput, plan: PrivacyPlan) -> tuple[dict, str]:
+    ctx = context(messenger, cfg, plan)
     info, budget = ctx.info, ctx.budget
     log.info("[fede4rag] %d clients %s; budget %d optimizer steps per method", len(ctx.nodes),
              {partition_id: (i[keys.COMPANIES], i[keys.NUM_PAIRS]) for partition_id, i in sorted(info.items())},
@@ -81,12 +82,13 @@ def train_and_evaluate(ctx: Context, name: str, spec: DictConfig) -> dict:
             **trained.details}
 
 
-def context(messenger: Messenger, cfg: DictConfig) -> Context:
+def context(messenger: Messenger, cfg: DictConfig, plan: PrivacyPlan) -> Context:
     """The runners' context: every client discovered, the step budget (a function of its own, so
     that a test drives a runner with the messages a run sends)."""
     base = client_config(cfg)
     nodes, info = _discover(messenger, base, cfg)
-    return Context(messenger, cfg, base, nodes, info, int(cfg.num_rounds * cfg.protocol.local_steps * len(nodes)))
+    return Context(messenger, cfg, base, nodes, info, int(cfg.num_rounds * cfg.protocol.local_steps * len(nodes)),
+                   plan=plan)
 
 
 @dataclass
@@ -138,13 +140,12 @@ def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
     ``client-distance``, ``update-norm``; with ``local_models`` the latter is the company's own
     retriever's distance to the global model)."""
     rounds, threads = int(ctx.cfg.num_rounds), _threads(ctx.cfg, len(ctx.nodes))
-    he = {"_target_": "fedsim_strategies.he_fedavg.HEFedAvg", "chunk_floats": ctx.cfg.protocol.he_chunk_floats,
-          "one_trip": bool(spec.get("one_trip", True))} if spec.he else None
-    strategy = build_strategy(ctx.cfg, ctx.messenger, len(ctx.nodes), he=he)
+    he = {"chunk_floats": ctx.cfg.protocol.he_chunk_floats, "one_trip": bool(spec.get("one_trip", True))}
+    strategy = build_strategy(ctx.cfg, ctx.plan, len(ctx.nodes), he=he if spec.he else None)
     if spec.get("lora_aggregation", "factors") == "product":  # plaintext only: fede4rag_schema checks
         strategy = LoraProductAvg(strategy)
     local = f"retriever-{name}" if spec.get("local_models", False) else None
-    if spec.he or ctx.cfg.privacy.kind == "he":
+    if spec.he or ctx.plan.he:
         config = ConfigRecord(ctx.train_config(name, keys.FROM_HE, spec.kd_weight,
                                                ctx.cfg.protocol.local_steps, threads, local))
         grid = ctx.grid(name).checked(MessageType.TRAIN, keys.he_train_weight(ctx.pairs))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
+from fedsim.privacy.plan import PrivacyPlan
 from fedsim.results.outputs import RunOutput, markdown_table, plain_log_scale
 from fedsim.runtime.messaging import Messenger, client_config
 from fedsim_experiments import fede4rag
@@ -60,7 +61,7 @@ def cell_name(steps: int, kd: float) -> str:
     return f"steps{steps}_kd{kd:g}"
 
 
-def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
+def run(messenger: Messenger, cfg: DictConfig, out: RunOutput, plan: PrivacyPlan) -> tuple[dict, str]:
     base = client_config(cfg)
     nodes, info = fede4rag._discover(messenger, base, cfg)
     p = cfg.protocol
@@ -73,13 +74,13 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     for name, spec in p.methods.items():  # references (vanilla); null leaves one out
         if spec is None:
             continue
-        ctx = fede4rag.Context(messenger, cfg, base, nodes, info, budget, initial)
+        ctx = fede4rag.Context(messenger, cfg, base, nodes, info, budget, initial, plan=plan)
         results["methods"][name] = fede4rag.train_and_evaluate(ctx, name, spec)
         initial = ctx.initial
     for steps, kd in itertools.product(p.local_steps_grid, p.kd_weights):
         rounds = int(p.budget_steps) // int(steps)
         cell_cfg = OmegaConf.merge(cfg, {"num_rounds": rounds, "protocol": {"local_steps": steps}})
-        ctx = fede4rag.Context(messenger, cell_cfg, base, nodes, info, budget, initial)
+        ctx = fede4rag.Context(messenger, cell_cfg, base, nodes, info, budget, initial, plan=plan)
         name = cell_name(steps, kd)
         spec = {"run": "fedsim_experiments.fede4rag.federated", "kd_weight": float(kd), "he": bool(p.he),
                 "local_models": kd > 0}

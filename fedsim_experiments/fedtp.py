@@ -35,14 +35,15 @@ from fedsim.privacy.audit import (
     noise_check,
     shared_noise_check,
 )
-from fedsim.privacy.dp import RELEASE, SWEEP, NoiseSource, Release, clipped_sum, gaussian_noise
+from fedsim.privacy.dp import SWEEP, Release, clipped_sum
+from fedsim.privacy.plan import PrivacyPlan
 from fedsim.results.outputs import RunOutput, markdown_table
 from fedsim.results.stats import GAIN_TOL, cluster_mean_ci, gain_distribution, group_gains, t_interval
 from fedsim.runtime.messaging import ANY, Messenger, Policy, client_config
 from fedsim.runtime.validators import Bound, Validator
 from fedsim_clients import fedtp_messages as keys
 from fedsim_clients.topic_preference import hosted_rows
-from fedsim_experiments.common import build_strategy, innermost
+from fedsim_experiments.common import build_strategy
 from fedsim_tasks.topical_chat.dataset import load_topics, row_splits
 
 log = logging.getLogger("fedsim")
@@ -93,18 +94,6 @@ def prior_policy(dim: int, max_rows: Bound = math.inf) -> Policy:
     return Policy(ANY, keys.train_reply(dim, max_rows))
 
 
-def dp_strategy(cfg: DictConfig, messenger: Messenger):
-    """The slot's strategy (``build_strategy``); a DP one (it has ``release``) draws its noise
-    and its sample from the run's noise source, never from the public seed unless the run
-    asked for that."""
-    strategy = build_strategy(cfg, messenger, len(messenger.node_ids()))
-    if hasattr(innermost(strategy), "release"):
-        innermost(strategy).noise = messenger.noise
-        if cfg.privacy.audit.enabled:
-            innermost(strategy).audit_canaries = int(cfg.privacy.audit.canaries)
-    return strategy
-
-
 def check_records(hosted: dict[int, ConfigRecord], splits: list[str], strategy) -> None:
     """Refuse a DP release whose bound does not hold: a conversation held by several clients
     (more partitions than conversations resamples them) moves the sum by more than C, and under
@@ -129,7 +118,7 @@ def sweep_releases(strategy, sigmas: list[float], seeds: int) -> dict[str, tuple
     """The DP sweep: ``seeds`` releases of the received rows per sigma, each with a noise stream
     of its own (``SWEEP, sigma index, seed index``): name -> (sigma, release)."""
     return {f"dp/{float(sigma)}/{k}": (float(sigma), strategy.release(
-                strategy.received, float(sigma), strategy.noise.rng(SWEEP, i, k)))
+                strategy.received, float(sigma), (SWEEP, i, k)))
             for i, sigma in enumerate(sigmas) for k in range(seeds)}
 
 
@@ -145,26 +134,26 @@ AUDIT_COVERS = ("FedTP's DP prior: canary clients beside the prior clients, each
                 "release with noise, each alone and all together")
 
 
-def audit_releases(cfg: DictConfig, strategy, prior: np.ndarray) -> AuditReport:
+def audit_releases(cfg: DictConfig, plan: PrivacyPlan, strategy, prior: np.ndarray) -> AuditReport:
     """The audit run's releases. Canaries: the prior and each sigma's first sweep release, each
-    against its own accountant; the attacker knows the prior clients' rows and the public seed,
-    not the coins nor the run's secret noise. Noise: the prior and every sweep release with
-    noise, each release's noise (its noised mean times the divisor, minus the exact clipped sum
-    the server holds) against its sigma, and all of them against each other. The run's
-    confidence is split over every check."""
-    settings, public = cfg.privacy.audit, NoiseSource.public(int(cfg.seed))
+    against its own accountant; the attacker knows the prior clients' rows and the public seed
+    (its guess of each release's noise: ``plan.seed_noise``), not the coins nor the run's secret
+    noise. Noise: the prior and every sweep release with noise, each release's noise (its noised
+    mean times the divisor, minus the exact clipped sum the server holds) against its sigma, and
+    all of them against each other. The run's confidence is split over every check."""
+    settings = cfg.privacy.audit
     sigmas = [float(sigma) for sigma in cfg.protocol.dp_sigmas]
     sweep = sweep_releases(strategy, sigmas, int(cfg.protocol.dp_seeds))
-    canary = [("prior", strategy.noise_multiplier, prior, (RELEASE, int(cfg.num_rounds)))]
-    canary += [(name, sigma, sweep[name][1].mean, (SWEEP, i, 0)) for i, sigma in enumerate(sigmas)
+    canary = [("prior", strategy.noise_multiplier, prior, strategy.last_release)]
+    canary += [(name, sigma, sweep[name][1].mean, sweep[name][1]) for sigma in sigmas
                if (name := f"dp/{sigma}/0") in sweep]
     noised = {name: (sigma, release.noised) for name, (sigma, release) in
               {"prior": (strategy.noise_multiplier, strategy.last_release), **sweep}.items() if sigma > 0}
     significance = (1 - float(settings.confidence)) / (len(canary) + len(noised) + (len(noised) > 1))
     bounds = []
-    for name, sigma, released, labels in canary:
-        guessed = gaussian_noise(public.rng(*labels), sigma * strategy.clip_norm, len(released))
-        bounds.append(audit_release(name, sigma, strategy.canaries.attacks(released, strategy.simplex, guessed),
+    for name, sigma, released, release in canary:
+        bounds.append(audit_release(name, sigma, strategy.canaries.attacks(released, strategy.simplex,
+                                                                            plan.seed_noise(release)),
                                     strategy.canaries.included, strategy.epsilon(sigma).reported, strategy.delta,
                                     significance, float(settings.confidence), list(settings.guess_shares)))
     return AuditReport(bounds, AUDIT_COVERS, *noise_checks(strategy, noised, significance))
@@ -399,13 +388,13 @@ def _timed(timings: dict, name: str, phase, *args):
     return out
 
 
-def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
+def run(messenger: Messenger, cfg: DictConfig, out: RunOutput, plan: PrivacyPlan) -> tuple[dict, str]:
     proto = cfg.protocol
     timings, t_all = {}, time.monotonic()
     num_topics = len(load_topics(cfg.data_root))
     base = client_config(cfg)
-    strategy = dp_strategy(cfg, messenger)
     supernodes = len(messenger.node_ids())
+    strategy = build_strategy(cfg, plan, supernodes)
     splits = row_splits(cfg.data_root, tuple(cfg.task.splits), cfg.task.get("max_per_split"))
     hosted = _timed(timings, "discover_s", discover, messenger, base, splits)
     ctx = Context(messenger, cfg, base, OmegaConf.to_container(cfg.task, resolve=True), strategy, hosted)
@@ -415,7 +404,7 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     test = ctx.task["test_splits"]
     analyses, gains = _paired_analyses(turns, cfg.task.unit, int(proto.bootstrap), int(cfg.seed))
     dp_sweep = _dp_sweep(strategy, sums, test, sweep_keys)
-    audit = audit_releases(cfg, innermost(strategy), prior.vector) if cfg.privacy.audit.enabled else None
+    audit = audit_releases(cfg, plan, strategy, prior.vector) if cfg.privacy.audit.enabled else None
     timings["total_s"] = time.monotonic() - t_all
     results = {
         "experiment": proto.name,

@@ -14,19 +14,21 @@ from flwr.app import Array, ArrayRecord, ConfigRecord
 from omegaconf import DictConfig
 
 from fedsim.config.schema import layout
+from fedsim.privacy.plan import PrivacyPlan
 from fedsim.results.outputs import RunOutput, markdown_table
 from fedsim.runtime.messaging import Messenger, client_config
 from fedsim_clients import fedtp_messages as keys
 from fedsim_clients.topic_preference import hosted_rows
-from fedsim_experiments.fedtp import dp_strategy, prior_policy
+from fedsim_experiments.common import build_strategy
+from fedsim_experiments.fedtp import prior_policy
 from fedsim_tasks.topical_chat.dataset import load_topics, row_splits
 
 
-def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
+def run(messenger: Messenger, cfg: DictConfig, out: RunOutput, plan: PrivacyPlan) -> tuple[dict, str]:
     dim, rounds = len(load_topics(cfg.data_root)), int(cfg.num_rounds)
     nodes = messenger.node_ids()
     t0 = time.monotonic()
-    strategy = dp_strategy(cfg, messenger)
+    strategy = build_strategy(cfg, plan, len(nodes))
     splits = row_splits(cfg.data_root, tuple(cfg.task.splits), cfg.task.get("max_per_split"))
     cap = getattr(strategy, "max_rows_per_reply", None) or math.inf
     partitions = messenger.num_partitions  # once: it lists every node (per reply it made the round quadratic)

@@ -16,6 +16,7 @@ from fedsim.config.schema import check
 from fedsim.privacy import dp as privacy
 from fedsim.privacy.audit import PrivacyAuditFailed
 from fedsim.privacy.dp import NON_NEGATIVE, NoiseSource, clip_rows, release_epsilon
+from fedsim.privacy.plan import PrivacyPlan
 from fedsim.results.comparison import flatten
 from fedsim_experiments.fedtp import audit_releases, noise_checks, sweep_releases
 from fedsim_strategies.conftest import NodeIds, _run_identity  # noqa: F401 (fixture: messages outside a run)
@@ -35,18 +36,19 @@ def prior_rows() -> np.ndarray:
 
 
 def audited(noise: NoiseSource):
-    """One audit run's prior release (sigma 4, every client, one round) and its audit."""
+    """One audit run's prior release (sigma 4, every client, one round) and its audit, under a
+    plan with ``noise``."""
     cfg = compose(AUDIT)
     rows = prior_rows()
-    strategy = DPMean(noise_multiplier=4.0, noise=noise)
-    strategy.audit_canaries = int(cfg.privacy.audit.canaries)
+    plan = PrivacyPlan(noise, int(cfg.seed), audit_canaries=int(cfg.privacy.audit.canaries))
+    strategy = DPMean(noise_multiplier=4.0, **plan.strategy_args(("noise", "audit_canaries")))
     uniform = np.full(rows.shape[1], 1.0 / rows.shape[1])
     strategy.configure_train(1, ArrayRecord({"vectors": Array(uniform)}), ConfigRecord(), NodeIds(len(rows)))
     reply = Message(RecordDict({"arrays": ArrayRecord({"vectors": Array(rows)}),
                                 "metrics": MetricRecord({"num-examples": len(rows)})}),
                     dst_node_id=1, message_type=MessageType.TRAIN)
     arrays, _ = strategy.aggregate_train(1, [reply])
-    return audit_releases(cfg, strategy, arrays["vectors"].numpy())
+    return audit_releases(cfg, plan, strategy, arrays["vectors"].numpy())
 
 
 def by_release(report) -> dict:
@@ -111,7 +113,7 @@ def test_the_noise_check_catches_a_2x_shortfall_at_sigma_4_nine_times_in_ten():
     significance = 0.05 / 9
     caught = {}
     for shortfall in (1.5, 2.0):
-        releases = [strategy.release(strategy.received, 4.0 / shortfall, strategy.noise.rng(99, k)) for k in range(100)]
+        releases = [strategy.release(strategy.received, 4.0 / shortfall, (99, k)) for k in range(100)]
         checks = [noise_checks(strategy, {"prior": (4.0, r.noised)}, significance)[0][0] for r in releases]
         caught[shortfall] = np.mean([not c.holds for c in checks])
         assert checks[0].power_at(shortfall) >= 0.9

@@ -8,6 +8,8 @@ from flwr.app import ConfigRecord
 from fedsim.config.compose import compose
 from fedsim.config.schema import check
 from fedsim.privacy.dp import NoiseSource, clip_rows
+from fedsim.privacy.plan import PrivacyPlan
+from fedsim_experiments.common import build_strategy
 from fedsim_experiments.fedtp import check_records, sweep_priors
 from fedsim_strategies.dp_mean import DPMean
 
@@ -42,6 +44,15 @@ def test_the_sweep_is_redrawn_identically_from_the_same_source():
     b.received = rows
     for (_, x), (_, y) in zip(sweep_priors(a, [1.0], 2).values(), sweep_priors(b, [1.0], 2).values()):
         np.testing.assert_array_equal(x, y)
+
+
+def test_the_slots_dp_mean_draws_from_the_runs_plan_and_no_other_source():
+    """The slot's DPMean takes the run's noise source (and an audit's canaries) at construction:
+    the plan's own object, not a copy of it nor a fresh source."""
+    cfg = compose(["experiment=fedtp", "privacy.audit.enabled=true", "privacy.audit.canaries=3"])
+    plan = PrivacyPlan.fresh(cfg)
+    strategy = build_strategy(cfg, plan, 4)
+    assert strategy.noise is plan.noise and strategy.audit_canaries == 3
 
 
 def _hosted(rows_per_node: list[list[int]]) -> dict:

@@ -15,6 +15,7 @@ from flwr.app import ArrayRecord, MetricRecord
 from omegaconf import DictConfig, OmegaConf
 
 from fedsim.config.schema import Protocol, layout, require
+from fedsim.privacy.plan import PrivacyPlan
 from fedsim.results.outputs import RunOutput, markdown_table
 from fedsim.runtime.messaging import Messenger, client_config
 from fedsim.runtime.records import from_record, to_record
@@ -51,7 +52,7 @@ class RoundClock:
         return MetricRecord(metrics)
 
 
-def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, str]:
+def run(messenger: Messenger, cfg: DictConfig, out: RunOutput, plan: PrivacyPlan) -> tuple[dict, str]:
     task = OmegaConf.to_container(cfg.task, resolve=True)
     recipe = Recipe.of(task, task["data_root"])
     clients = messenger.num_partitions
@@ -59,7 +60,7 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
     base = client_config(cfg)
     nodes, info = discover(messenger, base, keys.discover_reply(
         messenger.partition_of, lambda p: recipe.examples(p, clients), clients))
-    ctx = RunContext(messenger, cfg, base, nodes, {p: dict(i) for p, i in info.items()})
+    ctx = RunContext(messenger, cfg, base, nodes, {p: dict(i) for p, i in info.items()}, plan=plan)
     clock = RoundClock(recipe)
     ctx.fedavg("train", to_record(dict(zip(WEIGHT_NAMES, recipe.initial(cfg.seed)))), int(cfg.num_rounds),
                {**base, keys.SEED: cfg.seed, keys.TORCH_THREADS: 1}, per_round / clients,

@@ -128,4 +128,4 @@ def test_more_clients_per_round_than_clients_is_refused_at_once():
     cfg = compose(["experiment=feddtre_paper", DATA, "task.num_clients=2",
                    "protocol.clients_per_round=3"])
     with pytest.raises(ValueError, match="clients_per_round=3 but the task has 2 clients"):
-        feddtre.run(None, cfg, None)
+        feddtre.run(None, cfg, None, None)

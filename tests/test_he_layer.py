@@ -22,6 +22,7 @@ from fedsim.config.compose import CONF_DIR, compose
 from fedsim.message_keys import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, SERVER_ROUND
 from fedsim.privacy.he.ckks import CKKSParams
 from fedsim.privacy.he.client import HEClient
+from fedsim.privacy.plan import PrivacyPlan
 from fedsim.runtime import client_state
 from fedsim.runtime.he_layer import unflatten
 from fedsim.runtime.inprocess_grid import InProcessGrid
@@ -49,7 +50,8 @@ def selectors(encoder_dir, tmp_path_factory):  # noqa: F811 (the imported fixtur
     node = node_local.from_run(cfg)
     grid = InProcessGrid({100 + p: partial(serve, partition=p, num_partitions=CLIENTS, node=node)
                           for p in range(CLIENTS)})
-    return fedbiscuit.context(Messenger(grid, timeout=60), cfg, instantiate(cfg.task.selector, seed=cfg.task.seed))
+    return fedbiscuit.context(Messenger(grid, timeout=60), cfg, instantiate(cfg.task.selector, seed=cfg.task.seed),
+                              PrivacyPlan.fresh(cfg))
 
 
 def _aggregate(ctx, partition: int) -> np.ndarray:

@@ -21,6 +21,7 @@ from conftest import data_root_override
 from fedsim.config.compose import compose
 from fedsim.message_keys import PARTITION_ID, RAY_NODE
 from fedsim.privacy.he import messages as he_keys
+from fedsim.privacy.plan import PrivacyPlan
 from fedsim.run.tls import Certificates, make_federation, partition_keys
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.journal import NODE_KEYS_ENV, WHOAMI
@@ -31,7 +32,7 @@ from fedsim_clients import fede4rag_messages as rag
 from fedsim_clients import fedtp_messages as tp
 from fedsim_clients import preference_messages as pref
 from fedsim_experiments import fedbiscuit, fede4rag, fedtp
-from fedsim_experiments.common import discover
+from fedsim_experiments.common import build_strategy, discover
 from fedsim_strategies.test_he_fedavg import VectorClient
 
 DATA = data_root_override()
@@ -72,7 +73,8 @@ def _fedtp_context(handlers) -> fedtp.Context:
     hosted = {n: ConfigRecord({tp.INFO_SPLITS: ["valid_freq"], tp.INFO_ROWS: [n - 1]}) for n in handlers}
     task = {**OmegaConf.to_container(cfg.task, resolve=True), "prior_splits": ["valid_freq"],
             "tune_splits": ["valid_freq"]}
-    return fedtp.Context(messenger, cfg, client_config(cfg), task, fedtp.dp_strategy(cfg, messenger), hosted)
+    strategy = build_strategy(cfg, PrivacyPlan.fresh(cfg), len(messenger.node_ids()))
+    return fedtp.Context(messenger, cfg, client_config(cfg), task, strategy, hosted)
 
 
 def _prior(hostile=None):
@@ -152,7 +154,8 @@ def _preference_context(handlers, *overrides) -> fedbiscuit.Context:
     base = client_config(cfg)
     nodes, records = discover(messenger, base)
     info = {p: {k: r[k] for k in (pref.NUM_EXAMPLES, pref.NUM_VALID, pref.POPULATION)} for p, r in records.items()}
-    return fedbiscuit.Context(messenger, cfg, base, nodes, info, None, {"w": np.zeros(2, np.float32)})
+    return fedbiscuit.Context(messenger, cfg, base, nodes, info, None, {"w": np.zeros(2, np.float32)},
+                              plan=PrivacyPlan.fresh(cfg))
 
 
 def _fedbis(train=None, **overrides) -> tuple[np.ndarray, dict, dict]:
@@ -421,7 +424,7 @@ def _he_run(tmp_path, hostile=None):
                for n in range(1, HOSTILE + 1)}
     messenger = messenger_of(clients)
     ctx = fede4rag.Context(messenger, cfg, client_config(cfg), *fede4rag._discover(messenger, client_config(cfg)),
-                           budget=1)
+                           budget=1, plan=PrivacyPlan.fresh(cfg))
     spec = OmegaConf.create({"run": "fedsim_experiments.fede4rag.federated", "he": True, "kd_weight": 0.0})
     fede4rag.federated(ctx, "fede4rag", spec)
     return clients[1].he.global_weights(1), vectors, messenger.faults["fede4rag/train"][1]

@@ -40,6 +40,7 @@ from test_reply_attacks import (
 from test_sharded_grid import tampering_supernodes
 
 from fedsim.config.compose import compose
+from fedsim.privacy.plan import PrivacyPlan
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.journal import WHOAMI
 from fedsim.runtime.messaging import ANY, Messenger, PhaseFailed, Policy
@@ -422,7 +423,7 @@ def _rag_drive(run, hostile_node: int = HOSTILE, discovered: bool = True):
         if not discovered:
             return Outcome(fede4rag._discover(messenger, {})[1], messenger)
         nodes, info = fede4rag._discover(Messenger(InProcessGrid(handlers), timeout=5), {})
-        ctx = fede4rag.Context(messenger, cfg, {}, nodes, info, budget=4)
+        ctx = fede4rag.Context(messenger, cfg, {}, nodes, info, budget=4, plan=PrivacyPlan.fresh(cfg))
         return Outcome(run(ctx), messenger)
     return drive
 
@@ -479,7 +480,7 @@ def _he_drive(tmp_path_factory, floats: int):
         handlers = _with_hostile(clients, send)
         messenger = Messenger(InProcessGrid(handlers), timeout=5)
         ctx = fede4rag.Context(messenger, cfg, {}, *fede4rag._discover(Messenger(InProcessGrid(clients), 5), {}),
-                               budget=1)
+                               budget=1, plan=PrivacyPlan.fresh(cfg))
         fede4rag.federated(ctx, "he", spec)
         return Outcome(clients[1].he.global_weights(1), messenger)
     return drive
@@ -535,7 +536,8 @@ def _dtre_drive(run, discovered: bool = True):
         honest = {n: _dialogue_node(n - 1) for n in range(1, HOSTILE + 1)}
         nodes, info = discover(Messenger(InProcessGrid(honest), 5), {})
         ctx = feddtre.Context(messenger, cfg, {}, nodes, {p: dict(i) for p, i in info.items()},
-                              feddtre.check(cfg), {"persona_chat": None}, "unused", INITIAL)
+                              feddtre.check(cfg), {"persona_chat": None}, "unused", INITIAL,
+                              plan=PrivacyPlan.fresh(cfg))
         return Outcome(run(ctx), messenger)
     return drive
 
