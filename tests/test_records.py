@@ -65,10 +65,10 @@ def page_variables(pages=PAGES) -> dict[str, str | None]:
 
 
 def dig(value, path: str):
-    """The value at a dotted path (a list index is a number)."""
+    """The value at a dotted path (a list or tuple index is a number)."""
     for key in path.split("."):
         try:
-            value = value[int(key)] if isinstance(value, list) else value[key]
+            value = value[int(key)] if isinstance(value, (list, tuple)) else value[key]  # a primary CI: a tuple
         except (KeyError, IndexError, ValueError, TypeError):
             raise MarkerError(f"no {path!r} (at {key!r})") from None
     return value

@@ -18,7 +18,7 @@ PACKAGES = ["fedsim", "fedsim_clients", "fedsim_tasks", "fedsim_strategies", "fe
 KEYS = {  # what a declared key takes in a run: 3 rounds (and round 0, discovery), 50 clients
     "round": range(4), "partition": range(50), "dataset": ["persona_chat", "cmu_dog", "wizard_of_wikipedia"],
     "message_type": ["train", "evaluate", "query"], "document": ["3M_2018_10K", "BOEING_2022_10K", "PEPSICO_2023_8K"],
-    "n": [1, 2, 4, 8],
+    "n": [1, 2, 4, 8], "frequency": ["freq", "rare"],
 }
 
 

@@ -17,6 +17,7 @@ class TopicalChatSettings(TaskSettings):
     tune_splits: list[str]
     test_splits: list[str]
     max_per_split: int | None
+    split_seed: int | None
 
 
 @dataclass(frozen=True, kw_only=True)
