@@ -17,7 +17,8 @@ from fedsim.run import cli, provenance
 from fedsim.run.config import CONF_DIR
 from fedsim.run.schema import sweep_settings
 from fedsim.runtime.server_app import faults_section
-from fedsim_experiments import fede4rag_kd_sweep, fedtp
+from fedsim_experiments.fede4rag import kd_sweep as fede4rag_kd_sweep
+from fedsim_experiments.fedtp import protocol as fedtp
 
 # a float printed with more than 6 decimals, or a Python dict / list of dicts printed raw
 RAW = re.compile(r"\d\.\d{7,}|\{'|\[\{|': ")

@@ -7,7 +7,7 @@ two centrally trained references that see clients' pairs (non-private): ``centra
 ``central`` (every client's pairs). Every selector is scored on the held-out test pairs for the
 majority and the minority preference.
 
-Then the RLHF phase (``fedsim_experiments/fedbiscuit_rlhf.py``): the selectors label completions of a base
+Then the RLHF phase (``fedsim_experiments/fedbiscuit/rlhf.py``): the selectors label completions of a base
 policy, DPO aligns it, and a judge trained on held-out pairs only scores it against the base.
 
 Each method is a function named by ``run`` in ``protocol.methods`` (no dispatcher here).
@@ -33,7 +33,7 @@ from fedsim.runtime.seeding import stream
 from fedsim.runtime.validators import Validator
 from fedsim_clients import preference_messages as keys
 from fedsim_experiments.common import RunContext, base_line, discover
-from fedsim_experiments.fedbiscuit_rlhf import RLHF, run_rlhf
+from fedsim_experiments.fedbiscuit.rlhf import RLHF, run_rlhf
 from fedsim_strategies.selector_groups import SelectorGroups, majority_vote
 from fedsim_tasks.hh_preference.dataset import Federation
 from fedsim_tasks.hh_preference.selector import choices
@@ -58,7 +58,7 @@ class FedBiscuitProtocol(Protocol):
     methods: dict[str, Any]
     """name -> {run: runner function, ...its settings}, in run order"""
     rlhf: RLHF
-    """the policy phase (``fedsim_experiments/fedbiscuit_rlhf.py``)"""
+    """the policy phase (``fedsim_experiments/fedbiscuit/rlhf.py``)"""
 
     def __post_init__(self):
         if self.client_weights not in WEIGHT_KEYS:

@@ -19,9 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedsim.results.outputs import RunOutput, markdown_table, plain_log_scale
 from fedsim.runtime.messaging import Messenger, client_config
-from fedsim_experiments import fede4rag
-from fedsim_experiments.fede4rag_report import scored_in
-from fedsim_experiments.fede4rag_schema import FedE4RAGProtocol
+from fedsim_experiments.fede4rag import protocol as fede4rag
+from fedsim_experiments.fede4rag.report import scored_in
+from fedsim_experiments.fede4rag.settings import FedE4RAGProtocol
 
 log = logging.getLogger("fedsim")
 
@@ -81,7 +81,7 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput) -> tuple[dict, st
         cell_cfg = OmegaConf.merge(cfg, {"num_rounds": rounds, "protocol": {"local_steps": steps}})
         ctx = fede4rag.Context(messenger, cell_cfg, base, nodes, info, budget, initial)
         name = cell_name(steps, kd)
-        spec = {"run": "fedsim_experiments.fede4rag.federated", "kd_weight": float(kd), "he": bool(p.he),
+        spec = {"run": "fedsim_experiments.fede4rag.protocol.federated", "kd_weight": float(kd), "he": bool(p.he),
                 "local_models": kd > 0}
         cell = fede4rag.train_and_evaluate(ctx, name, OmegaConf.create(spec))
         results["cells"][name] = {"local_steps": int(steps), "num_rounds": rounds,

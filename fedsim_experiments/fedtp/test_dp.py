@@ -8,7 +8,7 @@ from flwr.app import ConfigRecord
 from fedsim.privacy.dp import NoiseSource, clip_rows
 from fedsim.run.config import compose
 from fedsim.run.schema import check
-from fedsim_experiments.fedtp import check_records, sweep_priors
+from fedsim_experiments.fedtp.protocol import check_records, sweep_priors
 from fedsim_strategies.dp_mean import DPMean
 
 

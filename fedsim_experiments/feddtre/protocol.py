@@ -37,7 +37,7 @@ from fedsim.runtime.records import from_record, to_bytes, to_record
 from fedsim.runtime.seeding import stream
 from fedsim_clients import feddtre_messages as keys
 from fedsim_experiments.common import RunContext, build_strategy, discover, innermost
-from fedsim_experiments.feddtre_report import (
+from fedsim_experiments.feddtre.report import (
     alpha_rows,
     alpha_vs_gap,
     communication,
@@ -45,7 +45,7 @@ from fedsim_experiments.feddtre_report import (
     spread,
     summary,
 )
-from fedsim_experiments.feddtre_schema import BASE_HELDOUT_SPLIT, BASE_TRAIN_SPLITS, FedDTREProtocol, Generator
+from fedsim_experiments.feddtre.settings import BASE_HELDOUT_SPLIT, BASE_TRAIN_SPLITS, FedDTREProtocol, Generator
 from fedsim_tasks.causal_lm import load_policy, load_tokenizer, saved_sft_base, turn_separator
 from fedsim_tasks.dialogue.dataset import DialogueTask, answer_sample, contamination, examples, load_tasks, topical_chat
 from fedsim_tasks.dialogue.metrics import REPLY_METRICS, reply_scores

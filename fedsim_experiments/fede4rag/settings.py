@@ -1,6 +1,6 @@
 """FedE4RAG's settings: the protocol block of ``conf/experiment/fede4rag_paper.yaml`` typed and
 checked before a run, and what an evaluation scores under them. The protocol that uses them is
-``fedsim_experiments/fede4rag.py``; its tables and plots ``fedsim_experiments/fede4rag_report.py``.
+``fedsim_experiments/fede4rag/protocol.py``; its tables and plots ``fedsim_experiments/fede4rag/report.py``.
 """
 
 from __future__ import annotations

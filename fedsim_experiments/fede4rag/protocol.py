@@ -39,9 +39,9 @@ from fedsim.runtime.messaging import ANY, Messenger, PhaseFailed, Policy, client
 from fedsim.runtime.records import from_record
 from fedsim.runtime.validators import Validator
 from fedsim_clients import fede4rag_messages as keys
-from fedsim_experiments import fede4rag_report as report
 from fedsim_experiments.common import RunContext, build_strategy, discover
-from fedsim_experiments.fede4rag_schema import scored, splits
+from fedsim_experiments.fede4rag import report
+from fedsim_experiments.fede4rag.settings import scored, splits
 from fedsim_strategies.client_spread import ClientSpread, model_spread
 from fedsim_strategies.lora_product import LoraProductAvg
 from fedsim_tasks.financebench_rag.dataset import client_documents

@@ -17,7 +17,7 @@ from fedsim.results.comparison import flatten
 from fedsim.run.config import compose
 from fedsim.run.data import resolve_data_root
 from fedsim.run.schema import check
-from fedsim_experiments.fedtp import audit_releases, noise_checks, sweep_releases
+from fedsim_experiments.fedtp.protocol import audit_releases, noise_checks, sweep_releases
 from fedsim_strategies.conftest import NodeIds, _run_identity  # noqa: F401 (fixture: messages outside a run)
 from fedsim_strategies.dp_mean import DPMean
 from fedsim_tasks.topical_chat.dataset import load_conversations, load_topics, local_preference

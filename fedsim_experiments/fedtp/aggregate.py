@@ -18,7 +18,7 @@ from fedsim.run.schema import layout
 from fedsim.runtime.messaging import Messenger, client_config
 from fedsim_clients import fedtp_messages as keys
 from fedsim_clients.topic_preference import hosted_rows
-from fedsim_experiments.fedtp import dp_strategy, prior_policy
+from fedsim_experiments.fedtp.protocol import dp_strategy, prior_policy
 from fedsim_tasks.topical_chat.dataset import load_topics, row_splits
 
 

@@ -1,5 +1,5 @@
 """FedE4RAG's report: the tables of ``summary.md`` and the plot, from a run's results (the
-protocol that produced them: ``fedsim_experiments/fede4rag.py``)."""
+protocol that produced them: ``fedsim_experiments/fede4rag/protocol.py``)."""
 
 from __future__ import annotations
 
