@@ -15,7 +15,7 @@
    and sends back metrics only: their spread over clients and the paired gains.
 With ``task.contamination``, the contaminated clients' alphas, trust scores and PII rates are
 set beside the clean clients'.
-Settings and checks: ``feddtre_schema.py``; tables and plots: ``feddtre_report.py``.
+Settings and checks: ``settings.py``; tables and plots: ``report.py``.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ company's model is the global one.
 
 Each method is a function named by ``run`` in ``protocol.methods`` (no dispatcher here). This
 module reads top down: the run, one method's training and evaluation, the runners, the
-evaluation, then the plumbing (context, messages). Settings: ``fede4rag_schema.py``; tables and
-plots: ``fede4rag_report.py``.
+evaluation, then the plumbing (context, messages). Settings: ``settings.py``; tables and
+plots: ``report.py``.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
     he = {"_target_": "fedsim_strategies.he_fedavg.HEFedAvg", "chunk_floats": ctx.cfg.protocol.he_chunk_floats,
           "one_trip": bool(spec.get("one_trip", True))} if spec.he else None
     strategy = build_strategy(ctx.cfg, ctx.messenger, len(ctx.nodes), he=he)
-    if spec.get("lora_aggregation", "factors") == "product":  # plaintext only: fede4rag_schema checks
+    if spec.get("lora_aggregation", "factors") == "product":  # plaintext only: settings.py checks
         strategy = LoraProductAvg(strategy)
     local = f"retriever-{name}" if spec.get("local_models", False) else None
     if spec.he or ctx.cfg.privacy.kind == "he":
