@@ -39,7 +39,7 @@ LORA = ["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]",
         "task.corpus_pages_per_doc=8", "task.embedding_cache=null", "num_rounds=1",
         "protocol.local_steps=2", "protocol.batch_size=4", "protocol.eval_pages_per_message=64",
         "~protocol.methods",
-        "+protocol.methods={fede4rag: {run: fedsim_experiments.fede4rag.federated, kd_weight: 1.0, he: true}}"]
+        "+protocol.methods={fede4rag: {run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: 1.0, he: true}}"]
 TASKS = {"fedtp": FEDTP, "lora": LORA}
 
 

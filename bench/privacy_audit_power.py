@@ -32,7 +32,7 @@ from fedsim.privacy.dp import NoiseSource
 from fedsim.privacy.plan import PrivacyPlan
 from fedsim.results.outputs import markdown_table
 from fedsim_clients.fedtp_messages import VECTORS
-from fedsim_experiments.fedtp import audit_releases
+from fedsim_experiments.fedtp.protocol import audit_releases
 from fedsim_strategies.dp_mean import DPMean
 from fedsim_tasks.topical_chat.dataset import load_conversations, load_topics, local_preference
 

@@ -56,7 +56,7 @@ def test_a_key_without_a_value_is_refused_before_anything_starts():
 
 
 def test_unknown_protocol_callable():
-    code, log = fedsim_refusal("protocol.run=fedsim_experiments.fedtp.rnu")
+    code, log = fedsim_refusal("protocol.run=fedsim_experiments.fedtp.protocol.rnu")
     assert code == 2 and "protocol.run does not resolve" in log
 
 

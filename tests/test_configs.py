@@ -31,7 +31,7 @@ def test_experiment_composes_and_fits_its_schema(experiment):
 def test_a_preset_turns_off_datasets_and_methods_with_null():
     """feddtre_seeds keeps Synthetic-Persona-Chat and three methods; what it sets to null is
     neither loaded nor run, and the base generator's seed is fixed for every run seed."""
-    from fedsim_experiments.feddtre import check as feddtre_check
+    from fedsim_experiments.feddtre.protocol import check as feddtre_check
     from fedsim_tasks.dialogue.dataset import load_tasks
 
     cfg = compose(["experiment=feddtre_seeds", data_root_override(), "task.max_conversations=20",
@@ -47,7 +47,7 @@ def test_a_preset_turns_off_datasets_and_methods_with_null():
 
 def test_a_method_name_with_a_dot_is_refused_before_the_run():
     """A dotted name would split its results path (methods.<name>.<dataset>) and its overrides."""
-    from fedsim_experiments.feddtre import check as feddtre_check
+    from fedsim_experiments.feddtre.protocol import check as feddtre_check
 
     cfg = compose(["experiment=feddtre_seeds"])
     with open_dict(cfg):

@@ -87,7 +87,7 @@ def _run_identity():
 def test_feddtre_clients_reply_the_same_whatever_the_process_served_before(tmp_path):
     cfg = compose([*FEDDTRE, DATA, "protocol.generator.base_sft_steps=0",
                    f"protocol.generator.base_dir={tmp_path / 'gen'}", f"client_state.dir={tmp_path / 'state'}"])
-    from fedsim_experiments.feddtre import base_generator
+    from fedsim_experiments.feddtre.protocol import base_generator
     from fedsim_tasks.causal_lm import load_policy
     from fedsim_tasks.hf import trainable_arrays
     g = check(cfg).generator

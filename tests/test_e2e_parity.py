@@ -30,7 +30,7 @@ LORA = ["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]", 
         "task.n_valid=4", "task.n_test=6", "task.corpus_pages_per_doc=4", "task.embedding_cache=null",
         "num_rounds=1", "protocol.local_steps=2", "protocol.batch_size=4", "protocol.eval_pages_per_message=40",
         "protocol.eval_local=false", "~protocol.methods",
-        "+protocol.methods={fedavg: {run: fedsim_experiments.fede4rag.federated, kd_weight: 0.0, he: false}}",
+        "+protocol.methods={fedavg: {run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: 0.0, he: false}}",
         "seed=7"]
 MACHINE = {"timings", "provenance", "checkpoint"}
 

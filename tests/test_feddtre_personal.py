@@ -30,7 +30,7 @@ from fedsim.config.node_local import from_run
 from fedsim.results.outputs import RunOutput
 from fedsim.runtime import server_app
 from fedsim.runtime.inprocess_grid import InProcessGrid
-from fedsim_experiments import feddtre
+from fedsim_experiments.feddtre import protocol as feddtre
 
 DATA = data_root_override()
 
@@ -52,7 +52,7 @@ SLICE = ["experiment=feddtre_paper", DATA, f"task.num_clients={CLIENTS}",
          f"protocol.clients_per_round={CLIENTS}", "protocol.evaluator.rounds=1",
          f"protocol.evaluator.clients_per_round={CLIENTS}", "protocol.evaluator.local_steps=4",
          "protocol.evaluator.heldout_contexts=5", f"num_rounds={ROUNDS}", "~protocol.methods",
-         f"+protocol.methods={{feddtre: {{run: fedsim_experiments.feddtre.federated, strategy: {FEDDTRE}}}}}"]
+         f"+protocol.methods={{feddtre: {{run: fedsim_experiments.feddtre.protocol.federated, strategy: {FEDDTRE}}}}}"]
 
 
 def play(cfg, clients: int) -> dict:

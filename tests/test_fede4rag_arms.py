@@ -27,8 +27,8 @@ from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.messaging import Messenger
 from fedsim.runtime.records import from_record
 from fedsim_clients import fede4rag_messages as keys
-from fedsim_experiments import fede4rag
-from fedsim_experiments import fede4rag_report as report
+from fedsim_experiments.fede4rag import protocol as fede4rag
+from fedsim_experiments.fede4rag import report
 from fedsim_tasks.financebench_rag.dataset import client_documents, load_documents, load_questions, owners
 from fedsim_tasks.financebench_rag.train import frozen_copy, train_encoder
 from fedsim_tasks.hf import build_encoder

@@ -29,7 +29,7 @@ from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.messaging import ANY, Messenger, Policy
 from fedsim.runtime.records import from_record, to_record
 from fedsim_clients.preference import PreferenceClient
-from fedsim_experiments import fedbiscuit
+from fedsim_experiments.fedbiscuit import protocol as fedbiscuit
 from fedsim_strategies.he_fedavg import HEFedAvg
 from fedsim_tasks.test_causal_lm import encoder_dir  # noqa: F401 (fixture: the tiny BERT selector)
 

@@ -31,8 +31,10 @@ from fedsim.runtime.sharded_grid import LAYOUT, SHARD, ShardedGrid
 from fedsim_clients import fede4rag_messages as rag
 from fedsim_clients import fedtp_messages as tp
 from fedsim_clients import preference_messages as pref
-from fedsim_experiments import fedbiscuit, fede4rag, fedtp
 from fedsim_experiments.common import build_strategy, discover
+from fedsim_experiments.fedbiscuit import protocol as fedbiscuit
+from fedsim_experiments.fede4rag import protocol as fede4rag
+from fedsim_experiments.fedtp import protocol as fedtp
 from fedsim_strategies.test_he_fedavg import VectorClient
 
 DATA = data_root_override()
@@ -162,7 +164,7 @@ def _fedbis(train=None, **overrides) -> tuple[np.ndarray, dict, dict]:
     handlers = {n: _preference_client(n - 1, float(n)) for n in range(1, HONEST + 1)}
     handlers[HOSTILE] = _preference_client(HOSTILE - 1, 2.0, train=train)
     ctx = _preference_context(handlers)
-    out = fedbiscuit.fedbis(ctx, "fedbis", OmegaConf.create({"run": "fedsim_experiments.fedbiscuit.fedbis"}))
+    out = fedbiscuit.fedbis(ctx, "fedbis", OmegaConf.create({"run": "fedsim_experiments.fedbiscuit.protocol.fedbis"}))
     return out["selectors"][0]["w"], out["details"]["rounds"], ctx.messenger.faults["fedbis/train"]
 
 
@@ -212,7 +214,7 @@ def _fedbiscuit(train=None, report=None):
     handlers = {n: _preference_client(n - 1, float(n)) for n in range(1, HONEST + 1)}
     handlers[HOSTILE] = _preference_client(HOSTILE - 1, 10.0, train=train, report=report)
     ctx = _preference_context(handlers)
-    spec = OmegaConf.create({"run": "fedsim_experiments.fedbiscuit.fedbiscuit", "num_selectors": 1})
+    spec = OmegaConf.create({"run": "fedsim_experiments.fedbiscuit.protocol.fedbiscuit", "num_selectors": 1})
     out = fedbiscuit.fedbiscuit(ctx, "fedbiscuit_u1", spec)
     return out["selectors"][0]["w"], ctx.messenger.faults
 
@@ -425,7 +427,7 @@ def _he_run(tmp_path, hostile=None):
     messenger = messenger_of(clients)
     ctx = fede4rag.Context(messenger, cfg, client_config(cfg), *fede4rag._discover(messenger, client_config(cfg)),
                            budget=1, plan=PrivacyPlan.fresh(cfg))
-    spec = OmegaConf.create({"run": "fedsim_experiments.fede4rag.federated", "he": True, "kd_weight": 0.0})
+    spec = OmegaConf.create({"run": "fedsim_experiments.fede4rag.protocol.federated", "he": True, "kd_weight": 0.0})
     fede4rag.federated(ctx, "fede4rag", spec)
     return clients[1].he.global_weights(1), vectors, messenger.faults["fede4rag/train"][1]
 

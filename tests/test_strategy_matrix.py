@@ -49,8 +49,11 @@ from fedsim.runtime.messaging import Messenger, client_config
 from fedsim.runtime.records import from_record, to_bytes
 from fedsim.runtime.server_app import seed_server
 from fedsim_clients import fedtp_messages as keys
-from fedsim_experiments import fedbiscuit, feddtre, fede4rag, fedtp
 from fedsim_experiments.common import build_strategy
+from fedsim_experiments.fedbiscuit import protocol as fedbiscuit
+from fedsim_experiments.feddtre import protocol as feddtre
+from fedsim_experiments.fede4rag import protocol as fede4rag
+from fedsim_experiments.fedtp import protocol as fedtp
 from fedsim_tasks.causal_lm import load_policy
 from fedsim_tasks.test_causal_lm import encoder_dir  # noqa: F401 (fixture: the tiny BERT of every model here)
 from fedsim_tasks.topical_chat.dataset import load_topics

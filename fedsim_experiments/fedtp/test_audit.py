@@ -18,7 +18,7 @@ from fedsim.privacy.audit import PrivacyAuditFailed
 from fedsim.privacy.dp import NON_NEGATIVE, NoiseSource, clip_rows, release_epsilon
 from fedsim.privacy.plan import PrivacyPlan
 from fedsim.results.comparison import flatten
-from fedsim_experiments.fedtp import audit_releases, noise_checks, sweep_releases
+from fedsim_experiments.fedtp.protocol import audit_releases, noise_checks, sweep_releases
 from fedsim_strategies.conftest import NodeIds, _run_identity  # noqa: F401 (fixture: messages outside a run)
 from fedsim_strategies.dp_mean import DPMean
 from fedsim_tasks.topical_chat.dataset import load_conversations, load_topics, local_preference

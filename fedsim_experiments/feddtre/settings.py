@@ -1,5 +1,5 @@
 """FedDTRE's settings (``protocol`` of ``conf/experiment/feddtre_*.yaml``) and the checks that
-refuse a wrong combination before the run; the protocol itself is ``fedsim_experiments/feddtre.py``."""
+refuse a wrong combination before the run; the protocol itself is ``fedsim_experiments/feddtre/protocol.py``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from fedsim_tasks.dialogue.dataset import DialogueTask, load_tasks, topical_chat
 from fedsim_tasks.dp_sgd import DPSGD
 
 SCORING = {"heldout", "trust"}  # where a FedDTRE client's trust scores come from (protocol.generator.scoring)
-FEDERATED_RUNNER = "fedsim_experiments.feddtre.federated"  # the runner of every federated method
+FEDERATED_RUNNER = "fedsim_experiments.feddtre.protocol.federated"  # the runner of every federated method
 BASE_TRAIN_SPLITS, BASE_HELDOUT_SPLIT = ("valid_freq", "valid_rare"), "test_freq"  # Topical-Chat, the base's corpus
 
 

@@ -10,7 +10,7 @@ from fedsim.config.schema import check
 from fedsim.privacy.dp import NoiseSource, clip_rows
 from fedsim.privacy.plan import PrivacyPlan
 from fedsim_experiments.common import build_strategy
-from fedsim_experiments.fedtp import check_records, sweep_priors
+from fedsim_experiments.fedtp.protocol import check_records, sweep_priors
 from fedsim_strategies.dp_mean import DPMean
 
 

@@ -9,29 +9,19 @@ a peer's round is timed; the evaluation of the test turns is left out everywhere
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from flwr.app import ArrayRecord, MetricRecord
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim.config.schema import Protocol, layout, require
+from fedsim.config.schema import layout
 from fedsim.privacy.plan import PrivacyPlan
-from fedsim.results.outputs import RunOutput, markdown_table
+from fedsim.results.outputs import RunOutput
 from fedsim.runtime.messaging import Messenger, client_config
 from fedsim.runtime.records import from_record, to_record
 from fedsim_clients import turn_sentiment_messages as keys
 from fedsim_experiments.common import RunContext, discover
+from fedsim_experiments.turn_sentiment import report
 from fedsim_tasks.topical_chat.turn_sentiment import WEIGHT_NAMES, Recipe
-
-
-@dataclass(frozen=True, kw_only=True)
-class TurnSentimentProtocol(Protocol):
-    """Settings of ``conf/experiment/turn_sentiment_fedavg.yaml``."""
-    clients_per_round: int | None  # clients sampled per round (null: every client)
-
-    def __post_init__(self):
-        require(self.clients_per_round is None or self.clients_per_round >= 1, "protocol.clients_per_round",
-                ">= 1 (null: every client)", self.clients_per_round)
 
 
 class RoundClock:
@@ -70,6 +60,4 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput, plan: PrivacyPlan
                "clients_per_round": per_round, "rounds": int(cfg.num_rounds), "round_seconds": clock.seconds,
                "seconds_per_round": sum(clock.seconds) / max(len(clock.seconds), 1),
                **{k: clock.curve[-1][k] for k in ("accuracy", "loss")}, "curve": clock.curve}
-    table = markdown_table([results], ["clients", "supernodes", "clients_per_round", "rounds", "seconds_per_round",
-                                       "accuracy", "loss"])
-    return results, f"# {cfg.protocol.name}\n\n{table}\n"
+    return results, report.summary(results)

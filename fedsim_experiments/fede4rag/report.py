@@ -1,9 +1,9 @@
-"""FedE4RAG's report: the tables of ``summary.md`` and the plot, from a run's results (the
-protocol that produced them: ``fedsim_experiments/fede4rag.py``)."""
+"""FedE4RAG's report: the tables of ``summary.md`` and the plots, from a run's results (the
+protocols that produced them: ``fedsim_experiments/fede4rag/protocol.py`` and ``kd_sweep.py``)."""
 
 from __future__ import annotations
 
-from fedsim.results.outputs import RunOutput, markdown_table
+from fedsim.results.outputs import RunOutput, markdown_table, plain_log_scale
 
 
 def scored_in(method: dict) -> list[str]:
@@ -112,3 +112,53 @@ def plot(r: dict, out: RunOutput) -> None:
     ax.set_title("FinanceBench retrieval by method")
     ax.legend(fontsize=7)
     save()
+
+
+TERMS = ("infonce", "kd", "kd-first", "client-distance", "update-norm", "relative-distance")
+
+
+def _last_round(cell: dict) -> dict:
+    rounds = cell.get("rounds", {})
+    return rounds[max(rounds)] if rounds else {}
+
+
+def kd_sweep_summary(r: dict, out: RunOutput) -> str:
+    every = {**r["methods"], **r["cells"]}
+    labels = scored_in(next(iter(every.values())))
+    rows = []
+    for name, m in every.items():
+        row = {"cell": name, "steps x rounds": f"{m['local_steps']} x {m['num_rounds']}"
+               if "local_steps" in m else "-", "kd weight": m.get("kd_weight", "-")}
+        for label in labels:
+            row |= {f"{label} {k}": m[label][k] for k in ("ndcg@10", "hit@1", "hit@10")}
+        last = _last_round(m) if "local_steps" in m else {}
+        row |= {t: f"{last[t]:.3g}" if t in last else "" for t in TERMS}
+        rows.append(row)
+    columns = list(rows[0])
+    first = next(iter(every.values()))
+    corpora = "; ".join(f"{label}: {first[label]['questions']} questions, "
+                        f"{first[label]['corpus_pages']} pages" for label in labels)
+    kd_sweep_plot(r, out)
+    return (f"# FedE4RAG: local steps x KD weight\n\n{r['budget_steps_per_client']} optimizer steps "
+            f"per client in every cell ({corpora}; `-filing`: each question searches its own "
+            f"filing). Last round's means over the clients' steps: InfoNCE, KD term (unweighted; "
+            f"kd-first: the first step's, same weights as the teacher), client distance (mean "
+            f"L2 of each client's weights to their average), update norm, their ratio.\n\n"
+            + markdown_table(rows, columns) + "\n")
+
+
+def kd_sweep_plot(r: dict, out: RunOutput) -> None:
+    """Per cell, by optimizer steps done: the KD term and the client distance each round."""
+    for term, what in (("kd", "KD term (mean over the round's steps)"),
+                       ("client-distance", "client distance (mean L2 to their average)")):
+        fig, ax, save = out.figure(f"{term}_by_round")
+        for name, cell in r["cells"].items():
+            rounds = sorted(cell.get("rounds", {}))
+            y = [cell["rounds"][k].get(term) for k in rounds]
+            if rounds and all(v is not None for v in y):
+                ax.plot([k * cell["local_steps"] for k in rounds], y, marker="o", label=name)
+        ax.set_xlabel("optimizer steps per client")
+        ax.set_ylabel(what)
+        plain_log_scale(ax)
+        ax.legend(fontsize=6)
+        save()

@@ -20,7 +20,7 @@ from fedsim.runtime.messaging import Messenger, client_config
 from fedsim_clients import fedtp_messages as keys
 from fedsim_clients.topic_preference import hosted_rows
 from fedsim_experiments.common import build_strategy
-from fedsim_experiments.fedtp import prior_policy
+from fedsim_experiments.fedtp.protocol import prior_policy
 from fedsim_tasks.topical_chat.dataset import load_topics, row_splits
 
 

@@ -15,7 +15,7 @@
    and sends back metrics only: their spread over clients and the paired gains.
 With ``task.contamination``, the contaminated clients' alphas, trust scores and PII rates are
 set beside the clean clients'.
-Settings and checks: ``feddtre_schema.py``; tables and plots: ``feddtre_report.py``.
+Settings and checks: ``settings.py``; tables and plots: ``report.py``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from fedsim.runtime.records import from_record, to_bytes, to_record
 from fedsim.seeding import stream
 from fedsim_clients import feddtre_messages as keys
 from fedsim_experiments.common import RunContext, build_strategy, discover, innermost
-from fedsim_experiments.feddtre_report import (
+from fedsim_experiments.feddtre.report import (
     alpha_rows,
     alpha_vs_gap,
     communication,
@@ -46,7 +46,7 @@ from fedsim_experiments.feddtre_report import (
     spread,
     summary,
 )
-from fedsim_experiments.feddtre_schema import BASE_HELDOUT_SPLIT, BASE_TRAIN_SPLITS, FedDTREProtocol, Generator
+from fedsim_experiments.feddtre.settings import BASE_HELDOUT_SPLIT, BASE_TRAIN_SPLITS, FedDTREProtocol, Generator
 from fedsim_tasks.causal_lm import load_policy, load_tokenizer, saved_sft_base, turn_separator
 from fedsim_tasks.dialogue.dataset import DialogueTask, answer_sample, contamination, examples, load_tasks, topical_chat
 from fedsim_tasks.dialogue.metrics import REPLY_METRICS, reply_scores

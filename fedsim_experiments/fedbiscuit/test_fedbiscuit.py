@@ -11,8 +11,9 @@ import torch
 from omegaconf import OmegaConf
 
 from fedsim.config.compose import compose
-from fedsim_experiments.fedbiscuit import evaluate_selectors
-from fedsim_experiments.fedbiscuit_rlhf import DPO_TRAINING, RLHF, judges, reward_hacking
+from fedsim_experiments.fedbiscuit.protocol import evaluate_selectors
+from fedsim_experiments.fedbiscuit.rlhf import DPO_TRAINING, judges, reward_hacking
+from fedsim_experiments.fedbiscuit.settings import RLHF
 from fedsim_tasks.causal_lm import dpo_train, generate, load_policy, load_tokenizer
 from fedsim_tasks.hf import trainable_arrays
 from fedsim_tasks.hh_preference.dataset import Federation, load_pairs
@@ -77,7 +78,7 @@ def test_the_minority_judge_scores_the_policy_reply_against_the_base_reply():
     """versus() and hacking_point() give the minority judge the policy's reply as A and the
     base's as B: longer policy replies that HH's judge scores lower win for the length minority
     and lose for HH's judge (a swap of either argument fails this)."""
-    from fedsim_experiments.fedbiscuit_rlhf import versus
+    from fedsim_experiments.fedbiscuit.rlhf import versus
     from fedsim_tasks.hh_preference.rlhf import SecondCriterionJudge
     minority = SecondCriterionJudge(np.inf, "longer")
     policy = (np.array([0.0, 0.0, 0.0]), ["a much longer reply here", "also a long reply", "long one too"])
@@ -169,7 +170,7 @@ def test_summary_shows_the_reward_hacking_curves_and_the_minority_rule(tmp_path)
     """The summary of a run with curves: their table and plot; the note that the minority's
     accuracy is derived only where the minority is HH reversed."""
     from fedsim.results.outputs import RunOutput
-    from fedsim_experiments.fedbiscuit import MINORITY_DERIVED, _summary
+    from fedsim_experiments.fedbiscuit.report import MINORITY_DERIVED, summary
     accuracy = {"accuracy_majority": 0.6, "accuracy_minority": 0.55, "accuracy": 0.58}
     curve = [{"steps": s, "proxy_win_rate": p, "judge_win_rate": j, "gap": p - j, "reply_words": 9.0,
               "mean_judge_reward": 0.1} for s, p, j in ((0, 0.5, 0.5), (60, 0.7, 0.55))]
@@ -183,11 +184,11 @@ def test_summary_shows_the_reward_hacking_curves_and_the_minority_rule(tmp_path)
                   "base": {"sft": {}}, "head_to_head": {},
                   "reward_hacking": {"fedbis": curve}}}
     out = RunOutput(tmp_path)
-    text = _summary(r, out)
+    text = summary(r, out)
     assert "## Reward hacking" in text and "| fedbis | 60 | 0.7" in text and MINORITY_DERIVED not in text
     assert "SecondCriterionJudge: 0.580 on the minority's labels" in text and "fedbis 0.610" in text
     assert (tmp_path / "reward_hacking.png").exists()
-    assert MINORITY_DERIVED in _summary({**r, "minority_preference": {"kind": "reversed"}}, out)
+    assert MINORITY_DERIVED in summary({**r, "minority_preference": {"kind": "reversed"}}, out)
 
 
 @pytest.mark.parametrize("override, message", [

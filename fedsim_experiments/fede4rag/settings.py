@@ -1,6 +1,6 @@
 """FedE4RAG's settings: the protocol block of ``conf/experiment/fede4rag_paper.yaml`` typed and
 checked before a run, and what an evaluation scores under them. The protocol that uses them is
-``fedsim_experiments/fede4rag.py``; its tables and plots ``fedsim_experiments/fede4rag_report.py``.
+``fedsim_experiments/fede4rag/protocol.py``; its tables and plots ``fedsim_experiments/fede4rag/report.py``.
 """
 
 from __future__ import annotations
@@ -81,3 +81,37 @@ def scored(cfg: DictConfig) -> list[str]:
     ``eval_per_filing`` within each question's own filing (``valid-filing``)."""
     corpora = ["", "-filing"] if cfg.protocol.eval_per_filing else [""]
     return [f"{s}{corpus}" for corpus in corpora for s in splits(cfg)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class KDSweepProtocol(FedE4RAGProtocol):
+    """The sweep's settings (``conf/experiment/fede4rag_kd_sweep.yaml``)."""
+    budget_steps: int  # optimizer steps per client in every cell (local_steps x rounds)
+    local_steps_grid: list[int]
+    """local steps per round of the cells; each must divide budget_steps"""
+    kd_weights: list[float]
+    """KD-GLE weights of the cells (0 = FedAvg)"""
+    he: bool           # aggregate the cells under CKKS (HEFedAvg): no client distance then
+
+    def he_methods(self) -> list[str]:
+        return [cell_name(s, k) for s in self.local_steps_grid for k in self.kd_weights] if self.he else []
+
+    def __post_init__(self):
+        super().__post_init__()  # eval_backend, eval_nodes
+        if self.budget_steps < 1:
+            raise ValueError(f"budget_steps must be >= 1, got {self.budget_steps}")
+        if not self.local_steps_grid or not self.kd_weights:
+            raise ValueError("local_steps_grid and kd_weights must name at least one value")
+        bad = [s for s in self.local_steps_grid if s < 1 or self.budget_steps % s]
+        if bad:
+            raise ValueError(f"local_steps_grid {bad}: each must be >= 1 and divide "
+                             f"budget_steps={self.budget_steps}")
+        if any(k < 0 for k in self.kd_weights):
+            raise ValueError(f"kd_weights must be >= 0, got {self.kd_weights}")
+        if len(set(self.local_steps_grid)) < len(self.local_steps_grid) or \
+                len(set(self.kd_weights)) < len(self.kd_weights):
+            raise ValueError("local_steps_grid and kd_weights must not repeat a value")
+
+
+def cell_name(steps: int, kd: float) -> str:
+    return f"steps{steps}_kd{kd:g}"

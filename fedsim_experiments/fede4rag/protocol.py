@@ -16,8 +16,8 @@ company's model is the global one.
 
 Each method is a function named by ``run`` in ``protocol.methods`` (no dispatcher here). This
 module reads top down: the run, one method's training and evaluation, the runners, the
-evaluation, then the plumbing (context, messages). Settings: ``fede4rag_schema.py``; tables and
-plots: ``fede4rag_report.py``.
+evaluation, then the plumbing (context, messages). Settings: ``settings.py``; tables and
+plots: ``report.py``.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from fedsim.runtime.messaging import ANY, Messenger, PhaseFailed, Policy, client
 from fedsim.runtime.records import from_record
 from fedsim.runtime.validators import Validator
 from fedsim_clients import fede4rag_messages as keys
-from fedsim_experiments import fede4rag_report as report
 from fedsim_experiments.common import RunContext, build_strategy, discover
-from fedsim_experiments.fede4rag_schema import scored, splits
+from fedsim_experiments.fede4rag import report
+from fedsim_experiments.fede4rag.settings import scored, splits
 from fedsim_strategies.client_spread import ClientSpread, model_spread
 from fedsim_strategies.lora_product import LoraProductAvg
 from fedsim_tasks.financebench_rag.dataset import client_documents
@@ -142,7 +142,7 @@ def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
     rounds, threads = int(ctx.cfg.num_rounds), _threads(ctx.cfg, len(ctx.nodes))
     he = {"chunk_floats": ctx.cfg.protocol.he_chunk_floats, "one_trip": bool(spec.get("one_trip", True))}
     strategy = build_strategy(ctx.cfg, ctx.plan, len(ctx.nodes), he=he if spec.he else None)
-    if spec.get("lora_aggregation", "factors") == "product":  # plaintext only: fede4rag_schema checks
+    if spec.get("lora_aggregation", "factors") == "product":  # plaintext only: settings.py checks
         strategy = LoraProductAvg(strategy)
     local = f"retriever-{name}" if spec.get("local_models", False) else None
     if spec.he or ctx.plan.he:

@@ -3,7 +3,7 @@
 import numpy as np
 
 from fedsim.results.stats import cluster_mean_ci, paired_bootstrap_ci
-from fedsim_experiments.fedtp import _paired_analyses
+from fedsim_experiments.fedtp.protocol import _paired_analyses
 
 
 def _turns(conversations: int, per: int) -> dict:

@@ -20,7 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +32,7 @@ from fedsim.results.stats import paired_bootstrap_ci
 from fedsim.runtime.records import from_record, to_record
 from fedsim.seeding import stream
 from fedsim_clients import preference_messages as keys
+from fedsim_experiments.fedbiscuit.settings import RLHF
 from fedsim_strategies.selector_groups import majority_vote
 from fedsim_tasks.causal_lm import (
     dpo_train,
@@ -60,60 +61,6 @@ log = logging.getLogger("fedsim")
 # completions per n, the selectors' DPO
 JUDGE_TRAINING, EVAL_SAMPLING = stream("judge-training"), stream("rlhf-eval-sampling")
 COMPLETIONS, DPO_TRAINING = stream("rlhf-completions", "n"), stream("rlhf-dpo-training")
-
-
-@dataclass(frozen=True, kw_only=True)
-class RLHF:
-    """Settings of the policy phase (``protocol.rlhf``)."""
-    enabled: bool           # run the policy phase after the selectors
-    server_threads: int     # torch threads of the server's policy work (more oversubscribe a shared CPU)
-    policy_model: str       # causal LM; BERT names load as the warm-started decoder
-    base_dir: str           # where the SFT'd base is saved once (clients read it)
-    sft_steps: int          # full fine-tuning steps of the base on SPC valid
-    sft_batch_size: int     # examples per SFT step
-    sft_lr: float           # AdamW learning rate of the base SFT
-    sft_heldout: int        # SPC test replies of the base's held-out loss
-    context_turns: int      # dialogue turns the policy reads before its reply
-    max_length: int         # tokens of prompt + reply (the prompt is cut from the left)
-    lora: dict
-    """LoRA adapters of every aligned policy (paper: r 8, alpha 16, dropout 0.05)"""
-    completions: list[int]  # n sampled completions per prompt
-    max_new_tokens: int     # reply length cap when sampling
-    temperature: float      # sampling temperature
-    top_p: float            # nucleus sampling
-    dpo_steps: int          # DPO steps of each selector-labelled policy
-    dpo_batch_size: int     # pairs per DPO step
-    dpo_lr: float           # AdamW learning rate of the adapters
-    beta: float             # DPO temperature
-    judge_steps: int        # optimizer steps of the judge reward model
-    eval_prompts: int       # held-out test prompts for win rates
-    bootstrap: int          # paired bootstrap resamples of each win rate
-    baseline_rounds: int    # rounds of the FedAvg (SFT) and FedDPO baselines
-    baseline_steps: int     # local steps per client and round of the baselines
-    selector_methods: list[str]
-    """selector methods whose labels align a policy (those that ran)"""
-    reference_method: str   # the other policies are compared with this one, prompt by prompt
-    hacking_steps: list[int]
-    """reward-hacking curves: cumulative DPO steps at which each selector-labelled policy is scored by its
-    labellers (the proxy) and by the judge (empty: no curves)"""
-    hacking_n: int          # the completions setting (one of ``completions``) whose labelled pairs train the curves
-    hacking_methods: list[str] | None
-    """the selector methods whose policies get curves (each a DPO run of max(hacking_steps)); null: every one"""
-    base_seed: int | None
-    """seed of the raw model's SFT; null: the run's. A fixed one gives every seed of a sweep the same raw
-    model, as the paper's seeds share one pretrained base"""
-
-    def __post_init__(self):
-        if self.hacking_steps and (self.hacking_n not in self.completions or min(self.hacking_steps) < 1):
-            raise ValueError(f"protocol.rlhf.hacking_n={self.hacking_n} must be one of completions "
-                             f"{self.completions} and hacking_steps {self.hacking_steps} positive")
-        if sorted(set(self.hacking_steps)) != self.hacking_steps:
-            raise ValueError(f"protocol.rlhf.hacking_steps {self.hacking_steps} must ascend without repeats")
-        methods = self.hacking_methods
-        if methods is not None and (not methods or len(set(methods)) < len(methods)
-                                    or not set(methods) <= set(self.selector_methods)):
-            raise ValueError(f"protocol.rlhf.hacking_methods {methods} must be distinct selector_methods "
-                             f"{self.selector_methods} (null: every one)")
 
 
 def base_policy(r: RLHF, data_root: str, seed: int) -> tuple[Path, dict]:
