@@ -16,7 +16,7 @@ os.environ["HOME"] = str(PRIVATE_HOME)
 os.environ["XDG_CACHE_HOME"] = str(PRIVATE_HOME / ".cache")
 os.environ["XDG_STATE_HOME"] = str(PRIVATE_HOME / ".local" / "state")  # the resume key (fedsim/privacy/secret.py)
 os.environ["HF_HOME"] = str(PRIVATE_HOME / ".cache" / "huggingface")
-os.environ["FEDSIM_STATE_DIR"] = str(PRIVATE_HOME / "client-state")  # fedsim/run/node_local.py
+os.environ["FEDSIM_STATE_DIR"] = str(PRIVATE_HOME / "client-state")  # fedsim/config/node_local.py
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -7,7 +7,7 @@ Messenger's own per-exchange records (``results.json`` ``communication``: push t
 not the wall time of the whole command, so start-up costs stay out. Prints, per exchange, the
 simulation's seconds, each deployment variant's, their ratio and difference, and the sum over
 the exchanges after ``discover``; then, per deployment, where each exchange's seconds went
-(``fedsim/run/exchange_trace.py``: dispatch, process start, set-up, work, reply; the mean over the
+(``fedsim/runtime/exchange_trace.py``: dispatch, process start, set-up, work, reply; the mean over the
 exchange's messages).
 
     nice -n 19 .venv/bin/python bench/deploy_exchange.py [--only fedtp|lora] \
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedsim.run import exchange_trace
+from fedsim.runtime import exchange_trace
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")
 FEDTP = ["task.max_per_split=2", "protocol.dp_seeds=2", "protocol.bootstrap=200"]
@@ -39,7 +39,7 @@ LORA = ["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]",
         "task.corpus_pages_per_doc=8", "task.embedding_cache=null", "num_rounds=1",
         "protocol.local_steps=2", "protocol.batch_size=4", "protocol.eval_pages_per_message=64",
         "~protocol.methods",
-        "+protocol.methods={fede4rag: {run: fedsim_experiments.fede4rag.federated, kd_weight: 1.0, he: true}}"]
+        "+protocol.methods={fede4rag: {run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: 1.0, he: true}}"]
 TASKS = {"fedtp": FEDTP, "lora": LORA}
 
 

@@ -28,10 +28,10 @@ import numpy as np
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from fedsim.config.compose import compose_checked
 from fedsim.results.stats import t_interval, verdict
-from fedsim.run.config import compose_checked
-from fedsim_experiments.fedbiscuit import evaluate_selectors, train_central
-from fedsim_experiments.fedbiscuit_rlhf import JUDGE_TRAINING
+from fedsim_experiments.fedbiscuit.protocol import evaluate_selectors, train_central
+from fedsim_experiments.fedbiscuit.rlhf import JUDGE_TRAINING
 from fedsim_tasks.hh_preference.dataset import Federation, both_orders
 from fedsim_tasks.hh_preference.selector import ScorerSelector, TfidfScorer, choices
 

@@ -2,7 +2,7 @@
 
 Each run reports the relation over its own client-rounds (``results.json`` ``alpha_gap``, 12 at
 the pilot setting, from a few clients: wide CIs); this pools every completed run's client-rounds under the
-same statistic (``fedsim_experiments.feddtre_report.alpha_vs_gap``: r's CI a bootstrap over
+same statistic (``fedsim_experiments.feddtre.report.alpha_vs_gap``: r's CI a bootstrap over
 clients, each client's rounds of every seed resampled together), prints it per method and
 dataset with the per-seed r, and plots the points.
 
@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402 (after the backend)
 from scipy.stats import spearmanr  # noqa: E402
 
 from fedsim_clients import feddtre_messages as keys  # noqa: E402
-from fedsim_experiments.feddtre_report import alpha_vs_gap  # noqa: E402
+from fedsim_experiments.feddtre.report import alpha_vs_gap  # noqa: E402
 
 
 def completed_runs(sweeps: list[Path]) -> dict[str, dict]:

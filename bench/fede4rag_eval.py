@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from fedsim.run.config import compose
+from fedsim.config.compose import compose
 from fedsim_tasks.financebench_rag.inference import BACKENDS, corpus_encoder
 from fedsim_tasks.financebench_rag.retrieval import evaluation_data, score_splits
 from fedsim_tasks.hf import build_encoder, load_trainable, trainable_arrays

@@ -18,7 +18,7 @@ import copy
 import torch
 from omegaconf import OmegaConf
 
-from fedsim.run.config import compose
+from fedsim.config.compose import compose
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim_clients.retriever import RetrieverClient
 from fedsim_tasks.financebench_rag.train import frozen_copy, train_encoder

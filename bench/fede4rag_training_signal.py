@@ -22,7 +22,7 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from fedsim.run.config import compose
+from fedsim.config.compose import compose
 from fedsim_clients.retriever import RetrieverClient
 from fedsim_tasks.financebench_rag.dataset import client_documents
 from fedsim_tasks.financebench_rag.inference import corpus_encoder

@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 from process_tree import PeakMemory
 
+from fedsim.config.data import resolve_data_root
 from fedsim.privacy.dp import gaussian_mean
-from fedsim.run.data import resolve_data_root
 from fedsim_tasks.topical_chat.dataset import SPLITS, load_conversations, load_topics, local_preference
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")

@@ -3,7 +3,7 @@ the same run for LoRA-only and full-model MiniLM updates.
 
 Both rounds take the clients' real path: every message goes through the platform's ClientApp
 (its mods, its per-message seeding, the node's own folders) to a ``ClientHandler``; under HE the
-ClientApp wraps that handler in the HE layer (``fedsim/privacy/he/layer.py``) because the task
+ClientApp wraps that handler in the HE layer (``fedsim/runtime/he_layer.py``) because the task
 carries the retriever's CKKS block (``conf/task/financebench_rag.yaml``), as in a run. The
 handler trains nothing (training costs the same with or without HE): its "trained" weights are
 the real model's trainable weights plus fixed noise. Messages go through Flower's protobuf wire
@@ -26,11 +26,11 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp.strategy import FedAvg
 from omegaconf import OmegaConf
 
+from fedsim.config.compose import CONF_DIR
 from fedsim.message_keys import NODE_NUM_PARTITIONS, NODE_PARTITION_ID, NUM_EXAMPLES
-from fedsim.privacy.he.layer import flatten
-from fedsim.run.config import CONF_DIR
 from fedsim.runtime import client_app
 from fedsim.runtime.client_state import RUN_KEY
+from fedsim.runtime.he_layer import flatten
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.records import to_record
 from fedsim_clients.handler import ClientHandler

@@ -21,9 +21,10 @@ import tempfile
 from pathlib import Path
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")
-METHODS = ("{fede4rag_no_he: {run: fedsim_experiments.fede4rag.federated, kd_weight: 1.0, he: false}, "
-           "fede4rag: {run: fedsim_experiments.fede4rag.federated, kd_weight: 1.0, he: true}, "
-           "fede4rag_chunked: {run: fedsim_experiments.fede4rag.federated, kd_weight: 1.0, he: true, one_trip: false}}")
+METHODS = ("{fede4rag_no_he: {run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: 1.0, he: false}, "
+           "fede4rag: {run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: 1.0, he: true}, "
+           "fede4rag_chunked: {run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: 1.0, he: true, "
+           "one_trip: false}}")
 
 
 def main() -> None:

@@ -44,7 +44,7 @@ PARTS = ("weights", "pairs", "setup", "step", "teardown", "reply")
 
 
 def flower(out: Path, rounds: int, kd_weight: float, overrides: list[str]) -> Path:
-    method = f"{{{METHOD}: {{run: fedsim_experiments.fede4rag.federated, kd_weight: {kd_weight}, he: false}}}}"
+    method = f"{{{METHOD}: {{run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: {kd_weight}, he: false}}}}"
     subprocess.run([FEDSIM, "run", "experiment=fede4rag_paper", f"num_rounds={rounds}",
                     "hardware.num_cpus=1", "task.n_valid=4", "task.n_test=6",
                     "task.corpus_pages_per_doc=8", "task.embedding_cache=null",

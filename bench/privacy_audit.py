@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from transformers import BertConfig, BertModel
 
+from fedsim.config.data import resolve_data_root
 from fedsim.privacy.audit import AuditReport, Bound, audit_release, fair_coins
 from fedsim.results.outputs import markdown_table
-from fedsim.run.data import resolve_data_root
 from fedsim_tasks.causal_lm import load_policy, load_tokenizer, prepare_base, sft_train
 from fedsim_tasks.dialogue.dataset import examples, persona_chat
 from fedsim_tasks.dp_sgd import DP_EPSILON, DPSGD, GradientCanaries

@@ -23,15 +23,16 @@ from contextlib import contextmanager
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
+from fedsim.config.compose import compose
+from fedsim.config.data import resolve_data_root
 from fedsim.flower.messages import TaskIdentity
 from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
 from fedsim.privacy import dp as privacy
 from fedsim.privacy.dp import NoiseSource
+from fedsim.privacy.plan import PrivacyPlan
 from fedsim.results.outputs import markdown_table
-from fedsim.run.config import compose
-from fedsim.run.data import resolve_data_root
 from fedsim_clients.fedtp_messages import VECTORS
-from fedsim_experiments.fedtp import audit_releases
+from fedsim_experiments.fedtp.protocol import audit_releases
 from fedsim_strategies.dp_mean import DPMean
 from fedsim_tasks.topical_chat.dataset import load_conversations, load_topics, local_preference
 
@@ -64,16 +65,17 @@ def noise_short_by(factor: float):
 
 
 def audit(cfg, rows: np.ndarray, sigma: float, noise: NoiseSource):
-    """One audit run's report: the prior released at ``sigma`` with the audit's canaries."""
-    strategy = DPMean(noise_multiplier=sigma, noise=noise)
-    strategy.audit_canaries = int(cfg.privacy.audit.canaries)
+    """One audit run's report: the prior released at ``sigma`` with the audit's canaries, under a
+    plan with ``noise``."""
+    plan = PrivacyPlan(noise, int(cfg.seed), audit_canaries=int(cfg.privacy.audit.canaries))
+    strategy = DPMean(noise_multiplier=sigma, **plan.strategy_args(("noise", "audit_canaries")))
     strategy.configure_train(1, ArrayRecord({VECTORS: Array(np.full(rows.shape[1], 1.0 / rows.shape[1]))}),
                              ConfigRecord(), Nodes(len(rows)))
     reply = Message(RecordDict({ARRAYS: ArrayRecord({VECTORS: Array(rows)}),
                                 METRICS: MetricRecord({NUM_EXAMPLES: len(rows)})}),
                     dst_node_id=1, message_type=MessageType.TRAIN)
     arrays, _ = strategy.aggregate_train(1, [reply])
-    return audit_releases(cfg, strategy, arrays[VECTORS].numpy())
+    return audit_releases(cfg, plan, strategy, arrays[VECTORS].numpy())
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 # fedsim's packages of strategies, tasks, clients and experiments, the Flower namespaces conf/
 # uses, and of fedsim's core its Protocol schema alone: the core is machinery (its launcher's
 # Process runs any command, a fresh Journal empties its folder)
-CODE_NAMESPACES = ("fedsim.run.schema.Protocol", "fedsim_strategies", "fedsim_tasks", "fedsim_clients",
+CODE_NAMESPACES = ("fedsim.config.schema.Protocol", "fedsim_strategies", "fedsim_tasks", "fedsim_clients",
                    "fedsim_experiments", "flwr.serverapp.strategy", "flwr_datasets.partitioner")
 # each key that names code -> what it must name: a class to build (or a block's schema), a function to call
 CODE_KEYS = {"_target_": "class", "schema": "class", "client": "class", "run": "function", "loader": "function"}

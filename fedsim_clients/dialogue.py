@@ -25,7 +25,7 @@ from flwr.app import Message, MetricRecord, RecordDict
 from fedsim.code_policy import instantiate_allowed
 from fedsim.runtime import client_state
 from fedsim.runtime.records import from_bytes
-from fedsim.runtime.seeding import stream
+from fedsim.seeding import stream
 from fedsim.trust_mixing import client_alpha, mix, relative_distance
 from fedsim_clients import feddtre_messages as keys
 from fedsim_clients.handler import ClientHandler

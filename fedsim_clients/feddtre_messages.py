@@ -1,5 +1,5 @@
 """FedDTRE's message format: the record and config keys that the protocol
-(``fedsim_experiments/feddtre.py``), its strategies (``fedsim_strategies/trust_alpha.py``: the mixing keys,
+(``fedsim_experiments/feddtre/protocol.py``), its strategies (``fedsim_strategies/trust_alpha.py``: the mixing keys,
 defined in ``fedsim.trust_mixing``; Flower's FedProx: ``proximal-mu``, read by
 ``fedsim_tasks/proximal.py`` in every client that trains) and the client
 (``fedsim_clients/dialogue.py``) exchange, and what each phase's reply must be."""

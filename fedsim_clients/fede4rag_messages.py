@@ -1,5 +1,5 @@
 """FedE4RAG's message format: the record and config keys that the protocol
-(``fedsim_experiments/fede4rag.py``) and the client (``fedsim_clients/retriever.py``) exchange. HE chunk
+(``fedsim_experiments/fede4rag/protocol.py``) and the client (``fedsim_clients/retriever.py``) exchange. HE chunk
 operations use ``fedsim.privacy.he.messages``; what each phase's reply must be."""
 
 import math

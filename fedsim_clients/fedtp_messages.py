@@ -1,5 +1,5 @@
 """FedTP's message format: the record and config keys that the protocol
-(``fedsim_experiments/fedtp.py``) and the client (``fedsim_clients/topic_preference.py``) exchange,
+(``fedsim_experiments/fedtp/protocol.py``) and the client (``fedsim_clients/topic_preference.py``) exchange,
 and what each phase's reply must be."""
 
 from collections.abc import Callable

@@ -6,7 +6,7 @@ partition the node was given (the one it told the Messenger at ``whoami``, which
 holds the reply to: ``fedsim.runtime.validators.discovery_reply``) and the method's own fields
 (``discover``), and reads the keys every method shares (``fedsim/message_keys.py``: round, seed,
 threads, the weights sent and replied). A method's handler keeps only its task's work. HE is not
-here: ``fedsim/privacy/he/layer.py`` wraps any handler that exchanges weights (``initial_weights``).
+here: ``fedsim/runtime/he_layer.py`` wraps any handler that exchanges weights (``initial_weights``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDic
 
 from fedsim.message_keys import ARRAYS, INFO, METRICS, PARTITION_ID, SEED, SERVER_ROUND, TORCH_THREADS
 from fedsim.runtime.records import from_record, to_record
-from fedsim.runtime.seeding import Stream
+from fedsim.seeding import Stream
 
 
 class ClientHandler:

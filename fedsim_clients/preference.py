@@ -18,7 +18,7 @@ from flwr.app import Message, MetricRecord, RecordDict
 
 from fedsim.code_policy import instantiate_allowed
 from fedsim.runtime.records import from_record
-from fedsim.runtime.seeding import stream
+from fedsim.seeding import stream
 from fedsim_clients import preference_messages as keys
 from fedsim_clients.handler import ClientHandler
 from fedsim_tasks.causal_lm import dpo_train, sft_train, shared_policy, turn_separator

@@ -1,5 +1,5 @@
 """FedBis / FedBiscuit's message format: the record and config keys that the protocol
-(``fedsim_experiments/fedbiscuit.py``), the strategy it configures (``fedsim_strategies/selector_groups.py``
+(``fedsim_experiments/fedbiscuit/protocol.py``), the strategy it configures (``fedsim_strategies/selector_groups.py``
 takes them as arguments, like Flower's FedAvg) and the client (``fedsim_clients/preference.py``)
 exchange, and what each phase's reply must be."""
 

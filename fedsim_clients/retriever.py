@@ -1,7 +1,7 @@
 """ClientApp side of FedE4RAG: a company (or any document group) training the retriever.
 
 train: start from the weights the message names (its arrays, which under HE the HE layer fills
-with this node's complete aggregate: ``fedsim/privacy/he/layer.py``, or the common initial model), run
+with this node's complete aggregate: ``fedsim/runtime/he_layer.py``, or the common initial model), run
 the local objective on inverse-cloze pairs from the node's own pages, reply with the weights. With
 ``LOCAL_MODEL`` the company keeps its own retriever across rounds (``fedsim/runtime/client_state.py``,
 on its own disk): the received weights become KD-GLE's frozen teacher (and FedProx's anchor) and the student continues
@@ -25,10 +25,10 @@ import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedsim.code_policy import instantiate_allowed
-from fedsim.run import node_local
+from fedsim.config import node_local
 from fedsim.runtime import client_state
 from fedsim.runtime.records import from_record, to_record
-from fedsim.runtime.seeding import stream
+from fedsim.seeding import stream
 from fedsim_clients import fede4rag_messages as keys
 from fedsim_clients.handler import ClientHandler
 from fedsim_tasks.financebench_rag.dataset import client_documents, load_documents, load_pages, title

@@ -41,7 +41,8 @@ def hosted_rows(population: int, num_partitions: int, partition_id: int) -> list
 class TopicPreferenceClient(ClientHandler):
     def __init__(self, task: dict, data_root: str, partition_id: int, num_partitions: int):
         super().__init__(task, data_root, partition_id, num_partitions)
-        population = load_conversations(data_root, tuple(task["splits"]), task.get("max_per_split"))
+        population = load_conversations(data_root, tuple(task["splits"]), task.get("max_per_split"),
+                                        task.get("split_seed"))
         self.rows = hosted_rows(len(population), num_partitions, partition_id)
         self.conversations = [population[i] for i in self.rows]
         self.num_topics = len(load_topics(data_root))

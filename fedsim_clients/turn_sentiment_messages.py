@@ -1,4 +1,4 @@
-"""Turn sentiment's message format: what the protocol (``fedsim_experiments/turn_sentiment.py``)
+"""Turn sentiment's message format: what the protocol (``fedsim_experiments/turn_sentiment/protocol.py``)
 and the client (``fedsim_clients/turn_sentiment.py``) exchange; only the shared keys
 (``fedsim/message_keys.py``): the weights under ARRAYS, NUM_EXAMPLES in METRICS and INFO."""
 

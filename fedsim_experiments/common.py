@@ -3,49 +3,51 @@ gets."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Result, Strategy
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig
 
+from fedsim.config.schema import entry as schema_entry
 from fedsim.message_keys import CONFIG, INFO, PARTITION_ID
-from fedsim.run.schema import entry as schema_entry
+from fedsim.privacy.plan import PrivacyPlan
 from fedsim.runtime.messaging import ANY, Messenger, Policy
 from fedsim.runtime.validators import Validator
 from fedsim_strategies.numpy_noise import NumpyNoise, account
 
 
-def build_strategy(cfg: DictConfig, messenger: Messenger, clients: int, entry=None, he: dict | None = None,
+def build_strategy(cfg: DictConfig, plan: PrivacyPlan, clients: int, entry=None, he: dict | None = None,
                    **args) -> Strategy:
     """A method's strategy, with the slot's ``args`` (sampling, record keys). ``entry`` None is
-    the experiment's slot: the run's ``strategy`` inside the run's ``privacy`` wrapper (or
-    inside ``he``, the HE wrapper a method asks for); a method's own entry runs as it is. The
-    entry's ``traits`` are fedsim's data, not the class's; a null ``train_loss_key`` is the
-    slot's ``loss_key``; a wrapper's null ``num_sampled_clients`` is how many the strategy
-    samples of ``clients``. Flower's DP wrappers draw their noise from the run's private
-    source (``NumpyNoise``) and count what they spend in the run's one account
-    (``messenger.central_dp``, at ``privacy.delta``), which results.json reports."""
+    the experiment's slot: the run's ``strategy`` inside the run's ``privacy`` wrapper (HEFedAvg
+    where the plan runs the slot under HE); ``he``, a method's own HE settings, wraps it in
+    HEFedAvg instead (``plan.he_wrapper``); a method's own entry runs as it is. The entry's
+    ``traits`` are fedsim's data, not the class's; a null ``train_loss_key`` is the slot's
+    ``loss_key``; a wrapper's null ``num_sampled_clients`` is how many the strategy samples of
+    ``clients``. A strategy that draws noise of its own takes the plan's at construction; Flower's
+    DP wrappers draw theirs from the plan's source (``NumpyNoise``) and spend from the run's one
+    central account (``plan.central``), which results.json reports."""
     slot = entry is None
     settings = schema_entry(cfg.strategy if slot else entry)
     if "train_loss_key" in settings and settings["train_loss_key"] is None:
         settings["train_loss_key"] = cfg.protocol.strategy_slot.loss_key
-    strategy = instantiate(settings, **args)
-    wrapper = he or (cfg.privacy.wrapper if slot else None)
-    if not wrapper:
+    takes = inspect.signature(get_object(settings["_target_"])).parameters
+    strategy = instantiate(settings, _partial_=True, **args)(**plan.strategy_args(takes))  # as objects, not configs
+    if he is not None or (slot and plan.he):
+        return instantiate(plan.he_wrapper(**(he or {})), strategy=strategy)
+    if not (slot and cfg.privacy.wrapper):
         return strategy
-    wrapper = schema_entry(wrapper)
+    wrapper = schema_entry(cfg.privacy.wrapper)
     if "num_sampled_clients" in wrapper and wrapper["num_sampled_clients"] is None:
         wrapper["num_sampled_clients"] = sampled(strategy, clients)
-    if he or cfg.privacy.kind == "he":  # the clients' CKKS parameters: what they send is held to their sizes
-        wrapper |= {key: cfg.task.he[key] for key in ("poly_modulus_degree", "coeff_mod_bit_sizes")}
     wrapped = instantiate(wrapper, strategy=strategy)
-    if cfg.privacy.kind != "dp" or he:
+    if cfg.privacy.kind != "dp":
         return wrapped
-    messenger.central_dp = messenger.central_dp or account(wrapped, float(cfg.privacy.delta))
-    return NumpyNoise(wrapped, messenger.noise, messenger.central_dp)
+    return NumpyNoise(wrapped, plan.noise, plan.central.open(account(wrapped, float(plan.delta))))
 
 
 def sampled(strategy, clients: int) -> int:
@@ -64,12 +66,14 @@ def innermost(strategy: Strategy) -> Strategy:
 
 @dataclass
 class RunContext:
-    """What a method runner needs: messenger, config, nodes by partition and their info."""
+    """What a method runner needs: messenger, config, nodes by partition and their info, the
+    run's privacy plan."""
     messenger: Messenger
     cfg: DictConfig
     base: dict             # the config entries every client message carries
     nodes: dict[int, int]  # partition id -> node id
     info: dict[int, dict]  # partition id -> the node's discovery info
+    plan: PrivacyPlan = field(kw_only=True)  # the ServerApp's (fedsim/privacy/plan.py)
 
     def partition_of(self, node: int) -> int:
         return next(partition_id for partition_id, n in self.nodes.items() if n == node)
@@ -94,7 +98,7 @@ class RunContext:
         ``reply(initial)`` (the model's arrays, a weight within the node's declaration), a round
         goes on with any of them. ``evaluate_fn``: Flower's server-side evaluation, before round
         1 and after each round."""
-        strategy = build_strategy(self.cfg, self.messenger, len(self.nodes), entry, fraction_train=fraction_train,
+        strategy = build_strategy(self.cfg, self.plan, len(self.nodes), entry, fraction_train=fraction_train,
                                   fraction_evaluate=0.0, **strategy_args)
         return strategy.start(self.grid(label, Policy(ANY, reply(initial))), initial, rounds,
                               self.cfg.round_timeout, ConfigRecord(config), evaluate_fn=evaluate_fn)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import replace
 
 import numpy as np
 from flwr.app import (
@@ -71,6 +72,7 @@ class DPMean(Strategy):
         simplex: bool = True,
         array_key: str = "vectors",
         noise: NoiseSource | None = None,
+        audit_canaries: int = 0,
     ):
         if clip_norm <= 0:
             raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
@@ -85,13 +87,13 @@ class DPMean(Strategy):
         self.min_train_nodes = min_train_nodes
         self.simplex = simplex
         self.array_key = array_key
-        self.noise = noise or NoiseSource.fresh()  # the protocol hands in the run's source
+        self.noise = noise or NoiseSource.fresh()  # the run's (fedsim/privacy/plan.py), given at construction
         self.received: np.ndarray | None = None  # last round's validated rows (central-DP server)
         self.denominator: float | None = None  # last round's divisor (None: the row count)
         self.rounds = 0  # releases so far
         self._sample = (0, 0)  # the last round's (expected sample size, population)
         self._dim: int | None = None  # length of the released vector (a noise-only release)
-        self.audit_canaries = 0  # canary clients an audit run adds (fedsim/privacy/audit.py); 0: none
+        self.audit_canaries = audit_canaries  # canary clients an audit run adds (fedsim/privacy/audit.py); 0: none
         self.canaries: MeanCanaries | None = None  # the last round's, with their coins
         self.last_release: Release | None = None  # the last round's (an audit checks its noise)
 
@@ -138,8 +140,7 @@ class DPMean(Strategy):
             self.canaries = MeanCanaries.place(clip_rows(self.received, self.clip_norm).sum(axis=0),
                                                self.audit_canaries, self.clip_norm, self.noise.rng(AUDIT, server_round))
             self.received = np.vstack([self.received, self.canaries.rows()])
-        self.last_release = self.release(self.received, self.noise_multiplier,
-                                         self.noise.rng(RELEASE, server_round))
+        self.last_release = self.release(self.received, self.noise_multiplier, (RELEASE, server_round))
         spent = self.epsilon()
         metrics = MetricRecord({
             "clients": self.last_release.num_clients,
@@ -150,12 +151,12 @@ class DPMean(Strategy):
         })
         return ArrayRecord({self.array_key: Array(self.last_release.mean)}), metrics
 
-    def release(self, vectors: np.ndarray, noise_multiplier: float, rng: np.random.Generator
-                ) -> Release:
-        """One Gaussian-mechanism release of the mean of ``vectors`` with noise from ``rng``
-        (a stream of :attr:`noise` no other release uses), divided as the last round was."""
-        return gaussian_mean(vectors, self.clip_norm, noise_multiplier, rng, self.simplex,
-                             self.denominator)
+    def release(self, vectors: np.ndarray, noise_multiplier: float, labels: tuple[int, ...]) -> Release:
+        """One Gaussian-mechanism release of the mean of ``vectors`` with noise from the stream
+        ``labels`` of :attr:`noise` (one no other release uses), divided as the last round was."""
+        release = gaussian_mean(vectors, self.clip_norm, noise_multiplier, self.noise.rng(*labels), self.simplex,
+                                self.denominator)
+        return replace(release, labels=labels)
 
     @property
     def sensitivity(self) -> float:

@@ -3,7 +3,7 @@
 Flower's central-DP wrappers add their Gaussian noise with ``np.random.normal`` (numpy's global
 generator, ``flwr.supercore.differential_privacy.add_gaussian_noise_inplace``), and so does the
 adaptive wrappers' noisy clipped count. The ServerApp seeds that generator from the public run
-seed (``fedsim/runtime/seeding.py``, for reproducible sampling), so anyone who knows the seed could
+seed (``fedsim/seeding.py``, for reproducible sampling), so anyone who knows the seed could
 regenerate Flower's noise and subtract it. This wrapper runs each round's aggregation with the
 global generator set from the run's :class:`~fedsim.privacy.dp.NoiseSource` (a stream of its own per
 phase and round: two models released in one run never share noise) and puts the previous state
@@ -49,8 +49,8 @@ from flwr.serverapp.strategy import DifferentialPrivacyClientSideAdaptiveClippin
 from fedsim.flower.strategies import KEY_NORM_BIT, DifferentialPrivacyAdaptiveBase
 from fedsim.privacy.dp import FLOWER_DP, SAMPLE, CentralDP, NoiseSource, adaptive_noise_multiplier, poisson_sample
 from fedsim.runtime.messaging import phase_grid
-from fedsim.runtime.seeding import derived_seed
 from fedsim.runtime.validators import Metrics, Number
+from fedsim.seeding import derived_seed
 
 log = logging.getLogger("fedsim")
 

@@ -7,13 +7,13 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
+from fedsim.config import node_local
 from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
 from fedsim.privacy.he import ckks as he
 from fedsim.privacy.he import messages as keys
 from fedsim.privacy.he.client import HEClient, IncompleteGlobal
-from fedsim.privacy.he.layer import HELayer
-from fedsim.run import node_local
 from fedsim.runtime import client_state
+from fedsim.runtime.he_layer import HELayer
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.messaging import Messenger
 from fedsim.runtime.records import from_record, to_record
@@ -25,7 +25,7 @@ PARAMS = he.CKKSParams()
 
 class VectorClient:
     """One node as the ClientApp serves it under HE: its own folders written into each message
-    (``node_local.attach``), then the HE layer (``fedsim/privacy/he/layer.py``) around a task whose
+    (``node_local.attach``), then the HE layer (``fedsim/runtime/he_layer.py``) around a task whose
     'training' yields a fixed vector (``step``: the weights the layer gave it plus the vector).
     ``fail_on_chunk`` / ``fail_install``: the chunk whose HE operation crashes the node."""
 

@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from fedsim.run import progress
-from fedsim.runtime.seeding import stream
+from fedsim import progress
+from fedsim.seeding import stream
 from fedsim_tasks.dp_sgd import DP_EPSILON, DP_EPSILON_PLD, DP_EPSILON_RDP, DPSGD, GradientCanaries, PrivateSteps
 from fedsim_tasks.hf import default_device, lora_config, resolve_model
 from fedsim_tasks.proximal import ProximalTerm

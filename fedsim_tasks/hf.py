@@ -15,7 +15,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from fedsim.runtime.seeding import stream
+from fedsim.seeding import stream
 
 ENCODER_INIT = stream("encoder-init")  # of the task's seed: the same adapters on every client
 _OFFLINE_ALIASES = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}

@@ -14,9 +14,9 @@ import torch
 from dp_accounting import pld
 from omegaconf import OmegaConf
 
+from fedsim.config.compose import compose
+from fedsim.config.schema import check
 from fedsim.privacy.dp import account
-from fedsim.run.config import compose
-from fedsim.run.schema import check
 from fedsim_tasks import causal_lm
 from fedsim_tasks.causal_lm import load_policy, load_tokenizer, prepare_base, sft_train
 from fedsim_tasks.dp_sgd import (

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from fedsim.config.data import resolve_data_root
 from fedsim.privacy.secret import derive, run_secret
-from fedsim.run.data import resolve_data_root
 from fedsim.run.watchdog import run_processes
 from fedsim.runtime.journal import open_entry
 

@@ -9,15 +9,16 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from omegaconf import OmegaConf
 
+from fedsim.config.compose import CONF_DIR
 from fedsim.flower.strategies import strategy_utils
 from fedsim.message_keys import DP_EPSILON, DP_EPSILON_PLD, DP_EPSILON_RDP
 from fedsim.privacy.dp import NoiseSource, adaptive_noise_multiplier, release_epsilon
-from fedsim.run.config import CONF_DIR
+from fedsim.privacy.plan import PrivacyPlan
 from fedsim.runtime.client_app import dp_clipping_mod
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.messaging import ANY, Messenger, Policy
 from fedsim.runtime.records import from_record, to_record
-from fedsim.runtime.server_app import central_dp_section, privacy_results, seed_server
+from fedsim.runtime.server_app import central_dp_section, seed_server
 from fedsim_experiments.common import build_strategy
 
 CLIENTS, CRASH, ROUNDS = 4, 3, 3
@@ -39,15 +40,14 @@ def _client(partition: int):
 
 @pytest.mark.parametrize("privacy", ["dp_server_fixed", "dp_server_adaptive", "dp_client_fixed", "dp_client_adaptive"])
 def test_a_dp_run_ends_with_its_epsilon_in_the_results(privacy):
-    load = lambda group, name: OmegaConf.load(CONF_DIR / group / f"{name}.yaml")  # noqa: E731
-    cfg = OmegaConf.create({"strategy": load("strategy", "fedavg"), "privacy": load("privacy", privacy),
-                            "protocol": {"strategy_slot": {"loss_key": "loss"}}})
+    cfg = _slot_cfg(privacy)
     messenger = Messenger(InProcessGrid({p + 1: _client(p) for p in range(CLIENTS)}), timeout=5)
+    plan = _plan(cfg, NoiseSource.fresh())
     initial = to_record({"w": np.zeros(3, np.float32)})
-    build_strategy(cfg, messenger, CLIENTS).start(messenger.grid("slot", Policy(ANY)), initial, ROUNDS, 5,
-                                                  ConfigRecord({}))
+    build_strategy(cfg, plan, CLIENTS).start(messenger.grid("slot", Policy(ANY)), initial, ROUNDS, 5,
+                                             ConfigRecord({}))
     assert messenger.faults["slot/train"][2]["failed"] == 1  # round 2 noised over 3 replies: still sigma
-    spent = privacy_results(messenger, messenger.noise)["central_dp"]
+    spent = plan.report()["central_dp"]
     expected = [release_epsilon(1.0, 1e-5, t) for t in range(1, ROUNDS + 1)]  # sigma 1, delta 1e-5 (the YAML's)
     last = expected[-1]
     assert spent["phases"]["slot"] == {"rounds": ROUNDS, "epsilon": last.reported, "epsilon_rdp": last.rdp,
@@ -60,13 +60,22 @@ def test_a_dp_run_ends_with_its_epsilon_in_the_results(privacy):
 DIM = 20_000  # coordinates the measured noise std is taken over (its error about 0.5%)
 
 
-def _slot(privacy: str, clients: int, moved: float, noise: NoiseSource, fraction_train: float = 1.0):
-    """The fedavg slot inside ``privacy`` (the conf entry as a run composes it) over ``clients``
-    in-process clients, each moving weight 0 by ``moved`` (through the ClientApp's clipping mod);
-    its strategy, its messenger."""
+def _plan(cfg, noise: NoiseSource) -> PrivacyPlan:
+    """A run's privacy plan as the ServerApp builds it from ``cfg``, with ``noise``."""
+    return PrivacyPlan(noise, 0, float(cfg.privacy.delta))
+
+
+def _slot_cfg(privacy: str, fraction_train: float = 1.0):
+    """The fedavg slot's config inside ``privacy``, the conf entries as a run composes them."""
     load = lambda group, name: OmegaConf.load(CONF_DIR / group / f"{name}.yaml")  # noqa: E731
-    cfg = OmegaConf.create({"strategy": {**load("strategy", "fedavg"), "fraction_train": fraction_train},
-                            "privacy": load("privacy", privacy), "protocol": {"strategy_slot": {"loss_key": "loss"}}})
+    return OmegaConf.create({"strategy": {**load("strategy", "fedavg"), "fraction_train": fraction_train},
+                             "privacy": load("privacy", privacy), "protocol": {"strategy_slot": {"loss_key": "loss"}}})
+
+
+def _slot(privacy: str, clients: int, moved: float, noise: NoiseSource, fraction_train: float = 1.0):
+    """The fedavg slot inside ``privacy`` over ``clients`` in-process clients, each moving weight 0
+    by ``moved`` (through the ClientApp's clipping mod); its strategy, its messenger, its privacy plan."""
+    cfg = _slot_cfg(privacy, fraction_train)
 
     def client(partition: int):
         def train(msg: Message, context) -> Message:
@@ -77,8 +86,9 @@ def _slot(privacy: str, clients: int, moved: float, noise: NoiseSource, fraction
         context = Context(run_id=1, node_id=partition, state=RecordDict(), run_config={}, node_config={})
         return lambda msg: dp_clipping_mod(msg, context, train).content
 
-    messenger = Messenger(InProcessGrid({p + 1: client(p) for p in range(clients)}), timeout=5, noise=noise)
-    return build_strategy(cfg, messenger, clients), messenger
+    messenger = Messenger(InProcessGrid({p + 1: client(p) for p in range(clients)}), timeout=5)
+    plan = _plan(cfg, noise)
+    return build_strategy(cfg, plan, clients), messenger, plan
 
 
 @pytest.mark.parametrize("privacy", ["dp_server_adaptive", "dp_client_adaptive"])
@@ -91,7 +101,7 @@ def test_adaptive_clipping_adds_the_noise_it_reports_and_moves_c_toward_the_quan
     reported) and moved C the other way. Measured over 10 rounds of 4 clients, each round's noise
     std is z_update C_t / m, and with the count's noise the effective multiplier is the reported one."""
     clients, rounds = 4, 10
-    strategy, messenger = _slot(privacy, clients, moved, NoiseSource.public(0))
+    strategy, messenger, plan = _slot(privacy, clients, moved, NoiseSource.public(0))
     wrapper, grid = strategy.strategy, messenger.grid("slot", Policy(ANY))
     initial = to_record({"w": np.zeros(DIM, np.float32)})
     norms, multipliers = [], []
@@ -103,8 +113,8 @@ def test_adaptive_clipping_adds_the_noise_it_reports_and_moves_c_toward_the_quan
         multipliers.append(float(np.std(noise)) * clients / norms[-1])
     assert multipliers == pytest.approx([wrapper.noise_multiplier] * rounds, rel=0.03)
     effective = adaptive_noise_multiplier(float(np.mean(multipliers)), wrapper.clipped_count_stddev)
-    assert effective == pytest.approx(messenger.central_dp.noise_multiplier, rel=0.01)
-    assert messenger.central_dp.noise_multiplier == pytest.approx(1.0)  # the YAML's sigma, as reported
+    assert effective == pytest.approx(plan.central.account.noise_multiplier, rel=0.01)
+    assert plan.central.account.noise_multiplier == pytest.approx(1.0)  # the YAML's sigma, as reported
     drift = math.log(wrapper.clipping_norm / norms[0])  # 10 rounds of 0.2 x (0.5 - unclipped share)
     assert drift > 0.5 if grows else drift < -0.5
 
@@ -114,7 +124,7 @@ def _samples(clients: int, noise: NoiseSource, rounds: int = 5) -> list[list[int
     under dp_server_fixed (fedbiscuit_paper's fraction), the public seed fixed as the ServerApp
     fixes it."""
     seed_server(0)
-    strategy, messenger = _slot("dp_server_fixed", clients, 1.0, noise, fraction_train=0.5)
+    strategy, messenger, _ = _slot("dp_server_fixed", clients, 1.0, noise, fraction_train=0.5)
     grid, initial = messenger.grid("slot", Policy(ANY)), to_record({"w": np.zeros(3, np.float32)})
     return [sorted(m.metadata.dst_node_id - 1 for m in strategy.configure_train(rnd, initial, ConfigRecord({}), grid))
             for rnd in range(1, rounds + 1)]
@@ -147,26 +157,27 @@ def test_two_phases_never_share_noise():
     """Attack: two models released in one run (two phases, e.g. FedDTRE's fedavg on each
     dataset) with the same noise: their difference is the difference of the clipped means, no
     noise left, though the run's epsilon composes them as independent releases."""
-    strategy, messenger = _slot("dp_server_fixed", 4, 0.5, NoiseSource.public(0))
-    other, _ = _slot("dp_server_fixed", 4, 0.5, NoiseSource.public(0))
-    other.spent = messenger.central_dp  # one run: one account and one noise source
+    strategy, messenger, plan = _slot("dp_server_fixed", 4, 0.5, NoiseSource.public(0))
+    other = build_strategy(_slot_cfg("dp_server_fixed"), plan, 4)  # one run: one plan, one account
     initial, released = to_record({"w": np.zeros(DIM, np.float32)}), []
     for label, phase in (("first", strategy), ("second", other)):
         grid = messenger.grid(label, Policy(ANY))
         replies = grid.send_and_receive(phase.configure_train(1, initial, ConfigRecord({}), grid))
         released.append(from_record(phase.aggregate_train(1, replies)[0])["w"])
     assert not np.allclose(released[0][1:], released[1][1:])
-    assert messenger.central_dp.releases == {"first": 1, "second": 1}
+    assert plan.central.account.releases == {"first": 1, "second": 1}
 
 
 def test_each_clients_dp_sgd_epsilon_is_kept_by_both_accountants():
     """A client's DP-SGD reply carries its epsilon (the smaller) beside its RDP and PLD
     (``fedsim_tasks/dp_sgd.py``); results.json keeps the three per client and round."""
+    plan = PrivacyPlan(NoiseSource.fresh(), 0)
     messenger = Messenger(InProcessGrid({n: (lambda msg, n=n: RecordDict({"metrics": MetricRecord(
-        {DP_EPSILON: 1.5 * n, DP_EPSILON_RDP: 2.0 * n, DP_EPSILON_PLD: 1.5 * n})})) for n in (1, 3)}), timeout=5)
+        {DP_EPSILON: 1.5 * n, DP_EPSILON_RDP: 2.0 * n, DP_EPSILON_PLD: 1.5 * n})})) for n in (1, 3)}), timeout=5,
+        ledgers=[plan.dp_sgd.record])
     messenger.exchange("dp/train", [Message(RecordDict({"config": ConfigRecord({"server-round": 1})}),
                                             dst_node_id=n, message_type=MessageType.TRAIN) for n in (1, 3)])
-    privacy = privacy_results(messenger, messenger.noise)
+    privacy = plan.report()
     assert privacy["dp_sgd_epsilon"] == {"dp/train": {1: {1: 1.5, 3: 4.5}}}
     assert privacy["dp_sgd_epsilon_rdp"] == {"dp/train": {1: {1: 2.0, 3: 6.0}}}
     assert privacy["dp_sgd_epsilon_pld"] == {"dp/train": {1: {1: 1.5, 3: 4.5}}}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FEDSIM, fedsim_refusal, fedsim_run
-from fedsim.run.data import resolve_data_root
+from fedsim.config.data import resolve_data_root
 
 
 def test_wrong_group_choice_names_valid_choices():
@@ -56,7 +56,7 @@ def test_a_key_without_a_value_is_refused_before_anything_starts():
 
 
 def test_unknown_protocol_callable():
-    code, log = fedsim_refusal("protocol.run=fedsim_experiments.fedtp.rnu")
+    code, log = fedsim_refusal("protocol.run=fedsim_experiments.fedtp.protocol.rnu")
     assert code == 2 and "protocol.run does not resolve" in log
 
 
@@ -94,7 +94,7 @@ def test_a_client_layout_that_leaves_a_supernode_empty_is_refused():
     (["results_dir=<a file>"], "results_dir must be a folder"),
     (["+foo=1"], "Unknown config key 'foo'"),
     (["+hardware.foo=1"], "Unknown config key 'hardware.foo'"),
-    (["+task.splitz=[a]"], "Unknown config key 'task.splitz'. Did you mean: splits?"),
+    (["+task.splitz=[a]"], "Unknown config key 'task.splitz'. Did you mean: splits, split_seed?"),
     (["hardware.num_clients=0"], "hardware.num_clients must be >= 1 (null: all), got 0"),
     (["experiment=fedtp_paper", "protocol.lambdas=0.1"], "protocol.lambdas: expected list[float], got 0.1"),
     (["privacy=dp_server_fixed", "experiment=fede4rag_paper", "privacy.wrapper.noise_multiplier=high"],

@@ -16,9 +16,9 @@ from omegaconf import OmegaConf
 
 from conftest import fedsim_refusal
 from fedsim.code_policy import CODE_NAMESPACES
+from fedsim.config.compose import REFUSED, compose
+from fedsim.config.schema import check_code
 from fedsim.privacy.secret import private_folder
-from fedsim.run.config import REFUSED, compose
-from fedsim.run.schema import check_code
 from fedsim.runtime import server_app
 
 OUTSIDE = ["numpy.load", "os.system", "pickle.loads", "builtins.eval"]
@@ -80,7 +80,7 @@ UNGUARDED = ["experiment=turn_sentiment_fedavg", "hardware.num_clients=2", *(
 @pytest.mark.parametrize(("target", "why"), [
     ("fedsim_clients.handler.os.system", "defined in posix"),  # reached through a module's import
     ("fedsim_strategies.dp_mean.np.load", "defined in numpy"),
-    ("fedsim_experiments.fedtp.RunOutput", "defined in fedsim.results.outputs"),  # fedsim's core, imported
+    ("fedsim_experiments.fedtp.protocol.RunOutput", "defined in fedsim.results.outputs"),  # fedsim's core, imported
     ("fedsim_tasks.causal_lm.prepare_base", "not a class"),  # fedsim's, but a function
 ])
 def test_a_name_inside_fedsim_must_be_code_defined_there_of_the_kind_its_key_takes(tmp_path, target, why):

@@ -14,9 +14,8 @@ from hydra.utils import get_class
 from omegaconf import OmegaConf, open_dict
 
 from conftest import data_root_override
-from fedsim.results.comparison import Settings
-from fedsim.run.config import compose
-from fedsim.run.schema import RunConfig, check
+from fedsim.config.compose import compose
+from fedsim.config.schema import RunConfig, check
 
 EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "experiment").glob("*.yaml"))
 
@@ -32,7 +31,7 @@ def test_experiment_composes_and_fits_its_schema(experiment):
 def test_a_preset_turns_off_datasets_and_methods_with_null():
     """feddtre_seeds keeps Synthetic-Persona-Chat and three methods; what it sets to null is
     neither loaded nor run, and the base generator's seed is fixed for every run seed."""
-    from fedsim_experiments.feddtre import check as feddtre_check
+    from fedsim_experiments.feddtre.protocol import check as feddtre_check
     from fedsim_tasks.dialogue.dataset import load_tasks
 
     cfg = compose(["experiment=feddtre_seeds", data_root_override(), "task.max_conversations=20",
@@ -48,7 +47,7 @@ def test_a_preset_turns_off_datasets_and_methods_with_null():
 
 def test_a_method_name_with_a_dot_is_refused_before_the_run():
     """A dotted name would split its results path (methods.<name>.<dataset>) and its overrides."""
-    from fedsim_experiments.feddtre import check as feddtre_check
+    from fedsim_experiments.feddtre.protocol import check as feddtre_check
 
     cfg = compose(["experiment=feddtre_seeds"])
     with open_dict(cfg):
@@ -76,12 +75,11 @@ def _with_nested(classes: set[type]) -> set[type]:
 def test_no_schema_field_carries_a_default():
     """A default in a dataclass would be a second copy of the YAML's value, free to drift from
     it. Core structured configs hold only MISSING (Hydra's "no value yet"); protocol and task
-    dataclasses (every one an experiment names, with what they nest) and the sweep settings hold
-    nothing."""
+    dataclasses (every one an experiment names, with what they nest) hold nothing."""
     core = _with_nested({RunConfig})
     blocks = [compose([f"experiment={e}"]) for e in EXPERIMENTS]
-    protocols = _with_nested({Settings, *(get_class(cfg[block].schema) for cfg in blocks
-                                          for block in ("protocol", "task"))})
+    protocols = _with_nested({*(get_class(cfg[block].schema) for cfg in blocks
+                                for block in ("protocol", "task"))})
     allowed = {cls: {omegaconf.MISSING} if cls in core else set() for cls in core | protocols}
     defaults = [f"{cls.__module__}.{cls.__qualname__}.{f.name} = {f.default!r}" for cls in allowed
                 for f in dataclasses.fields(cls)
@@ -146,7 +144,7 @@ def test_a_value_of_the_wrong_type_is_refused_naming_its_key(experiment, key, va
 def test_the_experiment_digest_follows_the_experiment_not_where_it_runs():
     """What a journal is bound to (a resume refuses another): the experiment's keys, not the keys
     a resume may change (hardware, timeouts, the data's location, sinks)."""
-    from fedsim.run.config import compose, experiment_digest
+    from fedsim.config.compose import compose, experiment_digest
     base = experiment_digest(compose())
     assert experiment_digest(compose(["hardware.num_cpus=7", "round_timeout=99", "logging.csv=false"])) == base
     assert experiment_digest(compose(["protocol.alpha=0.9"])) != base

@@ -23,10 +23,10 @@ from test_e2e_fedbiscuit import SLICE as FEDBISCUIT
 from test_e2e_feddtre import SLICE as FEDDTRE
 
 from conftest import data_root_override
+from fedsim.config.compose import compose
+from fedsim.config.node_local import from_run
+from fedsim.config.schema import check
 from fedsim.flower.strategies import strategy_utils
-from fedsim.run.config import compose
-from fedsim.run.node_local import from_run
-from fedsim.run.schema import check
 from fedsim.runtime import client_app
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.messaging import ANY, Messenger, Policy, client_config
@@ -47,7 +47,7 @@ DATA = data_root_override()
 def serve(msg: Message, partition: int, num_partitions: int, node: dict | None = None) -> RecordDict:
     """``msg`` through the real ClientApp (its mods: fault injection, client-side clipping; the
     per-message seeding) as partition ``partition`` of this process, on a node whose config
-    gives ``node`` (its folders: ``fedsim.run.node_local.from_run(cfg)``)."""
+    gives ``node`` (its folders: ``fedsim.config.node_local.from_run(cfg)``)."""
     context = Context(run_id=1, node_id=100 + partition, state=RecordDict(), run_config={},
                       node_config={**(node or {}), "partition-id": partition, "num-partitions": num_partitions})
     return client_app.app(msg, context).content
@@ -87,7 +87,7 @@ def _run_identity():
 def test_feddtre_clients_reply_the_same_whatever_the_process_served_before(tmp_path):
     cfg = compose([*FEDDTRE, DATA, "protocol.generator.base_sft_steps=0",
                    f"protocol.generator.base_dir={tmp_path / 'gen'}", f"client_state.dir={tmp_path / 'state'}"])
-    from fedsim_experiments.feddtre import base_generator
+    from fedsim_experiments.feddtre.protocol import base_generator
     from fedsim_tasks.causal_lm import load_policy
     from fedsim_tasks.hf import trainable_arrays
     g = check(cfg).generator

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from conftest import read_results
-from fedsim.run.data import REPO_ROOT, resolve_data_root
+from fedsim.config.data import REPO_ROOT, resolve_data_root
 from fedsim.run.launcher import free_port, wait_healthy, write_connection
 from fedsim.run.tls import make_federation
 

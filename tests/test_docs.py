@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from fedsim.config.compose import CONF_DIR, GROUPS, choices, compose
+from fedsim.config.data import REPO_ROOT
 from fedsim.flower.cli import get_fused_config_from_dir, parse_config_args
 from fedsim.run import cli
-from fedsim.run.config import CONF_DIR, GROUPS, choices, compose
-from fedsim.run.data import REPO_ROOT
 from fedsim.run.sweep import expand
 from fedsim.run.tls import make_federation
 from fedsim.runtime.server_app import config_from_run

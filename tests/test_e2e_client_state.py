@@ -30,10 +30,10 @@ from omegaconf import OmegaConf
 from test_sharded_grid import supernodes
 
 from conftest import cmdline, fedsim_run, journaled, kill_when, private_tmpdir, read_results, without_timings
+from fedsim.config.compose import compose
+from fedsim.config.node_local import from_run
 from fedsim.flower.messages import ProtoMessage, message_from_proto
 from fedsim.results.outputs import RunOutput
-from fedsim.run.config import compose
-from fedsim.run.node_local import from_run
 from fedsim.run.watchdog import run_processes
 from fedsim.runtime import server_app
 from fedsim_clients.state_probe import HOLD_ENV, NAME, secret

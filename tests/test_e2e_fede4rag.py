@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import data_root_override, fedsim_run, read_results
-from fedsim.run.config import compose
+from fedsim.config.compose import compose
 from fedsim_tasks.financebench_rag.inference import corpus_encoder
 from fedsim_tasks.financebench_rag.retrieval import METRICS, evaluation_data, score_splits
 from fedsim_tasks.hf import build_encoder

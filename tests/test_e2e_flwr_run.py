@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SMALL, private_tmpdir
-from fedsim.run.data import REPO_ROOT, resolve_data_root
+from fedsim.config.data import REPO_ROOT, resolve_data_root
 from fedsim.run.launcher import BIN, _env, start_superlink, write_connection
 from fedsim.run.watchdog import run_processes
 

@@ -5,7 +5,7 @@ came from. FedTP's deployed run is also the default suite's deployment test (TLS
 authentication, a process per message). The DP noise is public
 (``privacy.reproducible_noise``: drawn from the seed, so both runs draw the same; the run's
 secret would differ); every other random stream comes from the
-seed by ``fedsim/runtime/seeding.py``, keyed by round and partition, never by Flower's node id or the
+seed by ``fedsim/seeding.py``, keyed by round and partition, never by Flower's node id or the
 order replies arrive in (the Messenger hands replies back in partition order).
 
 Compared exactly, every number: the same computation in the same order gives the same bits.
@@ -17,7 +17,7 @@ the run's secret instead of the public seed, its routers' error and support rati
 import pytest
 
 from conftest import SMALL, fedsim_run, read_results
-from fedsim.run import exchange_trace
+from fedsim.runtime import exchange_trace
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -30,7 +30,7 @@ LORA = ["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]", 
         "task.n_valid=4", "task.n_test=6", "task.corpus_pages_per_doc=4", "task.embedding_cache=null",
         "num_rounds=1", "protocol.local_steps=2", "protocol.batch_size=4", "protocol.eval_pages_per_message=40",
         "protocol.eval_local=false", "~protocol.methods",
-        "+protocol.methods={fedavg: {run: fedsim_experiments.fede4rag.federated, kd_weight: 0.0, he: false}}",
+        "+protocol.methods={fedavg: {run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: 0.0, he: false}}",
         "seed=7"]
 MACHINE = {"timings", "provenance", "checkpoint"}
 

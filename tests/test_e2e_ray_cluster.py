@@ -1,7 +1,7 @@
 """``hardware=ray_cluster``: the simulation on a Ray cluster fedsim did not start. A two-node
 cluster on this machine, started by the test as an operator would on two hosts (``ray start
 --head`` on 127.0.0.1, a second raylet joining it from 127.0.0.2, each with its own HOME and
-temporary folder and the environment its clients' folders come from: ``fedsim/run/node_local.py``),
+temporary folder and the environment its clients' folders come from: ``fedsim/config/node_local.py``),
 runs the stateful 4-client, 3-round run of ``tests/test_e2e_client_state.py``: stopped by SIGTERM
 while client 3 holds its round-2 reply, then resumed, it ends with the results of the same run
 on Ray started by fedsim on one node; clients ran on both cluster nodes (the results'
@@ -24,7 +24,7 @@ import pytest
 from test_e2e_client_state import CLIENTS, HELD, RUN
 
 from conftest import fedsim_run, kill_when, private_tmpdir, read_results, without_timings
-from fedsim.run.data import resolve_data_root
+from fedsim.config.data import resolve_data_root
 from fedsim.run.launcher import BIN, free_port
 from fedsim_clients.state_probe import HOLD_ENV, NAME
 

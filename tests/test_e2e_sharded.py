@@ -9,8 +9,8 @@ from hydra.utils import instantiate
 from test_sharded_grid import fedtp_round, supernodes
 
 from conftest import data_root_override, fedsim_run, read_results
-from fedsim.run.config import compose
-from fedsim.run.schema import entry
+from fedsim.config.compose import compose
+from fedsim.config.schema import entry
 
 DATA = data_root_override()
 

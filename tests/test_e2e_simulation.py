@@ -11,8 +11,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import SMALL, fedsim_run, read_results
-from fedsim.run import provenance
-from fedsim.run.data import REPO_ROOT
+from fedsim.config.data import REPO_ROOT
+from fedsim.results import provenance
 
 pytestmark = pytest.mark.e2e
 

@@ -6,7 +6,7 @@ adapters); one client's generator training replies all carry planted PII.
 
 What holds at this size, and is asserted (measured on this slice: PII rate of the personalized
 replies 0.2 against 0.0 and 0.0 on 10 contexts; mean s_l 0.22 against 0.30; mean alpha
-0.170 against 0.110; with the seeding before ``fedsim/runtime/seeding.py``'s streams, 0.6, 0.23 against
+0.170 against 0.110; with the seeding before ``fedsim/seeding.py``'s streams, 0.6, 0.23 against
 0.35, 0.106 against 0.100): the contaminated client's own model learns the leaking wording, the
 trust evaluator scores its local replies lower than the clean clients', and FedDTRE gives it
 the larger alpha. The margins are small here: with a 40-step base the global model's
@@ -24,13 +24,13 @@ import pytest
 from test_determinism import serve
 
 from conftest import data_root_override
+from fedsim.config.compose import compose
+from fedsim.config.node_local import from_run
 from fedsim.flower.strategies import strategy_utils
 from fedsim.results.outputs import RunOutput
-from fedsim.run.config import compose
-from fedsim.run.node_local import from_run
 from fedsim.runtime import server_app
 from fedsim.runtime.inprocess_grid import InProcessGrid
-from fedsim_experiments import feddtre
+from fedsim_experiments.feddtre import protocol as feddtre
 
 DATA = data_root_override()
 
@@ -52,7 +52,7 @@ SLICE = ["experiment=feddtre_paper", DATA, f"task.num_clients={CLIENTS}",
          f"protocol.clients_per_round={CLIENTS}", "protocol.evaluator.rounds=1",
          f"protocol.evaluator.clients_per_round={CLIENTS}", "protocol.evaluator.local_steps=4",
          "protocol.evaluator.heldout_contexts=5", f"num_rounds={ROUNDS}", "~protocol.methods",
-         f"+protocol.methods={{feddtre: {{run: fedsim_experiments.feddtre.federated, strategy: {FEDDTRE}}}}}"]
+         f"+protocol.methods={{feddtre: {{run: fedsim_experiments.feddtre.protocol.federated, strategy: {FEDDTRE}}}}}"]
 
 
 def play(cfg, clients: int) -> dict:
@@ -128,4 +128,4 @@ def test_more_clients_per_round_than_clients_is_refused_at_once():
     cfg = compose(["experiment=feddtre_paper", DATA, "task.num_clients=2",
                    "protocol.clients_per_round=3"])
     with pytest.raises(ValueError, match="clients_per_round=3 but the task has 2 clients"):
-        feddtre.run(None, cfg, None)
+        feddtre.run(None, cfg, None, None)

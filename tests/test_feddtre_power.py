@@ -14,11 +14,11 @@ from scipy.stats import pearsonr
 from test_feddtre_personal import play
 
 from conftest import data_root_override
-from fedsim.run.config import compose
-from fedsim.run.data import resolve_data_root
-from fedsim.run.schema import check
+from fedsim.config.compose import compose
+from fedsim.config.data import resolve_data_root
+from fedsim.config.schema import check
 from fedsim_clients.dialogue import DialogueClient
-from fedsim_experiments import feddtre_report
+from fedsim_experiments.feddtre import report as feddtre_report
 from fedsim_tasks.test_causal_lm import encoder_dir  # noqa: F401 (fixture: the tiny BERT of every model here)
 
 CLIENTS, ROUNDS, SCORED, GAP = 2, 3, 5, 6
@@ -36,7 +36,7 @@ SLICE = ["experiment=feddtre_power", data_root_override(), f"task.num_clients={C
          f"protocol.clients_per_round={CLIENTS}", "protocol.evaluator.rounds=1",
          f"protocol.evaluator.clients_per_round={CLIENTS}", "protocol.evaluator.local_steps=1",
          "protocol.evaluator.heldout_contexts=3", f"num_rounds={ROUNDS}", "~protocol.methods",
-         f"+protocol.methods={{feddtre: {{run: fedsim_experiments.feddtre.federated, strategy: {FEDDTRE}}}}}"]
+         f"+protocol.methods={{feddtre: {{run: fedsim_experiments.feddtre.protocol.federated, strategy: {FEDDTRE}}}}}"]
 
 
 def _cfg(tiny, tmp, *extra):

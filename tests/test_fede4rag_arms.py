@@ -17,17 +17,18 @@ from omegaconf import OmegaConf
 from test_determinism import serve
 
 from conftest import data_root_override
+from fedsim.config.compose import compose
+from fedsim.config.data import resolve_data_root
+from fedsim.config.node_local import from_run
+from fedsim.config.schema import check
+from fedsim.privacy.plan import PrivacyPlan
 from fedsim.results.outputs import RunOutput
-from fedsim.run.config import compose
-from fedsim.run.data import resolve_data_root
-from fedsim.run.node_local import from_run
-from fedsim.run.schema import check
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.messaging import Messenger
 from fedsim.runtime.records import from_record
 from fedsim_clients import fede4rag_messages as keys
-from fedsim_experiments import fede4rag
-from fedsim_experiments import fede4rag_report as report
+from fedsim_experiments.fede4rag import protocol as fede4rag
+from fedsim_experiments.fede4rag import report
 from fedsim_tasks.financebench_rag.dataset import client_documents, load_documents, load_questions, owners
 from fedsim_tasks.financebench_rag.train import frozen_copy, train_encoder
 from fedsim_tasks.hf import build_encoder
@@ -53,7 +54,7 @@ def run(encoder_dir, tmp_path_factory):  # noqa: F811 (the imported fixture)
         sent.append((partition, msg.metadata.message_type, dict(msg.content[keys.CONFIG])))
         return serve(msg, partition, 2, from_run(cfg))
     grid = InProcessGrid({100 + p: partial(node, partition=p) for p in range(2)}, keep_replies=False)
-    ctx = fede4rag.context(Messenger(grid, timeout=120), cfg)
+    ctx = fede4rag.context(Messenger(grid, timeout=120), cfg, PrivacyPlan.fresh(cfg))
     methods = {name: fede4rag.train_and_evaluate(ctx, name, cfg.protocol.methods[name])
                for name in ("fedavg", "local_only", "persistent_no_kd", "fede4rag_no_he")}
     grid.keep_replies = True  # the last round's replies, which the product average averages

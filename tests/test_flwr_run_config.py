@@ -10,6 +10,8 @@ import tomllib
 import pytest
 
 from conftest import SMALL
+from fedsim.config.compose import CONF_DIR, REFUSED, compose
+from fedsim.config.data import REPO_ROOT
 from fedsim.flower.cli import (
     SuperLinkConnection,
     _parse_federation_config_overrides,
@@ -19,8 +21,6 @@ from fedsim.flower.cli import (
     read_superlink_connection,
 )
 from fedsim.run import cli
-from fedsim.run.config import CONF_DIR, REFUSED, compose
-from fedsim.run.data import REPO_ROOT
 from fedsim.run.launcher import federation_config, simulation_env
 from fedsim.runtime.server_app import RUN_CONFIG_KEYS, config_from_run, state_layout
 

@@ -17,18 +17,19 @@ from test_determinism import serve
 from test_strategy_matrix import CLIENTS, WEIGHT_SLICES
 
 from conftest import data_root_override
+from fedsim.config import node_local
+from fedsim.config.compose import CONF_DIR, compose
 from fedsim.message_keys import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, SERVER_ROUND
 from fedsim.privacy.he.ckks import CKKSParams
 from fedsim.privacy.he.client import HEClient
-from fedsim.privacy.he.layer import unflatten
-from fedsim.run import node_local
-from fedsim.run.config import CONF_DIR, compose
+from fedsim.privacy.plan import PrivacyPlan
 from fedsim.runtime import client_state
+from fedsim.runtime.he_layer import unflatten
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.messaging import ANY, Messenger, Policy
 from fedsim.runtime.records import from_record, to_record
 from fedsim_clients.preference import PreferenceClient
-from fedsim_experiments import fedbiscuit
+from fedsim_experiments.fedbiscuit import protocol as fedbiscuit
 from fedsim_strategies.he_fedavg import HEFedAvg
 from fedsim_tasks.test_causal_lm import encoder_dir  # noqa: F401 (fixture: the tiny BERT selector)
 
@@ -49,7 +50,8 @@ def selectors(encoder_dir, tmp_path_factory):  # noqa: F811 (the imported fixtur
     node = node_local.from_run(cfg)
     grid = InProcessGrid({100 + p: partial(serve, partition=p, num_partitions=CLIENTS, node=node)
                           for p in range(CLIENTS)})
-    return fedbiscuit.context(Messenger(grid, timeout=60), cfg, instantiate(cfg.task.selector, seed=cfg.task.seed))
+    return fedbiscuit.context(Messenger(grid, timeout=60), cfg, instantiate(cfg.task.selector, seed=cfg.task.seed),
+                              PrivacyPlan.fresh(cfg))
 
 
 def _aggregate(ctx, partition: int) -> np.ndarray:

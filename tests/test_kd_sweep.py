@@ -5,8 +5,8 @@ shared corpus and per filing, a small FinanceBench slice, the offline MiniLM wit
 import pytest
 
 from conftest import fedsim_run, read_results
-from fedsim.run.config import compose
-from fedsim.run.schema import check
+from fedsim.config.compose import compose
+from fedsim.config.schema import check
 
 
 @pytest.mark.parametrize("override, refusal", [

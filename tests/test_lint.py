@@ -2,6 +2,7 @@
 pyproject.toml) and ruff."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +77,45 @@ def test_message_keys_are_declared_once():
                 if path != declaring and not path.name.startswith(("test_", "conftest"))
                 for line, key in sorted(set(_message_literals(ast.parse(path.read_text()), keys)))]
     assert not restated, "message keys restated outside fedsim/message_keys.py:\n" + "\n".join(restated)
+
+
+PYTHON_BLOCK = re.compile(r"^```python[^\n]*\n(.*?)^```$", re.S | re.M)  # a page's Python, as the walkthrough's
+
+
+def _python_sources():
+    """(where, first line, code) of every Python module of the packages, tests and bench, and
+    every Python block of the Markdown pages (the walkthrough's files live there), message_keys.py
+    left out."""
+    declaring = REPO / "fedsim" / "message_keys.py"
+    modules = [p for folder in (*SOURCES, "tests") for p in sorted((REPO / folder).rglob("*.py")) if p != declaring]
+    for path in modules:
+        yield str(path.relative_to(REPO)), 0, path.read_text()
+    for page in sorted([*REPO.glob("*.md"), *(REPO / "docs").rglob("*.md")]):
+        text = page.read_text()
+        for block in PYTHON_BLOCK.finditer(text):
+            yield str(page.relative_to(REPO)), text[:block.start(1)].count("\n"), block.group(1)
+
+
+def _key_assignments(tree: ast.AST, shared: dict[str, str]):
+    """(line, name, value) of each string assigned to a shared key's value (a second declaration
+    of it, under any name) or to a shared key's name (a second spelling of it)."""
+    for node in ast.walk(tree):
+        value = getattr(node, "value", None)
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or not isinstance(value, ast.Constant) \
+                or not isinstance(value.value, str):
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for name in [t.id for t in targets if isinstance(t, ast.Name)]:
+            keylike = re.fullmatch(r"[\w-]+", value.value)  # a key, not a text that shares a name
+            if value.value in shared.values() or (name in shared and keylike):
+                yield node.lineno, name, value.value
+
+
+def test_no_module_or_page_redeclares_a_shared_message_key():
+    """A key of fedsim/message_keys.py is assigned there only: every module, test, bench script
+    and page's code block (the walkthrough's toy) imports it, so no method restates it."""
+    from fedsim import message_keys
+    shared = {k: v for k, v in vars(message_keys).items() if k.isupper() and isinstance(v, str)}
+    found = [f"{where}:{first + line}: {name} = {value!r}" for where, first, code in _python_sources()
+             for line, name, value in _key_assignments(ast.parse(code, where), shared)]
+    assert not found, "shared message keys declared outside fedsim/message_keys.py:\n" + "\n".join(found)

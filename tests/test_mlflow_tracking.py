@@ -8,10 +8,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 from test_sharded_grid import supernodes
 
+from fedsim.config.compose import compose
 from fedsim.results.mlflow_sink import store_uri
 from fedsim.results.outputs import RunOutput
 from fedsim.results.test_sinks import csv_history, mlflow_history
-from fedsim.run.config import compose
 from fedsim.runtime import server_app
 
 CLIENTS = 4

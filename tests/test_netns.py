@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from conftest import FEDSIM, SMALL, private_tmpdir, read_results
+from fedsim.config.compose import compose
+from fedsim.config.data import resolve_data_root
 from fedsim.run import launcher
-from fedsim.run.config import compose
-from fedsim.run.data import resolve_data_root
 from fedsim.run.tls import make_federation
 
 LINK_IP, USER_IP, PORT = "10.77.0.1", "10.77.0.100", 9093
@@ -162,7 +162,7 @@ def test_fedtp_and_fede4rag_he_across_namespaces(federation, tmp_path):
         "task.companies=[AES Corporation,Boeing]", "task.pages_per_client=30", "task.n_valid=4",
         "task.n_test=6", "task.corpus_pages_per_doc=8", "num_rounds=1", "protocol.local_steps=2",
         "protocol.batch_size=4", "protocol.eval_pages_per_message=64", "~protocol.methods",
-        "+protocol.methods={fede4rag: {run: fedsim_experiments.fede4rag.federated, kd_weight: 1.0, he: true}}")
+        "+protocol.methods={fede4rag: {run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: 1.0, he: true}}")
     assert code == 0, log[-4000:]
     res = read_results(tmp_path / "fede4rag")
     he = res["methods"]["fede4rag"]

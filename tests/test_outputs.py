@@ -9,15 +9,17 @@ import pytest
 from matplotlib.container import ErrorbarContainer
 from omegaconf import OmegaConf
 
-from fedsim.results import comparison
-from fedsim.results.comparison import Run, Settings, compare
+from fedsim.config.compose import CONF_DIR
+from fedsim.config.schema import typed_sweep
+from fedsim.results import comparison, provenance
+from fedsim.results.comparison import Run, compare
 from fedsim.results.outputs import RunOutput
 from fedsim.results.sinks import Sinks
-from fedsim.run import cli, provenance
-from fedsim.run.config import CONF_DIR
-from fedsim.run.schema import sweep_settings
+from fedsim.run import cli
 from fedsim.runtime.server_app import faults_section
-from fedsim_experiments import fede4rag_kd_sweep, fedtp
+from fedsim_experiments.fede4rag import report as fede4rag_report
+from fedsim_experiments.fedtp import report as fedtp_report
+from fedsim_experiments.fedtp.settings import ROUTERS
 
 # a float printed with more than 6 decimals, or a Python dict / list of dicts printed raw
 RAW = re.compile(r"\d\.\d{7,}|\{'|\[\{|': ")
@@ -43,7 +45,7 @@ def _fedtp_results() -> dict:
     return {
         "experiment": "fedtp", "lambda": 0.005, "alpha": 0.7, "noise_multiplier": 1.0,
         "prior_clients": {"splits": ["valid_freq"], "count": 10, "nodes": 2},
-        "routers": {r: {"test_freq": scores, "overall": scores} for r in fedtp.ROUTERS},
+        "routers": {r: {"test_freq": scores, "overall": scores} for r in ROUTERS},
         "lambda_sweep": [{"lambda": 0.0, **scores}, {"lambda": 0.005, **scores}],
         "dp_sweep": [
             {"sigma": 0.0, "epsilon": None, "epsilon_rdp": None, "epsilon_pld": None, "delta": 1e-5, "ehr_mean": ehr,
@@ -72,7 +74,7 @@ GAINS = np.array([0.0, 0.0, 0.0, 0.03, 0.5, -0.25])  # three unchanged, a small 
 @pytest.fixture
 def fedtp_figures(tmp_path):
     out = Kept(tmp_path)
-    fedtp._plots(out, _fedtp_results(), GAINS)
+    fedtp_report.plots(out, _fedtp_results(), GAINS)
     for fig in out.figures.values():
         fig.canvas.draw()  # tick labels are set at drawing
     assert {p.name for p in tmp_path.glob("*.png")} == {"ehr_vs_epsilon.png", "gain_histogram.png"}
@@ -114,7 +116,7 @@ def test_the_summary_is_rounded_numbers_and_tables():
     results = _fedtp_results()
     faults = {"discover": {1: {"sent": 20, "failed": 0, "malformed": 1, "timed_out": 0, "accepted": 19}},
               "prior/train": {1: {"sent": 10, "failed": 2, "malformed": 0, "timed_out": 0, "accepted": 8}}}
-    text = fedtp._summary(results, ["test_freq"]) + faults_section(faults)
+    text = fedtp_report.summary(results, ["test_freq"]) + faults_section(faults)
     assert not RAW.search(text), RAW.search(text)
     assert "| 6 | 2 | 1 | 3 | 0.0083 |" in text  # the per-conversation gain, a table row
     assert "| discover | 1 | 20 | 0 | 1 | 0 | 19 |" in text and "| prior/train | 1 | 10 | 2 | 0 | 0 | 8 |" in text
@@ -128,7 +130,7 @@ def test_the_sweep_plots_have_a_labelled_point_and_interval_per_row(tmp_path):
             for s, d in enumerate([0.01, 0.03, 0.02, 0.04])]
     sweep = OmegaConf.load(CONF_DIR / "config.yaml").sweep
     sweep.baseline = "old"
-    result = compare(runs, Settings.of(sweep_settings(sweep)))
+    result = compare(runs, typed_sweep(sweep))
     out = Kept(tmp_path)
     comparison.plot(result, out)
     for name, rows in (("paired_differences", 2), ("metrics", 3)):
@@ -143,7 +145,7 @@ def test_a_log_axis_reads_in_plain_numbers(tmp_path):
     cells = {f"steps{s}_kd1": {"local_steps": s, "rounds": {k: {"kd": 1.2 + k, "client-distance": 2.0 * k}
                                                              for k in (1, 2, 3)}} for s in (2, 4)}
     out = Kept(tmp_path)
-    fede4rag_kd_sweep._plot({"cells": cells}, out)
+    fede4rag_report.kd_sweep_plot({"cells": cells}, out)
     for name in ("kd_by_round", "client-distance_by_round"):
         (ax,) = out.figures[name].axes
         out.figures[name].canvas.draw()
@@ -210,7 +212,7 @@ def test_the_sweep_plots_cut_a_records_long_names(tmp_path):
     sweep = OmegaConf.load(CONF_DIR / "config.yaml").sweep
     sweep.baseline = "old"
     out = Kept(tmp_path)
-    comparison.plot(compare(runs, Settings.of(sweep_settings(sweep))), out)
+    comparison.plot(compare(runs, typed_sweep(sweep)), out)
     labels = [t for fig in out.figures.values() for ax in fig.axes
               for t in [ax.get_xlabel(), *(t.get_text() for t in ax.get_yticklabels())]]
     assert labels and max(map(len, labels)) <= comparison.PLOT_CHARS and all(t.endswith("…") for t in labels)

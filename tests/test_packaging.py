@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from fedsim.config.data import REPO_ROOT
 from fedsim.flower.cli import build_fab_from_disk, install_from_fab
-from fedsim.run.data import REPO_ROOT
 
 GENERIC = ("tasks", "clients", "strategies", "experiments")
 

@@ -6,11 +6,15 @@ A marker is an HTML comment (invisible when rendered) right after the number it 
 
 - ``<!-- record: RUN PATH -->``: the value at ``PATH`` (dotted; a list index is a number) of the
   ``results.json`` in the run folder ``RUN``, e.g.
-  ``+0.0031 <!-- record: records/fedtp_paper-58/run ehr_gain -->``;
+  ``+0.0031 <!-- record: records/fedtp_paper-58/run ehr_gain -->``; ``RUN`` may instead name a
+  JSON file kept as a record (a bench's output), e.g.
+  ``records/fedbiscuit_populations_length/populations.json summary.second_criterion/majority.ci.0``;
 - ``<!-- record: SWEEP compare OVERRIDE... METRIC FIELD -->``: the field ``FIELD`` (dotted:
   ``mean``, ``ci.0``, ``ci.1``, ``p_value``, ``p_holm``, ``mde``) of the paired or contrast row
   of ``METRIC`` in the comparison ``fedsim compare SWEEP OVERRIDE...`` builds
-  (:func:`fedsim.results.comparison.compare`, in process, writing nothing). ``SWEEP`` may join
+  (:func:`fedsim.results.comparison.compare`, in process, writing nothing; a metric that is both
+  a paired row and a contrast, FedBiscuit U=3's gap minus FedBis's and minus 0, names the paired
+  row). ``SWEEP`` may join
   several record folders with ``+`` (a sweep kept in parts: their runs compared together).
   Tokens are split as a shell would; ``$NAME`` is a ``NAME=value`` line of a shell block of the
   scanned pages (one value across them), so a marker states the page's own compare line.
@@ -30,10 +34,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from fedsim.results.comparison import Settings, compare, counted_runs, load_runs, read_config
-from fedsim.run.config import CONF_DIR
-from fedsim.run.data import REPO_ROOT
-from fedsim.run.schema import sweep_settings
+from fedsim.config.compose import CONF_DIR
+from fedsim.config.data import REPO_ROOT
+from fedsim.config.schema import typed_sweep
+from fedsim.results.comparison import compare, counted_runs, load_runs, read_config
 
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs" / "methods").glob("*.md"))]
 MARKER = re.compile(r"<!--\s*record:\s*(.*?)\s*-->", re.S)
@@ -61,10 +65,10 @@ def page_variables(pages=PAGES) -> dict[str, str | None]:
 
 
 def dig(value, path: str):
-    """The value at a dotted path (a list index is a number)."""
+    """The value at a dotted path (a list or tuple index is a number)."""
     for key in path.split("."):
         try:
-            value = value[int(key)] if isinstance(value, list) else value[key]
+            value = value[int(key)] if isinstance(value, (list, tuple)) else value[key]  # a primary CI: a tuple
         except (KeyError, IndexError, ValueError, TypeError):
             raise MarkerError(f"no {path!r} (at {key!r})") from None
     return value
@@ -77,6 +81,13 @@ def _folder(name: str) -> Path:
     return folder
 
 
+def _record_file(name: str) -> Path:
+    path = REPO_ROOT / name
+    if not name.startswith("records/") or not path.is_file():
+        raise MarkerError(f"no record file {name} (a record lives under records/)")
+    return path
+
+
 @cache
 def comparison(folders: str, overrides: tuple[str, ...]) -> dict:
     """The comparison ``fedsim compare`` builds for these folders and overrides: the sweep settings
@@ -87,7 +98,7 @@ def comparison(folders: str, overrides: tuple[str, ...]) -> dict:
         raise MarkerError(f"no completed sweep run under {paths[0]}")
     defaults = OmegaConf.load(CONF_DIR / "config.yaml").sweep
     given = OmegaConf.from_dotlist([o.removeprefix("sweep.") for o in overrides])
-    settings = Settings.of(sweep_settings(defaults, read_config(first / "config.yaml").get("sweep", {}), given))
+    settings = typed_sweep(defaults, read_config(first / "config.yaml").get("sweep", {}), given)
     return compare([run for p in paths for run in load_runs(p)], settings,
                    strict=any(o.startswith("sweep.metrics=") for o in overrides))
 
@@ -103,14 +114,15 @@ def rebuild(marker: str, variables: dict[str, str | None]) -> float:
 
     tokens = [expand(t) for t in shlex.split(marker)]
     if len(tokens) == 2:
-        results = _folder(tokens[0]) / "results.json"
+        results = _record_file(tokens[0]) if tokens[0].endswith(".json") else _folder(tokens[0]) / "results.json"
         if not results.is_file():
             raise MarkerError(f"no {results.relative_to(REPO_ROOT)}")
         return float(dig(json.loads(results.read_text()), tokens[1]))
     if len(tokens) < 4 or tokens[1] != "compare":
         raise MarkerError(f"a marker is RUN PATH or SWEEP compare OVERRIDE... METRIC FIELD, got {marker!r}")
     result = comparison(tokens[0], tuple(tokens[2:-2]))
-    rows = [r for r in result["paired"] + result["contrasts"] if r["metric"] == tokens[-2]]
+    rows = ([r for r in result["paired"] if r["metric"] == tokens[-2]]
+            or [r for r in result["contrasts"] if r["metric"] == tokens[-2]])
     if len(rows) != 1:
         raise MarkerError(f"{len(rows)} rows of {tokens[-2]} in the comparison (one wanted)")
     return float(dig(rows[0], tokens[-1]))
@@ -156,6 +168,10 @@ def test_marked_number_is_its_record(before, marker):
     ("EHR +0.0033 ", "records/fedtp_paper-58/run bootstrap_ci_ehr_gain.2", "no 'bootstrap_ci_ehr_gain.2'"),
     ("EHR +0.0033 ", "records/fedtp_paper-58 ehr_gain", "no records/fedtp_paper-58/results.json"),
     ("EHR +0.0033 ", "docs/methods ehr_gain", "no record folder"),
+    ("+0.0658 ", "records/fedbiscuit_populations_length/population.json summary", "no record file"),
+    ("+0.0658 ", "pyproject.json summary", "no record file"),
+    ("+0.0659 ", "records/fedbiscuit_populations_length/populations.json "
+     "summary.second_criterion/majority.own_minus_pooled", "printed"),
     ("EHR ", "records/fedtp_paper-58/run ehr_gain", "no number"),
     ("+0.039 ", "records/fedbiscuit_length-40 compare sweep.baseline=raw policy.fedbis.4.win_rat mean", "0 rows"),
     ("+0.039 ", "records/fedbiscuit_length-40 compare sweep.baseline=raw $NO_SUCH policy.fedbis.4.win_rate mean",
@@ -174,6 +190,10 @@ def test_a_right_marker_passes():
     check("EHR +0.0031 ", rebuild("records/fedtp_paper-58/run ehr_gain", VARIABLES))
     check("EHR 0.31% ", rebuild("records/fedtp_paper-58/run ehr_gain", VARIABLES))
     check("1,058 ", rebuild("records/fedtp_paper-58/run bootstrap_ci_ehr_gain_unit.clusters", VARIABLES))
+    check("+0.035 ", rebuild('records/fedbiscuit_length-40 compare sweep.baseline=fedbis "$CONTRASTS" "$EFFECTS" '
+                             "rlhf.reward_hacking.fedbiscuit_u3.1.gap mean", VARIABLES))  # paired; the contrast: +0.45
+    check("+0.0658 ", rebuild("records/fedbiscuit_populations_length/populations.json "
+                              "summary.second_criterion/majority.own_minus_pooled", VARIABLES))
     check("+0.039 ", rebuild("records/fedbiscuit_length-40 compare sweep.baseline=raw policy.fedbis.4.win_rate mean",
                              VARIABLES))
 

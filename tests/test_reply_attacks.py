@@ -16,21 +16,24 @@ from omegaconf import OmegaConf
 from test_sharded_grid import supernodes, tampering_supernodes
 
 from conftest import data_root_override
+from fedsim.config.compose import compose
 from fedsim.flower.messages import NodeInfo, public_key_to_bytes
 from fedsim.message_keys import PARTITION_ID, RAY_NODE
 from fedsim.privacy.he import messages as he_keys
-from fedsim.run.config import compose
-from fedsim.run.tls import NODE_KEYS_ENV, Certificates, make_federation, partition_keys
+from fedsim.privacy.plan import PrivacyPlan
+from fedsim.run.tls import Certificates, make_federation, partition_keys
 from fedsim.runtime.inprocess_grid import InProcessGrid
-from fedsim.runtime.journal import WHOAMI
+from fedsim.runtime.journal import NODE_KEYS_ENV, WHOAMI
 from fedsim.runtime.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
 from fedsim.runtime.records import from_record, to_record
 from fedsim.runtime.sharded_grid import LAYOUT, SHARD, ShardedGrid
 from fedsim_clients import fede4rag_messages as rag
 from fedsim_clients import fedtp_messages as tp
 from fedsim_clients import preference_messages as pref
-from fedsim_experiments import fedbiscuit, fede4rag, fedtp
-from fedsim_experiments.common import discover
+from fedsim_experiments.common import build_strategy, discover
+from fedsim_experiments.fedbiscuit import protocol as fedbiscuit
+from fedsim_experiments.fede4rag import protocol as fede4rag
+from fedsim_experiments.fedtp import protocol as fedtp
 from fedsim_strategies.test_he_fedavg import VectorClient
 
 DATA = data_root_override()
@@ -71,7 +74,8 @@ def _fedtp_context(handlers) -> fedtp.Context:
     hosted = {n: ConfigRecord({tp.INFO_SPLITS: ["valid_freq"], tp.INFO_ROWS: [n - 1]}) for n in handlers}
     task = {**OmegaConf.to_container(cfg.task, resolve=True), "prior_splits": ["valid_freq"],
             "tune_splits": ["valid_freq"]}
-    return fedtp.Context(messenger, cfg, client_config(cfg), task, fedtp.dp_strategy(cfg, messenger), hosted)
+    strategy = build_strategy(cfg, PrivacyPlan.fresh(cfg), len(messenger.node_ids()))
+    return fedtp.Context(messenger, cfg, client_config(cfg), task, strategy, hosted)
 
 
 def _prior(hostile=None):
@@ -151,14 +155,15 @@ def _preference_context(handlers, *overrides) -> fedbiscuit.Context:
     base = client_config(cfg)
     nodes, records = discover(messenger, base)
     info = {p: {k: r[k] for k in (pref.NUM_EXAMPLES, pref.NUM_VALID, pref.POPULATION)} for p, r in records.items()}
-    return fedbiscuit.Context(messenger, cfg, base, nodes, info, None, {"w": np.zeros(2, np.float32)})
+    return fedbiscuit.Context(messenger, cfg, base, nodes, info, None, {"w": np.zeros(2, np.float32)},
+                              plan=PrivacyPlan.fresh(cfg))
 
 
 def _fedbis(train=None, **overrides) -> tuple[np.ndarray, dict, dict]:
     handlers = {n: _preference_client(n - 1, float(n)) for n in range(1, HONEST + 1)}
     handlers[HOSTILE] = _preference_client(HOSTILE - 1, 2.0, train=train)
     ctx = _preference_context(handlers)
-    out = fedbiscuit.fedbis(ctx, "fedbis", OmegaConf.create({"run": "fedsim_experiments.fedbiscuit.fedbis"}))
+    out = fedbiscuit.fedbis(ctx, "fedbis", OmegaConf.create({"run": "fedsim_experiments.fedbiscuit.protocol.fedbis"}))
     return out["selectors"][0]["w"], out["details"]["rounds"], ctx.messenger.faults["fedbis/train"]
 
 
@@ -208,7 +213,7 @@ def _fedbiscuit(train=None, report=None):
     handlers = {n: _preference_client(n - 1, float(n)) for n in range(1, HONEST + 1)}
     handlers[HOSTILE] = _preference_client(HOSTILE - 1, 10.0, train=train, report=report)
     ctx = _preference_context(handlers)
-    spec = OmegaConf.create({"run": "fedsim_experiments.fedbiscuit.fedbiscuit", "num_selectors": 1})
+    spec = OmegaConf.create({"run": "fedsim_experiments.fedbiscuit.protocol.fedbiscuit", "num_selectors": 1})
     out = fedbiscuit.fedbiscuit(ctx, "fedbiscuit_u1", spec)
     return out["selectors"][0]["w"], ctx.messenger.faults
 
@@ -420,8 +425,8 @@ def _he_run(tmp_path, hostile=None):
                for n in range(1, HOSTILE + 1)}
     messenger = messenger_of(clients)
     ctx = fede4rag.Context(messenger, cfg, client_config(cfg), *fede4rag._discover(messenger, client_config(cfg)),
-                           budget=1)
-    spec = OmegaConf.create({"run": "fedsim_experiments.fede4rag.federated", "he": True, "kd_weight": 0.0})
+                           budget=1, plan=PrivacyPlan.fresh(cfg))
+    spec = OmegaConf.create({"run": "fedsim_experiments.fede4rag.protocol.federated", "he": True, "kd_weight": 0.0})
     fede4rag.federated(ctx, "fede4rag", spec)
     return clients[1].he.global_weights(1), vectors, messenger.faults["fede4rag/train"][1]
 

@@ -39,7 +39,8 @@ from test_reply_attacks import (
 )
 from test_sharded_grid import tampering_supernodes
 
-from fedsim.run.config import compose
+from fedsim.config.compose import compose
+from fedsim.privacy.plan import PrivacyPlan
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.journal import WHOAMI
 from fedsim.runtime.messaging import ANY, Messenger, PhaseFailed, Policy
@@ -51,8 +52,12 @@ from fedsim_clients import fede4rag_messages as rag
 from fedsim_clients import fedtp_messages as tp
 from fedsim_clients import preference_messages as pref
 from fedsim_clients.topic_preference import hosted_rows
-from fedsim_experiments import fedbiscuit, feddtre, feddtre_report, fede4rag, fedtp
 from fedsim_experiments.common import discover
+from fedsim_experiments.fedbiscuit import protocol as fedbiscuit
+from fedsim_experiments.feddtre import protocol as feddtre
+from fedsim_experiments.feddtre import report as feddtre_report
+from fedsim_experiments.fede4rag import protocol as fede4rag
+from fedsim_experiments.fedtp import protocol as fedtp
 from fedsim_tasks.financebench_rag.retrieval import METRICS as RETRIEVAL
 from fedsim_tasks.financebench_rag.retrieval import weights_key
 
@@ -366,14 +371,14 @@ def test_fedbiscuit_discover(profile):
 
 @pytest.mark.parametrize("profile", PROFILE)
 def test_fedbis_train(profile):
-    spec = OmegaConf.create({"run": "fedsim_experiments.fedbiscuit.fedbis"})
+    spec = OmegaConf.create({"run": "fedsim_experiments.fedbiscuit.protocol.fedbis"})
     fuzz(profile, _preference_drive(lambda ctx: fedbiscuit.fedbis(ctx, "fedbis", spec)["selectors"][0]["w"]),
          bounded=_in_hull)
 
 
 @pytest.mark.parametrize("profile", PROFILE)
 def test_fedbiscuit_train_and_regroup(profile):
-    spec = OmegaConf.create({"run": "fedsim_experiments.fedbiscuit.fedbiscuit", "num_selectors": 1})
+    spec = OmegaConf.create({"run": "fedsim_experiments.fedbiscuit.protocol.fedbiscuit", "num_selectors": 1})
     fuzz(profile, _preference_drive(lambda ctx: fedbiscuit.fedbiscuit(ctx, "u1", spec)["selectors"][0]["w"]),
          bounded=_in_hull)
 
@@ -422,12 +427,12 @@ def _rag_drive(run, hostile_node: int = HOSTILE, discovered: bool = True):
         if not discovered:
             return Outcome(fede4rag._discover(messenger, {})[1], messenger)
         nodes, info = fede4rag._discover(Messenger(InProcessGrid(handlers), timeout=5), {})
-        ctx = fede4rag.Context(messenger, cfg, {}, nodes, info, budget=4)
+        ctx = fede4rag.Context(messenger, cfg, {}, nodes, info, budget=4, plan=PrivacyPlan.fresh(cfg))
         return Outcome(run(ctx), messenger)
     return drive
 
 
-FEDAVG = OmegaConf.create({"run": "fedsim_experiments.fede4rag.federated", "he": False, "kd_weight": 0.0})
+FEDAVG = OmegaConf.create({"run": "fedsim_experiments.fede4rag.protocol.federated", "he": False, "kd_weight": 0.0})
 
 
 @pytest.mark.parametrize("profile", PROFILE)
@@ -470,7 +475,7 @@ def _he_drive(tmp_path_factory, floats: int):
     (tmp / "keys").mkdir(mode=0o700)  # one key for every drive, made once
     cfg = _rag_cfg(str(tmp))
     vectors = [np.full(floats, 1.0 + p) for p in range(HOSTILE)]
-    spec = OmegaConf.create({"run": "fedsim_experiments.fede4rag.federated", "he": True, "kd_weight": 0.0})
+    spec = OmegaConf.create({"run": "fedsim_experiments.fede4rag.protocol.federated", "he": True, "kd_weight": 0.0})
 
     def drive(send):
         folder = tmp_path_factory.mktemp("run")
@@ -479,7 +484,7 @@ def _he_drive(tmp_path_factory, floats: int):
         handlers = _with_hostile(clients, send)
         messenger = Messenger(InProcessGrid(handlers), timeout=5)
         ctx = fede4rag.Context(messenger, cfg, {}, *fede4rag._discover(Messenger(InProcessGrid(clients), 5), {}),
-                               budget=1)
+                               budget=1, plan=PrivacyPlan.fresh(cfg))
         fede4rag.federated(ctx, "he", spec)
         return Outcome(clients[1].he.global_weights(1), messenger)
     return drive
@@ -535,7 +540,8 @@ def _dtre_drive(run, discovered: bool = True):
         honest = {n: _dialogue_node(n - 1) for n in range(1, HOSTILE + 1)}
         nodes, info = discover(Messenger(InProcessGrid(honest), 5), {})
         ctx = feddtre.Context(messenger, cfg, {}, nodes, {p: dict(i) for p, i in info.items()},
-                              feddtre.check(cfg), {"persona_chat": None}, "unused", INITIAL)
+                              feddtre.check(cfg), {"persona_chat": None}, "unused", INITIAL,
+                              plan=PrivacyPlan.fresh(cfg))
         return Outcome(run(ctx), messenger)
     return drive
 

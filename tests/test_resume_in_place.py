@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from conftest import SMALL, Unpickled, fedsim_refusal, fedsim_run, private_tmpdir, stop_sweep_mid_point
+from fedsim.config.compose import ConfigError
 from fedsim.privacy.secret import derive, seal
 from fedsim.run.cli import RUN_FILE, _save_run, prepare, resumed
-from fedsim.run.config import ConfigError
 from fedsim.run.sweep import MANIFEST, Sweep
 
 

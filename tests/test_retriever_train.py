@@ -10,7 +10,7 @@ import pytest
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from omegaconf import OmegaConf
 
-from fedsim.run.config import compose
+from fedsim.config.compose import compose
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.records import from_record, to_record
 from fedsim_clients import fede4rag_messages as keys

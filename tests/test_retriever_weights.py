@@ -11,12 +11,12 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from omegaconf import OmegaConf
 
+from fedsim.config.compose import compose
+from fedsim.config.node_local import environment, sent_task
 from fedsim.privacy.he import ckks
 from fedsim.privacy.he import messages as he_keys
 from fedsim.privacy.he.client import IncompleteGlobal
-from fedsim.privacy.he.layer import HELayer, around, flatten
-from fedsim.run.config import compose
-from fedsim.run.node_local import environment, sent_task
+from fedsim.runtime.he_layer import HELayer, around, flatten
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim_clients import fede4rag_messages as keys
 from fedsim_clients.retriever import MissingWeights, RetrieverClient
@@ -26,7 +26,7 @@ from fedsim_tasks.financebench_rag.retrieval import weights_key
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     """Node 0 of 2, its folders (key, cache, state) in this process's environment, as
-    ``fedsim run`` gives a simulation's clients theirs (``fedsim/run/node_local.py``)."""
+    ``fedsim run`` gives a simulation's clients theirs (``fedsim/config/node_local.py``)."""
     tmp = tmp_path_factory.mktemp("retriever")
     cfg = compose(["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]",
                    "task.pages_per_client=5", "task.n_valid=2", "task.n_test=2",

@@ -1,4 +1,4 @@
-"""One seeding scheme (``fedsim/runtime/seeding.py``): every random stream a client, a task or a protocol
+"""One seeding scheme (``fedsim/seeding.py``): every random stream a client, a task or a protocol
 draws is declared once, and its seeds never collide with another stream's; no code computes a
 seed by arithmetic (``seed * 1000 + round * 10 + partition`` gave client 10 of round 1 the
 seed of client 0 in round 2)."""
@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.runtime import seeding
+from fedsim import seeding
 
 ROOT = Path(__file__).parents[1]
 PACKAGES = ["fedsim", "fedsim_clients", "fedsim_tasks", "fedsim_strategies", "fedsim_experiments"]
 KEYS = {  # what a declared key takes in a run: 3 rounds (and round 0, discovery), 50 clients
     "round": range(4), "partition": range(50), "dataset": ["persona_chat", "cmu_dog", "wizard_of_wikipedia"],
     "message_type": ["train", "evaluate", "query"], "document": ["3M_2018_10K", "BOEING_2022_10K", "PEPSICO_2023_8K"],
-    "n": [1, 2, 4, 8],
+    "n": [1, 2, 4, 8], "frequency": ["freq", "rare"],
 }
 
 
@@ -84,7 +84,7 @@ def _mentions_a_seed(node: ast.AST) -> bool:
 
 
 def test_no_code_computes_a_seed_by_arithmetic():
-    """Everywhere but the derivation itself (``fedsim/runtime/seeding.py``)."""
+    """Everywhere but the derivation itself (``fedsim/seeding.py``)."""
     sources = [p for package in [*PACKAGES, "bench"] for p in (ROOT / package).rglob("*.py")
                if not p.name.startswith(("test_", "conftest")) and p != ROOT / "fedsim" / "seeding.py"]
     found = []
@@ -95,4 +95,4 @@ def test_no_code_computes_a_seed_by_arithmetic():
                 else []
             if any(_mentions_a_seed(o) for o in operands):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
-    assert not found, "seeds come from fedsim.runtime.seeding streams, not arithmetic:\n" + "\n".join(found)
+    assert not found, "seeds come from fedsim.seeding streams, not arithmetic:\n" + "\n".join(found)

@@ -8,7 +8,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
 from conftest import data_root_override
-from fedsim.run.config import compose
+from fedsim.config.compose import compose
 from fedsim.runtime import client_app
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
@@ -25,7 +25,7 @@ SLICE = ["task.max_per_split=3", DATA]
 
 def supernodes(k: int, crash_batches: bool = False, node: dict | None = None) -> InProcessGrid:
     """K SuperNodes (node ids 100+p) serving the real ClientApp handler, each with the node
-    config ``node`` (its folders: ``fedsim.run.node_local.from_run(cfg)``, as ``fedsim run`` gives
+    config ``node`` (its folders: ``fedsim.config.node_local.from_run(cfg)``, as ``fedsim run`` gives
     the clients it starts)."""
     def supernode(p):
         def handle(msg: Message) -> RecordDict:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.run.config import CONF_DIR
-from fedsim.run.data import resolve_data_root
+from fedsim.config.compose import CONF_DIR
+from fedsim.config.data import resolve_data_root
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -1,7 +1,7 @@
 """Every strategy entry x every experiment's strategy slot x every privacy wrapper.
 
 1. The refusals (config only): each pair is checked exactly as ``fedsim run`` checks it before
-   anything starts (``fedsim.run.schema.check``); a refused pair names its reason, which comes from
+   anything starts (``fedsim.config.schema.check``); a refused pair names its reason, which comes from
    the entries' data (``traits``, the slot's ``refuses``), never from a name check.
 2. The runs (in process, no Ray: the Ray path of each experiment is covered by its
    ``test_e2e_*``), five clients of which one crashes (``faults.crash``, the real ClientApp's
@@ -39,16 +39,21 @@ from omegaconf import OmegaConf
 from test_determinism import serve
 
 from conftest import data_root_override
+from fedsim.config.compose import CONF_DIR, choices, compose
+from fedsim.config.node_local import from_run
+from fedsim.config.schema import check
 from fedsim.flower.strategies import strategy_utils
-from fedsim.run.config import CONF_DIR, choices, compose
-from fedsim.run.node_local import from_run
-from fedsim.run.schema import check
+from fedsim.privacy.plan import PrivacyPlan
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.messaging import Messenger, client_config
 from fedsim.runtime.records import from_record, to_bytes
 from fedsim.runtime.server_app import seed_server
 from fedsim_clients import fedtp_messages as keys
-from fedsim_experiments import fedbiscuit, feddtre, fede4rag, fedtp
+from fedsim_experiments.common import build_strategy
+from fedsim_experiments.fedbiscuit import protocol as fedbiscuit
+from fedsim_experiments.feddtre import protocol as feddtre
+from fedsim_experiments.fede4rag import protocol as fede4rag
+from fedsim_experiments.fedtp import protocol as fedtp
 from fedsim_tasks.causal_lm import load_policy
 from fedsim_tasks.test_causal_lm import encoder_dir  # noqa: F401 (fixture: the tiny BERT of every model here)
 from fedsim_tasks.topical_chat.dataset import load_topics
@@ -155,13 +160,14 @@ WEIGHT_SLICES = {  # each weight slot's slice: five clients, two local steps, th
 }
 
 
-def _feddtre_context(messenger: Messenger, cfg):
+def _feddtre_context(messenger: Messenger, cfg, plan: PrivacyPlan):
     """As ``feddtre.run`` builds it, the base generator as published (no SFT); the trust
     evaluator untrained (its weights travel to the clients that score trust)."""
     protocol = check(cfg)
     g = protocol.generator
     base, _ = feddtre.base_generator(g, cfg.data_root, int(cfg.seed))
-    ctx = feddtre.context(messenger, cfg, protocol, str(base), load_policy(base, dict(g.lora), int(cfg.task.seed)))
+    ctx = feddtre.context(messenger, cfg, protocol, str(base), load_policy(base, dict(g.lora), int(cfg.task.seed)),
+                          plan)
     ctx.evaluator_blob = to_bytes(instantiate(cfg.task.evaluator, seed=int(cfg.task.seed)).weights())
     return ctx
 
@@ -169,8 +175,8 @@ def _feddtre_context(messenger: Messenger, cfg):
 CONTEXTS = {
     "fede4rag_paper": fede4rag.context,
     "feddtre_paper": _feddtre_context,
-    "fedbiscuit_paper": lambda messenger, cfg: fedbiscuit.context(
-        messenger, cfg, instantiate(cfg.task.selector, seed=cfg.task.seed)),
+    "fedbiscuit_paper": lambda messenger, cfg, plan: fedbiscuit.context(
+        messenger, cfg, instantiate(cfg.task.selector, seed=cfg.task.seed), plan),
 }
 
 
@@ -220,7 +226,7 @@ def slot_context(encoder_dir, tmp_path_factory):  # noqa: F811 (the imported fix
                        *WEIGHT_SLICES[exp](encoder_dir, tmp)])
         grid = InProcessGrid({100 + p: partial(_serve_frozen, partition=p, node=from_run(cfg)) for p in range(CLIENTS)},
                              keep_replies=False)
-        return CONTEXTS[exp](Messenger(grid, timeout=60), cfg)
+        return CONTEXTS[exp](Messenger(grid, timeout=60), cfg, PrivacyPlan.fresh(cfg))
     return build
 
 
@@ -244,8 +250,9 @@ def test_weight_slots_run_every_accepted_pair(slot_context, exp, strategy, priva
     cfg = with_pair(ctx.cfg, strategy, privacy)
     if verdict(cfg) is not None:
         pytest.skip("refused: the first test checks why")
-    messenger = Messenger(ctx.messenger.raw, timeout=60)
-    initial, final, phase = METHODS[exp](replace(ctx, cfg=cfg, messenger=messenger), f"{strategy}-{privacy}")
+    messenger, plan = Messenger(ctx.messenger.raw, timeout=60), PrivacyPlan.fresh(cfg)
+    initial, final, phase = METHODS[exp](replace(ctx, cfg=cfg, messenger=messenger, plan=plan),
+                                         f"{strategy}-{privacy}")
     assert list(final) == list(initial)
     assert all(np.all(np.isfinite(final[k])) for k in final)
     assert any(not np.allclose(final[k], initial[k]) for k in final)  # the global model moved
@@ -253,7 +260,7 @@ def test_weight_slots_run_every_accepted_pair(slot_context, exp, strategy, priva
         assert messenger.faults[phase][rnd]["failed"] == 1, messenger.faults
         assert messenger.faults[phase][rnd]["accepted"] == CLIENTS - 1
     if cfg.privacy.kind == "dp":  # every round one release, in the account results.json reports
-        assert messenger.central_dp.releases == {phase.removesuffix("/train"): ROUNDS}
+        assert plan.central.account.releases == {phase.removesuffix("/train"): ROUNDS}
 
 
 KNOBS = {"proximal-mu": ("proximal_mu", 0.0, 10.0)}  # client key -> the entry's argument, a value off, one on
@@ -278,7 +285,8 @@ def test_client_keys_act_wherever_the_pair_is_accepted(slot_context, monkeypatch
         """The slot's global model, Flower's sampling seeded as the ServerApp seeds it (its
         order is the order the aggregate sums in)."""
         seed_server(int(cfg.seed))
-        return METHODS[exp](replace(ctx, cfg=cfg, messenger=Messenger(ctx.messenger.raw, timeout=60)), name)[1]
+        return METHODS[exp](replace(ctx, cfg=cfg, messenger=Messenger(ctx.messenger.raw, timeout=60),
+                                    plan=PrivacyPlan.fresh(cfg)), name)[1]
 
     argument, off, on = KNOBS[key]
     weights = {}
@@ -316,7 +324,7 @@ def test_fedtp_prior_with_every_accepted_strategy(fedtp_cfg, strategy):
                                          for n in prior_nodes}), timeout=30)
     dim = len(load_topics(cfg.data_root))
     uniform = np.full(dim, 1.0 / dim)
-    result = fedtp.dp_strategy(cfg, messenger).start(
+    result = build_strategy(cfg, PrivacyPlan.fresh(cfg), len(prior_nodes)).start(
         messenger.grid("prior", fedtp.prior_policy(dim)), ArrayRecord({keys.VECTORS: Array(uniform)}), 1, 30,
         ConfigRecord({**base_config, keys.SPLITS: task["prior_splits"]}))
     prior = result.arrays[keys.VECTORS].numpy().reshape(-1)

@@ -18,11 +18,12 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import FEDSIM, SMALL, fedsim_run, private_tmpdir, stop_sweep_mid_point
+from fedsim.config.compose import ConfigError
+from fedsim.config.data import REPO_ROOT
+from fedsim.results import provenance
 from fedsim.results.mlflow_sink import SweepRun, store_uri
-from fedsim.run import cli, provenance
+from fedsim.run import cli
 from fedsim.run.cli import prepare
-from fedsim.run.config import ConfigError
-from fedsim.run.data import REPO_ROOT
 from fedsim.run.sweep import MANIFEST, Sweep, _tail, expand, point_name
 from fedsim.run.watchdog import run_processes
 

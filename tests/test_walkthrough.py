@@ -25,7 +25,7 @@ import subprocess
 
 import pytest
 
-from fedsim.run.data import ENV_VAR, REPO_ROOT, resolve_data_root
+from fedsim.config.data import ENV_VAR, REPO_ROOT, resolve_data_root
 
 WALKTHROUGH = REPO_ROOT / "docs" / "adding-a-method.md"
 BLOCK = re.compile(r'^```(\w+)(?: title="([^"]+)")?\n(.*?)^```$', re.S | re.M)
@@ -92,7 +92,9 @@ def follow(root, start_runs: bool) -> dict[str, str]:
 def test_the_page_names_every_layer_a_test_and_the_docs():
     assert {title for _, title, _ in blocks() if title} == {
         "fedsim_tasks/toy_numbers.py", "fedsim_clients/toy_mean_messages.py", "fedsim_clients/toy_mean.py",
-        "fedsim_experiments/toy_mean.py", "conf/task/toy_numbers.yaml", "conf/experiment/toy_mean.yaml",
+        "fedsim_experiments/toy_mean/__init__.py", "fedsim_experiments/toy_mean/settings.py",
+        "fedsim_experiments/toy_mean/protocol.py", "fedsim_experiments/toy_mean/report.py",
+        "conf/task/toy_numbers.yaml", "conf/experiment/toy_mean.yaml",
         "tests/test_toy_mean.py", "docs/methods/toy_mean.md"}
     assert "/abs/" not in WALKTHROUGH.read_text()  # every command runs as printed
 

@@ -8,7 +8,7 @@
 # Usage: bench/offline_gpu/prepare.sh OUT   (then on the GPU machine: bash OUT/p1/setup.sh; bash OUT/p2/pilot.sh)
 set -euo pipefail
 out=$(realpath -m "$1"); here=$(dirname "$(realpath "$0")"); repo=$(dirname "$(dirname "$here")")
-py="$repo/.venv/bin/python"; data=$("$py" -c "from fedsim.run.data import resolve_data_root; print(resolve_data_root())")
+py="$repo/.venv/bin/python"; data=$("$py" -c "from fedsim.config.data import resolve_data_root; print(resolve_data_root())")
 mkdir -p "$out/p1/whl" "$out/p2" "$out/tmp"
 get() {  # wheels of the versions this venv runs, for CPython 3.12
   local dest=$1; shift

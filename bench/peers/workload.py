@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
-from fedsim.run.config import CONF_DIR
-from fedsim.run.data import resolve_data_root
+from fedsim.config.compose import CONF_DIR
+from fedsim.config.data import resolve_data_root
 from fedsim_tasks.topical_chat.turn_sentiment import Recipe
 
 RESULT = "RESULT "

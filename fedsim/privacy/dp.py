@@ -76,7 +76,9 @@ class NoiseSource:
         return np.random.default_rng(np.random.SeedSequence(self.entropy, spawn_key=labels))
 
 
-# a NoiseSource's uses (FLOWER_DP: fedsim_strategies/numpy_noise.py; AUDIT: an audit's coins, fedsim/privacy/audit.py)
+# a NoiseSource's uses, the first label of every stream (RELEASE, AUDIT: fedsim_strategies/dp_mean.py; SWEEP:
+# FedTP's sweep; SAMPLE: DP client sampling; FLOWER_DP: fedsim_strategies/numpy_noise.py); the run's
+# source is its privacy plan's (fedsim/privacy/plan.py)
 RELEASE, SWEEP, SAMPLE, FLOWER_DP, AUDIT = 1, 2, 3, 4, 5
 NOT_PRIVATE = ("privacy.reproducible_noise=true: the DP noise is drawn from the public seed, so "
                "anyone who knows the seed can remove it; these releases are NOT private")
@@ -95,6 +97,7 @@ class Release:
     num_clients: int
     noise_std: float  # std of the noise added to the sum
     noised: np.ndarray  # the noised mean before post-processing (the simplex step): what an audit checks
+    labels: tuple[int, ...] = ()  # the noise source's stream it drew from (an audit's attacker redraws it)
 
 
 def clipped_sum(vectors: np.ndarray, clip_norm: float, non_negative: bool) -> np.ndarray:

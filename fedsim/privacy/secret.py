@@ -19,6 +19,8 @@ import secrets
 import stat
 from pathlib import Path
 
+from fedsim.config.data import who_else_writes
+
 SIZE = 32
 
 
@@ -36,22 +38,6 @@ def private_folder(path: Path) -> Path:
         raise PermissionError(f"{path}: a private folder (keys, client state) must be a folder of this user "
                               f"with mode 0700 (it is {stat.filemode(info.st_mode)}); `chmod 700 {path}` if yours")
     return path
-
-
-def who_else_writes(path: Path) -> str | None:
-    """Why another local user could plant links in ``path`` or swap what is written there (None:
-    no one but this user and root can): the nearest existing folder on the way and the first one
-    of its ancestors owned by another user, or writable by others without the sticky bit (as
-    /tmp has it, where each entry stays its owner's). What OpenSSH's StrictModes checks; no
-    library offers it."""
-    existing = next(p for p in (path, *path.parents) if p.exists())
-    for folder in reversed((existing, *existing.parents)):
-        info = folder.stat()
-        if info.st_uid not in (0, os.getuid()):
-            return f"{folder} belongs to uid {info.st_uid}"
-        if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
-            return f"{folder} is writable by others ({stat.filemode(info.st_mode)})"
-    return None
 
 
 def create_private_file(path: Path, data: bytes) -> None:

@@ -14,6 +14,8 @@ from scipy.integrate import quad
 from scipy.optimize import brentq
 from scipy.stats import norm
 
+from fedsim.config.compose import compose
+from fedsim.config.schema import check
 from fedsim.flower.strategies import compute_adaptive_noise_params
 from fedsim.privacy.dp import (
     NON_NEGATIVE,
@@ -26,8 +28,6 @@ from fedsim.privacy.dp import (
     replace_one_account,
     replace_one_rdp,
 )
-from fedsim.run.config import compose
-from fedsim.run.schema import check
 
 DELTA = 1e-5
 
@@ -218,7 +218,7 @@ DP = ["experiment=fede4rag_paper", "strategy=fedprox", "privacy=dp_server_fixed"
     ("privacy.wrapper.noise_multiplier=0.0", "noise_multiplier must be > 0"),
     ("privacy.wrapper.noise_multiplier=-1.0", "noise_multiplier must be > 0")])
 def test_a_meaningless_guarantee_is_refused_before_the_run(override, why):
-    """Where ``fedsim run`` and the ServerApp check a config (``fedsim.run.schema.check``)."""
+    """Where ``fedsim run`` and the ServerApp check a config (``fedsim.config.schema.check``)."""
     check(compose(DP))
     with pytest.raises(ValueError, match=why):
         check(compose([*DP, override]))

@@ -7,9 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from fedsim.config.compose import compose
+from fedsim.privacy.plan import noise_source
 from fedsim.privacy.secret import derive, run_secret, user_secret
-from fedsim.run.config import compose
-from fedsim.runtime.server_app import noise_source
 
 
 def test_secret_is_created_owner_only_and_read_back_on_resume(tmp_path):

@@ -1,2 +1,2 @@
-"""What a run leaves: results.json and its summary (``outputs``), sweep comparisons and their
-statistics, per-exchange metric sinks (CSV, TensorBoard, MLflow)."""
+"""What a run leaves: results.json and its summary (``outputs``), where it comes from (``provenance``),
+sweep comparisons and their statistics, per-exchange metric sinks (CSV, TensorBoard, MLflow)."""

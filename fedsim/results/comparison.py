@@ -11,7 +11,8 @@ paired by seed: the per-seed difference removes what the seed moves in both.
 
 Every paired difference gets a verdict (``fedsim/results/stats.py``): **shown** (its CI excludes 0),
 **excluded** (its CI excludes the effect of interest, ``sweep.effect_of_interest``: the paper's
-or a stated one), **inconclusive** (neither), with the minimum detectable effect at
+or a stated one), **inconclusive** (neither), **nominal** (a secondary row shown or excluded at
+the nominal level whose Holm-adjusted p does not survive), with the minimum detectable effect at
 ``sweep.power`` for the observed spread and the seeds an effect of interest would need. When
 every seed gives the same value there is no spread over seeds to claim anything from: the
 comparison says so and uses the interval the experiment computes inside a run
@@ -46,6 +47,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from scipy import stats
 
+from fedsim.config.schema import EffectOfInterest, Sweep
 from fedsim.results.outputs import (
     MAX_FILE_BYTES,
     RunOutput,
@@ -76,29 +78,6 @@ MAX_DEPTH = 64            # folders a record nests at most (a run's are a few de
 class ComparisonRefused(ValueError):
     """A metric pattern or baseline that the runs do not have, or a record holding a link:
     refused before anything is written."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Settings:
-    """What ``sweep`` in the config says (``fedsim/run/schema.py`` ``Sweep``)."""
-    seed_keys: tuple[str, ...]
-    baseline: str | None
-    metrics: tuple[str, ...]
-    bookkeeping: tuple[str, ...]
-    interval: str
-    level: float
-    power: float
-    effect_of_interest: tuple[dict, ...]
-    run_intervals: tuple[dict, ...]
-    contrasts: tuple[dict, ...]
-    plan: dict | None  # sweep.plan: the primary endpoints, alpha, planned seeds and looks; None without a primary
-
-    @classmethod
-    def of(cls, sweep) -> Settings:
-        """From a composed config's ``sweep`` block (a plan without a primary endpoint is no plan)."""
-        values = OmegaConf.to_container(sweep)
-        values["plan"] = values["plan"] if values["plan"]["primary"] else None
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 @dataclass(frozen=True)
@@ -242,7 +221,7 @@ def load_runs(folder: str | Path) -> list[Run]:
 
 # ---- statistics of one metric over seeds ------------------------------------------------------
 
-def interval(x: np.ndarray, settings: Settings, seed: int = 0) -> tuple[float, float] | None:
+def interval(x: np.ndarray, settings: Sweep, seed: int = 0) -> tuple[float, float] | None:
     """CI of the mean of ``x`` (one value per seed): Student t, or scipy's BCa bootstrap. None
     with fewer than two values or no spread: a constant over seeds supports no interval."""
     x = np.asarray(x, float)
@@ -255,7 +234,7 @@ def interval(x: np.ndarray, settings: Settings, seed: int = 0) -> tuple[float, f
     return float(lo), float(hi)
 
 
-def describe(x: np.ndarray, settings: Settings) -> dict:
+def describe(x: np.ndarray, settings: Sweep) -> dict:
     """n, mean, std and CI over seeds; ``constant`` when every seed gives the same value."""
     x = np.asarray(x, float)
     return {"n": int(x.size), "mean": float(x.mean()), "std": float(x.std(ddof=1)) if x.size > 1 else None,
@@ -263,33 +242,33 @@ def describe(x: np.ndarray, settings: Settings) -> dict:
             "constant": bool(x.size > 1 and np.ptp(x) == 0)}
 
 
-def _effect_of_interest(metric: str, settings: Settings, contrast: bool = False) -> dict | None:
+def _effect_of_interest(metric: str, settings: Sweep, contrast: bool = False) -> EffectOfInterest | None:
     """The effect stated for ``metric`` against this comparison's baseline: "FedE4RAG minus
     FedAvg" says nothing of FedE4RAG minus the vanilla model (``sweep.baseline=vanilla``). A
     contrast's effect is a difference from its null, stated with ``baseline: equal_at``, and
     applies to nothing else."""
-    return next((e for e in settings.effect_of_interest if path_pattern(e["metric"]).fullmatch(metric)
-                 and e.get("baseline") in ((CONTRAST_BASELINE,) if contrast else (None, settings.baseline))), None)
+    return next((e for e in settings.effect_of_interest if path_pattern(e.metric).fullmatch(metric)
+                 and e.baseline in ((CONTRAST_BASELINE,) if contrast else (None, settings.baseline))), None)
 
 
-def _run_interval(metric: str, baseline: str | None, by_seed: dict, settings: Settings) -> dict | None:
+def _run_interval(metric: str, baseline: str | None, by_seed: dict, settings: Sweep) -> dict | None:
     """The experiment's own interval for ``metric`` (minus ``baseline``) inside one run, from
     the first seed's run that holds it: ``{"ci", "method", "run"}``."""
     for entry in settings.run_intervals:
-        found = path_pattern(entry["metric"]).fullmatch(metric)
-        if not found or (entry["baseline"] is None) != (baseline is None):
+        found = path_pattern(entry.metric).fullmatch(metric)
+        if not found or (entry.baseline is None) != (baseline is None):
             continue
-        if baseline is not None and not path_pattern(entry["baseline"]).fullmatch(baseline):
+        if baseline is not None and not path_pattern(entry.baseline).fullmatch(baseline):
             continue
-        path = _fill(entry["ci"], found.groups())
+        path = _fill(entry.ci, found.groups())
         for _, run in sorted(by_seed.items()):
             if f"{path}.0" in run.values and f"{path}.1" in run.values:
-                return {"ci": [run.values[f"{path}.0"], run.values[f"{path}.1"]], "method": entry["method"],
+                return {"ci": [run.values[f"{path}.0"], run.values[f"{path}.1"]], "method": entry.method,
                         "path": path, "run": Path(run.folder).name}
     return None
 
 
-def judge(values: np.ndarray, metric: str, baseline: str | None, by_seed: dict, settings: Settings,
+def judge(values: np.ndarray, metric: str, baseline: str | None, by_seed: dict, settings: Sweep,
           null: float | None = None) -> dict:
     """A difference (or a metric) over seeds with its verdict: the CI over seeds when the seeds
     spread; else the run's own interval (``sweep.run_intervals``) if the experiment has one,
@@ -298,12 +277,12 @@ def judge(values: np.ndarray, metric: str, baseline: str | None, by_seed: dict, 
     compared = baseline is not None or null is not None
     out = describe(values, settings)
     effect = _effect_of_interest(metric, settings, contrast=null is not None) if compared else None
-    out["effect"] = effect
+    out["effect"] = dataclasses.asdict(effect) if effect else None
     if out["ci"] is not None:
         sd = out["std"]
         out["basis"] = "t over seeds" if settings.interval == "t" else "BCa bootstrap over seeds"
         out["mde"] = detectable_effect(sd, out["n"], settings.level, settings.power)
-        out["seeds_needed"] = seeds_needed(effect["size"], sd, settings.level, settings.power) if effect else None
+        out["seeds_needed"] = seeds_needed(effect.size, sd, settings.level, settings.power) if effect else None
         if compared:
             out["p_value"] = float(stats.ttest_1samp(values, 0.0).pvalue)
     else:
@@ -319,7 +298,7 @@ def judge(values: np.ndarray, metric: str, baseline: str | None, by_seed: dict, 
             out["mde"] = detectable_effect_of_interval(own["ci"], settings.level, settings.power)
         elif own is not None:  # every item gives the same difference too: nothing to infer from
             out["basis"] = f"{spread}; the run's own {own['method']} has no width either; no claim"
-    size = effect["size"] if effect else None
+    size = effect.size if effect else None
     out["verdict"] = verdict(out["ci"], size) if compared else None
     out["excludes_effect"] = None if size is None or out["ci"] is None else \
         bool(out["ci"][1] < size if size > 0 else out["ci"][0] > size)
@@ -360,13 +339,13 @@ def _claim_p(row: dict) -> float | None:
     return float(2.0 * stats.norm.sf(abs((lo + hi) / 2.0 - null) / se))
 
 
-def judge_family(rows: list[dict], settings: Settings, look: dict | None) -> dict:
+def judge_family(rows: list[dict], settings: Sweep, look: dict | None) -> dict:
     """Each paired or contrast row's role and final verdict. A primary row (``sweep.plan.primary``)
     at a look within the plan: its CI at the look's level (the repeated CI) and its verdict from
     that. Every other row is secondary: Holm-adjusted over all of them at the plan's alpha (1 -
     ``sweep.level`` without a plan), and a verdict that does not survive reads ``nominal``.
     Returns the count of each."""
-    plan = settings.plan
+    plan = settings.planned()
     alpha = plan["alpha"] if plan else round(1.0 - settings.level, 12)
     secondary = []
     for row in rows:
@@ -412,7 +391,7 @@ def _varying(runs: list[Run], seed_keys: tuple[str, ...]) -> dict[str, list[str]
     return {k: [v for v in vs if v is not None] for k, vs in values.items() if len(vs) > 1}
 
 
-def families(paths: set[str], settings: Settings, strict: bool = True) -> tuple[dict[str, list[str]], list[str]]:
+def families(paths: set[str], settings: Sweep, strict: bool = True) -> tuple[dict[str, list[str]], list[str]]:
     """(headline family -> its metrics, bookkeeping metrics). A family is a ``sweep.metrics``
     pattern (the first that matches a path), in the configured order; with none configured,
     each path's last component, for every path that is not bookkeeping. A pattern that matches
@@ -436,7 +415,7 @@ def families(paths: set[str], settings: Settings, strict: bool = True) -> tuple[
             sorted(p for p in paths if p not in chosen and _matches(settings.bookkeeping, p)))
 
 
-def headline(results: dict, settings: Settings) -> dict[str, float]:
+def headline(results: dict, settings: Sweep) -> dict[str, float]:
     """A run's headline numbers: its results.json paths in the families of ``sweep.metrics``."""
     values = flatten(results)
     family_of, _ = families(set(values), settings, strict=False)
@@ -464,7 +443,7 @@ def method_names(paths) -> list[str]:
     return sorted({n for names in at.values() if len(names) > 1 for n in names})
 
 
-def _check_baseline(settings: Settings, headline: set[str], varying: dict[str, list[str]]) -> None:
+def _check_baseline(settings: Sweep, headline: set[str], varying: dict[str, list[str]]) -> None:
     """Refuse a baseline that pairs nothing, naming the choices."""
     if not settings.baseline:
         return
@@ -481,7 +460,7 @@ def _check_baseline(settings: Settings, headline: set[str], varying: dict[str, l
                                 f"{', '.join(names) or '(none)'}; or KEY=VALUE of an override that varies: {swept}")
 
 
-def compare(runs: list[Run], settings: Settings, strict: bool = True, earlier_looks: tuple[int, ...] = ()) -> dict:
+def compare(runs: list[Run], settings: Sweep, strict: bool = True, earlier_looks: tuple[int, ...] = ()) -> dict:
     """Per group and headline metric: mean, std and CI over seeds; per baseline pair: the
     paired difference per seed, its CI and verdict; bookkeeping metrics over seeds apart. The
     primary rows of ``settings.plan`` are judged at this look (``earlier_looks``: the seed
@@ -510,23 +489,23 @@ def compare(runs: list[Run], settings: Settings, strict: bool = True, earlier_lo
                                        for m in present if m in bookkeeping}})
     paired = _paired_all(by_group, settings, set(varying), headline)
     contrasts = _contrasts_all(by_group, settings, set(varying), headline)
-    look = look_at(len({_seed_of(r, settings.seed_keys) for r in runs}), settings.plan, earlier_looks)
+    look = look_at(len({_seed_of(r, settings.seed_keys) for r in runs}), settings.planned(), earlier_looks)
     family = judge_family(paired + contrasts, settings, look)
     few = settings.interval == "bootstrap" and any(
         d["n"] < BOOTSTRAP_MIN_SEEDS for g in groups for d in g["metrics"].values())
     return {"settings": {"seed_keys": list(settings.seed_keys), "baseline": settings.baseline,
                          "interval": settings.interval, "level": settings.level, "power": settings.power,
-                         "plan": settings.plan},
+                         "plan": settings.planned()},
             "runs": len(runs), "families": family_of, "bookkeeping": bookkeeping, "groups": groups, "paired": paired,
             "contrasts": contrasts, "look": look, "comparisons": family,
             "not_in_runs": [p for p in settings.metrics if p not in family_of],
             "warnings": [f"sweep.interval=bootstrap over fewer than {BOOTSTRAP_MIN_SEEDS} seeds: the BCa interval "
                          "is too narrow there (it undercovers); sweep.interval=t is the default"] * few
-            + [f"sweep.contrasts pattern {c['metric']} matches no headline metric: no verdict for it"
-               for c in settings.contrasts if not any(path_pattern(c["metric"]).fullmatch(m) for m in headline)]}
+            + [f"sweep.contrasts pattern {c.metric} matches no headline metric: no verdict for it"
+               for c in settings.contrasts if not any(path_pattern(c.metric).fullmatch(m) for m in headline)]}
 
 
-def _paired_all(by_group: dict[tuple, dict[tuple, Run]], settings: Settings, varying: set[str],
+def _paired_all(by_group: dict[tuple, dict[tuple, Run]], settings: Sweep, varying: set[str],
                 headline: dict[str, str]) -> list[dict]:
     if not settings.baseline:
         return []
@@ -562,15 +541,15 @@ def _paired_all(by_group: dict[tuple, dict[tuple, Run]], settings: Settings, var
     return rows
 
 
-def _null_of(metric: str, settings: Settings) -> float | None:
+def _null_of(metric: str, settings: Sweep) -> float | None:
     """The null of the contrast entries ``metric`` matches; refused when two disagree."""
-    nulls = {c["equal_at"] for c in settings.contrasts if path_pattern(c["metric"]).fullmatch(metric)}
+    nulls = {c.equal_at for c in settings.contrasts if path_pattern(c.metric).fullmatch(metric)}
     if len(nulls) > 1:
         raise ComparisonRefused(f"sweep.contrasts: {metric} matches entries with different equal_at {sorted(nulls)}")
     return next(iter(nulls), None)
 
 
-def _contrasts_all(by_group: dict[tuple, dict[tuple, Run]], settings: Settings, varying: set[str],
+def _contrasts_all(by_group: dict[tuple, dict[tuple, Run]], settings: Sweep, varying: set[str],
                    headline: dict[str, str]) -> list[dict]:
     """Each headline metric named in ``sweep.contrasts``, per group: its value minus its null per
     seed, judged as a paired difference is (no baseline is needed or used)."""
@@ -655,8 +634,9 @@ def summary_markdown(comparison: dict) -> str:
             f"{markdown_text(', '.join(s['seed_keys']))}; {level}% CI: {how}.",
             *[f"**Warning: {markdown_text(w)}.**" for w in comparison["warnings"]]]
     legend = (f"Verdict: **shown** (the CI excludes 0), **excluded** (it excludes the effect of interest: the "
-              f"paper's or a stated one), **inconclusive** (neither); no claim without spread. MDE: the smallest true "
-              f"difference a two-sided paired t-test over these seeds finds with {power}% power at the observed "
+              f"paper's or a stated one), **inconclusive** (neither), **nominal** (shown or excluded at the "
+              f"nominal level, not after Holm); no claim without spread. MDE: the smallest true difference a "
+              f"two-sided paired t-test over these seeds finds with {power}% power at the observed "
               f"spread (for a run's own interval: its normal approximation). Seeds for it: the seeds the effect of "
               f"interest needs for {power}% power at that spread.")
     if comparison["paired"] or comparison["contrasts"]:
@@ -783,7 +763,7 @@ def _named(name: str, suffix: str) -> str:
     return f"{stem}{suffix}.{ext}"
 
 
-def build(folder: str | Path, settings: Settings, strict: bool = True, earlier_looks: tuple[int, ...] = ()) -> dict:
+def build(folder: str | Path, settings: Sweep, strict: bool = True, earlier_looks: tuple[int, ...] = ()) -> dict:
     """The comparison of the runs under ``folder``; writes nothing (refusals happen here)."""
     runs = load_runs(folder)
     if not runs:
@@ -791,7 +771,7 @@ def build(folder: str | Path, settings: Settings, strict: bool = True, earlier_l
     return compare(runs, settings, strict, earlier_looks)
 
 
-def write(folder: str | Path, settings: Settings, output: str | Path | None = None,
+def write(folder: str | Path, settings: Sweep, output: str | Path | None = None,
           force: bool = False, strict: bool = True, earlier_looks: tuple[int, ...] = ()) -> tuple[dict, list[Path]]:
     """Compare the runs under ``folder`` and write ``summary.md``, ``comparison.json`` and the
     plots to ``output`` (default: ``folder``), under new names (``summary-2.md``...) when an

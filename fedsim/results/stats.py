@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import optimize, stats
 
+from fedsim.config.schema import SPENDING
+
 
 def paired_bootstrap_ci(diff: np.ndarray, resamples: int, seed: int,
                         level: float = 0.95) -> tuple[float, float]:
@@ -139,9 +141,6 @@ def detectable_effect_of_interval(ci: tuple[float, float], level: float, power: 
     return float((z + stats.norm.ppf(power)) * (ci[1] - ci[0]) / (2.0 * z))
 
 
-VERDICTS = ("shown", "excluded", "inconclusive")
-
-
 def verdict(ci: tuple[float, float] | None, effect: float | None) -> str | None:
     """``shown`` when the CI excludes 0; else ``excluded`` when it excludes ``effect`` (the
     effect of interest, signed: the CI lies wholly on 0's side of it); else ``inconclusive``.
@@ -161,7 +160,6 @@ def verdict(ci: tuple[float, float] | None, effect: float | None) -> str | None:
 # maintained Python library computes it: PyPI's gsdesign (0.1.x, "experimental") holds only the
 # integration grid and no spending function or boundary search; gsmethods ships no code.
 
-SPENDING = ("obrien_fleming", "pocock")
 BOUNDARY_GRID = 501  # points of the recursive integration: boundaries agree with 2001 to 1e-4
 
 

@@ -1,6 +1,5 @@
 """The sweep comparison's statistics against hand computations, and its pairing by seed."""
 
-import dataclasses
 import json
 import math
 import os
@@ -11,27 +10,27 @@ from functools import cache
 import markdown
 import numpy as np
 import pytest
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from scipy import stats as scipy_stats
 
+from fedsim.config.compose import CONF_DIR
+from fedsim.config.schema import Sweep, sweep_settings, typed_sweep
 from fedsim.results import comparison, outputs, stats
-from fedsim.results.comparison import Run, Settings, compare, flatten
+from fedsim.results.comparison import Run, compare, flatten
 from fedsim.run import cli
-from fedsim.run.config import CONF_DIR
-from fedsim.run.schema import sweep_settings
 
 T_975_DF3 = 3.182446305284263  # Student t quantile, 0.975 with 3 degrees of freedom (tables)
 
 
 @cache
-def _configured() -> Settings:
-    return Settings.of(sweep_settings(OmegaConf.load(CONF_DIR / "config.yaml").sweep))
+def _configured() -> DictConfig:
+    return OmegaConf.load(CONF_DIR / "config.yaml").sweep
 
 
-def settings(**changes) -> Settings:
-    """conf/config.yaml's sweep settings (not an experiment's) with ``changes``: the values a
-    test does not set come from conf/, not from a second copy here."""
-    return dataclasses.replace(_configured(), **changes)
+def settings(**changes) -> Sweep:
+    """conf/config.yaml's sweep settings (not an experiment's) with ``changes``, typed and checked as a
+    run's are: the values a test does not set come from conf/, not from a second copy here."""
+    return typed_sweep(_configured(), OmegaConf.create(changes))
 
 
 def _runs(values_by_seed: dict[int, dict], **swept) -> list[Run]:
@@ -230,7 +229,7 @@ def test_a_paired_row_reports_its_mde_and_the_seeds_its_effect_needs():
     sd = np.std(d, ddof=1)
     assert row["mde"] == pytest.approx(stats.detectable_effect(sd, 4, 0.95, 0.8))
     assert row["seeds_needed"] == stats.seeds_needed(0.02, sd, 0.95, 0.8) and row["seeds_needed"] > 4
-    assert row["effect"] == {"metric": "m.new.acc", "size": 0.02, "source": "stated"}
+    assert row["effect"] == {"metric": "m.new.acc", "size": 0.02, "source": "stated", "baseline": None}  # as typed
 
 
 FEDTP = {"routers": {"tfidf": {"overall": {"ehr": 0.6282}}, "fedmix": {"overall": {"ehr": 0.6167}}},
@@ -251,7 +250,7 @@ def test_zero_spread_over_seeds_makes_no_claim():
     metric = out["groups"][0]["metrics"]["routers.fedmix.overall.ehr"]
     assert metric["ci"] is None and metric["constant"]
     text = comparison.summary_markdown(out)
-    assert "no claim" in text and "shown" not in text.split("## Headline metrics")[0].split("Verdict:")[1][60:]
+    assert "| no claim |" in text and "| shown" not in text  # the row's verdict cell; the legend names every word
 
 
 def test_zero_spread_falls_back_to_the_runs_own_interval_and_names_it():
@@ -353,8 +352,8 @@ def test_an_experiments_contrasts_parse_as_numbers():
     """``null: 0.5`` as a YAML key is None, not the word: the field is ``equal_at``, and
     fedbiscuit_paper's contrasts reach the comparison as floats."""
     exp = OmegaConf.load(CONF_DIR / "experiment" / "fedbiscuit_paper.yaml")
-    sweep = Settings.of(sweep_settings(OmegaConf.load(CONF_DIR / "config.yaml").sweep, exp.sweep))
-    assert {c["metric"]: c["equal_at"] for c in sweep.contrasts}["rlhf.head_to_head.*.*.win_rate"] == 0.5
+    sweep = typed_sweep(OmegaConf.load(CONF_DIR / "config.yaml").sweep, exp.sweep)
+    assert {c.metric: c.equal_at for c in sweep.contrasts}["rlhf.head_to_head.*.*.win_rate"] == 0.5
 
 
 @pytest.mark.parametrize("entry, named", [
@@ -765,6 +764,7 @@ def test_without_a_plan_every_row_is_holm_adjusted_and_one_that_does_not_survive
     text = comparison.summary_markdown(out)
     assert "**No plan** (sweep.plan)" in text and "holds 3 comparisons: 0 primary, 3 secondary" in text
     assert "| nominal (shown at the nominal level only) |" in text
+    assert "**nominal** (shown or excluded at the nominal level, not after Holm)" in text  # the legend names it
 
 
 def test_a_compare_before_the_planned_seeds_is_a_look_judged_at_its_boundary():

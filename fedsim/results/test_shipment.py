@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from fedsim.config.compose import ConfigError
 from fedsim.results import outputs as results
 from fedsim.results.outputs import RESULTS_MARKER, ship_results, unpack_results
 from fedsim.run.cli import RUN_FILE, _save_run, resumed
-from fedsim.run.config import ConfigError
 
 
 def _lines(blob: bytes) -> list[str]:

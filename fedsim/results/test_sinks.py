@@ -8,12 +8,13 @@ from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDic
 from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from fedsim.config.compose import ConfigError, compose
+from fedsim.config.schema import check
 from fedsim.message_keys import DP_EPSILON
+from fedsim.privacy.plan import DPSGDLedger
 from fedsim.results.mlflow_sink import RUN_KEY_TAG, MlflowSink, store_uri
 from fedsim.results.outputs import RunOutput
 from fedsim.results.sinks import Sinks, tensorboard_text
-from fedsim.run.config import ConfigError, compose
-from fedsim.run.schema import check
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.messaging import Messenger
 from fedsim.runtime.test_journal import _grid, _rounds
@@ -51,17 +52,18 @@ def test_tensorboard_never_writes_through_a_link_at_its_folder(tmp_path, victim_
 
 def test_dp_sgd_epsilon_is_kept_per_client_and_round(tmp_path):
     """A client's DP-SGD epsilon is its own: results.json gets it per client and round
-    (``Messenger.epsilon``), metrics.csv the mean and the max, not only a mean."""
-    sinks = Sinks(tmp_path, to_csv=True)
+    (the privacy plan's DP-SGD ledger, fed by the Messenger), metrics.csv the mean and the max,
+    not only a mean."""
+    sinks, ledger = Sinks(tmp_path, to_csv=True), DPSGDLedger()
     messenger = Messenger(InProcessGrid({n: (lambda msg, n=n: RecordDict({"metrics": MetricRecord(
         {DP_EPSILON: float(n) * int(msg.content["config"]["server-round"])})})) for n in (1, 3)}),
-        timeout=5, sinks=sinks)
+        timeout=5, sinks=sinks, ledgers=[ledger.record])
     for rnd in (1, 2):
         messenger.exchange("dp/train", [Message(RecordDict({"config": ConfigRecord({"server-round": rnd})}),
                                                 dst_node_id=n, message_type=MessageType.TRAIN) for n in (1, 3)],
                            server_round=rnd)
     sinks.close()
-    assert messenger.epsilon == {"dp/train": {1: {1: 1.0, 3: 3.0}, 2: {1: 2.0, 3: 6.0}}}
+    assert ledger.epsilon == {"dp/train": {1: {1: 1.0, 3: 3.0}, 2: {1: 2.0, 3: 6.0}}}
     rows = [r.split(",") for r in (tmp_path / "metrics.csv").read_text().splitlines()]
     assert [float(r[4]) for r in rows if r[3] == f"metric/{DP_EPSILON}-max"] == [3.0, 6.0]
 

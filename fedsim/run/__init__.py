@@ -1,2 +1,2 @@
-"""How a run starts and is watched: the command line, config and schema, the launcher (SuperLink,
-SuperNodes, Ray), sweeps, provenance, progress, the watchdog, the network namespace, TLS."""
+"""How a run starts and is watched, the core's top floor, imported by no package: the command line,
+the launcher (SuperLink, SuperNodes, Ray), sweeps, the watchdog, the network namespace, TLS."""

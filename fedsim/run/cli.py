@@ -10,24 +10,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim.flower.cli import (
-    SimulationBackendConfig,
-    SimulationClientResources,
-    SimulationInitArgs,
-    SuperLinkConnection,
-    SuperLinkSimulationOptions,
-    init_flwr_config,
-    write_superlink_connection,
-)
-from fedsim.privacy.secret import Tampered, derive, open_sealed, private_folder, seal, user_secret
-from fedsim.results.comparison import POINT_FILE, Settings, counted_runs, plan, read_config
-from fedsim.results.comparison import build as build_comparison
-from fedsim.results.comparison import write as write_comparison
-from fedsim.results.mlflow_sink import annotate as annotate_mlflow
-from fedsim.results.outputs import escape_controls, write_file
-from fedsim.results.sinks import tensorboard_text
-from fedsim.run import provenance
-from fedsim.run.config import (
+from fedsim.config.compose import (
     CONF_DIR,
     GROUPS,
     REFUSED,
@@ -38,6 +21,24 @@ from fedsim.run.config import (
     hydra_config,
     population,
 )
+from fedsim.config.schema import layout, protocol_of, sweep_settings, typed_sweep
+from fedsim.flower.cli import (
+    SimulationBackendConfig,
+    SimulationClientResources,
+    SimulationInitArgs,
+    SuperLinkConnection,
+    SuperLinkSimulationOptions,
+    init_flwr_config,
+    write_superlink_connection,
+)
+from fedsim.privacy.secret import Tampered, derive, open_sealed, private_folder, seal, user_secret
+from fedsim.results import provenance
+from fedsim.results.comparison import POINT_FILE, counted_runs, plan, read_config
+from fedsim.results.comparison import build as build_comparison
+from fedsim.results.comparison import write as write_comparison
+from fedsim.results.mlflow_sink import annotate as annotate_mlflow
+from fedsim.results.outputs import escape_controls, write_file
+from fedsim.results.sinks import tensorboard_text
 from fedsim.run.launcher import (
     Interrupted,
     RunFailed,
@@ -46,7 +47,6 @@ from fedsim.run.launcher import (
     launch,
     user_certificates,
 )
-from fedsim.run.schema import layout, protocol_of, sweep_settings
 from fedsim.run.sweep import Sweep, earlier_looks, read_manifest, record_look, refuse_changed_plan, refuse_other_writers
 from fedsim.run.tls import make_federation
 
@@ -287,9 +287,9 @@ def compare(folder: str, overrides: list[str], output: str | None = None, force:
         for warning in _sweep_setting_warnings(stated, defaults, sweep_overrides):
             print(escape_controls(f"fedsim: compare: warning: {warning}"), file=sys.stderr)
         metrics_given = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
-        settings = Settings.of(sweep)
+        settings = typed_sweep(sweep)
         if manifest := read_manifest(folder):
-            refuse_changed_plan(*manifest, settings.plan)
+            refuse_changed_plan(*manifest, settings.planned())
         if pilot:
             print(plan(build_comparison(folder, settings, metrics_given)), end="")
             return 0

@@ -32,7 +32,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from fedsim.flower.processes import run_clientapp, trigger_exit_handlers
-from fedsim.run import exchange_trace
+from fedsim.runtime import exchange_trace
 
 FREE = "free"  # a worker's note after a message that succeeded
 

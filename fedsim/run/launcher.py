@@ -38,16 +38,16 @@ import httpx
 import tomli_w
 from omegaconf import DictConfig
 
-from fedsim.privacy.secret import who_else_writes
+from fedsim.config.data import REPO_ROOT, who_else_writes
+from fedsim.config.node_local import SETTINGS, environment, from_run, supernode_config
+from fedsim.progress import Bars
 from fedsim.results.outputs import RESULTS_MARKER, unpack_results
-from fedsim.run.data import REPO_ROOT
-from fedsim.run.flower_waits import SUPEREXEC_POLL_ENV
+from fedsim.results.provenance import HOST_ENV
 from fedsim.run.netns import HOST, Host, Namespace, NamespaceUnavailable, listening
-from fedsim.run.node_local import SETTINGS, environment, from_run, supernode_config
-from fedsim.run.progress import Bars
-from fedsim.run.provenance import HOST_ENV
-from fedsim.run.tls import NODE_KEYS_ENV, Certificates, make_federation, partition_keys
+from fedsim.run.tls import Certificates, make_federation, partition_keys
 from fedsim.run.watchdog import ENV_KEY, end_server_apps
+from fedsim.runtime.flower_waits import SUPEREXEC_POLL_ENV
+from fedsim.runtime.journal import NODE_KEYS_ENV
 
 BIN = Path(sys.executable).parent
 RUN_ID = re.compile(r"Successfully started run (\d+)")
@@ -142,7 +142,7 @@ def supernode_command(superlink: str, partition: int, partitions: int, node: Map
                       waits: Mapping | None = None, preload: list[str] | None = None,
                       workers: int = 0) -> list[str]:
     """``flower-supernode``'s command line for client ``partition`` of ``partitions``, with the
-    node's own folders ``node`` (``fedsim/run/node_local.py``: data-root, state-dir, ...); run
+    node's own folders ``node`` (``fedsim/config/node_local.py``: data-root, state-dir, ...); run
     through ``fedsim.run.supernode`` when ``waits`` (``hardware.waits``) shortens a SuperNode wait
     or ``preload`` (``hardware.clientapp_preload``) warms its ClientApp processes, of which
     ``workers`` per run serve its messages one after another (``hardware.clientapp_workers``)."""
@@ -449,7 +449,7 @@ def federation_config(hw: DictConfig, num_supernodes: int) -> str:
 
 def _warn_node_settings(cfg: DictConfig, echo) -> None:
     """A cluster's clients run under the environment its nodes were started with (``ray start``),
-    not this process's: the run's node-local folders (``fedsim/run/node_local.py``) do not reach them."""
+    not this process's: the run's node-local folders (``fedsim/config/node_local.py``) do not reach them."""
     given = from_run(cfg)
     if given:
         names = ", ".join(f"{SETTINGS[key][1]}={value} (there: ${SETTINGS[key][0]})" for key, value in given.items())

@@ -16,7 +16,7 @@ The forkserver imports libraries only, never the app's own packages: Flower load
 the FAB's folder and reuses any module already imported, so a preloaded ``fedsim`` would run the
 installed code instead of the FAB's. The child drops the modules of this launcher's packages
 before Flower loads the app, for the same reason. ``--pull-backoff``: the ClientApp's retry of a
-message object its SuperNode is still pulling (``fedsim/run/flower_waits.py``); a warm process asks
+message object its SuperNode is still pulling (``fedsim/runtime/flower_waits.py``); a warm process asks
 within milliseconds of the task's creation, so Flower's 1 s first retry would be paid on most
 messages. ``--workers``: up to N forks per run that serve its messages one after another
 (``fedsim/run/clientapp_workers.py``), closed after ``--worker-idle`` seconds without one.
@@ -34,8 +34,8 @@ from multiprocessing import forkserver
 
 from fedsim.flower.processes import BaseExecPlugin, flower_superexec, flwr_clientapp, subprocess_executor
 from fedsim.run.clientapp_workers import MessageDone, Worker, WorkerPool, serve
-from fedsim.run.flower_waits import shorten_pull_backoff
 from fedsim.run.supernode import after_separator
+from fedsim.runtime.flower_waits import shorten_pull_backoff
 
 CLIENTAPP = "flwr-clientapp"
 APP_PACKAGES = ("fedsim", "fedsim_")  # the FAB's top-level packages (and this launcher's)

@@ -1,4 +1,4 @@
-"""``flower-supernode`` with shorter waits (``fedsim/run/flower_waits.py``: Flower 1.42 hard-codes
+"""``flower-supernode`` with shorter waits (``fedsim/runtime/flower_waits.py``: Flower 1.42 hard-codes
 them, flwr/supernode/start_client_internal.py:263, :470, :506) and warm ClientApp processes.
 
     python -m fedsim.run.supernode [--idle-wait S] [--reply-wait S] [--pull-backoff S] \
@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 from fedsim.flower.processes import flower_supernode, start_client_internal
-from fedsim.run.flower_waits import Sleeps, shorten_pull_backoff
+from fedsim.runtime.flower_waits import Sleeps, shorten_pull_backoff
 
 
 def after_separator(remainder: list[str]) -> list[str]:

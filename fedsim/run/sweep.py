@@ -25,13 +25,13 @@ from pathlib import Path
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from fedsim.privacy.secret import who_else_writes
-from fedsim.results import comparison
+from fedsim import progress
+from fedsim.config.compose import ConfigError
+from fedsim.config.data import who_else_writes
+from fedsim.config.schema import typed_sweep
+from fedsim.results import comparison, provenance
 from fedsim.results.mlflow_sink import SweepRun
 from fedsim.results.outputs import escape_controls, write_file
-from fedsim.run import progress, provenance
-from fedsim.run.config import ConfigError
-from fedsim.run.schema import sweep_settings
 
 MANIFEST = "sweep.json"
 INTERRUPTED = (130, 143)  # SIGINT / SIGTERM stopped the point: the sweep stops too
@@ -104,7 +104,7 @@ class Sweep:
                 raise ConfigError(f"sweep point {' '.join(point)}:\n{exc}") from exc
         self.folder = _passable(refuse_other_writers(folder[-1] if folder else _sweep_folder(overrides, checked[0]),
                                                      "sweep folder", inside=True))  # a record: someone else's files
-        self.settings = comparison.Settings.of(sweep_settings(checked[0].sweep))  # the plan's defaults filled in
+        self.settings = typed_sweep(checked[0].sweep)  # the plan's defaults filled in
         self.strict = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
         _check_swept_baseline(self.settings.baseline, self.points)
         self.first = checked[0]  # where the points' MLflow runs go (logging.*, protocol.name)
@@ -118,7 +118,7 @@ class Sweep:
             if not path.is_file():
                 raise ConfigError(f"resume: {path} not found (no sweep in {self.folder})")
             manifest = comparison.read_json(path)  # a record's file: someone else's
-            refuse_changed_plan(path, manifest, self.settings.plan)  # before the points: they hold the plan's override
+            refuse_changed_plan(path, manifest, self.settings.planned())  # before the points: they hold the plan
             try:
                 points = [r["overrides"] for r in manifest["runs"]]
                 if not all("status" in r for r in manifest["runs"]):
@@ -143,7 +143,7 @@ class Sweep:
         if len(set(names)) != len(names):
             raise ConfigError("two sweep points would share a folder (repeated values?)")
         self._check_names(runs)
-        return {"swept": self.swept, "provenance": self.session, "plan": plan_record(self.settings.plan),
+        return {"swept": self.swept, "provenance": self.session, "plan": plan_record(self.settings.planned()),
                 "looks": [], "runs": runs}
 
     def _check_names(self, runs: list[dict]) -> None:

@@ -10,8 +10,8 @@ import pytest
 from fedsim.flower.messages import ObjectUnavailableError, inflatable_utils, pull_objects
 from fedsim.flower.processes import run_superexec, start_client_internal
 from fedsim.run import launcher, supernode
-from fedsim.run.flower_waits import BACKOFF_CAP, SUPEREXEC_POLL_ENV, Sleeps, shorten_pull_backoff
 from fedsim.run.tls import make_federation
+from fedsim.runtime.flower_waits import BACKOFF_CAP, SUPEREXEC_POLL_ENV, Sleeps, shorten_pull_backoff
 
 WAITS = {"superexec_poll": 0.1, "supernode_idle": 0.2, "supernode_reply": 0.05, "pull_backoff": 0.05}
 STOCK = dict.fromkeys(WAITS)

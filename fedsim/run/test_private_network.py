@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from fedsim.results.provenance import HOST_ENV
 from fedsim.run.netns import Namespace, NamespaceUnavailable, listening
-from fedsim.run.provenance import HOST_ENV
 
 SERVER = """
 import os, socket, sys
@@ -115,7 +115,7 @@ def test_a_module_planted_in_the_working_folder_is_not_run(tmp_path, monkeypatch
 def test_a_run_in_the_namespace_records_the_machines_name(namespace):
     """The namespace names its host ``localhost`` (Ray's node address); results.json's provenance
     must still name the machine, as fedsim run hands it over (the e2e run recorded localhost)."""
-    host = [sys.executable, "-c", "from fedsim.run.provenance import machine; print(machine()['host'])"]
+    host = [sys.executable, "-c", "from fedsim.results.provenance import machine; print(machine()['host'])"]
     env = {k: v for k, v in os.environ.items() if k != HOST_ENV}
     inside = subprocess.run(namespace.command(host), pass_fds=namespace.fds, capture_output=True, text=True,
                             env=env, check=True)

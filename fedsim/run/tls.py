@@ -21,7 +21,6 @@ few calls of ``cryptography``, which trustme itself wraps.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import ipaddress
 import json
 from dataclasses import dataclass
@@ -33,9 +32,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from fedsim.privacy.secret import create_private_file, private_folder
+from fedsim.runtime.journal import key_fingerprint
 
 VALID_DAYS = 30
-NODE_KEYS_ENV = "FEDSIM_NODE_KEYS"  # the partition each SuperNode key is bound to (launcher -> ServerApp)
 
 
 @dataclass(frozen=True)
@@ -153,16 +152,8 @@ def make_federation(folder: str | Path, hosts: list[str], nodes: int,
     return certs
 
 
-def key_fingerprint(public_key: bytes) -> str:
-    """A public key's SHA-256 over its DER form, from PEM (as Flower's SuperLink holds a node's
-    key: ``NodeInfo.public_key``) or OpenSSH (as ``node-I.pub`` is written)."""
-    load = serialization.load_pem_public_key if public_key.startswith(b"-----") else serialization.load_ssh_public_key
-    der = load(public_key).public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return hashlib.sha256(der).hexdigest()
-
-
 def partition_keys(certs: Certificates, nodes: int) -> str:
     """JSON: each SuperNode key's fingerprint -> its partition (``node-I.pub`` is partition I's,
-    as the launcher starts SuperNode I with ``node-I.key``), for :data:`NODE_KEYS_ENV`: the
+    as the launcher starts SuperNode I with ``node-I.key``), for ``journal.NODE_KEYS_ENV``: the
     ServerApp holds a node's claim of a partition to the key the SuperLink authenticated it by."""
     return json.dumps({key_fingerprint(certs.node_pub(i).read_bytes()): i for i in range(nodes)})

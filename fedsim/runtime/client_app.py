@@ -6,7 +6,7 @@ The client object is cached per process: Ray actors serve many nodes and message
 for several logical clients of one SuperNode (``hardware.clients_per_supernode``) is served
 client by client, each with its own partition id and the mods (``fedsim/runtime/sharded_grid.py``).
 Before each client's handler runs, the process's random state is reseeded from the run's seed,
-the round, the partition and the message type (``fedsim/runtime/seeding.py``): a reply never depends on
+the round, the partition and the message type (``fedsim/seeding.py``): a reply never depends on
 which clients the same process served before.
 """
 
@@ -21,16 +21,15 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import adaptiveclipping_mod
 
 from fedsim.code_policy import allowed_code
+from fedsim.config import node_local
+from fedsim.config.data import resolve_data_root
 from fedsim.flower.strategies import KEY_CLIPPING_NORM, make_ffn
 from fedsim.message_keys import CONFIG, NODE_NUM_PARTITIONS, NODE_PARTITION_ID, PARTITION_ID, RAY_NODE, SERVER_ROUND
-from fedsim.privacy.he import layer as he_layer
-from fedsim.run import exchange_trace, node_local
-from fedsim.run.data import resolve_data_root
-from fedsim.runtime import client_state
+from fedsim.runtime import client_state, exchange_trace, he_layer
 from fedsim.runtime.faults import fault_injection_mod
 from fedsim.runtime.journal import WHOAMI
-from fedsim.runtime.seeding import PROCESS, reseed
 from fedsim.runtime.sharded_grid import SHARD, serve_batch
+from fedsim.seeding import PROCESS, reseed
 
 TASK_KEY = "fedsim-task"
 SEED_KEY = "fedsim-seed"
@@ -71,7 +70,7 @@ app = ClientApp(mods=MODS)
 @lru_cache(maxsize=64)
 def _client(task_json: str, data_root: str, partition_id: int, num_partitions: int):
     """The task's handler (``fedsim_clients/handler.py``), in the HE layer where the task carries
-    CKKS parameters (``fedsim/privacy/he/layer.py``). The message names it: only a class of fedsim's
+    CKKS parameters (``fedsim/runtime/he_layer.py``). The message names it: only a class of fedsim's
     may be built (``fedsim/code_policy.py``), else the message gets an error reply."""
     task = json.loads(task_json)
     handler = allowed_code(task["client"], "task.client")
@@ -80,9 +79,9 @@ def _client(task_json: str, data_root: str, partition_id: int, num_partitions: i
 
 @lru_cache(maxsize=16)
 def _data_root(node_root: str | None, task_json: str) -> str:
-    """The node's data root (``fedsim/run/node_local.py``), resolved once: a SuperNode hosting many
+    """The node's data root (``fedsim/config/node_local.py``), resolved once: a SuperNode hosting many
     logical clients answers thousands of messages. "" for a task that reads no data (its
-    ``data_root`` is null in the message, ``fedsim/run/node_local.py``'s ``sent_task``)."""
+    ``data_root`` is null in the message, ``fedsim/config/node_local.py``'s ``sent_task``)."""
     if json.loads(task_json).get("data_root", "") is None:
         return ""
     return str(resolve_data_root(node_root))

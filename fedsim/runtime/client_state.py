@@ -3,7 +3,7 @@ a run's embedding store): one platform mechanism, on the client's machine, never
 server.
 
 Where: ``<root>/run-<run key>/client-<partition id>/``. The root is the node's own
-(``fedsim/run/node_local.py``): the SuperNode's node config ``state-dir``, else ``$FEDSIM_STATE_DIR``
+(``fedsim/config/node_local.py``): the SuperNode's node config ``state-dir``, else ``$FEDSIM_STATE_DIR``
 (``fedsim run`` sets it from ``client_state.dir`` for the clients it starts), else
 ``<tmp>/fedsim-clients-<uid>``, owner-only; never a message's (a server that named the root could remove or create
 folders anywhere on the client's machine). The run key (``client_state.run_key``,
@@ -41,9 +41,9 @@ from pathlib import Path
 import numpy as np
 from flwr.app import ConfigRecord, Message
 
+from fedsim.config.node_local import setting
 from fedsim.message_keys import CONFIG
 from fedsim.privacy.secret import private_folder
-from fedsim.run.node_local import setting
 
 RUN_KEY = "fedsim-run-key"           # config: the run's key, stable across a resume
 STATE_KEY = "fedsim-client-state"   # config: JSON {"keep": bool}, in every message

@@ -48,16 +48,19 @@ from collections import Counter
 from pathlib import Path
 
 from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
 from fedsim.flower.messages import ProtoMessage, message_from_proto, message_to_proto
 from fedsim.message_keys import PARTITION_ID, RAY_NODE
 from fedsim.privacy.secret import Tampered, open_sealed, open_sealed_bytes, private_folder, seal
 from fedsim.results.outputs import write_file
-from fedsim.run.tls import NODE_KEYS_ENV, key_fingerprint
 
 WHOAMI = "fedsim-whoami"        # the core query every ClientApp answers with its partition id
 HEAD = "head"                   # the journal's sealed count and last digest
+
+
+NODE_KEYS_ENV = "FEDSIM_NODE_KEYS"  # the partition each SuperNode key is bound to (launcher -> ServerApp)
 
 
 def ask_partitions(grid, timeout: float, poll: float, placed: dict[int, int] | None = None
@@ -106,6 +109,14 @@ def ask_partitions(grid, timeout: float, poll: float, placed: dict[int, int] | N
         log.warning("whoami: nodes left out of the federation: %s (taken partitions refused: %s)", counts,
                     sorted(p for p, k in claimed.items() if k > 1))
     return partitions, counts, {node: n for node, n in sorted(ray_nodes.items()) if node}
+
+
+def key_fingerprint(public_key: bytes) -> str:
+    """A public key's SHA-256 over its DER form, from PEM (as Flower's SuperLink holds a node's
+    key: ``NodeInfo.public_key``) or OpenSSH (as ``node-I.pub`` is written)."""
+    load = serialization.load_pem_public_key if public_key.startswith(b"-----") else serialization.load_ssh_public_key
+    der = load(public_key).public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(der).hexdigest()
 
 
 def key_partitions(grid) -> dict[int, int] | None:
@@ -194,7 +205,7 @@ class Journal:
     ``key`` authenticates every file (a key derived from the run's secret)."""
 
     def __init__(self, folder: str | Path, resume: bool, key: bytes, experiment: str = ""):
-        """``experiment``: the digest of the run's experiment (``fedsim.run.config.experiment_digest``),
+        """``experiment``: the digest of the run's experiment (``fedsim.config.compose.experiment_digest``),
         sealed in the head; a resume under another is refused."""
         self.folder, self.key, self.experiment = private_folder(Path(folder)), key, experiment
         if resume:

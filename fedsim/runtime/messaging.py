@@ -45,12 +45,12 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim.message_keys import DP_EPSILON, DP_EPSILON_PLD, DP_EPSILON_RDP, NUM_EXAMPLES, SERVER_ROUND
-from fedsim.privacy.dp import CentralDP, NoiseSource
+from fedsim import progress
+from fedsim.config.data import reads_data
+from fedsim.config.node_local import sent_task
+from fedsim.message_keys import NUM_EXAMPLES, SERVER_ROUND
 from fedsim.results.sinks import Sinks, reply_metrics
-from fedsim.run import exchange_trace, progress
-from fedsim.run.data import reads_data
-from fedsim.run.node_local import sent_task
+from fedsim.runtime import exchange_trace
 from fedsim.runtime.client_app import SEED_KEY, TASK_KEY
 from fedsim.runtime.client_state import RUN_KEY, STATE_KEY
 from fedsim.runtime.faults import FAULTS_KEY
@@ -76,6 +76,7 @@ class Quorum:
 
 ALL = Quorum(1.0, 1)  # every addressed node must answer usefully
 ANY = Quorum(0.0, 1)  # one usable reply is enough; the others are left out and counted
+Ledger = Callable[[str, int, list[Message]], dict]  # (phase, round, usable replies) -> columns of its sink row
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class PhaseFailed(RuntimeError):
 
 def client_config(cfg: DictConfig) -> dict:
     """The config entries every client message carries: the resolved task (without the folders
-    each node chooses for itself, ``fedsim/run/node_local.py``), the fault spec, the run's seed (the
+    each node chooses for itself, ``fedsim/config/node_local.py``), the fault spec, the run's seed (the
     ClientApp reseeds each handler from it), the run's key (:func:`run_key_of`), under which
     clients keep state between rounds, and whether they keep it after the run
     (``fedsim/runtime/client_state.py``)."""
@@ -142,25 +143,23 @@ def _round_of(messages: list[Message]) -> int:
 
 class Messenger:
     """Sends through ``grid``; keeps ``faults`` and ``traffic`` as ``{phase: {round: {...}}}``.
-    ``noise`` is the run's source of DP noise and DP sampling, handed to the protocol's DP
-    strategies (private unless the run asked for reproducible noise). Replies are pulled every
-    ``poll_seconds``: each exchange waits half of it on average, 0.1 s as Flower's InMemoryGrid."""
+    Every exchange's usable replies (live or replayed) also go to each of ``ledgers``
+    (``ledger(phase, round, replies)``: the privacy plan's DP-SGD account,
+    ``fedsim/privacy/plan.py``), whose returned columns join the exchange's sink row. Replies are
+    pulled every ``poll_seconds``: each exchange waits half of it on average, 0.1 s as Flower's
+    InMemoryGrid."""
 
     def __init__(self, grid: Grid, timeout: float, poll_seconds: float = 0.1,
                  report_seconds: float = 10.0, journal: Journal | None = None,
-                 sinks: Sinks | None = None, noise: NoiseSource | None = None, know_partitions: bool = False):
+                 sinks: Sinks | None = None, ledgers: Iterable[Ledger] = (), know_partitions: bool = False):
         self.raw = grid
-        self.noise = noise or NoiseSource.fresh()
+        self.ledgers = list(ledgers)
         self.timeout = timeout
         self.poll_seconds = poll_seconds
         self.report_seconds = report_seconds
         self.journal, self.sinks = journal, sinks or Sinks()
         self.faults: dict[str, dict[int, dict[str, int]]] = {}
         self.traffic: dict[str, dict[int, dict[str, float]]] = {}
-        self.epsilon: dict[str, dict[int, dict[int, float]]] = {}  # phase -> round -> node -> DP-SGD epsilon
-        self.epsilon_rdp: dict[str, dict[int, dict[int, float]]] = {}  # the same, by the RDP bound
-        self.epsilon_pld: dict[str, dict[int, dict[int, float]]] = {}  # and by the PLD accountant
-        self.central_dp: CentralDP | None = None  # what Flower's DP wrappers spent (fedsim_experiments/common.py)
         self._to_new: dict[int, int] = {}  # on resume: the journaled run's node ids -> this run's
         self._to_old: dict[int, int] = {}  # and back
         self.partitions: dict[int, int] = {}  # node id (as the protocol sees it) -> partition
@@ -253,24 +252,9 @@ class Messenger:
         """Count an exchange (live or replayed) and hand its row to the sinks."""
         self._record(self.faults, phase, server_round, counts)
         self._record(self.traffic, phase, server_round, traffic)
-        self.sinks.write(phase, server_round, {**counts, **traffic, **reply_metrics(good),
-                                               **self._keep_epsilon(phase, server_round, good)})
+        kept = {k: v for ledger in self.ledgers for k, v in ledger(phase, server_round, good).items()}
+        self.sinks.write(phase, server_round, {**counts, **traffic, **reply_metrics(good), **kept})
         return good
-
-    def _keep_epsilon(self, phase: str, server_round: int, good: list[Message]) -> dict:
-        """Each client's DP-SGD epsilon (``fedsim_tasks/dp_sgd.py``) per round, for results.json, and
-        their max for the sinks: it is per client, and a mean over clients hides the largest."""
-        def by_node(key: str) -> dict[int, float]:
-            return {m.metadata.src_node_id: float(r[key]) for m in good
-                    for r in m.content.metric_records.values() if isinstance(r.get(key), (int, float))}
-        spent = by_node(DP_EPSILON)
-        if not spent:
-            return {}
-        self.epsilon.setdefault(phase, {})[server_round] = spent
-        for kept, key in ((self.epsilon_rdp, DP_EPSILON_RDP), (self.epsilon_pld, DP_EPSILON_PLD)):
-            if by_accountant := by_node(key):
-                kept.setdefault(phase, {})[server_round] = by_accountant
-        return {f"metric/{DP_EPSILON}-max": max(spent.values())}
 
     @staticmethod
     def _revalidate(phase: str, server_round: int, replies: list[Message], policy: Policy) -> None:

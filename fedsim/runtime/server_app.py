@@ -12,7 +12,7 @@ is logged as fedsim's message (the valid choices, the nearest key). The protocol
 phase through one :class:`~fedsim.runtime.messaging.Messenger`, whose fault counts and traffic go into
 every ``results.json`` (``faults``, ``communication``), also when the protocol fails.
 The process's random state and Flower's node sampling are seeded from the run's seed before
-the protocol starts (``fedsim/runtime/seeding.py``), and the Messenger learns every node's partition,
+the protocol starts (``fedsim/seeding.py``), and the Messenger learns every node's partition,
 so that the same seed samples, sends and sums in the same order in every run.
 """
 
@@ -30,25 +30,27 @@ from flwr.serverapp import Grid, ServerApp
 from omegaconf import DictConfig
 
 from fedsim.code_policy import allowed_code
+from fedsim.config.compose import REFUSED, compose_checked, experiment_digest, hydra_config, population
+from fedsim.config.schema import typed_sweep
 from fedsim.flower.strategies import strategy_utils
 from fedsim.message_keys import CONFIG
 from fedsim.privacy.audit import METHOD as AUDIT_METHOD
 from fedsim.privacy.audit import AuditReport
-from fedsim.privacy.dp import NOT_PRIVATE, NoiseSource
+from fedsim.privacy.dp import NOT_PRIVATE
+from fedsim.privacy.plan import PrivacyPlan
 from fedsim.privacy.secret import derive, run_secret
-from fedsim.results.comparison import Settings, headline
+from fedsim.results import provenance
+from fedsim.results.comparison import headline
 from fedsim.results.mlflow_sink import MlflowSink
 from fedsim.results.outputs import RunOutput, markdown_table, ship_results
 from fedsim.results.sinks import Sinks
-from fedsim.run import provenance
-from fedsim.run.config import REFUSED, compose_checked, experiment_digest, hydra_config, population
-from fedsim.run.flower_waits import shorten_pull_backoff
 from fedsim.runtime.client_state import FORGET, RUN_KEY, STATE_KEY, forget_request
+from fedsim.runtime.flower_waits import shorten_pull_backoff
 from fedsim.runtime.journal import Journal
 from fedsim.runtime.messaging import ANY, Messenger, PhaseFailed, Policy, client_config
 from fedsim.runtime.reply_pull import isolate_reply_pulls
-from fedsim.runtime.seeding import SERVER, SERVER_SAMPLING, reseed
 from fedsim.runtime.sharded_grid import ShardedGrid
+from fedsim.seeding import SERVER, SERVER_SAMPLING, reseed
 
 app = ServerApp()
 
@@ -158,7 +160,7 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
                if keep else None)
     if journal is not None and journal.resumed_from:
         log.info("resume: replaying %d journaled exchanges", journal.resumed_from)
-    noise = noise_source(cfg, secret)
+    plan = PrivacyPlan.build(cfg, secret)  # the run's privacy: noise, accounts, HE (fedsim/privacy/plan.py)
     sinks = Sinks(out.path, cfg.logging.csv, cfg.logging.tensorboard,
                   MlflowSink.for_run(cfg) if cfg.logging.mlflow else None)
     messenger, failed = None, True
@@ -168,17 +170,17 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
         if cfg.hardware.clients_per_supernode > 1:  # the protocol sees one node per logical client
             grid = ShardedGrid(grid, int(cfg.hardware.num_clients), float(cfg.round_timeout))
         messenger = Messenger(grid, float(cfg.round_timeout), journal=journal, sinks=sinks,
-                              noise=noise, know_partitions=True)
+                              ledgers=[plan.dp_sgd.record], know_partitions=True)
         seed_server(int(cfg.seed))
-        results, summary = allowed_code(cfg.protocol.run, "protocol.run")(messenger, cfg, out)
+        results, summary = allowed_code(cfg.protocol.run, "protocol.run")(messenger, cfg, out, plan)
         audit: AuditReport | None = results.pop("audit", None)
-        results["privacy"] = privacy_results(messenger, noise)
+        results["privacy"] = plan.report()
         if "central_dp" in results["privacy"]:
             summary = f"{summary.rstrip()}\n\n{central_dp_section(results['privacy']['central_dp'])}\n"
         if audit:
             results["privacy"]["audit"] = audit.as_dict()
             summary = f"{summary.rstrip()}\n\n{audit_section(audit, out)}\n"
-        summary = summary if noise.private else f"**Warning: {NOT_PRIVATE}.**\n\n{summary}"
+        summary = summary if plan.noise.private else f"**Warning: {NOT_PRIVATE}.**\n\n{summary}"
         # traffic per phase and round, beside any per-method summary the protocol made
         results.update(faults=messenger.faults,
                        communication={**messenger.traffic, **results.get("communication", {})})
@@ -190,7 +192,7 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
                                  **({"ray_nodes": messenger.ray_nodes} if messenger.ray_nodes else {})}
         summary = f"{summary.rstrip()}\n\n{provenance.section(results['provenance'])}\n"
         out.write_results(results, summary)
-        sinks.finish(headline(results, Settings.of(cfg.sweep)), int(cfg.num_rounds),
+        sinks.finish(headline(results, typed_sweep(cfg.sweep)), int(cfg.num_rounds),
                      (out.path / "config.yaml").read_text(), summary, out.files())
         print(summary, flush=True)
         _forget_client_state(messenger, cfg)
@@ -203,19 +205,6 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
         raise
     finally:
         sinks.close(failed)
-
-
-def privacy_results(messenger: Messenger, noise: NoiseSource) -> dict:
-    """results.json's ``privacy``: whether the DP noise was private, each client's DP-SGD epsilon
-    per round for replacing one record (``dp_sgd_epsilon``, the smaller of ``dp_sgd_epsilon_rdp``
-    and ``dp_sgd_epsilon_pld``), and what Flower's DP wrappers spent (``central_dp``,
-    ``fedsim/privacy/dp.py``)."""
-    return {"private_noise": noise.private,
-            **({} if noise.private else {"warning": NOT_PRIVATE}),
-            **({"dp_sgd_epsilon": messenger.epsilon} if messenger.epsilon else {}),
-            **({"dp_sgd_epsilon_rdp": messenger.epsilon_rdp} if messenger.epsilon_rdp else {}),
-            **({"dp_sgd_epsilon_pld": messenger.epsilon_pld} if messenger.epsilon_pld else {}),
-            **({"central_dp": messenger.central_dp.report()} if messenger.central_dp else {})}
 
 
 def faults_section(faults: dict) -> str:
@@ -276,18 +265,6 @@ def noise_section(audit: AuditReport) -> str:
 def seed_server(seed: int) -> None:
     """The ServerApp's random state, and a generator of Flower's node sampling of its own:
     with the shared one, which clients a round trained depended on how often the heartbeat
-    thread had drawn before (``fedsim/runtime/seeding.py``)."""
+    thread had drawn before (``fedsim/seeding.py``)."""
     reseed(SERVER.seed(seed))
     strategy_utils.random = random.Random(SERVER_SAMPLING.seed(seed))
-
-
-def noise_source(cfg, secret: bytes) -> NoiseSource:
-    """The run's DP noise: a key derived from the run's secret, or (asked for, in simulation or
-    a deployment on this machine: ``tests/test_e2e_parity.py`` compares the two) the public seed,
-    which makes every release reproducible and therefore not private."""
-    if not cfg.privacy.reproducible_noise:
-        return NoiseSource.from_key(derive(secret, b"dp-noise"))
-    if cfg.hardware.backend != "simulation" and not cfg.hardware.launch_local:
-        raise ValueError("privacy.reproducible_noise=true is refused for a remote SuperLink")
-    logging.getLogger("fedsim").warning("%s", NOT_PRIVATE)
-    return NoiseSource.public(int(cfg.seed))

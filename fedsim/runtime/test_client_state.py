@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
-from fedsim.run import node_local
+from fedsim.config import node_local
 from fedsim.runtime import client_app, client_state
 from fedsim.runtime.client_state import RUN_KEY, STATE_KEY, ClientState
 from fedsim.runtime.inprocess_grid import InProcessGrid

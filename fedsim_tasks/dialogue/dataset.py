@@ -26,8 +26,8 @@ import numpy as np
 from datasets import Dataset
 
 from fedsim.code_policy import allowed_code, instantiate_allowed
-from fedsim.run.data import DataNotFoundError, require_file
-from fedsim.runtime.seeding import stream
+from fedsim.config.data import DataNotFoundError, require_file
+from fedsim.seeding import stream
 from fedsim_tasks.causal_lm import format_prompt, generate
 
 SPC_UPSTREAM = "github.com/google-research-datasets/Synthetic-Persona-Chat (CC BY 4.0)"

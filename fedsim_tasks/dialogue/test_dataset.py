@@ -4,7 +4,7 @@ import copy
 
 import pytest
 
-from fedsim.run.data import DataNotFoundError, resolve_data_root
+from fedsim.config.data import DataNotFoundError, resolve_data_root
 from fedsim_tasks.dialogue.dataset import cmu_dog, examples, load_tasks, persona_chat, topical_chat
 
 ROOT = str(resolve_data_root())

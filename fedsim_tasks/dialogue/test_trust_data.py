@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from fedsim.run.data import resolve_data_root
+from fedsim.config.data import resolve_data_root
 from fedsim_tasks.dialogue.dataset import examples, persona_chat
 from fedsim_tasks.dialogue.trust_data import PII_TEMPLATES, contaminate, leaks_pii, trust_examples
 

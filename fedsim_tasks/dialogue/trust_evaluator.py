@@ -20,7 +20,7 @@ from sklearn.metrics import roc_auc_score
 from torch import nn
 from transformers import AutoModel, AutoTokenizer
 
-from fedsim.runtime.seeding import stream
+from fedsim.seeding import stream
 from fedsim_tasks.causal_lm import index_batches
 from fedsim_tasks.dialogue.trust_data import TrustExample
 from fedsim_tasks.hf import default_device, load_trainable, lora_config, resolve_model, trainable_arrays

@@ -17,8 +17,8 @@ from pathlib import Path
 from datasets import Dataset
 from flwr_datasets.partitioner import Partitioner
 
-from fedsim.run.data import require_file
-from fedsim.runtime.seeding import stream
+from fedsim.config.data import require_file
+from fedsim.seeding import stream
 
 UPSTREAM = "github.com/patronus-ai/financebench (CC BY-NC 4.0)"
 FOLDER = "financebench"

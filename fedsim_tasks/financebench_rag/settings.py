@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedsim.run.schema import TaskSettings, require
+from fedsim.config.schema import TaskSettings, require
 
 CONSTRUCTIONS = ("inverse_cloze", "unique_inverse_cloze", "headers")  # pseudo_queries.py
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedsim.run.config import compose
-from fedsim.run.data import resolve_data_root
-from fedsim.run.schema import check
-from fedsim.runtime.seeding import derived_seed
+from fedsim.config.compose import compose
+from fedsim.config.data import resolve_data_root
+from fedsim.config.schema import check
+from fedsim.seeding import derived_seed
 from fedsim_tasks.financebench_rag import dataset as fb
 from fedsim_tasks.financebench_rag.pseudo_queries import (
     chunk_words,

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from peft import TaskType
 
-from fedsim.run.config import compose
-from fedsim.run.data import resolve_data_root
-from fedsim.run.schema import check
+from fedsim.config.compose import compose
+from fedsim.config.data import resolve_data_root
+from fedsim.config.schema import check
 from fedsim_tasks.financebench_rag import inference
 from fedsim_tasks.financebench_rag.inference import cached_encoder, corpus_encoder
 from fedsim_tasks.financebench_rag.retrieval import evaluation_data, score_splits, weights_key

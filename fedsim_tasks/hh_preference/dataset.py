@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from fedsim.code_policy import instantiate_allowed
-from fedsim.run.data import require_file
-from fedsim.runtime.seeding import stream
+from fedsim.config.data import require_file
+from fedsim.seeding import stream
 
 UPSTREAM = "github.com/anthropics/hh-rlhf, harmless-base test (MIT)"
 FILE = Path("hh_rlhf") / "harmless-base-test.jsonl.gz"

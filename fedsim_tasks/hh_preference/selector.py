@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedsim.runtime.seeding import stream
+from fedsim.seeding import stream
 from fedsim_tasks.causal_lm import index_batches
 from fedsim_tasks.hf import (
     build_encoder,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedsim.run.schema import TaskSettings
+from fedsim.config.schema import TaskSettings
 
 MINORITY_KINDS = ("reversed", "second_criterion")
 CRITERIA = ("longer", "shorter")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedsim.run.data import resolve_data_root
+from fedsim.config.data import resolve_data_root
 from fedsim_tasks.hh_preference.dataset import (
     Federation,
     both_orders,

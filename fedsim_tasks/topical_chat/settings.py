@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedsim.run.schema import TaskSettings, require
+from fedsim.config.schema import TaskSettings, require
 from fedsim_tasks.topical_chat.dataset import SPLITS
 
 
@@ -17,6 +17,7 @@ class TopicalChatSettings(TaskSettings):
     tune_splits: list[str]
     test_splits: list[str]
     max_per_split: int | None
+    split_seed: int | None
 
 
 @dataclass(frozen=True, kw_only=True)

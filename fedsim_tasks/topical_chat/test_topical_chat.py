@@ -5,14 +5,17 @@ import json
 import numpy as np
 import pytest
 
-from fedsim.run.data import DataNotFoundError, resolve_data_root
+from fedsim.config.data import DataNotFoundError, resolve_data_root
 from fedsim_tasks.topical_chat.dataset import (
+    POOLS,
+    SPLITS,
     Conversation,
     Turn,
     load_conversations,
     load_split,
     load_topics,
     local_preference,
+    redrawn_rows,
 )
 from fedsim_tasks.topical_chat.router import EvidenceRouter, RouterVariant, router_for
 
@@ -96,3 +99,29 @@ def test_router_ties_go_to_fs1_and_count_as_ambiguous():
 def test_a_limited_split_is_the_first_conversations_of_the_whole():
     assert load_split(ROOT, "valid_rare", 3) == load_split(ROOT, "valid_rare")[:3]
     assert load_split(ROOT, "valid_rare", None) == load_split(ROOT, "valid_rare")
+
+
+def _ids(convs) -> set[str]:
+    return {c.conversation_id for c in convs}
+
+
+def test_a_split_seed_redraws_valid_and_test_within_each_frequency():
+    published = {s: load_split(ROOT, s) for s in SPLITS}
+    drawn = {s: load_split(ROOT, s, None, 3) for s in SPLITS}
+    for valid, test in POOLS.values():
+        assert [len(drawn[s]) for s in (valid, test)] == [len(published[s]) for s in (valid, test)]
+        assert not _ids(drawn[valid]) & _ids(drawn[test])
+        assert _ids(drawn[valid]) | _ids(drawn[test]) == _ids(published[valid]) | _ids(published[test])
+        assert _ids(drawn[test]) & _ids(published[valid]) and _ids(drawn[test]) != _ids(published[test])
+        assert {c.split for c in drawn[valid]} == {valid} and {c.split for c in drawn[test]} == {test}
+    assert len(_ids(c for convs in drawn.values() for c in convs)) == sum(len(v) for v in published.values())
+
+
+def test_a_split_seed_is_deterministic_and_none_is_the_published_split():
+    assert load_split(ROOT, "test_rare", None, None) == load_split(ROOT, "test_rare")
+    assert redrawn_rows([5, 7], 3, "rare") == redrawn_rows([5, 7], 3, "rare")
+    assert redrawn_rows([5, 7], 3, "rare") != redrawn_rows([5, 7], 4, "rare")
+    assert redrawn_rows([5, 7], 3, "rare") != redrawn_rows([5, 7], 3, "freq")
+    assert _ids(load_split(ROOT, "test_freq", None, 3)) != _ids(load_split(ROOT, "test_freq", None, 4))
+    assert load_conversations(ROOT, ("valid_rare", "test_freq"), 2, 3) == \
+        load_split(ROOT, "valid_rare", None, 3)[:2] + load_split(ROOT, "test_freq", None, 3)[:2]

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedsim.run.data import resolve_data_root
+from fedsim.config.data import resolve_data_root
 from fedsim_tasks.topical_chat.turn_sentiment import SENTIMENTS, WEIGHT_NAMES, Recipe, client_rows, load_turns
 
 ROOT = str(resolve_data_root())

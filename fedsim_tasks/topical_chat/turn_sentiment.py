@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedsim.run.data import require_file
-from fedsim.runtime.seeding import stream
+from fedsim.config.data import require_file
+from fedsim.seeding import stream
 from fedsim_tasks.proximal import ProximalTerm
 from fedsim_tasks.topical_chat.dataset import SPLITS, UPSTREAM
 
