@@ -15,7 +15,11 @@ A marker is an HTML comment (invisible when rendered) right after the number it 
   (:func:`fedsim.results.comparison.compare`, in process, writing nothing; a metric that is both
   a paired row and a contrast, FedBiscuit U=3's gap minus FedBis's and minus 0, names the paired
   row). ``SWEEP`` may join
-  several record folders with ``+`` (a sweep kept in parts: their runs compared together).
+  several record folders with ``+`` (a sweep kept in parts: their runs compared together);
+- ``<!-- record: SWEEP compare OVERRIDE... over-seeds METRIC FIELD -->``: the same comparison's
+  ``METRIC`` over seeds in its one group (a method's mean over seeds and its interval, not a
+  difference: ``FIELD`` ``mean``, ``ci.0``, ``ci.1``, ``std``), e.g.
+  ``records/fede4rag_arms-39+records/fede4rag_arms-39-more compare over-seeds methods.vanilla.test.ndcg@10 mean``.
   Tokens are split as a shell would; ``$NAME`` is a ``NAME=value`` line of a shell block of the
   scanned pages (one value across them), so a marker states the page's own compare line.
 
@@ -120,9 +124,13 @@ def rebuild(marker: str, variables: dict[str, str | None]) -> float:
         return float(dig(json.loads(results.read_text()), tokens[1]))
     if len(tokens) < 4 or tokens[1] != "compare":
         raise MarkerError(f"a marker is RUN PATH or SWEEP compare OVERRIDE... METRIC FIELD, got {marker!r}")
-    result = comparison(tokens[0], tuple(tokens[2:-2]))
-    rows = ([r for r in result["paired"] if r["metric"] == tokens[-2]]
-            or [r for r in result["contrasts"] if r["metric"] == tokens[-2]])
+    over_seeds = len(tokens) >= 5 and tokens[-3] == "over-seeds"
+    result = comparison(tokens[0], tuple(tokens[2:-3 if over_seeds else -2]))
+    if over_seeds:
+        rows = [g["metrics"][tokens[-2]] for g in result["groups"] if tokens[-2] in g["metrics"]]
+    else:
+        rows = ([r for r in result["paired"] if r["metric"] == tokens[-2]]
+                or [r for r in result["contrasts"] if r["metric"] == tokens[-2]])
     if len(rows) != 1:
         raise MarkerError(f"{len(rows)} rows of {tokens[-2]} in the comparison (one wanted)")
     return float(dig(rows[0], tokens[-1]))
@@ -152,6 +160,7 @@ def markers(pages=PAGES):
 
 
 VARIABLES = page_variables()
+FEDE4RAG_ARMS = "records/fede4rag_arms-39+records/fede4rag_arms-39-more"  # a sweep kept in two parts
 
 
 @pytest.mark.parametrize(("before", "marker"), list(markers()))
@@ -177,6 +186,10 @@ def test_marked_number_is_its_record(before, marker):
     ("+0.039 ", "records/fedbiscuit_length-40 compare sweep.baseline=raw $NO_SUCH policy.fedbis.4.win_rate mean",
      r"\$NO_SUCH"),
     ("+0.040 ", "records/fedbiscuit_length-40 compare sweep.baseline=raw policy.fedbis.4.win_rate mean", "printed"),
+    ("0.464 ", f"{FEDE4RAG_ARMS} compare over-seeds methods.vanilla.test.ndcg@10 mean", "printed"),
+    ("0.463 ", f"{FEDE4RAG_ARMS} compare over-seeds methods.vanila.test.ndcg@10 mean", "0 rows"),
+    ("0.500 ", "records/fedbiscuit_length-40 compare sweep.baseline=fedbis over-seeds "
+     "rlhf.reward_hacking.fedbis.0.proxy_win_rate ci.0", "no 'ci.0'"),  # constant over seeds: no interval
 ])
 def test_a_wrong_marker_fails(before, marker, why):
     """The checker can fail: a number off by one unit of its last digit, a wrong sign or scale, a
@@ -196,6 +209,8 @@ def test_a_right_marker_passes():
                               "summary.second_criterion/majority.own_minus_pooled", VARIABLES))
     check("+0.039 ", rebuild("records/fedbiscuit_length-40 compare sweep.baseline=raw policy.fedbis.4.win_rate mean",
                              VARIABLES))
+    check("0.463 ", rebuild(f"{FEDE4RAG_ARMS} compare over-seeds methods.vanilla.test.ndcg@10 mean", VARIABLES))
+    check("0.486 ", rebuild(f"{FEDE4RAG_ARMS} compare over-seeds methods.vanilla.test.ndcg@10 ci.1", VARIABLES))
 
 
 def test_the_pages_mark_their_numbers():
