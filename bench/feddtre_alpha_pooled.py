@@ -7,7 +7,9 @@ clients, each client's rounds of every seed resampled together), prints it per m
 dataset with the per-seed r, and plots the points.
 
     .venv/bin/python bench/feddtre_alpha_pooled.py SWEEP_DIR [SWEEP_DIR ...] \
-        --plot docs/feddtre_alpha_vs_overfitting.png
+        --plot docs/feddtre_alpha_vs_overfitting.png --json records/feddtre_alpha_pooled/alpha_pooled.json
+
+``--json`` keeps the pooled statistics as a record, so a page's marker can name them.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def main() -> None:
     parser.add_argument("--method", default="feddtre")
     parser.add_argument("--dataset", default="persona_chat")
     parser.add_argument("--plot", type=Path)
+    parser.add_argument("--json", type=Path, help="also write the pooled statistics here (a record)")
     args = parser.parse_args()
     runs = completed_runs(args.sweeps)
     client_rounds = pooled(runs, args.method, args.dataset)
@@ -56,9 +59,13 @@ def main() -> None:
     gap = [row[keys.HELDOUT_NLL] - row[keys.TRAIN_NLL] for row in rows]
     alpha = [row[keys.ALPHA] for row in rows]
     floor = min(alpha)
+    summary = {**stats, "spearman": float(spearmanr(alpha, gap).statistic),
+               "share_at_floor": sum(a == floor for a in alpha) / len(alpha), "floor": floor}
     print(f"{len(runs)} runs, {stats['client_rounds']} client-rounds")
-    print(json.dumps({**stats, "spearman": float(spearmanr(alpha, gap).statistic),
-                      "share_at_floor": sum(a == floor for a in alpha) / len(alpha), "floor": floor}, indent=1))
+    print(json.dumps(summary, indent=1))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(summary, indent=1) + "\n")
     print("per run r:", {name: round(r["alpha_gap"][args.method][args.dataset].get("pearson_r", float("nan")), 2)
                          for name, r in sorted(runs.items(), key=lambda kv: int(kv[0].split("-")[-1]))})
     if args.plot:
