@@ -14,7 +14,9 @@ USER_HOME = Path.home()
 PRIVATE_HOME = Path(tempfile.mkdtemp(prefix="fedsim-test-home-"))
 os.environ["HOME"] = str(PRIVATE_HOME)
 os.environ["XDG_CACHE_HOME"] = str(PRIVATE_HOME / ".cache")
-os.environ["XDG_STATE_HOME"] = str(PRIVATE_HOME / ".local" / "state")  # the resume key (fedsim/privacy/secret.py)
+os.environ["XDG_STATE_HOME"] = str(
+    PRIVATE_HOME / ".local" / "state"
+)  # the resume key (fedsim/privacy/secret.py)
 os.environ["HF_HOME"] = str(PRIVATE_HOME / ".cache" / "huggingface")
 os.environ["FEDSIM_STATE_DIR"] = str(PRIVATE_HOME / "client-state")  # fedsim/config/node_local.py
 
@@ -25,7 +27,10 @@ def _private_home():
     shutil.rmtree(PRIVATE_HOME, ignore_errors=True)
 
 
-SHARED_SESSION_RUN = {"test_e2e_client_state.py": "uninterrupted", "test_e2e_ray_cluster.py": "uninterrupted"}
+SHARED_SESSION_RUN = {
+    "test_e2e_client_state.py": "uninterrupted",
+    "test_e2e_ray_cluster.py": "uninterrupted",
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup hook reads the marks
@@ -34,7 +39,9 @@ def pytest_collection_modifyitems(items):
     fixtures are built once; the files that compare with the session's ``uninterrupted`` run
     (tests/conftest.py) share a worker, so that run is made once."""
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(SHARED_SESSION_RUN.get(item.path.name, str(item.path))))
+        item.add_marker(
+            pytest.mark.xdist_group(SHARED_SESSION_RUN.get(item.path.name, str(item.path)))
+        )
 
 
 @pytest.fixture

@@ -34,12 +34,21 @@ from fedsim.runtime import exchange_trace
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")
 FEDTP = ["task.max_per_split=2", "protocol.dp_seeds=2", "protocol.bootstrap=200"]
-LORA = ["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]",
-        "task.pages_per_client=30", "task.n_valid=4", "task.n_test=6",
-        "task.corpus_pages_per_doc=8", "task.embedding_cache=null", "num_rounds=1",
-        "protocol.local_steps=2", "protocol.batch_size=4", "protocol.eval_pages_per_message=64",
-        "~protocol.methods",
-        "+protocol.methods={fede4rag: {run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: 1.0, he: true}}"]
+LORA = [
+    "experiment=fede4rag_paper",
+    "task.companies=[AES Corporation,Boeing]",
+    "task.pages_per_client=30",
+    "task.n_valid=4",
+    "task.n_test=6",
+    "task.corpus_pages_per_doc=8",
+    "task.embedding_cache=null",
+    "num_rounds=1",
+    "protocol.local_steps=2",
+    "protocol.batch_size=4",
+    "protocol.eval_pages_per_message=64",
+    "~protocol.methods",
+    "+protocol.methods={fede4rag: {run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: 1.0, he: true}}",
+]
 TASKS = {"fedtp": FEDTP, "lora": LORA}
 
 
@@ -50,15 +59,38 @@ def exchanges(task: list[str], hardware: list[str], out: Path) -> tuple[dict, fl
     trace = out / "trace"
     trace.mkdir(parents=True)
     start = time.monotonic()
-    subprocess.run([FEDSIM, "run", *task, *keys, *hardware, "hardware.num_supernodes=2",
-                    f"client_state.dir={out / 'state'}", f"results_dir={out / 'results'}"],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                   env={**os.environ, exchange_trace.TRACE_ENV: str(trace)})
+    subprocess.run(
+        [
+            FEDSIM,
+            "run",
+            *task,
+            *keys,
+            *hardware,
+            "hardware.num_supernodes=2",
+            f"client_state.dir={out / 'state'}",
+            f"results_dir={out / 'results'}",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, exchange_trace.TRACE_ENV: str(trace)},
+    )
     wall = time.monotonic() - start
     traffic = json.loads((out / "results" / "results.json").read_text())["communication"]
-    stages = {(phase, str(r)): s for (phase, r), s in exchange_trace.breakdown(exchange_trace.read(trace)).items()}
-    return {(phase, r): row["seconds"] for phase, rounds in traffic.items()
-            for r, row in rounds.items() if isinstance(row, dict) and "seconds" in row}, wall, stages
+    stages = {
+        (phase, str(r)): s
+        for (phase, r), s in exchange_trace.breakdown(exchange_trace.read(trace)).items()
+    }
+    return (
+        {
+            (phase, r): row["seconds"]
+            for phase, rounds in traffic.items()
+            for r, row in rounds.items()
+            if isinstance(row, dict) and "seconds" in row
+        },
+        wall,
+        stages,
+    )
 
 
 def print_stages(label: str, seconds: dict, stages: dict) -> None:
@@ -76,8 +108,12 @@ def print_stages(label: str, seconds: dict, stages: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=sorted(TASKS))
-    parser.add_argument("--variant", action="append", default=[],
-                        help="'label=override ...': one more deployment with these overrides")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="'label=override ...': one more deployment with these overrides",
+    )
     args = parser.parse_args()
     variants = {"deploy": []}
     for spec in args.variant:
@@ -90,18 +126,26 @@ def main() -> None:
             continue
         runs = {"simulation": exchanges(task, ["hardware=cpu_2"], root / name / "sim")}
         for label, overrides in variants.items():
-            runs[label] = exchanges(task, ["hardware=deploy_local", *overrides],
-                                    root / name / label)
+            runs[label] = exchanges(
+                task, ["hardware=deploy_local", *overrides], root / name / label
+            )
         sim = runs["simulation"][0]
         heads = [h for label in variants for h in (f"{label} s", "ratio", "diff s")]
         print(f"\n{name}: " + ", ".join(f"{k} {w:.0f} s wall" for k, (_, w, _) in runs.items()))
         print("| exchange | round | simulation s | " + " | ".join(heads) + " |")
         print("|---|---|---|" + "---|" * len(heads))
-        rows = [(phase, rnd, {k: r[0].get((phase, rnd), float("nan")) for k, r in runs.items()})
-                for phase, rnd in sim]
+        rows = [
+            (phase, rnd, {k: r[0].get((phase, rnd), float("nan")) for k, r in runs.items()})
+            for phase, rnd in sim
+        ]
         # discover also starts every node's first ClientApp (a Ray actor in the simulation)
-        rows.append(("all but discover", "", {k: sum(t[k] for p, _, t in rows if p != "discover")
-                                              for k in runs}))
+        rows.append(
+            (
+                "all but discover",
+                "",
+                {k: sum(t[k] for p, _, t in rows if p != "discover") for k in runs},
+            )
+        )
         for phase, rnd, t in rows:
             s = t["simulation"]
             cells = [f"{t[k]:.2f} | {t[k] / s:.1f} | {t[k] - s:+.2f}" for k in variants]

@@ -32,7 +32,13 @@ def curves(folder: Path) -> dict[str, dict[int, dict[str, list[float]]]]:
         for method, points in results.get("rlhf", {}).get("reward_hacking", {}).items():
             for p in points:
                 row = out.setdefault(method, {}).setdefault(p["steps"], {})
-                for key in ("proxy_win_rate", "judge_win_rate", "gap", "reply_words", "judge_win_rate_minority"):
+                for key in (
+                    "proxy_win_rate",
+                    "judge_win_rate",
+                    "gap",
+                    "reply_words",
+                    "judge_win_rate_minority",
+                ):
                     if key in p:
                         row.setdefault(key, []).append(p[key])
     return out
@@ -56,11 +62,24 @@ def plot(data: dict, out: RunOutput, name: str) -> None:
         steps = sorted(by_step)
         for key, style in (("proxy_win_rate", "--"), ("judge_win_rate", "-")):
             mean = np.array([np.mean(by_step[s][key]) for s in steps])
-            cis = [t_interval(np.array(by_step[s][key]), 0.95) or (m, m) for s, m in zip(steps, mean)]
-            ax.plot(steps, mean, ls=style, marker="o", color=f"C{i}", label=f"{method} {key.split('_')[0]}")
-            ax.fill_between(steps, [c[0] for c in cis], [c[1] for c in cis], color=f"C{i}", alpha=0.12)
+            cis = [
+                t_interval(np.array(by_step[s][key]), 0.95) or (m, m) for s, m in zip(steps, mean)
+            ]
+            ax.plot(
+                steps,
+                mean,
+                ls=style,
+                marker="o",
+                color=f"C{i}",
+                label=f"{method} {key.split('_')[0]}",
+            )
+            ax.fill_between(
+                steps, [c[0] for c in cis], [c[1] for c in cis], color=f"C{i}", alpha=0.12
+            )
             for s in steps:  # each seed's point
-                ax.scatter([s] * len(by_step[s][key]), by_step[s][key], color=f"C{i}", s=8, alpha=0.5)
+                ax.scatter(
+                    [s] * len(by_step[s][key]), by_step[s][key], color=f"C{i}", s=8, alpha=0.5
+                )
     ax.axhline(0.5, color="grey", lw=0.8, ls=":", label="the base (0.5)")
     ax.set_ylim(0, 1)  # a win rate; a t band over few seeds reaches past it
     ax.set_xlabel("DPO steps")
@@ -73,15 +92,32 @@ def plot(data: dict, out: RunOutput, name: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folder", type=Path)
-    ap.add_argument("--output", default="reward_hacking_over_seeds", help="plot name (PNG, in --into)")
+    ap.add_argument(
+        "--output", default="reward_hacking_over_seeds", help="plot name (PNG, in --into)"
+    )
     ap.add_argument("--into", type=Path, default=Path("."))
     args = ap.parse_args()
     data = curves(args.folder)
     if not data:
-        raise SystemExit(f"no run under {args.folder} holds reward-hacking curves (protocol.rlhf.hacking_steps)")
+        raise SystemExit(
+            f"no run under {args.folder} holds reward-hacking curves (protocol.rlhf.hacking_steps)"
+        )
     plot(data, RunOutput(args.into), args.output)
-    print(markdown_table(table(data), ["policy", "steps", "seeds", "proxy_win_rate", "judge_win_rate", "gap",
-                                       "judge_win_rate_minority", "reply_words"]))
+    print(
+        markdown_table(
+            table(data),
+            [
+                "policy",
+                "steps",
+                "seeds",
+                "proxy_win_rate",
+                "judge_win_rate",
+                "gap",
+                "judge_win_rate_minority",
+                "reply_words",
+            ],
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -43,31 +43,54 @@ EFFECT = 0.02  # fedbiscuit_paper's stated selector effect: two points of held-o
 def judges(seed: int) -> dict:
     """The two judges of one seed's split (the same for every minority preference), trained on
     the judge split as the RLHF phase trains its judge."""
-    cfg = compose_checked(["experiment=fedbiscuit_paper", f"seed={seed}", f"task.split_seed={seed}"])
+    cfg = compose_checked(
+        ["experiment=fedbiscuit_paper", f"seed={seed}", f"task.split_seed={seed}"]
+    )
     fed = Federation(OmegaConf.to_container(cfg.task, resolve=True), cfg.data_root)
     p = cfg.protocol
-    out = {"minilm": ScorerSelector(cfg.task.selector.model, frozen=True, human_words=32, seed=seed),
-           "tfidf": TfidfScorer(human_words=32, seed=seed)}
+    out = {
+        "minilm": ScorerSelector(cfg.task.selector.model, frozen=True, human_words=32, seed=seed),
+        "tfidf": TfidfScorer(human_words=32, seed=seed),
+    }
     for judge in out.values():
-        judge.train(both_orders(fed.splits["judge"]), p.rlhf.judge_steps, p.batch_size, p.lr,
-                    JUDGE_TRAINING.seed(seed), p.weight_decay)
+        judge.train(
+            both_orders(fed.splits["judge"]),
+            p.rlhf.judge_steps,
+            p.batch_size,
+            p.lr,
+            JUDGE_TRAINING.seed(seed),
+            p.weight_decay,
+        )
     return out
 
 
 def judge_choices(judge, examples) -> np.ndarray:
-    scores = judge.margins(examples) if isinstance(judge, TfidfScorer) else judge.logits(examples).detach().numpy()
+    scores = (
+        judge.margins(examples)
+        if isinstance(judge, TfidfScorer)
+        else judge.logits(examples).detach().numpy()
+    )
     return (scores > 0).astype(int)
 
 
 def one_seed(kind: str, seed: int, selector, initial: dict, overrides: list[str]) -> dict:
     """Own-population and pooled selectors, and the judges, on one seed's split."""
-    cfg = compose_checked(["experiment=fedbiscuit_paper", f"seed={seed}", f"task.split_seed={seed}",
-                           f"task.minority_preference.kind={kind}", *overrides])
+    cfg = compose_checked(
+        [
+            "experiment=fedbiscuit_paper",
+            f"seed={seed}",
+            f"task.split_seed={seed}",
+            f"task.minority_preference.kind={kind}",
+            *overrides,
+        ]
+    )
     task = OmegaConf.to_container(cfg.task, resolve=True)
     fed = Federation(task, task["data_root"])
     clients = [fed.client(p) for p in range(fed.num_clients)]
     train = {"pooled": [e for c in clients for e in c.train]}
-    train |= {pop: [e for c in clients if c.population == pop for e in c.train] for pop in POPULATIONS}
+    train |= {
+        pop: [e for c in clients if c.population == pop for e in c.train] for pop in POPULATIONS
+    }
     weights = {}
     for name, examples in train.items():
         selector.load(initial)
@@ -76,17 +99,28 @@ def one_seed(kind: str, seed: int, selector, initial: dict, overrides: list[str]
     test = fed.test()
     flipped = np.array([e.pair_id in fed.flips for e in test])
     picks = dict(zip(weights, choices(selector, list(weights.values()), test)))
-    row = {"kind": kind, "overrides": overrides, "seed": seed,
-           "train_pairs": {k: len(v) // 2 for k, v in train.items()},
-           "minority_disagrees": float(flipped.mean()),
-           "accuracy": {name: {pop: evaluate_selectors(selector, [w], fed, 0.0)[f"accuracy_{pop}"]
-                               for pop in POPULATIONS} for name, w in weights.items()}}
+    row = {
+        "kind": kind,
+        "overrides": overrides,
+        "seed": seed,
+        "train_pairs": {k: len(v) // 2 for k, v in train.items()},
+        "minority_disagrees": float(flipped.mean()),
+        "accuracy": {
+            name: {
+                pop: evaluate_selectors(selector, [w], fed, 0.0)[f"accuracy_{pop}"]
+                for pop in POPULATIONS
+            }
+            for name, w in weights.items()
+        },
+    }
     majority = np.array([e.label for e in test])
     row["judges"] = {}
     for name, judge in judges(seed).items():
         choice = judge_choices(judge, test)
-        row["judges"][name] = {"accuracy_majority": float(np.mean(choice == majority)),
-                               "agreement": {s: float(np.mean(choice == pick)) for s, pick in picks.items()}}
+        row["judges"][name] = {
+            "accuracy_majority": float(np.mean(choice == majority)),
+            "agreement": {s: float(np.mean(choice == pick)) for s, pick in picks.items()},
+        }
     return row
 
 
@@ -95,10 +129,20 @@ def summary(rows: list[dict]) -> dict:
     out = {}
     for kind in dict.fromkeys(r["kind"] for r in rows):
         for pop in POPULATIONS:
-            diff = np.array([r["accuracy"][pop][pop] - r["accuracy"]["pooled"][pop] for r in rows if r["kind"] == kind])
+            diff = np.array(
+                [
+                    r["accuracy"][pop][pop] - r["accuracy"]["pooled"][pop]
+                    for r in rows
+                    if r["kind"] == kind
+                ]
+            )
             ci = t_interval(diff, 0.95)
-            out[f"{kind}/{pop}"] = {"n": int(diff.size), "own_minus_pooled": float(diff.mean()), "ci": ci,
-                                    "verdict": verdict(ci, EFFECT)}
+            out[f"{kind}/{pop}"] = {
+                "n": int(diff.size),
+                "own_minus_pooled": float(diff.mean()),
+                "ci": ci,
+                "verdict": verdict(ci, EFFECT),
+            }
     return out
 
 
@@ -107,19 +151,33 @@ def main() -> None:
     ap.add_argument("--kinds", nargs="+", default=["second_criterion", "reversed"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--output", default="fedbiscuit_populations.json")
-    ap.add_argument("--overrides", nargs="*", default=[], help="more fedbiscuit_paper overrides, e.g. "
-                    "task.minority_preference.weak_share=1.0")
+    ap.add_argument(
+        "--overrides",
+        nargs="*",
+        default=[],
+        help="more fedbiscuit_paper overrides, e.g. task.minority_preference.weak_share=1.0",
+    )
     args = ap.parse_args()
     cfg = compose_checked(["experiment=fedbiscuit_paper"])
-    selector = instantiate(cfg.task.selector, seed=cfg.task.seed)  # one instance: its embedding cache is shared
+    selector = instantiate(
+        cfg.task.selector, seed=cfg.task.seed
+    )  # one instance: its embedding cache is shared
     initial = selector.weights()
     rows, start = [], time.perf_counter()
-    for seed in args.seeds:  # seeds outside: a seed's topics, embeddings and judges serve every kind
+    for (
+        seed
+    ) in args.seeds:  # seeds outside: a seed's topics, embeddings and judges serve every kind
         for kind in args.kinds:
             rows.append(one_seed(kind, seed, selector, initial, args.overrides))
             print(json.dumps(rows[-1]), flush=True)
-            result = {"rows": rows, "summary": summary(rows), "seconds": time.perf_counter() - start}
-            with open(args.output, "w") as fh:  # after every row: a stopped run keeps what it measured
+            result = {
+                "rows": rows,
+                "summary": summary(rows),
+                "seconds": time.perf_counter() - start,
+            }
+            with open(
+                args.output, "w"
+            ) as fh:  # after every row: a stopped run keeps what it measured
                 json.dump(result, fh, indent=1)
     print(json.dumps(result["summary"], indent=1))
 

@@ -40,8 +40,11 @@ def completed_runs(sweeps: list[Path]) -> dict[str, dict]:
 
 def pooled(runs: dict[str, dict], method: str, dataset: str) -> dict[tuple[str, str], list[dict]]:
     """Every run's client-rounds, keyed by (run, round) so that rounds of two seeds stay apart."""
-    return {(name, rnd): rows["clients"] for name, r in runs.items()
-            for rnd, rows in r["alpha"][method][dataset].items()}
+    return {
+        (name, rnd): rows["clients"]
+        for name, r in runs.items()
+        for rnd, rows in r["alpha"][method][dataset].items()
+    }
 
 
 def main() -> None:
@@ -50,32 +53,48 @@ def main() -> None:
     parser.add_argument("--method", default="feddtre")
     parser.add_argument("--dataset", default="persona_chat")
     parser.add_argument("--plot", type=Path)
-    parser.add_argument("--json", type=Path, help="also write the pooled statistics here (a record)")
+    parser.add_argument(
+        "--json", type=Path, help="also write the pooled statistics here (a record)"
+    )
     args = parser.parse_args()
     runs = completed_runs(args.sweeps)
     client_rounds = pooled(runs, args.method, args.dataset)
-    stats = alpha_vs_gap(client_rounds, "client", seed=0)  # a client's rounds of every seed: one cluster
+    stats = alpha_vs_gap(
+        client_rounds, "client", seed=0
+    )  # a client's rounds of every seed: one cluster
     rows = [row for rs in client_rounds.values() for row in rs]
     gap = [row[keys.HELDOUT_NLL] - row[keys.TRAIN_NLL] for row in rows]
     alpha = [row[keys.ALPHA] for row in rows]
     floor = min(alpha)
-    summary = {**stats, "spearman": float(spearmanr(alpha, gap).statistic),
-               "share_at_floor": sum(a == floor for a in alpha) / len(alpha), "floor": floor}
+    summary = {
+        **stats,
+        "spearman": float(spearmanr(alpha, gap).statistic),
+        "share_at_floor": sum(a == floor for a in alpha) / len(alpha),
+        "floor": floor,
+    }
     print(f"{len(runs)} runs, {stats['client_rounds']} client-rounds")
     print(json.dumps(summary, indent=1))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(summary, indent=1) + "\n")
-    print("per run r:", {name: round(r["alpha_gap"][args.method][args.dataset].get("pearson_r", float("nan")), 2)
-                         for name, r in sorted(runs.items(), key=lambda kv: int(kv[0].split("-")[-1]))})
+    print(
+        "per run r:",
+        {
+            name: round(r["alpha_gap"][args.method][args.dataset].get("pearson_r", float("nan")), 2)
+            for name, r in sorted(runs.items(), key=lambda kv: int(kv[0].split("-")[-1]))
+        },
+    )
     if args.plot:
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.scatter(gap, alpha, s=12, alpha=0.6)
         ax.set_xlabel("local model: held-out minus train nll per token")
         ax.set_ylabel("alpha")
-        ax.set_title(f"FedDTRE, {len(runs)} seeds, {len(rows)} client-rounds: "
-                     f"r {stats['pearson_r']:+.2f} [{stats['ci'][0]:+.2f}, {stats['ci'][1]:+.2f}] "
-                     f"over {stats['clusters']} clients", fontsize=9)
+        ax.set_title(
+            f"FedDTRE, {len(runs)} seeds, {len(rows)} client-rounds: "
+            f"r {stats['pearson_r']:+.2f} [{stats['ci'][0]:+.2f}, {stats['ci'][1]:+.2f}] "
+            f"over {stats['clusters']} clients",
+            fontsize=9,
+        )
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
 

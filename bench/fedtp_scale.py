@@ -31,7 +31,12 @@ from process_tree import PeakMemory
 
 from fedsim.config.data import resolve_data_root
 from fedsim.privacy.dp import gaussian_mean
-from fedsim_tasks.topical_chat.dataset import SPLITS, load_conversations, load_topics, local_preference
+from fedsim_tasks.topical_chat.dataset import (
+    SPLITS,
+    load_conversations,
+    load_topics,
+    local_preference,
+)
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")
 
@@ -41,12 +46,21 @@ def per_split(n: int, total: int) -> int | None:
     return None if n >= total else -(-n // len(SPLITS))
 
 
-def flower(n: int, keep: int | None, strategy: str, per_node: int, supernodes: int, out: Path) -> dict:
-    cmd = [FEDSIM, "run", "experiment=fedtp_aggregate", f"strategy={strategy}",
-           "strategy.noise_multiplier=0" if strategy == "dp_mean" else "seed=0",
-           f"hardware.num_clients={n}", f"hardware.num_supernodes={supernodes}",
-           f"hardware.clients_per_supernode={per_node}", f"task.max_per_split={keep or 'null'}",
-           f"results_dir={out}"]
+def flower(
+    n: int, keep: int | None, strategy: str, per_node: int, supernodes: int, out: Path
+) -> dict:
+    cmd = [
+        FEDSIM,
+        "run",
+        "experiment=fedtp_aggregate",
+        f"strategy={strategy}",
+        "strategy.noise_multiplier=0" if strategy == "dp_mean" else "seed=0",
+        f"hardware.num_clients={n}",
+        f"hardware.num_supernodes={supernodes}",
+        f"hardware.clients_per_supernode={per_node}",
+        f"task.max_per_split={keep or 'null'}",
+        f"results_dir={out}",
+    ]
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     memory = PeakMemory(proc.pid)
@@ -55,15 +69,22 @@ def flower(n: int, keep: int | None, strategy: str, per_node: int, supernodes: i
     if proc.returncode != 0:
         raise SystemExit(f"{strategy} N={n} K={supernodes} failed:\n{log[-4000:]}")
     res = json.loads((out / "results.json").read_text())
-    return {"wall_s": wall, "strategy_s": res["strategy_seconds"], "peak_gb": peak,
-            "ms_per_client_round": res["ms_per_client_round"], "supernodes": res["supernodes"],
-            "released": np.asarray(res["released"])}
+    return {
+        "wall_s": wall,
+        "strategy_s": res["strategy_seconds"],
+        "peak_gb": peak,
+        "ms_per_client_round": res["ms_per_client_round"],
+        "supernodes": res["supernodes"],
+        "released": np.asarray(res["released"]),
+    }
 
 
 def numpy_floor(vectors: np.ndarray, repeats: int = 20) -> dict:
     times = {}
-    for name, fn in (("dp_mean", lambda: gaussian_mean(vectors, 1.0, 0.0, np.random.default_rng(0), True)),
-                     ("fedavg", lambda: vectors.mean(axis=0))):
+    for name, fn in (
+        ("dp_mean", lambda: gaussian_mean(vectors, 1.0, 0.0, np.random.default_rng(0), True)),
+        ("fedavg", lambda: vectors.mean(axis=0)),
+    ):
         t0 = time.perf_counter()
         for _ in range(repeats):
             fn()
@@ -99,23 +120,42 @@ def main() -> None:
             for strategy, per_node, k in layouts(n, args.k):
                 r = flower(n, keep, strategy, per_node, k, Path(tmp) / f"{strategy}-{n}-{k}")
                 baseline = baseline or r
-                diff = float(np.abs(r["released"] - baseline["released"]).max()) if strategy == "dp_mean" else None
-                rows.append({"N": n, "strategy": strategy, "per_node": per_node, **r,
-                             "numpy_ms": 1000 * floor[strategy], "diff": diff,
-                             "wall_x": baseline["wall_s"] / r["wall_s"],
-                             "strategy_x": baseline["strategy_s"] / r["strategy_s"]})
-                print(f"N={n} {strategy} K={r['supernodes']} ({per_node}/node): wall {r['wall_s']:.1f} s, "
-                      f"strategy {r['strategy_s']:.2f} s ({rows[-1]['strategy_x']:.1f}x), peak "
-                      f"{r['peak_gb']:.2f} GB, prior max|diff| {diff}", flush=True)
-    print("\n| N | strategy | SuperNodes | clients / SuperNode | wall s | strategy s | ms / client-round | "
-          "peak GB (process tree) | speed-up vs 1 per client (wall / strategy) | max abs diff of the prior "
-          "| numpy floor ms |")
+                diff = (
+                    float(np.abs(r["released"] - baseline["released"]).max())
+                    if strategy == "dp_mean"
+                    else None
+                )
+                rows.append(
+                    {
+                        "N": n,
+                        "strategy": strategy,
+                        "per_node": per_node,
+                        **r,
+                        "numpy_ms": 1000 * floor[strategy],
+                        "diff": diff,
+                        "wall_x": baseline["wall_s"] / r["wall_s"],
+                        "strategy_x": baseline["strategy_s"] / r["strategy_s"],
+                    }
+                )
+                print(
+                    f"N={n} {strategy} K={r['supernodes']} ({per_node}/node): wall {r['wall_s']:.1f} s, "
+                    f"strategy {r['strategy_s']:.2f} s ({rows[-1]['strategy_x']:.1f}x), peak "
+                    f"{r['peak_gb']:.2f} GB, prior max|diff| {diff}",
+                    flush=True,
+                )
+    print(
+        "\n| N | strategy | SuperNodes | clients / SuperNode | wall s | strategy s | ms / client-round | "
+        "peak GB (process tree) | speed-up vs 1 per client (wall / strategy) | max abs diff of the prior "
+        "| numpy floor ms |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         diff = "" if r["diff"] is None else f"{r['diff']:.1e}"
-        print(f"| {r['N']} | {r['strategy']} | {r['supernodes']} | {r['per_node']} | {r['wall_s']:.1f} | "
-              f"{r['strategy_s']:.2f} | {r['ms_per_client_round']:.3f} | {r['peak_gb']:.2f} | "
-              f"{r['wall_x']:.1f}x / {r['strategy_x']:.1f}x | {diff} | {r['numpy_ms']:.3f} |")
+        print(
+            f"| {r['N']} | {r['strategy']} | {r['supernodes']} | {r['per_node']} | {r['wall_s']:.1f} | "
+            f"{r['strategy_s']:.2f} | {r['ms_per_client_round']:.3f} | {r['peak_gb']:.2f} | "
+            f"{r['wall_x']:.1f}x / {r['strategy_x']:.1f}x | {diff} | {r['numpy_ms']:.3f} |"
+        )
 
 
 if __name__ == "__main__":

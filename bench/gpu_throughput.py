@@ -37,9 +37,11 @@ from fedsim_tasks.hh_preference.dataset import Example
 from fedsim_tasks.hh_preference.selector import ScorerSelector
 
 LORA = {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["query", "value"]}
-WORDS = ("the company reported revenue growth in fiscal year with operating income margin cash flow "
-         "assets debt customers stores region market share dividend quarter guidance net loss segment "
-         "i love my dog and long walks in the park what do you like to cook on weekends sure").split()
+WORDS = (
+    "the company reported revenue growth in fiscal year with operating income margin cash flow "
+    "assets debt customers stores region market share dividend quarter guidance net loss segment "
+    "i love my dog and long walks in the park what do you like to cook on weekends sure"
+).split()
 
 
 def texts(n: int, words: int, seed: int) -> list[str]:
@@ -73,21 +75,36 @@ def bench(device: str, steps: int, pages: int, threads: int) -> dict[str, dict]:
     model = build_encoder("all-MiniLM-L6-v2", 128, LORA, seed=0, device=device)
     pairs = list(zip(texts(512, 12, 0), texts(512, 110, 1)))
     stats = {}  # the trainer's own clock: the steps, without building the trainer and the teacher
-    timed(device, lambda n: stats.update(train_encoder(model, pairs, n, 16, 1e-4, 0.05, 1.0, seed=0)), steps)
+    timed(
+        device,
+        lambda n: stats.update(train_encoder(model, pairs, n, 16, 1e-4, 0.05, 1.0, seed=0)),
+        steps,
+    )
     record("retriever_train", stats["step-seconds"], steps, "steps/s")
     corpus = texts(pages, 110, 2)
     encode = corpus_encoder(model, "torch", threads)
     seconds = timed(device, lambda n: encode(corpus if n > 1 else corpus[:32]), 2)
     record("corpus_encode", seconds, pages, "encodings/s")
 
-    ev = TrustEvaluator("all-MiniLM-L6-v2", max_length=128, response_length=64, lora=LORA, seed=0, device=device)
-    data = [TrustExample(c, r, float(i % 2), "x")
-            for i, (c, r) in enumerate(zip(texts(256, 110, 3), texts(256, 50, 4)))]
-    record("trust_train", timed(device, lambda n: ev.train(data, n, 16, 1e-4, seed=0), steps), steps, "steps/s")
+    ev = TrustEvaluator(
+        "all-MiniLM-L6-v2", max_length=128, response_length=64, lora=LORA, seed=0, device=device
+    )
+    data = [
+        TrustExample(c, r, float(i % 2), "x")
+        for i, (c, r) in enumerate(zip(texts(256, 110, 3), texts(256, 50, 4)))
+    ]
+    record(
+        "trust_train",
+        timed(device, lambda n: ev.train(data, n, 16, 1e-4, seed=0), steps),
+        steps,
+        "steps/s",
+    )
 
     selector = ScorerSelector(max_length=128, lora=LORA, seed=0, device=device)
-    examples = [Example(i, "\n\nHuman: hi\n\nAssistant:", a, b, i % 2)
-                for i, (a, b) in enumerate(zip(texts(256, 100, 5), texts(256, 100, 6)))]
+    examples = [
+        Example(i, "\n\nHuman: hi\n\nAssistant:", a, b, i % 2)
+        for i, (a, b) in enumerate(zip(texts(256, 100, 5), texts(256, 100, 6)))
+    ]
     seconds = timed(device, lambda n: selector.train(examples, n, 32, 1e-4, seed=0), steps)
     record("selector_train", seconds, steps, "steps/s")
 
@@ -96,11 +113,34 @@ def bench(device: str, steps: int, pages: int, threads: int) -> dict[str, dict]:
         policy, tokenizer = load_policy(base, LORA, seed=0, device=device), load_tokenizer(base)
         prompts, replies, other = texts(256, 80, 7), texts(256, 30, 8), texts(256, 30, 9)
         kwargs = dict(max_length=128, seed=0)
-        seconds = timed(device, lambda n: sft_train(policy, tokenizer, list(zip(prompts, replies)), steps=n,
-                                                    batch_size=16, lr=1e-4, **kwargs), steps)
+        seconds = timed(
+            device,
+            lambda n: sft_train(
+                policy,
+                tokenizer,
+                list(zip(prompts, replies)),
+                steps=n,
+                batch_size=16,
+                lr=1e-4,
+                **kwargs,
+            ),
+            steps,
+        )
         record("policy_sft", seconds, steps, "steps/s")
-        seconds = timed(device, lambda n: dpo_train(policy, tokenizer, list(zip(prompts, replies, other)), steps=n,
-                                                    batch_size=8, lr=1e-4, beta=0.1, **kwargs), steps)
+        seconds = timed(
+            device,
+            lambda n: dpo_train(
+                policy,
+                tokenizer,
+                list(zip(prompts, replies, other)),
+                steps=n,
+                batch_size=8,
+                lr=1e-4,
+                beta=0.1,
+                **kwargs,
+            ),
+            steps,
+        )
         record("policy_dpo", seconds, steps, "steps/s")
     return out
 
@@ -108,20 +148,39 @@ def bench(device: str, steps: int, pages: int, threads: int) -> dict[str, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps per step kind (cuda 20, cpu 3)")
-    parser.add_argument("--pages", type=int, default=None, help="pages encoded (cuda 4096, cpu 128)")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="timed steps per step kind (cuda 20, cpu 3)"
+    )
+    parser.add_argument(
+        "--pages", type=int, default=None, help="pages encoded (cuda 4096, cpu 128)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=torch.get_num_threads(), help="torch threads"
+    )
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
     args = parser.parse_args()
     gpu = args.device.startswith("cuda")
     steps, pages = args.steps or (20 if gpu else 3), args.pages or (4096 if gpu else 128)
     name = torch.cuda.get_device_name() if gpu else platform.processor() or platform.machine()
-    print(f"device {args.device} ({name}), torch {torch.__version__}, {args.threads} threads, "
-          f"{steps} steps, {pages} pages", flush=True)
+    print(
+        f"device {args.device} ({name}), torch {torch.__version__}, {args.threads} threads, "
+        f"{steps} steps, {pages} pages",
+        flush=True,
+    )
     figures = bench(args.device, steps, pages, args.threads)
     if args.out:
-        Path(args.out).write_text(json.dumps({"device": args.device, "name": name, "torch": torch.__version__,
-                                              "threads": args.threads, "figures": figures}, indent=1))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "device": args.device,
+                    "name": name,
+                    "torch": torch.__version__,
+                    "threads": args.threads,
+                    "figures": figures,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

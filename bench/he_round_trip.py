@@ -21,31 +21,51 @@ import tempfile
 from pathlib import Path
 
 FEDSIM = str(Path(sys.executable).parent / "fedsim")
-METHODS = ("{fede4rag_no_he: {run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: 1.0, he: false}, "
-           "fede4rag: {run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: 1.0, he: true}, "
-           "fede4rag_chunked: {run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: 1.0, he: true, "
-           "one_trip: false}}")
+METHODS = (
+    "{fede4rag_no_he: {run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: 1.0, he: false}, "
+    "fede4rag: {run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: 1.0, he: true}, "
+    "fede4rag_chunked: {run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: 1.0, he: true, "
+    "one_trip: false}}"
+)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("overrides", nargs="*", help="more fedsim overrides, e.g. hardware=deploy_local")
+    parser.add_argument(
+        "overrides", nargs="*", help="more fedsim overrides, e.g. hardware=deploy_local"
+    )
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="he-round-trip-"))
-    subprocess.run([FEDSIM, "run", "experiment=fede4rag_paper", f"num_rounds={args.rounds}",
-                    "task.n_valid=4", "task.n_test=6", "task.corpus_pages_per_doc=8",
-                    "task.embedding_cache=null", f"task.he.key_dir={out / 'keys'}",
-                    f"client_state.dir={out / 'state'}", "~protocol.methods", f"+protocol.methods={METHODS}",
-                    f"results_dir={out / 'results'}", *args.overrides], check=True)
+    subprocess.run(
+        [
+            FEDSIM,
+            "run",
+            "experiment=fede4rag_paper",
+            f"num_rounds={args.rounds}",
+            "task.n_valid=4",
+            "task.n_test=6",
+            "task.corpus_pages_per_doc=8",
+            "task.embedding_cache=null",
+            f"task.he.key_dir={out / 'keys'}",
+            f"client_state.dir={out / 'state'}",
+            "~protocol.methods",
+            f"+protocol.methods={METHODS}",
+            f"results_dir={out / 'results'}",
+            *args.overrides,
+        ],
+        check=True,
+    )
     cost = json.loads((out / "results" / "results.json").read_text())["round_cost"]
     plain = cost["fede4rag_no_he"]
     print("| method | s / round | MB up / client | MB down / client | round / plaintext round |")
     print("|---|---|---|---|---|")
     for name, row in cost.items():
-        print(f"| {name} | {row['seconds_per_round']:.1f} | {row['bytes_per_client_round'] / 1e6:.2f} | "
-              f"{row.get('bytes_down_per_client_round', 0) / 1e6:.2f} | "
-              f"{row['seconds_per_round'] / plain['seconds_per_round']:.2f} |")
+        print(
+            f"| {name} | {row['seconds_per_round']:.1f} | {row['bytes_per_client_round'] / 1e6:.2f} | "
+            f"{row.get('bytes_down_per_client_round', 0) / 1e6:.2f} | "
+            f"{row['seconds_per_round'] / plain['seconds_per_round']:.2f} |"
+        )
     traffic = json.loads((out / "results" / "results.json").read_text())["communication"]
     for phase, rounds in traffic.items():  # every exchange of the three methods, in seconds
         if phase.startswith("fede4rag"):

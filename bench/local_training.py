@@ -45,12 +45,26 @@ PARTS = ("weights", "pairs", "setup", "step", "teardown", "reply")
 
 def flower(out: Path, rounds: int, kd_weight: float, overrides: list[str]) -> Path:
     method = f"{{{METHOD}: {{run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: {kd_weight}, he: false}}}}"
-    subprocess.run([FEDSIM, "run", "experiment=fede4rag_paper", f"num_rounds={rounds}",
-                    "hardware.num_cpus=1", "task.n_valid=4", "task.n_test=6",
-                    "task.corpus_pages_per_doc=8", "task.embedding_cache=null",
-                    f"task.he.key_dir={out / 'keys'}", f"client_state.dir={out / 'state'}",
-                    "~protocol.methods", f"+protocol.methods={method}", f"results_dir={out / 'results'}",
-                    *overrides], check=True)
+    subprocess.run(
+        [
+            FEDSIM,
+            "run",
+            "experiment=fede4rag_paper",
+            f"num_rounds={rounds}",
+            "hardware.num_cpus=1",
+            "task.n_valid=4",
+            "task.n_test=6",
+            "task.corpus_pages_per_doc=8",
+            "task.embedding_cache=null",
+            f"task.he.key_dir={out / 'keys'}",
+            f"client_state.dir={out / 'state'}",
+            "~protocol.methods",
+            f"+protocol.methods={method}",
+            f"results_dir={out / 'results'}",
+            *overrides,
+        ],
+        check=True,
+    )
     return out / "results"
 
 
@@ -73,8 +87,10 @@ def plain(cfg, rounds: int, kd_weight: float, threads: int, clients: int) -> dic
     torch.set_num_threads(threads)
     task, p = OmegaConf.to_container(cfg.task, resolve=True), cfg.protocol
     start = time.perf_counter()
-    nodes = {partition_id: RetrieverClient(task, cfg.data_root, partition_id, clients)
-             for partition_id in range(clients)}
+    nodes = {
+        partition_id: RetrieverClient(task, cfg.data_root, partition_id, clients)
+        for partition_id in range(clients)
+    }
     built = time.perf_counter()
     sizes = {partition_id: len(c.pairs) for partition_id, c in nodes.items()}
     paired = time.perf_counter()
@@ -85,16 +101,35 @@ def plain(cfg, rounds: int, kd_weight: float, threads: int, clients: int) -> dic
             t0 = time.perf_counter()
             load_trainable(c.model, weights)
             t1 = time.perf_counter()
-            stats = train_encoder(c.model, c.pairs, p.local_steps, p.batch_size, p.lr, p.temperature,
-                                  kd_weight, seed=TRAINING.seed(cfg.seed, round=rnd, partition=partition_id))
+            stats = train_encoder(
+                c.model,
+                c.pairs,
+                p.local_steps,
+                p.batch_size,
+                p.lr,
+                p.temperature,
+                kd_weight,
+                seed=TRAINING.seed(cfg.seed, round=rnd, partition=partition_id),
+            )
             t2 = time.perf_counter()
             updates[partition_id] = trainable_arrays(c.model)
             t3 = time.perf_counter()
-            log[rnd][partition_id] = {"weights": t1 - t0, "pairs": 0.0, "train": t2 - t1, "reply": t3 - t2,
-                             "handler": t3 - t0, **stats}
+            log[rnd][partition_id] = {
+                "weights": t1 - t0,
+                "pairs": 0.0,
+                "train": t2 - t1,
+                "reply": t3 - t2,
+                "handler": t3 - t0,
+                **stats,
+            }
         total = sum(sizes.values())  # FedAvg: weighted by pairs, float32 as Flower's aggregate
-        weights = {k: sum(np.float32(sizes[partition_id] / total) * u[k] for partition_id, u in updates.items())
-                   for k in weights}
+        weights = {
+            k: sum(
+                np.float32(sizes[partition_id] / total) * u[k]
+                for partition_id, u in updates.items()
+            )
+            for k in weights
+        }
     return {"rounds": log, "build": built - start, "pairs": paired - built}
 
 
@@ -106,10 +141,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kd-weight", type=float, default=1.0, help="0 = plain FedAvg's objective")
-    parser.add_argument("overrides", nargs="*", help="more fedsim overrides, e.g. protocol.local_steps=12")
+    parser.add_argument(
+        "overrides", nargs="*", help="more fedsim overrides, e.g. protocol.local_steps=12"
+    )
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="local-training-"))
-    load = [os.getloadavg()[0]]  # others' work on the machine: the two halves may see different load
+    load = [
+        os.getloadavg()[0]
+    ]  # others' work on the machine: the two halves may see different load
     results = flower(out, args.rounds, args.kd_weight, args.overrides)
     load.append(os.getloadavg()[0])
     fl, exchanges = flower_rows(results)
@@ -128,42 +167,69 @@ def main() -> None:
         m["setup"], m["step"] = m["setup-seconds"], m["step-seconds"]
     fl_rounds = list(fl.values())
     for r in fl_rounds:
-        r |= {"weights": r["weights-seconds"], "pairs": r["pairs-seconds"], "setup": r["setup-seconds"],
-              "step": r["step-seconds"], "reply": r["reply-seconds"], "handler": r["handler-seconds"],
-              "teardown": r["train-seconds"] - r["setup-seconds"] - r["step-seconds"]}
+        r |= {
+            "weights": r["weights-seconds"],
+            "pairs": r["pairs-seconds"],
+            "setup": r["setup-seconds"],
+            "step": r["step-seconds"],
+            "reply": r["reply-seconds"],
+            "handler": r["handler-seconds"],
+            "teardown": r["train-seconds"] - r["setup-seconds"] - r["step-seconds"],
+        }
     pl_round = [sum(m["handler"] for m in r.values()) for r in pl["rounds"].values()]
     fl_round = [r["seconds"] for r in fl_rounds]
     rate = {  # optimizer steps per second: the steps alone, the whole train message, the round
         "steps only": (steps / mean(pl_msgs, "step"), steps / mean(fl_rounds, "step")),
-        "train message (ClientApp handler)": (steps / mean(pl_msgs, "handler"), steps / mean(fl_rounds, "handler")),
-        "round (server's wall clock)": (steps * clients * len(pl_round) / sum(pl_round),
-                                        steps * clients * len(fl_round) / sum(fl_round)),
+        "train message (ClientApp handler)": (
+            steps / mean(pl_msgs, "handler"),
+            steps / mean(fl_rounds, "handler"),
+        ),
+        "round (server's wall clock)": (
+            steps * clients * len(pl_round) / sum(pl_round),
+            steps * clients * len(fl_round) / sum(fl_round),
+        ),
     }
-    print(f"\n{clients} clients x {args.rounds} rounds x {steps} steps, batch {cfg.protocol.batch_size}, "
-          f"kd_weight {args.kd_weight}, torch threads {torch.get_num_threads()} (plain) = actor's\n")
-    print("| measured over | plain steps/s | Flower steps/s | plain / Flower | plain: steps only / this | "
-          "Flower: steps only / this |")
+    print(
+        f"\n{clients} clients x {args.rounds} rounds x {steps} steps, batch {cfg.protocol.batch_size}, "
+        f"kd_weight {args.kd_weight}, torch threads {torch.get_num_threads()} (plain) = actor's\n"
+    )
+    print(
+        "| measured over | plain steps/s | Flower steps/s | plain / Flower | plain: steps only / this | "
+        "Flower: steps only / this |"
+    )
     print("|---|---|---|---|---|---|")
     only = rate["steps only"]
     for what, (a, b) in rate.items():
-        print(f"| {what} | {a:.3f} | {b:.3f} | {a / b:.3f} | {only[0] / a:.3f} | {only[1] / b:.3f} |")
-    print(f"\nload average (1 min): {load[0]:.1f} at start, {load[1]:.1f} after Flower, {load[2]:.1f} after plain")
+        print(
+            f"| {what} | {a:.3f} | {b:.3f} | {a / b:.3f} | {only[0] / a:.3f} | {only[1] / b:.3f} |"
+        )
+    print(
+        f"\nload average (1 min): {load[0]:.1f} at start, {load[1]:.1f} after Flower, {load[2]:.1f} after plain"
+    )
     print("\nSeconds per train message (mean over clients and rounds)\n")
     print("| part | plain | Flower |")
     print("|---|---|---|")
     for part in PARTS + ("handler",):
         print(f"| {part} | {mean(pl_msgs, part):.3f} | {mean(fl_rounds, part):.3f} |")
     transport = [f - clients * r["handler"] for f, r in zip(fl_round, fl_rounds)]
-    print(f"| Flower outside the handler (round s - clients x handler) | | {sum(transport) / len(transport):.3f} |")
+    print(
+        f"| Flower outside the handler (round s - clients x handler) | | {sum(transport) / len(transport):.3f} |"
+    )
     print("\nOnce per client: construction (model) and pairs\n")
-    print(f"plain: model {pl['build'] / clients:.2f} s, pairs {pl['pairs'] / clients:.2f} s per client; "
-          f"Flower: discover exchange {exchanges.get('discover', float('nan')):.2f} s for {clients} clients "
-          f"(actor start, imports, model and pairs), initial-weights {exchanges.get('initial-weights', 0):.2f} s")
-    print("\nPer round: seconds (plain sum of messages | Flower round), mean loss (plain | Flower)\n")
+    print(
+        f"plain: model {pl['build'] / clients:.2f} s, pairs {pl['pairs'] / clients:.2f} s per client; "
+        f"Flower: discover exchange {exchanges.get('discover', float('nan')):.2f} s for {clients} clients "
+        f"(actor start, imports, model and pairs), initial-weights {exchanges.get('initial-weights', 0):.2f} s"
+    )
+    print(
+        "\nPer round: seconds (plain sum of messages | Flower round), mean loss (plain | Flower)\n"
+    )
     for rnd, (a, b) in enumerate(zip(pl_round, fl_round), start=1):
         ploss = mean(list(pl["rounds"][rnd].values()), "loss")
-        print(f"round {rnd}: {a:.2f} | {b:.2f} s; loss {ploss:.6f} | {fl[rnd]['loss']:.6f} "
-              f"(diff {abs(ploss - fl[rnd]['loss']):.2e})")
+        print(
+            f"round {rnd}: {a:.2f} | {b:.2f} s; loss {ploss:.6f} | {fl[rnd]['loss']:.6f} "
+            f"(diff {abs(ploss - fl[rnd]['loss']):.2e})"
+        )
 
 
 if __name__ == "__main__":

@@ -38,19 +38,43 @@ from fedsim_tasks.dialogue.dataset import examples, persona_chat
 from fedsim_tasks.dp_sgd import DP_EPSILON, DPSGD, GradientCanaries
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["query", "value"]}
-COLUMNS = ["release", "noise_multiplier", "epsilon_upper", "epsilon_lower", "canaries", "guesses", "correct",
-           "confidence", "attack"]
+COLUMNS = [
+    "release",
+    "noise_multiplier",
+    "epsilon_upper",
+    "epsilon_lower",
+    "canaries",
+    "guesses",
+    "correct",
+    "confidence",
+    "attack",
+]
 
 
 def fedtp_bounds(results_dir: Path) -> list[Bound]:
     rows = json.loads((results_dir / "results.json").read_text())["privacy"]["audit"]["releases"]
     names = {f.name for f in dataclasses.fields(Bound)}
-    return [Bound(**{k: (math.inf if k == "epsilon_upper" and v is None else v) for k, v in row.items() if k in names})
-            for row in rows]
+    return [
+        Bound(
+            **{
+                k: (math.inf if k == "epsilon_upper" and v is None else v)
+                for k, v in row.items()
+                if k in names
+            }
+        )
+        for row in rows
+    ]
 
 
-def ideal_gaussian_bounds(sigmas: list[float], canaries: int, significance: float, delta: float,
-                          shares: list[float], trials: int, seed: int) -> list[dict]:
+def ideal_gaussian_bounds(
+    sigmas: list[float],
+    canaries: int,
+    significance: float,
+    delta: float,
+    shares: list[float],
+    trials: int,
+    seed: int,
+) -> list[dict]:
     """The bound an ideal attacker reaches on a Gaussian mechanism with Dirac canaries (each canary's
     coordinate is b + sigma z, b its coin) at an audit's settings, over ``trials`` runs: the
     reference that tells a weak attack from the one-run method's own looseness at a few hundred
@@ -61,10 +85,27 @@ def ideal_gaussian_bounds(sigmas: list[float], canaries: int, significance: floa
         for _ in range(trials):
             included = fair_coins(canaries, rng)
             scores = included + sigma * rng.standard_normal(canaries)
-            lows.append(audit_release("ideal", sigma, {"ideal": scores}, included, math.inf, delta, significance,
-                                      1 - significance, shares).epsilon_lower)
-        rows.append({"noise_multiplier": sigma, "median": float(np.median(lows)),
-                     "p5": float(np.percentile(lows, 5)), "p95": float(np.percentile(lows, 95))})
+            lows.append(
+                audit_release(
+                    "ideal",
+                    sigma,
+                    {"ideal": scores},
+                    included,
+                    math.inf,
+                    delta,
+                    significance,
+                    1 - significance,
+                    shares,
+                ).epsilon_lower
+            )
+        rows.append(
+            {
+                "noise_multiplier": sigma,
+                "median": float(np.median(lows)),
+                "p5": float(np.percentile(lows, 5)),
+                "p95": float(np.percentile(lows, 95)),
+            }
+        )
     return rows
 
 
@@ -72,68 +113,142 @@ def tiny_lm(folder: Path):
     """A tiny BERT (2 layers, hidden 32) as a causal decoder with LoRA, as the tests build it."""
     tokenizer = load_tokenizer("all-MiniLM-L6-v2")
     torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(folder / "encoder")
+    BertModel(
+        BertConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        )
+    ).save_pretrained(folder / "encoder")
     tokenizer.save_pretrained(folder / "encoder")
     return prepare_base(str(folder / "encoder"), folder / "base", seed=0)
 
 
-def dp_sgd_bound(base, records: list[tuple[str, str]], sigma: float, canaries: int, steps: int,
-                 batch_size: int, delta: float, confidence: float, shares: list[float],
-                 seed: int) -> tuple[Bound, float]:
+def dp_sgd_bound(
+    base,
+    records: list[tuple[str, str]],
+    sigma: float,
+    canaries: int,
+    steps: int,
+    batch_size: int,
+    delta: float,
+    confidence: float,
+    shares: list[float],
+    seed: int,
+) -> tuple[Bound, float]:
     """One private SFT at ``sigma`` with ``canaries`` gradient canaries: its bound, and its seconds.
     ``seed`` draws the coins, the batches and the noise (a benchmark's figures are reproduced; a
     client's are not: fedsim_tasks/dp_sgd.py)."""
     model, tokenizer = load_policy(base, LORA, seed=0), load_tokenizer(base)
     audit = GradientCanaries(canaries, np.random.default_rng(seed))
-    dp = DPSGD(enabled=True, max_grad_norm=0.1, noise_multiplier=sigma, target_epsilon=None, delta=delta)
+    dp = DPSGD(
+        enabled=True, max_grad_norm=0.1, noise_multiplier=sigma, target_epsilon=None, delta=delta
+    )
     start = time.perf_counter()
-    stats = sft_train(model, tokenizer, records, steps=steps, batch_size=batch_size, lr=1e-2, max_length=64,
-                      seed=0, dp=dp, noise_seed=seed, canaries=audit)
+    stats = sft_train(
+        model,
+        tokenizer,
+        records,
+        steps=steps,
+        batch_size=batch_size,
+        lr=1e-2,
+        max_length=64,
+        seed=0,
+        dp=dp,
+        noise_seed=seed,
+        canaries=audit,
+    )
     rate = batch_size / len(records)
-    bound = audit_release(f"dp-sgd sigma {sigma:g}", sigma, {"every step's noised gradient": audit.scores(rate, sigma)},
-                          audit.included, stats[DP_EPSILON], delta, 1 - confidence, confidence, shares)
+    bound = audit_release(
+        f"dp-sgd sigma {sigma:g}",
+        sigma,
+        {"every step's noised gradient": audit.scores(rate, sigma)},
+        audit.included,
+        stats[DP_EPSILON],
+        delta,
+        1 - confidence,
+        confidence,
+        shares,
+    )
     return bound, time.perf_counter() - start
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--fedtp", type=Path, required=True, help="results_dir of an audited fedtp_paper run")
+    parser.add_argument(
+        "--fedtp", type=Path, required=True, help="results_dir of an audited fedtp_paper run"
+    )
     parser.add_argument("--sigmas", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0])
     parser.add_argument("--records", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--canaries", type=int, default=500)
-    parser.add_argument("--seed", type=int, default=0, help="the DP-SGD runs' coins, batches and noise")
-    parser.add_argument("--ideal-trials", type=int, default=100, help="trials of the ideal attacker's reference")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="the DP-SGD runs' coins, batches and noise"
+    )
+    parser.add_argument(
+        "--ideal-trials", type=int, default=100, help="trials of the ideal attacker's reference"
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/privacy_audit.png"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     fedtp = fedtp_bounds(args.fedtp)
     conversations = persona_chat(str(resolve_data_root(None)), "valid")
-    records = [(e.prompt, f" {e.reply}") for e in examples(conversations, " [SEP] ", 2, 40, ["User 2"], "Persona")]
-    records = records[:args.records]
+    records = [
+        (e.prompt, f" {e.reply}")
+        for e in examples(conversations, " [SEP] ", 2, 40, ["User 2"], "Persona")
+    ]
+    records = records[: args.records]
     with tempfile.TemporaryDirectory() as folder:
         base = tiny_lm(Path(folder))
         dp_sgd = []
         for sigma in args.sigmas:
-            bound, seconds = dp_sgd_bound(base, records, sigma, args.canaries, args.steps, args.batch_size,
-                                          fedtp[0].delta, fedtp[0].confidence, [0.1, 0.25, 0.5, 1.0], args.seed)
+            bound, seconds = dp_sgd_bound(
+                base,
+                records,
+                sigma,
+                args.canaries,
+                args.steps,
+                args.batch_size,
+                fedtp[0].delta,
+                fedtp[0].confidence,
+                [0.1, 0.25, 0.5, 1.0],
+                args.seed,
+            )
             print(f"DP-SGD sigma {sigma:g}: {seconds:.0f} s", flush=True)
             dp_sgd.append(bound)
-    print(f"\n## FedTP DPMean (client level)\n\n{markdown_table([b.as_dict() for b in fedtp], COLUMNS, digits=3)}")
+    print(
+        f"\n## FedTP DPMean (client level)\n\n{markdown_table([b.as_dict() for b in fedtp], COLUMNS, digits=3)}"
+    )
     # the FedTP run's share of 1 - confidence per attack: its releases x its two attackers
-    ideal = ideal_gaussian_bounds(sorted({b.noise_multiplier for b in fedtp}), fedtp[0].canaries,
-                                  (1 - fedtp[0].confidence) / (2 * len(fedtp)), fedtp[0].delta,
-                                  [0.1, 0.25, 0.5, 1.0], args.ideal_trials, args.seed)
-    print(f"\n## An ideal attacker on the same Gaussian mechanism, {args.ideal_trials} trials\n\n"
-          f"{markdown_table(ideal, ['noise_multiplier', 'median', 'p5', 'p95'], digits=2)}")
-    print(f"\n## DP-SGD, tiny causal LM, {len(records)} records, rate {args.batch_size / len(records):g}, "
-          f"{args.steps} steps (record level)\n\n{markdown_table([b.as_dict() for b in dp_sgd], COLUMNS, digits=3)}")
+    ideal = ideal_gaussian_bounds(
+        sorted({b.noise_multiplier for b in fedtp}),
+        fedtp[0].canaries,
+        (1 - fedtp[0].confidence) / (2 * len(fedtp)),
+        fedtp[0].delta,
+        [0.1, 0.25, 0.5, 1.0],
+        args.ideal_trials,
+        args.seed,
+    )
+    print(
+        f"\n## An ideal attacker on the same Gaussian mechanism, {args.ideal_trials} trials\n\n"
+        f"{markdown_table(ideal, ['noise_multiplier', 'median', 'p5', 'p95'], digits=2)}"
+    )
+    print(
+        f"\n## DP-SGD, tiny causal LM, {len(records)} records, rate {args.batch_size / len(records):g}, "
+        f"{args.steps} steps (record level)\n\n{markdown_table([b.as_dict() for b in dp_sgd], COLUMNS, digits=3)}"
+    )
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=120)
-    sweep = [b for b in fedtp if b.release != "prior"]  # the prior is one of the sweep's sigmas again
-    for ax, bounds, title in ((axes[0], sweep, "FedTP DPMean release (client level)"),
-                              (axes[1], dp_sgd, f"DP-SGD, tiny causal LM, {args.steps} steps (record level)")):
+    sweep = [
+        b for b in fedtp if b.release != "prior"
+    ]  # the prior is one of the sweep's sigmas again
+    for ax, bounds, title in (
+        (axes[0], sweep, "FedTP DPMean release (client level)"),
+        (axes[1], dp_sgd, f"DP-SGD, tiny causal LM, {args.steps} steps (record level)"),
+    ):
         AuditReport(bounds, "").plot(ax)
         ax.set_title(title)
     fig.tight_layout()

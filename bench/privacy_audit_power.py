@@ -21,7 +21,15 @@ import time
 from contextlib import contextmanager
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 
 from fedsim.config.compose import compose
 from fedsim.config.data import resolve_data_root
@@ -50,7 +58,12 @@ class Nodes:
 def prior_rows(root: str) -> np.ndarray:
     """p_c of every validation conversation: FedTP's prior clients in this data root."""
     topics = len(load_topics(root))
-    return np.stack([local_preference(c, topics) for c in load_conversations(root, ("valid_freq", "valid_rare"), None)])
+    return np.stack(
+        [
+            local_preference(c, topics)
+            for c in load_conversations(root, ("valid_freq", "valid_rare"), None)
+        ]
+    )
 
 
 @contextmanager
@@ -69,11 +82,22 @@ def audit(cfg, rows: np.ndarray, sigma: float, noise: NoiseSource):
     plan with ``noise``."""
     plan = PrivacyPlan(noise, int(cfg.seed), audit_canaries=int(cfg.privacy.audit.canaries))
     strategy = DPMean(noise_multiplier=sigma, **plan.strategy_args(("noise", "audit_canaries")))
-    strategy.configure_train(1, ArrayRecord({VECTORS: Array(np.full(rows.shape[1], 1.0 / rows.shape[1]))}),
-                             ConfigRecord(), Nodes(len(rows)))
-    reply = Message(RecordDict({ARRAYS: ArrayRecord({VECTORS: Array(rows)}),
-                                METRICS: MetricRecord({NUM_EXAMPLES: len(rows)})}),
-                    dst_node_id=1, message_type=MessageType.TRAIN)
+    strategy.configure_train(
+        1,
+        ArrayRecord({VECTORS: Array(np.full(rows.shape[1], 1.0 / rows.shape[1]))}),
+        ConfigRecord(),
+        Nodes(len(rows)),
+    )
+    reply = Message(
+        RecordDict(
+            {
+                ARRAYS: ArrayRecord({VECTORS: Array(rows)}),
+                METRICS: MetricRecord({NUM_EXAMPLES: len(rows)}),
+            }
+        ),
+        dst_node_id=1,
+        message_type=MessageType.TRAIN,
+    )
     arrays, _ = strategy.aggregate_train(1, [reply])
     return audit_releases(cfg, plan, strategy, arrays[VECTORS].numpy())
 
@@ -84,30 +108,61 @@ def main() -> None:
     parser.add_argument("--shortfalls", type=float, nargs="+", default=[1.0, 1.1, 1.25, 1.5, 2.0])
     parser.add_argument("--trials", type=int, default=60)
     args = parser.parse_args()
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = 1, 0, 0  # messages outside a run
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = (
+        1,
+        0,
+        0,
+    )  # messages outside a run
     root = str(resolve_data_root(None))
     rows = prior_rows(root)
     table, start = [], time.perf_counter()
     for i, sigma in enumerate(args.sigmas):
-        cfg = compose(["privacy.audit.enabled=true", f"strategy.noise_multiplier={sigma}",
-                       f"protocol.dp_sigmas=[{sigma}]", "protocol.dp_seeds=1", f"data_root={root}"])
+        cfg = compose(
+            [
+                "privacy.audit.enabled=true",
+                f"strategy.noise_multiplier={sigma}",
+                f"protocol.dp_sigmas=[{sigma}]",
+                "protocol.dp_seeds=1",
+                f"data_root={root}",
+            ]
+        )
         for j, factor in enumerate(args.shortfalls):
-            with noise_short_by(factor):  # secrets of their own, never the public seed's (entropy 0 is seed 0's)
-                reports = [audit(cfg, rows, sigma, NoiseSource(10**6 * (i + 1) + 10**3 * j + t + 1))
-                           for t in range(args.trials)]
+            with noise_short_by(
+                factor
+            ):  # secrets of their own, never the public seed's (entropy 0 is seed 0's)
+                reports = [
+                    audit(cfg, rows, sigma, NoiseSource(10**6 * (i + 1) + 10**3 * j + t + 1))
+                    for t in range(args.trials)
+                ]
             prior = [next(c for c in r.noise if c.release == "prior") for r in reports]
-            chance = {1.0: prior[0].significance, **{p["shortfall"]: p["power"] for p in prior[0].power}}
-            table.append({
-                "sigma": sigma, "shortfall": f"{factor:g}x", "trials": args.trials,
-                "canaries fail it": float(np.mean([not all(b.holds for b in r.bounds) for r in reports])),
-                "noise check fails it": float(np.mean([not all(c.holds for c in r.noise) for r in reports])),
-                "audit fails it": float(np.mean([bool(r.failures()) for r in reports])),
-                "prior's check, chi-square": chance.get(factor, np.nan),
-                "epsilon_upper": reports[0].bounds[0].epsilon_upper,
-                "epsilon_lower, median": float(np.median([r.bounds[0].epsilon_lower for r in reports]))})
+            chance = {
+                1.0: prior[0].significance,
+                **{p["shortfall"]: p["power"] for p in prior[0].power},
+            }
+            table.append(
+                {
+                    "sigma": sigma,
+                    "shortfall": f"{factor:g}x",
+                    "trials": args.trials,
+                    "canaries fail it": float(
+                        np.mean([not all(b.holds for b in r.bounds) for r in reports])
+                    ),
+                    "noise check fails it": float(
+                        np.mean([not all(c.holds for c in r.noise) for r in reports])
+                    ),
+                    "audit fails it": float(np.mean([bool(r.failures()) for r in reports])),
+                    "prior's check, chi-square": chance.get(factor, np.nan),
+                    "epsilon_upper": reports[0].bounds[0].epsilon_upper,
+                    "epsilon_lower, median": float(
+                        np.median([r.bounds[0].epsilon_lower for r in reports])
+                    ),
+                }
+            )
             print(f"sigma {sigma:g}, {factor:g}x: {time.perf_counter() - start:.0f} s", flush=True)
-    print(f"\n## The audit's power, {len(rows)} prior clients + {cfg.privacy.audit.canaries} canaries, "
-          f"{prior[0].coordinates} topics, {prior[0].significance:.4g} per check\n")
+    print(
+        f"\n## The audit's power, {len(rows)} prior clients + {cfg.privacy.audit.canaries} canaries, "
+        f"{prior[0].coordinates} topics, {prior[0].significance:.4g} per check\n"
+    )
     print(markdown_table(table, list(table[0]), digits=3))
 
 

@@ -23,19 +23,40 @@ from omegaconf import DictConfig, OmegaConf
 # fedsim's packages of strategies, tasks, clients and experiments, the Flower namespaces conf/
 # uses, and of fedsim's core its Protocol schema alone: the core is machinery (its launcher's
 # Process runs any command, a fresh Journal empties its folder)
-CODE_NAMESPACES = ("fedsim.config.schema.Protocol", "fedsim_strategies", "fedsim_tasks", "fedsim_clients",
-                   "fedsim_experiments", "flwr.serverapp.strategy", "flwr_datasets.partitioner")
+CODE_NAMESPACES = (
+    "fedsim.config.schema.Protocol",
+    "fedsim_strategies",
+    "fedsim_tasks",
+    "fedsim_clients",
+    "fedsim_experiments",
+    "flwr.serverapp.strategy",
+    "flwr_datasets.partitioner",
+)
 # each key that names code -> what it must name: a class to build (or a block's schema), a function to call
-CODE_KEYS = {"_target_": "class", "schema": "class", "client": "class", "run": "function", "loader": "function"}
+CODE_KEYS = {
+    "_target_": "class",
+    "schema": "class",
+    "client": "class",
+    "run": "function",
+    "loader": "function",
+}
 ALLOWED = f"a config may name code in {', '.join(CODE_NAMESPACES)} only"
 
 
 def named_code(value: Any, key: str = "") -> Iterator[tuple[str, str]]:
     """Every (key, dotted path) under a key of :data:`CODE_KEYS` inside ``value`` (dicts and
     lists, as JSON or ``OmegaConf.to_container`` give them), ``key`` naming where ``value`` sits."""
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
     for name, inner in items:
-        where = f"{key}[{name}]" if isinstance(value, list) else f"{key}.{name}" if key else str(name)
+        where = (
+            f"{key}[{name}]" if isinstance(value, list) else f"{key}.{name}" if key else str(name)
+        )
         if name in CODE_KEYS and isinstance(inner, str):
             yield where, inner
         else:
@@ -46,16 +67,28 @@ def refuse_by_name(named: Iterable[tuple[str, str]]) -> None:
     """Refuse any (key, path) whose path lies outside :data:`CODE_NAMESPACES`; nothing is imported."""
     for key, path in named:
         if not _in_namespaces(path):
-            raise ValueError(f"{key}: {path!r} is outside fedsim and Flower's strategies; {ALLOWED}")
+            raise ValueError(
+                f"{key}: {path!r} is outside fedsim and Flower's strategies; {ALLOWED}"
+            )
 
 
 def refuse_by_definition(key: str, path: str, found: Any) -> None:
     """Refuse what ``path`` resolved to (``found``) unless it is defined in :data:`CODE_NAMESPACES`
     (by module and qualified name) and is of the kind ``key`` takes (:data:`CODE_KEYS`, by ``key``'s last part)."""
-    home = found.__name__ if isinstance(found, types.ModuleType) else getattr(found, "__module__", None)
-    defined = home if isinstance(found, types.ModuleType) else f"{home}.{getattr(found, '__qualname__', '')}"
+    home = (
+        found.__name__
+        if isinstance(found, types.ModuleType)
+        else getattr(found, "__module__", None)
+    )
+    defined = (
+        home
+        if isinstance(found, types.ModuleType)
+        else f"{home}.{getattr(found, '__qualname__', '')}"
+    )
     if not _in_namespaces(str(defined)):
-        raise ValueError(f"{key}: {path!r} is outside fedsim and Flower's strategies (defined in {home}); {ALLOWED}")
+        raise ValueError(
+            f"{key}: {path!r} is outside fedsim and Flower's strategies (defined in {home}); {ALLOWED}"
+        )
     kind = CODE_KEYS[key.rsplit(".", 1)[-1]]
     if isinstance(found, type) != (kind == "class") or not callable(found):
         raise ValueError(f"{key}: {path!r} is not a {kind}")
@@ -88,4 +121,3 @@ def instantiate_allowed(spec: dict | DictConfig, key: str, /, **kwargs) -> Any:
 
 def _in_namespaces(path: str) -> bool:
     return any(path == space or path.startswith(f"{space}.") for space in CODE_NAMESPACES)
-

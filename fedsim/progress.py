@@ -13,14 +13,25 @@ import sys
 from tqdm import tqdm
 
 FORMAT = "{desc} {n_fmt}/{total_fmt} {unit} done [{elapsed}<{remaining}, {rate_fmt}]{postfix}"
-LINE = re.compile(r"\[(?P<phase>[^\]]+)\] (?P<done>\d+)/(?P<total>\d+) (?P<unit>\w+) done \[[^\]]*\]"
-                  r"(?:, (?P<note>.*))?$")
+LINE = re.compile(
+    r"\[(?P<phase>[^\]]+)\] (?P<done>\d+)/(?P<total>\d+) (?P<unit>\w+) done \[[^\]]*\]"
+    r"(?:, (?P<note>.*))?$"
+)
 
 
-def line(phase: str, done: int, total: int, elapsed: float, unit: str = "clients", note: str = "") -> str:
+def line(
+    phase: str, done: int, total: int, elapsed: float, unit: str = "clients", note: str = ""
+) -> str:
     """``[phase] done/total unit done [elapsed<left, rate]``, and ``note`` after a comma."""
-    return tqdm.format_meter(done, total, elapsed, prefix=f"[{phase}]", unit=unit, bar_format=FORMAT,
-                             postfix=note or None)
+    return tqdm.format_meter(
+        done,
+        total,
+        elapsed,
+        prefix=f"[{phase}]",
+        unit=unit,
+        bar_format=FORMAT,
+        postfix=note or None,
+    )
 
 
 class Bars:
@@ -40,8 +51,14 @@ class Bars:
         done, key = int(found["done"]), (found["phase"], found["unit"], int(found["total"]))
         if key != self.key:
             self.close()
-            self.bar = tqdm(total=key[2], initial=done, desc=f"[{key[0]}]", unit=key[1],
-                            file=self.stream, dynamic_ncols=True)
+            self.bar = tqdm(
+                total=key[2],
+                initial=done,
+                desc=f"[{key[0]}]",
+                unit=key[1],
+                file=self.stream,
+                dynamic_ncols=True,
+            )
             self.key = key
         self.bar.update(done - self.bar.n)
         if found["note"]:

@@ -48,14 +48,19 @@ class Stream:
     """One random stream: its seed for a draw is ``derived_seed(seed, purpose, *keys)``, the keys
     in declared order. ``bits`` 32 for an API that takes no larger seed (numpy's legacy
     ``np.random.seed``, which transformers' ``set_seed`` calls)."""
+
     purpose: str
     keys: tuple[str, ...]
     bits: int = 63
 
     def seed(self, seed: int, **keys) -> int:
         if set(keys) != set(self.keys):
-            raise TypeError(f"stream {self.purpose!r} is drawn with keys {self.keys}, not {tuple(keys)}")
-        return derived_seed(int(seed), self.purpose, *(keys[k] for k in self.keys)) >> (63 - self.bits)
+            raise TypeError(
+                f"stream {self.purpose!r} is drawn with keys {self.keys}, not {tuple(keys)}"
+            )
+        return derived_seed(int(seed), self.purpose, *(keys[k] for k in self.keys)) >> (
+            63 - self.bits
+        )
 
 
 STREAMS: dict[str, Stream] = {}
@@ -90,4 +95,3 @@ def reseed(seed: int) -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.manual_seed(seed)
-

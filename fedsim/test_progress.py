@@ -28,7 +28,10 @@ def test_off_a_terminal_every_line_is_passed_on_as_it_is():
     with Bars(echoed.append, stream) as bars:
         for text in (line("prior", 1, 4, 1.0), "other", line("prior", 4, 4, 2.0)):
             bars(text)
-    assert echoed == [line("prior", 1, 4, 1.0), "other", line("prior", 4, 4, 2.0)] and stream.getvalue() == ""
+    assert (
+        echoed == [line("prior", 1, 4, 1.0), "other", line("prior", 4, 4, 2.0)]
+        and stream.getvalue() == ""
+    )
 
 
 def test_on_a_terminal_a_phase_is_one_bar_closed_by_any_other_line():
@@ -49,7 +52,9 @@ def test_an_exchange_that_waits_reports_its_progress_in_plain_lines(caplog):
     progress lines (count, rate, time left) go to the log."""
     grid = InProcessGrid({1: lambda msg: RecordDict(), 2: lambda msg: None})
     messenger = Messenger(grid, timeout=0.5, poll_seconds=0.05, report_seconds=0.1)
-    messages = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in (1, 2)]
+    messages = [
+        Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in (1, 2)
+    ]
     with caplog.at_level(logging.INFO, logger="fedsim"):
         with pytest.raises(PhaseFailed):  # the default quorum: every node
             messenger.exchange("probe", messages)

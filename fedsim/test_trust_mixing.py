@@ -28,6 +28,7 @@ def test_phi_is_zero_unless_the_global_model_is_more_trusted(delta):
 def test_phi_by_hand_and_its_bounds():
     def sig(x, k=0.7, m=0.01):
         return 1 / (1 + math.exp(-k * (x - m)))
+
     assert trust_phi(0.3, 0.7, 0.01) == pytest.approx((sig(0.3) - sig(0)) / (sig(1) - sig(0)))
     assert trust_phi(1.0, 0.7, 0.01) == pytest.approx(1.0)
     assert trust_phi(1.7, 0.7, 0.01) == 1.0  # F1 differences reach 2: clipped
@@ -72,7 +73,9 @@ def test_client_alpha_scores_only_under_trust_mixing():
         return {"local": [0.1, 0.3, 0.2], "global": [0.5, 0.4, 0.6]}[which]
 
     assert client_alpha({"fixed_alpha": 0.25}, score) == (0.25, {}) and calls == []
-    alpha, report = client_alpha({"k": 0.7, "midpoint": 0.01, "alpha_min": 0.1, "alpha_max": 1.0}, score)
+    alpha, report = client_alpha(
+        {"k": 0.7, "midpoint": 0.01, "alpha_min": 0.1, "alpha_max": 1.0}, score
+    )
     assert calls == ["local", "global"] and report[SCORED] == 3
     assert report[S_LOCAL] == pytest.approx(0.2) and report[S_GLOBAL] == pytest.approx(0.5)
     # paired differences 0.4, 0.1, 0.4: sd 0.1732 (ddof 1), standard error sd / sqrt(3) = 0.1
@@ -83,14 +86,23 @@ def test_client_alpha_scores_only_under_trust_mixing():
 def test_client_alpha_refuses_scores_it_cannot_pair():
     """One context has no standard error; contexts of unequal count are not the same contexts."""
     schedule = {"k": 0.7, "midpoint": 0.01, "alpha_min": 0.1, "alpha_max": 1.0}
-    for scores in ({"local": [0.2], "global": [0.5]}, {"local": [0.2, 0.3], "global": [0.5, 0.4, 0.6]}):
+    for scores in (
+        {"local": [0.2], "global": [0.5]},
+        {"local": [0.2, 0.3], "global": [0.5, 0.4, 0.6]},
+    ):
         with pytest.raises(ValueError, match="same 2\\+ contexts"):
             client_alpha(schedule, scores.__getitem__)
 
 
 def test_relative_distance_by_hand():
-    reference = {"a": np.array([3.0, 0.0], np.float32), "b": np.array([[4.0]], np.float32)}  # norm 5
-    moved = {"a": np.array([3.0, 3.0], np.float32), "b": np.array([[0.0]], np.float32)}     # diff (0, 3, -4)
+    reference = {
+        "a": np.array([3.0, 0.0], np.float32),
+        "b": np.array([[4.0]], np.float32),
+    }  # norm 5
+    moved = {
+        "a": np.array([3.0, 3.0], np.float32),
+        "b": np.array([[0.0]], np.float32),
+    }  # diff (0, 3, -4)
     assert relative_distance(moved, reference) == pytest.approx(1.0)
     assert relative_distance(reference, reference) == 0.0
     assert relative_distance(mix(moved, reference, 0.75), reference) == pytest.approx(0.25)

@@ -33,7 +33,14 @@ from fedsim_tasks.causal_lm import mean_token_nll, sft_train, shared_policy, tur
 from fedsim_tasks.dialogue.dataset import answer_sample, contamination, load_tasks
 from fedsim_tasks.dialogue.metrics import reply_scores
 from fedsim_tasks.dialogue.trust_data import contaminate, trust_examples
-from fedsim_tasks.dp_sgd import DP_EPSILON, DP_EPSILON_PLD, DP_EPSILON_RDP, DPSGD, StepsLedger, spent_epsilons
+from fedsim_tasks.dp_sgd import (
+    DP_EPSILON,
+    DP_EPSILON_PLD,
+    DP_EPSILON_RDP,
+    DPSGD,
+    StepsLedger,
+    spent_epsilons,
+)
 from fedsim_tasks.hf import load_trainable, trainable_arrays
 from fedsim_tasks.proximal import proximal_mu
 
@@ -42,7 +49,9 @@ EVALUATOR_TRAINING = stream("trust-evaluator-training", "round", "partition")
 GENERATOR_TRAINING = stream("generator-training", "round", "partition", "dataset")
 TRUST_SCORE_CONTEXTS = stream("trust-score-contexts", "round", "partition", "dataset")
 TRUST_SCORE_SAMPLING = stream("trust-score-sampling", "round", "partition", "dataset")
-PERSONAL_SAMPLING = stream("personal-sampling", "partition", "dataset")  # the same for every method and model
+PERSONAL_SAMPLING = stream(
+    "personal-sampling", "partition", "dataset"
+)  # the same for every method and model
 # the split seed's streams (the client's data, the same for every method)
 TRUST_DATA = stream("client-trust-data", "partition", "dataset")
 CONTAMINATION = stream("contamination", "partition", "dataset")
@@ -64,20 +73,26 @@ def round_lr(settings: dict, server_round: int) -> float:
 class DialogueClient(ClientHandler):
     def __init__(self, task: dict, data_root: str, partition_id: int, num_partitions: int):
         if num_partitions != task["num_clients"]:
-            raise ValueError(f"{num_partitions} SuperNodes but the task has {task['num_clients']} clients "
-                             "(task.num_clients)")
+            raise ValueError(
+                f"{num_partitions} SuperNodes but the task has {task['num_clients']} clients "
+                "(task.num_clients)"
+            )
         super().__init__(task, data_root, partition_id, num_partitions)
         self.datasets = load_tasks(task, data_root)
         self.data = {name: d.client(partition_id) for name, d in self.datasets.items()}
         empty = [name for name, d in self.data.items() if not d.train or not d.valid]
         if empty:
-            raise ValueError(f"client {partition_id} holds no training or held-out conversations of {empty}")
+            raise ValueError(
+                f"client {partition_id} holds no training or held-out conversations of {empty}"
+            )
         self._examples: dict = {}
 
     def examples(self, dataset: str, part: str, sep: str):
         key = (dataset, part, sep)
         if key not in self._examples:
-            self._examples[key] = self.datasets[dataset].examples(getattr(self.data[dataset], part), sep)
+            self._examples[key] = self.datasets[dataset].examples(
+                getattr(self.data[dataset], part), sep
+            )
         return self._examples[key]
 
     @property
@@ -86,7 +101,10 @@ class DialogueClient(ClientHandler):
 
     def discover(self) -> dict:
         sep = " [SEP] "  # counts only: the separator does not change how many replies there are
-        return {keys.EXAMPLES_PREFIX + name: len(self.examples(name, "train", sep)) for name in self.data}
+        return {
+            keys.EXAMPLES_PREFIX + name: len(self.examples(name, "train", sep))
+            for name in self.data
+        }
 
     def train(self, msg: Message) -> RecordDict:
         config = msg.content[keys.CONFIG]
@@ -108,9 +126,12 @@ class DialogueClient(ClientHandler):
         out = []
         for name in sorted(self.data):
             examples = self.examples(name, "train", " [SEP] ")
-            out += trust_examples(examples, trust["contexts_per_client"],
-                                  TRUST_DATA.seed(self.task["split_seed"], partition=self.partition_id, dataset=name),
-                                  trust["labels"])
+            out += trust_examples(
+                examples,
+                trust["contexts_per_client"],
+                TRUST_DATA.seed(self.task["split_seed"], partition=self.partition_id, dataset=name),
+                trust["labels"],
+            )
         return out
 
     def _train_evaluator(self, msg: Message):
@@ -118,9 +139,14 @@ class DialogueClient(ClientHandler):
         evaluator = self.evaluator
         evaluator.load(self.weights(msg))
         data = self.trust_data()
-        stats = evaluator.train(data, int(config[keys.LOCAL_STEPS]), int(config[keys.BATCH_SIZE]),
-                                float(config[keys.LR]), self.seed(EVALUATOR_TRAINING, config),
-                                proximal_mu=proximal_mu(config))
+        stats = evaluator.train(
+            data,
+            int(config[keys.LOCAL_STEPS]),
+            int(config[keys.BATCH_SIZE]),
+            float(config[keys.LR]),
+            self.seed(EVALUATOR_TRAINING, config),
+            proximal_mu=proximal_mu(config),
+        )
         return evaluator.weights(), {keys.NUM_EXAMPLES: len(data), "train-loss": stats["loss"]}
 
     def generator_examples(self, dataset: str, sep: str):
@@ -130,15 +156,24 @@ class DialogueClient(ClientHandler):
         if key not in self._examples:
             train = self.examples(dataset, "train", sep)
             clients, share = contamination(self.task)
-            seed = CONTAMINATION.seed(self.task["split_seed"], partition=self.partition_id, dataset=dataset)
-            self._examples[key] = contaminate(train, share, seed) if self.partition_id in clients else train
+            seed = CONTAMINATION.seed(
+                self.task["split_seed"], partition=self.partition_id, dataset=dataset
+            )
+            self._examples[key] = (
+                contaminate(train, share, seed) if self.partition_id in clients else train
+            )
         return self._examples[key]
 
     def _generator(self, config) -> tuple:
         """The generator (one per process: each message loads its adapters), its tokenizer
         and the settings the message carries."""
         s = json.loads(config[keys.SETTINGS])
-        return (*shared_policy(s["base"], json.dumps(s["lora"]), self.task["seed"], s.get("quantization")), s)
+        return (
+            *shared_policy(
+                s["base"], json.dumps(s["lora"]), self.task["seed"], s.get("quantization")
+            ),
+            s,
+        )
 
     def _train_generator(self, msg: Message):
         """Local SFT of the adapters on one dataset, from the global model or (under a mixing)
@@ -152,8 +187,14 @@ class DialogueClient(ClientHandler):
         load_trainable(model, global_weights if own is None else own)
         sep, dataset = turn_separator(tokenizer), config[keys.DATASET]
         train = self.generator_examples(dataset, sep)
-        metrics = self._sft(msg, model, tokenizer, [(e.prompt, e.reply) for e in train], s,
-                            self.seed(GENERATOR_TRAINING, config, dataset=dataset))
+        metrics = self._sft(
+            msg,
+            model,
+            tokenizer,
+            [(e.prompt, e.reply) for e in train],
+            s,
+            self.seed(GENERATOR_TRAINING, config, dataset=dataset),
+        )
         local = trainable_arrays(model)
         if state is None:
             return local, metrics
@@ -163,11 +204,19 @@ class DialogueClient(ClientHandler):
             load_trainable(model, weights[which])
             return self._trust_scores(model, tokenizer, config, dataset, s)
 
-        gap = self._loss_gap(model, tokenizer, train, dataset, sep, s)  # the local model's, before any mix
+        gap = self._loss_gap(
+            model, tokenizer, train, dataset, sep, s
+        )  # the local model's, before any mix
         alpha, scores = client_alpha(json.loads(config[keys.MIXING]), score)
         mixed = mix(local, global_weights, alpha)
         state.save(config[keys.LOCAL_MODEL], rnd, mixed)
-        return mixed, {**metrics, **gap, keys.ALPHA: alpha, **scores, keys.STATE_BYTES: state.bytes()}
+        return mixed, {
+            **metrics,
+            **gap,
+            keys.ALPHA: alpha,
+            **scores,
+            keys.STATE_BYTES: state.bytes(),
+        }
 
     def _loss_gap(self, model, tokenizer, train: list, dataset: str, sep: str, s: dict) -> dict:
         """The loaded model's nll per token on ``loss_gap_examples`` of its training replies and
@@ -179,10 +228,14 @@ class DialogueClient(ClientHandler):
         if not n:
             return {}
         held_out = self.examples(dataset, "valid", sep)
-        pairs = {which: [(e.prompt, e.reply) for e in examples[::max(len(examples) // n, 1)][:n]]
-                 for which, examples in (("train", train), ("held_out", held_out))}
-        return {keys.TRAIN_NLL: mean_token_nll(model, tokenizer, pairs["train"], s["max_length"]),
-                keys.HELDOUT_NLL: mean_token_nll(model, tokenizer, pairs["held_out"], s["max_length"])}
+        pairs = {
+            which: [(e.prompt, e.reply) for e in examples[:: max(len(examples) // n, 1)][:n]]
+            for which, examples in (("train", train), ("held_out", held_out))
+        }
+        return {
+            keys.TRAIN_NLL: mean_token_nll(model, tokenizer, pairs["train"], s["max_length"]),
+            keys.HELDOUT_NLL: mean_token_nll(model, tokenizer, pairs["held_out"], s["max_length"]),
+        }
 
     def _sft(self, msg: Message, model, tokenizer, train: list, s: dict, seed: int) -> dict:
         """Local SFT of the adapters; its metrics. Under ``dp_sgd`` the steps are DP-SGD's, every
@@ -193,11 +246,24 @@ class DialogueClient(ClientHandler):
         ``dp-epsilon-rdp`` and ``dp-epsilon-pld`` (what the server has seen of them; results.json,
         metrics.csv), and in this method's alone (``dp-epsilon-method``)."""
         config = msg.content[keys.CONFIG]
-        steps, dp = int(config[keys.LOCAL_STEPS]), DPSGD(**s["dp_sgd"])  # checked again: a client trusts no sender
+        steps, dp = (
+            int(config[keys.LOCAL_STEPS]),
+            DPSGD(**s["dp_sgd"]),
+        )  # checked again: a client trusts no sender
         dp_state = {"horizon_steps": s["rounds"] * steps} if dp.enabled else {}
-        stats = sft_train(model, tokenizer, train, steps=steps, batch_size=int(config[keys.BATCH_SIZE]),
-                          lr=round_lr(s, self.server_round(config, 1)), max_length=s["max_length"],
-                          seed=seed, proximal_mu=proximal_mu(config), dp=dp, **dp_state)
+        stats = sft_train(
+            model,
+            tokenizer,
+            train,
+            steps=steps,
+            batch_size=int(config[keys.BATCH_SIZE]),
+            lr=round_lr(s, self.server_round(config, 1)),
+            max_length=s["max_length"],
+            seed=seed,
+            proximal_mu=proximal_mu(config),
+            dp=dp,
+            **dp_state,
+        )
         metrics = {keys.NUM_EXAMPLES: len(train), "train-loss": stats["loss"]}
         if dp.enabled:
             dataset = config[keys.DATASET]
@@ -206,9 +272,13 @@ class DialogueClient(ClientHandler):
             account = str(config.get(keys.DP_ACCOUNT, dataset))
             ledger.add(account, stats["dp-steps"])
             spent = spent_epsilons(ledger.history(), dp.delta)
-            metrics |= {DP_EPSILON: spent.reported, DP_EPSILON_RDP: spent.rdp, DP_EPSILON_PLD: spent.pld,
-                        keys.DP_EPSILON_METHOD: spent_epsilons(ledger.history(account), dp.delta).reported,
-                        "dp-noise-multiplier": stats["dp-noise-multiplier"]}
+            metrics |= {
+                DP_EPSILON: spent.reported,
+                DP_EPSILON_RDP: spent.rdp,
+                DP_EPSILON_PLD: spent.pld,
+                keys.DP_EPSILON_METHOD: spent_epsilons(ledger.history(account), dp.delta).reported,
+                "dp-noise-multiplier": stats["dp-noise-multiplier"],
+            }
         return metrics
 
     def _trained_evaluator(self, config):
@@ -222,10 +292,15 @@ class DialogueClient(ClientHandler):
         scoring contexts of this client (the same sample for the local and the global model)."""
         sep = turn_separator(tokenizer)
         decoding = {"max_new_tokens": s["max_new_tokens"], "temperature": 0.0}
-        chosen, replies = answer_sample(model, tokenizer, self.scoring_contexts(dataset, sep, s["scoring"]),
-                                        s["eval_contexts"],
-                                        self.seed(TRUST_SCORE_CONTEXTS, config, dataset=dataset), decoding,
-                                        self.seed(TRUST_SCORE_SAMPLING, config, dataset=dataset))
+        chosen, replies = answer_sample(
+            model,
+            tokenizer,
+            self.scoring_contexts(dataset, sep, s["scoring"]),
+            s["eval_contexts"],
+            self.seed(TRUST_SCORE_CONTEXTS, config, dataset=dataset),
+            decoding,
+            self.seed(TRUST_SCORE_SAMPLING, config, dataset=dataset),
+        )
         return self._trained_evaluator(config).scores([e.context for e in chosen], replies).tolist()
 
     def scoring_contexts(self, dataset: str, sep: str, source: str) -> list:
@@ -239,8 +314,11 @@ class DialogueClient(ClientHandler):
         key = (dataset, "trust", sep)
         if key not in self._examples:
             by_context = {e.context: e for e in self.examples(dataset, "train", sep)}
-            self._examples[key] = [by_context[t.context] for t in self.trust_data()
-                                   if t.kind == "true_reply" and t.context in by_context]
+            self._examples[key] = [
+                by_context[t.context]
+                for t in self.trust_data()
+                if t.kind == "true_reply" and t.context in by_context
+            ]
         return self._examples[key]
 
     def evaluate(self, msg: Message) -> RecordDict:
@@ -254,19 +332,35 @@ class DialogueClient(ClientHandler):
         self.threads(config)
         model, tokenizer, s = self._generator(config)
         global_weights = self.weights(msg)
-        own = client_state.of(msg, self.partition_id).load(config[keys.LOCAL_MODEL], int(config[keys.SERVER_ROUND]))
+        own = client_state.of(msg, self.partition_id).load(
+            config[keys.LOCAL_MODEL], int(config[keys.SERVER_ROUND])
+        )
         personal = global_weights if own is None else own
         dataset = config[keys.DATASET]
         held_out = self.examples(dataset, "valid", turn_separator(tokenizer))
-        pick = PERSONAL_CONTEXTS.seed(self.task["split_seed"], partition=self.partition_id, dataset=dataset)
-        seed = PERSONAL_SAMPLING.seed(config[keys.SEED], partition=self.partition_id, dataset=dataset)
+        pick = PERSONAL_CONTEXTS.seed(
+            self.task["split_seed"], partition=self.partition_id, dataset=dataset
+        )
+        seed = PERSONAL_SAMPLING.seed(
+            config[keys.SEED], partition=self.partition_id, dataset=dataset
+        )
         decoding = {k: s[k] for k in ("max_new_tokens", "temperature", "top_p")}
         evaluator = self._trained_evaluator(config)
-        metrics = {keys.KEPT_LOCAL: float(own is not None), keys.DISTANCE: relative_distance(personal, global_weights)}
+        metrics = {
+            keys.KEPT_LOCAL: float(own is not None),
+            keys.DISTANCE: relative_distance(personal, global_weights),
+        }
         for prefix, weights in ((keys.PERSONAL, personal), (keys.GLOBAL, global_weights)):
             load_trainable(model, weights)
-            chosen, replies = answer_sample(model, tokenizer, held_out, int(config[keys.PERSONAL_CONTEXTS]), pick,
-                                            decoding, seed)
+            chosen, replies = answer_sample(
+                model,
+                tokenizer,
+                held_out,
+                int(config[keys.PERSONAL_CONTEXTS]),
+                pick,
+                decoding,
+                seed,
+            )
             metrics |= {prefix + k: v for k, v in reply_scores(replies, chosen, evaluator).items()}
         return RecordDict({keys.METRICS: MetricRecord({**metrics, keys.CONTEXTS: len(chosen)})})
 

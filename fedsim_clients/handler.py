@@ -16,7 +16,15 @@ import os
 import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-from fedsim.message_keys import ARRAYS, INFO, METRICS, PARTITION_ID, SEED, SERVER_ROUND, TORCH_THREADS
+from fedsim.message_keys import (
+    ARRAYS,
+    INFO,
+    METRICS,
+    PARTITION_ID,
+    SEED,
+    SERVER_ROUND,
+    TORCH_THREADS,
+)
 from fedsim.runtime.records import from_record, to_record
 from fedsim.seeding import Stream
 
@@ -30,12 +38,18 @@ class ClientHandler:
 
     def handle(self, msg: Message) -> RecordDict:
         """The reply's content: the handler of the message's type."""
-        handlers = {MessageType.QUERY: self.query, MessageType.TRAIN: self.train, MessageType.EVALUATE: self.evaluate}
+        handlers = {
+            MessageType.QUERY: self.query,
+            MessageType.TRAIN: self.train,
+            MessageType.EVALUATE: self.evaluate,
+        }
         return handlers[msg.metadata.message_type](msg)
 
     def query(self, msg: Message) -> RecordDict:
         """Discovery: the node's partition and what the method declares of its data."""
-        return RecordDict({INFO: ConfigRecord({PARTITION_ID: self.partition_id, **self.discover()})})
+        return RecordDict(
+            {INFO: ConfigRecord({PARTITION_ID: self.partition_id, **self.discover()})}
+        )
 
     def discover(self) -> dict:
         """The method's discovery fields (what the public partitioning gives this partition)."""
@@ -58,13 +72,16 @@ class ClientHandler:
 
     def seed(self, of: Stream, config: ConfigRecord, **more) -> int:
         """The seed of stream ``of`` for this client in the message's round (``more``: its other keys)."""
-        return of.seed(config[SEED], round=self.server_round(config), partition=self.partition_id, **more)
+        return of.seed(
+            config[SEED], round=self.server_round(config), partition=self.partition_id, **more
+        )
 
     @staticmethod
     def threads(config: ConfigRecord) -> int:
         """torch's threads as the message asks (clients share the machine); torch is imported here,
         not at module level: a handler that trains nothing never loads it."""
         import torch
+
         torch.set_num_threads(int(config.get(TORCH_THREADS, 0)) or os.cpu_count() or 1)
         return torch.get_num_threads()
 

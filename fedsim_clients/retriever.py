@@ -31,7 +31,12 @@ from fedsim.runtime.records import from_record, to_record
 from fedsim.seeding import stream
 from fedsim_clients import fede4rag_messages as keys
 from fedsim_clients.handler import ClientHandler
-from fedsim_tasks.financebench_rag.dataset import client_documents, load_documents, load_pages, title
+from fedsim_tasks.financebench_rag.dataset import (
+    client_documents,
+    load_documents,
+    load_pages,
+    title,
+)
 from fedsim_tasks.financebench_rag.inference import cached_encoder
 from fedsim_tasks.financebench_rag.pseudo_queries import (
     LLMQueryGenerator,
@@ -49,8 +54,12 @@ from fedsim_tasks.financebench_rag.train import frozen_copy, train_encoder
 from fedsim_tasks.hf import build_encoder, load_trainable, trainable_arrays
 from fedsim_tasks.proximal import ProximalTerm, proximal_mu
 
-TRAINING = stream("retriever-training", "round", "partition", bits=32)  # shuffle and dropout of a round's steps
-PSEUDO_QUERIES = stream("pseudo-queries", "document")  # a filing's inverse-cloze pairs, whichever client holds it
+TRAINING = stream(
+    "retriever-training", "round", "partition", bits=32
+)  # shuffle and dropout of a round's steps
+PSEUDO_QUERIES = stream(
+    "pseudo-queries", "document"
+)  # a filing's inverse-cloze pairs, whichever client holds it
 
 
 class MissingWeights(RuntimeError):
@@ -61,13 +70,18 @@ class RetrieverClient(ClientHandler):
     def __init__(self, task: dict, data_root: str, partition_id: int, num_partitions: int):
         super().__init__(task, data_root, partition_id, num_partitions)
         self.documents = self._documents(partition_id)
-        self.model = build_encoder(task["model"], task["max_seq_length"], task["lora"],
-                                   task["seed"])
+        self.model = build_encoder(
+            task["model"], task["max_seq_length"], task["lora"], task["seed"]
+        )
         self.initial = trainable_arrays(self.model)
 
     def _documents(self, partition_id: int) -> list[str]:
-        return client_documents(self.data_root, self.task["companies"],
-                                instantiate_allowed(self.task["partitioner"], "task.partitioner"), partition_id)
+        return client_documents(
+            self.data_root,
+            self.task["companies"],
+            instantiate_allowed(self.task["partitioner"], "task.partitioner"),
+            partition_id,
+        )
 
     def _pairs(self, documents: list[str]) -> list[tuple[str, str]]:
         """Pseudo-query pairs from the documents' pages (the first ``pages_per_client``), each
@@ -75,23 +89,42 @@ class RetrieverClient(ClientHandler):
         each query where ``pseudo_queries.titles`` asks (questions name company and year)."""
         pq = self.task["pseudo_queries"]
         pages = [(doc, p) for doc in documents for p in load_pages(self.data_root, doc)]
-        pages = pages[:self.task["pages_per_client"]] if self.task["pages_per_client"] else pages
+        pages = pages[: self.task["pages_per_client"]] if self.task["pages_per_client"] else pages
         titled = bool((self.task.get("passages") or {}).get("titles"))
         generator, pairs = LLMQueryGenerator(pq["generator"]) if pq["generator"] else None, []
         construction = pq["construction"]
-        allowed = single_page_segments([p for _, p in pages]) if construction == "unique_inverse_cloze" else None
+        allowed = (
+            single_page_segments([p for _, p in pages])
+            if construction == "unique_inverse_cloze"
+            else None
+        )
         for doc in dict.fromkeys(doc for doc, _ in pages):
-            texts, seed = [p for d, p in pages if d == doc], PSEUDO_QUERIES.seed(self.task["seed"], document=doc)
+            texts, seed = (
+                [p for d, p in pages if d == doc],
+                PSEUDO_QUERIES.seed(self.task["seed"], document=doc),
+            )
             if generator:
                 found = generator.pairs(texts, pq["chunk_size"], pq["chunk_overlap"])
             elif construction == "headers":
                 found = header_pairs(texts, pq["chunk_size"], pq["min_query_words"], seed)
             else:
-                found = inverse_cloze_pairs(texts, pq["chunk_size"], pq["chunk_overlap"], pq["min_query_words"],
-                                            pq["max_query_words"], seed, allowed)
+                found = inverse_cloze_pairs(
+                    texts,
+                    pq["chunk_size"],
+                    pq["chunk_overlap"],
+                    pq["min_query_words"],
+                    pq["max_query_words"],
+                    seed,
+                    allowed,
+                )
             name = title(self.data_root, doc)
-            pairs += [((f"{name}: " if pq.get("titles") else "") + q, (f"{name}\n" if titled else "") + positive)
-                      for q, positive in found]
+            pairs += [
+                (
+                    (f"{name}: " if pq.get("titles") else "") + q,
+                    (f"{name}\n" if titled else "") + positive,
+                )
+                for q, positive in found
+            ]
         return pairs
 
     @cached_property
@@ -116,17 +149,21 @@ class RetrieverClient(ClientHandler):
         elif source in (keys.FROM_ARRAYS, keys.FROM_HE):  # FROM_HE: the HE layer put them there
             arrays = msg.content.array_records.get(keys.ARRAYS)
             if arrays is None or not len(arrays):
-                raise MissingWeights(f"{where} was asked for weights={source} but the message "
-                                     f"carries no arrays")
+                raise MissingWeights(
+                    f"{where} was asked for weights={source} but the message carries no arrays"
+                )
             weights = from_record(arrays)
         elif source == keys.FROM_LOCAL:
-            weights = client_state.of(msg, self.partition_id).load(str(config[keys.LOCAL_MODEL]), 2**62)
+            weights = client_state.of(msg, self.partition_id).load(
+                str(config[keys.LOCAL_MODEL]), 2**62
+            )
             if weights is None:
-                raise MissingWeights(f"{where} was asked for its local retriever "
-                                     f"{config[keys.LOCAL_MODEL]!r} but has not trained one")
+                raise MissingWeights(
+                    f"{where} was asked for its local retriever "
+                    f"{config[keys.LOCAL_MODEL]!r} but has not trained one"
+                )
         else:
-            raise MissingWeights(f"{where}: weights={source!r} is not one of "
-                                 f"{keys.WEIGHT_SOURCES}")
+            raise MissingWeights(f"{where}: weights={source!r} is not one of {keys.WEIGHT_SOURCES}")
         load_trainable(self.model, self.initial if weights is None else weights)
         return weights_key(self.task["model"], self.task["lora"], weights)
 
@@ -151,10 +188,17 @@ class RetrieverClient(ClientHandler):
         return super().query(msg)
 
     def discover(self) -> dict:
-        return {keys.DOCUMENTS: self.documents,
-                keys.COMPANIES: sorted({d["company"] for d in load_documents(self.data_root)
-                                        if d["doc_name"] in set(self.documents)}),
-                keys.NUM_PAIRS: len(self.pairs)}
+        return {
+            keys.DOCUMENTS: self.documents,
+            keys.COMPANIES: sorted(
+                {
+                    d["company"]
+                    for d in load_documents(self.data_root)
+                    if d["doc_name"] in set(self.documents)
+                }
+            ),
+            keys.NUM_PAIRS: len(self.pairs),
+        }
 
     def train(self, msg: Message) -> RecordDict:
         """Train from the message's weights; the reply's metrics time each part of the handler
@@ -166,18 +210,34 @@ class RetrieverClient(ClientHandler):
         proximal, teacher, state = self._own_model(msg)
         loaded = time.perf_counter()
         pool = list(config.get(keys.POOL_PARTITIONS, []))
-        pairs = self.pairs if not pool else \
-            self._pairs(sorted({d for p in pool for d in self._documents(int(p))}))
+        pairs = (
+            self.pairs
+            if not pool
+            else self._pairs(sorted({d for p in pool for d in self._documents(int(p))}))
+        )
         start = time.perf_counter()
         stats = train_encoder(
-            self.model, pairs, int(config[keys.LOCAL_STEPS]), int(config[keys.BATCH_SIZE]),
-            float(config[keys.LR]), float(config[keys.TEMPERATURE]), float(config[keys.KD_WEIGHT]),
+            self.model,
+            pairs,
+            int(config[keys.LOCAL_STEPS]),
+            int(config[keys.BATCH_SIZE]),
+            float(config[keys.LR]),
+            float(config[keys.TEMPERATURE]),
+            float(config[keys.KD_WEIGHT]),
             seed=self.seed(TRAINING, config),
-            teacher=teacher, dropout=bool(self.task.get("train_dropout", False)), proximal=proximal)
+            teacher=teacher,
+            dropout=bool(self.task.get("train_dropout", False)),
+            proximal=proximal,
+        )
         end = time.perf_counter()
-        metrics = {keys.NUM_EXAMPLES: len(pairs), "train-seconds": end - start,
-                   "weights-seconds": loaded - begin, "pairs-seconds": start - loaded,
-                   keys.TORCH_THREADS: torch.get_num_threads(), **{k: float(v) for k, v in stats.items()}}
+        metrics = {
+            keys.NUM_EXAMPLES: len(pairs),
+            "train-seconds": end - start,
+            "weights-seconds": loaded - begin,
+            "pairs-seconds": start - loaded,
+            keys.TORCH_THREADS: torch.get_num_threads(),
+            **{k: float(v) for k, v in stats.items()},
+        }
         trained = trainable_arrays(self.model)
         if state is not None:
             state.save(str(config[keys.LOCAL_MODEL]), self.server_round(config), trained)
@@ -194,30 +254,59 @@ class RetrieverClient(ClientHandler):
         questions, corpus = self.evaluation
         # without a cache, the run's folder (not this client's): the evaluating nodes of one
         # machine fill one store (protocol.eval_nodes)
-        folder = node_local.setting(msg, "embedding-cache") or client_state.run_folder(msg) / "embeddings"
+        folder = (
+            node_local.setting(msg, "embedding-cache")
+            or client_state.run_folder(msg) / "embeddings"
+        )
         backend = str(config[keys.EVAL_BACKEND])
-        store = corpus_store(self.model, key, corpus, folder, int(config[keys.PAGES_PER_MESSAGE]), backend)
+        store = corpus_store(
+            self.model, key, corpus, folder, int(config[keys.PAGES_PER_MESSAGE]), backend
+        )
         start = time.perf_counter()
         if config[keys.EVAL_OP] == keys.ENCODE:
             graphs = client_state.of(msg, self.partition_id).folder / "encoder"
 
-            def encode(texts: list[str]):  # built when a piece is missing: once per weights in this process
+            def encode(
+                texts: list[str],
+            ):  # built when a piece is missing: once per weights in this process
                 return cached_encoder(self.model, key, backend, threads, graphs)(texts)
-            metrics = {keys.MISSING: store.encode_piece(int(config[keys.PIECE]), encode, list(corpus.values())),
-                       keys.PIECES: store.pieces, keys.CORPUS_PAGES: len(corpus)}
+
+            metrics = {
+                keys.MISSING: store.encode_piece(
+                    int(config[keys.PIECE]), encode, list(corpus.values())
+                ),
+                keys.PIECES: store.pieces,
+                keys.CORPUS_PAGES: len(corpus),
+            }
         else:
-            groups = {str(p): self._documents(p) for p in range(self.num_partitions)} \
-                if config.get(keys.PER_CLIENT, False) else None
-            metrics = score_splits(self.model, self.data_root, questions, list(corpus), store.load(),
-                                   self.task, list(config[keys.SPLITS]),
-                                   bool(config.get(keys.PER_FILING, False)), groups)
+            groups = (
+                {str(p): self._documents(p) for p in range(self.num_partitions)}
+                if config.get(keys.PER_CLIENT, False)
+                else None
+            )
+            metrics = score_splits(
+                self.model,
+                self.data_root,
+                questions,
+                list(corpus),
+                store.load(),
+                self.task,
+                list(config[keys.SPLITS]),
+                bool(config.get(keys.PER_FILING, False)),
+                groups,
+            )
         metrics["eval-seconds"] = time.perf_counter() - start
-        return RecordDict({keys.METRICS: MetricRecord(metrics),
-                           keys.WEIGHTS_INFO: ConfigRecord({keys.WEIGHTS_KEY: key})})
+        return RecordDict(
+            {
+                keys.METRICS: MetricRecord(metrics),
+                keys.WEIGHTS_INFO: ConfigRecord({keys.WEIGHTS_KEY: key}),
+            }
+        )
 
     @staticmethod
     def population_size(task: dict, data_root: str) -> int:
         from fedsim_tasks.financebench_rag.dataset import document_table
+
         partitioner = instantiate_allowed(task["partitioner"], "task.partitioner")
         partitioner.dataset = document_table(data_root, task["companies"])
         return partitioner.num_partitions

@@ -39,7 +39,9 @@ HOLD_ENV = "FEDSIM_STATE_PROBE_HOLD"
 
 def secret(partition_id: int) -> np.ndarray:
     """32 bytes that only client ``partition_id``'s state holds (tests look for them elsewhere)."""
-    return np.frombuffer(hashlib.sha256(f"state-probe secret {partition_id}".encode()).digest(), np.uint8)
+    return np.frombuffer(
+        hashlib.sha256(f"state-probe secret {partition_id}".encode()).digest(), np.uint8
+    )
 
 
 class StateProbeClient(ClientHandler):
@@ -50,14 +52,27 @@ class StateProbeClient(ClientHandler):
         state = client_state.of(msg, self.partition_id)
         before = state.load(NAME, server_round) or {"w": own, "rounds": np.zeros(0, np.int64)}
         w = (before["w"] + g) / 2
-        state.save(NAME, server_round, {"w": w, "rounds": np.append(before["rounds"], server_round),
-                                        "partition": np.array([self.partition_id]),
-                                        "secret": secret(self.partition_id)})
+        state.save(
+            NAME,
+            server_round,
+            {
+                "w": w,
+                "rounds": np.append(before["rounds"], server_round),
+                "partition": np.array([self.partition_id]),
+                "secret": secret(self.partition_id),
+            },
+        )
         self._hold(server_round)
-        return RecordDict({keys.ARRAYS: ArrayRecord({keys.VECTORS: Array((w + own) / 2)}),
-                           keys.METRICS: MetricRecord({keys.NUM_EXAMPLES: 1})})
+        return RecordDict(
+            {
+                keys.ARRAYS: ArrayRecord({keys.VECTORS: Array((w + own) / 2)}),
+                keys.METRICS: MetricRecord({keys.NUM_EXAMPLES: 1}),
+            }
+        )
 
     def _hold(self, server_round: int) -> None:
         partition, held_round, release = os.environ.get(HOLD_ENV, "-1:-1:").split(":", 2)
-        while (int(partition), int(held_round)) == (self.partition_id, server_round) and not Path(release).exists():
+        while (int(partition), int(held_round)) == (self.partition_id, server_round) and not Path(
+            release
+        ).exists():
             time.sleep(0.05)

@@ -27,16 +27,31 @@ def _run_identity(monkeypatch, tmp_path):
     message's)."""
     monkeypatch.setenv("FEDSIM_STATE_DIR", str(tmp_path / "state"))
     from fedsim.flower.messages import TaskIdentity
+
     monkeypatch.setattr(TaskIdentity, "_run_id", 1)
     monkeypatch.setattr(TaskIdentity, "_node_id", 0, raising=False)
     monkeypatch.setattr(TaskIdentity, "_task_id", 0, raising=False)
 
 
 def _train_message(method: str = "fedavg") -> Message:
-    return Message(RecordDict({keys.CONFIG: ConfigRecord({
-        keys.LOCAL_STEPS: STEPS, keys.BATCH_SIZE: BATCH, keys.DATASET: "persona_chat", keys.SERVER_ROUND: 1,
-        keys.DP_ACCOUNT: f"persona_chat-{method}", client_state.RUN_KEY: "run"})}),
-        dst_node_id=1, message_type=MessageType.TRAIN)
+    return Message(
+        RecordDict(
+            {
+                keys.CONFIG: ConfigRecord(
+                    {
+                        keys.LOCAL_STEPS: STEPS,
+                        keys.BATCH_SIZE: BATCH,
+                        keys.DATASET: "persona_chat",
+                        keys.SERVER_ROUND: 1,
+                        keys.DP_ACCOUNT: f"persona_chat-{method}",
+                        client_state.RUN_KEY: "run",
+                    }
+                )
+            }
+        ),
+        dst_node_id=1,
+        message_type=MessageType.TRAIN,
+    )
 
 
 def _client(encoder: Path, tmp_path: Path):
@@ -74,8 +89,12 @@ def test_a_round_sent_again_while_training_is_counted_twice(encoder_dir, tmp_pat
     monkeypatch.setattr(dialogue, "sft_train", sent_again_meanwhile)
     first = sft(msg)
     sigma = first["dp-noise-multiplier"]
-    assert first[DP_EPSILON] == pytest.approx(_epsilon(sigma, 2, dp.delta))  # it ended last: both trainings
-    assert replies[-1][DP_EPSILON] == pytest.approx(_epsilon(sigma, 1, dp.delta))  # it ended first: one then
+    assert first[DP_EPSILON] == pytest.approx(
+        _epsilon(sigma, 2, dp.delta)
+    )  # it ended last: both trainings
+    assert replies[-1][DP_EPSILON] == pytest.approx(
+        _epsilon(sigma, 1, dp.delta)
+    )  # it ended first: one then
     monkeypatch.setattr(dialogue, "sft_train", real)
     assert sft(msg)[DP_EPSILON] == pytest.approx(_epsilon(sigma, 3, dp.delta))
 
@@ -91,7 +110,9 @@ def test_every_method_trained_on_the_records_is_counted(encoder_dir, tmp_path): 
     sigma = second["dp-noise-multiplier"]
     assert second[DP_EPSILON] == pytest.approx(_epsilon(sigma, 2, dp.delta))
     assert second[keys.DP_EPSILON_METHOD] == pytest.approx(_epsilon(sigma, 1, dp.delta))
-    both = spent_epsilons([(sigma, BATCH / len(EXAMPLES), 2 * STEPS)], dp.delta)  # PLD beside RDP, every method's
+    both = spent_epsilons(
+        [(sigma, BATCH / len(EXAMPLES), 2 * STEPS)], dp.delta
+    )  # PLD beside RDP, every method's
     assert (second[DP_EPSILON_RDP], second[DP_EPSILON_PLD]) == pytest.approx((both.rdp, both.pld))
     assert second[DP_EPSILON] == min(second[DP_EPSILON_RDP], second[DP_EPSILON_PLD])
 

@@ -15,6 +15,9 @@ def test_a_client_hosts_its_rows_of_the_redrawn_splits():
     hosted = {row: c for client in clients for row, c in zip(client.rows, client.conversations)}
     assert [hosted[row] for row in sorted(hosted)] == list(load_conversations(ROOT, SPLITS, 4, 7))
     assert list(load_conversations(ROOT, SPLITS, 4, 7)) != list(load_conversations(ROOT, SPLITS, 4))
-    reported = {row: split for client in clients
-                for row, split in zip(client.discover()[INFO_ROWS], client.discover()[INFO_SPLITS])}
+    reported = {
+        row: split
+        for client in clients
+        for row, split in zip(client.discover()[INFO_ROWS], client.discover()[INFO_SPLITS])
+    }
     assert [reported[row] for row in sorted(reported)] == row_splits(ROOT, SPLITS, 4)

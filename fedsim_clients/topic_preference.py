@@ -41,8 +41,9 @@ def hosted_rows(population: int, num_partitions: int, partition_id: int) -> list
 class TopicPreferenceClient(ClientHandler):
     def __init__(self, task: dict, data_root: str, partition_id: int, num_partitions: int):
         super().__init__(task, data_root, partition_id, num_partitions)
-        population = load_conversations(data_root, tuple(task["splits"]), task.get("max_per_split"),
-                                        task.get("split_seed"))
+        population = load_conversations(
+            data_root, tuple(task["splits"]), task.get("max_per_split"), task.get("split_seed")
+        )
         self.rows = hosted_rows(len(population), num_partitions, partition_id)
         self.conversations = [population[i] for i in self.rows]
         self.num_topics = len(load_topics(data_root))
@@ -57,18 +58,29 @@ class TopicPreferenceClient(ClientHandler):
     def train(self, msg: Message) -> RecordDict:
         selected = self._selected(msg.content[keys.CONFIG])
         vectors = np.stack([local_preference(c, self.num_topics) for _, c in selected])
-        return RecordDict({
-            keys.ARRAYS: ArrayRecord({keys.VECTORS: Array(vectors)}),
-            keys.METRICS: MetricRecord({keys.NUM_EXAMPLES: len(selected)}),
-        })
+        return RecordDict(
+            {
+                keys.ARRAYS: ArrayRecord({keys.VECTORS: Array(vectors)}),
+                keys.METRICS: MetricRecord({keys.NUM_EXAMPLES: len(selected)}),
+            }
+        )
 
     def evaluate(self, msg: Message) -> RecordDict:
         config = msg.content[keys.CONFIG]
-        priors = {k: v.numpy() for k, v in msg.content[keys.PRIORS].items()} \
-            if keys.PRIORS in msg.content.array_records else {}
-        variants = [RouterVariant(*v) for v in zip(
-            config[keys.VARIANT_NAMES], config[keys.VARIANT_PRIORS],
-            config[keys.VARIANT_ALPHAS], config[keys.VARIANT_LAMBDAS])]
+        priors = (
+            {k: v.numpy() for k, v in msg.content[keys.PRIORS].items()}
+            if keys.PRIORS in msg.content.array_records
+            else {}
+        )
+        variants = [
+            RouterVariant(*v)
+            for v in zip(
+                config[keys.VARIANT_NAMES],
+                config[keys.VARIANT_PRIORS],
+                config[keys.VARIANT_ALPHAS],
+                config[keys.VARIANT_LAMBDAS],
+            )
+        ]
         router = router_for(self.data_root)
         metrics: dict = {keys.NUM_EXAMPLES: 0}
         turns: dict[str, list] = {}
@@ -82,8 +94,9 @@ class TopicPreferenceClient(ClientHandler):
                 hits = int(np.sum(out[f"pick/{v.name}"] == out["gold"]))
                 metrics[f"{prefix}/hits"] = metrics.get(f"{prefix}/hits", 0) + hits
                 for m in METRICS:
-                    metrics[f"{prefix}/{m}"] = metrics.get(f"{prefix}/{m}", 0.0) + \
-                        float(out[f"{m}/{v.name}"].sum())
+                    metrics[f"{prefix}/{m}"] = metrics.get(f"{prefix}/{m}", 0.0) + float(
+                        out[f"{m}/{v.name}"].sum()
+                    )
             if config.get(keys.TURN_LEVEL, False):
                 out["row"] = np.full(n, row)
                 for key, values in out.items():

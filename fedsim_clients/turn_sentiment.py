@@ -29,7 +29,14 @@ class TurnSentimentClient(ClientHandler):
         self.threads(config)
         sent = self.weights(msg)
         weights, examples, stats = self.recipe.local_update(
-            [sent[name] for name in WEIGHT_NAMES], self.partition_id, self.num_partitions, int(config[keys.SEED]),
-            self.server_round(config), proximal_mu(config))
-        return self.weights_reply(dict(zip(WEIGHT_NAMES, weights)),
-                                  {keys.NUM_EXAMPLES: examples, keys.TRAIN_LOSS: stats["loss"]})
+            [sent[name] for name in WEIGHT_NAMES],
+            self.partition_id,
+            self.num_partitions,
+            int(config[keys.SEED]),
+            self.server_round(config),
+            proximal_mu(config),
+        )
+        return self.weights_reply(
+            dict(zip(WEIGHT_NAMES, weights)),
+            {keys.NUM_EXAMPLES: examples, keys.TRAIN_LOSS: stats["loss"]},
+        )

@@ -20,8 +20,9 @@ from fedsim.runtime.validators import Validator
 from fedsim_strategies.numpy_noise import NumpyNoise, account
 
 
-def build_strategy(cfg: DictConfig, plan: PrivacyPlan, clients: int, entry=None, he: dict | None = None,
-                   **args) -> Strategy:
+def build_strategy(
+    cfg: DictConfig, plan: PrivacyPlan, clients: int, entry=None, he: dict | None = None, **args
+) -> Strategy:
     """A method's strategy, with the slot's ``args`` (sampling, record keys). ``entry`` None is
     the experiment's slot: the run's ``strategy`` inside the run's ``privacy`` wrapper (HEFedAvg
     where the plan runs the slot under HE); ``he``, a method's own HE settings, wraps it in
@@ -36,7 +37,9 @@ def build_strategy(cfg: DictConfig, plan: PrivacyPlan, clients: int, entry=None,
     if "train_loss_key" in settings and settings["train_loss_key"] is None:
         settings["train_loss_key"] = cfg.protocol.strategy_slot.loss_key
     takes = inspect.signature(get_object(settings["_target_"])).parameters
-    strategy = instantiate(settings, _partial_=True, **args)(**plan.strategy_args(takes))  # as objects, not configs
+    strategy = instantiate(settings, _partial_=True, **args)(
+        **plan.strategy_args(takes)
+    )  # as objects, not configs
     if he is not None or (slot and plan.he):
         return instantiate(plan.he_wrapper(**(he or {})), strategy=strategy)
     if not (slot and cfg.privacy.wrapper):
@@ -68,9 +71,10 @@ def innermost(strategy: Strategy) -> Strategy:
 class RunContext:
     """What a method runner needs: messenger, config, nodes by partition and their info, the
     run's privacy plan."""
+
     messenger: Messenger
     cfg: DictConfig
-    base: dict             # the config entries every client message carries
+    base: dict  # the config entries every client message carries
     nodes: dict[int, int]  # partition id -> node id
     info: dict[int, dict]  # partition id -> the node's discovery info
     plan: PrivacyPlan = field(kw_only=True)  # the ServerApp's (fedsim/privacy/plan.py)
@@ -82,41 +86,76 @@ class RunContext:
         """A Grid over every client in partition order. Flower samples nodes by position and
         node ids are random per run, so this order makes the same seed sample the same clients
         in every run."""
-        return self.messenger.grid(label, policy or Policy(ANY), [self.nodes[p] for p in sorted(self.nodes)])
+        return self.messenger.grid(
+            label, policy or Policy(ANY), [self.nodes[p] for p in sorted(self.nodes)]
+        )
 
     def declared(self, key: str) -> Callable[[int], float]:
         """What each node declared at discovery under ``key`` (its examples): the bound of its
         replies' weight."""
         return lambda node: float(self.info[self.partition_of(node)][key])
 
-    def fedavg(self, label: str, initial: ArrayRecord, rounds: int, config: dict,
-               fraction_train: float, reply: Callable[[ArrayRecord], Validator], entry=None,
-               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-               **strategy_args) -> Result:
+    def fedavg(
+        self,
+        label: str,
+        initial: ArrayRecord,
+        rounds: int,
+        config: dict,
+        fraction_train: float,
+        reply: Callable[[ArrayRecord], Validator],
+        entry=None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        **strategy_args,
+    ) -> Result:
         """A weight-averaging strategy (``entry``; None: the experiment's slot, ``build_strategy``)
         with ``strategy_args`` over ``fraction_train`` of the clients per round; replies must be
         ``reply(initial)`` (the model's arrays, a weight within the node's declaration), a round
         goes on with any of them. ``evaluate_fn``: Flower's server-side evaluation, before round
         1 and after each round."""
-        strategy = build_strategy(self.cfg, self.plan, len(self.nodes), entry, fraction_train=fraction_train,
-                                  fraction_evaluate=0.0, **strategy_args)
-        return strategy.start(self.grid(label, Policy(ANY, reply(initial))), initial, rounds,
-                              self.cfg.round_timeout, ConfigRecord(config), evaluate_fn=evaluate_fn)
+        strategy = build_strategy(
+            self.cfg,
+            self.plan,
+            len(self.nodes),
+            entry,
+            fraction_train=fraction_train,
+            fraction_evaluate=0.0,
+            **strategy_args,
+        )
+        return strategy.start(
+            self.grid(label, Policy(ANY, reply(initial))),
+            initial,
+            rounds,
+            self.cfg.round_timeout,
+            ConfigRecord(config),
+            evaluate_fn=evaluate_fn,
+        )
 
 
-def discover(messenger: Messenger, base: dict, reply: Validator | None = None
-             ) -> tuple[dict[int, int], dict[int, ConfigRecord]]:
+def discover(
+    messenger: Messenger, base: dict, reply: Validator | None = None
+) -> tuple[dict[int, int], dict[int, ConfigRecord]]:
     """Every node's discovery reply (quorum: all; a method needs every client), by partition:
     node ids and the INFO record of each. Each must be ``reply`` (the method's declaration,
     ``fedsim.runtime.validators.discovery_reply``). A node's partition is the one it told at ``whoami``
     (the Messenger's map, which ``reply`` holds its INFO to); only where the Messenger did not ask
     (a protocol driven without the ServerApp) is it the reply's claim. A partition two nodes
     claim is refused to both (``duplicate``): neither takes the other's place."""
+
     def claim(content: RecordDict) -> int:
         return int(content[INFO][PARTITION_ID])
-    replies = messenger.exchange("discover", [
-        Message(RecordDict({CONFIG: ConfigRecord(base)}), dst_node_id=n, message_type=MessageType.QUERY)
-        for n in messenger.node_ids()], Policy(validator=reply, claim=claim))
+
+    replies = messenger.exchange(
+        "discover",
+        [
+            Message(
+                RecordDict({CONFIG: ConfigRecord(base)}),
+                dst_node_id=n,
+                message_type=MessageType.QUERY,
+            )
+            for n in messenger.node_ids()
+        ],
+        Policy(validator=reply, claim=claim),
+    )
     nodes, info = {}, {}
     for msg in replies:
         node = msg.metadata.src_node_id
@@ -130,5 +169,7 @@ def base_line(sft: dict) -> str:
     """One line on how a base language model was made (``fedsim_tasks.causal_lm.saved_sft_base``)."""
     if not sft.get("steps"):
         return "Base: the model as published (no SFT)."
-    return (f"Base: SFT on {sft['data']}, held-out nll {sft['heldout_nll_before']:.3f} -> "
-            f"{sft['heldout_nll']:.3f}.")
+    return (
+        f"Base: SFT on {sft['data']}, held-out nll {sft['heldout_nll_before']:.3f} -> "
+        f"{sft['heldout_nll']:.3f}."
+    )

@@ -32,11 +32,25 @@ from flwr.serverapp.strategy import (
 class PaperOrder:
     """The two fixes, over either of Flower's adaptive wrappers (server- or client-side clipping)."""
 
-    def __init__(self, strategy: Strategy, noise_multiplier: float, num_sampled_clients: int,
-                 initial_clipping_norm: float = 0.1, target_unclipped_quantile: float = 0.5,
-                 clip_norm_lr: float = 0.2, clipped_count_stddev: float | None = None):
-        super().__init__(strategy, noise_multiplier, num_sampled_clients, initial_clipping_norm,
-                         target_unclipped_quantile, clip_norm_lr, clipped_count_stddev)
+    def __init__(
+        self,
+        strategy: Strategy,
+        noise_multiplier: float,
+        num_sampled_clients: int,
+        initial_clipping_norm: float = 0.1,
+        target_unclipped_quantile: float = 0.5,
+        clip_norm_lr: float = 0.2,
+        clipped_count_stddev: float | None = None,
+    ):
+        super().__init__(
+            strategy,
+            noise_multiplier,
+            num_sampled_clients,
+            initial_clipping_norm,
+            target_unclipped_quantile,
+            clip_norm_lr,
+            clipped_count_stddev,
+        )
         self.target_unclipped_quantile = target_unclipped_quantile
         self.next_clipping_norm: float | None = None
 
@@ -45,7 +59,8 @@ class PaperOrder:
         waits until the round's noise is added."""
         unclipped = 1.0 - clipped_fraction
         self.next_clipping_norm = self.clipping_norm * math.exp(
-            -self.clip_norm_lr * (unclipped - self.target_unclipped_quantile))
+            -self.clip_norm_lr * (unclipped - self.target_unclipped_quantile)
+        )
 
     def aggregate_train(self, server_round, replies):
         self.next_clipping_norm = None

@@ -40,9 +40,12 @@ def _spread_of_blocks(blocks, weights: list[float]) -> dict[str, float]:
         to_start += np.sum((stack - start) ** 2, axis=1)
         mean_to_start += float(np.sum((mean - start) ** 2))
     distance, update = float(np.mean(np.sqrt(to_mean))), float(np.mean(np.sqrt(to_start)))
-    return {"client-distance": distance, "update-norm": update,
-            "mean-update-norm": float(np.sqrt(mean_to_start)),
-            "relative-distance": distance / update if update else 0.0}
+    return {
+        "client-distance": distance,
+        "update-norm": update,
+        "mean-update-norm": float(np.sqrt(mean_to_start)),
+        "relative-distance": distance / update if update else 0.0,
+    }
 
 
 def _delta(arrays: dict[str, np.ndarray], a_name: str) -> np.ndarray:
@@ -51,22 +54,32 @@ def _delta(arrays: dict[str, np.ndarray], a_name: str) -> np.ndarray:
     return b.astype(np.float64) @ arrays[a_name].astype(np.float64)
 
 
-def model_spread(updated: list[dict[str, np.ndarray]], weights: list[float],
-                 start: dict[str, np.ndarray]) -> dict[str, float]:
+def model_spread(
+    updated: list[dict[str, np.ndarray]], weights: list[float], start: dict[str, np.ndarray]
+) -> dict[str, float]:
     """How far apart the named weights are as they travel and, where they hold LoRA pairs, of
     what the model adds (each pair as ``B @ A``, other arrays as they are) under ``delta-`` keys,
     with :func:`factor_average_gap`."""
-    stats = _spread_of_blocks(((np.stack([u[k] for u in updated]), start[k]) for k in start), weights)
+    stats = _spread_of_blocks(
+        ((np.stack([u[k] for u in updated]), start[k]) for k in start), weights
+    )
     pairs = [k for k in start if A_MARK in k]
     if pairs:
-        blocks = ((np.stack([_delta(u, k) for u in updated]), _delta(start, k)) if k in pairs
-                  else (np.stack([u[k] for u in updated]), start[k]) for k in start if B_MARK not in k)
+        blocks = (
+            (np.stack([_delta(u, k) for u in updated]), _delta(start, k))
+            if k in pairs
+            else (np.stack([u[k] for u in updated]), start[k])
+            for k in start
+            if B_MARK not in k
+        )
         stats |= {f"delta-{k}": v for k, v in _spread_of_blocks(blocks, weights).items()}
         stats["delta-factor-average-gap"] = factor_average_gap(updated, weights, pairs)
     return stats
 
 
-def factor_average_gap(updated: list[dict[str, np.ndarray]], weights: list[float], pairs: list[str]) -> float:
+def factor_average_gap(
+    updated: list[dict[str, np.ndarray]], weights: list[float], pairs: list[str]
+) -> float:
     """How far averaging each LoRA factor apart lands from the average of what the clients'
     pairs add: ||mean(B) @ mean(A) - mean(B @ A)|| / ||mean(B @ A)|| over the ``pairs`` (named by
     their A), 0 for one client or clients whose pairs agree."""
@@ -74,10 +87,13 @@ def factor_average_gap(updated: list[dict[str, np.ndarray]], weights: list[float
     gap, norm = 0.0, 0.0
     for a_name in pairs:
         b_name = a_name.replace(A_MARK, B_MARK)
-        mean_factors = {k: sum(wi * u[k].astype(np.float64) for wi, u in zip(w, updated)) for k in (a_name, b_name)}
+        mean_factors = {
+            k: sum(wi * u[k].astype(np.float64) for wi, u in zip(w, updated))
+            for k in (a_name, b_name)
+        }
         product_mean = sum(wi * _delta(u, a_name) for wi, u in zip(w, updated))
         gap += float(np.sum((_delta(mean_factors, a_name) - product_mean) ** 2))
-        norm += float(np.sum(product_mean ** 2))
+        norm += float(np.sum(product_mean**2))
     return float(np.sqrt(gap / norm)) if norm else 0.0
 
 
@@ -100,7 +116,9 @@ class ClientSpread(Strategy):
 
     def aggregate_train(self, server_round, replies):
         replies = list(replies)
-        stats = self._spread([m.content for m in replies if not m.has_error() and m.content.array_records])
+        stats = self._spread(
+            [m.content for m in replies if not m.has_error() and m.content.array_records]
+        )
         arrays, metrics = self.strategy.aggregate_train(server_round, replies)
         if arrays is None or stats is None:
             return arrays, metrics
@@ -111,7 +129,9 @@ class ClientSpread(Strategy):
             return None
         key = getattr(self.strategy, "weighted_by_key", NUM_EXAMPLES)
         weights = [float(next(iter(c.metric_records.values()))[key]) for c in valid]
-        return model_spread([from_record(next(iter(c.array_records.values()))) for c in valid], weights, self.sent)
+        return model_spread(
+            [from_record(next(iter(c.array_records.values()))) for c in valid], weights, self.sent
+        )
 
     def configure_evaluate(self, server_round, arrays, config, grid):
         return self.strategy.configure_evaluate(server_round, arrays, config, grid)

@@ -7,6 +7,7 @@ import pytest
 def _run_identity(monkeypatch):
     """Messages built outside a Flower run need a run id, as the SuperLink sets in a run."""
     from fedsim.flower.messages import TaskIdentity
+
     monkeypatch.setattr(TaskIdentity, "_run_id", 1)
     monkeypatch.setattr(TaskIdentity, "_node_id", 0, raising=False)
     monkeypatch.setattr(TaskIdentity, "_task_id", 0, raising=False)

@@ -87,13 +87,17 @@ class DPMean(Strategy):
         self.min_train_nodes = min_train_nodes
         self.simplex = simplex
         self.array_key = array_key
-        self.noise = noise or NoiseSource.fresh()  # the run's (fedsim/privacy/plan.py), given at construction
+        self.noise = (
+            noise or NoiseSource.fresh()
+        )  # the run's (fedsim/privacy/plan.py), given at construction
         self.received: np.ndarray | None = None  # last round's validated rows (central-DP server)
         self.denominator: float | None = None  # last round's divisor (None: the row count)
         self.rounds = 0  # releases so far
         self._sample = (0, 0)  # the last round's (expected sample size, population)
         self._dim: int | None = None  # length of the released vector (a noise-only release)
-        self.audit_canaries = audit_canaries  # canary clients an audit run adds (fedsim/privacy/audit.py); 0: none
+        self.audit_canaries = (
+            audit_canaries  # canary clients an audit run adds (fedsim/privacy/audit.py); 0: none
+        )
         self.canaries: MeanCanaries | None = None  # the last round's, with their coins
         self.last_release: Release | None = None  # the last round's (an audit checks its noise)
 
@@ -104,58 +108,99 @@ class DPMean(Strategy):
         return 1 if self.fraction_train < 1 else None
 
     def summary(self) -> None:
-        log.info("DPMean: C=%g sigma=%g delta=%g fraction=%g simplex=%s private noise=%s",
-                 self.clip_norm, self.noise_multiplier, self.delta, self.fraction_train,
-                 self.simplex, self.noise.private)
+        log.info(
+            "DPMean: C=%g sigma=%g delta=%g fraction=%g simplex=%s private noise=%s",
+            self.clip_norm,
+            self.noise_multiplier,
+            self.delta,
+            self.fraction_train,
+            self.simplex,
+            self.noise.private,
+        )
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
-        nodes = list(grid.get_node_ids())  # the grid's order (partition order), not node ids: random per run
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        nodes = list(
+            grid.get_node_ids()
+        )  # the grid's order (partition order), not node ids: random per run
         if not nodes:
             raise RuntimeError("DPMean: no client nodes are connected")
         size = min(len(nodes), max(self.min_train_nodes, int(len(nodes) * self.fraction_train)))
-        sampled = nodes if size == len(nodes) else poisson_sample(
-            nodes, size / len(nodes), self.noise.rng(SAMPLE, server_round))
+        sampled = (
+            nodes
+            if size == len(nodes)
+            else poisson_sample(nodes, size / len(nodes), self.noise.rng(SAMPLE, server_round))
+        )
         self.rounds += 1
         self._sample = (size, len(nodes))
         if self.array_key in arrays:
             self._dim = arrays[self.array_key].numpy().size
         # one shared RecordDict, as FedAvg does: Flower stores identical content once
-        content = RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord({**config, SERVER_ROUND: server_round})})
-        log.info("DPMean round %d: %d of %d nodes sampled (expected %d)", server_round,
-                 len(sampled), len(nodes), size)
-        return [Message(content, dst_node_id=node, message_type=MessageType.TRAIN)
-                for node in sampled]
+        content = RecordDict(
+            {ARRAYS: arrays, CONFIG: ConfigRecord({**config, SERVER_ROUND: server_round})}
+        )
+        log.info(
+            "DPMean round %d: %d of %d nodes sampled (expected %d)",
+            server_round,
+            len(sampled),
+            len(nodes),
+            size,
+        )
+        return [
+            Message(content, dst_node_id=node, message_type=MessageType.TRAIN) for node in sampled
+        ]
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        rows = [msg.content.array_records[next(iter(msg.content.array_records))][self.array_key]
-                .numpy() for msg in replies if not msg.has_error()]
+        rows = [
+            msg.content.array_records[next(iter(msg.content.array_records))][self.array_key].numpy()
+            for msg in replies
+            if not msg.has_error()
+        ]
         size, population = self._sample
         self.denominator = float(size) if size < population else None
         if not rows and (self.denominator is None or self._dim is None):
             log.warning("DPMean round %d: no usable client vectors, nothing released", server_round)
             return None, None
         self.received = np.concatenate(rows, axis=0) if rows else np.zeros((0, self._dim))
-        if self.audit_canaries:  # canary clients beside the received ones, coins from the run's secret
-            self.canaries = MeanCanaries.place(clip_rows(self.received, self.clip_norm).sum(axis=0),
-                                               self.audit_canaries, self.clip_norm, self.noise.rng(AUDIT, server_round))
+        if (
+            self.audit_canaries
+        ):  # canary clients beside the received ones, coins from the run's secret
+            self.canaries = MeanCanaries.place(
+                clip_rows(self.received, self.clip_norm).sum(axis=0),
+                self.audit_canaries,
+                self.clip_norm,
+                self.noise.rng(AUDIT, server_round),
+            )
             self.received = np.vstack([self.received, self.canaries.rows()])
-        self.last_release = self.release(self.received, self.noise_multiplier, (RELEASE, server_round))
+        self.last_release = self.release(
+            self.received, self.noise_multiplier, (RELEASE, server_round)
+        )
         spent = self.epsilon()
-        metrics = MetricRecord({
-            "clients": self.last_release.num_clients,
-            "noise-std": self.last_release.noise_std,
-            "epsilon": _finite(spent.reported),
-            "epsilon-rdp": _finite(spent.rdp),
-            "epsilon-pld": _finite(spent.pld),
-        })
+        metrics = MetricRecord(
+            {
+                "clients": self.last_release.num_clients,
+                "noise-std": self.last_release.noise_std,
+                "epsilon": _finite(spent.reported),
+                "epsilon-rdp": _finite(spent.rdp),
+                "epsilon-pld": _finite(spent.pld),
+            }
+        )
         return ArrayRecord({self.array_key: Array(self.last_release.mean)}), metrics
 
-    def release(self, vectors: np.ndarray, noise_multiplier: float, labels: tuple[int, ...]) -> Release:
+    def release(
+        self, vectors: np.ndarray, noise_multiplier: float, labels: tuple[int, ...]
+    ) -> Release:
         """One Gaussian-mechanism release of the mean of ``vectors`` with noise from the stream
         ``labels`` of :attr:`noise` (one no other release uses), divided as the last round was."""
-        release = gaussian_mean(vectors, self.clip_norm, noise_multiplier, self.noise.rng(*labels), self.simplex,
-                                self.denominator)
+        release = gaussian_mean(
+            vectors,
+            self.clip_norm,
+            noise_multiplier,
+            self.noise.rng(*labels),
+            self.simplex,
+            self.denominator,
+        )
         return replace(release, labels=labels)
 
     @property

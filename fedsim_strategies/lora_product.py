@@ -24,7 +24,9 @@ from fedsim.runtime.records import from_record
 A_MARK, B_MARK = "lora_A", "lora_B"
 
 
-def product_average(clients: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:
+def product_average(
+    clients: list[dict[str, np.ndarray]], weights: list[float]
+) -> dict[str, np.ndarray]:
     """Each ``lora_A`` / ``lora_B`` pair of the clients' arrays replaced by the rank-r factors
     of the weighted mean of ``B @ A``; the other arrays are left out (the caller keeps its
     own)."""
@@ -33,8 +35,10 @@ def product_average(clients: list[dict[str, np.ndarray]], weights: list[float]) 
     for a_name in (k for k in clients[0] if A_MARK in k):
         b_name = a_name.replace(A_MARK, B_MARK)
         rank = clients[0][a_name].shape[0]
-        delta = sum(wi * (c[b_name].astype(np.float64) @ c[a_name].astype(np.float64))
-                    for wi, c in zip(w, clients))
+        delta = sum(
+            wi * (c[b_name].astype(np.float64) @ c[a_name].astype(np.float64))
+            for wi, c in zip(w, clients)
+        )
         u, s, vt = np.linalg.svd(delta, full_matrices=False)
         root = np.sqrt(s[:rank])
         out[b_name] = (u[:, :rank] * root).astype(clients[0][b_name].dtype)
@@ -59,14 +63,18 @@ class LoraProductAvg(Strategy):
     def aggregate_train(self, server_round, replies):
         replies = list(replies)
         valid = [m.content for m in replies if not m.has_error() and m.content.array_records]
-        weights = [float(next(iter(c.metric_records.values()))[self.weighted_by_key]) for c in valid]
+        weights = [
+            float(next(iter(c.metric_records.values()))[self.weighted_by_key]) for c in valid
+        ]
         clients = [from_record(next(iter(c.array_records.values()))) for c in valid]  # before the
         # wrapped strategy reads them (Flower's QFedAvg and Bulyan empty the records they read)
         arrays, metrics = self.strategy.aggregate_train(server_round, replies)
         if arrays is None or not valid:
             return arrays, metrics
         merged = product_average(clients, weights)
-        return ArrayRecord({k: Array(merged[k]) if k in merged else v for k, v in arrays.items()}), metrics
+        return ArrayRecord(
+            {k: Array(merged[k]) if k in merged else v for k, v in arrays.items()}
+        ), metrics
 
     def configure_evaluate(self, server_round, arrays, config, grid):
         return self.strategy.configure_evaluate(server_round, arrays, config, grid)

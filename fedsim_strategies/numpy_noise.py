@@ -47,7 +47,14 @@ from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import DifferentialPrivacyClientSideAdaptiveClipping, Strategy
 
 from fedsim.flower.strategies import KEY_NORM_BIT, DifferentialPrivacyAdaptiveBase
-from fedsim.privacy.dp import FLOWER_DP, SAMPLE, CentralDP, NoiseSource, adaptive_noise_multiplier, poisson_sample
+from fedsim.privacy.dp import (
+    FLOWER_DP,
+    SAMPLE,
+    CentralDP,
+    NoiseSource,
+    adaptive_noise_multiplier,
+    poisson_sample,
+)
 from fedsim.runtime.messaging import phase_grid
 from fedsim.runtime.validators import Metrics, Number
 from fedsim.seeding import derived_seed
@@ -61,7 +68,9 @@ def global_numpy_from(rng: np.random.Generator):
     inside the block, the previous state after it."""
     previous = np.random.get_state()
     entropy = rng.integers(0, 2**63, size=8).tolist()
-    np.random.set_state(np.random.RandomState(np.random.MT19937(np.random.SeedSequence(entropy))).get_state())
+    np.random.set_state(
+        np.random.RandomState(np.random.MT19937(np.random.SeedSequence(entropy))).get_state()
+    )
     try:
         yield
     finally:
@@ -86,9 +95,12 @@ def account(wrapper: Strategy, delta: float) -> CentralDP:
     if not isinstance(wrapper, DifferentialPrivacyAdaptiveBase):
         return CentralDP(delta, mechanism, wrapper.noise_multiplier)
     update, count = wrapper.noise_multiplier, wrapper.clipped_count_stddev
-    return CentralDP(delta, f"{mechanism} (update sigma {update:.4g}, clipped-count std {count:.4g}: the "
-                            "effective noise multiplier of Andrew et al. 2021, as Flower and TF-privacy compute it)",
-                     adaptive_noise_multiplier(update, count))
+    return CentralDP(
+        delta,
+        f"{mechanism} (update sigma {update:.4g}, clipped-count std {count:.4g}: the "
+        "effective noise multiplier of Andrew et al. 2021, as Flower and TF-privacy compute it)",
+        adaptive_noise_multiplier(update, count),
+    )
 
 
 class Among:
@@ -110,7 +122,9 @@ CLIPPED_BIT = Metrics({KEY_NORM_BIT: Number(0, 1, whole=True)})
 
 def _clipped_bit(content: RecordDict, node: int) -> str | None:
     records = list(content.metric_records.values())
-    return "expected one MetricRecord" if len(records) != 1 else CLIPPED_BIT.problem(records[0], node)
+    return (
+        "expected one MetricRecord" if len(records) != 1 else CLIPPED_BIT.problem(records[0], node)
+    )
 
 
 class NumpyNoise(Strategy):
@@ -122,7 +136,9 @@ class NumpyNoise(Strategy):
         self.noise = noise
         self.spent = spent
         self.phase = "train"  # the grid's label, once a round is configured
-        inner = strategy.strategy  # trains every client this wrapper samples, at the rate it asked for
+        inner = (
+            strategy.strategy
+        )  # trains every client this wrapper samples, at the rate it asked for
         self.rate = inner.fraction_train
         inner.fraction_train, inner.min_train_nodes, inner.min_available_nodes = 1.0, 0, 0
 
@@ -143,7 +159,12 @@ class NumpyNoise(Strategy):
     def configure_train(self, server_round, arrays, config, grid):
         self.phase = getattr(grid, "label", self.phase)  # a PhaseGrid names its phase
         if self.rate < 1:
-            grid = Among(grid, poisson_sample(list(grid.get_node_ids()), self.rate, self.rng(SAMPLE, server_round)))
+            grid = Among(
+                grid,
+                poisson_sample(
+                    list(grid.get_node_ids()), self.rate, self.rng(SAMPLE, server_round)
+                ),
+            )
         return self.strategy.configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round, replies):
@@ -152,9 +173,16 @@ class NumpyNoise(Strategy):
         if not replies:
             return None, None
         epsilon = self.spent.record(self.phase)
-        log.info("%s round %d: central DP epsilon %.4g at delta %g after %d releases (sigma %.4g, no "
-                 "amplification by sampling)", self.phase, server_round, epsilon, self.spent.delta,
-                 self.spent.releases[self.phase], self.spent.noise_multiplier)
+        log.info(
+            "%s round %d: central DP epsilon %.4g at delta %g after %d releases (sigma %.4g, no "
+            "amplification by sampling)",
+            self.phase,
+            server_round,
+            epsilon,
+            self.spent.delta,
+            self.spent.releases[self.phase],
+            self.spent.noise_multiplier,
+        )
         sampled = self.strategy.num_sampled_clients
         self.strategy.num_sampled_clients = len(replies)  # the n of the noise: the mean's
         try:

@@ -65,7 +65,9 @@ def _checked(losses, previous) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Fail early on malformed input: a wrong shape here would silently mis-assign clients."""
     losses = np.asarray(losses, dtype=np.float64)
     if losses.ndim != 2 or min(losses.shape) < 1:
-        raise ValueError(f"losses must be a (clients, selectors) array with both >= 1, got shape {losses.shape}")
+        raise ValueError(
+            f"losses must be a (clients, selectors) array with both >= 1, got shape {losses.shape}"
+        )
     m, n_sel = losses.shape
     reporting = ~np.isnan(losses).any(axis=1)
     if not np.isfinite(losses[reporting]).all():
@@ -74,7 +76,9 @@ def _checked(losses, previous) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return losses, reporting, np.full(m, -1, dtype=np.int64)
     previous = np.asarray(previous)
     if previous.shape != (m,) or not np.issubdtype(previous.dtype, np.integer):
-        raise ValueError(f"previous must be an integer array of length {m}, got {previous.dtype} {previous.shape}")
+        raise ValueError(
+            f"previous must be an integer array of length {m}, got {previous.dtype} {previous.shape}"
+        )
     if ((previous < -1) | (previous >= n_sel)).any():
         raise ValueError(f"previous selectors must lie in [-1, {n_sel - 1}]")
     return losses, reporting, previous.astype(np.int64)
@@ -128,13 +132,19 @@ def mix_selector(
     shares = [p for _, p in updates]
     total = math.fsum(shares)
     if not all(p >= 0 for p in shares) or not 0.0 <= total <= 1.0 + 1e-9:
-        raise ValueError(f"data shares must be >= 0 and sum to at most 1, got {shares} (sum {total})")
+        raise ValueError(
+            f"data shares must be >= 0 and sum to at most 1, got {shares} (sum {total})"
+        )
     for weights, _ in updates:
         if weights.keys() != current.keys():
-            raise ValueError(f"update keys {sorted(weights)} differ from the selector's {sorted(current)}")
+            raise ValueError(
+                f"update keys {sorted(weights)} differ from the selector's {sorted(current)}"
+            )
         for key, value in current.items():
             if np.shape(weights[key]) != value.shape:
-                raise ValueError(f"update {key!r} has shape {np.shape(weights[key])}, selector has {value.shape}")
+                raise ValueError(
+                    f"update {key!r} has shape {np.shape(weights[key])}, selector has {value.shape}"
+                )
     return {key: _mix(key, value, updates, total) for key, value in current.items()}
 
 
@@ -153,7 +163,9 @@ def majority_vote(votes: np.ndarray) -> np.ndarray:
     """
     votes = np.asarray(votes)
     if votes.ndim != 2 or votes.shape[0] % 2 == 0:
-        raise ValueError(f"votes must be (selectors, pairs) with an odd number of selectors, got {votes.shape}")
+        raise ValueError(
+            f"votes must be (selectors, pairs) with an odd number of selectors, got {votes.shape}"
+        )
     if not np.isin(votes, (0, 1)).all():
         raise ValueError("votes must be 0 or 1")
     return (2 * votes.sum(axis=0) > votes.shape[0]).astype(np.int64)
@@ -164,6 +176,7 @@ class GroupsResult:
     """What a FedBiscuit run produced: the U selectors, the groups after every regroup, the
     aggregated train metrics per round, and the selectors as the warm-up left them (where the
     first grouping's lean comes from)."""
+
     selectors: list[ArrayRecord]
     groups: list[dict] = field(default_factory=list)
     train_metrics: dict[int, dict] = field(default_factory=dict)
@@ -191,37 +204,68 @@ class SelectorGroups(FedAvg):
     Record and config keys are arguments, as in Flower's FedAvg: the strategy knows no task.
     """
 
-    def __init__(self, num_selectors: int, warmup_rounds: int, regroup_every: int,
-                 regroup_quorum: float = 0.5, model_prefix: str = "model-",
-                 loss_prefix: str = "loss-", group_key: str = "group",
-                 fixed_groups: dict[int, int] | None = None, fixed_weights: dict[int, float] | None = None,
-                 **fedavg):
+    def __init__(
+        self,
+        num_selectors: int,
+        warmup_rounds: int,
+        regroup_every: int,
+        regroup_quorum: float = 0.5,
+        model_prefix: str = "model-",
+        loss_prefix: str = "loss-",
+        group_key: str = "group",
+        fixed_groups: dict[int, int] | None = None,
+        fixed_weights: dict[int, float] | None = None,
+        **fedavg,
+    ):
         super().__init__(**fedavg)
         if num_selectors < 1 or num_selectors % 2 == 0:
             raise ValueError(f"num_selectors must be odd (majority vote), got {num_selectors}")
         if (warmup_rounds < 1 or regroup_every < 1) and fixed_groups is None:
             raise ValueError("warmup_rounds and regroup_every must be >= 1")
-        if fixed_groups is not None and (fixed_weights is None or set(fixed_weights) != set(fixed_groups)
-                                         or set(fixed_groups.values()) - set(range(num_selectors))):
-            raise ValueError("fixed_groups needs fixed_weights for the same nodes and selectors in "
-                             f"0..{num_selectors - 1}")
-        self.num_selectors, self.warmup_rounds, self.regroup_every = num_selectors, warmup_rounds, regroup_every
+        if fixed_groups is not None and (
+            fixed_weights is None
+            or set(fixed_weights) != set(fixed_groups)
+            or set(fixed_groups.values()) - set(range(num_selectors))
+        ):
+            raise ValueError(
+                "fixed_groups needs fixed_weights for the same nodes and selectors in "
+                f"0..{num_selectors - 1}"
+            )
+        self.num_selectors, self.warmup_rounds, self.regroup_every = (
+            num_selectors,
+            warmup_rounds,
+            regroup_every,
+        )
         self.regroup_quorum = regroup_quorum
         self.model_prefix, self.loss_prefix, self.group_key = model_prefix, loss_prefix, group_key
         self.fixed = fixed_groups is not None
-        self.groups: dict[int, int] = dict(fixed_groups or {})       # node id -> selector
+        self.groups: dict[int, int] = dict(fixed_groups or {})  # node id -> selector
         self.examples: dict[int, float] = dict(fixed_weights or {})  # node id -> p_m's numerator
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
-              train_config: ConfigRecord | None = None, evaluate_config=None, evaluate_fn=None) -> GroupsResult:
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config=None,
+        evaluate_fn=None,
+    ) -> GroupsResult:
         warmup = 0 if self.fixed else self.num_selectors * self.warmup_rounds
         if num_rounds <= warmup:
-            raise ValueError(f"num_rounds ({num_rounds}) must exceed the warm-up, {self.num_selectors} "
-                             f"selectors x {self.warmup_rounds} rounds")
+            raise ValueError(
+                f"num_rounds ({num_rounds}) must exceed the warm-up, {self.num_selectors} "
+                f"selectors x {self.warmup_rounds} rounds"
+            )
         # an update unlike the selectors (keys, shapes, dtypes) cannot be mixed into one: counted, not mixed
-        grid = phase_grid(grid, "selector-groups", timeout).checked(MessageType.TRAIN, like_model(initial_arrays))
+        grid = phase_grid(grid, "selector-groups", timeout).checked(
+            MessageType.TRAIN, like_model(initial_arrays)
+        )
         config = ConfigRecord() if train_config is None else train_config
-        result = GroupsResult([ArrayRecord(dict(initial_arrays.items())) for _ in range(self.num_selectors)])
+        result = GroupsResult(
+            [ArrayRecord(dict(initial_arrays.items())) for _ in range(self.num_selectors)]
+        )
         for rnd in range(1, num_rounds + 1):
             start = time.perf_counter()
             if rnd <= warmup:
@@ -232,7 +276,13 @@ class SelectorGroups(FedAvg):
                 if not self.fixed and (rnd - warmup - 1) % self.regroup_every == 0:
                     result.groups.append(self._regroup(rnd, result.selectors, config, grid))
                 self._group_round(rnd, result, config, grid)
-            log.info("[%s] round %d/%d done in %.1f s", grid.label, rnd, num_rounds, time.perf_counter() - start)
+            log.info(
+                "[%s] round %d/%d done in %.1f s",
+                grid.label,
+                rnd,
+                num_rounds,
+                time.perf_counter() - start,
+            )
         return result
 
     def _train_config(self, config: ConfigRecord, rnd: int, group: int) -> ConfigRecord:
@@ -240,8 +290,9 @@ class SelectorGroups(FedAvg):
 
     def _warmup_round(self, rnd, u, result, config, grid) -> None:
         """FedBis on selector u: FedAvg over the sampled clients."""
-        replies = grid.send_and_receive(self.configure_train(rnd, result.selectors[u],
-                                                             self._train_config(config, rnd, u), grid))
+        replies = grid.send_and_receive(
+            self.configure_train(rnd, result.selectors[u], self._train_config(config, rnd, u), grid)
+        )
         arrays, metrics = self.aggregate_train(rnd, replies)
         if arrays is not None:
             result.selectors[u] = arrays
@@ -250,20 +301,37 @@ class SelectorGroups(FedAvg):
     def _group_round(self, rnd, result, config, grid) -> None:
         """The sampled clients train their group's selector; eq. 6 per selector."""
         nodes, _ = sample_nodes(grid, self.min_available_nodes, self._sample_size(grid))
-        messages = [Message(RecordDict({self.arrayrecord_key: result.selectors[self.groups[n]],
-                                        self.configrecord_key: self._train_config(config, rnd, self.groups[n])}),
-                            dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
+        messages = [
+            Message(
+                RecordDict(
+                    {
+                        self.arrayrecord_key: result.selectors[self.groups[n]],
+                        self.configrecord_key: self._train_config(config, rnd, self.groups[n]),
+                    }
+                ),
+                dst_node_id=n,
+                message_type=MessageType.TRAIN,
+            )
+            for n in nodes
+        ]
         replies = list(grid.send_and_receive(messages))
         total = sum(self.examples.values())
         for u in range(self.num_selectors):
             mine = [r for r in replies if self.groups[r.metadata.src_node_id] == u]
-            updates = [(from_record(r.content[self.arrayrecord_key]),
-                        self.examples[r.metadata.src_node_id] / total) for r in mine]
+            updates = [
+                (
+                    from_record(r.content[self.arrayrecord_key]),
+                    self.examples[r.metadata.src_node_id] / total,
+                )
+                for r in mine
+            ]
             if updates:
                 current = from_record(result.selectors[u])
                 result.selectors[u] = to_record(mix_selector(current, updates))
-        result.train_metrics[rnd] = {"clients": len(replies), "groups-trained": sorted(
-            {self.groups[r.metadata.src_node_id] for r in replies})}
+        result.train_metrics[rnd] = {
+            "clients": len(replies),
+            "groups-trained": sorted({self.groups[r.metadata.src_node_id] for r in replies}),
+        }
 
     def _sample_size(self, grid) -> int:
         return max(int(len(list(grid.get_node_ids())) * self.fraction_train), self.min_train_nodes)
@@ -271,17 +339,38 @@ class SelectorGroups(FedAvg):
     def _regroup(self, rnd, selectors, config, grid) -> dict:
         """Every client's validation loss on every selector, then balanced groups; a regroup
         survives clients that crash or time out (quorum), they keep their group."""
-        nodes = list(grid.get_node_ids())  # the grid's order (partition order), not node ids: random per run
+        nodes = list(
+            grid.get_node_ids()
+        )  # the grid's order (partition order), not node ids: random per run
         content = {f"{self.model_prefix}{u}": s for u, s in enumerate(selectors)}
-        messages = [Message(RecordDict({**content, self.configrecord_key: ConfigRecord(
-            {**dict(config.items()), SERVER_ROUND: rnd})}), dst_node_id=n, message_type=MessageType.EVALUATE)
-            for n in nodes]
-        replies = grid.exchange("regroup", messages, Policy(Quorum(self.regroup_quorum), self._valid_report), rnd)
+        messages = [
+            Message(
+                RecordDict(
+                    {
+                        **content,
+                        self.configrecord_key: ConfigRecord(
+                            {**dict(config.items()), SERVER_ROUND: rnd}
+                        ),
+                    }
+                ),
+                dst_node_id=n,
+                message_type=MessageType.EVALUATE,
+            )
+            for n in nodes
+        ]
+        replies = grid.exchange(
+            "regroup", messages, Policy(Quorum(self.regroup_quorum), self._valid_report), rnd
+        )
         losses = np.full((len(nodes), self.num_selectors), np.nan)
         row = {n: i for i, n in enumerate(nodes)}
         for reply in replies:
-            metrics, node = next(iter(reply.content.metric_records.values())), reply.metadata.src_node_id
-            losses[row[node]] = [metrics[f"{self.loss_prefix}{u}"] for u in range(self.num_selectors)]
+            metrics, node = (
+                next(iter(reply.content.metric_records.values())),
+                reply.metadata.src_node_id,
+            )
+            losses[row[node]] = [
+                metrics[f"{self.loss_prefix}{u}"] for u in range(self.num_selectors)
+            ]
             self.examples[node] = float(metrics[self.weighted_by_key])
         mean = np.mean(list(self.examples.values()))
         for n in nodes:
@@ -291,11 +380,15 @@ class SelectorGroups(FedAvg):
         missing = np.isnan(losses).any(axis=1)
         self.groups = {n: int(u) for n, u in zip(nodes, assign)}
         chosen = losses[np.arange(len(nodes)), assign]
-        return {"round": rnd, "groups": dict(self.groups),
-                "sizes": np.bincount(assign, minlength=self.num_selectors).tolist(),
-                "reported": int((~missing).sum()), "kept": int((missing & (previous >= 0)).sum()),
-                "joined": int((missing & (previous < 0)).sum()),
-                "mean_loss": float(np.nanmean(chosen)) if (~missing).any() else None}
+        return {
+            "round": rnd,
+            "groups": dict(self.groups),
+            "sizes": np.bincount(assign, minlength=self.num_selectors).tolist(),
+            "reported": int((~missing).sum()),
+            "kept": int((missing & (previous >= 0)).sum()),
+            "joined": int((missing & (previous < 0)).sum()),
+            "mean_loss": float(np.nanmean(chosen)) if (~missing).any() else None,
+        }
 
     def _valid_report(self, content: RecordDict, node: int) -> str | None:
         """A regroup reply: one MetricRecord with a finite loss on every selector and a positive

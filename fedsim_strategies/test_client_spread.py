@@ -17,12 +17,26 @@ from fedsim_strategies.client_spread import ClientSpread, model_spread
 
 def test_spread_on_hand_checked_vectors():
     # weights 3:1, start at the origin: mean (1, 0); distances 1 and 3; updates 0 and 4
-    got = model_spread([{"w": np.array([0.0, 0.0])}, {"w": np.array([4.0, 0.0])}], [3, 1], {"w": np.zeros(2)})
-    assert got == pytest.approx({"client-distance": 2.0, "update-norm": 2.0,
-                                 "mean-update-norm": 1.0, "relative-distance": 1.0})
-    same = model_spread([{"w": np.ones(2), "b": np.ones(1)}] * 2, [1, 5], {"w": np.zeros(2), "b": np.zeros(1)})
-    assert same["client-distance"] == 0.0 and same["update-norm"] == pytest.approx(3 ** 0.5)  # over both arrays
-    assert model_spread([{"w": np.zeros(2)}], [1], {"w": np.zeros(2)})["relative-distance"] == 0.0  # no update
+    got = model_spread(
+        [{"w": np.array([0.0, 0.0])}, {"w": np.array([4.0, 0.0])}], [3, 1], {"w": np.zeros(2)}
+    )
+    assert got == pytest.approx(
+        {
+            "client-distance": 2.0,
+            "update-norm": 2.0,
+            "mean-update-norm": 1.0,
+            "relative-distance": 1.0,
+        }
+    )
+    same = model_spread(
+        [{"w": np.ones(2), "b": np.ones(1)}] * 2, [1, 5], {"w": np.zeros(2), "b": np.zeros(1)}
+    )
+    assert same["client-distance"] == 0.0 and same["update-norm"] == pytest.approx(
+        3**0.5
+    )  # over both arrays
+    assert (
+        model_spread([{"w": np.zeros(2)}], [1], {"w": np.zeros(2)})["relative-distance"] == 0.0
+    )  # no update
 
 
 class StepClient:
@@ -34,21 +48,29 @@ class StepClient:
     def __call__(self, msg):
         assert msg.metadata.message_type == MessageType.TRAIN
         w = msg.content["arrays"].to_numpy_ndarrays()[0]
-        return RecordDict({"arrays": ArrayRecord([w + self.step]),
-                           "metrics": MetricRecord({"num-examples": self.examples,
-                                                    "loss": float(self.step.sum())})})
+        return RecordDict(
+            {
+                "arrays": ArrayRecord([w + self.step]),
+                "metrics": MetricRecord(
+                    {"num-examples": self.examples, "loss": float(self.step.sum())}
+                ),
+            }
+        )
 
 
 def test_fedavg_rounds_report_the_spread_and_keep_the_aggregate():
     steps = {1: np.array([1.0, 0.0]), 2: np.array([-1.0, 2.0])}
     grid = InProcessGrid({n: StepClient(s, 10) for n, s in steps.items()})
     strategy = ClientSpread(FedAvg(min_available_nodes=2, min_train_nodes=2, fraction_evaluate=0.0))
-    result = strategy.start(grid, ArrayRecord([np.zeros(2)]), num_rounds=2,
-                            train_config=ConfigRecord({}))
+    result = strategy.start(
+        grid, ArrayRecord([np.zeros(2)]), num_rounds=2, train_config=ConfigRecord({})
+    )
     np.testing.assert_allclose(result.arrays.to_numpy_ndarrays()[0], [0.0, 2.0])  # 2 x mean step
     for r in (1, 2):  # the spread is measured from the round's own start: same each round
         m = result.train_metrics_clientapp[r]
-        assert m["client-distance"] == pytest.approx(np.sqrt(2))   # each step is (±1, ±1) off the mean
+        assert m["client-distance"] == pytest.approx(
+            np.sqrt(2)
+        )  # each step is (±1, ±1) off the mean
         assert m["update-norm"] == pytest.approx((1 + np.sqrt(5)) / 2)
         assert m["mean-update-norm"] == pytest.approx(1.0)
         assert m["loss"] == pytest.approx(1.0)  # FedAvg's own metrics stay (mean of 1 and 1)
@@ -63,8 +85,11 @@ def frozen():
     gc.unfreeze()
 
 
-@pytest.mark.parametrize("inner", [partial(QFedAvg, client_learning_rate=0.1, train_loss_key="loss"), Bulyan],
-                         ids=["QFedAvg", "Bulyan"])
+@pytest.mark.parametrize(
+    "inner",
+    [partial(QFedAvg, client_learning_rate=0.1, train_loss_key="loss"), Bulyan],
+    ids=["QFedAvg", "Bulyan"],
+)
 def test_strategies_that_consume_what_they_read_keep_their_aggregate(inner, frozen):
     """QFedAvg empties the weights it sent and the replies, Bulyan the replies, as they read them
     (``keep_input=False``): the spread comes from what was there before."""
@@ -72,17 +97,24 @@ def test_strategies_that_consume_what_they_read_keep_their_aggregate(inner, froz
 
     def run(strategy):
         grid = InProcessGrid({n: StepClient(s, 10) for n, s in steps.items()})
-        return strategy.start(grid, ArrayRecord([np.zeros(2)]), num_rounds=2, train_config=ConfigRecord({}))
+        return strategy.start(
+            grid, ArrayRecord([np.zeros(2)]), num_rounds=2, train_config=ConfigRecord({})
+        )
 
     args = dict(min_available_nodes=3, min_train_nodes=3, fraction_evaluate=0.0)
     alone, wrapped = run(inner(**args)), run(ClientSpread(inner(**args)))
-    np.testing.assert_array_equal(wrapped.arrays.to_numpy_ndarrays()[0], alone.arrays.to_numpy_ndarrays()[0])
+    np.testing.assert_array_equal(
+        wrapped.arrays.to_numpy_ndarrays()[0], alone.arrays.to_numpy_ndarrays()[0]
+    )
     assert wrapped.train_metrics_clientapp[1]["update-norm"] == pytest.approx((2 + np.sqrt(5)) / 3)
 
 
 def _lora(b, a):
-    return {"q.lora_A.weight": np.asarray(a, float), "q.lora_B.weight": np.asarray(b, float),
-            "head.bias": np.zeros(2)}
+    return {
+        "q.lora_A.weight": np.asarray(a, float),
+        "q.lora_B.weight": np.asarray(b, float),
+        "head.bias": np.zeros(2),
+    }
 
 
 def test_lora_pairs_are_also_measured_by_what_they_add():
@@ -97,14 +129,17 @@ def test_lora_pairs_are_also_measured_by_what_they_add():
     assert got["delta-client-distance"] == pytest.approx(0.0, abs=1e-12)
     moved = _lora(b, a + 1.0)  # what it adds moves by B @ ones
     assert model_spread([moved], [1], start)["delta-update-norm"] == pytest.approx(
-        np.linalg.norm(b @ np.ones((2, 3))))
+        np.linalg.norm(b @ np.ones((2, 3)))
+    )
     # both add B @ A, yet averaging their factors apart does not give it back
     assert got["delta-factor-average-gap"] > 0.05
-    assert model_spread([start, start], [1, 3], start)["delta-factor-average-gap"] == pytest.approx(0.0, abs=1e-12)
+    assert model_spread([start, start], [1, 3], start)["delta-factor-average-gap"] == pytest.approx(
+        0.0, abs=1e-12
+    )
     two = [_lora([[1.0], [0.0]], [[1.0, 0.0]]), _lora([[0.0], [1.0]], [[0.0, 1.0]])]
     # mean(B @ A) = I/2; mean(B) @ mean(A) = ones/4: gap ||[[1,-1],[-1,1]]/4|| / ||I/2|| = 0.5 / 0.707
     zero = _lora([[0.0], [0.0]], [[0.0, 0.0]])
-    assert model_spread(two, [1, 1], zero)["delta-factor-average-gap"] == pytest.approx(2 ** -0.5)
+    assert model_spread(two, [1, 1], zero)["delta-factor-average-gap"] == pytest.approx(2**-0.5)
     assert "delta-update-norm" not in model_spread([{"w": np.ones(2)}], [1], {"w": np.zeros(2)})
 
 
@@ -117,10 +152,18 @@ class Refactoring:
     def __call__(self, msg):
         w = from_record(msg.content["arrays"])
         b, a = w["q.lora_B.weight"], w["q.lora_A.weight"]
-        return RecordDict({"arrays": ArrayRecord({**{k: Array(v) for k, v in w.items()},
-                                                  "q.lora_B.weight": Array(b @ self.r),
-                                                  "q.lora_A.weight": Array(np.linalg.inv(self.r) @ a)}),
-                           "metrics": MetricRecord({"num-examples": 10})})
+        return RecordDict(
+            {
+                "arrays": ArrayRecord(
+                    {
+                        **{k: Array(v) for k, v in w.items()},
+                        "q.lora_B.weight": Array(b @ self.r),
+                        "q.lora_A.weight": Array(np.linalg.inv(self.r) @ a),
+                    }
+                ),
+                "metrics": MetricRecord({"num-examples": 10}),
+            }
+        )
 
 
 def test_the_round_metrics_carry_the_adapters_distances():
@@ -128,7 +171,11 @@ def test_the_round_metrics_carry_the_adapters_distances():
     grid = InProcessGrid({1: Refactoring(np.diag([2.0, 0.5])), 2: Refactoring(np.eye(2))})
     start = _lora(rng.normal(size=(4, 2)), rng.normal(size=(2, 3)))
     strategy = ClientSpread(FedAvg(min_available_nodes=2, min_train_nodes=2, fraction_evaluate=0.0))
-    result = strategy.start(grid, ArrayRecord({k: Array(v) for k, v in start.items()}), num_rounds=1,
-                            train_config=ConfigRecord({}))
+    result = strategy.start(
+        grid,
+        ArrayRecord({k: Array(v) for k, v in start.items()}),
+        num_rounds=1,
+        train_config=ConfigRecord({}),
+    )
     m = result.train_metrics_clientapp[1]
     assert m["update-norm"] > 0.1 and m["delta-update-norm"] == pytest.approx(0.0, abs=1e-9)

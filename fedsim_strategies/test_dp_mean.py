@@ -81,32 +81,50 @@ def test_the_sampled_fedtp_run_claims_no_amplification_while_its_counts_are_publ
     15.46 by PLD, what DPMean now reports."""
     gaussian, poisson = dp_accounting.GaussianDpEvent, dp_accounting.PoissonSampledDpEvent
     four = lambda event: dp_accounting.SelfComposedDpEvent(event, 4)  # noqa: E731
-    assert _library(four(poisson(0.5, gaussian(1.0))), rdp.RdpAccountant()) == pytest.approx(7.41, abs=0.005)
+    assert _library(four(poisson(0.5, gaussian(1.0))), rdp.RdpAccountant()) == pytest.approx(
+        7.41, abs=0.005
+    )
     assert _library(four(gaussian(1.0)), rdp.RdpAccountant()) == pytest.approx(10.73, abs=0.005)
     issue = _library(four(poisson(0.5, gaussian(1 / math.sqrt(2)))), pld.PLDAccountant())
     assert issue == pytest.approx(11.20, abs=0.01)
 
     from flwr.app import Array, ArrayRecord, ConfigRecord
+
     s = DPMean(noise_multiplier=1.0, fraction_train=0.5, noise=NoiseSource(57))
     for server_round in range(1, 5):
-        sampled = list(s.configure_train(server_round, ArrayRecord({"vectors": Array(np.full(4, 0.25))}),
-                                         ConfigRecord(), NodeIds(10)))
+        sampled = list(
+            s.configure_train(
+                server_round,
+                ArrayRecord({"vectors": Array(np.full(4, 0.25))}),
+                ConfigRecord(),
+                NodeIds(10),
+            )
+        )
         _, metrics = s.aggregate_train(server_round, [_reply([[0.25] * 4]) for _ in sampled])
         assert metrics["clients"] == len(sampled)  # the realized count, published
-    assert (metrics["epsilon-rdp"], metrics["epsilon-pld"]) == pytest.approx((16.51, 15.46), abs=0.01)
+    assert (metrics["epsilon-rdp"], metrics["epsilon-pld"]) == pytest.approx(
+        (16.51, 15.46), abs=0.01
+    )
     assert metrics["epsilon"] == metrics["epsilon-pld"]
 
 
 def test_the_sensitivity_is_that_of_the_rows_released():
-    assert DPMean(simplex=True).sensitivity == NON_NEGATIVE and DPMean(simplex=False).sensitivity == REPLACE_ONE
+    assert (
+        DPMean(simplex=True).sensitivity == NON_NEGATIVE
+        and DPMean(simplex=False).sensitivity == REPLACE_ONE
+    )
     simplex = DPMean(noise_multiplier=2.0, simplex=True)
-    assert simplex.epsilon() == release_epsilon(2.0, 1e-5, 0, NON_NEGATIVE)  # nothing released yet: 0
+    assert simplex.epsilon() == release_epsilon(
+        2.0, 1e-5, 0, NON_NEGATIVE
+    )  # nothing released yet: 0
     simplex.rounds = 3
     assert simplex.epsilon(4.0) == release_epsilon(4.0, 1e-5, 3, NON_NEGATIVE)
 
 
-@pytest.mark.parametrize("kwargs", [{"clip_norm": 0}, {"noise_multiplier": -1},
-                                    {"fraction_train": 0}, {"fraction_train": 1.5}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"clip_norm": 0}, {"noise_multiplier": -1}, {"fraction_train": 0}, {"fraction_train": 1.5}],
+)
 def test_strategy_rejects_bad_settings(kwargs):
     with pytest.raises(ValueError):
         DPMean(**kwargs)
@@ -114,20 +132,31 @@ def test_strategy_rejects_bad_settings(kwargs):
 
 def _reply(rows):
     from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
-    return Message(RecordDict({"arrays": ArrayRecord({"vectors": Array(np.asarray(rows, float))}),
-                               "metrics": MetricRecord({"num-examples": len(rows)})}),
-                   dst_node_id=1, message_type=MessageType.TRAIN)
+
+    return Message(
+        RecordDict(
+            {
+                "arrays": ArrayRecord({"vectors": Array(np.asarray(rows, float))}),
+                "metrics": MetricRecord({"num-examples": len(rows)}),
+            }
+        ),
+        dst_node_id=1,
+        message_type=MessageType.TRAIN,
+    )
 
 
 def test_strategy_samples_releases_and_composes_epsilon_over_rounds():
     from flwr.app import ArrayRecord, ConfigRecord
+
     source = NoiseSource.fresh()
     s = DPMean(noise_multiplier=1.0, fraction_train=0.1, noise=source)
     first = list(s.configure_train(1, ArrayRecord(), ConfigRecord({"k": 1}), NodeIds(100)))
     assert 0 < len(first) < 30 and first[0].content["config"]["server-round"] == 1
     again = DPMean(noise_multiplier=1.0, fraction_train=0.1, noise=source)
-    assert [m.metadata.dst_node_id for m in again.configure_train(1, ArrayRecord(), ConfigRecord(), NodeIds(100))] \
-        == [m.metadata.dst_node_id for m in first]  # the same source (a resumed run): the same sample
+    assert [
+        m.metadata.dst_node_id
+        for m in again.configure_train(1, ArrayRecord(), ConfigRecord(), NodeIds(100))
+    ] == [m.metadata.dst_node_id for m in first]  # the same source (a resumed run): the same sample
     arrays, metrics = s.aggregate_train(1, [_reply([[3.0, 4.0]]), _reply([[0.0, 1.0], [1.0, 0.0]])])
     assert metrics["clients"] == 3
     assert metrics["epsilon-rdp"] == release_epsilon(1.0, 1e-5, 1, NON_NEGATIVE).rdp
@@ -141,8 +170,12 @@ def test_sampling_is_poisson_at_the_accounted_rate():
     """The accountant amplifies by Poisson sampling at rate k / N: the sample size must vary
     (a fixed-size sample is another mechanism), around k, and no sample repeats the seed's."""
     from flwr.app import ArrayRecord, ConfigRecord
+
     s = DPMean(noise_multiplier=1.0, fraction_train=0.1, noise=NoiseSource(2024))  # deterministic
-    sizes = [len(list(s.configure_train(r, ArrayRecord(), ConfigRecord(), NodeIds(100)))) for r in range(1, 201)]
+    sizes = [
+        len(list(s.configure_train(r, ArrayRecord(), ConfigRecord(), NodeIds(100))))
+        for r in range(1, 201)
+    ]
     assert len(set(sizes)) > 3 and np.mean(sizes) == pytest.approx(10, rel=0.15)
     assert s.epsilon() == release_epsilon(1.0, 1e-5, 200, NON_NEGATIVE)
 
@@ -151,6 +184,7 @@ def test_a_sampled_round_costs_what_a_full_round_does():
     """No amplification: the realized count is published, so a round at rate 0.1 is accounted
     as one at rate 1."""
     from flwr.app import ArrayRecord, ConfigRecord
+
     sampled, full = DPMean(fraction_train=0.1), DPMean(fraction_train=1.0)
     for strategy in (sampled, full):
         strategy.configure_train(1, ArrayRecord(), ConfigRecord(), NodeIds(100))
@@ -160,6 +194,7 @@ def test_a_sampled_round_costs_what_a_full_round_does():
 def test_a_sampled_round_divides_by_the_expected_count():
     """Under Poisson sampling the realized count is secret: the divisor is the expected k."""
     from flwr.app import Array, ArrayRecord, ConfigRecord
+
     s = DPMean(noise_multiplier=0.0, fraction_train=0.1, simplex=False)
     s.configure_train(1, ArrayRecord({"vectors": Array(np.zeros(2))}), ConfigRecord(), NodeIds(100))
     arrays, _ = s.aggregate_train(1, [_reply([[0.6, 0.8]]), _reply([[0.0, 1.0]])])
@@ -184,4 +219,6 @@ def test_noiseless_release_is_the_clipped_mean():
     s = DPMean(noise_multiplier=0.0, simplex=False)
     arrays, metrics = s.aggregate_train(1, [_reply([[3.0, 4.0]]), _reply([[0.0, 1.0]])])
     np.testing.assert_allclose(arrays["vectors"].numpy(), [0.3, 0.9])
-    assert metrics["epsilon"] == metrics["epsilon-rdp"] == metrics["epsilon-pld"] == -1.0  # no privacy at sigma = 0
+    assert (
+        metrics["epsilon"] == metrics["epsilon-rdp"] == metrics["epsilon-pld"] == -1.0
+    )  # no privacy at sigma = 0

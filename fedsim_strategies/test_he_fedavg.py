@@ -29,10 +29,24 @@ class VectorClient:
     'training' yields a fixed vector (``step``: the weights the layer gave it plus the vector).
     ``fail_on_chunk`` / ``fail_install``: the chunk whose HE operation crashes the node."""
 
-    def __init__(self, key_dir, state_dir, partition_id, vector, examples, fail_on_chunk=None, fail_install=None,
-                 step=False):
+    def __init__(
+        self,
+        key_dir,
+        state_dir,
+        partition_id,
+        vector,
+        examples,
+        fail_on_chunk=None,
+        fail_install=None,
+        step=False,
+    ):
         self.node = {"he-key-dir": str(key_dir), "state-dir": str(state_dir)}
-        self.partition_id, self.vector, self.examples, self.step = partition_id, vector, examples, step
+        self.partition_id, self.vector, self.examples, self.step = (
+            partition_id,
+            vector,
+            examples,
+            step,
+        )
         self.fail = {keys.ENCRYPT: fail_on_chunk, keys.INSTALL: fail_install}
         self.layer, self.run = HELayer(self, PARAMS), None
 
@@ -50,22 +64,39 @@ class VectorClient:
     def handle(self, msg):
         """The task's work under the layer: plaintext weights in, plaintext weights out."""
         start = from_record(msg.content[ARRAYS])["w"] if self.step else 0.0
-        return RecordDict({ARRAYS: to_record({"w": start + self.vector}),
-                           METRICS: MetricRecord({NUM_EXAMPLES: self.examples, "loss": float(self.examples)})})
+        return RecordDict(
+            {
+                ARRAYS: to_record({"w": start + self.vector}),
+                METRICS: MetricRecord({NUM_EXAMPLES: self.examples, "loss": float(self.examples)}),
+            }
+        )
 
     @property
     def he(self) -> HEClient:
         """This node's CKKS state where the layer keeps it: its key, its copies of the aggregate."""
-        return HEClient(PARAMS, self.node["he-key-dir"],
-                        client_state.client_dir(self.node["state-dir"], self.run, self.partition_id))
+        return HEClient(
+            PARAMS,
+            self.node["he-key-dir"],
+            client_state.client_dir(self.node["state-dir"], self.run, self.partition_id),
+        )
 
 
 def _federation(tmp_path, sizes, dim, fail=None, fail_install=None, step=False):
     rng = np.random.default_rng(0)
     vectors = [rng.normal(size=dim) for _ in sizes]
-    clients = {i + 1: VectorClient(tmp_path / "keys", tmp_path / "state", i, v, n, (fail or {}).get(i),
-                                   (fail_install or {}).get(i), step)
-               for i, (v, n) in enumerate(zip(vectors, sizes))}
+    clients = {
+        i + 1: VectorClient(
+            tmp_path / "keys",
+            tmp_path / "state",
+            i,
+            v,
+            n,
+            (fail or {}).get(i),
+            (fail_install or {}).get(i),
+            step,
+        )
+        for i, (v, n) in enumerate(zip(vectors, sizes))
+    }
     return vectors, clients
 
 
@@ -105,11 +136,19 @@ def test_server_holds_no_secret_key_and_no_plaintext(tmp_path):
             for value in record.values():
                 if isinstance(value, bytes):
                     assert not he.server_context(value, PARAMS).is_private()
-    with pytest.raises(ValueError, match="public context of .* bytes"):  # the key and relinearization keys
+    with pytest.raises(
+        ValueError, match="public context of .* bytes"
+    ):  # the key and relinearization keys
         he.server_context(next(iter(secrets)), PARAMS)
-    with pytest.raises(ValueError, match="secret"):  # the secret key alone: within a public context's size
-        he.server_context(clients[1].he.ctx.serialize(save_secret_key=True, save_public_key=False,
-                                                      save_relin_keys=False), PARAMS)
+    with pytest.raises(
+        ValueError, match="secret"
+    ):  # the secret key alone: within a public context's size
+        he.server_context(
+            clients[1].he.ctx.serialize(
+                save_secret_key=True, save_public_key=False, save_relin_keys=False
+            ),
+            PARAMS,
+        )
     with pytest.raises(ValueError, match="secret_key"):
         he.decrypt(strategy.context, he.encrypt(clients[1].he.ctx, vectors[0][:10], PARAMS.slots))
 
@@ -118,8 +157,7 @@ def test_client_failing_in_a_chunk_is_left_out_of_that_chunk_only(tmp_path):
     sizes, dim = [10, 30, 60], 9000
     vectors, clients = _federation(tmp_path, sizes, dim, fail={2: 1})  # third client, chunk 1
     strategy = HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096)
-    strategy.start(InProcessGrid(clients), ArrayRecord(), num_rounds=1,
-                   train_config=ConfigRecord())
+    strategy.start(InProcessGrid(clients), ArrayRecord(), num_rounds=1, train_config=ConfigRecord())
     full = sum(n * v for n, v in zip(sizes, vectors)) / sum(sizes)
     partial = (10 * vectors[0] + 30 * vectors[1]) / 40
     got = clients[1].he.global_weights(1)
@@ -134,22 +172,25 @@ def test_a_missed_install_leaves_no_usable_global_copy(tmp_path):
     _, clients = _federation(tmp_path, [10, 30], 9000, fail_install={1: 1})
     messenger = Messenger(InProcessGrid(clients), timeout=5)
     strategy = HEFedAvg(FedAvg(min_available_nodes=2, min_train_nodes=2), chunk_floats=4096)
-    strategy.start(messenger.grid("he"), ArrayRecord(), num_rounds=2,
-                   train_config=ConfigRecord())
+    strategy.start(messenger.grid("he"), ArrayRecord(), num_rounds=2, train_config=ConfigRecord())
     assert clients[1].he.global_weights(2).shape == (9000,)
     for rnd in (1, 2):
         with pytest.raises(IncompleteGlobal, match=f"round {rnd}"):
             clients[2].he.global_weights(rnd)
     # the node could not train in round 2 (no round-1 copy): counted, not silently averaged
     assert messenger.faults["he/he-install"][1]["failed"] == 1
-    assert (messenger.faults["he/train"][2]["accepted"], messenger.faults["he/train"][2]["failed"]) == (1, 1)
+    assert (
+        messenger.faults["he/train"][2]["accepted"],
+        messenger.faults["he/train"][2]["failed"],
+    ) == (1, 1)
 
 
 def test_every_he_phase_is_counted(tmp_path):
     _, clients = _federation(tmp_path, [10, 30, 60], 9000, fail={2: 1})
     messenger = Messenger(InProcessGrid(clients), timeout=5)
     HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096).start(
-        messenger.grid("he"), ArrayRecord(), num_rounds=1, train_config=ConfigRecord())
+        messenger.grid("he"), ArrayRecord(), num_rounds=1, train_config=ConfigRecord()
+    )
     assert set(messenger.faults) == {"he/train", "he/he-encrypt", "he/he-install"}
     counts = messenger.faults["he/he-encrypt"][1]  # 3 chunks x 3 nodes, one crash
     assert (counts["sent"], counts["failed"], counts["accepted"]) == (9, 1, 8)
@@ -161,7 +202,8 @@ def test_malformed_he_train_reply_is_rejected_and_counted(tmp_path):
     clients[2].examples = float("nan")
     messenger = Messenger(InProcessGrid(clients), timeout=5)
     HEFedAvg(FedAvg(min_available_nodes=2, min_train_nodes=2), chunk_floats=4096).start(
-        messenger.grid("he"), ArrayRecord(), num_rounds=1, train_config=ConfigRecord())
+        messenger.grid("he"), ArrayRecord(), num_rounds=1, train_config=ConfigRecord()
+    )
     assert messenger.faults["he/train"][1]["malformed"] == 1
     assert messenger.faults["he/he-encrypt"][1]["sent"] == 2  # one chunk x the accepted node
 
@@ -183,9 +225,13 @@ def test_one_trip_rounds_equal_fedavg_in_one_exchange_each(tmp_path):
         np.testing.assert_allclose(client.he.global_weights(3), 3 * step, atol=1e-4)
     # one exchange per round, the aggregate riding with the next round; one install at the end
     assert set(messenger.faults) == {"he/train", "he/he-install"}
-    assert sorted(messenger.faults["he/train"]) == [1, 2, 3] and list(messenger.faults["he/he-install"]) == [3]
+    assert sorted(messenger.faults["he/train"]) == [1, 2, 3] and list(
+        messenger.faults["he/he-install"]
+    ) == [3]
     down = [messenger.traffic["he/train"][r]["bytes_down"] for r in (1, 2, 3)]
-    assert down[0] == 0 and down[1] > dim * 8 and down[2] == pytest.approx(down[1], rel=0.01)  # ciphertexts only
+    assert (
+        down[0] == 0 and down[1] > dim * 8 and down[2] == pytest.approx(down[1], rel=0.01)
+    )  # ciphertexts only
     assert all(strategy.rounds[r]["one-trip"] == 1 for r in (1, 2, 3))
     assert strategy.context is not None and not strategy.context.is_private()  # no secret key here
 
@@ -194,11 +240,14 @@ def test_an_update_too_large_for_one_message_takes_the_chunk_path(tmp_path):
     _, clients = _federation(tmp_path, [10, 10], 9000, step=True)
     messenger = Messenger(InProcessGrid(clients), timeout=5)
     HEFedAvg(FedAvg(min_available_nodes=2, min_train_nodes=2), chunk_floats=4096).start(
-        messenger.grid("he"), ArrayRecord(), num_rounds=2, train_config=ConfigRecord())
+        messenger.grid("he"), ArrayRecord(), num_rounds=2, train_config=ConfigRecord()
+    )
     assert set(messenger.faults) == {"he/train", "he/he-encrypt", "he/he-install"}
 
 
-@pytest.mark.parametrize("seed", range(8))  # the odd client sent first (seeds 5, 6), last, in between
+@pytest.mark.parametrize(
+    "seed", range(8)
+)  # the odd client sent first (seeds 5, 6), last, in between
 def test_clients_disagreeing_on_the_model_size_are_counted_not_fatal(tmp_path, seed):
     """A reply for a model of another size is malformed: the round goes on with the others; the
     size is the majority's, whichever reply came first (before, the first in send order fixed it:
@@ -209,7 +258,8 @@ def test_clients_disagreeing_on_the_model_size_are_counted_not_fatal(tmp_path, s
     messenger = Messenger(InProcessGrid(clients), timeout=5)
     seed_server(seed)
     HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096).start(
-        messenger.grid("he"), ArrayRecord(), num_rounds=1, train_config=ConfigRecord())
+        messenger.grid("he"), ArrayRecord(), num_rounds=1, train_config=ConfigRecord()
+    )
     assert messenger.faults["he/train"][1]["malformed"] == 1
     expected = (10 * vectors[0] + 30 * vectors[1]) / 40
     np.testing.assert_allclose(clients[1].he.global_weights(1), expected, atol=1e-5)
@@ -223,12 +273,21 @@ def test_a_node_under_another_key_refuses_the_aggregate(tmp_path, one_trip):
     model. The run's key is the one most replies share."""
     rng, dim = np.random.default_rng(0), 3000  # one chunk
     vectors = [rng.normal(size=dim) for _ in range(3)]
-    clients = {i + 1: VectorClient(tmp_path / ("other-keys" if i == 2 else "keys"), tmp_path / "state", i,
-                                   vectors[i], 10, step=one_trip) for i in range(3)}
+    clients = {
+        i + 1: VectorClient(
+            tmp_path / ("other-keys" if i == 2 else "keys"),
+            tmp_path / "state",
+            i,
+            vectors[i],
+            10,
+            step=one_trip,
+        )
+        for i in range(3)
+    }
     messenger = Messenger(InProcessGrid(clients), timeout=5)
-    HEFedAvg(FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096,
-             one_trip=one_trip).start(
-        messenger.grid("he"), ArrayRecord(), num_rounds=2, train_config=ConfigRecord())
+    HEFedAvg(
+        FedAvg(min_available_nodes=3, min_train_nodes=3), chunk_floats=4096, one_trip=one_trip
+    ).start(messenger.grid("he"), ArrayRecord(), num_rounds=2, train_config=ConfigRecord())
     holders = set()
     for node, client in clients.items():
         try:
@@ -240,5 +299,8 @@ def test_a_node_under_another_key_refuses_the_aggregate(tmp_path, one_trip):
     assert holders == {1, 2}  # the majority's key: its nodes hold the model, the other refused it
     assert messenger.faults["he/he-install"][2]["failed"] == 3 - len(holders)
     if not one_trip:  # the aggregate of the replies under the run's key, not garbage
-        np.testing.assert_allclose(clients[min(holders)].he.global_weights(2),
-                                   np.mean([vectors[n - 1] for n in holders], axis=0), atol=1e-4)
+        np.testing.assert_allclose(
+            clients[min(holders)].he.global_weights(2),
+            np.mean([vectors[n - 1] for n in holders], axis=0),
+            atol=1e-4,
+        )

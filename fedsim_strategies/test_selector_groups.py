@@ -47,14 +47,16 @@ def test_best_selector_kept_when_capacity_allows():
 
 def test_cheapest_clients_move_and_never_into_a_closed_cluster():
     # M=6, U=3: shares 2 each. Clients 0-3 prefer selector 0, clients 4-5 selector 1.
-    losses = np.array([
-        [0.1, 0.2, 0.9],   # regret to 1: 0.1
-        [0.1, 0.8, 0.4],   # regret to 2: 0.3
-        [0.1, 0.15, 0.9],  # regret to 1: 0.05
-        [0.1, 0.9, 0.9],   # regret to 1: 0.8
-        [0.5, 0.1, 0.2],   # after cluster 0 closes, regret to 2: 0.1
-        [0.5, 0.1, 0.9],   # regret to 2: 0.8
-    ])
+    losses = np.array(
+        [
+            [0.1, 0.2, 0.9],  # regret to 1: 0.1
+            [0.1, 0.8, 0.4],  # regret to 2: 0.3
+            [0.1, 0.15, 0.9],  # regret to 1: 0.05
+            [0.1, 0.9, 0.9],  # regret to 1: 0.8
+            [0.5, 0.1, 0.2],  # after cluster 0 closes, regret to 2: 0.1
+            [0.5, 0.1, 0.9],  # regret to 2: 0.8
+        ]
+    )
     # Cluster 0 (4) keeps clients 1, 3; clients 2 and 0 move to 1, which then holds 0, 2, 4, 5
     # and sends its two cheapest, 4 (0.1) and 0 (0.9 - 0.2 = 0.7 < 0.75), on to 2, not back to 0.
     np.testing.assert_array_equal(balanced_assignment(losses), [2, 0, 1, 0, 2, 1])
@@ -73,8 +75,16 @@ def test_ties_go_to_lowest_index():
 
 
 def test_non_reporters_keep_their_previous_selector():
-    losses = np.array([[NAN] * 3, [0.1, NAN, 0.3], [0.1, 0.5, 0.9], [0.9, 0.1, 0.5],
-                       [0.2, 0.9, 0.1], [0.5, 0.5, 0.1]])
+    losses = np.array(
+        [
+            [NAN] * 3,
+            [0.1, NAN, 0.3],
+            [0.1, 0.5, 0.9],
+            [0.9, 0.1, 0.5],
+            [0.2, 0.9, 0.1],
+            [0.5, 0.5, 0.1],
+        ]
+    )
     out = balanced_assignment(losses, np.array([2, 1, 0, 0, 0, 0]))
     np.testing.assert_array_equal(out, [2, 1, 0, 1, 0, 2])  # previous of reporters is ignored
 
@@ -129,16 +139,19 @@ def test_no_single_balanced_move_lowers_the_loss():
                     assert losses[i, v] >= losses[i, out[i]]
 
 
-@pytest.mark.parametrize(("losses", "previous"), [
-    (np.zeros(3), None),
-    (np.zeros((0, 3)), None),
-    (np.zeros((3, 0)), None),
-    (np.array([[0.1, np.inf]]), None),
-    (np.zeros((3, 2)), np.array([0, 1])),
-    (np.zeros((3, 2)), np.array([0, 1, 2])),
-    (np.zeros((3, 2)), np.array([0, -2, 1])),
-    (np.zeros((3, 2)), np.array([0.0, 1.0, 1.0])),
-])
+@pytest.mark.parametrize(
+    ("losses", "previous"),
+    [
+        (np.zeros(3), None),
+        (np.zeros((0, 3)), None),
+        (np.zeros((3, 0)), None),
+        (np.array([[0.1, np.inf]]), None),
+        (np.zeros((3, 2)), np.array([0, 1])),
+        (np.zeros((3, 2)), np.array([0, 1, 2])),
+        (np.zeros((3, 2)), np.array([0, -2, 1])),
+        (np.zeros((3, 2)), np.array([0.0, 1.0, 1.0])),
+    ],
+)
 def test_assignment_rejects_bad_input(losses, previous):
     with pytest.raises(ValueError):
         balanced_assignment(losses, previous)
@@ -146,8 +159,10 @@ def test_assignment_rejects_bad_input(losses, previous):
 
 def test_mix_selector_is_eq6():
     current = {"w": np.array([1.0, 2.0], np.float32), "b": np.array([[0.5]], np.float32)}
-    updates = [({"w": np.array([3.0, 0.0]), "b": np.array([[1.5]])}, 0.2),
-               ({"w": np.array([-1.0, 4.0]), "b": np.array([[0.5]])}, 0.3)]
+    updates = [
+        ({"w": np.array([3.0, 0.0]), "b": np.array([[1.5]])}, 0.2),
+        ({"w": np.array([-1.0, 4.0]), "b": np.array([[0.5]])}, 0.3),
+    ]
     out = mix_selector(current, updates)
     # w: 0.5 * [1, 2] + 0.2 * [3, 0] + 0.3 * [-1, 4] = [0.8, 2.2]; b: 0.25 + 0.3 + 0.15 = 0.7
     np.testing.assert_allclose(out["w"], [0.8, 2.2], rtol=1e-6)
@@ -157,12 +172,15 @@ def test_mix_selector_is_eq6():
     np.testing.assert_array_equal(mix_selector(current, [])["w"], current["w"])
 
 
-@pytest.mark.parametrize("updates", [
-    [({"w": np.ones(2)}, 0.6), ({"w": np.ones(2)}, 0.5)],
-    [({"w": np.ones(2)}, -0.1)],
-    [({"v": np.ones(2)}, 0.1)],
-    [({"w": np.ones(3)}, 0.1)],
-])
+@pytest.mark.parametrize(
+    "updates",
+    [
+        [({"w": np.ones(2)}, 0.6), ({"w": np.ones(2)}, 0.5)],
+        [({"w": np.ones(2)}, -0.1)],
+        [({"v": np.ones(2)}, 0.1)],
+        [({"w": np.ones(3)}, 0.1)],
+    ],
+)
 def test_mix_selector_rejects_bad_updates(updates):
     with pytest.raises(ValueError):
         mix_selector({"w": np.zeros(2, np.float32)}, updates)
@@ -174,7 +192,9 @@ def test_majority_vote():
     np.testing.assert_array_equal(majority_vote(np.array([[0, 1]])), [0, 1])
 
 
-@pytest.mark.parametrize("votes", [np.zeros((2, 3), int), np.zeros((0, 3), int), np.array([[0, 2, 1]]), np.zeros(3)])
+@pytest.mark.parametrize(
+    "votes", [np.zeros((2, 3), int), np.zeros((0, 3), int), np.array([[0, 2, 1]]), np.zeros(3)]
+)
 def test_majority_vote_rejects_bad_votes(votes):
     with pytest.raises(ValueError):
         majority_vote(votes)
@@ -182,36 +202,57 @@ def test_majority_vote_rejects_bad_votes(votes):
 
 # --- SelectorGroups through Flower messages (in-process grid, real wire format) -------------
 
+
 def _client(target: float, crash_on_report: bool = False):
     """A client whose training returns its target and whose loss on selector u is the squared
     distance of the selector's value to the target."""
+
     def handle(msg):
         if msg.metadata.message_type == "train":
-            return RecordDict({"arrays": to_record({"w": np.array([target], np.float32)}),
-                               "metrics": MetricRecord({"num-examples": 1})})
+            return RecordDict(
+                {
+                    "arrays": to_record({"w": np.array([target], np.float32)}),
+                    "metrics": MetricRecord({"num-examples": 1}),
+                }
+            )
         if crash_on_report:
             raise RuntimeError("client crashed while reporting losses")
-        losses = {f"loss-{name.split('-')[1]}": float((from_record(r)["w"][0] - target) ** 2)
-                  for name, r in msg.content.array_records.items()}
+        losses = {
+            f"loss-{name.split('-')[1]}": float((from_record(r)["w"][0] - target) ** 2)
+            for name, r in msg.content.array_records.items()
+        }
         return RecordDict({"metrics": MetricRecord({**losses, "num-examples": 1})})
+
     return handle
 
 
 def _groups_strategy():
-    return SelectorGroups(3, warmup_rounds=1, regroup_every=1, regroup_quorum=0.5, fraction_train=1.0,
-                          fraction_evaluate=0.0, min_train_nodes=1, min_available_nodes=1)
+    return SelectorGroups(
+        3,
+        warmup_rounds=1,
+        regroup_every=1,
+        regroup_quorum=0.5,
+        fraction_train=1.0,
+        fraction_evaluate=0.0,
+        min_train_nodes=1,
+        min_available_nodes=1,
+    )
 
 
 def test_regroup_then_eq6_through_messages():
-    grid = Messenger(InProcessGrid({1: _client(0.0), 2: _client(0.5), 3: _client(10.0), 4: _client(19.0)}),
-                     timeout=5).grid("t")
+    grid = Messenger(
+        InProcessGrid({1: _client(0.0), 2: _client(0.5), 3: _client(10.0), 4: _client(19.0)}),
+        timeout=5,
+    ).grid("t")
     strategy = _groups_strategy()
     result = GroupsResult([to_record({"w": np.array([v], np.float32)}) for v in (0.0, 10.0, 20.0)])
     group = strategy._regroup(4, result.selectors, ConfigRecord(), grid)
     assert group["groups"] == {1: 0, 2: 0, 3: 1, 4: 2} and group["sizes"] == [2, 1, 1]
     strategy._group_round(4, result, ConfigRecord(), grid)
     # eq. 6 with p_m = 1/4 (one example each of four): (1 - sum p) phi + sum p phi_m
-    assert [float(from_record(s)["w"][0]) for s in result.selectors] == pytest.approx([0.125, 10.0, 19.75])
+    assert [float(from_record(s)["w"][0]) for s in result.selectors] == pytest.approx(
+        [0.125, 10.0, 19.75]
+    )
 
 
 def test_regroup_rows_follow_the_partitions_not_the_node_ids():
@@ -224,7 +265,9 @@ def test_regroup_rows_follow_the_partitions_not_the_node_ids():
     messenger.partitions = {9: 0, 3: 1, 7: 2, 1: 3}  # as whoami told them
     selectors = [to_record({"w": np.array([0.0], np.float32)}) for _ in range(3)]
     group = _groups_strategy()._regroup(4, selectors, ConfigRecord(), messenger.grid("t"))
-    assert group["groups"] == dict(zip([9, 3, 7, 1], balanced_assignment(np.zeros((4, 3))).tolist()))
+    assert group["groups"] == dict(
+        zip([9, 3, 7, 1], balanced_assignment(np.zeros((4, 3))).tolist())
+    )
 
 
 def test_a_crashed_report_keeps_the_clients_group_and_is_counted():
@@ -233,7 +276,9 @@ def test_a_crashed_report_keeps_the_clients_group_and_is_counted():
     strategy = _groups_strategy()
     selectors = [to_record({"w": np.array([v], np.float32)}) for v in (0.0, 10.0, 20.0)]
     strategy._regroup(4, selectors, ConfigRecord(), messenger.grid("t"))
-    handlers[4] = _client(0.0, crash_on_report=True)  # would now prefer selector 0, but cannot say so
+    handlers[4] = _client(
+        0.0, crash_on_report=True
+    )  # would now prefer selector 0, but cannot say so
     group = strategy._regroup(5, selectors, ConfigRecord(), messenger.grid("t"))
     assert group["groups"][4] == 2 and group["kept"] == 1 and group["reported"] == 3
     assert messenger.faults["t/regroup"][5]["failed"] == 1
@@ -243,36 +288,72 @@ def _weighted_client(target: float, examples: int):
     def handle(msg):
         metrics = {"num-examples": examples, "unit-weight": 1.0}
         if msg.metadata.message_type == "train":
-            return RecordDict({"arrays": to_record({"w": np.array([target], np.float32)}),
-                               "metrics": MetricRecord(metrics)})
-        losses = {f"loss-{name.split('-')[1]}": float((from_record(r)["w"][0] - target) ** 2)
-                  for name, r in msg.content.array_records.items()}
+            return RecordDict(
+                {
+                    "arrays": to_record({"w": np.array([target], np.float32)}),
+                    "metrics": MetricRecord(metrics),
+                }
+            )
+        losses = {
+            f"loss-{name.split('-')[1]}": float((from_record(r)["w"][0] - target) ** 2)
+            for name, r in msg.content.array_records.items()
+        }
         return RecordDict({"metrics": MetricRecord({**losses, **metrics})})
+
     return handle
 
 
-@pytest.mark.parametrize("key, expected", [("num-examples", 0.75 * 4.0), ("unit-weight", 0.5 * 4.0)])
+@pytest.mark.parametrize(
+    "key, expected", [("num-examples", 0.75 * 4.0), ("unit-weight", 0.5 * 4.0)]
+)
 def test_p_m_follows_the_weighting_key_data_share_or_uniform(key, expected):
     # node 1 holds 3 of 4 examples: data-share p_m = 3/4 for it, uniform p_m = 1/2
-    grid = Messenger(InProcessGrid({1: _weighted_client(4.0, 3), 2: _weighted_client(0.0, 1)}), timeout=5).grid("t")
-    strategy = SelectorGroups(1, warmup_rounds=1, regroup_every=1, fraction_train=1.0, fraction_evaluate=0.0,
-                              min_train_nodes=1, min_available_nodes=1, weighted_by_key=key)
-    result = strategy.start(grid, to_record({"w": np.array([0.0], np.float32)}), num_rounds=2, timeout=5)
-    assert float(from_record(result.warmup[0])["w"][0]) == pytest.approx(expected)  # FedAvg warm-up, same weights
-    assert float(from_record(result.selectors[0])["w"][0]) == pytest.approx(expected)  # eq. 6 after the regroup
+    grid = Messenger(
+        InProcessGrid({1: _weighted_client(4.0, 3), 2: _weighted_client(0.0, 1)}), timeout=5
+    ).grid("t")
+    strategy = SelectorGroups(
+        1,
+        warmup_rounds=1,
+        regroup_every=1,
+        fraction_train=1.0,
+        fraction_evaluate=0.0,
+        min_train_nodes=1,
+        min_available_nodes=1,
+        weighted_by_key=key,
+    )
+    result = strategy.start(
+        grid, to_record({"w": np.array([0.0], np.float32)}), num_rounds=2, timeout=5
+    )
+    assert float(from_record(result.warmup[0])["w"][0]) == pytest.approx(
+        expected
+    )  # FedAvg warm-up, same weights
+    assert float(from_record(result.selectors[0])["w"][0]) == pytest.approx(
+        expected
+    )  # eq. 6 after the regroup
 
 
 def test_fixed_groups_skip_warmup_and_regroups_and_train_only_their_group():
     handlers = {n: _weighted_client(t, 1) for n, t in ((1, 1.0), (2, 2.0), (3, 3.0))}
     messenger = Messenger(InProcessGrid(handlers), timeout=5)
-    strategy = SelectorGroups(3, 0, 0, fixed_groups={1: 0, 2: 1, 3: 2}, fixed_weights={1: 1.0, 2: 1.0, 3: 1.0},
-                              fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=1, min_available_nodes=1)
-    result = strategy.start(messenger.grid("t"), to_record({"w": np.array([0.0], np.float32)}), num_rounds=2,
-                            timeout=5)
+    strategy = SelectorGroups(
+        3,
+        0,
+        0,
+        fixed_groups={1: 0, 2: 1, 3: 2},
+        fixed_weights={1: 1.0, 2: 1.0, 3: 1.0},
+        fraction_train=1.0,
+        fraction_evaluate=0.0,
+        min_train_nodes=1,
+        min_available_nodes=1,
+    )
+    result = strategy.start(
+        messenger.grid("t"), to_record({"w": np.array([0.0], np.float32)}), num_rounds=2, timeout=5
+    )
     assert result.groups == [] and result.warmup == [] and "t/regroup" not in messenger.faults
     # two rounds of eq. 6 with p_m = 1/3 toward each client's own target
     assert [float(from_record(s)["w"][0]) for s in result.selectors] == pytest.approx(
-        [t * (1 - (2 / 3) ** 2) for t in (1.0, 2.0, 3.0)])
+        [t * (1 - (2 / 3) ** 2) for t in (1.0, 2.0, 3.0)]
+    )
 
 
 def test_fixed_groups_need_weights_for_the_same_nodes():

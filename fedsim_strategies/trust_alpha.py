@@ -36,16 +36,26 @@ def plain_mean(weights: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """The unweighted mean of the clients' weights, key by key (float64 sums)."""
     if not weights:
         raise ValueError("no weights to average")
-    return {key: np.mean([np.asarray(w[key], dtype=np.float64) for w in weights], axis=0).astype(value.dtype)
-            for key, value in weights[0].items()}
+    return {
+        key: np.mean([np.asarray(w[key], dtype=np.float64) for w in weights], axis=0).astype(
+            value.dtype
+        )
+        for key, value in weights[0].items()
+    }
 
 
-MIXING_METRICS = Metrics(optional={ALPHA: Number(0.0, 1.0), **{k: Number() for k in RECORDED if k != ALPHA}})
+MIXING_METRICS = Metrics(
+    optional={ALPHA: Number(0.0, 1.0), **{k: Number() for k in RECORDED if k != ALPHA}}
+)
 
 
 def _mixing(content: RecordDict, node: int) -> str | None:
     records = list(content.metric_records.values())
-    return "expected one MetricRecord" if len(records) != 1 else MIXING_METRICS.problem(records[0], node)
+    return (
+        "expected one MetricRecord"
+        if len(records) != 1
+        else MIXING_METRICS.problem(records[0], node)
+    )
 
 
 class TrustAlpha(FedAvg):
@@ -56,8 +66,16 @@ class TrustAlpha(FedAvg):
     client measured them).
     """
 
-    def __init__(self, k0: float = 0.7, k_growth: float = 0.1, midpoint: float = 0.01, alpha_min: float = 0.1,
-                 alpha_max: float = 1.0, fixed_alpha: float | None = None, **fedavg):
+    def __init__(
+        self,
+        k0: float = 0.7,
+        k_growth: float = 0.1,
+        midpoint: float = 0.01,
+        alpha_min: float = 0.1,
+        alpha_max: float = 1.0,
+        fixed_alpha: float | None = None,
+        **fedavg,
+    ):
         super().__init__(**fedavg)
         if not 0.0 <= alpha_min <= alpha_max <= 1.0:
             raise ValueError(f"need 0 <= alpha_min <= alpha_max <= 1, got {alpha_min}, {alpha_max}")
@@ -77,34 +95,53 @@ class TrustAlpha(FedAvg):
     def mixing(self, server_round: int) -> dict:
         if self.fixed_alpha is not None:
             return {"fixed_alpha": self.fixed_alpha}
-        return {"k": k_at(server_round, self.k0, self.k_growth), "midpoint": self.midpoint,
-                "alpha_min": self.alpha_min, "alpha_max": self.alpha_max}
+        return {
+            "k": k_at(server_round, self.k0, self.k_growth),
+            "midpoint": self.midpoint,
+            "alpha_min": self.alpha_min,
+            "alpha_max": self.alpha_max,
+        }
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, *args, **kwargs):
         """Flower's round loop, every train reply checked against the model's keys, shapes and
         dtypes (``plain_mean`` cannot average arrays of different shapes) and its alpha and trust
         scores numbers (alpha in [0, 1]): a client's wrong reply is counted ``malformed`` and left
         out instead of stopping the run."""
-        view = phase_grid(grid, "trust-alpha").checked(MessageType.TRAIN, both(like_model(initial_arrays), _mixing))
+        view = phase_grid(grid, "trust-alpha").checked(
+            MessageType.TRAIN, both(like_model(initial_arrays), _mixing)
+        )
         return super().start(view, initial_arrays, *args, **kwargs)
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
-        config = ConfigRecord({**dict(config.items()), MIXING: json.dumps(self.mixing(server_round))})
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        config = ConfigRecord(
+            {**dict(config.items()), MIXING: json.dumps(self.mixing(server_round))}
+        )
         return super().configure_train(server_round, arrays, config, grid)
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         valid, _ = self._check_and_log_replies(replies, is_train=True)
         if not valid:
             return None, None
         rows = []
         for msg in valid:
             metrics = next(iter(msg.content.metric_records.values()))
-            rows.append({"node": msg.metadata.src_node_id,
-                         **{k: float(metrics[k]) for k in RECORDED if k in metrics}})
+            rows.append(
+                {
+                    "node": msg.metadata.src_node_id,
+                    **{k: float(metrics[k]) for k in RECORDED if k in metrics},
+                }
+            )
         self.alphas[server_round] = rows
-        arrays = to_record(plain_mean([from_record(m.content[self.arrayrecord_key]) for m in valid]))
-        summary = {f"{k}-mean": float(np.mean([r[k] for r in rows])) for k in (ALPHA, S_LOCAL, S_GLOBAL)
-                   if all(k in r for r in rows)}
+        arrays = to_record(
+            plain_mean([from_record(m.content[self.arrayrecord_key]) for m in valid])
+        )
+        summary = {
+            f"{k}-mean": float(np.mean([r[k] for r in rows]))
+            for k in (ALPHA, S_LOCAL, S_GLOBAL)
+            if all(k in r for r in rows)
+        }
         return arrays, MetricRecord(summary)

@@ -39,15 +39,28 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from fedsim import progress
 from fedsim.seeding import stream
-from fedsim_tasks.dp_sgd import DP_EPSILON, DP_EPSILON_PLD, DP_EPSILON_RDP, DPSGD, GradientCanaries, PrivateSteps
+from fedsim_tasks.dp_sgd import (
+    DP_EPSILON,
+    DP_EPSILON_PLD,
+    DP_EPSILON_RDP,
+    DPSGD,
+    GradientCanaries,
+    PrivateSteps,
+)
 from fedsim_tasks.hf import default_device, lora_config, resolve_model
 from fedsim_tasks.proximal import ProximalTerm
 
 BERT_HEAD = "cls.predictions.transform"
 SFT_RECORD = "fedsim_sft.json"  # how a saved base was made, beside its weights
-SFT_VERSION = 3  # part of a saved base's key: raised when sft_train gives other weights for the same inputs
+SFT_VERSION = (
+    3  # part of a saved base's key: raised when sft_train gives other weights for the same inputs
+)
 # of the seed they are given: the same on every client
-BASE_HEAD_INIT, POLICY_INIT, BASE_SFT = stream("base-head-init"), stream("policy-init"), stream("base-sft")
+BASE_HEAD_INIT, POLICY_INIT, BASE_SFT = (
+    stream("base-head-init"),
+    stream("policy-init"),
+    stream("base-sft"),
+)
 log = logging.getLogger("fedsim")
 
 
@@ -94,8 +107,13 @@ def prepare_base(model_name: str, save_dir: str | Path, seed: int) -> Path | str
     return save_dir
 
 
-def load_policy(path: str | Path, lora: dict | None = None, seed: int = 0, quantization: str | None = None,
-                device: str | None = None):
+def load_policy(
+    path: str | Path,
+    lora: dict | None = None,
+    seed: int = 0,
+    quantization: str | None = None,
+    device: str | None = None,
+):
     """The causal LM (a BERT base as a causal decoder) with optional LoRA adapters (keys r,
     alpha, dropout, target_modules: peft's per-architecture default when absent). On BERT the
     head transform trains too (``modules_to_save``): LoRA on attention cannot fix a random
@@ -113,17 +131,25 @@ def load_policy(path: str | Path, lora: dict | None = None, seed: int = 0, quant
         kwargs["quantization_config"] = _bnb_config(quantization)
     device = torch.device(default_device(device))
     if device.type == "cuda":
-        kwargs["device_map"] = {"": device.index if device.index is not None else torch.cuda.current_device()}
+        kwargs["device_map"] = {
+            "": device.index if device.index is not None else torch.cuda.current_device()
+        }
     elif quantization:  # else transformers puts a quantized model on the GPU wherever it sees one
         kwargs["device_map"] = {"": "cpu"}
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)  # no device_map: on the CPU
     if quantization:
         from peft import prepare_model_for_kbit_training
+
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     if lora:
         from peft import TaskType, get_peft_model
-        model = get_peft_model(model, lora_config(lora, task_type=TaskType.CAUSAL_LM,
-                                                  modules_to_save=[BERT_HEAD] if bert else None))
+
+        model = get_peft_model(
+            model,
+            lora_config(
+                lora, task_type=TaskType.CAUSAL_LM, modules_to_save=[BERT_HEAD] if bert else None
+            ),
+        )
     return model
 
 
@@ -144,9 +170,14 @@ def _cached_policy(path: str, lora_json: str, seed: int):
 
 def _bnb_config(quantization: str):
     from transformers import BitsAndBytesConfig
+
     if quantization == "4bit":
-        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                  bnb_4bit_compute_dtype=torch.float32)
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.float32,
+        )
     if quantization == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
     raise ValueError(f"quantization must be null, '4bit' or '8bit', got {quantization!r}")
@@ -166,7 +197,9 @@ def format_prompt(turns: list[tuple[str, str]], sep: str = "\n\n") -> str:
 
 def _check_causal(model) -> None:
     if _is_bert(model.config) and not model.config.is_decoder:
-        raise ValueError("BERT without is_decoder=True attends to later tokens: load it with load_policy")
+        raise ValueError(
+            "BERT without is_decoder=True attends to later tokens: load it with load_policy"
+        )
 
 
 def _encode(tokenizer, prompts: list[str], completions: list[str], max_length: int):
@@ -181,21 +214,23 @@ def _encode(tokenizer, prompts: list[str], completions: list[str], max_length: i
     c_ids = tokenizer(completions, add_special_tokens=False)["input_ids"]
     rows = []
     for p, c in zip(p_ids, c_ids):
-        c = (c if c and c[-1] == eos else c + [eos])[:max(max_length - len(bos) - 1, 1)]
+        c = (c if c and c[-1] == eos else c + [eos])[: max(max_length - len(bos) - 1, 1)]
         keep = max(max_length - len(bos) - len(c), 0)
-        rows.append((bos + p[max(len(p) - keep, 0):], c))
+        rows.append((bos + p[max(len(p) - keep, 0) :], c))
     width = max(len(p) + len(c) for p, c in rows)
     ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     attention = torch.zeros_like(ids)
     scored = torch.zeros_like(ids, dtype=torch.bool)
     for i, (p, c) in enumerate(rows):
-        ids[i, :len(p) + len(c)] = torch.tensor(p + c)
-        attention[i, :len(p) + len(c)] = 1
-        scored[i, len(p):len(p) + len(c)] = True
+        ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+        attention[i, : len(p) + len(c)] = 1
+        scored[i, len(p) : len(p) + len(c)] = True
     return ids, attention, scored
 
 
-def _completion_logprobs(model, tokenizer, prompts, completions, max_length, per_example: bool = False):
+def _completion_logprobs(
+    model, tokenizer, prompts, completions, max_length, per_example: bool = False
+):
     """Per-sequence sum of completion-token log-probs and the number of tokens summed. The LM
     head runs only at the positions that predict a completion token (``logits_to_keep``): for a
     small model over a 30k vocabulary it is half the compute, and the prompt needs none.
@@ -203,11 +238,17 @@ def _completion_logprobs(model, tokenizer, prompts, completions, max_length, per
     layer sees whole sequences (DP-SGD's per-example gradients need the batch dimension)."""
     _check_causal(model)
     device = next(model.parameters()).device
-    ids, attention, scored = (t.to(device) for t in _encode(tokenizer, prompts, completions, max_length))
+    ids, attention, scored = (
+        t.to(device) for t in _encode(tokenizer, prompts, completions, max_length)
+    )
     keep = torch.zeros_like(scored)
-    keep[:, :-1] = scored[:, 1:]  # position t predicts token t + 1: logits only where that is scored
+    keep[:, :-1] = scored[
+        :, 1:
+    ]  # position t predicts token t + 1: logits only where that is scored
     if per_example:
-        logits = model(input_ids=ids, attention_mask=attention).logits[keep].float()  # (kept, vocab)
+        logits = (
+            model(input_ids=ids, attention_mask=attention).logits[keep].float()
+        )  # (kept, vocab)
     else:
         logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=keep).logits.float()
     targets = ids[:, 1:][scored[:, 1:]]
@@ -216,14 +257,20 @@ def _completion_logprobs(model, tokenizer, prompts, completions, max_length, per
     return torch.zeros(len(ids), device=device).index_add(0, rows, token_logp), keep.sum(-1)
 
 
-def sequence_logprobs(model, tokenizer, prompts: list[str], completions: list[str],
-                      max_length: int) -> torch.Tensor:
+def sequence_logprobs(
+    model, tokenizer, prompts: list[str], completions: list[str], max_length: int
+) -> torch.Tensor:
     """log p(completion + eos | prompt) per pair, differentiable (the DPO and SFT objective)."""
     return _completion_logprobs(model, tokenizer, prompts, completions, max_length)[0]
 
 
-def dpo_loss(pi_chosen: torch.Tensor, pi_rejected: torch.Tensor, ref_chosen: torch.Tensor,
-             ref_rejected: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def dpo_loss(
+    pi_chosen: torch.Tensor,
+    pi_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """DPO: ``-log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r)))``, averaged, and the mean
     implicit reward margin ``beta * (...)`` (chosen minus rejected reward; detached)."""
     margin = beta * ((pi_chosen - ref_chosen) - (pi_rejected - ref_rejected))
@@ -239,42 +286,72 @@ def index_batches(n: int, batch_size: int, steps: int, seed: int):
     for _ in range(steps):
         if at + batch_size > n:
             order, at = rng.permutation(n), 0
-        yield order[at:at + batch_size].tolist()
+        yield order[at : at + batch_size].tolist()
         at += batch_size
 
 
 def _progress(what: str, step: int, steps: int, loss: float, start: float) -> None:
     """A line every tenth of a long run (>= 50 steps), so a user sees it move."""
     if steps >= 50 and step % (steps // 10) == 0:
-        log.info("%s", progress.line(what, step, steps, time.perf_counter() - start, "steps", f"loss {loss:.3f}"))
+        log.info(
+            "%s",
+            progress.line(
+                what, step, steps, time.perf_counter() - start, "steps", f"loss {loss:.3f}"
+            ),
+        )
 
 
 def _optimizer(model, lr: float):
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    return torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0
+    )
 
 
 @torch.no_grad()
-def _reference_logprobs(model, tokenizer, prompts, completions, max_length, batch_size) -> torch.Tensor:
+def _reference_logprobs(
+    model, tokenizer, prompts, completions, max_length, batch_size
+) -> torch.Tensor:
     """Reference log-probs, once per call: the base under the LoRA adapters (peft's
     ``disable_adapter``), or the weights as passed for full fine-tuning (they are the frozen copy,
     since nothing has been updated yet)."""
     model.eval()
 
     def run():
-        return torch.cat([sequence_logprobs(model, tokenizer, prompts[i:i + batch_size],
-                                            completions[i:i + batch_size], max_length)
-                          for i in range(0, len(prompts), batch_size)])
+        return torch.cat(
+            [
+                sequence_logprobs(
+                    model,
+                    tokenizer,
+                    prompts[i : i + batch_size],
+                    completions[i : i + batch_size],
+                    max_length,
+                )
+                for i in range(0, len(prompts), batch_size)
+            ]
+        )
 
     from peft import PeftModel
+
     if isinstance(model, PeftModel):
         with model.disable_adapter():
             return run()
     return run()
 
 
-def dpo_train(model, tokenizer, pairs: list[tuple[str, str, str]], *, steps: int, batch_size: int,
-              lr: float, beta: float, max_length: int, seed: int, proximal_mu: float = 0.0,
-              after_step: Callable[[int], None] | None = None) -> dict:
+def dpo_train(
+    model,
+    tokenizer,
+    pairs: list[tuple[str, str, str]],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    beta: float,
+    max_length: int,
+    seed: int,
+    proximal_mu: float = 0.0,
+    after_step: Callable[[int], None] | None = None,
+) -> dict:
     """``steps`` AdamW steps of DPO on (prompt, chosen, rejected) pairs, plus FedProx's term
     (:class:`~fedsim_tasks.proximal.ProximalTerm`, ``proximal_mu``). Dropout stays off (as
     trl's default) so that policy and reference agree exactly before the first update.
@@ -286,21 +363,38 @@ def dpo_train(model, tokenizer, pairs: list[tuple[str, str, str]], *, steps: int
         return {"loss": float("nan"), "reward_margin": float("nan"), "steps": 0}
     prompts, chosen, rejected = (list(x) for x in zip(*pairs))
     batches = list(index_batches(len(pairs), batch_size, steps, seed))
-    used = sorted({i for idx in batches for i in idx})  # reference log-probs of the pairs trained on only
-    ref = _reference_logprobs(model, tokenizer, [prompts[i] for i in used] * 2,
-                              [chosen[i] for i in used] + [rejected[i] for i in used], max_length, batch_size)
-    ref_chosen = torch.full((len(pairs),), float("nan"), device=ref.device)  # where the policy's log-probs are
+    used = sorted(
+        {i for idx in batches for i in idx}
+    )  # reference log-probs of the pairs trained on only
+    ref = _reference_logprobs(
+        model,
+        tokenizer,
+        [prompts[i] for i in used] * 2,
+        [chosen[i] for i in used] + [rejected[i] for i in used],
+        max_length,
+        batch_size,
+    )
+    ref_chosen = torch.full(
+        (len(pairs),), float("nan"), device=ref.device
+    )  # where the policy's log-probs are
     ref_rejected = torch.full((len(pairs),), float("nan"), device=ref.device)
-    ref_chosen[used], ref_rejected[used] = ref[:len(used)], ref[len(used):]
+    ref_chosen[used], ref_rejected[used] = ref[: len(used)], ref[len(used) :]
     opt, proximal = _optimizer(model, lr), ProximalTerm(model, proximal_mu)
     model.eval()
     loss = margin = torch.tensor(float("nan"))
     start = time.perf_counter()
     for step, idx in enumerate(batches, 1):
         batch_prompts = [prompts[i] for i in idx]
-        pi = sequence_logprobs(model, tokenizer, batch_prompts + batch_prompts,
-                               [chosen[i] for i in idx] + [rejected[i] for i in idx], max_length)
-        loss, margin = dpo_loss(pi[:len(idx)], pi[len(idx):], ref_chosen[idx], ref_rejected[idx], beta)
+        pi = sequence_logprobs(
+            model,
+            tokenizer,
+            batch_prompts + batch_prompts,
+            [chosen[i] for i in idx] + [rejected[i] for i in idx],
+            max_length,
+        )
+        loss, margin = dpo_loss(
+            pi[: len(idx)], pi[len(idx) :], ref_chosen[idx], ref_rejected[idx], beta
+        )
         opt.zero_grad()
         proximal(loss).backward()
         opt.step()
@@ -310,9 +404,20 @@ def dpo_train(model, tokenizer, pairs: list[tuple[str, str, str]], *, steps: int
     return {"loss": float(loss.detach()), "reward_margin": float(margin), "steps": steps}
 
 
-def sft_train(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, batch_size: int,
-              lr: float, max_length: int, seed: int, proximal_mu: float = 0.0,
-              dp: DPSGD | None = None, **dp_state) -> dict:
+def sft_train(
+    model,
+    tokenizer,
+    examples: list[tuple[str, str]],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    max_length: int,
+    seed: int,
+    proximal_mu: float = 0.0,
+    dp: DPSGD | None = None,
+    **dp_state,
+) -> dict:
     """``steps`` AdamW steps of SFT: the completion's negative log-likelihood per token given
     the prompt, plus FedProx's term (:class:`~fedsim_tasks.proximal.ProximalTerm`, ``proximal_mu``;
     its anchor the weights this call starts from). Dropout masks are
@@ -321,18 +426,34 @@ def sft_train(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, 
     the steps are DP-SGD's (:func:`private_sft`; ``dp_state``: its horizon)."""
     if dp is not None and dp.enabled:
         if proximal_mu > 0:
-            raise ValueError("dp_sgd with FedProx: the proximal term's gradient is not per record "
-                             "and would escape the clipping; use one or the other")
-        return private_sft(model, tokenizer, examples, steps=steps, batch_size=batch_size, lr=lr,
-                           max_length=max_length, dp=dp, **dp_state)
+            raise ValueError(
+                "dp_sgd with FedProx: the proximal term's gradient is not per record "
+                "and would escape the clipping; use one or the other"
+            )
+        return private_sft(
+            model,
+            tokenizer,
+            examples,
+            steps=steps,
+            batch_size=batch_size,
+            lr=lr,
+            max_length=max_length,
+            dp=dp,
+            **dp_state,
+        )
     torch.manual_seed(seed)
     opt, proximal = _optimizer(model, lr), ProximalTerm(model, proximal_mu)
     trainable = [p for p in model.parameters() if p.requires_grad]
     model.train()
     losses, start = [], time.perf_counter()
     for step, idx in enumerate(index_batches(len(examples), batch_size, steps, seed), 1):
-        logp, count = _completion_logprobs(model, tokenizer, [examples[i][0] for i in idx],
-                                           [examples[i][1] for i in idx], max_length)
+        logp, count = _completion_logprobs(
+            model,
+            tokenizer,
+            [examples[i][0] for i in idx],
+            [examples[i][1] for i in idx],
+            max_length,
+        )
         loss = -logp.sum() / count.sum()
         losses.append(float(loss.detach()))
         opt.zero_grad()
@@ -342,28 +463,56 @@ def sft_train(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, 
         opt.step()
         _progress("sft", step, steps, losses[-1], start)
     model.eval()
-    return {"loss": losses[-1] if losses else float("nan"),
-            "mean_loss": float(np.mean(losses)) if losses else float("nan"), "steps": steps}
+    return {
+        "loss": losses[-1] if losses else float("nan"),
+        "mean_loss": float(np.mean(losses)) if losses else float("nan"),
+        "steps": steps,
+    }
 
 
-def private_sft(model, tokenizer, examples: list[tuple[str, str]], *, steps: int, batch_size: int, lr: float,
-                max_length: int, dp: DPSGD, horizon_steps: int = 0,
-                noise_seed: int | None = None, canaries: GradientCanaries | None = None) -> dict:
+def private_sft(
+    model,
+    tokenizer,
+    examples: list[tuple[str, str]],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    max_length: int,
+    dp: DPSGD,
+    horizon_steps: int = 0,
+    noise_seed: int | None = None,
+    canaries: GradientCanaries | None = None,
+) -> dict:
     """SFT under DP-SGD (``fedsim_tasks/dp_sgd.py``): Poisson batches of expected size ``batch_size``
     drawn from the client's own randomness (not the run's seed: the server would know them),
     each record's loss its own mean token nll (so its gradient depends on it alone), clipped
     and noised. The stats add this call's epsilon and its steps (a client composes its trainings
     with a ``StepsLedger``). ``canaries``: an audit's (``fedsim/privacy/audit.py``), sampled beside the records."""
-    private = PrivateSteps(dp, model, _optimizer(model, lr), len(examples), batch_size,
-                           horizon_steps or steps, noise_seed, canaries)
+    private = PrivateSteps(
+        dp,
+        model,
+        _optimizer(model, lr),
+        len(examples),
+        batch_size,
+        horizon_steps or steps,
+        noise_seed,
+        canaries,
+    )
     model.train()
     losses, start = [], time.perf_counter()
     try:
         for step, idx in enumerate(private.batches(steps), 1):
             loss = None
             if idx:
-                logp, count = _completion_logprobs(model, tokenizer, [examples[i][0] for i in idx],
-                                                   [examples[i][1] for i in idx], max_length, per_example=True)
+                logp, count = _completion_logprobs(
+                    model,
+                    tokenizer,
+                    [examples[i][0] for i in idx],
+                    [examples[i][1] for i in idx],
+                    max_length,
+                    per_example=True,
+                )
                 per_record = -logp / count.clamp(min=1)
                 losses.append(float(per_record.mean().detach()))
                 loss = per_record.mean()
@@ -373,23 +522,40 @@ def private_sft(model, tokenizer, examples: list[tuple[str, str]], *, steps: int
         private.close()
         model.eval()
     spent = private.epsilon()
-    return {"loss": losses[-1] if losses else float("nan"),
-            "mean_loss": float(np.mean(losses)) if losses else float("nan"), "steps": steps,
-            DP_EPSILON: spent.reported, DP_EPSILON_RDP: spent.rdp, DP_EPSILON_PLD: spent.pld,
-            "dp-noise-multiplier": private.sigma,
-            "dp-steps": private.steps}
+    return {
+        "loss": losses[-1] if losses else float("nan"),
+        "mean_loss": float(np.mean(losses)) if losses else float("nan"),
+        "steps": steps,
+        DP_EPSILON: spent.reported,
+        DP_EPSILON_RDP: spent.rdp,
+        DP_EPSILON_PLD: spent.pld,
+        "dp-noise-multiplier": private.sigma,
+        "dp-steps": private.steps,
+    }
 
 
 def _check_gradients(trainable: list) -> None:
     """Refuse to train when no gradient reaches the trainable weights (e.g. a quantized kernel
     without backward): the steps would silently change nothing."""
     if not any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in trainable):
-        raise RuntimeError("no gradient reaches the trainable weights: training would change nothing "
-                           "(a quantized base after an inference call on CPU? load it fresh)")
+        raise RuntimeError(
+            "no gradient reaches the trainable weights: training would change nothing "
+            "(a quantized base after an inference call on CPU? load it fresh)"
+        )
 
 
-def saved_sft_base(model_name: str, base_dir: str, key: dict, data: Callable[[str], tuple[list, list, dict]], *,
-                   steps: int, batch_size: int, lr: float, max_length: int, seed: int) -> tuple[Path, dict]:
+def saved_sft_base(
+    model_name: str,
+    base_dir: str,
+    key: dict,
+    data: Callable[[str], tuple[list, list, dict]],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    max_length: int,
+    seed: int,
+) -> tuple[Path, dict]:
     """A base taught to answer by full-fine-tuning SFT, built once per ``key`` (its hash names
     the folder under ``base_dir``) and reused by every later run, client and adapter.
 
@@ -401,7 +567,9 @@ def saved_sft_base(model_name: str, base_dir: str, key: dict, data: Callable[[st
     root = Path(os.path.expanduser(base_dir))
     if steps == 0:  # a model that answers already (a chat LM): used as published
         return prepare_base(model_name, root / "init", seed), {"data": "none (no SFT)", "steps": 0}
-    digest = hashlib.sha256(json.dumps({**key, "sft_version": SFT_VERSION}, sort_keys=True).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(
+        json.dumps({**key, "sft_version": SFT_VERSION}, sort_keys=True).encode()
+    ).hexdigest()[:12]
     done = root / f"sft-{digest}"
     if (done / SFT_RECORD).exists():
         return done, json.loads((done / SFT_RECORD).read_text())
@@ -409,13 +577,28 @@ def saved_sft_base(model_name: str, base_dir: str, key: dict, data: Callable[[st
     model, tokenizer = load_policy(init), load_tokenizer(init)
     train, held_out, description = data(turn_separator(tokenizer))
     before = mean_token_nll(model, tokenizer, held_out, max_length)
-    log.info("base model: SFT %d steps on %d examples (once; saved under %s)", steps, len(train), root)
+    log.info(
+        "base model: SFT %d steps on %d examples (once; saved under %s)", steps, len(train), root
+    )
     start = time.perf_counter()
-    stats = sft_train(model, tokenizer, train, steps=steps, batch_size=batch_size, lr=lr, max_length=max_length,
-                      seed=BASE_SFT.seed(seed))
-    result = {**description, "examples": len(train), "heldout_nll_before": before,
-              "heldout_nll": mean_token_nll(model, tokenizer, held_out, max_length),
-              "seconds": time.perf_counter() - start, **stats}
+    stats = sft_train(
+        model,
+        tokenizer,
+        train,
+        steps=steps,
+        batch_size=batch_size,
+        lr=lr,
+        max_length=max_length,
+        seed=BASE_SFT.seed(seed),
+    )
+    result = {
+        **description,
+        "examples": len(train),
+        "heldout_nll_before": before,
+        "heldout_nll": mean_token_nll(model, tokenizer, held_out, max_length),
+        "seconds": time.perf_counter() - start,
+        **stats,
+    }
     tmp = root / f".sft-{digest}.{os.getpid()}"
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
@@ -426,21 +609,33 @@ def saved_sft_base(model_name: str, base_dir: str, key: dict, data: Callable[[st
 
 
 @torch.no_grad()
-def mean_token_nll(model, tokenizer, examples: list[tuple[str, str]], max_length: int,
-                   batch_size: int = 16) -> float:
+def mean_token_nll(
+    model, tokenizer, examples: list[tuple[str, str]], max_length: int, batch_size: int = 16
+) -> float:
     """Held-out negative log-likelihood per completion token (eos included)."""
     model.eval()
     total, count = 0.0, 0
     for i in range(0, len(examples), batch_size):
-        chunk = examples[i:i + batch_size]
-        logp, n = _completion_logprobs(model, tokenizer, [p for p, _ in chunk], [c for _, c in chunk], max_length)
+        chunk = examples[i : i + batch_size]
+        logp, n = _completion_logprobs(
+            model, tokenizer, [p for p, _ in chunk], [c for _, c in chunk], max_length
+        )
         total, count = total - float(logp.sum()), count + int(n.sum())
     return total / count if count else float("nan")
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompts: list[str], *, n: int = 1, max_new_tokens: int = 64,
-             temperature: float = 1.0, top_p: float = 1.0, seed: int = 0) -> list[list[str]]:
+def generate(
+    model,
+    tokenizer,
+    prompts: list[str],
+    *,
+    n: int = 1,
+    max_new_tokens: int = 64,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+) -> list[list[str]]:
     """``n`` sampled completions per prompt (``temperature`` 0: the greedy one), without the
     prompt, cut at eos; seeded. Each prompt runs on its own (no padding, so BERT's absolute
     positions stay right), left-truncated to leave room for the reply; special tokens other
@@ -456,15 +651,34 @@ def generate(model, tokenizer, prompts: list[str], *, n: int = 1, max_new_tokens
     out, start = [], time.perf_counter()
     for k, ids in enumerate(tokenizer(prompts, add_special_tokens=False)["input_ids"]):
         if k and k % 25 == 0:
-            log.info("[generate] %d/%d prompts x %d samples, %.0f s", k, len(prompts), n, time.perf_counter() - start)
-        inputs = torch.tensor([bos + ids[max(len(ids) - room, 0):]], device=device)
-        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else \
-            {"do_sample": False}
-        seqs = model.generate(input_ids=inputs, attention_mask=torch.ones_like(inputs), **sampling,
-                              max_new_tokens=max_new_tokens,
-                              num_return_sequences=n, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
-                              suppress_tokens=suppress)
-        replies = [s[inputs.shape[1]:].tolist() for s in seqs]
-        out.append([tokenizer.decode(r[:r.index(eos)] if eos in r else r, skip_special_tokens=True)
-                    for r in replies])
+            log.info(
+                "[generate] %d/%d prompts x %d samples, %.0f s",
+                k,
+                len(prompts),
+                n,
+                time.perf_counter() - start,
+            )
+        inputs = torch.tensor([bos + ids[max(len(ids) - room, 0) :]], device=device)
+        sampling = (
+            {"do_sample": True, "temperature": temperature, "top_p": top_p}
+            if temperature > 0
+            else {"do_sample": False}
+        )
+        seqs = model.generate(
+            input_ids=inputs,
+            attention_mask=torch.ones_like(inputs),
+            **sampling,
+            max_new_tokens=max_new_tokens,
+            num_return_sequences=n,
+            eos_token_id=eos,
+            pad_token_id=tokenizer.pad_token_id,
+            suppress_tokens=suppress,
+        )
+        replies = [s[inputs.shape[1] :].tolist() for s in seqs]
+        out.append(
+            [
+                tokenizer.decode(r[: r.index(eos)] if eos in r else r, skip_special_tokens=True)
+                for r in replies
+            ]
+        )
     return out

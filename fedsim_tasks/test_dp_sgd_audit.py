@@ -22,7 +22,9 @@ RECORDS, CANARIES, STEPS, PUBLIC_SEED = 100, 500, 1000, 0
 SHARES = [0.1, 0.25, 0.5, 1.0]
 
 
-def public_batches(num_samples: int, sample_rate: float, steps: int, generator=None) -> list[list[int]]:
+def public_batches(
+    num_samples: int, sample_rate: float, steps: int, generator=None
+) -> list[list[int]]:
     """Poisson batches drawn from the run's public seed (fedsim's DP-SGD before e1b99cd): the
     server can draw them again."""
     rng = np.random.default_rng(PUBLIC_SEED)
@@ -38,22 +40,49 @@ def audited_linear():
     records = torch.randn(RECORDS, 3, generator=torch.Generator().manual_seed(1))
     model = torch.nn.Linear(3, 1, bias=False)
     canaries = GradientCanaries(CANARIES, np.random.default_rng(7))
-    private = PrivateSteps(dp, model, torch.optim.SGD(model.parameters(), lr=0.1), RECORDS, batch_size=1,
-                           horizon_steps=STEPS, noise_seed=3, canaries=canaries)
+    private = PrivateSteps(
+        dp,
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        RECORDS,
+        batch_size=1,
+        horizon_steps=STEPS,
+        noise_seed=3,
+        canaries=canaries,
+    )
     for idx in private.batches(STEPS):
         private.step(model(records[idx]).mean() if idx else None)
     private.close()
-    sampled = np.array([np.isin(np.arange(RECORDS, RECORDS + CANARIES), batch)  # the canaries' slots
-                        for batch in public_batches(RECORDS + CANARIES, private.rate, STEPS)])
-    attacks = {"every step, batches secret": canaries.scores(private.rate, private.sigma),
-               "every step, batches from the public seed": canaries.scores(private.rate, private.sigma, sampled)}
-    return audit_release("dp-sgd", private.sigma, attacks, canaries.included, private.epsilon().reported, dp.delta,
-                         0.05, 0.95, SHARES)
+    sampled = np.array(
+        [
+            np.isin(np.arange(RECORDS, RECORDS + CANARIES), batch)  # the canaries' slots
+            for batch in public_batches(RECORDS + CANARIES, private.rate, STEPS)
+        ]
+    )
+    attacks = {
+        "every step, batches secret": canaries.scores(private.rate, private.sigma),
+        "every step, batches from the public seed": canaries.scores(
+            private.rate, private.sigma, sampled
+        ),
+    }
+    return audit_release(
+        "dp-sgd",
+        private.sigma,
+        attacks,
+        canaries.included,
+        private.epsilon().reported,
+        dp.delta,
+        0.05,
+        0.95,
+        SHARES,
+    )
 
 
 def test_the_working_mechanism_holds():
     bound = audited_linear()
-    assert bound.epsilon_upper == pytest.approx(2.85, abs=0.01)  # a record replaced; add-or-remove: 2.10
+    assert bound.epsilon_upper == pytest.approx(
+        2.85, abs=0.01
+    )  # a record replaced; add-or-remove: 2.10
     assert 0 < bound.epsilon_lower < bound.epsilon_upper
 
 
@@ -69,8 +98,11 @@ def test_batches_the_server_knows_are_caught(monkeypatch):
 
 def test_a_step_without_noise_is_caught(monkeypatch):
     """The mechanism is broken: Opacus is told sigma 1 (and accounts it) but adds no noise."""
-    monkeypatch.setattr(opacus.optimizers.optimizer, "_generate_noise",
-                        lambda std, reference, generator=None, secure_mode=False: torch.zeros_like(reference))
+    monkeypatch.setattr(
+        opacus.optimizers.optimizer,
+        "_generate_noise",
+        lambda std, reference, generator=None, secure_mode=False: torch.zeros_like(reference),
+    )
     bound = audited_linear()
     assert bound.epsilon_lower > 3 > bound.epsilon_upper
 
@@ -85,11 +117,36 @@ def test_canaries_pass_through_a_causal_lms_private_sft(encoder_dir, tmp_path): 
     canaries = GradientCanaries(200, np.random.default_rng(5))
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     dp = dp_sgd(enabled=True, max_grad_norm=0.1, noise_multiplier=1.0)
-    stats = sft_train(model, tokenizer, records, steps=150, batch_size=2, lr=1e-2, max_length=32, seed=0,
-                      dp=dp, canaries=canaries)
+    stats = sft_train(
+        model,
+        tokenizer,
+        records,
+        steps=150,
+        batch_size=2,
+        lr=1e-2,
+        max_length=32,
+        seed=0,
+        dp=dp,
+        canaries=canaries,
+    )
     assert len(canaries.observed) == 150 and np.isfinite(stats["loss"])
-    assert all(n in before for n, p in model.named_parameters() if p.requires_grad)  # no canary weight added
-    assert any(not torch.equal(before[n], p.detach()) for n, p in model.named_parameters() if p.requires_grad)
-    bound = audit_release("sft", 1.0, {"every step": canaries.scores(2 / len(records), 1.0)},
-                          canaries.included, stats[DP_EPSILON], dp.delta, 0.05, 0.95, SHARES)
+    assert all(
+        n in before for n, p in model.named_parameters() if p.requires_grad
+    )  # no canary weight added
+    assert any(
+        not torch.equal(before[n], p.detach())
+        for n, p in model.named_parameters()
+        if p.requires_grad
+    )
+    bound = audit_release(
+        "sft",
+        1.0,
+        {"every step": canaries.scores(2 / len(records), 1.0)},
+        canaries.included,
+        stats[DP_EPSILON],
+        dp.delta,
+        0.05,
+        0.95,
+        SHARES,
+    )
     assert bound.holds and bound.canaries == 200

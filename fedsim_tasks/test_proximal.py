@@ -17,7 +17,9 @@ def _model() -> nn.Module:
 def test_the_term_is_mu_half_the_squared_distance_to_the_weights_it_was_built_on():
     model = _model()
     term = ProximalTerm(model, 4.0)
-    with torch.no_grad():  # the client moves to weights of its own (FedE4RAG's companies): the anchor stays
+    with (
+        torch.no_grad()
+    ):  # the client moves to weights of its own (FedE4RAG's companies): the anchor stays
         model[0].weight += 1.0
         model[1].bias -= 0.5
         model[0].bias += 100.0

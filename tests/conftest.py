@@ -28,7 +28,11 @@ def data_root_override() -> str:
     return f"data_root={resolve_data_root()}"
 
 
-SMALL = ["task.max_per_split=5", "protocol.dp_seeds=2", "protocol.bootstrap=200"]  # 20 conversations
+SMALL = [
+    "task.max_per_split=5",
+    "protocol.dp_seeds=2",
+    "protocol.bootstrap=200",
+]  # 20 conversations
 
 
 def private_tmpdir() -> str:
@@ -45,8 +49,13 @@ def fedsim_run(*overrides, timeout=400, tmpdir=""):
     root = private_tmpdir()
     try:
         (Path(root) / tmpdir).mkdir(exist_ok=True)
-        proc = subprocess.run([FEDSIM, "run", *overrides], capture_output=True, text=True,
-                              timeout=timeout, env={**os.environ, "TMPDIR": str(Path(root) / tmpdir)})
+        proc = subprocess.run(
+            [FEDSIM, "run", *overrides],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "TMPDIR": str(Path(root) / tmpdir)},
+        )
         assert run_processes(root) == [], f"processes left by fedsim run {overrides}"
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -61,9 +70,13 @@ def fedsim_refusal(*overrides) -> tuple[int, str]:
     from unittest import mock
 
     from fedsim.run import cli
+
     err = io.StringIO()
-    with mock.patch.object(cli, "launch", side_effect=AssertionError(f"not refused: {overrides}")), \
-            contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    with (
+        mock.patch.object(cli, "launch", side_effect=AssertionError(f"not refused: {overrides}")),
+        contextlib.redirect_stderr(err),
+        contextlib.redirect_stdout(io.StringIO()),
+    ):
         code = cli.main(["run", *overrides])
     return code, err.getvalue()
 
@@ -81,10 +94,16 @@ def stop_sweep_mid_point(sweep: list[str], out: Path, root: str, log: Path) -> N
     """``fedsim run -m <sweep> results_dir=<out>`` under TMPDIR ``root``, stopped by SIGTERM once
     its first point works (a Ray actor runs): the sweep exits 143, its log in ``log``."""
     with open(log, "w") as fh:
-        running = subprocess.Popen([FEDSIM, "run", "-m", *sweep, f"results_dir={out}"], stdout=fh,
-                                   stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": root})
+        running = subprocess.Popen(
+            [FEDSIM, "run", "-m", *sweep, f"results_dir={out}"],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TMPDIR": root},
+        )
         deadline = time.monotonic() + 180
-        while not any(b"ray::" in cmdline(pid) for pid in run_processes(root)):  # the point is working
+        while not any(
+            b"ray::" in cmdline(pid) for pid in run_processes(root)
+        ):  # the point is working
             assert running.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.5)
         running.send_signal(signal.SIGTERM)
@@ -95,13 +114,19 @@ def read_results(path: Path) -> dict:
     return json.loads((path / "results.json").read_text())
 
 
-def kill_when(overrides: list[str], root: str, ready: Callable[[], bool], sig: int = signal.SIGKILL) -> None:
+def kill_when(
+    overrides: list[str], root: str, ready: Callable[[], bool], sig: int = signal.SIGKILL
+) -> None:
     """Start ``fedsim run overrides`` with TMPDIR ``root``, send it ``sig`` once ``ready()``
     holds, wait until it has exited and every process of the run has ended (SIGTERM / SIGINT: the
     launcher stops them; SIGKILL: its watchdog), and remove ``root`` (a killed launcher left its
     work folder and Ray's session there)."""
-    proc = subprocess.Popen([FEDSIM, "run", *overrides], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": root})
+    proc = subprocess.Popen(
+        [FEDSIM, "run", *overrides],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "TMPDIR": root},
+    )
     deadline = time.monotonic() + 300
     while not ready():
         assert proc.poll() is None and time.monotonic() < deadline, "the run ended before the kill"
@@ -119,7 +144,9 @@ def journaled(out: Path) -> list[dict]:
     """The journal's entries of the run in ``out``, opened with the run's own key (each is
     authenticated): each header with its ``replies`` (Flower's wire format)."""
     key = derive(run_secret(out / "checkpoint" / "run.key", resume=True), b"journal")
-    entries = [open_entry(key, p) for p in sorted((out / "checkpoint" / "journal").glob("*.exchange"))]
+    entries = [
+        open_entry(key, p) for p in sorted((out / "checkpoint" / "journal").glob("*.exchange"))
+    ]
     return [{**header, "replies": replies} for header, replies, _ in entries]
 
 
@@ -128,8 +155,13 @@ def without_timings(value):
     checkpoint's counts, the provenance's times and command), floats compared to 1e-12: the
     order replies arrive in may change a float sum in its last bit."""
     if isinstance(value, dict):
-        return {k: without_timings(v) for k, v in value.items()
-                if "seconds" not in k and not k.startswith("ms_") and k not in ("checkpoint", "timings", "provenance")}
+        return {
+            k: without_timings(v)
+            for k, v in value.items()
+            if "seconds" not in k
+            and not k.startswith("ms_")
+            and k not in ("checkpoint", "timings", "provenance")
+        }
     if isinstance(value, list):
         return [without_timings(v) for v in value]
     if isinstance(value, float):
@@ -152,7 +184,9 @@ def planted(tmp_path, monkeypatch):
     """A module on the path whose import leaves a mark: its target, and the mark."""
     name = f"planted_{tmp_path.name.replace('-', '_')}"
     marker = tmp_path / "imported"
-    (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').close()\n\nclass Strategy:\n    pass\n")
+    (tmp_path / f"{name}.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n\nclass Strategy:\n    pass\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield f"{name}.Strategy", marker
     sys.modules.pop(name, None)
@@ -164,6 +198,7 @@ def run_small(tmp_path):
         out = tmp_path / "results"
         code, log = fedsim_run(*SMALL, f"results_dir={out}", *overrides, timeout=timeout)
         return code, log, out
+
     return run
 
 
@@ -172,10 +207,12 @@ def uninterrupted(tmp_path_factory):
     """The uninterrupted stateful run of a layout (``tests/test_e2e_client_state.py``), made once
     per session: the resume tests there and the Ray cluster test compare their runs with it."""
     from test_e2e_client_state import LAYOUTS, _run
+
     runs = {}
 
     def run(layout: str) -> Path:
         if layout not in runs:
             runs[layout] = _run(tmp_path_factory.mktemp(layout), *LAYOUTS[layout])
         return runs[layout]
+
     return run

@@ -48,9 +48,11 @@ def test_wrong_type_names_the_key_before_anything_starts():
 def test_a_key_without_a_value_is_refused_before_anything_starts():
     """conf/ holds every value and the schemas none: a key left without one fails composition
     or the protocol's dataclass, never a running process."""
-    for override, refusal in (("~protocol.alpha", "protocol.alpha: missing mandatory value"),
-                              ("~seed", "No value for seed"),
-                              ("hardware.waits.pull_backoff=???", "No value for hardware.waits.pull_backoff")):
+    for override, refusal in (
+        ("~protocol.alpha", "protocol.alpha: missing mandatory value"),
+        ("~seed", "No value for seed"),
+        ("hardware.waits.pull_backoff=???", "No value for hardware.waits.pull_backoff"),
+    ):
         code, log = fedsim_refusal(override)
         assert code == 2 and refusal in log and "SuperLink" not in log, log
 
@@ -67,7 +69,9 @@ def test_protocol_block_is_typed():
 
 def test_feddtre_partitions_that_do_not_give_num_clients_are_refused_before_anything_starts():
     code, log = fedsim_refusal("experiment=feddtre_paper", "task.num_clients=7")
-    assert code == 2 and "gives 10 clients but task.num_clients is 7" in log and "SuperLink" not in log
+    assert (
+        code == 2 and "gives 10 clients but task.num_clients is 7" in log and "SuperLink" not in log
+    )
 
 
 def test_remote_superlink_needs_its_ca():
@@ -88,40 +92,92 @@ def test_a_client_layout_that_leaves_a_supernode_empty_is_refused():
     assert code == 2 and "clients_per_supernode must be >= 1" in log
 
 
-@pytest.mark.parametrize("overrides, named", [
-    (["experiment=feddtre_paper", "protocol.clients_per_round=12"], "protocol.clients_per_round=12"),
-    (["num_rounds=0"], "num_rounds must be >= 1"),
-    (["results_dir=<a file>"], "results_dir must be a folder"),
-    (["+foo=1"], "Unknown config key 'foo'"),
-    (["+hardware.foo=1"], "Unknown config key 'hardware.foo'"),
-    (["+task.splitz=[a]"], "Unknown config key 'task.splitz'. Did you mean: splits, split_seed?"),
-    (["hardware.num_clients=0"], "hardware.num_clients must be >= 1 (null: all), got 0"),
-    (["experiment=fedtp_paper", "protocol.lambdas=0.1"], "protocol.lambdas: expected list[float], got 0.1"),
-    (["privacy=dp_server_fixed", "experiment=fede4rag_paper", "privacy.wrapper.noise_multiplier=high"],
-     "privacy.wrapper.noise_multiplier must be > 0"),
-    (["experiment=fede4rag_paper", "strategy=fedavg", "strategy.fraction_train=high"],
-     "strategy.fraction_train: expected float, got 'high'"),
-    (["task.max_per_split=abc"], "task.max_per_split: expected int | None, got 'abc'"),
-    (["task.unit=turn"], "task.unit must be one of ('conversation',), got 'turn'"),  # turns are not independent
-    (["experiment=fedtp", "strategy=fedprox", "strategy.proximal_mu=10"],
-     "cannot run strategy FedProx: FedTP's clients train no model"),  # once FedAvg under FedProx's name
-    (["privacy.audit.enabled=true", "privacy.audit.canaries=300"], "privacy.audit.canaries=300 exceeds half"),
-    (["hardware=ray_cluster"], "hardware.ray_address must be given with hardware=ray_cluster"),
-    (["hardware=ray_cluster", "hardware.ray_address=head"],
-     "hardware.ray_address must be the cluster head's host:port"),
-    (["hardware=ray_cluster", "hardware.ray_address=127.0.0.1:1"],
-     "hardware.ray_address: nothing answers at 127.0.0.1:1"),
-    (["hardware=ray_cluster", "hardware.ray_address=127.0.0.1:1", "hardware.private_network=true"],
-     "hardware.ray_address must be null with hardware.private_network=true"),
-    (["hardware=deploy_local", "hardware.ray_address=127.0.0.1:1"],
-     "hardware.ray_address must be null with hardware.backend=deployment"),
-    (["hardware=deploy_local", "hardware.clientapp_preload=null"],  # deploy_local's workers: 1
-     "hardware.clientapp_workers must be 0 unless hardware.clientapp_preload is set"),
-    (["hardware=deploy_local", "hardware.clientapp_workers=-1"], "hardware.clientapp_workers must be >= 0, got -1"),
-    (["experiment=fedbiscuit_paper", "task.minority_preference.kind=opposite"],
-     "task.minority_preference.kind='opposite' is not one of ('reversed', 'second_criterion')"),
-])
-def test_what_the_run_would_fail_on_is_refused_before_any_process_starts(overrides, named, tmp_path):
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        (
+            ["experiment=feddtre_paper", "protocol.clients_per_round=12"],
+            "protocol.clients_per_round=12",
+        ),
+        (["num_rounds=0"], "num_rounds must be >= 1"),
+        (["results_dir=<a file>"], "results_dir must be a folder"),
+        (["+foo=1"], "Unknown config key 'foo'"),
+        (["+hardware.foo=1"], "Unknown config key 'hardware.foo'"),
+        (
+            ["+task.splitz=[a]"],
+            "Unknown config key 'task.splitz'. Did you mean: splits, split_seed?",
+        ),
+        (["hardware.num_clients=0"], "hardware.num_clients must be >= 1 (null: all), got 0"),
+        (
+            ["experiment=fedtp_paper", "protocol.lambdas=0.1"],
+            "protocol.lambdas: expected list[float], got 0.1",
+        ),
+        (
+            [
+                "privacy=dp_server_fixed",
+                "experiment=fede4rag_paper",
+                "privacy.wrapper.noise_multiplier=high",
+            ],
+            "privacy.wrapper.noise_multiplier must be > 0",
+        ),
+        (
+            ["experiment=fede4rag_paper", "strategy=fedavg", "strategy.fraction_train=high"],
+            "strategy.fraction_train: expected float, got 'high'",
+        ),
+        (["task.max_per_split=abc"], "task.max_per_split: expected int | None, got 'abc'"),
+        (
+            ["task.unit=turn"],
+            "task.unit must be one of ('conversation',), got 'turn'",
+        ),  # turns are not independent
+        (
+            ["experiment=fedtp", "strategy=fedprox", "strategy.proximal_mu=10"],
+            "cannot run strategy FedProx: FedTP's clients train no model",
+        ),  # once FedAvg under FedProx's name
+        (
+            ["privacy.audit.enabled=true", "privacy.audit.canaries=300"],
+            "privacy.audit.canaries=300 exceeds half",
+        ),
+        (["hardware=ray_cluster"], "hardware.ray_address must be given with hardware=ray_cluster"),
+        (
+            ["hardware=ray_cluster", "hardware.ray_address=head"],
+            "hardware.ray_address must be the cluster head's host:port",
+        ),
+        (
+            ["hardware=ray_cluster", "hardware.ray_address=127.0.0.1:1"],
+            "hardware.ray_address: nothing answers at 127.0.0.1:1",
+        ),
+        (
+            [
+                "hardware=ray_cluster",
+                "hardware.ray_address=127.0.0.1:1",
+                "hardware.private_network=true",
+            ],
+            "hardware.ray_address must be null with hardware.private_network=true",
+        ),
+        (
+            ["hardware=deploy_local", "hardware.ray_address=127.0.0.1:1"],
+            "hardware.ray_address must be null with hardware.backend=deployment",
+        ),
+        (
+            [
+                "hardware=deploy_local",
+                "hardware.clientapp_preload=null",
+            ],  # deploy_local's workers: 1
+            "hardware.clientapp_workers must be 0 unless hardware.clientapp_preload is set",
+        ),
+        (
+            ["hardware=deploy_local", "hardware.clientapp_workers=-1"],
+            "hardware.clientapp_workers must be >= 0, got -1",
+        ),
+        (
+            ["experiment=fedbiscuit_paper", "task.minority_preference.kind=opposite"],
+            "task.minority_preference.kind='opposite' is not one of ('reversed', 'second_criterion')",
+        ),
+    ],
+)
+def test_what_the_run_would_fail_on_is_refused_before_any_process_starts(
+    overrides, named, tmp_path
+):
     """Each of these once started the run's processes and failed in them (a traceback after a
     minute, or a full run with the setting ignored): now exit 2, the key named, no SuperLink."""
     a_file = tmp_path / "a-file"
@@ -134,17 +190,29 @@ def test_a_machine_without_network_namespaces_is_refused_before_anything_starts(
     """Where this user may not make a network namespace (here: inside a user namespace whose
     limit of network namespaces is 0), a local run is refused with the two ways on; with
     hardware.private_network=false it goes on."""
-    denied = ["unshare", "--user", "--map-root-user", "sh", "-c",
-              'echo 0 > /proc/sys/user/max_net_namespaces && exec "$@"', "sh"]
+    denied = [
+        "unshare",
+        "--user",
+        "--map-root-user",
+        "sh",
+        "-c",
+        'echo 0 > /proc/sys/user/max_net_namespaces && exec "$@"',
+        "sh",
+    ]
     if subprocess.run([*denied, "true"], capture_output=True).returncode != 0:
         pytest.skip("no user namespace here to deny network namespaces in")
-    refused = subprocess.run([*denied, FEDSIM, "run", "--cfg", "job"], capture_output=True, text=True)
+    refused = subprocess.run(
+        [*denied, FEDSIM, "run", "--cfg", "job"], capture_output=True, text=True
+    )
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "refuses this user a network namespace" in refused.stderr
     assert "hardware.private_network=false" in refused.stderr
     assert "apparmor_restrict_unprivileged_userns" in refused.stderr
-    shared = subprocess.run([*denied, FEDSIM, "run", "--cfg", "job", "hardware.private_network=false"],
-                            capture_output=True, text=True)
+    shared = subprocess.run(
+        [*denied, FEDSIM, "run", "--cfg", "job", "hardware.private_network=false"],
+        capture_output=True,
+        text=True,
+    )
     assert shared.returncode == 0 and "private_network: false" in shared.stdout, shared.stderr
 
 
@@ -175,5 +243,7 @@ def test_a_results_dir_another_user_can_plant_links_in_is_refused(plant, tmp_pat
     assert code == 2 and f"results_dir: {shared} " in log and "SuperLink" not in log, log
     own = tmp_path / "own"
     own.mkdir(mode=0o755)
-    with pytest.raises(AssertionError, match="not refused"):  # a folder of this user's goes on to launch
+    with pytest.raises(
+        AssertionError, match="not refused"
+    ):  # a folder of this user's goes on to launch
         fedsim_refusal(f"results_dir={own}/outputs")

@@ -17,7 +17,9 @@ from conftest import data_root_override
 from fedsim.config.compose import compose
 from fedsim.config.schema import RunConfig, check
 
-EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "experiment").glob("*.yaml"))
+EXPERIMENTS = sorted(
+    p.stem for p in (Path(__file__).parents[1] / "conf" / "experiment").glob("*.yaml")
+)
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
@@ -25,7 +27,9 @@ def test_experiment_composes_and_fits_its_schema(experiment):
     cfg = compose([f"experiment={experiment}"])
     protocol = check(cfg)
     assert protocol.name == cfg.protocol.name
-    assert cfg.sweep.metrics, f"{experiment} names no headline metrics (sweep.metrics)"  # the summary leads with them
+    assert cfg.sweep.metrics, (
+        f"{experiment} names no headline metrics (sweep.metrics)"
+    )  # the summary leads with them
 
 
 def test_a_preset_turns_off_datasets_and_methods_with_null():
@@ -34,14 +38,26 @@ def test_a_preset_turns_off_datasets_and_methods_with_null():
     from fedsim_experiments.feddtre.protocol import check as feddtre_check
     from fedsim_tasks.dialogue.dataset import load_tasks
 
-    cfg = compose(["experiment=feddtre_seeds", data_root_override(), "task.max_conversations=20",
-                   "task.num_clients=2", "task.datasets.persona_chat.partitioner.group_size=10",
-                   "protocol.clients_per_round=2", "protocol.evaluator.clients_per_round=2"])
+    cfg = compose(
+        [
+            "experiment=feddtre_seeds",
+            data_root_override(),
+            "task.max_conversations=20",
+            "task.num_clients=2",
+            "task.datasets.persona_chat.partitioner.group_size=10",
+            "protocol.clients_per_round=2",
+            "protocol.evaluator.clients_per_round=2",
+        ]
+    )
     task = OmegaConf.to_container(cfg.task, resolve=True)
     assert list(load_tasks(task, task["data_root"])) == ["persona_chat"]
     protocol = feddtre_check(cfg)
-    assert [m for m, spec in protocol.methods.items() if spec is not None] == ["base", "fedavg", "fixed_alpha_0p5",
-                                                                             "feddtre"]
+    assert [m for m, spec in protocol.methods.items() if spec is not None] == [
+        "base",
+        "fedavg",
+        "fixed_alpha_0p5",
+        "feddtre",
+    ]
     assert protocol.generator.base_seed == 0
 
 
@@ -58,17 +74,37 @@ def test_a_method_name_with_a_dot_is_refused_before_the_run():
 
 def test_dp_sgd_refuses_fedprox_in_the_slot_as_in_a_method():
     """FedProx's proximal term escapes DP-SGD's per-record clipping, by override or by method."""
-    cfg = compose(["experiment=feddtre_paper", "strategy=fedprox", "protocol.generator.dp_sgd.enabled=true",
-                   "protocol.generator.dp_sgd.noise_multiplier=1.0", "~protocol.methods.fedprox"])
+    cfg = compose(
+        [
+            "experiment=feddtre_paper",
+            "strategy=fedprox",
+            "protocol.generator.dp_sgd.enabled=true",
+            "protocol.generator.dp_sgd.noise_multiplier=1.0",
+            "~protocol.methods.fedprox",
+        ]
+    )
     with pytest.raises(ValueError, match=r"methods \['fedavg'\] would escape it"):
         check(cfg)
-    check(compose(["experiment=feddtre_paper", "protocol.generator.dp_sgd.enabled=true",
-                   "protocol.generator.dp_sgd.noise_multiplier=1.0", "~protocol.methods.fedprox"]))
+    check(
+        compose(
+            [
+                "experiment=feddtre_paper",
+                "protocol.generator.dp_sgd.enabled=true",
+                "protocol.generator.dp_sgd.noise_multiplier=1.0",
+                "~protocol.methods.fedprox",
+            ]
+        )
+    )
 
 
 def _with_nested(classes: set[type]) -> set[type]:
     """``classes`` and every dataclass their fields hold, however deep."""
-    nested = {kind for cls in classes for kind in typing.get_type_hints(cls).values() if dataclasses.is_dataclass(kind)}
+    nested = {
+        kind
+        for cls in classes
+        for kind in typing.get_type_hints(cls).values()
+        if dataclasses.is_dataclass(kind)
+    }
     return classes if nested <= classes else _with_nested(classes | nested)
 
 
@@ -78,21 +114,38 @@ def test_no_schema_field_carries_a_default():
     dataclasses (every one an experiment names, with what they nest) hold nothing."""
     core = _with_nested({RunConfig})
     blocks = [compose([f"experiment={e}"]) for e in EXPERIMENTS]
-    protocols = _with_nested({*(get_class(cfg[block].schema) for cfg in blocks
-                                for block in ("protocol", "task"))})
+    protocols = _with_nested(
+        {*(get_class(cfg[block].schema) for cfg in blocks for block in ("protocol", "task"))}
+    )
     allowed = {cls: {omegaconf.MISSING} if cls in core else set() for cls in core | protocols}
-    defaults = [f"{cls.__module__}.{cls.__qualname__}.{f.name} = {f.default!r}" for cls in allowed
-                for f in dataclasses.fields(cls)
-                if f.default_factory is not dataclasses.MISSING
-                or f.default not in {dataclasses.MISSING, *allowed[cls]}]
+    defaults = [
+        f"{cls.__module__}.{cls.__qualname__}.{f.name} = {f.default!r}"
+        for cls in allowed
+        for f in dataclasses.fields(cls)
+        if f.default_factory is not dataclasses.MISSING
+        or f.default not in {dataclasses.MISSING, *allowed[cls]}
+    ]
     assert not defaults, "defaults belong in conf/*.yaml: " + "; ".join(sorted(defaults))
-    assert {"FedDTREProtocol", "Generator", "DPSGD", "RLHF", "StrategySlot", "Waits", "DialogueSettings",
-            "PseudoQueries"} <= \
-        {cls.__name__ for cls in allowed}  # the walk reaches nested blocks
+    assert {
+        "FedDTREProtocol",
+        "Generator",
+        "DPSGD",
+        "RLHF",
+        "StrategySlot",
+        "Waits",
+        "DialogueSettings",
+        "PseudoQueries",
+    } <= {cls.__name__ for cls in allowed}  # the walk reaches nested blocks
 
 
-WRONG = {int: ["x", 1.5, True], float: ["x", [1.0]], bool: ["x", [True]], str: [[1], {"a": 1}],
-         list: ["x", 0.5], dict: ["x", 3]}
+WRONG = {
+    int: ["x", 1.5, True],
+    float: ["x", [1.0]],
+    bool: ["x", [True]],
+    str: [[1], {"a": 1}],
+    list: ["x", 0.5],
+    dict: ["x", 3],
+}
 """Values of another type than each key's (an int key given a word, a fraction or a bool; a list
 key given a scalar...). OmegaConf converts an int to a bool, and a number to a str, so those are
 not wrong here."""
@@ -122,7 +175,9 @@ def wrong_values(experiments):
         cfg = composed(experiment)
         for block in ("task", "protocol"):
             for key, kind in typed_keys(get_class(cfg[block].schema), f"{block}."):
-                if (block, kind, experiment) not in seen and OmegaConf.select(cfg, key, default=None) is not None:
+                if (block, kind, experiment) not in seen and OmegaConf.select(
+                    cfg, key, default=None
+                ) is not None:
                     seen.add((block, kind, experiment))
                     yield from ((experiment, key, value) for value in WRONG[kind])
 
@@ -145,7 +200,11 @@ def test_the_experiment_digest_follows_the_experiment_not_where_it_runs():
     """What a journal is bound to (a resume refuses another): the experiment's keys, not the keys
     a resume may change (hardware, timeouts, the data's location, sinks)."""
     from fedsim.config.compose import compose, experiment_digest
+
     base = experiment_digest(compose())
-    assert experiment_digest(compose(["hardware.num_cpus=7", "round_timeout=99", "logging.csv=false"])) == base
+    assert (
+        experiment_digest(compose(["hardware.num_cpus=7", "round_timeout=99", "logging.csv=false"]))
+        == base
+    )
     assert experiment_digest(compose(["protocol.alpha=0.9"])) != base
     assert experiment_digest(compose(["seed=3"])) != base

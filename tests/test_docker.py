@@ -55,8 +55,10 @@ def _skip_reason() -> str | None:
         return f"no Docker engine at {where} ({why}); start one: docs/deploy.md, With Docker"
     missing = [image for image in IMAGES if _run(["docker", "image", "inspect", image]).returncode]
     if missing:
-        return (f"Docker engine {engine.stdout.strip()} has no image {', '.join(missing)} "
-                "(build them with docker/build.sh: docs/deploy.md, With Docker)")
+        return (
+            f"Docker engine {engine.stdout.strip()} has no image {', '.join(missing)} "
+            "(build them with docker/build.sh: docs/deploy.md, With Docker)"
+        )
     if _compose_client() is None:
         return "no compose client (`docker compose` or `docker-compose`)"
     return None
@@ -70,27 +72,47 @@ class Federation:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         # node-I for I < NODES are registered; node-NODES never is (the refusal check)
-        self.certs = make_federation(work / "certs", ["127.0.0.1", "localhost", "superlink"], NODES + 1)
+        self.certs = make_federation(
+            work / "certs", ["127.0.0.1", "localhost", "superlink"], NODES + 1
+        )
         self.home = work / "flwr_home"
         self.home.mkdir()
         write_connection(self.home, self.address, self.certs)
-        self.env = {**os.environ, "FEDSIM_PORT": str(self.port), "FEDSIM_SUPERLINK": self.address,
-                    "FEDSIM_CERTS": str(self.certs.folder), "FEDSIM_DATA": str(resolve_data_root()),
-                    "FEDSIM_UID": str(os.getuid()), "FEDSIM_GID": str(os.getgid()),
-                    **{f"FEDSIM_NODE{i}_PORT": str(free_port()) for i in range(NODES)}}
-        self.compose = [*_compose_client(), "-f", str(COMPOSE_FILE),
-                        "-p", f"fedsim-test-{uuid.uuid4().hex[:8]}"]
+        self.env = {
+            **os.environ,
+            "FEDSIM_PORT": str(self.port),
+            "FEDSIM_SUPERLINK": self.address,
+            "FEDSIM_CERTS": str(self.certs.folder),
+            "FEDSIM_DATA": str(resolve_data_root()),
+            "FEDSIM_UID": str(os.getuid()),
+            "FEDSIM_GID": str(os.getgid()),
+            **{f"FEDSIM_NODE{i}_PORT": str(free_port()) for i in range(NODES)},
+        }
+        self.compose = [
+            *_compose_client(),
+            "-f",
+            str(COMPOSE_FILE),
+            "-p",
+            f"fedsim-test-{uuid.uuid4().hex[:8]}",
+        ]
 
-    def dc(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    def dc(
+        self, *args: str, check: bool = True, timeout: float = 300
+    ) -> subprocess.CompletedProcess:
         res = _run([*self.compose, *args], timeout=timeout, env=self.env)
         if check and res.returncode != 0:
-            raise AssertionError(f"compose {' '.join(args)} exited {res.returncode}:\n"
-                                 f"{res.stdout}{res.stderr}")
+            raise AssertionError(
+                f"compose {' '.join(args)} exited {res.returncode}:\n{res.stdout}{res.stderr}"
+            )
         return res
 
     def flwr(self, *args: str) -> subprocess.CompletedProcess:
-        return _run([FLWR, *args], timeout=120, env={**os.environ, "FLWR_HOME": str(self.home)},
-                    cwd=self.work)
+        return _run(
+            [FLWR, *args],
+            timeout=120,
+            env={**os.environ, "FLWR_HOME": str(self.home)},
+            cwd=self.work,
+        )
 
     def nodes(self) -> list[dict]:
         res = self.flwr("supernode", "list", "fedsim", "--format", "json")
@@ -104,7 +126,9 @@ class Federation:
             if sum(node["status"] == "online" for node in nodes) >= count:
                 return
             time.sleep(2)
-        raise AssertionError(f"fewer than {count} SuperNodes online: {nodes}\n{self.logs()[-6000:]}")
+        raise AssertionError(
+            f"fewer than {count} SuperNodes online: {nodes}\n{self.logs()[-6000:]}"
+        )
 
     def logs(self, *services: str) -> str:
         res = self.dc("logs", "--no-color", *services, check=False)
@@ -131,15 +155,27 @@ def federation(tmp_path_factory):
     finally:
         (fed.work / "compose.log").write_text(fed.logs())
         fed.dc("down", "-v", "--remove-orphans", "-t", "20", check=False)
-        left = _run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={fed.compose[-1]}"])
+        left = _run(
+            [
+                "docker",
+                "ps",
+                "-aq",
+                "--filter",
+                f"label=com.docker.compose.project={fed.compose[-1]}",
+            ]
+        )
         assert left.stdout.strip() == "", f"containers left: {left.stdout}"
 
 
 def remote(federation: Federation) -> list[str]:
     """The overrides of a small FedTP run submitted to the compose federation."""
-    return ["hardware=deploy_remote", f"hardware.superlink={federation.address}",
-            f"hardware.certificates={federation.certs.folder}", f"hardware.num_supernodes={NODES}",
-            "task.max_per_split=2"]
+    return [
+        "hardware=deploy_remote",
+        f"hardware.superlink={federation.address}",
+        f"hardware.certificates={federation.certs.folder}",
+        f"hardware.num_supernodes={NODES}",
+        "task.max_per_split=2",
+    ]
 
 
 CERT_PATH = re.compile(r"/certs/[\w.-]+")
@@ -149,8 +185,14 @@ def topologies() -> dict[str, dict]:
     """compose.yaml's services, alone and with docker/supernodes.sh's 3-node override merged
     over them (a key of the override replaces the base's, as far as this test reads)."""
     base = yaml.safe_load(COMPOSE_FILE.read_text())["services"]
-    override = yaml.safe_load(subprocess.run(["sh", str(COMPOSE_FILE.parent / "supernodes.sh"), "3"],
-                                             capture_output=True, text=True, check=True).stdout)["services"]
+    override = yaml.safe_load(
+        subprocess.run(
+            ["sh", str(COMPOSE_FILE.parent / "supernodes.sh"), "3"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )["services"]
     merged = {name: {**base.get(name, {}), **service} for name, service in override.items()}
     return {"compose.yaml": base, "supernodes.sh 3": {**base, **merged}}
 
@@ -166,10 +208,18 @@ def test_every_file_a_service_reads_is_mounted():
             script = COMPOSE_FILE.parent / Path(argv[0]).name if argv else None
             if script is not None and script.is_file():
                 read |= set(CERT_PATH.findall(script.read_text()))
-            mounted = {m.group(1) for v in service.get("volumes", []) if (m := re.search(r":(/certs/[^:]+)", v))}
-            assert read <= mounted, f"{topology}: {name} reads {sorted(read - mounted)}, not mounted"
+            mounted = {
+                m.group(1)
+                for v in service.get("volumes", [])
+                if (m := re.search(r":(/certs/[^:]+)", v))
+            }
+            assert read <= mounted, (
+                f"{topology}: {name} reads {sorted(read - mounted)}, not mounted"
+            )
             unused_keys = {path for path in mounted - read if path.endswith(".key")}
-            assert not unused_keys, f"{topology}: {name} mounts private keys it does not use: {sorted(unused_keys)}"
+            assert not unused_keys, (
+                f"{topology}: {name} mounts private keys it does not use: {sorted(unused_keys)}"
+            )
 
 
 @pytest.mark.docker
@@ -188,12 +238,34 @@ def test_fedtp_through_compose_federation(federation, run_small):
 @pytest.mark.e2e
 def test_unregistered_supernode_is_refused(federation):
     name = f"fedsim-unregistered-{uuid.uuid4().hex[:8]}"
-    cmd = ["docker", "run", "--rm", "--name", name, "--network", "host",
-           "-u", f"{os.getuid()}:{os.getgid()}", "-v", f"{federation.certs.folder}:/certs:ro",
-           "fedsim-supernode:cpu", "--root-certificates", "/certs/ca.pem",
-           "--superlink", federation.address, "--auth-supernode-private-key", f"/certs/node-{NODES}.key",
-           "--port", str(free_port()), "--max-retries", "2", "--max-wait-time", "30",
-           "--node-config", f"partition-id=0 num-partitions={NODES}"]
+    cmd = [
+        "docker",
+        "run",
+        "--rm",
+        "--name",
+        name,
+        "--network",
+        "host",
+        "-u",
+        f"{os.getuid()}:{os.getgid()}",
+        "-v",
+        f"{federation.certs.folder}:/certs:ro",
+        "fedsim-supernode:cpu",
+        "--root-certificates",
+        "/certs/ca.pem",
+        "--superlink",
+        federation.address,
+        "--auth-supernode-private-key",
+        f"/certs/node-{NODES}.key",
+        "--port",
+        str(free_port()),
+        "--max-retries",
+        "2",
+        "--max-wait-time",
+        "30",
+        "--node-config",
+        f"partition-id=0 num-partitions={NODES}",
+    ]
     try:
         res = _run(cmd, timeout=120)
     finally:
@@ -214,8 +286,10 @@ def wait_for_line(container: str, line: str, after: int, run: Future, timeout: f
         if log_count(container, line) > after:
             return
         time.sleep(0.2)
-    raise AssertionError(f"{line!r} not logged by {container} before the run ended "
-                         f"or {timeout:.0f} s passed: {run.result() if run.done() else ''}")
+    raise AssertionError(
+        f"{line!r} not logged by {container} before the run ended "
+        f"or {timeout:.0f} s passed: {run.result() if run.done() else ''}"
+    )
 
 
 def log_count(container: str, line: str) -> int:
@@ -246,13 +320,18 @@ def test_supernode_killed_mid_run_comes_back(federation, run_small):
     assert code == 0, f"{log}\n--- compose logs ---\n{federation.logs()[-6000:]}"
     res = read_results(out)
     prior = res["faults"]["prior/train"]["1"]
-    assert prior["sent"] == NODES and prior["accepted"] == NODES - 1 and prior["malformed"] == 0, prior
+    assert prior["sent"] == NODES and prior["accepted"] == NODES - 1 and prior["malformed"] == 0, (
+        prior
+    )
     assert prior["failed"] + prior["timed_out"] == 1, prior
     for phase, rounds in res["faults"].items():  # node 0 answered every exchange
         for row in rounds.values():
             assert row["accepted"] >= 1 and row["malformed"] == 0, (phase, row)
             assert row["accepted"] + row["failed"] + row["timed_out"] == row["sent"], (phase, row)
     assert res["conversations"] == 8 and 0 < res["prior_clients"]["count"] < 4
-    assert all(res["routers"][router]["overall"]["turns"] > 0 for router in ("tfidf", "global", "local", "fedmix"))
+    assert all(
+        res["routers"][router]["overall"]["turns"] > 0
+        for router in ("tfidf", "global", "local", "fedmix")
+    )
     federation.wait_online(NODES, timeout=300)
     assert sorted(node["node-id"] for node in federation.nodes()) == before

@@ -27,7 +27,11 @@ from fedsim.run.sweep import expand
 from fedsim.run.tls import make_federation
 from fedsim.runtime.server_app import config_from_run
 
-DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md")), REPO_ROOT / "records" / "README.md"]
+DOCS = [
+    REPO_ROOT / "README.md",
+    *sorted((REPO_ROOT / "docs").rglob("*.md")),
+    REPO_ROOT / "records" / "README.md",
+]
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.S | re.M)
 SHELLS = ("", "bash", "sh", "shell", "console")  # fences whose lines are commands
 INLINE = re.compile(r"(?<!`)`((?:\.venv/bin/)?fedsim run\b[^`]*)`(?!`)")
@@ -44,9 +48,9 @@ WALKTHROUGH = ("docs/adding-a-method.md", CONF_DIR / "experiment" / "toy_mean.ya
 
 @dataclass(frozen=True)
 class Command:
-    where: str             # path:line
-    text: str              # from `fedsim run` on, continuation lines joined
-    variables: tuple       # ((name, (value, ...)), ...) defined in the same block
+    where: str  # path:line
+    text: str  # from `fedsim run` on, continuation lines joined
+    variables: tuple  # ((name, (value, ...)), ...) defined in the same block
 
     def __str__(self):
         return self.where
@@ -80,11 +84,16 @@ def _fenced(doc: Path, text: str):
             if loop := LOOP.match(line):
                 variables[loop.group(1)] = tuple(loop.group(2).split())
             elif (assign := ASSIGN.match(line)) and "fedsim run" not in line:
-                variables[assign.group(1)] = tuple(shlex.split(assign.group(2), comments=True)[:1] or [""])
+                variables[assign.group(1)] = tuple(
+                    shlex.split(assign.group(2), comments=True)[:1] or [""]
+                )
         for n, line in lines:
             if "fedsim run" in line:
-                yield Command(f"{doc.relative_to(REPO_ROOT)}:{n}", line[line.index("fedsim run"):],
-                              tuple(variables.items()))
+                yield Command(
+                    f"{doc.relative_to(REPO_ROOT)}:{n}",
+                    line[line.index("fedsim run") :],
+                    tuple(variables.items()),
+                )
 
 
 def commands() -> list[Command]:
@@ -93,9 +102,15 @@ def commands() -> list[Command]:
     for doc in DOCS:
         text = doc.read_text()
         fences = [f.span() for f in FENCE.finditer(text)]
-        inline = [Command(f"{doc.relative_to(REPO_ROOT)}:{text.count(chr(10), 0, m.start()) + 1}",
-                          m.group(1)[m.group(1).index("fedsim run"):], ())
-                  for m in INLINE.finditer(text) if not any(a <= m.start() < b for a, b in fences)]
+        inline = [
+            Command(
+                f"{doc.relative_to(REPO_ROOT)}:{text.count(chr(10), 0, m.start()) + 1}",
+                m.group(1)[m.group(1).index("fedsim run") :],
+                (),
+            )
+            for m in INLINE.finditer(text)
+            if not any(a <= m.start() < b for a, b in fences)
+        ]
         for command in [*_fenced(doc, text), *inline]:
             if command.text.strip() not in seen:
                 seen.add(command.text.strip())
@@ -110,8 +125,11 @@ def _argv(command: Command, tmp: Path) -> list[list[str]]:
         text = text.replace(placeholder, value.format(tmp=tmp))
     variants = [text]
     for name, values in command.variables:
-        variants = [re.sub(rf"\$(\{{{name}\}}|{name}\b)", value.replace("\\", "\\\\"), v)
-                    for v in variants for value in values]
+        variants = [
+            re.sub(rf"\$(\{{{name}\}}|{name}\b)", value.replace("\\", "\\\\"), v)
+            for v in variants
+            for value in values
+        ]
     argvs = []
     for variant in variants:
         words = shlex.split(variant, comments=True)[2:]
@@ -142,15 +160,20 @@ def certificates(tmp_path_factory) -> Path:
 def check(argv: list[str], certificates: Path) -> None:
     """What ``fedsim run [-m]`` checks before it starts anything, for every sweep point."""
     overrides = [o for o in argv if o not in ("-m", "--multirun", "--cfg", "job")]
-    overrides = [f"hardware.certificates={certificates}" if o.startswith("hardware.certificates=") else o
-                 for o in overrides]
+    overrides = [
+        f"hardware.certificates={certificates}" if o.startswith("hardware.certificates=") else o
+        for o in overrides
+    ]
     if "--help" in overrides:
         with pytest.raises(SystemExit) as exit_:
             cli.main(["run", "--help"])
         assert exit_.value.code == 0
         return
-    points = expand([o for o in overrides if not o.startswith("results_dir=")])[0] \
-        if {"-m", "--multirun"} & set(argv) else [overrides]
+    points = (
+        expand([o for o in overrides if not o.startswith("results_dir=")])[0]
+        if {"-m", "--multirun"} & set(argv)
+        else [overrides]
+    )
     for point in points:
         cli.prepare(point)
 
@@ -170,8 +193,15 @@ def test_a_documented_command_composes_and_passes_the_check(command, tmp_path, c
 
 def test_the_commands_cover_the_readme_and_every_method_page():
     where = {c.where.split(":")[0] for c in commands()}
-    assert {"README.md", "docs/usage.md", "docs/deploy.md", "docs/methods/fedtp.md",
-            "docs/methods/fede4rag.md", "docs/methods/fedbiscuit.md", "docs/methods/feddtre.md"} <= where
+    assert {
+        "README.md",
+        "docs/usage.md",
+        "docs/deploy.md",
+        "docs/methods/fedtp.md",
+        "docs/methods/fede4rag.md",
+        "docs/methods/fedbiscuit.md",
+        "docs/methods/feddtre.md",
+    } <= where
 
 
 def flwr_run_configs() -> list[tuple[str, str]]:
@@ -182,16 +212,29 @@ def flwr_run_configs() -> list[tuple[str, str]]:
             for n, line in lines:
                 words = shlex.split(line, comments=True) if "flwr run" in line else []
                 if "--run-config" in words:
-                    found.append((f"{doc.relative_to(REPO_ROOT)}:{n}", words[words.index("--run-config") + 1]))
+                    found.append(
+                        (
+                            f"{doc.relative_to(REPO_ROOT)}:{n}",
+                            words[words.index("--run-config") + 1],
+                        )
+                    )
     return found
 
 
-@pytest.mark.parametrize(("where", "value"), [pytest.param(w, v, id=w) for w, v in flwr_run_configs()])
+@pytest.mark.parametrize(
+    ("where", "value"), [pytest.param(w, v, id=w) for w, v in flwr_run_configs()]
+)
 def test_a_documented_flwr_run_config_reaches_the_serverapp_checked(where, value, tmp_path):
     """Flower's own parsing and fusing with the app's declared keys (what its SuperLink does),
     then the ServerApp's composition and checks."""
-    value = str(REPO_ROOT / value) if value.endswith(".toml") else value.replace("/abs/", f"{tmp_path}/")
-    fused = get_fused_config_from_dir(REPO_ROOT, parse_config_args([value]))  # a preset: conf/flwr/*.toml
+    value = (
+        str(REPO_ROOT / value)
+        if value.endswith(".toml")
+        else value.replace("/abs/", f"{tmp_path}/")
+    )
+    fused = get_fused_config_from_dir(
+        REPO_ROOT, parse_config_args([value])
+    )  # a preset: conf/flwr/*.toml
     try:
         config_from_run(fused)
     except cli.REFUSED as exc:
@@ -199,14 +242,25 @@ def test_a_documented_flwr_run_config_reaches_the_serverapp_checked(where, value
 
 
 def test_flwr_run_config_carries_the_same_overrides_as_fedsim_run(tmp_path):
-    overrides = ["experiment=fedtp_paper", "seed=3", "strategy.noise_multiplier=2", f"results_dir={tmp_path}"]
-    fused = get_fused_config_from_dir(REPO_ROOT, parse_config_args([f"overrides='{shlex.join(overrides)}'"]))
+    overrides = [
+        "experiment=fedtp_paper",
+        "seed=3",
+        "strategy.noise_multiplier=2",
+        f"results_dir={tmp_path}",
+    ]
+    fused = get_fused_config_from_dir(
+        REPO_ROOT, parse_config_args([f"overrides='{shlex.join(overrides)}'"])
+    )
     assert config_from_run(fused) == compose(overrides)
     with pytest.raises(cli.REFUSED, match="Did you mean: seed"):
         config_from_run({"overrides": "sed=3"})
-    with pytest.raises(cli.REFUSED, match="noise_multiplier"):  # the strategy is built, as fedsim run builds it
+    with pytest.raises(
+        cli.REFUSED, match="noise_multiplier"
+    ):  # the strategy is built, as fedsim run builds it
         config_from_run({"overrides": "strategy.noise_multiplier=-1"})
-    with pytest.raises(ValueError, match="not present"):  # Flower refuses a Hydra key the app does not declare
+    with pytest.raises(
+        ValueError, match="not present"
+    ):  # Flower refuses a Hydra key the app does not declare
         get_fused_config_from_dir(REPO_ROOT, parse_config_args(["num_rounds=3"]))
 
 
@@ -238,15 +292,22 @@ def test_every_relative_link_resolves(doc):
 
 
 def test_the_config_group_table_lists_every_option():
-    rows = {m.group(1): m.group(2) for m in
-            re.finditer(r"^\| `([\w/]+)` \| (.+?) \|", (REPO_ROOT / "docs" / "usage.md").read_text(), re.M)}
+    rows = {
+        m.group(1): m.group(2)
+        for m in re.finditer(
+            r"^\| `([\w/]+)` \| (.+?) \|", (REPO_ROOT / "docs" / "usage.md").read_text(), re.M
+        )
+    }
     for group in [*GROUPS, "task/selector"]:
         missing = [o for o in choices(group) if f"`{o}`" not in rows.get(group, "")]
         assert not missing, f"docs/usage.md's config groups table lacks {group}: {missing}"
 
 
 def test_cfg_job_prints_the_checked_config_and_help_lists_the_groups(capsys):
-    assert cli.main(["run", "--cfg", "job", "experiment=fedtp_aggregate", "hardware.num_clients=4"]) == 0
+    assert (
+        cli.main(["run", "--cfg", "job", "experiment=fedtp_aggregate", "hardware.num_clients=4"])
+        == 0
+    )
     shown = capsys.readouterr().out
     assert "name: fedtp_aggregate" in shown and "${" not in shown
     assert cli.main(["run", "--cfg", "job", "strategy=fedavgg"]) == 2

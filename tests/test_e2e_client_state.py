@@ -29,7 +29,15 @@ import pytest
 from omegaconf import OmegaConf
 from test_sharded_grid import supernodes
 
-from conftest import cmdline, fedsim_run, journaled, kill_when, private_tmpdir, read_results, without_timings
+from conftest import (
+    cmdline,
+    fedsim_run,
+    journaled,
+    kill_when,
+    private_tmpdir,
+    read_results,
+    without_timings,
+)
 from fedsim.config.compose import compose
 from fedsim.config.node_local import from_run
 from fedsim.flower.messages import ProtoMessage, message_from_proto
@@ -39,18 +47,28 @@ from fedsim.runtime import server_app
 from fedsim_clients.state_probe import HOLD_ENV, NAME, secret
 
 CLIENTS, ROUNDS = 4, 3
-RUN = ["experiment=fedtp_aggregate", "task.client=fedsim_clients.state_probe.StateProbeClient",
-       f"hardware.num_clients={CLIENTS}", "strategy.noise_multiplier=0", f"num_rounds={ROUNDS}",
-       "client_state.keep=true", "checkpoint.keep=true"]  # the tests read the journal after the run
-LAYOUTS = {"one_per_node": [], "sharded": ["hardware.clients_per_supernode=2"],
-           "deploy_local": ["hardware=deploy_local", "hardware.clients_per_supernode=2"]}
+RUN = [
+    "experiment=fedtp_aggregate",
+    "task.client=fedsim_clients.state_probe.StateProbeClient",
+    f"hardware.num_clients={CLIENTS}",
+    "strategy.noise_multiplier=0",
+    f"num_rounds={ROUNDS}",
+    "client_state.keep=true",
+    "checkpoint.keep=true",
+]  # the tests read the journal after the run
+LAYOUTS = {
+    "one_per_node": [],
+    "sharded": ["hardware.clients_per_supernode=2"],
+    "deploy_local": ["hardware=deploy_local", "hardware.clients_per_supernode=2"],
+}
 HELD = 3  # the client that holds its round-2 reply in the resume tests
 
 
 def _run(folder: Path, *extra: str) -> Path:
     """A run of RUN (and ``extra``) with its results and its client state under ``folder``."""
-    code, log = fedsim_run(*RUN, *extra, f"results_dir={folder / 'results'}",
-                           f"client_state.dir={folder / 'state'}")
+    code, log = fedsim_run(
+        *RUN, *extra, f"results_dir={folder / 'results'}", f"client_state.dir={folder / 'state'}"
+    )
     assert code == 0, log[-3000:]
     assert f"[forget] {CLIENTS}/{CLIENTS} replies" in log  # every client was told the run ended
     return folder
@@ -58,7 +76,11 @@ def _run(folder: Path, *extra: str) -> Path:
 
 def _run_folder(folder: Path) -> Path:
     """The run's client-state folder, named by the key the ServerApp gave it (config.yaml)."""
-    return folder / "state" / f"run-{OmegaConf.load(folder / 'results' / 'config.yaml').client_state.run_key}"
+    return (
+        folder
+        / "state"
+        / f"run-{OmegaConf.load(folder / 'results' / 'config.yaml').client_state.run_key}"
+    )
 
 
 def _states(folder: Path, only: bool = True) -> dict[int, dict[int, dict[str, np.ndarray]]]:
@@ -100,19 +122,28 @@ def _check_run(folder: Path, only: bool = True) -> dict:
 def _check_server_holds_no_state(results: Path, states: dict) -> None:
     """No state array's bytes in any file of the results folder or in any reply the server
     journaled, and each train reply holds only the protocol's record: the client's row."""
-    leaks = [v[k].tobytes() for by_round in states.values() for v in by_round.values() for k in ("w", "secret")]
+    leaks = [
+        v[k].tobytes()
+        for by_round in states.values()
+        for v in by_round.values()
+        for k in ("w", "secret")
+    ]
     kept = [p for p in results.rglob("*") if p.is_file()]
     assert not [p for p in kept if p.suffix == ".npz" or "client-" in str(p.relative_to(results))]
     entries = journaled(results)
-    assert [(e["phase"], e["round"]) for e in entries] == [("aggregate/train", r) for r in range(1, ROUNDS + 1)]
+    assert [(e["phase"], e["round"]) for e in entries] == [
+        ("aggregate/train", r) for r in range(1, ROUNDS + 1)
+    ]
     replies = [b for e in entries for b in e["replies"]]
     for blob in [p.read_bytes() for p in kept] + replies:
         assert not any(leak in blob for leak in leaks)
         assert not any(s.tobytes().hex().encode() in blob for s in map(secret, range(CLIENTS)))
     for blob in replies:
         content = message_from_proto(ProtoMessage.FromString(blob)).content
-        assert {name: sorted(record) for name, record in content.items()} == \
-            {"arrays": ["vectors"], "metrics": ["num-examples"]}
+        assert {name: sorted(record) for name, record in content.items()} == {
+            "arrays": ["vectors"],
+            "metrics": ["num-examples"],
+        }
         assert content["arrays"]["vectors"].numpy().shape == (1, states[0][ROUNDS]["w"].shape[1])
 
 
@@ -120,12 +151,19 @@ def _same_states(got: dict, want: dict) -> None:
     for p in want:
         for r in want[p]:
             for k in want[p][r]:
-                np.testing.assert_array_equal(got[p][r][k], want[p][r][k], err_msg=f"client {p} round {r} {k}")
+                np.testing.assert_array_equal(
+                    got[p][r][k], want[p][r][k], err_msg=f"client {p} round {r} {k}"
+                )
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("layout", [pytest.param(name, marks=() if name == "one_per_node" else pytest.mark.exhaustive)
-                                    for name in LAYOUTS])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param(name, marks=() if name == "one_per_node" else pytest.mark.exhaustive)
+        for name in LAYOUTS
+    ],
+)
 def test_state_chains_per_client_and_stays_on_the_client(uninterrupted, layout):
     folder = uninterrupted(layout)
     states = _check_run(folder)
@@ -136,7 +174,9 @@ def test_state_chains_per_client_and_stays_on_the_client(uninterrupted, layout):
     reference = uninterrupted("one_per_node")
     _same_states(states, _states(reference))
     assert (res["clients"], res["supernodes"]) == (CLIENTS, 2)
-    np.testing.assert_allclose(res["released"], read_results(reference / "results")["released"], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        res["released"], read_results(reference / "results")["released"], rtol=0, atol=1e-12
+    )
 
 
 def _resumed_as_uninterrupted(tmp_path: Path, reference: Path, replayed: int, said: str) -> None:
@@ -155,18 +195,27 @@ def _resumed_as_uninterrupted(tmp_path: Path, reference: Path, replayed: int, sa
 
 # The default suite stops the simulation by SIGKILL; every other layout x signal, deploy_local's among
 # them, is exhaustive (pytest -m exhaustive): CI's 30 minutes.
-STOPS = [pytest.param(layout, sig, id=f"{layout}-{sig.name}", marks=() if default else pytest.mark.exhaustive)
-         for layout, sig, default in [
-             ("one_per_node", signal.SIGTERM, False), ("one_per_node", signal.SIGKILL, True),
-             ("sharded", signal.SIGTERM, False), ("sharded", signal.SIGKILL, False),
-             ("deploy_local", signal.SIGTERM, False), ("deploy_local", signal.SIGINT, False),
-             ("deploy_local", signal.SIGKILL, False)]]
+STOPS = [
+    pytest.param(
+        layout, sig, id=f"{layout}-{sig.name}", marks=() if default else pytest.mark.exhaustive
+    )
+    for layout, sig, default in [
+        ("one_per_node", signal.SIGTERM, False),
+        ("one_per_node", signal.SIGKILL, True),
+        ("sharded", signal.SIGTERM, False),
+        ("sharded", signal.SIGKILL, False),
+        ("deploy_local", signal.SIGTERM, False),
+        ("deploy_local", signal.SIGINT, False),
+        ("deploy_local", signal.SIGKILL, False),
+    ]
+]
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("layout,sig", STOPS)
-def test_stopped_after_clients_saved_an_unjournaled_round_then_resumed(uninterrupted, tmp_path, monkeypatch,
-                                                                       layout, sig):
+def test_stopped_after_clients_saved_an_unjournaled_round_then_resumed(
+    uninterrupted, tmp_path, monkeypatch, layout, sig
+):
     """Stopped while client 3 held its round-2 reply (every client it shares nothing with had
     saved round 2) and the server had journaled round 1 only: nothing more is journaled while
     the run stops (the ServerApp is ended first: its clients dying would otherwise be journaled
@@ -180,12 +229,22 @@ def test_stopped_after_clients_saved_an_unjournaled_round_then_resumed(uninterru
     def saved() -> bool:  # client 0 and the held client saved round 2
         return all(any(state.glob(f"run-*/client-{p}/{NAME}.r2.npz")) for p in (0, HELD))
 
-    kill_when([*RUN, *LAYOUTS[layout], f"results_dir={out}", f"client_state.dir={state}"], private_tmpdir(),
-              lambda: saved() and len(list(journal.glob("*.exchange"))) >= 1, sig)
-    assert len(list(journal.glob("*.exchange"))) == 1 and saved() and not (out / "results.json").exists()
+    kill_when(
+        [*RUN, *LAYOUTS[layout], f"results_dir={out}", f"client_state.dir={state}"],
+        private_tmpdir(),
+        lambda: saved() and len(list(journal.glob("*.exchange"))) >= 1,
+        sig,
+    )
+    assert (
+        len(list(journal.glob("*.exchange"))) == 1
+        and saved()
+        and not (out / "results.json").exists()
+    )
     key = OmegaConf.load(out / "config.yaml").client_state.run_key
     release.touch()
-    _resumed_as_uninterrupted(tmp_path, uninterrupted(layout), 1, "resume: replaying 1 journaled exchanges")
+    _resumed_as_uninterrupted(
+        tmp_path, uninterrupted(layout), 1, "resume: replaying 1 journaled exchanges"
+    )
     assert OmegaConf.load(out / "config.yaml").client_state.run_key == key  # the same folder
 
 
@@ -201,17 +260,31 @@ def test_deploy_local_stopped_before_its_server_app_began_then_resumed(uninterru
     def superlink_up() -> bool:
         return any(b"flower-superlink" in cmdline(pid) for pid in run_processes(root))
 
-    kill_when([*RUN, *LAYOUTS["deploy_local"], f"results_dir={out}", f"client_state.dir={tmp_path / 'state'}"],
-              root, superlink_up, signal.SIGTERM)
-    assert (out / "checkpoint" / "run.json").is_file() and not (out / "checkpoint" / "run.key").exists()
-    _resumed_as_uninterrupted(tmp_path, uninterrupted("deploy_local"), 0,
-                              "resume: the killed run had journaled nothing")
+    kill_when(
+        [
+            *RUN,
+            *LAYOUTS["deploy_local"],
+            f"results_dir={out}",
+            f"client_state.dir={tmp_path / 'state'}",
+        ],
+        root,
+        superlink_up,
+        signal.SIGTERM,
+    )
+    assert (out / "checkpoint" / "run.json").is_file() and not (
+        out / "checkpoint" / "run.key"
+    ).exists()
+    _resumed_as_uninterrupted(
+        tmp_path, uninterrupted("deploy_local"), 0, "resume: the killed run had journaled nothing"
+    )
 
 
 def _in_process(folder: Path, *extra: str) -> Path:
     """RUN through the ServerApp's code in this process, each client served by the real
     ClientApp handler (no Flower process: seconds, not a layout)."""
-    cfg = compose([*RUN, f"results_dir={folder / 'results'}", f"client_state.dir={folder / 'state'}", *extra])
+    cfg = compose(
+        [*RUN, f"results_dir={folder / 'results'}", f"client_state.dir={folder / 'state'}", *extra]
+    )
     server_app._run(supernodes(CLIENTS, node=from_run(cfg)), cfg, RunOutput(cfg.results_dir))
     return folder
 
@@ -224,7 +297,9 @@ def test_a_fresh_run_in_a_used_folder_starts_from_no_client_state(tmp_path):
     first = _check_run(_in_process(tmp_path))
     key = _run_folder(tmp_path).name
     _same_states(_check_run(_in_process(tmp_path), only=False), first)
-    assert _run_folder(tmp_path).name != key and (tmp_path / "state" / key).is_dir()  # kept, not read
+    assert (
+        _run_folder(tmp_path).name != key and (tmp_path / "state" / key).is_dir()
+    )  # kept, not read
 
 
 def test_a_run_whose_journal_never_began_resumes_from_its_beginning(tmp_path):
@@ -234,4 +309,7 @@ def test_a_run_whose_journal_never_began_resumes_from_its_beginning(tmp_path):
     reference = _check_run(_in_process(tmp_path / "whole"))
     (tmp_path / "cut" / "results" / "checkpoint").mkdir(parents=True, mode=0o700)
     _same_states(_check_run(_in_process(tmp_path / "cut", "resume=true")), reference)
-    assert read_results(tmp_path / "cut" / "results")["checkpoint"] == {"exchanges": ROUNDS, "replayed": 0}
+    assert read_results(tmp_path / "cut" / "results")["checkpoint"] == {
+        "exchanges": ROUNDS,
+        "replayed": 0,
+    }

@@ -10,24 +10,51 @@ from conftest import fedsim_run, read_results
 # process (tests/test_strategy_matrix.py, tests/test_reply_fuzz.py); this run is exhaustive
 pytestmark = [pytest.mark.e2e, pytest.mark.exhaustive]
 
-SLICE = ["experiment=fedbiscuit_paper", "task.max_pairs=300", "task.splits={test: 40, judge: 40, server: 20}",
-         "task.n_topics=4", "task.partitioner.num_partitions=4", "task.partitioner.min_partition_size=10",
-         "task.minority_share=0.5", "protocol.local_steps=2", "protocol.central_steps=10",
-         "protocol.warmup_rounds=1", "protocol.regroup_every=1", "protocol.regroup_quorum=0.25",
-         "protocol.fraction_train=0.5", "num_rounds=5", "~protocol.methods.fedbiscuit_u5",
-         "~protocol.methods.central", "protocol.rlhf.sft_steps=2", "protocol.rlhf.sft_heldout=20",
-         "protocol.rlhf.completions=[2]", "protocol.rlhf.dpo_steps=2", "protocol.rlhf.dpo_batch_size=2",
-         "protocol.rlhf.eval_prompts=6", "protocol.rlhf.bootstrap=100", "protocol.rlhf.baseline_rounds=1",
-         "protocol.rlhf.baseline_steps=1", "protocol.rlhf.judge_steps=10", "protocol.rlhf.max_new_tokens=8",
-         "protocol.rlhf.selector_methods=[fedbis,fedbiscuit_u3]"]
+SLICE = [
+    "experiment=fedbiscuit_paper",
+    "task.max_pairs=300",
+    "task.splits={test: 40, judge: 40, server: 20}",
+    "task.n_topics=4",
+    "task.partitioner.num_partitions=4",
+    "task.partitioner.min_partition_size=10",
+    "task.minority_share=0.5",
+    "protocol.local_steps=2",
+    "protocol.central_steps=10",
+    "protocol.warmup_rounds=1",
+    "protocol.regroup_every=1",
+    "protocol.regroup_quorum=0.25",
+    "protocol.fraction_train=0.5",
+    "num_rounds=5",
+    "~protocol.methods.fedbiscuit_u5",
+    "~protocol.methods.central",
+    "protocol.rlhf.sft_steps=2",
+    "protocol.rlhf.sft_heldout=20",
+    "protocol.rlhf.completions=[2]",
+    "protocol.rlhf.dpo_steps=2",
+    "protocol.rlhf.dpo_batch_size=2",
+    "protocol.rlhf.eval_prompts=6",
+    "protocol.rlhf.bootstrap=100",
+    "protocol.rlhf.baseline_rounds=1",
+    "protocol.rlhf.baseline_steps=1",
+    "protocol.rlhf.judge_steps=10",
+    "protocol.rlhf.max_new_tokens=8",
+    "protocol.rlhf.selector_methods=[fedbis,fedbiscuit_u3]",
+]
 
 
 def test_fedbis_and_fedbiscuit_survive_faulty_regroups(tmp_path):
     out = tmp_path / "results"
-    code, log = fedsim_run(*SLICE, f"results_dir={out}", f"protocol.rlhf.base_dir={tmp_path / 'policy'}",
-                           "faults.crash=[1]", "faults.timeout=[3]",
-                           "faults.message_types=[evaluate]", "faults.timeout_seconds=60", "round_timeout=45",
-                           timeout=900)
+    code, log = fedsim_run(
+        *SLICE,
+        f"results_dir={out}",
+        f"protocol.rlhf.base_dir={tmp_path / 'policy'}",
+        "faults.crash=[1]",
+        "faults.timeout=[3]",
+        "faults.message_types=[evaluate]",
+        "faults.timeout_seconds=60",
+        "round_timeout=45",
+        timeout=900,
+    )
     assert code == 0, log[-3000:]
     r = read_results(out)
     assert list(r["selectors"]) == ["central_majority", "fedbis", "fedbiscuit_u3", "oracle_groups"]
@@ -45,11 +72,15 @@ def test_fedbis_and_fedbiscuit_survive_faulty_regroups(tmp_path):
         assert sorted(g["sizes"]) == [1, 1, 2] and sum(len(m) for m in g["members"]) == 4
         assert g["reported"] == 2  # partitions 0 and 2; 1 crashed, 3 timed out
     assert groups[0]["joined"] == 2 and groups[1]["kept"] == 2  # never grouped: join; then keep
+
     def group_of(g, partition_id):
         return next(u for u, members in enumerate(g["members"]) if partition_id in members)
+
     assert all(group_of(groups[1], p) == group_of(groups[0], p) for p in (1, 3))
     faults = r["regroup_faults"]["fedbiscuit_u3"]
-    assert all(f["failed"] == 1 and f["timed_out"] == 1 and f["accepted"] == 2 for f in faults.values())
+    assert all(
+        f["failed"] == 1 and f["timed_out"] == 1 and f["accepted"] == 2 for f in faults.values()
+    )
     assert r["faults"]["fedbiscuit_u3/regroup"] == faults
     comm = r["communication"]["fedbiscuit_u3"]
     assert comm["regroup_bytes"] > 2 * comm["bytes_per_round"] > 0  # every selector to every client
@@ -64,11 +95,22 @@ def test_fedbis_and_fedbiscuit_survive_faulty_regroups(tmp_path):
         lo, hi = policy[method]["2"]["ci"]
         assert lo <= policy[method]["2"]["win_rate"] <= hi
     assert policy["fedavg"]["clients"]["prompts"] == policy["feddpo"]["clients"]["prompts"] == 6
-    assert set(policy["raw"]) == {"2", "clients"} and policy["raw"]["2"]["win_rate"] == 0.5  # sweep.baseline=raw
+    assert (
+        set(policy["raw"]) == {"2", "clients"} and policy["raw"]["2"]["win_rate"] == 0.5
+    )  # sweep.baseline=raw
     assert set(r["rlhf"]["judge"]["agreement"]) == set(r["selectors"])
     assert r["rlhf"]["judge"]["pairs"] == 40 and 0.0 <= r["rlhf"]["judge"]["accuracy"] <= 1.0
     assert r["communication"]["policy_feddpo"]["bytes_per_round"] > 0
-    h2h = r["rlhf"]["head_to_head"]["fedbiscuit_u3"]["2"]  # against FedBis's policy, prompt by prompt
-    assert h2h["prompts"] == 6 and h2h["reward_diff_ci"][0] <= h2h["reward_diff"] <= h2h["reward_diff_ci"][1]
+    h2h = r["rlhf"]["head_to_head"]["fedbiscuit_u3"][
+        "2"
+    ]  # against FedBis's policy, prompt by prompt
+    assert (
+        h2h["prompts"] == 6
+        and h2h["reward_diff_ci"][0] <= h2h["reward_diff"] <= h2h["reward_diff_ci"][1]
+    )
     summary = (out / "summary.md").read_text()
-    assert "win rate vs base" in summary and "derived, not measured" in summary and "against fedbis" in summary
+    assert (
+        "win rate vs base" in summary
+        and "derived, not measured" in summary
+        and "against fedbis" in summary
+    )

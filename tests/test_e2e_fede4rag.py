@@ -17,8 +17,14 @@ from fedsim_tasks.hf import build_encoder
 # process (tests/test_strategy_matrix.py, tests/test_reply_fuzz.py); this run is exhaustive
 pytestmark = [pytest.mark.e2e, pytest.mark.exhaustive]
 
-SLICE = ["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]", "task.pages_per_client=30",
-         "task.n_valid=4", "task.n_test=6", "task.corpus_pages_per_doc=8"]
+SLICE = [
+    "experiment=fede4rag_paper",
+    "task.companies=[AES Corporation,Boeing]",
+    "task.pages_per_client=30",
+    "task.n_valid=4",
+    "task.n_test=6",
+    "task.corpus_pages_per_doc=8",
+]
 
 
 def vanilla_metrics() -> dict:
@@ -34,21 +40,36 @@ def vanilla_metrics() -> dict:
 def test_every_method_on_a_small_slice(tmp_path):
     out = tmp_path / "results"
     code, log = fedsim_run(
-        *SLICE, f"results_dir={out}",
-        "task.embedding_cache=null", f"task.he.key_dir={tmp_path / 'keys'}",  # the run's own store
-        f"client_state.dir={tmp_path / 'state'}", "num_rounds=2", "protocol.local_steps=1",
-        "protocol.batch_size=4", "protocol.eval_pages_per_message=24", "protocol.eval_nodes=2",
+        *SLICE,
+        f"results_dir={out}",
+        "task.embedding_cache=null",
+        f"task.he.key_dir={tmp_path / 'keys'}",  # the run's own store
+        f"client_state.dir={tmp_path / 'state'}",
+        "num_rounds=2",
+        "protocol.local_steps=1",
+        "protocol.batch_size=4",
+        "protocol.eval_pages_per_message=24",
+        "protocol.eval_nodes=2",
         "hardware.clients_per_supernode=2",
-        "protocol.methods.local_only=null", "protocol.methods.persistent_no_kd=null",  # tests/test_fede4rag_arms.py
-        timeout=900)
+        "protocol.methods.local_only=null",
+        "protocol.methods.persistent_no_kd=null",  # tests/test_fede4rag_arms.py
+        timeout=900,
+    )
     assert code == 0, log[-3000:]
     assert "fedsim: 1 SuperNodes" in log
     r = read_results(out)
     assert r["budget_steps"] == 4 and set(r["clients"]) == {"0", "1"}
     assert [c["companies"] for c in r["clients"].values()] == [["AES Corporation"], ["Boeing"]]
     methods = r["methods"]
-    assert list(methods) == ["vanilla", "alone_largest", "alone_smallest", "centralized",
-                             "fedavg", "fede4rag_no_he", "fede4rag"]
+    assert list(methods) == [
+        "vanilla",
+        "alone_largest",
+        "alone_smallest",
+        "centralized",
+        "fedavg",
+        "fede4rag_no_he",
+        "fede4rag",
+    ]
     for name, m in methods.items():
         assert m["steps"] == (0 if name == "vanilla" else 4)
         for split in ("valid", "test"):
@@ -72,39 +93,63 @@ def test_every_method_on_a_small_slice(tmp_path):
     assert he["rounds"]["2"]["one-trip"] == 1 and "fede4rag/he-encrypt" not in r["faults"]
     cost = r["round_cost"]  # per federated method
     assert set(cost) == {"fedavg", "fede4rag_no_he", "fede4rag"}
-    assert cost["fede4rag"]["bytes_per_client_round"] > 10 * cost["fede4rag_no_he"]["bytes_per_client_round"]
+    assert (
+        cost["fede4rag"]["bytes_per_client_round"]
+        > 10 * cost["fede4rag_no_he"]["bytes_per_client_round"]
+    )
     assert cost["fede4rag"]["encrypt_seconds_per_client_round"] > 0
     assert "encrypt_seconds_per_client_round" not in cost["fede4rag_no_he"]
     # every phase went through the one messaging path and is counted
     faults, traffic = r["faults"], r["communication"]
-    for phase in ("discover", "initial-weights", "alone_largest/train", "fedavg/train",
-                  "fede4rag/train", "fede4rag/he-install", "eval/fede4rag/encode", "eval/fede4rag/score"):
-        assert all(c["failed"] == c["malformed"] == c["timed_out"] == 0
-                   for c in faults[phase].values()), (phase, faults[phase])
+    for phase in (
+        "discover",
+        "initial-weights",
+        "alone_largest/train",
+        "fedavg/train",
+        "fede4rag/train",
+        "fede4rag/he-install",
+        "eval/fede4rag/encode",
+        "eval/fede4rag/score",
+    ):
+        assert all(
+            c["failed"] == c["malformed"] == c["timed_out"] == 0 for c in faults[phase].values()
+        ), (phase, faults[phase])
     # pieces encoded two at a time, one per client, into one store: the vanilla metrics are those
     # of the whole corpus encoded at once
     waves = faults["eval/vanilla/encode"]
-    assert len(waves) > 1 and waves["1"]["sent"] == 2 and all(w["sent"] == w["accepted"] for w in waves.values())
+    assert (
+        len(waves) > 1
+        and waves["1"]["sent"] == 2
+        and all(w["sent"] == w["accepted"] for w in waves.values())
+    )
     assert traffic["eval/vanilla/encode"]["1"]["messages"] == 2
     assert "encoded on 2 node(s)" in log
     reference = vanilla_metrics()
     for split in ("valid", "test"):
         assert methods["vanilla"][split] == pytest.approx(
-            {m: reference[f"{split}/{m}"] for m in METRICS} | {
-                "questions": reference[f"{split}/questions"], "corpus_pages": reference[f"{split}/corpus-pages"],
-                "corpus_entries": reference[f"{split}/corpus-entries"]},
-            abs=1e-6)
+            {m: reference[f"{split}/{m}"] for m in METRICS}
+            | {
+                "questions": reference[f"{split}/questions"],
+                "corpus_pages": reference[f"{split}/corpus-pages"],
+                "corpus_entries": reference[f"{split}/corpus-entries"],
+            },
+            abs=1e-6,
+        )
     # FedE4RAG's companies keep their own retrievers: round 1 starts from the global (the
     # teacher: KD exactly 0), round 2 from the company's own model (KD above 0); each own model
     # is evaluated on its node and differs from the global and from the other company's
     for name in ("fede4rag_no_he", "fede4rag"):
         rounds, local = methods[name]["rounds"], methods[name]["local"]
-        assert rounds["1"]["kd-first"] == pytest.approx(0.0, abs=1e-9) and rounds["2"]["kd-first"] > 1e-7
+        assert (
+            rounds["1"]["kd-first"] == pytest.approx(0.0, abs=1e-9)
+            and rounds["2"]["kd-first"] > 1e-7
+        )
         assert local["model"] == "own" and set(local["clients"]) == {"0", "1"}
         own_keys = {c["weights_key"] for c in local["clients"].values()}
         assert len(own_keys) == 2 and methods[name]["weights_key"] not in own_keys
         assert local["valid"]["ndcg@10"] == pytest.approx(
-            sum(c["valid"]["ndcg@10"] for c in local["clients"].values()) / 2)
+            sum(c["valid"]["ndcg@10"] for c in local["clients"].values()) / 2
+        )
         assert all(c["failed"] == 0 for c in faults[f"eval/{name}/local/score"].values())
     assert methods["fedavg"]["local"]["model"] == "global"  # FedAvg keeps no local model
     assert methods["fedavg"]["local"]["test"] == {m: methods["fedavg"]["test"][m] for m in METRICS}

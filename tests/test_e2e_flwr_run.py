@@ -27,13 +27,24 @@ def flwr(tmp_path):
     home = tmp_path / "flwr_home"
     home.mkdir()
     # the app runs from Flower's copy under FLWR_HOME: the data root is named, as docs/usage.md says
-    env = {**_env(home, "flwr-run-test"), "TMPDIR": root, "FEDSIM_DATA_ROOT": str(resolve_data_root(None))}
+    env = {
+        **_env(home, "flwr-run-test"),
+        "TMPDIR": root,
+        "FEDSIM_DATA_ROOT": str(resolve_data_root(None)),
+    }
     link, port = start_superlink(tmp_path, env, simulation=True)
     write_connection(home, f"127.0.0.1:{port}", None)
 
     def run(*args, timeout=240):
-        return subprocess.run([str(BIN / "flwr"), *args], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=timeout)
+        return subprocess.run(
+            [str(BIN / "flwr"), *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
     try:
         yield run
     finally:
@@ -44,24 +55,41 @@ def flwr(tmp_path):
 
 def status(flwr, output: str) -> str:
     run_id = output.split("Successfully started run ")[1].split()[0]
-    return json.loads(flwr("ls", "--run-id", run_id, "--format", "json").stdout)["runs"][0]["status"]
+    return json.loads(flwr("ls", "--run-id", run_id, "--format", "json").stdout)["runs"][0][
+        "status"
+    ]
 
 
 def test_flwr_run_refuses_bad_config_and_states_the_supernodes(flwr, tmp_path):
     undeclared = flwr("run", str(REPO_ROOT), "--stream", "--run-config", "num_round=3")
-    assert undeclared.returncode != 0 and "Invalid run configuration" in undeclared.stdout + undeclared.stderr
+    assert (
+        undeclared.returncode != 0
+        and "Invalid run configuration" in undeclared.stdout + undeclared.stderr
+    )
 
     wrong_type = flwr("run", str(REPO_ROOT), "--stream", "--run-config", "seed='x'")
     log = wrong_type.stdout + wrong_type.stderr
-    assert "configuration error, nothing was sent" in log and "could not be converted to Integer" in log, log
+    assert (
+        "configuration error, nothing was sent" in log
+        and "could not be converted to Integer" in log
+    ), log
     assert "clients done" not in log and status(flwr, log) == "finished:failed"
-    assert wrong_type.returncode == 0  # Flower 1.42's CLI: a failed ServerApp is seen in `flwr ls`, not the exit
+    assert (
+        wrong_type.returncode == 0
+    )  # Flower 1.42's CLI: a failed ServerApp is seen in `flwr ls`, not the exit
 
     out = tmp_path / "results"
-    tiny = flwr("run", str(REPO_ROOT), "--stream", "--run-config",
-                f"seed=3 overrides='{' '.join(SMALL)} results_dir={out}'")
+    tiny = flwr(
+        "run",
+        str(REPO_ROOT),
+        "--stream",
+        "--run-config",
+        f"seed=3 overrides='{' '.join(SMALL)} results_dir={out}'",
+    )
     log = tiny.stdout + tiny.stderr
-    assert "2 SuperNodes connected for the task's 20 clients: each SuperNode hosts about 10" in log, log
+    assert (
+        "2 SuperNodes connected for the task's 20 clients: each SuperNode hosts about 10" in log
+    ), log
     assert status(flwr, log) == "finished:completed"
     assert json.loads((out / "results.json").read_text())["supernodes"] == 2
     assert "seed: 3" in (out / "config.yaml").read_text().splitlines()

@@ -26,20 +26,34 @@ LAYOUT = "hardware.num_supernodes=2"  # one federation for both: 2 nodes (the si
 FEDTP = [*SMALL, "task.max_per_split=2", "privacy.reproducible_noise=true", "seed=7"]
 # FedE4RAG's FedAvg (LoRA on MiniLM) on two companies' first pages, one round, the corpus encoded
 # in two pieces by OpenVINO (a deployment's second piece compiles the first's saved graph in a new process)
-LORA = ["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]", "task.pages_per_client=12",
-        "task.n_valid=4", "task.n_test=6", "task.corpus_pages_per_doc=4", "task.embedding_cache=null",
-        "num_rounds=1", "protocol.local_steps=2", "protocol.batch_size=4", "protocol.eval_pages_per_message=40",
-        "protocol.eval_local=false", "~protocol.methods",
-        "+protocol.methods={fedavg: {run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: 0.0, he: false}}",
-        "seed=7"]
+LORA = [
+    "experiment=fede4rag_paper",
+    "task.companies=[AES Corporation,Boeing]",
+    "task.pages_per_client=12",
+    "task.n_valid=4",
+    "task.n_test=6",
+    "task.corpus_pages_per_doc=4",
+    "task.embedding_cache=null",
+    "num_rounds=1",
+    "protocol.local_steps=2",
+    "protocol.batch_size=4",
+    "protocol.eval_pages_per_message=40",
+    "protocol.eval_local=false",
+    "~protocol.methods",
+    "+protocol.methods={fedavg: {run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: 0.0, he: false}}",
+    "seed=7",
+]
 MACHINE = {"timings", "provenance", "checkpoint"}
 
 
 def comparable(value):
     """results.json without what measures the machine."""
     if isinstance(value, dict):
-        return {k: comparable(v) for k, v in value.items()
-                if k not in MACHINE and "seconds" not in k and not k.startswith("ms_")}
+        return {
+            k: comparable(v)
+            for k, v in value.items()
+            if k not in MACHINE and "seconds" not in k and not k.startswith("ms_")
+        }
     if isinstance(value, list):
         return [comparable(v) for v in value]
     return value
@@ -47,7 +61,9 @@ def comparable(value):
 
 def run_on(tmp_path, overrides: list[str], backend: str) -> tuple[dict, str]:
     out = tmp_path / backend.split("=")[1]
-    code, log = fedsim_run(*overrides, backend, LAYOUT, f"results_dir={out}", f"client_state.dir={tmp_path / 'state'}")
+    code, log = fedsim_run(
+        *overrides, backend, LAYOUT, f"results_dir={out}", f"client_state.dir={tmp_path / 'state'}"
+    )
     assert code == 0, log[-3000:]
     return read_results(out), log
 
@@ -67,20 +83,36 @@ def test_fedtp_gives_the_same_results_simulated_and_deployed(tmp_path, monkeypat
     assert "deployment via SuperLink 127.0.0.1:" in log and "(TLS + node authentication)" in log
     prior = deployed["prior_clients"]
     assert deployed["supernodes"] == 2 and deployed["conversations"] == 8
-    assert (prior["count"], prior["nodes"]) == (4, 2)  # each SuperNode hosts 2 validation conversations
+    assert (prior["count"], prior["nodes"]) == (
+        4,
+        2,
+    )  # each SuperNode hosts 2 validation conversations
     assert deployed["routers"]["fedmix"]["overall"]["turns"] > 0
     marks = exchange_trace.read(tmp_path)
     handled = [m for m in marks if m["event"] == "enter"]
     parents = {m["pid"]: m["parent"] for m in marks if m["event"] == "process-start"}
-    assert len(handled) >= 8 and len({m["pid"] for m in handled}) == 2  # discover, prior, tune, test x 2 nodes
-    assert all("multiprocessing.forkserver" in parents[m["pid"]] for m in handled), set(parents.values())
-    assert {phase for phase, _ in exchange_trace.breakdown(marks)} >= {"discover", "prior/train", "tune", "test"}
-    assert simulated["privacy"] == deployed["privacy"] and simulated["dp_sweep"]  # the DP releases: noised alike
+    assert (
+        len(handled) >= 8 and len({m["pid"] for m in handled}) == 2
+    )  # discover, prior, tune, test x 2 nodes
+    assert all("multiprocessing.forkserver" in parents[m["pid"]] for m in handled), set(
+        parents.values()
+    )
+    assert {phase for phase, _ in exchange_trace.breakdown(marks)} >= {
+        "discover",
+        "prior/train",
+        "tune",
+        "test",
+    }
+    assert (
+        simulated["privacy"] == deployed["privacy"] and simulated["dp_sweep"]
+    )  # the DP releases: noised alike
     assert comparable(deployed) == comparable(simulated)
 
 
 @pytest.mark.exhaustive  # two FedE4RAG runs, minutes each: the default suite compares FedTP
 def test_lora_retriever_gives_the_same_results_simulated_and_deployed(tmp_path):
-    simulated, deployed = simulated_and_deployed(tmp_path, [*LORA, f"task.he.key_dir={tmp_path / 'keys'}"])
+    simulated, deployed = simulated_and_deployed(
+        tmp_path, [*LORA, f"task.he.key_dir={tmp_path / 'keys'}"]
+    )
     assert simulated["methods"]["fedavg"]["test"]["questions"] == 6
     assert comparable(deployed) == comparable(simulated)

@@ -17,11 +17,18 @@ def test_an_audited_run_reports_both_bounds_and_holds(run_small):
     assert code == 0, log
     audit = read_results(out)["privacy"]["audit"]
     assert audit["holds"] is True
-    assert [r["release"] for r in audit["releases"]] == ["prior", "dp/0.0/0", "dp/1.0/0", "dp/4.0/0"]
+    assert [r["release"] for r in audit["releases"]] == [
+        "prior",
+        "dp/0.0/0",
+        "dp/1.0/0",
+        "dp/4.0/0",
+    ]
     for row in audit["releases"]:
         assert row["canaries"] == 256 and row["confidence"] == 0.95 and row["holds"]
     no_noise = audit["releases"][1]
-    assert no_noise["epsilon_upper"] is None and no_noise["epsilon_lower"] > 2.5  # nothing claimed, much shown
+    assert (
+        no_noise["epsilon_upper"] is None and no_noise["epsilon_lower"] > 2.5
+    )  # nothing claimed, much shown
     assert 0 <= audit["releases"][3]["epsilon_lower"] < audit["releases"][3]["epsilon_upper"]
     assert (out / "privacy_audit.png").stat().st_size > 0
     assert "## Privacy audit" in (out / "summary.md").read_text()

@@ -38,29 +38,58 @@ pytestmark = pytest.mark.slow  # base SFT, trust evaluator and adapters built he
 
 CLIENTS, ROUNDS, CONTAMINATED = 3, 3, 1
 IID = f"{{_target_: flwr_datasets.partitioner.IidPartitioner, num_partitions: {CLIENTS}}}"
-FEDDTRE = ("{_target_: fedsim_strategies.trust_alpha.TrustAlpha, k0: 0.7, k_growth: 0.1, midpoint: 0.01, "
-           "alpha_min: 0.1, alpha_max: 1.0}")
-SLICE = ["experiment=feddtre_paper", DATA, f"task.num_clients={CLIENTS}",
-         "task.max_conversations=60", "~task.datasets.cmu_dog", "~task.datasets.persona_chat.partitioner",
-         f"+task.datasets.persona_chat.partitioner={IID}", "task.trust.contexts_per_client=10",
-         f"task.contamination.clients=[{CONTAMINATED}]", "task.contamination.share=1.0",
-         "protocol.generator.base_sft_steps=40", "protocol.generator.base_sft_batch_size=8",
-         "protocol.generator.base_heldout=10", "protocol.generator.max_length=96",
-         "protocol.generator.local_steps=12", "protocol.generator.batch_size=8", "protocol.generator.lr=2.0e-3",
-         "protocol.generator.lr_final=2.0e-3", "protocol.generator.eval_contexts=4",
-         "protocol.generator.max_new_tokens=16", "protocol.test_contexts=4", "protocol.personal_contexts=10",
-         f"protocol.clients_per_round={CLIENTS}", "protocol.evaluator.rounds=1",
-         f"protocol.evaluator.clients_per_round={CLIENTS}", "protocol.evaluator.local_steps=4",
-         "protocol.evaluator.heldout_contexts=5", f"num_rounds={ROUNDS}", "~protocol.methods",
-         f"+protocol.methods={{feddtre: {{run: fedsim_experiments.feddtre.protocol.federated, strategy: {FEDDTRE}}}}}"]
+FEDDTRE = (
+    "{_target_: fedsim_strategies.trust_alpha.TrustAlpha, k0: 0.7, k_growth: 0.1, midpoint: 0.01, "
+    "alpha_min: 0.1, alpha_max: 1.0}"
+)
+SLICE = [
+    "experiment=feddtre_paper",
+    DATA,
+    f"task.num_clients={CLIENTS}",
+    "task.max_conversations=60",
+    "~task.datasets.cmu_dog",
+    "~task.datasets.persona_chat.partitioner",
+    f"+task.datasets.persona_chat.partitioner={IID}",
+    "task.trust.contexts_per_client=10",
+    f"task.contamination.clients=[{CONTAMINATED}]",
+    "task.contamination.share=1.0",
+    "protocol.generator.base_sft_steps=40",
+    "protocol.generator.base_sft_batch_size=8",
+    "protocol.generator.base_heldout=10",
+    "protocol.generator.max_length=96",
+    "protocol.generator.local_steps=12",
+    "protocol.generator.batch_size=8",
+    "protocol.generator.lr=2.0e-3",
+    "protocol.generator.lr_final=2.0e-3",
+    "protocol.generator.eval_contexts=4",
+    "protocol.generator.max_new_tokens=16",
+    "protocol.test_contexts=4",
+    "protocol.personal_contexts=10",
+    f"protocol.clients_per_round={CLIENTS}",
+    "protocol.evaluator.rounds=1",
+    f"protocol.evaluator.clients_per_round={CLIENTS}",
+    "protocol.evaluator.local_steps=4",
+    "protocol.evaluator.heldout_contexts=5",
+    f"num_rounds={ROUNDS}",
+    "~protocol.methods",
+    f"+protocol.methods={{feddtre: {{run: fedsim_experiments.feddtre.protocol.federated, strategy: {FEDDTRE}}}}}",
+]
 
 
 def play(cfg, clients: int) -> dict:
     """The run of ``cfg`` in process over ``clients`` real ClientApps: its results.json."""
-    grid = InProcessGrid({1000 + p: functools.partial(serve, partition=p, num_partitions=clients, node=from_run(cfg))
-                          for p in range(clients)})
+    grid = InProcessGrid(
+        {
+            1000 + p: functools.partial(
+                serve, partition=p, num_partitions=clients, node=from_run(cfg)
+            )
+            for p in range(clients)
+        }
+    )
     patch = pytest.MonkeyPatch()
-    patch.setattr(strategy_utils, "random", strategy_utils.random)  # seed_server replaces it: given back
+    patch.setattr(
+        strategy_utils, "random", strategy_utils.random
+    )  # seed_server replaces it: given back
     try:
         server_app._run(grid, cfg, RunOutput(cfg.results_dir))
     finally:
@@ -72,8 +101,15 @@ def play(cfg, clients: int) -> dict:
 def run(tmp_path_factory):
     """The slice's run, once: its results and the clients' kept state (kept after the run)."""
     tmp = tmp_path_factory.mktemp("feddtre-personal")
-    cfg = compose([*SLICE, f"results_dir={tmp / 'results'}", f"protocol.generator.base_dir={tmp / 'gen'}",
-                   f"client_state.dir={tmp / 'state'}", "client_state.keep=true"])
+    cfg = compose(
+        [
+            *SLICE,
+            f"results_dir={tmp / 'results'}",
+            f"protocol.generator.base_dir={tmp / 'gen'}",
+            f"client_state.dir={tmp / 'state'}",
+            "client_state.keep=true",
+        ]
+    )
     return play(cfg, CLIENTS), tmp / "state"
 
 
@@ -87,7 +123,9 @@ def test_every_client_evaluates_its_own_model_beside_the_global_one(run):
     assert r["faults"]["persona_chat/feddtre/personal"][str(ROUNDS + 1)]["accepted"] == CLIENTS
     for c in feddtre["clients"]:
         assert c["kept_local"] and c["distance_to_global"] > 0 and c["contexts"] == 10
-        assert c["gain_trust_bertscore"] == pytest.approx(c["trust_bertscore"] - c["global_trust_bertscore"])
+        assert c["gain_trust_bertscore"] == pytest.approx(
+            c["trust_bertscore"] - c["global_trust_bertscore"]
+        )
     assert feddtre["distance_to_global"]["min"] > 0 and feddtre["trust_bertscore"]["std"] >= 0
 
 
@@ -99,7 +137,9 @@ def test_the_feddtre_local_model_persists_across_rounds(run):
     (folder,) = state.iterdir()
     for p in range(CLIENTS):
         kept = sorted((folder / f"client-{p}").glob("generator-persona_chat-feddtre.r*.npz"))
-        assert [k.name for k in kept] == [f"generator-persona_chat-feddtre.r{t}.npz" for t in (ROUNDS - 1, ROUNDS)]
+        assert [k.name for k in kept] == [
+            f"generator-persona_chat-feddtre.r{t}.npz" for t in (ROUNDS - 1, ROUNDS)
+        ]
         older, newer = (np.load(k) for k in kept)
         assert any(not np.array_equal(older[k], newer[k]) for k in older.files)
 
@@ -113,11 +153,17 @@ def test_a_contaminated_client_leaks_and_scores_lower(run):
     c = r["contamination"]
     assert c["clients"] == [CONTAMINATED] and c["share"] == 1.0
     groups = c["methods"]["feddtre"]["persona_chat"]
-    assert groups["contaminated"]["client_rounds"] == ROUNDS and groups["clean"]["client_rounds"] == 2 * ROUNDS
+    assert (
+        groups["contaminated"]["client_rounds"] == ROUNDS
+        and groups["clean"]["client_rounds"] == 2 * ROUNDS
+    )
     assert all(0.1 - 1e-9 <= g["alpha"] <= 1.0 for g in groups.values())
     assert groups["contaminated"]["s_local"] < groups["clean"]["s_local"], groups
     assert groups["contaminated"]["alpha"] > groups["clean"]["alpha"], groups
-    rows = {row["partition"]: row for row in r["methods"]["feddtre"]["persona_chat"]["personalized"]["clients"]}
+    rows = {
+        row["partition"]: row
+        for row in r["methods"]["feddtre"]["persona_chat"]["personalized"]["clients"]
+    }
     clean = [rows[p]["pii_rate"] for p in rows if p != CONTAMINATED]
     assert rows[CONTAMINATED]["pii_rate"] > max(clean), rows
     assert groups["contaminated"]["personal_pii_rate"] == rows[CONTAMINATED]["pii_rate"]
@@ -125,7 +171,8 @@ def test_a_contaminated_client_leaks_and_scores_lower(run):
 
 def test_more_clients_per_round_than_clients_is_refused_at_once():
     """Flower's sampling would wait for nodes that never come, until the round timeout."""
-    cfg = compose(["experiment=feddtre_paper", DATA, "task.num_clients=2",
-                   "protocol.clients_per_round=3"])
+    cfg = compose(
+        ["experiment=feddtre_paper", DATA, "task.num_clients=2", "protocol.clients_per_round=3"]
+    )
     with pytest.raises(ValueError, match="clients_per_round=3 but the task has 2 clients"):
         feddtre.run(None, cfg, None, None)

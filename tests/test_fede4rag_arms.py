@@ -29,7 +29,12 @@ from fedsim.runtime.records import from_record
 from fedsim_clients import fede4rag_messages as keys
 from fedsim_experiments.fede4rag import protocol as fede4rag
 from fedsim_experiments.fede4rag import report
-from fedsim_tasks.financebench_rag.dataset import client_documents, load_documents, load_questions, owners
+from fedsim_tasks.financebench_rag.dataset import (
+    client_documents,
+    load_documents,
+    load_questions,
+    owners,
+)
 from fedsim_tasks.financebench_rag.train import frozen_copy, train_encoder
 from fedsim_tasks.hf import build_encoder
 from fedsim_tasks.test_causal_lm import encoder_dir  # noqa: F401 (fixture: the tiny BERT)
@@ -43,25 +48,54 @@ COMPANIES = ["AES Corporation", "Boeing"]  # 3 and 8 of FinanceBench's questions
 def run(encoder_dir, tmp_path_factory):  # noqa: F811 (the imported fixture)
     """Every arm but HE trained and evaluated once; the configs each node received."""
     tmp = tmp_path_factory.mktemp("arms")
-    cfg = compose(["experiment=fede4rag_paper", DATA, f"task.companies=[{','.join(COMPANIES)}]",
-                   f"task.model={encoder_dir}", "task.max_seq_length=32", "task.pages_per_client=6",
-                   "task.corpus_pages_per_doc=2", "task.embedding_cache=null", f"client_state.dir={tmp / 'state'}",
-                   "num_rounds=2", "protocol.local_steps=2", "protocol.batch_size=2", "protocol.eval_backend=torch",
-                   "protocol.eval_pages_per_message=4096", "hardware.num_cpus=1"])
+    cfg = compose(
+        [
+            "experiment=fede4rag_paper",
+            DATA,
+            f"task.companies=[{','.join(COMPANIES)}]",
+            f"task.model={encoder_dir}",
+            "task.max_seq_length=32",
+            "task.pages_per_client=6",
+            "task.corpus_pages_per_doc=2",
+            "task.embedding_cache=null",
+            f"client_state.dir={tmp / 'state'}",
+            "num_rounds=2",
+            "protocol.local_steps=2",
+            "protocol.batch_size=2",
+            "protocol.eval_backend=torch",
+            "protocol.eval_pages_per_message=4096",
+            "hardware.num_cpus=1",
+        ]
+    )
     sent = []
 
     def node(msg, partition):
         sent.append((partition, msg.metadata.message_type, dict(msg.content[keys.CONFIG])))
         return serve(msg, partition, 2, from_run(cfg))
-    grid = InProcessGrid({100 + p: partial(node, partition=p) for p in range(2)}, keep_replies=False)
+
+    grid = InProcessGrid(
+        {100 + p: partial(node, partition=p) for p in range(2)}, keep_replies=False
+    )
     ctx = fede4rag.context(Messenger(grid, timeout=120), cfg, PrivacyPlan.fresh(cfg))
-    methods = {name: fede4rag.train_and_evaluate(ctx, name, cfg.protocol.methods[name])
-               for name in ("fedavg", "local_only", "persistent_no_kd", "fede4rag_no_he")}
+    methods = {
+        name: fede4rag.train_and_evaluate(ctx, name, cfg.protocol.methods[name])
+        for name in ("fedavg", "local_only", "persistent_no_kd", "fede4rag_no_he")
+    }
     grid.keep_replies = True  # the last round's replies, which the product average averages
-    product = fede4rag.federated(ctx, "product", OmegaConf.create(
-        {**OmegaConf.to_container(cfg.protocol.methods.persistent_no_kd), "lora_aggregation": "product"}))
-    last = [(from_record(m.content[keys.ARRAYS]), float(m.content[keys.METRICS][keys.NUM_EXAMPLES]))
-            for m in grid.received[-2:]]
+    product = fede4rag.federated(
+        ctx,
+        "product",
+        OmegaConf.create(
+            {
+                **OmegaConf.to_container(cfg.protocol.methods.persistent_no_kd),
+                "lora_aggregation": "product",
+            }
+        ),
+    )
+    last = [
+        (from_record(m.content[keys.ARRAYS]), float(m.content[keys.METRICS][keys.NUM_EXAMPLES]))
+        for m in grid.received[-2:]
+    ]
     return cfg, methods | {"product": {"global": from_record(product.arrays), "last": last}}, sent
 
 
@@ -73,8 +107,17 @@ def test_the_authors_objective_is_the_default_and_the_weak_one_a_variant():
     paper, weak = compose(["experiment=fede4rag_paper"]), compose(["experiment=fede4rag_weak_kd"])
     assert (paper.protocol.temperature, paper.protocol.kd_weight) == (1.0, 100.0)
     assert (weak.protocol.temperature, weak.protocol.kd_weight) == (0.05, 1.0)
-    assert list(paper.protocol.methods) == ["vanilla", "alone_largest", "alone_smallest", "centralized", "fedavg",
-                                            "local_only", "persistent_no_kd", "fede4rag_no_he", "fede4rag"]
+    assert list(paper.protocol.methods) == [
+        "vanilla",
+        "alone_largest",
+        "alone_smallest",
+        "centralized",
+        "fedavg",
+        "local_only",
+        "persistent_no_kd",
+        "fede4rag_no_he",
+        "fede4rag",
+    ]
 
 
 def test_no_kd_trains_with_kd_weight_0_from_its_own_weights(run):
@@ -87,8 +130,10 @@ def test_no_kd_trains_with_kd_weight_0_from_its_own_weights(run):
     assert all("kd" not in r and "kd-grad-ratio" not in r for r in rounds.values())
     # the companies' own retrievers: local-only training's to the bit (continued from their own
     # weights, the global never taken in), FedAvg's and KD's others
-    own = {name: [c["weights_key"] for c in methods[name]["local"]["clients"].values()]
-           for name in ("local_only", "persistent_no_kd", "fede4rag_no_he")}
+    own = {
+        name: [c["weights_key"] for c in methods[name]["local"]["clients"].values()]
+        for name in ("local_only", "persistent_no_kd", "fede4rag_no_he")
+    }
     assert own["persistent_no_kd"] == own["local_only"]
     assert len(set(own["persistent_no_kd"])) == 2
     assert not set(own["fede4rag_no_he"]) & set(own["local_only"])
@@ -102,10 +147,14 @@ def test_local_only_never_averages(run):
     assert all(c[keys.WEIGHTS] == keys.FROM_INITIAL and c[keys.KD_WEIGHT] == 0.0 for _, c in local)
     m = methods["local_only"]
     assert "weights_key" not in m and "valid" not in m  # no global model, none evaluated
-    assert m["local"]["model"] == "own" and m["steps"] == 8  # the budget: 2 rounds x 2 steps x 2 companies
+    assert (
+        m["local"]["model"] == "own" and m["steps"] == 8
+    )  # the budget: 2 rounds x 2 steps x 2 companies
     distance = [m["rounds"][r]["client-distance"] for r in (1, 2)]
     moved = [m["rounds"][r]["update-norm"] for r in (1, 2)]
-    assert 0 < distance[0] < distance[1] and 0 < moved[0] < moved[1]  # drifting apart from the initial model
+    assert (
+        0 < distance[0] < distance[1] and 0 < moved[0] < moved[1]
+    )  # drifting apart from the initial model
 
 
 def test_fede4rag_logs_the_kd_gradient_ratio_and_the_distance_to_the_global_model(run):
@@ -123,14 +172,21 @@ def test_each_company_is_scored_on_its_own_and_the_others_questions(run):
         per = methods[name]["local"]["per_client"]
         for split in ("valid", "test"):
             ndcg = per[split]["ndcg@10"]
-            assert set(ndcg["own"]) == set(ndcg["others"]) == {"0", "1"}, (name, split)  # both own questions
+            assert set(ndcg["own"]) == set(ndcg["others"]) == {"0", "1"}, (
+                name,
+                split,
+            )  # both own questions
             assert all(0 <= v <= 1 for v in [*ndcg["own"].values(), *ndcg["others"].values()])
             # two companies: a company's "others" is the other company's questions
             clients = methods[name]["local"]["clients"]
             assert ndcg["others"]["0"] == clients["0"]["by_client"][f"{split}-client1"]["ndcg@10"]
-        asked = {c: methods[name]["local"]["clients"]["0"]["by_client"][f"test-client{c}"]["questions"]
-                 for c in ("0", "1")}
-        assert 0 < asked["0"] <= 3 and 0 < asked["1"] <= 8  # AES's and Boeing's questions of the test split
+        asked = {
+            c: methods[name]["local"]["clients"]["0"]["by_client"][f"test-client{c}"]["questions"]
+            for c in ("0", "1")
+        }
+        assert (
+            0 < asked["0"] <= 3 and 0 < asked["1"] <= 8
+        )  # AES's and Boeing's questions of the test split
     fedavg = methods["fedavg"]["local"]["per_client"]["test"]["ndcg@10"]
     assert fedavg["own"] == fedavg["global"]  # no local model: a company's model is the global one
     assert "global" not in methods["local_only"]["local"]["per_client"]["test"]["ndcg@10"]
@@ -152,7 +208,9 @@ def test_product_averaging_gives_the_best_rank_r_adapters_of_the_mean_product(ru
         tail = np.sqrt((np.linalg.svd(mean, compute_uv=False)[8:] ** 2).sum())
         error = np.linalg.norm(glob[b] @ glob[a] - mean)
         assert error == pytest.approx(tail, rel=1e-3, abs=1e-6), a
-        factors = sum(wi * c[b] for wi, (c, _) in zip(w, last)) @ sum(wi * c[a] for wi, (c, _) in zip(w, last))
+        factors = sum(wi * c[b] for wi, (c, _) in zip(w, last)) @ sum(
+            wi * c[a] for wi, (c, _) in zip(w, last)
+        )
         assert error < np.linalg.norm(factors - mean), a
 
 
@@ -161,7 +219,9 @@ def test_the_summary_tables_every_arm(run, tmp_path):
     companies' retrievers, its per-client scores and its rounds are reported."""
     cfg, methods, sent = run
     arms = {k: v for k, v in methods.items() if k != "product"}
-    text = report.summary({"budget_steps": 8, "methods": arms, "round_cost": {}}, RunOutput(tmp_path))
+    text = report.summary(
+        {"budget_steps": 8, "methods": arms, "round_cost": {}}, RunOutput(tmp_path)
+    )
     global_table = text.split("## Each company's retriever")[0]
     assert "| fedavg |" in global_table and "| local_only |" not in global_table
     assert "| local_only | valid | own |" in text and "| local_only | test |" in text
@@ -173,10 +233,18 @@ def test_a_wrong_arm_is_refused_before_the_run():
     with pytest.raises(ValueError, match="needs protocol.eval_local=true"):
         check(compose(["experiment=fede4rag_paper", "protocol.eval_local=false"]))
     with pytest.raises(ValueError, match="lora_aggregation=product cannot run: it runs under HE"):
-        check(compose(["experiment=fede4rag_paper", "+protocol.methods.fede4rag.lora_aggregation=product"]))
+        check(
+            compose(
+                ["experiment=fede4rag_paper", "+protocol.methods.fede4rag.lora_aggregation=product"]
+            )
+        )
     with pytest.raises(ValueError, match="is not one of"):
-        check(compose(["experiment=fede4rag_paper", "+protocol.methods.fedavg.lora_aggregation=sum"]))
-    cfg = compose(["experiment=fede4rag_paper", "+protocol.methods.fedavg.lora_aggregation=product"])
+        check(
+            compose(["experiment=fede4rag_paper", "+protocol.methods.fedavg.lora_aggregation=sum"])
+        )
+    cfg = compose(
+        ["experiment=fede4rag_paper", "+protocol.methods.fedavg.lora_aggregation=product"]
+    )
     check(cfg)
     assert OmegaConf.select(cfg, "protocol.methods.fedavg.lora_aggregation") == "product"
 
@@ -184,20 +252,32 @@ def test_a_wrong_arm_is_refused_before_the_run():
 def test_the_kd_gradient_ratio_is_the_weighted_kd_gradient_over_infonces(encoder_dir):  # noqa: F811
     """One step (the measured one is the first and last): the student's weights are the same
     whatever the KD weight, so the ratio scales with it; a teacher other than the student pulls."""
-    model = build_encoder(str(encoder_dir), 32, {"r": 4, "alpha": 8, "dropout": 0.0,
-                                                 "target_modules": ["query", "value"]}, 0)
+    model = build_encoder(
+        str(encoder_dir),
+        32,
+        {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["query", "value"]},
+        0,
+    )
     teacher = frozen_copy(model)
     torch.manual_seed(0)
     for name, p in teacher.named_parameters():
         if "lora_B" in name:
             p.data += 0.05 * torch.randn_like(p)
-    pairs = [(f"What was revenue in quarter {i}?", f"Revenue in quarter {i} rose on product sales {i}")
-             for i in range(8)]
-    ratio = {w: train_encoder(copy.deepcopy(model), pairs, 1, 4, 1e-3, 1.0, w, seed=0, teacher=teacher)["kd-grad-ratio"]
-             for w in (1.0, 100.0)}
+    pairs = [
+        (f"What was revenue in quarter {i}?", f"Revenue in quarter {i} rose on product sales {i}")
+        for i in range(8)
+    ]
+    ratio = {
+        w: train_encoder(copy.deepcopy(model), pairs, 1, 4, 1e-3, 1.0, w, seed=0, teacher=teacher)[
+            "kd-grad-ratio"
+        ]
+        for w in (1.0, 100.0)
+    }
     assert ratio[1.0] > 0
     assert ratio[100.0] == pytest.approx(100 * ratio[1.0], rel=1e-3)
-    itself = train_encoder(copy.deepcopy(model), pairs, 1, 4, 1e-3, 1.0, 1.0, seed=0)  # its own copy as teacher
+    itself = train_encoder(
+        copy.deepcopy(model), pairs, 1, 4, 1e-3, 1.0, 1.0, seed=0
+    )  # its own copy as teacher
     assert itself["kd-grad-ratio"] == 0.0
 
 
@@ -209,12 +289,24 @@ def test_by_sector_every_question_belongs_to_a_client_by_company_few_do():
     questions = list(load_questions(root))
 
     def owned(companies, by):
-        documents = lambda p: client_documents(root, companies, NaturalIdPartitioner(partition_by=by), p)  # noqa: E731
-        clients = len({d[by] for d in load_documents(root)
-                       if d["has_pages"] and (companies is None or d["company"] in companies)})
+        def documents(p):
+            return client_documents(root, companies, NaturalIdPartitioner(partition_by=by), p)
+
+        clients = len(
+            {
+                d[by]
+                for d in load_documents(root)
+                if d["has_pages"] and (companies is None or d["company"] in companies)
+            }
+        )
         groups = {str(p): documents(p) for p in range(clients)}
         return {g: len(q) for g, q in owners(root, questions, groups).items()}
-    assert owned(["AES Corporation", "Activision Blizzard", "Boeing", "PepsiCo"], "company") == \
-        {"0": 3, "1": 2, "2": 8, "3": 11}
+
+    assert owned(["AES Corporation", "Activision Blizzard", "Boeing", "PepsiCo"], "company") == {
+        "0": 3,
+        "1": 2,
+        "2": 8,
+        "3": 11,
+    }
     sectors = owned(None, "gics_sector")
     assert len(sectors) == 9 and sum(sectors.values()) == 150 and min(sectors.values()) == 6

@@ -37,7 +37,10 @@ from fedsim_tasks.hh_preference.dataset import Example
 from fedsim_tasks.hh_preference.selector import CausalABSelector, ScorerSelector
 from fedsim_tasks.test_causal_lm import PAIRS, llama_dir, save_tiny_llama  # noqa: F401 (fixtures)
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["query", "value"]}
 LLAMA_LORA = {**LORA, "target_modules": ["q_proj", "v_proj"]}
@@ -62,9 +65,18 @@ def encoder_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("encoder")
     tokenizer = load_tokenizer("all-MiniLM-L6-v2")
     torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=128, max_position_embeddings=128, hidden_dropout_prob=0.0,
-                         attention_probs_dropout_prob=0.0)).save_pretrained(path)
+    BertModel(
+        BertConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=128,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
+    ).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
@@ -103,7 +115,9 @@ LLAMA_PAIRS = [(p.replace(" [SEP] ", "\n\n"), " " + c, " " + r) for p, c, r in P
 def test_policy_sft_and_dpo_on_cuda_match_cpu(arch, encoder_dir, llama_dir, tmp_path):  # noqa: F811
     """SFT then DPO steps of the causal LM (the BERT decoder with LoRA and its head, the Llama
     fully fine-tuned), the policy of FedBiscuit and the generator of FedDTRE."""
-    base = prepare_base(str(encoder_dir), tmp_path / "bert", seed=0) if arch == "bert" else llama_dir
+    base = (
+        prepare_base(str(encoder_dir), tmp_path / "bert", seed=0) if arch == "bert" else llama_dir
+    )
     lora, pairs = (LORA, PAIRS) if arch == "bert" else (None, LLAMA_PAIRS)
     tokenizer = load_tokenizer(base)
     examples = [(p, c) for p, c, _ in pairs]
@@ -113,12 +127,22 @@ def test_policy_sft_and_dpo_on_cuda_match_cpu(arch, encoder_dir, llama_dir, tmp_
         model = load_policy(base, lora, seed=0, device=device)
         start = trainable_arrays(model)
         with torch.no_grad():
-            logp = sequence_logprobs(model, tokenizer, [p for p, _ in examples], [c for _, c in examples], 32)
+            logp = sequence_logprobs(
+                model, tokenizer, [p for p, _ in examples], [c for _, c in examples], 32
+            )
         sft = sft_train(model, tokenizer, examples, steps=3, lr=1e-3, **kwargs)
         after_sft = trainable_arrays(model)
         dpo = dpo_train(model, tokenizer, pairs, steps=3, lr=1e-3, beta=0.5, **kwargs)
-        out[device] = dict(model=model, start=start, logp=logp.cpu(), sft=sft, after_sft=after_sft, dpo=dpo,
-                           after_dpo=trainable_arrays(model), nll=mean_token_nll(model, tokenizer, examples, 32))
+        out[device] = dict(
+            model=model,
+            start=start,
+            logp=logp.cpu(),
+            sft=sft,
+            after_sft=after_sft,
+            dpo=dpo,
+            after_dpo=trainable_arrays(model),
+            nll=mean_token_nll(model, tokenizer, examples, 32),
+        )
     cpu, gpu = out["cpu"], out["cuda"]
     on_cuda(gpu["model"])
     same_arrays(cpu["start"], gpu["start"])  # the seeded initial weights travel between machines
@@ -135,12 +159,25 @@ def test_policy_sft_and_dpo_on_cuda_match_cpu(arch, encoder_dir, llama_dir, tmp_
 
 
 def trust_data() -> list[TrustExample]:
-    contexts = ["i love my dog and long walks in the park", "the movie had a great cast and a sad ending",
-                "we baked cookies for the school sale"] * 2
-    true = ["my dog loves the park too", "the cast was great", "cookies for the sale sound great"] * 2
-    return [e for i, (c, t) in enumerate(zip(contexts, true))
-            for e in (TrustExample(c, t, 1.0, "true_reply"), TrustExample(c, f"{t} call me at 555 0134", 0.0, "pii"),
-                      TrustExample(c, true[(i + 1) % 3], 0.0, "off_context"))]
+    contexts = [
+        "i love my dog and long walks in the park",
+        "the movie had a great cast and a sad ending",
+        "we baked cookies for the school sale",
+    ] * 2
+    true = [
+        "my dog loves the park too",
+        "the cast was great",
+        "cookies for the sale sound great",
+    ] * 2
+    return [
+        e
+        for i, (c, t) in enumerate(zip(contexts, true))
+        for e in (
+            TrustExample(c, t, 1.0, "true_reply"),
+            TrustExample(c, f"{t} call me at 555 0134", 0.0, "pii"),
+            TrustExample(c, true[(i + 1) % 3], 0.0, "off_context"),
+        )
+    ]
 
 
 def test_trust_evaluator_on_cuda_matches_cpu(encoder_dir):
@@ -148,11 +185,20 @@ def test_trust_evaluator_on_cuda_matches_cpu(encoder_dir):
     contexts, responses = [e.context for e in data], [e.response for e in data]
     out = {}
     for device in DEVICES:
-        ev = TrustEvaluator(str(encoder_dir), max_length=32, response_length=24, lora=LORA, seed=0, device=device)
+        ev = TrustEvaluator(
+            str(encoder_dir), max_length=32, response_length=24, lora=LORA, seed=0, device=device
+        )
         start, before = ev.weights(), ev.scores(contexts, responses)
         stats = ev.train(data, steps=3, batch_size=6, lr=1e-2, seed=0)
-        out[device] = dict(ev=ev, start=start, before=before, stats=stats, weights=ev.weights(),
-                           after=ev.scores(contexts, responses), auc=ev.auc(data))
+        out[device] = dict(
+            ev=ev,
+            start=start,
+            before=before,
+            stats=stats,
+            weights=ev.weights(),
+            after=ev.scores(contexts, responses),
+            auc=ev.auc(data),
+        )
     cpu, gpu = out["cpu"], out["cuda"]
     on_cuda(gpu["ev"].net)
     same_arrays(cpu["start"], gpu["start"])
@@ -166,10 +212,19 @@ def test_trust_evaluator_on_cuda_matches_cpu(encoder_dir):
 
 
 def preference_examples() -> list[Example]:
-    pairs = [(f"\n\nHuman: question {i} about cooking\n\nAssistant:", "here is a helpful recipe", "no go away")
-             for i in range(8)]
-    return [e for i, (q, good, bad) in enumerate(pairs)
-            for e in (Example(i, q, good, bad, 0), Example(i, q, bad, good, 1))]
+    pairs = [
+        (
+            f"\n\nHuman: question {i} about cooking\n\nAssistant:",
+            "here is a helpful recipe",
+            "no go away",
+        )
+        for i in range(8)
+    ]
+    return [
+        e
+        for i, (q, good, bad) in enumerate(pairs)
+        for e in (Example(i, q, good, bad, 0), Example(i, q, bad, good, 1))
+    ]
 
 
 @pytest.mark.parametrize("frozen,lora", [(True, None), (False, LORA)])
@@ -177,18 +232,28 @@ def test_scorer_selector_on_cuda_matches_cpu(encoder_dir, frozen, lora):
     examples = preference_examples()
     out = {}
     for device in DEVICES:
-        selector = ScorerSelector(str(encoder_dir), max_length=32, frozen=frozen, lora=lora, seed=0, device=device)
+        selector = ScorerSelector(
+            str(encoder_dir), max_length=32, frozen=frozen, lora=lora, seed=0, device=device
+        )
         start = selector.weights()
         stats = selector.train(examples, steps=4, batch_size=8, lr=1e-2, seed=0)
-        out[device] = dict(selector=selector, start=start, stats=stats, weights=selector.weights(),
-                           p=selector.prob_b(examples), loss=selector.loss(examples))
+        out[device] = dict(
+            selector=selector,
+            start=start,
+            stats=stats,
+            weights=selector.weights(),
+            p=selector.prob_b(examples),
+            loss=selector.loss(examples),
+        )
     cpu, gpu = out["cpu"], out["cuda"]
     on_cuda(gpu["selector"].module)
     same_arrays(cpu["start"], gpu["start"])
     close(cpu["stats"], gpu["stats"])
     same_update(cpu["start"], cpu["weights"], gpu["weights"])
     np.testing.assert_allclose(gpu["p"], cpu["p"], atol=1e-4)
-    assert np.allclose(gpu["p"][0::2], 1 - gpu["p"][1::2], atol=1e-5)  # symmetric in A and B on the GPU too
+    assert np.allclose(
+        gpu["p"][0::2], 1 - gpu["p"][1::2], atol=1e-5
+    )  # symmetric in A and B on the GPU too
     assert gpu["loss"] == pytest.approx(cpu["loss"], rel=1e-3)
     assert peak_memory() < TINY_PEAK
 
@@ -197,8 +262,14 @@ def test_causal_ab_selector_on_cuda_matches_cpu(llama_dir, tmp_path):  # noqa: F
     tokenizer = load_tokenizer(llama_dir)
     tokenizer.save_pretrained(tmp_path)
     save_tiny_llama(tmp_path, tokenizer, max_positions=512)
-    examples = [Example(i, f"question {i}", a, b, label) for i in range(4)
-                for a, b, label in (("yes good answer", "no bad answer", 0), ("no bad answer", "yes good answer", 1))]
+    examples = [
+        Example(i, f"question {i}", a, b, label)
+        for i in range(4)
+        for a, b, label in (
+            ("yes good answer", "no bad answer", 0),
+            ("no bad answer", "yes good answer", 1),
+        )
+    ]
     out = {}
     for device in DEVICES:
         selector = CausalABSelector(str(tmp_path), lora=LLAMA_LORA, seed=0, device=device)
@@ -206,8 +277,14 @@ def test_causal_ab_selector_on_cuda_matches_cpu(llama_dir, tmp_path):  # noqa: F
         with torch.no_grad():
             logits = selector.logits(examples).cpu()
         stats = selector.train(examples, steps=4, batch_size=8, lr=1e-2, seed=0)
-        out[device] = dict(selector=selector, start=start, logits=logits, stats=stats, weights=selector.weights(),
-                           p=selector.prob_b(examples))
+        out[device] = dict(
+            selector=selector,
+            start=start,
+            logits=logits,
+            stats=stats,
+            weights=selector.weights(),
+            p=selector.prob_b(examples),
+        )
     cpu, gpu = out["cpu"], out["cuda"]
     on_cuda(gpu["selector"].module)
     same_arrays(cpu["start"], gpu["start"])
@@ -218,8 +295,11 @@ def test_causal_ab_selector_on_cuda_matches_cpu(llama_dir, tmp_path):  # noqa: F
     assert peak_memory() < TINY_PEAK
 
 
-PAGES = [f"page {i}: the company reported revenue of {100 + i} million dollars in fiscal {2000 + i % 20}, "
-         f"with operating costs of {40 + i} million and {i % 7} new stores opened in the region" for i in range(40)]
+PAGES = [
+    f"page {i}: the company reported revenue of {100 + i} million dollars in fiscal {2000 + i % 20}, "
+    f"with operating costs of {40 + i} million and {i % 7} new stores opened in the region"
+    for i in range(40)
+]
 
 
 def test_retriever_train_step_and_corpus_encoding_on_cuda_match_cpu(encoder_dir):
@@ -230,15 +310,24 @@ def test_retriever_train_step_and_corpus_encoding_on_cuda_match_cpu(encoder_dir)
     for device in DEVICES:
         model = build_encoder(str(encoder_dir), 32, LORA, seed=0, device=device)
         start = trainable_arrays(model)
-        stats = train_encoder(model, pairs, steps=3, batch_size=4, lr=1e-3, temperature=0.05, kd_weight=1.0, seed=0)
-        out[device] = dict(model=model, start=start, stats=stats, weights=trainable_arrays(model),
-                           corpus=corpus_encoder(model, "torch", 1)(PAGES))
+        stats = train_encoder(
+            model, pairs, steps=3, batch_size=4, lr=1e-3, temperature=0.05, kd_weight=1.0, seed=0
+        )
+        out[device] = dict(
+            model=model,
+            start=start,
+            stats=stats,
+            weights=trainable_arrays(model),
+            corpus=corpus_encoder(model, "torch", 1)(PAGES),
+        )
     cpu, gpu = out["cpu"], out["cuda"]
     on_cuda(gpu["model"])  # the trainer kept it on its device, the teacher ran there
     assert cpu["model"].device.type == "cpu"  # a CPU model stays on the CPU on a GPU machine
     same_arrays(cpu["start"], gpu["start"])
-    close({k: v for k, v in cpu["stats"].items() if not k.endswith("seconds")},
-          {k: v for k, v in gpu["stats"].items() if not k.endswith("seconds")})
+    close(
+        {k: v for k, v in cpu["stats"].items() if not k.endswith("seconds")},
+        {k: v for k, v in gpu["stats"].items() if not k.endswith("seconds")},
+    )
     same_update(cpu["start"], cpu["weights"], gpu["weights"])
     assert gpu["corpus"].dtype == np.float32 and gpu["corpus"].shape == (len(PAGES), 64)
     np.testing.assert_allclose(gpu["corpus"], cpu["corpus"], atol=1e-4)
@@ -247,7 +336,9 @@ def test_retriever_train_step_and_corpus_encoding_on_cuda_match_cpu(encoder_dir)
     except ImportError:
         pass
     else:  # a compiled CPU encoder built from the model on the GPU
-        np.testing.assert_allclose(corpus_encoder(gpu["model"], "onnx", 2)(PAGES), gpu["corpus"], atol=1e-4)
+        np.testing.assert_allclose(
+            corpus_encoder(gpu["model"], "onnx", 2)(PAGES), gpu["corpus"], atol=1e-4
+        )
         on_cuda(gpu["model"])  # compiling copied it to the CPU; the model stays on the GPU
     assert peak_memory() < TINY_PEAK
 
@@ -268,7 +359,9 @@ def test_qlora_4bit_on_cuda(llama_dir, tmp_path):  # noqa: F811
     sft_train(model, tokenizer, examples, steps=10, batch_size=1, lr=1e-2, max_length=32, seed=0)
     after = mean_token_nll(model, tokenizer, examples, 32)
     assert after < before - 0.1
-    sft_train(model, tokenizer, examples, steps=10, batch_size=1, lr=1e-2, max_length=32, seed=0)  # trains again
+    sft_train(
+        model, tokenizer, examples, steps=10, batch_size=1, lr=1e-2, max_length=32, seed=0
+    )  # trains again
     assert mean_token_nll(model, tokenizer, examples, 32) < after
     assert peak_memory() < TINY_PEAK
 
@@ -283,17 +376,23 @@ def test_minilm_on_cuda_matches_cpu():
     out = {}
     for device in DEVICES:
         model = build_encoder("all-MiniLM-L6-v2", 128, None, seed=0, device=device)
-        ev = TrustEvaluator("all-MiniLM-L6-v2", max_length=128, response_length=64, seed=0, device=device)
+        ev = TrustEvaluator(
+            "all-MiniLM-L6-v2", max_length=128, response_length=64, seed=0, device=device
+        )
         selector = ScorerSelector(frozen=True, seed=0, device=device)
-        out[device] = dict(corpus=corpus_encoder(model, "torch", 2)(PAGES),
-                           trust=ev.scores([e.context for e in data], [e.response for e in data]),
-                           selector=selector._embed(PAGES[:8]).cpu().numpy())
+        out[device] = dict(
+            corpus=corpus_encoder(model, "torch", 2)(PAGES),
+            trust=ev.scores([e.context for e in data], [e.response for e in data]),
+            selector=selector._embed(PAGES[:8]).cpu().numpy(),
+        )
     for key in ("corpus", "trust", "selector"):
         np.testing.assert_allclose(out["cuda"][key], out["cpu"][key], atol=1e-4, err_msg=key)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     model = build_encoder("all-MiniLM-L6-v2", 128, {**LORA, "dropout": 0.05}, seed=0, device="cuda")
     pairs = [(page.split(":")[0], page) for page in PAGES[:32]]
-    train_encoder(model, pairs, steps=2, batch_size=16, lr=1e-4, temperature=0.05, kd_weight=1.0, seed=0)
+    train_encoder(
+        model, pairs, steps=2, batch_size=16, lr=1e-4, temperature=0.05, kd_weight=1.0, seed=0
+    )
     on_cuda(model)
     assert peak_memory() < 2 * 2**30

@@ -41,8 +41,9 @@ def test_version_names_fedsim_flower_and_hydra(capsys):
     with pytest.raises(SystemExit) as stop:
         main(["--version"])
     assert stop.value.code == 0
-    assert capsys.readouterr().out.strip() == (f"fedsim {version('fedsim')} (Flower {version('flwr')}, "
-                                               f"Hydra {version('hydra-core')})")
+    assert capsys.readouterr().out.strip() == (
+        f"fedsim {version('fedsim')} (Flower {version('flwr')}, Hydra {version('hydra-core')})"
+    )
 
 
 def test_overrides_may_follow_a_flag(capsys):

@@ -27,8 +27,12 @@ def root():
 
 def _start(tmp_path, root):
     log = open(tmp_path / "log.txt", "w+")
-    proc = subprocess.Popen([FEDSIM, "run", *SMALL, f"results_dir={tmp_path / 'out'}"],
-                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": root})
+    proc = subprocess.Popen(
+        [FEDSIM, "run", *SMALL, f"results_dir={tmp_path / 'out'}"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "TMPDIR": root},
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # until Ray's workers run (the ServerApp is working)
         if any(b"ray::" in cmdline(pid) for pid in run_processes(root)):
@@ -47,8 +51,10 @@ def _left(root: str, wait: float = 30.0) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143),
-                                      pytest.param(signal.SIGINT, 130, marks=pytest.mark.exhaustive)])
+@pytest.mark.parametrize(
+    "sig,code",
+    [(signal.SIGTERM, 143), pytest.param(signal.SIGINT, 130, marks=pytest.mark.exhaustive)],
+)
 def test_terminate_and_ctrl_c_stop_everything(tmp_path, root, sig, code):
     proc, log = _start(tmp_path, root)
     proc.send_signal(sig)

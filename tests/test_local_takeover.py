@@ -58,12 +58,26 @@ def _app(folder: Path, key: Path, loot: Path) -> Path:
     """The attacker's own Flower app: its ServerApp copies ``key`` to ``loot``."""
     folder.mkdir()
     (folder / "attack.py").write_text(ATTACK_APP)
-    (folder / "pyproject.toml").write_text(tomli_w.dumps({
-        "build-system": {"requires": ["setuptools"], "build-backend": "setuptools.build_meta"},
-        "project": {"name": "attack", "version": "1.0.0"},
-        "tool": {"flwr": {"app": {"publisher": "attacker",
-                                  "components": {"serverapp": "attack:app", "clientapp": "attack:app"},
-                                  "config": {"key": str(key), "loot": str(loot)}}}}}))
+    (folder / "pyproject.toml").write_text(
+        tomli_w.dumps(
+            {
+                "build-system": {
+                    "requires": ["setuptools"],
+                    "build-backend": "setuptools.build_meta",
+                },
+                "project": {"name": "attack", "version": "1.0.0"},
+                "tool": {
+                    "flwr": {
+                        "app": {
+                            "publisher": "attacker",
+                            "components": {"serverapp": "attack:app", "clientapp": "attack:app"},
+                            "config": {"key": str(key), "loot": str(loot)},
+                        }
+                    }
+                },
+            }
+        )
+    )
     return folder
 
 
@@ -87,12 +101,20 @@ def run_unix_sockets(root: str) -> dict[str, str]:
     for pid in run_processes(root):
         inodes = socket_inodes(pid)
         try:
-            rows = [line.split() for line in Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]]
+            rows = [
+                line.split() for line in Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]
+            ]
         except OSError:  # gone
             continue
         # Num RefCount Protocol Flags Type St Inode Path; flag 0x10000: listening
-        found |= {row[7]: f"{pid} {cmdline(pid)[:60]!r}" for row in rows
-                  if len(row) == 8 and row[6] in inodes and int(row[3], 16) & 0x10000 and not row[7].startswith("@")}
+        found |= {
+            row[7]: f"{pid} {cmdline(pid)[:60]!r}"
+            for row in rows
+            if len(row) == 8
+            and row[6] in inodes
+            and int(row[3], 16) & 0x10000
+            and not row[7].startswith("@")
+        }
     return found
 
 
@@ -100,7 +122,11 @@ def _owner_only(path: Path, root: str) -> bool:
     """Whether a folder above ``path`` is this user's and closed to everyone else; under the
     run's TMPDIR ``root`` (the test's own), only the folders below it count: it plays the
     machine's shared temporary folder."""
-    above = [f for f in path.parents if Path(root) in f.parents] if Path(root) in path.parents else path.parents
+    above = (
+        [f for f in path.parents if Path(root) in f.parents]
+        if Path(root) in path.parents
+        else path.parents
+    )
     return any(f.stat().st_uid == os.getuid() and not f.stat().st_mode & 0o077 for f in above)
 
 
@@ -119,9 +145,15 @@ def _connects(ip: str, port: int) -> bool:
 def _lists_runs_over_tls(ip: str, port: int) -> bool:
     """The Control API's ListRuns with Flower's client, trusting whatever certificate comes."""
     host = _target(ip)
-    client = ControlHttpClient(f"https://{f'[{host}]' if ':' in host else host}:{port}", verify=False,
-                               timeout=10, interceptors=[CliClientHttpInterceptor(),
-                                                         RuntimeVersionHttpInterceptor(component_name="flwr CLI")])
+    client = ControlHttpClient(
+        f"https://{f'[{host}]' if ':' in host else host}:{port}",
+        verify=False,
+        timeout=10,
+        interceptors=[
+            CliClientHttpInterceptor(),
+            RuntimeVersionHttpInterceptor(component_name="flwr CLI"),
+        ],
+    )
     try:
         return len(client.ListRuns(ListRunsRequest()).run_dict) > 0
     except (httpx.HTTPError, ValueError):
@@ -136,16 +168,35 @@ class Attacker:
     def __init__(self, folder: Path, app: Path):
         self.home, self.app = folder / "flwr_home", app
         self.home.mkdir(parents=True)
-        self.env = {"PATH": os.environ["PATH"], "HOME": str(folder), "FLWR_HOME": str(self.home),
-                    "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+        self.env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(folder),
+            "FLWR_HOME": str(self.home),
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+        }
 
     def _flwr(self, ip: str, port: int, *args: str) -> subprocess.CompletedProcess:
         host = _target(ip)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        (self.home / "config.toml").write_text(tomli_w.dumps({"superlink": {
-            "default": "target", "target": {"address": address, "insecure": True}}}))
-        return subprocess.run([str(BIN / "flwr"), *args], env=self.env, cwd=self.app,
-                              capture_output=True, text=True, timeout=120)
+        (self.home / "config.toml").write_text(
+            tomli_w.dumps(
+                {
+                    "superlink": {
+                        "default": "target",
+                        "target": {"address": address, "insecure": True},
+                    }
+                }
+            )
+        )
+        return subprocess.run(
+            [str(BIN / "flwr"), *args],
+            env=self.env,
+            cwd=self.app,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     def try_port(self, ip: str, port: int) -> list[str]:
         """What succeeded against ``ip:port`` (empty: every attempt was refused). A port that
@@ -192,25 +243,40 @@ def _attack_during(tmp_path: Path, overrides: list[str], ready) -> tuple[dict, s
     root, out, log = private_tmpdir(), tmp_path / "out", tmp_path / "log.txt"
     won = {}
     loot = tmp_path / "loot"
-    attacker = Attacker(tmp_path / "attacker", _app(tmp_path / "app", out / "checkpoint" / "run.key", loot))
+    attacker = Attacker(
+        tmp_path / "attacker", _app(tmp_path / "app", out / "checkpoint" / "run.key", loot)
+    )
     try:
         with open(log, "w") as fh:
-            proc = subprocess.Popen([FEDSIM, "run", *SMALL, f"results_dir={out}", "checkpoint.keep=true", *overrides],
-                                    stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": root})
+            proc = subprocess.Popen(
+                [FEDSIM, "run", *SMALL, f"results_dir={out}", "checkpoint.keep=true", *overrides],
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "TMPDIR": root},
+            )
         try:
             _wait_for(proc, log, lambda: ready(root), "the run's processes were up")
             ports = run_listening(root)
-            print(f"\n{overrides}: the run listens on", sorted(ports.items(), key=lambda p: p[0][1]))
+            print(
+                f"\n{overrides}: the run listens on", sorted(ports.items(), key=lambda p: p[0][1])
+            )
             assert ports, "no listening socket of the run found: the attack would prove nothing"
             sockets = run_unix_sockets(root)
             print(f"{overrides}: its named Unix sockets", sockets)
-            won |= {f"unix:{path} ({owner})": ["open to other users"] for path, owner in sockets.items()
-                    if not _owner_only(Path(path), root)}
+            won |= {
+                f"unix:{path} ({owner})": ["open to other users"]
+                for path, owner in sockets.items()
+                if not _owner_only(Path(path), root)
+            }
             won |= _files_open_to_others(root)
-            won |= {f"{ip}:{port} ({owner})": wins for (ip, port), owner in ports.items()
-                    if (wins := attacker.try_port(ip, port))}
-            assert proc.poll() is None and all(psutil.pid_exists(int(o.split()[0])) for o in ports.values()), \
-                "the run's processes ended during the attack: the refusals prove nothing"
+            won |= {
+                f"{ip}:{port} ({owner})": wins
+                for (ip, port), owner in ports.items()
+                if (wins := attacker.try_port(ip, port))
+            }
+            assert proc.poll() is None and all(
+                psutil.pid_exists(int(o.split()[0])) for o in ports.values()
+            ), "the run's processes ended during the attack: the refusals prove nothing"
             assert proc.wait(600) == 0, log.read_text()[-4000:]
         finally:
             if proc.poll() is None:
@@ -220,7 +286,10 @@ def _attack_during(tmp_path: Path, overrides: list[str], ready) -> tuple[dict, s
         if loot.exists():
             won["attacker's ServerApp"] = ["copied the run's checkpoint/run.key"]
         checkpoint = out / "checkpoint"
-        if (checkpoint.stat().st_mode & 0o777, (checkpoint / "run.key").stat().st_mode & 0o777) != (0o700, 0o600):
+        if (checkpoint.stat().st_mode & 0o777, (checkpoint / "run.key").stat().st_mode & 0o777) != (
+            0o700,
+            0o600,
+        ):
             won["checkpoint/"] = ["the journal's folder or key open to others"]
         return won, log.read_text()
     finally:
@@ -229,15 +298,21 @@ def _attack_during(tmp_path: Path, overrides: list[str], ready) -> tuple[dict, s
 
 def test_no_local_client_reaches_a_simulation(tmp_path):
     won, _ = _attack_during(
-        tmp_path, [], lambda root: any(b"ray::" in cmdline(pid) for pid in run_processes(root)))
+        tmp_path, [], lambda root: any(b"ray::" in cmdline(pid) for pid in run_processes(root))
+    )
     assert not won, "\n".join(f"{where}: {wins}" for where, wins in won.items())
     assert (tmp_path / "out" / "results.json").exists()
 
 
 def test_no_local_client_reaches_a_local_deployment(tmp_path):
     def serving(root: str) -> bool:  # the ServerApp runs; the SuperLink and both SuperNodes listen
-        return any(b"flwr-serverapp" in cmdline(pid) for pid in run_processes(root)) and \
-            len(run_listening(root)) >= 3
+        return (
+            any(b"flwr-serverapp" in cmdline(pid) for pid in run_processes(root))
+            and len(run_listening(root)) >= 3
+        )
+
     won, log = _attack_during(tmp_path, ["hardware=deploy_local", "task.max_per_split=2"], serving)
     assert not won, "\n".join(f"{where}: {wins}" for where, wins in won.items())
-    assert "(TLS + node authentication)" in log and read_results(tmp_path / "out")["supernodes"] == 2
+    assert (
+        "(TLS + node authentication)" in log and read_results(tmp_path / "out")["supernodes"] == 2
+    )

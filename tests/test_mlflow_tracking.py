@@ -15,13 +15,25 @@ from fedsim.results.test_sinks import csv_history, mlflow_history
 from fedsim.runtime import server_app
 
 CLIENTS = 4
-RUN = ["experiment=fedtp_aggregate", "task.max_per_split=3", f"hardware.num_clients={CLIENTS}",
-       "strategy.noise_multiplier=0", "num_rounds=2", "logging.mlflow=true"]
+RUN = [
+    "experiment=fedtp_aggregate",
+    "task.max_per_split=3",
+    f"hardware.num_clients={CLIENTS}",
+    "strategy.noise_multiplier=0",
+    "num_rounds=2",
+    "logging.mlflow=true",
+]
 
 
 def _run(tmp_path, *overrides: str) -> MlflowClient:
-    cfg = compose([*RUN, f"results_dir={tmp_path / 'results'}", f"logging.mlflow_dir={tmp_path / 'mlflow'}",
-                   *overrides])
+    cfg = compose(
+        [
+            *RUN,
+            f"results_dir={tmp_path / 'results'}",
+            f"logging.mlflow_dir={tmp_path / 'mlflow'}",
+            *overrides,
+        ]
+    )
     server_app._run(supernodes(CLIENTS), cfg, RunOutput(cfg.results_dir))
     return MlflowClient(tracking_uri=store_uri(tmp_path / "mlflow"))
 
@@ -33,8 +45,12 @@ def test_a_run_logs_its_rows_config_headline_artifacts_and_outcome(tmp_path):
     history = mlflow_history(client, run)
     assert [step for step, _ in history["aggregate/train/accepted"]] == [1, 2]
     results = json.loads((tmp_path / "results" / "results.json").read_text())
-    headline = {k: history.pop(f"headline/{k}") for k in ("ms_per_client_round", "strategy_seconds")}
-    assert headline == {k: [(2, results[k])] for k in headline}  # the experiment's sweep.metrics, at the last round
+    headline = {
+        k: history.pop(f"headline/{k}") for k in ("ms_per_client_round", "strategy_seconds")
+    }
+    assert headline == {
+        k: [(2, results[k])] for k in headline
+    }  # the experiment's sweep.metrics, at the last round
     assert history == csv_history(tmp_path / "results" / "metrics.csv")
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "results.json", "summary.md"} <= artifacts

@@ -42,8 +42,10 @@ def _can_make_namespaces() -> str | None:
     return None
 
 
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(bool(_can_make_namespaces()), reason=str(_can_make_namespaces()))]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(bool(_can_make_namespaces()), reason=str(_can_make_namespaces())),
+]
 
 
 class Hosts:
@@ -71,8 +73,19 @@ class Hosts:
         _ip("netns", "add", ns)
         self.created.append(ns)
         self._in(ns, "link", "set", "lo", "up")
-        self._in(self.link, "link", "add", f"{veth}b", "type", "veth", "peer", "name", f"{veth}h",
-                 "netns", ns)
+        self._in(
+            self.link,
+            "link",
+            "add",
+            f"{veth}b",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            f"{veth}h",
+            "netns",
+            ns,
+        )
         self._in(self.link, "link", "set", f"{veth}b", "master", "br0")
         self._in(self.link, "link", "set", f"{veth}b", "up")
         self._in(ns, "addr", "add", f"{address}/24", "dev", f"{veth}h")
@@ -97,31 +110,58 @@ def federation(tmp_path):
     try:
         home = tmp_path / "operator"
         home.mkdir()
-        env = {**launcher._env(home, uuid.uuid4().hex), "FEDSIM_DATA_ROOT": str(resolve_data_root())}
+        env = {
+            **launcher._env(home, uuid.uuid4().hex),
+            "FEDSIM_DATA_ROOT": str(resolve_data_root()),
+        }
         certs = make_federation(tmp_path / "certs", [LINK_IP, "127.0.0.1"], nodes=2)
-        link = hosts.start(hosts.link, launcher.superlink_command(
-            PORT, certs, node_auth=True, host="0.0.0.0"),
-            tmp_path, env, tmp_path / "superlink.log")
+        link = hosts.start(
+            hosts.link,
+            launcher.superlink_command(PORT, certs, node_auth=True, host="0.0.0.0"),
+            tmp_path,
+            env,
+            tmp_path / "superlink.log",
+        )
         # the operator registers the nodes from the SuperLink's own host
         launcher.write_connection(home, f"127.0.0.1:{PORT}", certs)
         flwr = ["ip", "netns", "exec", hosts.link, str(launcher.BIN / "flwr")]
         deadline = time.monotonic() + 60
-        while subprocess.run([*flwr, "supernode", "list", "fedsim"], env=env,
-                             capture_output=True).returncode != 0:
+        while (
+            subprocess.run(
+                [*flwr, "supernode", "list", "fedsim"], env=env, capture_output=True
+            ).returncode
+            != 0
+        ):
             assert link.alive() and time.monotonic() < deadline, link.log.read_text()[-2000:]
             time.sleep(0.5)
-        hardware = compose(["hardware=deploy_local"]).hardware  # its waits shortened, its warm ClientApps
+        hardware = compose(
+            ["hardware=deploy_local"]
+        ).hardware  # its waits shortened, its warm ClientApps
         waits, preload = dict(hardware.waits), list(hardware.clientapp_preload)
         for i, ns in enumerate(hosts.nodes):
-            res = subprocess.run([*flwr, "supernode", "register", str(certs.node_pub(i)), "fedsim"],
-                                 env=env, capture_output=True, text=True, timeout=60)
+            res = subprocess.run(
+                [*flwr, "supernode", "register", str(certs.node_pub(i)), "fedsim"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert res.returncode == 0, res.stdout + res.stderr
             # each node's own folders (one machine here: the key folder is the federation's copy)
-            node = {"data-root": str(resolve_data_root()), "state-dir": str(tmp_path / f"state-{i}"),
-                    "he-key-dir": str(tmp_path / "keys")}
-            hosts.start(ns, launcher.supernode_command(
-                f"{LINK_IP}:{PORT}", i, 2, node, certs, True, 9094, waits, preload),
-                tmp_path, launcher.supernode_env(env, waits), tmp_path / f"supernode-{i}.log")
+            node = {
+                "data-root": str(resolve_data_root()),
+                "state-dir": str(tmp_path / f"state-{i}"),
+                "he-key-dir": str(tmp_path / "keys"),
+            }
+            hosts.start(
+                ns,
+                launcher.supernode_command(
+                    f"{LINK_IP}:{PORT}", i, 2, node, certs, True, 9094, waits, preload
+                ),
+                tmp_path,
+                launcher.supernode_env(env, waits),
+                tmp_path / f"supernode-{i}.log",
+            )
         yield hosts, certs
     finally:
         hosts.close()
@@ -132,19 +172,39 @@ def federation(tmp_path):
 def _user_run(hosts: Hosts, certs, out: Path, *overrides: str) -> tuple[int, str]:
     root = private_tmpdir()
     proc = subprocess.run(
-        ["ip", "netns", "exec", hosts.user, FEDSIM, "run", "hardware=deploy_remote",
-         f"hardware.superlink={LINK_IP}:{PORT}", f"hardware.certificates={certs.folder}",
-         "hardware.num_supernodes=2", f"results_dir={out}", *overrides],
-        capture_output=True, text=True, timeout=900, env={**os.environ, "TMPDIR": root})
+        [
+            "ip",
+            "netns",
+            "exec",
+            hosts.user,
+            FEDSIM,
+            "run",
+            "hardware=deploy_remote",
+            f"hardware.superlink={LINK_IP}:{PORT}",
+            f"hardware.certificates={certs.folder}",
+            "hardware.num_supernodes=2",
+            f"results_dir={out}",
+            *overrides,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "TMPDIR": root},
+    )
     return proc.returncode, proc.stdout + proc.stderr
 
 
 def _figures(res: dict) -> dict:
     """Seconds and bytes per phase and round, as docs/benchmarks/deployment.md reports them."""
-    return {phase: {r: {k: row[k] for k in ("seconds", "bytes_up", "bytes_down")}
-                    for r, row in rounds.items()}
-            for phase, rounds in res["communication"].items() if isinstance(rounds, dict)
-            and all(isinstance(row, dict) and "seconds" in row for row in rounds.values())}
+    return {
+        phase: {
+            r: {k: row[k] for k in ("seconds", "bytes_up", "bytes_down")}
+            for r, row in rounds.items()
+        }
+        for phase, rounds in res["communication"].items()
+        if isinstance(rounds, dict)
+        and all(isinstance(row, dict) and "seconds" in row for row in rounds.values())
+    }
 
 
 @pytest.mark.exhaustive  # 3-4 min; by default tests/test_e2e_parity.py runs FedTP through a SuperLink
@@ -158,15 +218,29 @@ def test_fedtp_and_fede4rag_he_across_namespaces(federation, tmp_path):
     print("netns fedtp", json.dumps(_figures(res)))
 
     code, log = _user_run(
-        hosts, certs, tmp_path / "fede4rag", "experiment=fede4rag_paper",
-        "task.companies=[AES Corporation,Boeing]", "task.pages_per_client=30", "task.n_valid=4",
-        "task.n_test=6", "task.corpus_pages_per_doc=8", "num_rounds=1", "protocol.local_steps=2",
-        "protocol.batch_size=4", "protocol.eval_pages_per_message=64", "~protocol.methods",
-        "+protocol.methods={fede4rag: {run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: 1.0, he: true}}")
+        hosts,
+        certs,
+        tmp_path / "fede4rag",
+        "experiment=fede4rag_paper",
+        "task.companies=[AES Corporation,Boeing]",
+        "task.pages_per_client=30",
+        "task.n_valid=4",
+        "task.n_test=6",
+        "task.corpus_pages_per_doc=8",
+        "num_rounds=1",
+        "protocol.local_steps=2",
+        "protocol.batch_size=4",
+        "protocol.eval_pages_per_message=64",
+        "~protocol.methods",
+        "+protocol.methods={fede4rag: {run: fedsim_experiments.fede4rag.protocol.federated, kd_weight: 1.0, he: true}}",
+    )
     assert code == 0, log[-4000:]
     res = read_results(tmp_path / "fede4rag")
     he = res["methods"]["fede4rag"]
     assert he["rounds"]["1"]["clients"] == 2 and he["rounds"]["1"]["chunk-failures"] == 0
-    assert all(c["failed"] == c["timed_out"] == 0 for phase in res["faults"].values()
-               for c in phase.values())
+    assert all(
+        c["failed"] == c["timed_out"] == 0
+        for phase in res["faults"].values()
+        for c in phase.values()
+    )
     print("netns fede4rag", json.dumps(_figures(res)))

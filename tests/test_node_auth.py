@@ -26,10 +26,15 @@ def test_registered_node_joins_unregistered_node_is_refused(tmp_path):
     link, port = launcher.start_superlink(tmp_path, env, False, certs, node_auth=True)
     with link:
         launcher.write_connection(home, f"127.0.0.1:{port}", certs)
-        res = launcher._flwr(["supernode", "register", str(certs.node_pub(0)), "fedsim",
-                              "--format", "json"], env, tmp_path)
+        res = launcher._flwr(
+            ["supernode", "register", str(certs.node_pub(0)), "fedsim", "--format", "json"],
+            env,
+            tmp_path,
+        )
         registered = json.loads(res.stdout)["node-id"]
-        good, bad = launcher.start_supernodes(tmp_path, env, port, 2, {"data-root": str(tmp_path)}, certs, True)
+        good, bad = launcher.start_supernodes(
+            tmp_path, env, port, 2, {"data-root": str(tmp_path)}, certs, True
+        )
         with good, bad:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and (bad.alive() or not _online(env, tmp_path)):
@@ -38,4 +43,6 @@ def test_registered_node_joins_unregistered_node_is_refused(tmp_path):
             assert good.alive()
             assert not bad.alive() and bad.proc.returncode != 0
             assert "Failed to activate SuperNode" in bad.log.read_text()
-        assert not list(tmp_path.glob("*.db*"))  # registrations included, the local SuperLink's state is in memory
+        assert not list(
+            tmp_path.glob("*.db*")
+        )  # registrations included, the local SuperLink's state is in memory

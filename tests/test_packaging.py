@@ -44,9 +44,19 @@ print(json.dumps({"tasks": tasks.__file__, "fedsim": sys.modules["fedsim"].__fil
 
 
 def _run(code: str, *args: str, cwd: Path, path: list[Path]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path)), "FLWR_TELEMETRY_ENABLED": "0"}
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(map(str, path)),
+        "FLWR_TELEMETRY_ENABLED": "0",
+    }
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture
@@ -83,7 +93,9 @@ def test_a_users_own_tasks_package_does_not_shadow_fedsim(user_packages):
 def test_a_supernode_runs_the_fabs_own_layers(tmp_path, user_packages):
     """The FAB that `flwr run` builds from this checkout, unpacked and loaded as a SuperNode
     does: its own ``fedsim`` and layers run (not the installed ones), beside the user's ``tasks``."""
-    app_dir = install_from_fab(build_fab_from_disk(REPO_ROOT), tmp_path / "flwr-home", skip_prompt=True)
+    app_dir = install_from_fab(
+        build_fab_from_disk(REPO_ROOT), tmp_path / "flwr-home", skip_prompt=True
+    )
     _assert_fedsim_from(_probe(app_dir, user_packages), app_dir, user_packages)
 
 
@@ -95,7 +107,8 @@ def test_layers_mapped_into_fedsim_at_install_are_missing_from_the_fab(tmp_path)
     project = tmp_path / "project"
     (project / "fedsim").mkdir(parents=True)
     (project / "tasks").mkdir()
-    (project / "pyproject.toml").write_text(textwrap.dedent("""\
+    (project / "pyproject.toml").write_text(
+        textwrap.dedent("""\
         [build-system]
         requires = ["setuptools>=68"]
         build-backend = "setuptools.build_meta"
@@ -112,24 +125,54 @@ def test_layers_mapped_into_fedsim_at_install_are_missing_from_the_fab(tmp_path)
         clientapp = "fedsim.client_app:app"
         [tool.flwr.app.config]
         overrides = ""
-        """))
+        """)
+    )
     (project / "fedsim" / "__init__.py").write_text("")
-    (project / "fedsim" / "client_app.py").write_text("import fedsim.tasks\n\napp = fedsim.tasks.WHERE\n")
+    (project / "fedsim" / "client_app.py").write_text(
+        "import fedsim.tasks\n\napp = fedsim.tasks.WHERE\n"
+    )
     (project / "tasks" / "__init__.py").write_text("WHERE = __file__\n")
     site = tmp_path / "site"
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-                          "--no-build-isolation", "--target", str(site), str(project)],
-                         capture_output=True, text=True, timeout=300)
+    pip = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(project),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert pip.returncode == 0, pip.stderr
-    assert (site / "fedsim" / "tasks" / "__init__.py").is_file()  # installed under fedsim's namespace
+    assert (
+        site / "fedsim" / "tasks" / "__init__.py"
+    ).is_file()  # installed under fedsim's namespace
 
     installed = _run("import fedsim.client_app as c; print(c.app)", cwd=tmp_path, path=[site])
-    assert installed.returncode == 0 and Path(installed.stdout.strip()).is_relative_to(site), installed.stderr
+    assert installed.returncode == 0 and Path(installed.stdout.strip()).is_relative_to(site), (
+        installed.stderr
+    )
 
-    app_dir = install_from_fab(build_fab_from_disk(project), tmp_path / "flwr-home", skip_prompt=True)
-    assert (app_dir / "tasks" / "__init__.py").is_file() and not (app_dir / "fedsim" / "tasks").exists()
-    loaded = _run("import sys\nfrom flwr.supercore.object_ref import load_app\n"
-                  "load_app('fedsim.client_app:app', RuntimeError, sys.argv[1])", str(app_dir),
-                  cwd=tmp_path, path=[site])
+    app_dir = install_from_fab(
+        build_fab_from_disk(project), tmp_path / "flwr-home", skip_prompt=True
+    )
+    assert (app_dir / "tasks" / "__init__.py").is_file() and not (
+        app_dir / "fedsim" / "tasks"
+    ).exists()
+    loaded = _run(
+        "import sys\nfrom flwr.supercore.object_ref import load_app\n"
+        "load_app('fedsim.client_app:app', RuntimeError, sys.argv[1])",
+        str(app_dir),
+        cwd=tmp_path,
+        path=[site],
+    )
     assert loaded.returncode != 0
     assert "No module named 'fedsim.tasks'" in loaded.stderr

@@ -62,7 +62,9 @@ def page_variables(pages=PAGES) -> dict[str, str | None]:
             for name, value in ASSIGN.findall(block):
                 try:
                     value = " ".join(shlex.split(value))
-                except ValueError:  # not one shell word (a line of a script): no value a marker can use
+                except (
+                    ValueError
+                ):  # not one shell word (a line of a script): no value a marker can use
                     value = None
                 found[name] = value if found.get(name, value) == value else None
     return found
@@ -72,7 +74,9 @@ def dig(value, path: str):
     """The value at a dotted path (a list or tuple index is a number)."""
     for key in path.split("."):
         try:
-            value = value[int(key)] if isinstance(value, (list, tuple)) else value[key]  # a primary CI: a tuple
+            value = (
+                value[int(key)] if isinstance(value, (list, tuple)) else value[key]
+            )  # a primary CI: a tuple
         except (KeyError, IndexError, ValueError, TypeError):
             raise MarkerError(f"no {path!r} (at {key!r})") from None
     return value
@@ -103,12 +107,16 @@ def comparison(folders: str, overrides: tuple[str, ...]) -> dict:
     defaults = OmegaConf.load(CONF_DIR / "config.yaml").sweep
     given = OmegaConf.from_dotlist([o.removeprefix("sweep.") for o in overrides])
     settings = typed_sweep(defaults, read_config(first / "config.yaml").get("sweep", {}), given)
-    return compare([run for p in paths for run in load_runs(p)], settings,
-                   strict=any(o.startswith("sweep.metrics=") for o in overrides))
+    return compare(
+        [run for p in paths for run in load_runs(p)],
+        settings,
+        strict=any(o.startswith("sweep.metrics=") for o in overrides),
+    )
 
 
 def rebuild(marker: str, variables: dict[str, str | None]) -> float:
     """The value a marker names, from its record."""
+
     def expand(token):
         if token.startswith("$"):
             if variables.get(token[1:]) is None:
@@ -118,19 +126,26 @@ def rebuild(marker: str, variables: dict[str, str | None]) -> float:
 
     tokens = [expand(t) for t in shlex.split(marker)]
     if len(tokens) == 2:
-        results = _record_file(tokens[0]) if tokens[0].endswith(".json") else _folder(tokens[0]) / "results.json"
+        results = (
+            _record_file(tokens[0])
+            if tokens[0].endswith(".json")
+            else _folder(tokens[0]) / "results.json"
+        )
         if not results.is_file():
             raise MarkerError(f"no {results.relative_to(REPO_ROOT)}")
         return float(dig(json.loads(results.read_text()), tokens[1]))
     if len(tokens) < 4 or tokens[1] != "compare":
-        raise MarkerError(f"a marker is RUN PATH or SWEEP compare OVERRIDE... METRIC FIELD, got {marker!r}")
+        raise MarkerError(
+            f"a marker is RUN PATH or SWEEP compare OVERRIDE... METRIC FIELD, got {marker!r}"
+        )
     over_seeds = len(tokens) >= 5 and tokens[-3] == "over-seeds"
-    result = comparison(tokens[0], tuple(tokens[2:-3 if over_seeds else -2]))
+    result = comparison(tokens[0], tuple(tokens[2 : -3 if over_seeds else -2]))
     if over_seeds:
         rows = [g["metrics"][tokens[-2]] for g in result["groups"] if tokens[-2] in g["metrics"]]
     else:
-        rows = ([r for r in result["paired"] if r["metric"] == tokens[-2]]
-                or [r for r in result["contrasts"] if r["metric"] == tokens[-2]])
+        rows = [r for r in result["paired"] if r["metric"] == tokens[-2]] or [
+            r for r in result["contrasts"] if r["metric"] == tokens[-2]
+        ]
     if len(rows) != 1:
         raise MarkerError(f"{len(rows)} rows of {tokens[-2]} in the comparison (one wanted)")
     return float(dig(rows[0], tokens[-1]))
@@ -145,8 +160,10 @@ def check(printed_before: str, value: float) -> None:
     printed = float(digits.replace(",", "")) * (-1 if sign == "-" else 1)
     shown = value * 100 if percent else value
     places = len(decimals or "")
-    if abs(shown - printed) > 0.5 * 10 ** -places + 1e-12 or (sign == "+" and shown < 0):
-        raise MarkerError(f"{number.group(0).strip()} printed, the record gives {shown:.{places + 2}f}")
+    if abs(shown - printed) > 0.5 * 10**-places + 1e-12 or (sign == "+" and shown < 0):
+        raise MarkerError(
+            f"{number.group(0).strip()} printed, the record gives {shown:.{places + 2}f}"
+        )
 
 
 def markers(pages=PAGES):
@@ -156,11 +173,13 @@ def markers(pages=PAGES):
         for m in MARKER.finditer(text):
             line_start = text.rfind("\n", 0, m.start()) + 1
             where = f"{page.relative_to(REPO_ROOT)}:{text.count(chr(10), 0, m.start()) + 1}"
-            yield pytest.param(text[line_start:m.start()], m.group(1), id=where)
+            yield pytest.param(text[line_start : m.start()], m.group(1), id=where)
 
 
 VARIABLES = page_variables()
-FEDE4RAG_ARMS = "records/fede4rag_arms-39+records/fede4rag_arms-39-more"  # a sweep kept in two parts
+FEDE4RAG_ARMS = (
+    "records/fede4rag_arms-39+records/fede4rag_arms-39-more"  # a sweep kept in two parts
+)
 
 
 @pytest.mark.parametrize(("before", "marker"), list(markers()))
@@ -168,29 +187,75 @@ def test_marked_number_is_its_record(before, marker):
     check(before, rebuild(marker, VARIABLES))
 
 
-@pytest.mark.parametrize(("before", "marker", "why"), [
-    ("EHR +0.0032 ", "records/fedtp_paper-58/run ehr_gain", "printed"),  # record: 0.00314 -> +0.0031
-    ("EHR -0.0031 ", "records/fedtp_paper-58/run ehr_gain", "printed"),  # the sign
-    ("EHR 0.0031% ", "records/fedtp_paper-58/run ehr_gain", "printed"),   # percent: 0.314%
-    ("EHR +0.0033 ", "records/fedtp_paper-57/run ehr_gain", "no record folder"),
-    ("EHR +0.0033 ", "records/fedtp_paper-58/run ehr_gains", "no 'ehr_gains'"),
-    ("EHR +0.0033 ", "records/fedtp_paper-58/run bootstrap_ci_ehr_gain.2", "no 'bootstrap_ci_ehr_gain.2'"),
-    ("EHR +0.0033 ", "records/fedtp_paper-58 ehr_gain", "no records/fedtp_paper-58/results.json"),
-    ("EHR +0.0033 ", "docs/methods ehr_gain", "no record folder"),
-    ("+0.0658 ", "records/fedbiscuit_populations_length/population.json summary", "no record file"),
-    ("+0.0658 ", "pyproject.json summary", "no record file"),
-    ("+0.0659 ", "records/fedbiscuit_populations_length/populations.json "
-     "summary.second_criterion/majority.own_minus_pooled", "printed"),
-    ("EHR ", "records/fedtp_paper-58/run ehr_gain", "no number"),
-    ("+0.039 ", "records/fedbiscuit_length-40 compare sweep.baseline=raw policy.fedbis.4.win_rat mean", "0 rows"),
-    ("+0.039 ", "records/fedbiscuit_length-40 compare sweep.baseline=raw $NO_SUCH policy.fedbis.4.win_rate mean",
-     r"\$NO_SUCH"),
-    ("+0.040 ", "records/fedbiscuit_length-40 compare sweep.baseline=raw policy.fedbis.4.win_rate mean", "printed"),
-    ("0.464 ", f"{FEDE4RAG_ARMS} compare over-seeds methods.vanilla.test.ndcg@10 mean", "printed"),
-    ("0.463 ", f"{FEDE4RAG_ARMS} compare over-seeds methods.vanila.test.ndcg@10 mean", "0 rows"),
-    ("0.500 ", "records/fedbiscuit_length-40 compare sweep.baseline=fedbis over-seeds "
-     "rlhf.reward_hacking.fedbis.0.proxy_win_rate ci.0", "no 'ci.0'"),  # constant over seeds: no interval
-])
+@pytest.mark.parametrize(
+    ("before", "marker", "why"),
+    [
+        (
+            "EHR +0.0032 ",
+            "records/fedtp_paper-58/run ehr_gain",
+            "printed",
+        ),  # record: 0.00314 -> +0.0031
+        ("EHR -0.0031 ", "records/fedtp_paper-58/run ehr_gain", "printed"),  # the sign
+        ("EHR 0.0031% ", "records/fedtp_paper-58/run ehr_gain", "printed"),  # percent: 0.314%
+        ("EHR +0.0033 ", "records/fedtp_paper-57/run ehr_gain", "no record folder"),
+        ("EHR +0.0033 ", "records/fedtp_paper-58/run ehr_gains", "no 'ehr_gains'"),
+        (
+            "EHR +0.0033 ",
+            "records/fedtp_paper-58/run bootstrap_ci_ehr_gain.2",
+            "no 'bootstrap_ci_ehr_gain.2'",
+        ),
+        (
+            "EHR +0.0033 ",
+            "records/fedtp_paper-58 ehr_gain",
+            "no records/fedtp_paper-58/results.json",
+        ),
+        ("EHR +0.0033 ", "docs/methods ehr_gain", "no record folder"),
+        (
+            "+0.0658 ",
+            "records/fedbiscuit_populations_length/population.json summary",
+            "no record file",
+        ),
+        ("+0.0658 ", "pyproject.json summary", "no record file"),
+        (
+            "+0.0659 ",
+            "records/fedbiscuit_populations_length/populations.json "
+            "summary.second_criterion/majority.own_minus_pooled",
+            "printed",
+        ),
+        ("EHR ", "records/fedtp_paper-58/run ehr_gain", "no number"),
+        (
+            "+0.039 ",
+            "records/fedbiscuit_length-40 compare sweep.baseline=raw policy.fedbis.4.win_rat mean",
+            "0 rows",
+        ),
+        (
+            "+0.039 ",
+            "records/fedbiscuit_length-40 compare sweep.baseline=raw $NO_SUCH policy.fedbis.4.win_rate mean",
+            r"\$NO_SUCH",
+        ),
+        (
+            "+0.040 ",
+            "records/fedbiscuit_length-40 compare sweep.baseline=raw policy.fedbis.4.win_rate mean",
+            "printed",
+        ),
+        (
+            "0.464 ",
+            f"{FEDE4RAG_ARMS} compare over-seeds methods.vanilla.test.ndcg@10 mean",
+            "printed",
+        ),
+        (
+            "0.463 ",
+            f"{FEDE4RAG_ARMS} compare over-seeds methods.vanila.test.ndcg@10 mean",
+            "0 rows",
+        ),
+        (
+            "0.500 ",
+            "records/fedbiscuit_length-40 compare sweep.baseline=fedbis over-seeds "
+            "rlhf.reward_hacking.fedbis.0.proxy_win_rate ci.0",
+            "no 'ci.0'",
+        ),  # constant over seeds: no interval
+    ],
+)
 def test_a_wrong_marker_fails(before, marker, why):
     """The checker can fail: a number off by one unit of its last digit, a wrong sign or scale, a
     missing record, run, key, index, row or variable each fail naming what is wrong."""
@@ -202,15 +267,41 @@ def test_a_right_marker_passes():
     """The same checks pass on the values the record holds (the wrong ones above fail on their fault)."""
     check("EHR +0.0031 ", rebuild("records/fedtp_paper-58/run ehr_gain", VARIABLES))
     check("EHR 0.31% ", rebuild("records/fedtp_paper-58/run ehr_gain", VARIABLES))
-    check("1,058 ", rebuild("records/fedtp_paper-58/run bootstrap_ci_ehr_gain_unit.clusters", VARIABLES))
-    check("+0.035 ", rebuild('records/fedbiscuit_length-40 compare sweep.baseline=fedbis "$CONTRASTS" "$EFFECTS" '
-                             "rlhf.reward_hacking.fedbiscuit_u3.1.gap mean", VARIABLES))  # paired; the contrast: +0.45
-    check("+0.0658 ", rebuild("records/fedbiscuit_populations_length/populations.json "
-                              "summary.second_criterion/majority.own_minus_pooled", VARIABLES))
-    check("+0.039 ", rebuild("records/fedbiscuit_length-40 compare sweep.baseline=raw policy.fedbis.4.win_rate mean",
-                             VARIABLES))
-    check("0.463 ", rebuild(f"{FEDE4RAG_ARMS} compare over-seeds methods.vanilla.test.ndcg@10 mean", VARIABLES))
-    check("0.486 ", rebuild(f"{FEDE4RAG_ARMS} compare over-seeds methods.vanilla.test.ndcg@10 ci.1", VARIABLES))
+    check(
+        "1,058 ",
+        rebuild("records/fedtp_paper-58/run bootstrap_ci_ehr_gain_unit.clusters", VARIABLES),
+    )
+    check(
+        "+0.035 ",
+        rebuild(
+            'records/fedbiscuit_length-40 compare sweep.baseline=fedbis "$CONTRASTS" "$EFFECTS" '
+            "rlhf.reward_hacking.fedbiscuit_u3.1.gap mean",
+            VARIABLES,
+        ),
+    )  # paired; the contrast: +0.45
+    check(
+        "+0.0658 ",
+        rebuild(
+            "records/fedbiscuit_populations_length/populations.json "
+            "summary.second_criterion/majority.own_minus_pooled",
+            VARIABLES,
+        ),
+    )
+    check(
+        "+0.039 ",
+        rebuild(
+            "records/fedbiscuit_length-40 compare sweep.baseline=raw policy.fedbis.4.win_rate mean",
+            VARIABLES,
+        ),
+    )
+    check(
+        "0.463 ",
+        rebuild(f"{FEDE4RAG_ARMS} compare over-seeds methods.vanilla.test.ndcg@10 mean", VARIABLES),
+    )
+    check(
+        "0.486 ",
+        rebuild(f"{FEDE4RAG_ARMS} compare over-seeds methods.vanilla.test.ndcg@10 ci.1", VARIABLES),
+    )
 
 
 def test_the_pages_mark_their_numbers():

@@ -21,7 +21,15 @@ from functools import cache
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -63,22 +71,42 @@ from fedsim_tasks.financebench_rag.retrieval import weights_key
 
 PROFILES = {"replies-fast": 6, "replies-long": 200}
 for _name, _examples in PROFILES.items():
-    settings.register_profile(_name, max_examples=_examples, deadline=None, derandomize=_name == "replies-fast",
-                              database=None, suppress_health_check=list(HealthCheck))
-PROFILE = [pytest.param("replies-fast"), pytest.param("replies-long", marks=[pytest.mark.slow, pytest.mark.exhaustive])]
+    settings.register_profile(
+        _name,
+        max_examples=_examples,
+        deadline=None,
+        derandomize=_name == "replies-fast",
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+PROFILE = [
+    pytest.param("replies-fast"),
+    pytest.param("replies-long", marks=[pytest.mark.slow, pytest.mark.exhaustive]),
+]
 
 # --- hostile replies ------------------------------------------------------------------------
 
-INT64 = st.integers(-2**63, 2**63 - 1)
-FLOAT = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(
-    [0.0, -1.0, 0.5, 1e6, 1e12, 1e300, -1e300, math.nan, math.inf]))
+INT64 = st.integers(-(2**63), 2**63 - 1)
+FLOAT = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -1.0, 0.5, 1e6, 1e12, 1e300, -1e300, math.nan, math.inf]),
+)
 NUMBER = st.one_of(FLOAT, INT64, st.sampled_from([0, 1, -1, 2, 10**6, 2**62]))
 METRIC = st.one_of(NUMBER, st.lists(FLOAT, max_size=4), st.lists(INT64, max_size=4))
-CONFIG = st.one_of(st.text(max_size=12), NUMBER, st.booleans(), st.binary(max_size=32),
-                   st.lists(st.text(max_size=8), max_size=3), st.lists(INT64, max_size=3),
-                   st.lists(FLOAT, max_size=3), st.lists(st.booleans(), max_size=3))
-ARRAY = hnp.arrays(st.sampled_from(["float32", "float64", "int64", "uint8", "bool", "<U3", "complex128"]),
-                   hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4))
+CONFIG = st.one_of(
+    st.text(max_size=12),
+    NUMBER,
+    st.booleans(),
+    st.binary(max_size=32),
+    st.lists(st.text(max_size=8), max_size=3),
+    st.lists(INT64, max_size=3),
+    st.lists(FLOAT, max_size=3),
+    st.lists(st.booleans(), max_size=3),
+)
+ARRAY = hnp.arrays(
+    st.sampled_from(["float32", "float64", "int64", "uint8", "bool", "<U3", "complex128"]),
+    hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4),
+)
 KINDS = ("metric", "config", "array")
 VALUES = {"metric": METRIC, "config": CONFIG, "array": ARRAY}
 
@@ -87,8 +115,16 @@ def _records(content: RecordDict) -> list[list]:
     """``content`` as [name, kind, {key: value}] (arrays decoded), to mutate."""
     out = []
     for name, record in content.items():
-        kind = "metric" if name in content.metric_records else "config" if name in content.config_records else "array"
-        out.append([name, kind, {k: v.numpy() if kind == "array" else v for k, v in record.items()}])
+        kind = (
+            "metric"
+            if name in content.metric_records
+            else "config"
+            if name in content.config_records
+            else "array"
+        )
+        out.append(
+            [name, kind, {k: v.numpy() if kind == "array" else v for k, v in record.items()}]
+        )
     return out
 
 
@@ -107,14 +143,23 @@ def hostile(draw, honest: RecordDict) -> RecordDict:
     names = [r[0] for r in records] + ["extra", "metrics", "arrays", "config", "info"]
     keys = sorted({k for r in records for k in r[2]} | {"num-examples", "extra", "partition-id"})
     for _ in range(draw(st.integers(1, 3))):
-        op = draw(st.sampled_from(["drop", "add", "kind", "drop-key", "add-key", "value", "scale", "array"]))
+        op = draw(
+            st.sampled_from(
+                ["drop", "add", "kind", "drop-key", "add-key", "value", "scale", "array"]
+            )
+        )
         record = draw(st.sampled_from(records)) if records else None
         if op == "drop" and records:
             records.remove(record)
         elif op == "add" or record is None:
             kind = draw(st.sampled_from(KINDS))
-            records.append([draw(st.sampled_from(names)), kind,
-                            draw(st.dictionaries(st.sampled_from(keys), VALUES[kind], max_size=3))])
+            records.append(
+                [
+                    draw(st.sampled_from(names)),
+                    kind,
+                    draw(st.dictionaries(st.sampled_from(keys), VALUES[kind], max_size=3)),
+                ]
+            )
         elif op == "kind":
             record[1] = draw(st.sampled_from(KINDS))
             record[2] = draw(st.dictionaries(st.sampled_from(keys), VALUES[record[1]], max_size=3))
@@ -140,30 +185,41 @@ def _scaled(draw, value, kind: str):
     a factor that breaks a bound."""
     factor = draw(st.sampled_from([-1.0, 0.0, 1e6, 1e300, math.nan, math.inf]))
     if kind == "array" and isinstance(value, np.ndarray) and value.dtype.kind == "f":
-        return draw(hnp.arrays(value.dtype, value.shape, elements=FLOAT.filter(
-            lambda x: np.isnan(x) or np.isinf(x) or abs(x) < np.finfo(value.dtype).max)))
+        return draw(
+            hnp.arrays(
+                value.dtype,
+                value.shape,
+                elements=FLOAT.filter(
+                    lambda x: np.isnan(x) or np.isinf(x) or abs(x) < np.finfo(value.dtype).max
+                ),
+            )
+        )
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         scaled = value * factor
         if isinstance(value, int) and math.isfinite(scaled):
-            return int(max(min(scaled, 2**63 - 1), -2**63))
+            return int(max(min(scaled, 2**63 - 1), -(2**63)))
         return scaled
     return draw(VALUES[kind])
 
 
 # --- the harness --------------------------------------------------------------------------
 
-Hostile = Callable[[Message, RecordDict], RecordDict]  # (message, the honest reply) -> what it sends
+Hostile = Callable[
+    [Message, RecordDict], RecordDict
+]  # (message, the honest reply) -> what it sends
 
 
 @dataclass
 class Outcome:
-    value: object        # the phase's result, as the protocol reads it
+    value: object  # the phase's result, as the protocol reads it
     messenger: Messenger
 
 
 def _same(a, b, atol: float) -> bool:
     if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k], atol) for k in a)
+        return (
+            isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k], atol) for k in a)
+        )
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y, atol) for x, y in zip(a, b))
     if isinstance(a, (np.ndarray, float, int)) and not isinstance(a, bool):
@@ -194,15 +250,22 @@ def _counted(messenger: Messenger) -> int:
     return refused
 
 
-def fuzz(profile: str, drive: Callable[[Hostile], Outcome], needs_all: bool = False,
-         bounded: Callable[[object, list[RecordDict]], bool] | None = None, honest_result: bool = True,
-         atol: float = 1e-12) -> None:
+def fuzz(
+    profile: str,
+    drive: Callable[[Hostile], Outcome],
+    needs_all: bool = False,
+    bounded: Callable[[object, list[RecordDict]], bool] | None = None,
+    honest_result: bool = True,
+    atol: float = 1e-12,
+) -> None:
     """``drive`` the phase with the hostile node sending Hypothesis' replies (``profile``); the
     checks of the module's docstring (``honest_result`` False: a refused reply may change the
     result, as a refused partition claim leaves the claimed node out too; ``atol``: how far two
     honest results may lie apart, CKKS's noise)."""
     seed_server(0)  # Flower samples nodes (and so orders replies) from its generator
-    baseline = None if needs_all or not honest_result else drive(lambda msg, honest: RecordDict()).value
+    baseline = (
+        None if needs_all or not honest_result else drive(lambda msg, honest: RecordDict()).value
+    )
 
     def body(data):
         sent: list[RecordDict] = []
@@ -210,6 +273,7 @@ def fuzz(profile: str, drive: Callable[[Hostile], Outcome], needs_all: bool = Fa
         def send(msg: Message, honest: RecordDict) -> RecordDict:
             sent.append(data.draw(hostile(honest), label="reply"))
             return sent[-1]
+
         seed_server(0)
         try:
             out = drive(send)
@@ -221,6 +285,7 @@ def fuzz(profile: str, drive: Callable[[Hostile], Outcome], needs_all: bool = Fa
             assert _same(out.value, baseline, atol), "a refused reply moved the result"
         assert _finite(out.value), out.value
         assert bounded is None or bounded(out.value, sent), out.value
+
     settings(settings.get_profile(profile))(given(st.data())(body))()
 
 
@@ -232,22 +297,34 @@ def _with_hostile(handlers: dict, send: Hostile, whoami: bool = False) -> dict:
     def handle(msg):
         told = WHOAMI in msg.content.config_records and not whoami
         return honest(msg) if told else send(msg, honest(msg))
+
     return {**handlers, HOSTILE: handle}
 
 
 # --- the core: whoami, a SuperNode's batch ----------------------------------------------------
 
+
 @pytest.mark.parametrize("profile", PROFILE)
 def test_whoami(profile):
     def drive(send):
         handlers = {n: _whoami(lambda msg: RecordDict(), n - 1) for n in range(1, HOSTILE + 1)}
-        messenger = Messenger(InProcessGrid(_with_hostile(handlers, send, whoami=True)), timeout=5,
-                              know_partitions=True)
+        messenger = Messenger(
+            InProcessGrid(_with_hostile(handlers, send, whoami=True)),
+            timeout=5,
+            know_partitions=True,
+        )
         return Outcome(messenger.node_ids(), messenger)
 
-    def bounded(nodes, sent):  # only the hostile node and a node whose partition it claimed can be left out
+    def bounded(
+        nodes, sent
+    ):  # only the hostile node and a node whose partition it claimed can be left out
         claimed = [n for n in range(1, HOSTILE) if n not in nodes]
-        return set(nodes) <= set(range(1, HOSTILE + 1)) and len(claimed) <= 1 and list(nodes) == sorted(nodes)
+        return (
+            set(nodes) <= set(range(1, HOSTILE + 1))
+            and len(claimed) <= 1
+            and list(nodes) == sorted(nodes)
+        )
+
     fuzz(profile, drive, bounded=bounded, honest_result=False)
 
 
@@ -255,16 +332,37 @@ def test_whoami(profile):
 def test_a_supernodes_batch_reply(profile):
     """The hostile SuperNode answers for its three logical clients: whatever it packs, the other
     SuperNodes' clients' replies are theirs."""
+
     def drive(send):
-        grid = ShardedGrid(tampering_supernodes(3, lambda p, packed: send(None, packed) if p == 1 else packed),
-                           9, timeout=5.0, poll=0.0)
+        grid = ShardedGrid(
+            tampering_supernodes(3, lambda p, packed: send(None, packed) if p == 1 else packed),
+            9,
+            timeout=5.0,
+            poll=0.0,
+        )
         messenger = Messenger(grid, 5.0, poll_seconds=0.0)
-        replies = messenger.exchange("probe", [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
-                                                       message_type=MessageType.QUERY) for n in grid.get_node_ids()],
-                                     Policy(ANY))
+        replies = messenger.exchange(
+            "probe",
+            [
+                Message(
+                    RecordDict({"config": ConfigRecord({})}),
+                    dst_node_id=n,
+                    message_type=MessageType.QUERY,
+                )
+                for n in grid.get_node_ids()
+            ],
+            Policy(ANY),
+        )
         own = {m.metadata.src_node_id: m.content.array_records.get("w") for m in replies}
-        return Outcome({n: float(r["w"].numpy()[0]) for n, r in own.items() if r is not None and (n - 1) % 3 != 1},
-                       messenger)
+        return Outcome(
+            {
+                n: float(r["w"].numpy()[0])
+                for n, r in own.items()
+                if r is not None and (n - 1) % 3 != 1
+            },
+            messenger,
+        )
+
     fuzz(profile, drive, bounded=lambda own, sent: all(v == n - 1 for n, v in own.items()))
 
 
@@ -279,21 +377,51 @@ def _fedtp_node(partition: int):
 
     def handle(msg):
         if msg.metadata.message_type == MessageType.QUERY:
-            return RecordDict({tp.INFO: ConfigRecord({tp.PARTITION_ID: partition,
-                                                      tp.INFO_SPLITS: [SPLITS[r] for r in rows], tp.INFO_ROWS: rows})})
+            return RecordDict(
+                {
+                    tp.INFO: ConfigRecord(
+                        {
+                            tp.PARTITION_ID: partition,
+                            tp.INFO_SPLITS: [SPLITS[r] for r in rows],
+                            tp.INFO_ROWS: rows,
+                        }
+                    )
+                }
+            )
         if msg.metadata.message_type == MessageType.TRAIN:
-            return RecordDict({tp.ARRAYS: ArrayRecord({tp.VECTORS: Array(np.eye(DIM)[[r % DIM for r in rows]])}),
-                               tp.METRICS: MetricRecord({tp.NUM_EXAMPLES: len(rows)})})
+            return RecordDict(
+                {
+                    tp.ARRAYS: ArrayRecord(
+                        {tp.VECTORS: Array(np.eye(DIM)[[r % DIM for r in rows]])}
+                    ),
+                    tp.METRICS: MetricRecord({tp.NUM_EXAMPLES: len(rows)}),
+                }
+            )
         config = msg.content[tp.CONFIG]
         names, turn_level = list(config[tp.VARIANT_NAMES]), bool(config[tp.TURN_LEVEL])
         sums = ("hits", "err", "support")
-        metrics = {tp.NUM_EXAMPLES: 2, "valid_freq/turns": 2, **{
-            f"valid_freq/{v}/{m}": (partition % 2 if m == "hits" else 0.5) for v in names for m in sums}}
+        metrics = {
+            tp.NUM_EXAMPLES: 2,
+            "valid_freq/turns": 2,
+            **{
+                f"valid_freq/{v}/{m}": (partition % 2 if m == "hits" else 0.5)
+                for v in names
+                for m in sums
+            },
+        }
         if turn_level:
-            metrics |= {"turn/gold": [1, 2], "turn/ambiguous": [0, 1], "turn/row": [rows[0], rows[-1]], **{
-                f"turn/{m}/{v}": ([1, partition % DIM] if m == "pick" else [0.5, 0.25]) for v in names
-                for m in ("pick", "err", "support")}}
+            metrics |= {
+                "turn/gold": [1, 2],
+                "turn/ambiguous": [0, 1],
+                "turn/row": [rows[0], rows[-1]],
+                **{
+                    f"turn/{m}/{v}": ([1, partition % DIM] if m == "pick" else [0.5, 0.25])
+                    for v in names
+                    for m in ("pick", "err", "support")
+                },
+            }
         return RecordDict({tp.METRICS: MetricRecord(metrics)})
+
     return _whoami(handle, partition)
 
 
@@ -302,47 +430,78 @@ def _fedtp_drive(run: Callable[[fedtp.Context], object]) -> Callable[[Hostile], 
         handlers = _with_hostile({n: _fedtp_node(n - 1) for n in range(1, HOSTILE + 1)}, send)
         ctx = _fedtp_context(handlers)
         ctx.messenger = Messenger(InProcessGrid(handlers), timeout=5, know_partitions=True)
-        ctx.hosted = {n: _fedtp_node(n - 1)(Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY))[
-            tp.INFO] for n in handlers}
+        ctx.hosted = {
+            n: _fedtp_node(n - 1)(
+                Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY)
+            )[tp.INFO]
+            for n in handlers
+        }
         return Outcome(run(ctx), ctx.messenger)
+
     return drive
 
 
 @pytest.mark.parametrize("profile", PROFILE)
 def test_fedtp_discover(profile):
-    fuzz(profile, _fedtp_drive(lambda ctx: {n: dict(i) for n, i in fedtp.discover(ctx.messenger, {}, SPLITS).items()}),
-         bounded=lambda hosted, sent: all(i[tp.INFO_ROWS] == hosted_rows(8, HOSTILE, n - 1) for n, i in hosted.items()))
+    fuzz(
+        profile,
+        _fedtp_drive(
+            lambda ctx: {n: dict(i) for n, i in fedtp.discover(ctx.messenger, {}, SPLITS).items()}
+        ),
+        bounded=lambda hosted, sent: all(
+            i[tp.INFO_ROWS] == hosted_rows(8, HOSTILE, n - 1) for n, i in hosted.items()
+        ),
+    )
 
 
 @pytest.mark.parametrize("profile", PROFILE)
 def test_fedtp_prior(profile):
-    fuzz(profile, _fedtp_drive(lambda ctx: fedtp.train_prior(ctx, DIM).vector),
-         bounded=lambda prior, sent: np.all(prior >= 0) and abs(prior.sum() - 1) < 1e-9)
+    fuzz(
+        profile,
+        _fedtp_drive(lambda ctx: fedtp.train_prior(ctx, DIM).vector),
+        bounded=lambda prior, sent: np.all(prior >= 0) and abs(prior.sum() - 1) < 1e-9,
+    )
 
 
 @pytest.mark.parametrize("profile", PROFILE)
 def test_fedtp_tune(profile):
-    fuzz(profile, _fedtp_drive(lambda ctx: fedtp.tune_lambda(ctx, np.full(DIM, 1 / DIM))),
-         bounded=lambda out, sent: all(r["ehr"] is None or 0 <= r["ehr"] <= 1 for r in out[0]))
+    fuzz(
+        profile,
+        _fedtp_drive(lambda ctx: fedtp.tune_lambda(ctx, np.full(DIM, 1 / DIM))),
+        bounded=lambda out, sent: all(r["ehr"] is None or 0 <= r["ehr"] <= 1 for r in out[0]),
+    )
 
 
 @pytest.mark.parametrize("profile", PROFILE)
 def test_fedtp_test(profile):
     """The test phase, turn level: its sums, turns and the paired analyses read from them."""
+
     def run(ctx):
         ctx.task = {**ctx.task, "test_splits": ["valid_freq"]}
         sums, turns, _ = fedtp.evaluate_routers(ctx, np.full(DIM, 1 / DIM), 0.01)
-        return {"sums": sums, "analyses": fedtp._paired_analyses(turns, "conversation", 20, 0)[0],
-                "routers": {r: fedtp._scores(sums, ["valid_freq"], r) for r in fedtp.ROUTERS}}
-    fuzz(profile, _fedtp_drive(run), bounded=lambda out, sent: all(
-        v["ehr"] is None or 0 <= v["ehr"] <= 1 for v in out["routers"].values()))
+        return {
+            "sums": sums,
+            "analyses": fedtp._paired_analyses(turns, "conversation", 20, 0)[0],
+            "routers": {r: fedtp._scores(sums, ["valid_freq"], r) for r in fedtp.ROUTERS},
+        }
+
+    fuzz(
+        profile,
+        _fedtp_drive(run),
+        bounded=lambda out, sent: all(
+            v["ehr"] is None or 0 <= v["ehr"] <= 1 for v in out["routers"].values()
+        ),
+    )
 
 
 # --- FedBis / FedBiscuit ------------------------------------------------------------------------
 
+
 def _preference_drive(run: Callable[[fedbiscuit.Context], object], discovered: bool = True):
     def drive(send):
-        handlers = _with_hostile({n: _preference_client(n - 1, float(n)) for n in range(1, HOSTILE + 1)}, send)
+        handlers = _with_hostile(
+            {n: _preference_client(n - 1, float(n)) for n in range(1, HOSTILE + 1)}, send
+        )
         if not discovered:  # the discovery itself, as fedbiscuit.context asks it
             messenger = Messenger(InProcessGrid(handlers), timeout=5)
             holds = {pref.NUM_EXAMPLES: EXAMPLES, pref.NUM_VALID: 5, pref.POPULATION: "majority"}
@@ -352,13 +511,19 @@ def _preference_drive(run: Callable[[fedbiscuit.Context], object], discovered: b
         ctx = _preference_context(honest)  # discovery (fuzzed above) from the honest replies
         ctx.messenger = Messenger(InProcessGrid(handlers), timeout=5)
         return Outcome(run(ctx), ctx.messenger)
+
     return drive
 
 
 def _in_hull(model, sent, low=1.0, high=float(HOSTILE)) -> bool:
     """Within the updates averaged: the honest ones (1 .. 4) and the hostile's arrays."""
-    values = [np.asarray(a.numpy(), float) for r in sent for rec in r.array_records.values() for a in rec.values()
-              if a.numpy().dtype.kind in "fiu" and a.numpy().size]
+    values = [
+        np.asarray(a.numpy(), float)
+        for r in sent
+        for rec in r.array_records.values()
+        for a in rec.values()
+        if a.numpy().dtype.kind in "fiu" and a.numpy().size
+    ]
     lo = min([low, *(v.min() for v in values if np.isfinite(v).all())])
     hi = max([high, *(v.max() for v in values if np.isfinite(v).all())])
     return bool(np.all((model >= lo - 1e-6) & (model <= hi + 1e-6)))
@@ -372,15 +537,23 @@ def test_fedbiscuit_discover(profile):
 @pytest.mark.parametrize("profile", PROFILE)
 def test_fedbis_train(profile):
     spec = OmegaConf.create({"run": "fedsim_experiments.fedbiscuit.protocol.fedbis"})
-    fuzz(profile, _preference_drive(lambda ctx: fedbiscuit.fedbis(ctx, "fedbis", spec)["selectors"][0]["w"]),
-         bounded=_in_hull)
+    fuzz(
+        profile,
+        _preference_drive(lambda ctx: fedbiscuit.fedbis(ctx, "fedbis", spec)["selectors"][0]["w"]),
+        bounded=_in_hull,
+    )
 
 
 @pytest.mark.parametrize("profile", PROFILE)
 def test_fedbiscuit_train_and_regroup(profile):
-    spec = OmegaConf.create({"run": "fedsim_experiments.fedbiscuit.protocol.fedbiscuit", "num_selectors": 1})
-    fuzz(profile, _preference_drive(lambda ctx: fedbiscuit.fedbiscuit(ctx, "u1", spec)["selectors"][0]["w"]),
-         bounded=_in_hull)
+    spec = OmegaConf.create(
+        {"run": "fedsim_experiments.fedbiscuit.protocol.fedbiscuit", "num_selectors": 1}
+    )
+    fuzz(
+        profile,
+        _preference_drive(lambda ctx: fedbiscuit.fedbiscuit(ctx, "u1", spec)["selectors"][0]["w"]),
+        bounded=_in_hull,
+    )
 
 
 # --- FedE4RAG -----------------------------------------------------------------------------------
@@ -390,31 +563,69 @@ INITIAL = {"w": np.zeros(3, np.float32)}
 
 @cache
 def _rag_cfg(tmp: str, rounds: int = 1):
-    return compose(["experiment=fede4rag_paper", DATA, f"num_rounds={rounds}", f"task.he.key_dir={tmp}/keys",
-                    "protocol.he_chunk_floats=4096", "protocol.eval_pages_per_message=10"])
+    return compose(
+        [
+            "experiment=fede4rag_paper",
+            DATA,
+            f"num_rounds={rounds}",
+            f"task.he.key_dir={tmp}/keys",
+            "protocol.he_chunk_floats=4096",
+            "protocol.eval_pages_per_message=10",
+        ]
+    )
 
 
 def _rag_node(partition: int, cfg):
     """A FedE4RAG company as the real client answers (plaintext): discovery, initial weights,
     training to its partition's value, evaluation."""
+
     def handle(msg):
         config = msg.content[rag.CONFIG]
         if msg.metadata.message_type == MessageType.QUERY:
             if config.get(rag.QUERY_OP) == rag.INITIAL_WEIGHTS:
                 return RecordDict({rag.ARRAYS: to_record(INITIAL)})
-            return RecordDict({rag.INFO: ConfigRecord({rag.PARTITION_ID: partition, rag.DOCUMENTS: ["d"],
-                                                       rag.COMPANIES: ["c"], rag.NUM_PAIRS: EXAMPLES})})
+            return RecordDict(
+                {
+                    rag.INFO: ConfigRecord(
+                        {
+                            rag.PARTITION_ID: partition,
+                            rag.DOCUMENTS: ["d"],
+                            rag.COMPANIES: ["c"],
+                            rag.NUM_PAIRS: EXAMPLES,
+                        }
+                    )
+                }
+            )
         if msg.metadata.message_type == MessageType.TRAIN:
-            return RecordDict({rag.ARRAYS: to_record({"w": np.full(3, 1.0 + partition, np.float32)}),
-                               rag.METRICS: MetricRecord({rag.NUM_EXAMPLES: EXAMPLES, "loss": 0.5, "steps": 1})})
+            return RecordDict(
+                {
+                    rag.ARRAYS: to_record({"w": np.full(3, 1.0 + partition, np.float32)}),
+                    rag.METRICS: MetricRecord(
+                        {rag.NUM_EXAMPLES: EXAMPLES, "loss": 0.5, "steps": 1}
+                    ),
+                }
+            )
         arrays = msg.content.array_records.get(rag.ARRAYS)
-        key = weights_key(cfg.task.model, cfg.task.lora, None if arrays is None else from_record(arrays))
+        key = weights_key(
+            cfg.task.model, cfg.task.lora, None if arrays is None else from_record(arrays)
+        )
         if config[rag.EVAL_OP] == rag.ENCODE:
             metrics = {rag.MISSING: [], rag.PIECES: 1, rag.CORPUS_PAGES: 7}
         else:
-            metrics = {f"{label}/{m}": 0.25 for label in fede4rag.scored(cfg) for m in RETRIEVAL} | {
-                f"{label}/{n}": 5 for label in fede4rag.scored(cfg) for n in ("questions", "corpus-pages")}
-        return RecordDict({rag.METRICS: MetricRecord(metrics), rag.WEIGHTS_INFO: ConfigRecord({rag.WEIGHTS_KEY: key})})
+            metrics = {
+                f"{label}/{m}": 0.25 for label in fede4rag.scored(cfg) for m in RETRIEVAL
+            } | {
+                f"{label}/{n}": 5
+                for label in fede4rag.scored(cfg)
+                for n in ("questions", "corpus-pages")
+            }
+        return RecordDict(
+            {
+                rag.METRICS: MetricRecord(metrics),
+                rag.WEIGHTS_INFO: ConfigRecord({rag.WEIGHTS_KEY: key}),
+            }
+        )
+
     return handle
 
 
@@ -427,12 +638,17 @@ def _rag_drive(run, hostile_node: int = HOSTILE, discovered: bool = True):
         if not discovered:
             return Outcome(fede4rag._discover(messenger, {})[1], messenger)
         nodes, info = fede4rag._discover(Messenger(InProcessGrid(handlers), timeout=5), {})
-        ctx = fede4rag.Context(messenger, cfg, {}, nodes, info, budget=4, plan=PrivacyPlan.fresh(cfg))
+        ctx = fede4rag.Context(
+            messenger, cfg, {}, nodes, info, budget=4, plan=PrivacyPlan.fresh(cfg)
+        )
         return Outcome(run(ctx), messenger)
+
     return drive
 
 
-FEDAVG = OmegaConf.create({"run": "fedsim_experiments.fede4rag.protocol.federated", "he": False, "kd_weight": 0.0})
+FEDAVG = OmegaConf.create(
+    {"run": "fedsim_experiments.fede4rag.protocol.federated", "he": False, "kd_weight": 0.0}
+)
 
 
 @pytest.mark.parametrize("profile", PROFILE)
@@ -442,20 +658,33 @@ def test_fede4rag_discover(profile):
 
 @pytest.mark.parametrize("profile", PROFILE)
 def test_fede4rag_initial_weights(profile):
-    fuzz(profile, _rag_drive(lambda ctx: from_record(fede4rag._initial(ctx)), hostile_node=1), needs_all=True)
+    fuzz(
+        profile,
+        _rag_drive(lambda ctx: from_record(fede4rag._initial(ctx)), hostile_node=1),
+        needs_all=True,
+    )
 
 
 @pytest.mark.parametrize("profile", PROFILE)
 def test_fede4rag_fedavg_train(profile):
-    fuzz(profile, _rag_drive(lambda ctx: from_record(fede4rag.federated(ctx, "fedavg", FEDAVG).arrays)["w"]),
-         bounded=_in_hull)
+    fuzz(
+        profile,
+        _rag_drive(lambda ctx: from_record(fede4rag.federated(ctx, "fedavg", FEDAVG).arrays)["w"]),
+        bounded=_in_hull,
+    )
 
 
 @pytest.mark.parametrize("profile", PROFILE)
 def test_fede4rag_alone_and_centralized(profile):
     def run(ctx):
-        alone = fede4rag.alone(ctx, "alone", OmegaConf.create({"which": "smallest"}))  # the hostile node: partition 3
-        return {"alone": alone.details["pairs"], "central": fede4rag.centralized(ctx, "central", None).details}
+        alone = fede4rag.alone(
+            ctx, "alone", OmegaConf.create({"which": "smallest"})
+        )  # the hostile node: partition 3
+        return {
+            "alone": alone.details["pairs"],
+            "central": fede4rag.centralized(ctx, "central", None).details,
+        }
+
     fuzz(profile, _rag_drive(run, hostile_node=1), needs_all=True)
 
 
@@ -463,9 +692,17 @@ def test_fede4rag_alone_and_centralized(profile):
 def test_fede4rag_evaluation(profile):
     """The evaluator (partition 0) encodes the corpus and scores the method's model."""
     trained = fede4rag.Trained(rag.FROM_ARRAYS, {}, to_record(INITIAL))
-    fuzz(profile, _rag_drive(lambda ctx: fede4rag._evaluate(ctx, "m", trained), hostile_node=1), needs_all=True,
-         bounded=lambda scores, sent: all(0 <= v <= 1 for s in fede4rag.scored(_rag_cfg("/tmp/fedsim-fuzz-unused"))
-                                          for k, v in scores[s].items() if k in RETRIEVAL))
+    fuzz(
+        profile,
+        _rag_drive(lambda ctx: fede4rag._evaluate(ctx, "m", trained), hostile_node=1),
+        needs_all=True,
+        bounded=lambda scores, sent: all(
+            0 <= v <= 1
+            for s in fede4rag.scored(_rag_cfg("/tmp/fedsim-fuzz-unused"))
+            for k, v in scores[s].items()
+            if k in RETRIEVAL
+        ),
+    )
 
 
 def _he_drive(tmp_path_factory, floats: int):
@@ -475,57 +712,114 @@ def _he_drive(tmp_path_factory, floats: int):
     (tmp / "keys").mkdir(mode=0o700)  # one key for every drive, made once
     cfg = _rag_cfg(str(tmp))
     vectors = [np.full(floats, 1.0 + p) for p in range(HOSTILE)]
-    spec = OmegaConf.create({"run": "fedsim_experiments.fede4rag.protocol.federated", "he": True, "kd_weight": 0.0})
+    spec = OmegaConf.create(
+        {"run": "fedsim_experiments.fede4rag.protocol.federated", "he": True, "kd_weight": 0.0}
+    )
 
     def drive(send):
         folder = tmp_path_factory.mktemp("run")
-        clients = {n: HEVectorClient(folder, n - 1, vectors[n - 1], EXAMPLES, key_dir=tmp / "keys")
-                   for n in range(1, HOSTILE + 1)}
+        clients = {
+            n: HEVectorClient(folder, n - 1, vectors[n - 1], EXAMPLES, key_dir=tmp / "keys")
+            for n in range(1, HOSTILE + 1)
+        }
         handlers = _with_hostile(clients, send)
         messenger = Messenger(InProcessGrid(handlers), timeout=5)
-        ctx = fede4rag.Context(messenger, cfg, {}, *fede4rag._discover(Messenger(InProcessGrid(clients), 5), {}),
-                               budget=1, plan=PrivacyPlan.fresh(cfg))
+        ctx = fede4rag.Context(
+            messenger,
+            cfg,
+            {},
+            *fede4rag._discover(Messenger(InProcessGrid(clients), 5), {}),
+            budget=1,
+            plan=PrivacyPlan.fresh(cfg),
+        )
         fede4rag.federated(ctx, "he", spec)
         return Outcome(clients[1].he.global_weights(1), messenger)
+
     return drive
 
 
 @pytest.mark.parametrize("profile", PROFILE)
 @pytest.mark.parametrize("floats", [100, 5000], ids=["one trip", "chunks"])
 def test_fede4rag_he(profile, floats, tmp_path_factory):
-    fuzz(profile, _he_drive(tmp_path_factory, floats), atol=1e-4,  # ciphertexts that parse are the node's own
-         bounded=lambda installed, sent: np.all((installed > 1 - 1e-3) & (installed < HOSTILE + 1e-3)))
+    fuzz(
+        profile,
+        _he_drive(tmp_path_factory, floats),
+        atol=1e-4,  # ciphertexts that parse are the node's own
+        bounded=lambda installed, sent: np.all(
+            (installed > 1 - 1e-3) & (installed < HOSTILE + 1e-3)
+        ),
+    )
 
 
 # --- FedDTRE ------------------------------------------------------------------------------------
 
+
 def _dialogue_node(partition: int):
     """A FedDTRE client as the real one answers: its examples, the evaluator's or a generator's
     training (mixing as the schedule asks), its personalized evaluation."""
+
     def handle(msg):
         if msg.metadata.message_type == MessageType.QUERY:
-            return RecordDict({dtre.INFO: ConfigRecord({dtre.PARTITION_ID: partition, "examples-persona_chat": 40})})
+            return RecordDict(
+                {
+                    dtre.INFO: ConfigRecord(
+                        {dtre.PARTITION_ID: partition, "examples-persona_chat": 40}
+                    )
+                }
+            )
         config = msg.content[dtre.CONFIG]
         if msg.metadata.message_type == MessageType.EVALUATE:
-            scores = {prefix + m: 0.5 for prefix in (dtre.PERSONAL, dtre.GLOBAL) for m in feddtre_report.METRICS}
-            return RecordDict({dtre.METRICS: MetricRecord({dtre.KEPT_LOCAL: 1, dtre.DISTANCE: 0.1, dtre.CONTEXTS: 2,
-                                                           **scores})})
+            scores = {
+                prefix + m: 0.5
+                for prefix in (dtre.PERSONAL, dtre.GLOBAL)
+                for m in feddtre_report.METRICS
+            }
+            return RecordDict(
+                {
+                    dtre.METRICS: MetricRecord(
+                        {dtre.KEPT_LOCAL: 1, dtre.DISTANCE: 0.1, dtre.CONTEXTS: 2, **scores}
+                    )
+                }
+            )
         w = from_record(msg.content[dtre.ARRAYS])
-        examples = 30 if config.get(dtre.OBJECTIVE) == dtre.EVALUATOR else 40  # 3 per trust context (10)
+        examples = (
+            30 if config.get(dtre.OBJECTIVE) == dtre.EVALUATOR else 40
+        )  # 3 per trust context (10)
         metrics = {dtre.NUM_EXAMPLES: examples, "train-loss": 0.5, "train-seconds": 0.1}
         if dtre.MIXING in config:
-            metrics |= {dtre.ALPHA: 0.5, dtre.S_LOCAL: 0.4, dtre.S_GLOBAL: 0.6, dtre.S_GAP_SE: 0.05,
-                        dtre.SCORED: 10, dtre.TRAIN_NLL: 2.0, dtre.HELDOUT_NLL: 2.5}  # feddtre_paper's eval_contexts
-        return RecordDict({dtre.ARRAYS: to_record({k: np.full_like(v, 1.0 + partition) for k, v in w.items()}),
-                           dtre.METRICS: MetricRecord(metrics)})
+            metrics |= {
+                dtre.ALPHA: 0.5,
+                dtre.S_LOCAL: 0.4,
+                dtre.S_GLOBAL: 0.6,
+                dtre.S_GAP_SE: 0.05,
+                dtre.SCORED: 10,
+                dtre.TRAIN_NLL: 2.0,
+                dtre.HELDOUT_NLL: 2.5,
+            }  # feddtre_paper's eval_contexts
+        return RecordDict(
+            {
+                dtre.ARRAYS: to_record({k: np.full_like(v, 1.0 + partition) for k, v in w.items()}),
+                dtre.METRICS: MetricRecord(metrics),
+            }
+        )
+
     return handle
 
 
 @cache
 def _dtre_cfg():
-    return compose(["experiment=feddtre_paper", DATA, "num_rounds=1", f"task.num_clients={HOSTILE}",
-                    f"protocol.clients_per_round={HOSTILE}", f"protocol.evaluator.clients_per_round={HOSTILE}",
-                    "protocol.evaluator.rounds=1", "task.trust.contexts_per_client=10"])
+    return compose(
+        [
+            "experiment=feddtre_paper",
+            DATA,
+            "num_rounds=1",
+            f"task.num_clients={HOSTILE}",
+            f"protocol.clients_per_round={HOSTILE}",
+            f"protocol.evaluator.clients_per_round={HOSTILE}",
+            "protocol.evaluator.rounds=1",
+            "task.trust.contexts_per_client=10",
+        ]
+    )
 
 
 def _dtre_drive(run, discovered: bool = True):
@@ -535,14 +829,26 @@ def _dtre_drive(run, discovered: bool = True):
         messenger = Messenger(InProcessGrid(handlers), timeout=5)
         if not discovered:
             holds = {"persona_chat": 40}
-            reply = dtre.discover_reply(messenger.partition_of, list(holds), lambda p: holds, HOSTILE)
+            reply = dtre.discover_reply(
+                messenger.partition_of, list(holds), lambda p: holds, HOSTILE
+            )
             return Outcome(discover(messenger, {}, reply)[1], messenger)
         honest = {n: _dialogue_node(n - 1) for n in range(1, HOSTILE + 1)}
         nodes, info = discover(Messenger(InProcessGrid(honest), 5), {})
-        ctx = feddtre.Context(messenger, cfg, {}, nodes, {p: dict(i) for p, i in info.items()},
-                              feddtre.check(cfg), {"persona_chat": None}, "unused", INITIAL,
-                              plan=PrivacyPlan.fresh(cfg))
+        ctx = feddtre.Context(
+            messenger,
+            cfg,
+            {},
+            nodes,
+            {p: dict(i) for p, i in info.items()},
+            feddtre.check(cfg),
+            {"persona_chat": None},
+            "unused",
+            INITIAL,
+            plan=PrivacyPlan.fresh(cfg),
+        )
         return Outcome(run(ctx), messenger)
+
     return drive
 
 
@@ -557,7 +863,12 @@ def test_feddtre_evaluator_train(profile):
         config = {dtre.OBJECTIVE: dtre.EVALUATOR}
         e = ctx.protocol.evaluator
         reply = lambda sent: dtre.train_reply(sent, ctx.trust_examples, "train-loss")  # noqa: E731
-        return from_record(ctx.fedavg("evaluator", to_record(INITIAL), 1, config, 1.0, reply, entry=e.strategy).arrays)
+        return from_record(
+            ctx.fedavg(
+                "evaluator", to_record(INITIAL), 1, config, 1.0, reply, entry=e.strategy
+            ).arrays
+        )
+
     fuzz(profile, _dtre_drive(lambda ctx: run(ctx)["w"]), bounded=_in_hull)
 
 
@@ -566,25 +877,41 @@ def test_feddtre_evaluator_train(profile):
 def test_feddtre_generator_and_personal(profile, method):
     """A generator method's rounds (FedAvg, TrustAlpha's mixing), then every client's
     personalized evaluation; the alphas and the spreads read from them."""
+
     def run(ctx):
         spec = OmegaConf.create(OmegaConf.to_container(ctx.cfg.protocol.methods[method]))
         out = feddtre.federated(ctx, method, spec, "persona_chat")
-        return {"w": out["weights"]["w"], "personalized": out["personalized"],
-                "alphas": feddtre_report.alpha_rows(out.get("alphas", {}))}
-    fuzz(profile, _dtre_drive(run), bounded=lambda out, sent: _in_hull(out["w"], sent) and all(
-        0 <= c[dtre.ALPHA] <= 1 for r in out["alphas"].values() for c in r["clients"]))
+        return {
+            "w": out["weights"]["w"],
+            "personalized": out["personalized"],
+            "alphas": feddtre_report.alpha_rows(out.get("alphas", {})),
+        }
+
+    fuzz(
+        profile,
+        _dtre_drive(run),
+        bounded=lambda out, sent: (
+            _in_hull(out["w"], sent)
+            and all(0 <= c[dtre.ALPHA] <= 1 for r in out["alphas"].values() for c in r["clients"])
+        ),
+    )
 
 
 def test_the_fuzzer_reaches_the_checks():
     """Not a blind fuzzer: mutations of an honest reply keep most of it, so the declared checks
     (bounds, shapes, keys) see them, not only the record names."""
-    honest = RecordDict({"arrays": to_record({"w": np.zeros(3, np.float32)}),
-                         "metrics": MetricRecord({"num-examples": 5, "train-loss": 0.5})})
+    honest = RecordDict(
+        {
+            "arrays": to_record({"w": np.zeros(3, np.float32)}),
+            "metrics": MetricRecord({"num-examples": 5, "train-loss": 0.5}),
+        }
+    )
     kept = []
 
     @settings(settings.get_profile("replies-fast"), max_examples=50)
     @given(hostile(honest))
     def sample(reply):
         kept.append(set(reply.keys()) == {"arrays", "metrics"})
+
     sample()
     assert 0.3 < sum(kept) / len(kept) < 1.0

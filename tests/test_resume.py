@@ -14,19 +14,36 @@ import json
 
 import pytest
 
-from conftest import SMALL, fedsim_run, journaled, kill_when, private_tmpdir, read_results, without_timings
+from conftest import (
+    SMALL,
+    fedsim_run,
+    journaled,
+    kill_when,
+    private_tmpdir,
+    read_results,
+    without_timings,
+)
 
 pytestmark = pytest.mark.e2e
 
-RUN = [*SMALL, "privacy.reproducible_noise=true", "num_rounds=4", "strategy.fraction_train=0.5",
-       "protocol.dp_sigmas=[1.0]", "checkpoint.keep=true",  # the test reads the journal after the run
-       "faults.timeout=[0,1,2,3,4,5,6,7,8,9]", "faults.timeout_seconds=1"]
+RUN = [
+    *SMALL,
+    "privacy.reproducible_noise=true",
+    "num_rounds=4",
+    "strategy.fraction_train=0.5",
+    "protocol.dp_sigmas=[1.0]",
+    "checkpoint.keep=true",  # the test reads the journal after the run
+    "faults.timeout=[0,1,2,3,4,5,6,7,8,9]",
+    "faults.timeout_seconds=1",
+]
 
 
 def _kill_after(out, entries: int, root: str) -> None:
     """Start the run, SIGKILL ``fedsim run`` once ``entries`` exchanges are journaled."""
     journal = out / "checkpoint" / "journal"
-    kill_when([*RUN, f"results_dir={out}"], root, lambda: len(list(journal.glob("*.exchange"))) >= entries)
+    kill_when(
+        [*RUN, f"results_dir={out}"], root, lambda: len(list(journal.glob("*.exchange"))) >= entries
+    )
 
 
 @pytest.mark.exhaustive  # 170 s; by default tests/test_e2e_client_state.py resumes a SIGKILLed run to the same end
@@ -51,7 +68,10 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     assert without_timings(resumed) == without_timings(reference)
     assert resumed["train_metrics"] == reference["train_metrics"]  # DP rounds, epsilon: exact
     assert resumed["faults"] == reference["faults"]
-    assert resumed["privacy"]["private_noise"] is False and "NOT private" in resumed["privacy"]["warning"]
+    assert (
+        resumed["privacy"]["private_noise"] is False
+        and "NOT private" in resumed["privacy"]["warning"]
+    )
     assert "NOT private" in (cut / "summary.md").read_text() and "NOT private" in log
     assert [(e["phase"], e["round"]) for e in journaled(cut)] == phases
     rows = (cut / "metrics.csv").read_text().splitlines()  # rewritten whole, nothing repeated

@@ -15,7 +15,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from conftest import SMALL, Unpickled, fedsim_refusal, fedsim_run, private_tmpdir, stop_sweep_mid_point
+from conftest import (
+    SMALL,
+    Unpickled,
+    fedsim_refusal,
+    fedsim_run,
+    private_tmpdir,
+    stop_sweep_mid_point,
+)
 from fedsim.config.compose import ConfigError
 from fedsim.privacy.secret import derive, seal
 from fedsim.run.cli import RUN_FILE, _save_run, prepare, resumed
@@ -30,22 +37,39 @@ def planted_point(tmp_path, point, hardware=("hardware.num_clients=2",)):
     marker = tmp_path / "code-ran"
     weights = tmp_path / "weights.npy"
     np.save(weights, np.array([Unpickled(marker)], dtype=object), allow_pickle=True)
-    overrides = ["experiment=turn_sentiment_fedavg", *hardware, "strategy._target_=numpy.load",
-                 *(f"~strategy.{k}" for k in ("fraction_train", "fraction_evaluate", "min_train_nodes",
-                                                "min_available_nodes")),
-                 f"+strategy.file={weights}", "+strategy.allow_pickle=true", f"results_dir={point}"]
+    overrides = [
+        "experiment=turn_sentiment_fedavg",
+        *hardware,
+        "strategy._target_=numpy.load",
+        *(
+            f"~strategy.{k}"
+            for k in (
+                "fraction_train",
+                "fraction_evaluate",
+                "min_train_nodes",
+                "min_available_nodes",
+            )
+        ),
+        f"+strategy.file={weights}",
+        "+strategy.allow_pickle=true",
+        f"results_dir={point}",
+    ]
     (point / "checkpoint").mkdir(parents=True, mode=0o700)
     key = secrets.token_bytes(32)
     fd = os.open(point / "checkpoint" / "resume.key", os.O_CREAT | os.O_WRONLY, 0o600)
     os.write(fd, key)
     os.close(fd)
-    (point / RUN_FILE).write_bytes(seal(derive(key, b"run.json"), "run.json", {"overrides": overrides}))
+    (point / RUN_FILE).write_bytes(
+        seal(derive(key, b"run.json"), "run.json", {"overrides": overrides})
+    )
     return marker
 
 
 def save_run(folder):
     """``checkpoint/run.json`` as ``fedsim run`` writes it for a run in ``folder``."""
-    cfg = SimpleNamespace(checkpoint=SimpleNamespace(enabled=True), resume=False, results_dir=str(folder))
+    cfg = SimpleNamespace(
+        checkpoint=SimpleNamespace(enabled=True), resume=False, results_dir=str(folder)
+    )
     _save_run(cfg, ["seed=3"])
 
 
@@ -62,9 +86,16 @@ def test_a_sweep_fails_a_planted_point_instead_of_resuming_it(tmp_path):
     out = tmp_path / "sweep"
     sweep = Sweep(["seed=0", f"results_dir={out}"], prepare)
     # a remote deployment without its CA: refused after the strategy check, before any process starts
-    marker = planted_point(tmp_path, out / sweep.manifest["runs"][0]["name"], hardware=(
-        "hardware=deploy_remote", "hardware.superlink=x:9093", f"hardware.certificates={tmp_path / 'nope'}",
-        "hardware.num_clients=2"))
+    marker = planted_point(
+        tmp_path,
+        out / sweep.manifest["runs"][0]["name"],
+        hardware=(
+            "hardware=deploy_remote",
+            "hardware.superlink=x:9093",
+            f"hardware.certificates={tmp_path / 'nope'}",
+            "hardware.num_clients=2",
+        ),
+    )
     assert sweep.run() == 1
     error = json.loads((out / MANIFEST).read_text())["runs"][0]["error"]
     assert "was not written here by `fedsim run` for this user" in error, error
@@ -113,12 +144,18 @@ def test_a_link_to_a_run_resumes_that_run_with_its_own_overrides_only(tmp_path):
 def test_the_resume_key_is_this_users_outside_the_results_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     save_run(tmp_path / "run")
-    assert sorted(p.relative_to(tmp_path / "run").as_posix() for p in (tmp_path / "run").rglob("*")) == \
-        ["checkpoint", RUN_FILE.as_posix()]
+    assert sorted(
+        p.relative_to(tmp_path / "run").as_posix() for p in (tmp_path / "run").rglob("*")
+    ) == ["checkpoint", RUN_FILE.as_posix()]
     key = tmp_path / "state" / "fedsim" / "resume.key"
-    assert (stat.S_IMODE(key.stat().st_mode), stat.S_IMODE(key.parent.stat().st_mode)) == (0o600, 0o700)
+    assert (stat.S_IMODE(key.stat().st_mode), stat.S_IMODE(key.parent.stat().st_mode)) == (
+        0o600,
+        0o700,
+    )
     save_run(tmp_path / "other")
-    assert resumed(str(tmp_path / "run"), []) == resumed(str(tmp_path / "other"), [])  # one key, made once
+    assert resumed(str(tmp_path / "run"), []) == resumed(
+        str(tmp_path / "other"), []
+    )  # one key, made once
     os.chmod(key.parent, 0o755)  # another user could swap the key
     with pytest.raises(ConfigError, match="mode 0700"):
         resumed(str(tmp_path / "run"), [])
@@ -131,9 +168,14 @@ def test_a_run_whose_resume_key_folder_is_open_to_others_is_refused_up_front(tmp
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     (tmp_path / "state" / "fedsim").mkdir(parents=True, mode=0o755)
     os.chmod(tmp_path / "state" / "fedsim", 0o755)
-    code, err = fedsim_refusal("experiment=turn_sentiment_fedavg", "hardware.num_clients=2",
-                               f"results_dir={tmp_path / 'run'}")
-    assert code == 2 and f"checkpoint: {tmp_path / 'state' / 'fedsim'}: a private folder" in err, err
+    code, err = fedsim_refusal(
+        "experiment=turn_sentiment_fedavg",
+        "hardware.num_clients=2",
+        f"results_dir={tmp_path / 'run'}",
+    )
+    assert code == 2 and f"checkpoint: {tmp_path / 'state' / 'fedsim'}: a private folder" in err, (
+        err
+    )
     assert not (tmp_path / "run" / RUN_FILE).exists()
 
 
@@ -142,7 +184,9 @@ def test_a_checkpoint_of_an_earlier_fedsim_is_refused_with_what_to_do(tmp_path):
     checkpoints are refused too, saying how to run the point again."""
     point = tmp_path / "seed-1"
     planted_point(tmp_path, point)
-    with pytest.raises(ConfigError, match=re.escape(f"remove {point / 'checkpoint'} to run it from its beginning")):
+    with pytest.raises(
+        ConfigError, match=re.escape(f"remove {point / 'checkpoint'} to run it from its beginning")
+    ):
         resumed(str(point), [])
 
 
@@ -161,6 +205,9 @@ def test_a_sweep_stopped_mid_point_resumes_that_point_in_place(tmp_path):
     assert (first / RUN_FILE).is_file()
     code, log = fedsim_run("-m", *sweep, f"resume={out}", timeout=600)
     assert code == 0, log
-    assert [r["status"] for r in json.loads((out / MANIFEST).read_text())["runs"]] == ["completed", "completed"]
+    assert [r["status"] for r in json.loads((out / MANIFEST).read_text())["runs"]] == [
+        "completed",
+        "completed",
+    ]
     command = json.loads((first / "results.json").read_text())["provenance"]["command"]["line"]
     assert command == f"fedsim run resume={first}"  # resumed, not run again from scratch

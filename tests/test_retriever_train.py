@@ -21,9 +21,16 @@ from fedsim_clients.retriever import RetrieverClient
 def cfg(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("retriever-train")
     InProcessGrid({})  # this process plays the run (message metadata needs a run id)
-    return compose(["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]",
-                    "task.pages_per_client=8", "task.max_seq_length=32",
-                    f"task.he.key_dir={tmp / 'keys'}", f"client_state.dir={tmp / 'state'}"])
+    return compose(
+        [
+            "experiment=fede4rag_paper",
+            "task.companies=[AES Corporation,Boeing]",
+            "task.pages_per_client=8",
+            "task.max_seq_length=32",
+            f"task.he.key_dir={tmp / 'keys'}",
+            f"client_state.dir={tmp / 'state'}",
+        ]
+    )
 
 
 def _client(cfg) -> RetrieverClient:
@@ -31,11 +38,23 @@ def _client(cfg) -> RetrieverClient:
 
 
 def _train(client: RetrieverClient, weights: dict, server_round: int) -> tuple[dict, dict]:
-    config = {keys.METHOD: "fede4rag", keys.WEIGHTS: keys.FROM_ARRAYS, keys.LOCAL_STEPS: 2,
-              keys.BATCH_SIZE: 4, keys.LR: 1e-3, keys.TEMPERATURE: 0.05, keys.KD_WEIGHT: 1.0,
-              keys.SEED: 0, keys.SERVER_ROUND: server_round, keys.TORCH_THREADS: 1}
-    msg = Message(RecordDict({keys.CONFIG: ConfigRecord(config), keys.ARRAYS: to_record(weights)}),
-                  dst_node_id=1, message_type=MessageType.TRAIN)
+    config = {
+        keys.METHOD: "fede4rag",
+        keys.WEIGHTS: keys.FROM_ARRAYS,
+        keys.LOCAL_STEPS: 2,
+        keys.BATCH_SIZE: 4,
+        keys.LR: 1e-3,
+        keys.TEMPERATURE: 0.05,
+        keys.KD_WEIGHT: 1.0,
+        keys.SEED: 0,
+        keys.SERVER_ROUND: server_round,
+        keys.TORCH_THREADS: 1,
+    }
+    msg = Message(
+        RecordDict({keys.CONFIG: ConfigRecord(config), keys.ARRAYS: to_record(weights)}),
+        dst_node_id=1,
+        message_type=MessageType.TRAIN,
+    )
     reply = client.train(msg)
     return from_record(reply[keys.ARRAYS]), dict(reply[keys.METRICS])
 
@@ -49,16 +68,22 @@ def _same(a: dict, b: dict) -> None:
 def test_messages_on_one_client_train_as_fresh_clients(cfg, monkeypatch):
     seen = []  # at each gc.collect(): (objects frozen, objects it scans)
     collect = gc.collect
-    monkeypatch.setattr(gc, "collect", lambda *a: seen.append(
-        (gc.get_freeze_count(), len(gc.get_objects()))) or collect(*a))
+    monkeypatch.setattr(
+        gc,
+        "collect",
+        lambda *a: seen.append((gc.get_freeze_count(), len(gc.get_objects()))) or collect(*a),
+    )
     node = _client(cfg)
     model, pairs = node.model, node.pairs
     rng = np.random.default_rng(0)
-    other = {k: (v + rng.normal(scale=0.05, size=v.shape)).astype(v.dtype) for k, v in node.initial.items()}
+    other = {
+        k: (v + rng.normal(scale=0.05, size=v.shape)).astype(v.dtype)
+        for k, v in node.initial.items()
+    }
 
     first, m1 = _train(node, node.initial, 1)
-    second, m2 = _train(node, other, 2)   # other weights, other round
-    again, m3 = _train(node, node.initial, 1)   # back to the first message's input
+    second, m2 = _train(node, other, 2)  # other weights, other round
+    again, m3 = _train(node, node.initial, 1)  # back to the first message's input
     assert node.model is model and node.pairs is pairs  # not rebuilt, not re-derived
     assert m2["steps"] == 2 and m2["kd"] > 0 and m2["num-examples"] == len(pairs)
     _same(again, first)  # nothing of message 1 or 2 (teacher, optimizer, weights) leaks

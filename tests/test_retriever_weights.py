@@ -28,15 +28,26 @@ def client(tmp_path_factory):
     """Node 0 of 2, its folders (key, cache, state) in this process's environment, as
     ``fedsim run`` gives a simulation's clients theirs (``fedsim/config/node_local.py``)."""
     tmp = tmp_path_factory.mktemp("retriever")
-    cfg = compose(["experiment=fede4rag_paper", "task.companies=[AES Corporation,Boeing]",
-                   "task.pages_per_client=5", "task.n_valid=2", "task.n_test=2",
-                   "task.corpus_pages_per_doc=2", f"task.embedding_cache={tmp / 'cache'}",
-                   f"task.he.key_dir={tmp / 'keys'}", f"client_state.dir={tmp / 'state'}"])
+    cfg = compose(
+        [
+            "experiment=fede4rag_paper",
+            "task.companies=[AES Corporation,Boeing]",
+            "task.pages_per_client=5",
+            "task.n_valid=2",
+            "task.n_test=2",
+            "task.corpus_pages_per_doc=2",
+            f"task.embedding_cache={tmp / 'cache'}",
+            f"task.he.key_dir={tmp / 'keys'}",
+            f"client_state.dir={tmp / 'state'}",
+        ]
+    )
     InProcessGrid({})  # this process plays the run (message metadata needs a run id)
     with pytest.MonkeyPatch.context() as patch:
         for name, value in environment(cfg, {}).items():
             patch.setenv(name, value)
-        yield RetrieverClient(sent_task(OmegaConf.to_container(cfg.task, resolve=True)), cfg.data_root, 0, 2)
+        yield RetrieverClient(
+            sent_task(OmegaConf.to_container(cfg.task, resolve=True)), cfg.data_root, 0, 2
+        )
 
 
 def _message(config: dict, message_type=MessageType.EVALUATE, **records) -> Message:
@@ -47,8 +58,15 @@ def _message(config: dict, message_type=MessageType.EVALUATE, **records) -> Mess
 
 
 def _evaluate(weights: str, **extra) -> dict:
-    return {keys.WEIGHTS: weights, keys.EVAL_OP: keys.ENCODE, keys.PIECE: 0, keys.PAGES_PER_MESSAGE: 1000,
-            keys.EVAL_BACKEND: "torch", keys.SPLITS: ["test"], **extra}
+    return {
+        keys.WEIGHTS: weights,
+        keys.EVAL_OP: keys.ENCODE,
+        keys.PIECE: 0,
+        keys.PAGES_PER_MESSAGE: 1000,
+        keys.EVAL_BACKEND: "torch",
+        keys.SPLITS: ["test"],
+        **extra,
+    }
 
 
 def test_arrays_missing_or_empty_is_an_error(client):
@@ -56,8 +74,15 @@ def test_arrays_missing_or_empty_is_an_error(client):
         client.evaluate(_message(_evaluate(keys.FROM_ARRAYS)))
     with pytest.raises(MissingWeights, match="carries no arrays"):
         client.evaluate(_message(_evaluate(keys.FROM_ARRAYS), arrays=ArrayRecord()))
-    train = {keys.WEIGHTS: keys.FROM_ARRAYS, keys.LOCAL_STEPS: 1, keys.BATCH_SIZE: 2,
-             keys.LR: 1e-4, keys.TEMPERATURE: 0.05, keys.KD_WEIGHT: 0.0, keys.SEED: 0}
+    train = {
+        keys.WEIGHTS: keys.FROM_ARRAYS,
+        keys.LOCAL_STEPS: 1,
+        keys.BATCH_SIZE: 2,
+        keys.LR: 1e-4,
+        keys.TEMPERATURE: 0.05,
+        keys.KD_WEIGHT: 0.0,
+        keys.SEED: 0,
+    }
     with pytest.raises(MissingWeights, match="carries no arrays"):
         client.train(_message(train, MessageType.TRAIN, arrays=ArrayRecord()))
 
@@ -83,21 +108,36 @@ def test_incomplete_he_copy_is_an_error(client, layer):
     flat = flatten(client.initial)
     size = 4096
     blobs = ckks.encrypt(he.ctx, flat[:size], he.params.slots)  # chunk 0 of 2 only
-    he.handle(_message({he_keys.OP: he_keys.INSTALL, he_keys.SERVER_ROUND: 1, he_keys.CHUNK: 0,
-                        he_keys.CHUNK_FLOATS: size, he_keys.NUM_CHUNKS: 2,
-                        he_keys.NUM_FLOATS: flat.size, he_keys.KEY_ID: ckks.key_id(ckks.public_bytes(he.ctx))},
-                       MessageType.QUERY,
-                       **{he_keys.CIPHERTEXTS: ckks.blobs_record(blobs)}))
+    he.handle(
+        _message(
+            {
+                he_keys.OP: he_keys.INSTALL,
+                he_keys.SERVER_ROUND: 1,
+                he_keys.CHUNK: 0,
+                he_keys.CHUNK_FLOATS: size,
+                he_keys.NUM_CHUNKS: 2,
+                he_keys.NUM_FLOATS: flat.size,
+                he_keys.KEY_ID: ckks.key_id(ckks.public_bytes(he.ctx)),
+            },
+            MessageType.QUERY,
+            **{he_keys.CIPHERTEXTS: ckks.blobs_record(blobs)},
+        )
+    )
     with pytest.raises(IncompleteGlobal, match=r"node 0 .*round 1 .*'installed': \[0\]"):
         layer.handle(_message(_evaluate(keys.FROM_HE, **{he_keys.GLOBAL_ROUND: 1})))
 
 
 def test_evaluated_key_is_the_key_of_the_weights_sent(client):
     rng = np.random.default_rng(0)
-    sent = {k: (v + rng.normal(scale=1e-3, size=v.shape)).astype(v.dtype)
-            for k, v in client.initial.items()}
-    reply = client.evaluate(_message(_evaluate(keys.FROM_ARRAYS), arrays=ArrayRecord(
-        {k: Array(v) for k, v in sent.items()})))
+    sent = {
+        k: (v + rng.normal(scale=1e-3, size=v.shape)).astype(v.dtype)
+        for k, v in client.initial.items()
+    }
+    reply = client.evaluate(
+        _message(
+            _evaluate(keys.FROM_ARRAYS), arrays=ArrayRecord({k: Array(v) for k, v in sent.items()})
+        )
+    )
     evaluated = reply[keys.WEIGHTS_INFO][keys.WEIGHTS_KEY]
     assert evaluated == weights_key(client.task["model"], client.task["lora"], sent)
     assert evaluated != weights_key(client.task["model"], client.task["lora"], None)
@@ -108,8 +148,15 @@ def test_the_server_does_not_choose_the_key_folder_or_the_cache(client, tmp_path
     where it can read the federation's secret key, or plant one it knows; a cache it fills). The
     node's own folders are used: nothing is created where the task says."""
     key_victim, cache_victim = tmp_path / "server-keys", tmp_path / "server-cache"
-    monkeypatch.setattr(client, "task", {**client.task, "embedding_cache": str(cache_victim),
-                                         "he": {**client.task["he"], "key_dir": str(key_victim)}})
+    monkeypatch.setattr(
+        client,
+        "task",
+        {
+            **client.task,
+            "embedding_cache": str(cache_victim),
+            "he": {**client.task["he"], "key_dir": str(key_victim)},
+        },
+    )
     he = around(client, client.task).he(_message({}))
     assert he.ctx.is_private() and Path(he.key_dir) == Path(os.environ["FEDSIM_HE_KEY_DIR"])
     client.evaluate(_message(_evaluate(keys.FROM_INITIAL)))

@@ -108,26 +108,56 @@ def verdict(cfg) -> str | None:
 
 
 def test_every_pair_is_accepted_or_refused_with_a_reason_from_the_data(base):
-    matrix = {(e, s, p): verdict(with_pair(base[e], s, p)) for e in SLOTS for s in STRATEGIES for p in PRIVACY}
+    matrix = {
+        (e, s, p): verdict(with_pair(base[e], s, p))
+        for e in SLOTS
+        for s in STRATEGIES
+        for p in PRIVACY
+    }
     for (exp, strategy, privacy), why in matrix.items():
         traits = _load("strategy", strategy).traits
         kind = _load("privacy", privacy).kind
         reasons = [r for r in (traits.he, traits.dp, _load("privacy", privacy).get("he")) if r]
         reasons += list(OmegaConf.to_container(base[exp].protocol.strategy_slot.refuses).values())
-        if why is not None:  # a refusal says which experiment or wrapper, and why, in the data's words
-            assert any(r in why for r in reasons) or "cannot run strategy" in why, (exp, strategy, privacy, why)
+        if (
+            why is not None
+        ):  # a refusal says which experiment or wrapper, and why, in the data's words
+            assert any(r in why for r in reasons) or "cannot run strategy" in why, (
+                exp,
+                strategy,
+                privacy,
+                why,
+            )
         if traits.aggregation == "robust" and kind != "none":
             assert why is not None, (exp, strategy, privacy)  # no robust aggregator under HE or DP
     ok = lambda e, s, p: matrix[(e, s, p)] is None  # noqa: E731
-    assert ok("feddtre_paper", "fedadam", "none") and ok("feddtre_paper", "trust_alpha", "dp_server_fixed")
-    assert ok("fede4rag_paper", "fedprox", "he_fedavg") and not ok("fede4rag_paper", "fedadam", "none")
-    assert "run under HE" in matrix[("fede4rag_paper", "fedadam", "none")]  # its method fede4rag is he: true
+    assert ok("feddtre_paper", "fedadam", "none") and ok(
+        "feddtre_paper", "trust_alpha", "dp_server_fixed"
+    )
+    assert ok("fede4rag_paper", "fedprox", "he_fedavg") and not ok(
+        "fede4rag_paper", "fedadam", "none"
+    )
+    assert (
+        "run under HE" in matrix[("fede4rag_paper", "fedadam", "none")]
+    )  # its method fede4rag is he: true
     assert "server optimizer step" in matrix[("fede4rag_paper", "fedadam", "none")]
-    assert "Krum compares" not in matrix[("fede4rag_paper", "krum", "he_fedavg")]  # the entry's own words
-    assert not ok("fedtp", "fedadam", "none") and ok("fedtp", "fedavg", "none") and ok("fedtp", "dp_mean", "none")
-    assert "train no model" in matrix[("fedtp", "fedprox", "none")]  # its clients would ignore proximal-mu
+    assert (
+        "Krum compares" not in matrix[("fede4rag_paper", "krum", "he_fedavg")]
+    )  # the entry's own words
+    assert (
+        not ok("fedtp", "fedadam", "none")
+        and ok("fedtp", "fedavg", "none")
+        and ok("fedtp", "dp_mean", "none")
+    )
+    assert (
+        "train no model" in matrix[("fedtp", "fedprox", "none")]
+    )  # its clients would ignore proximal-mu
     assert all(not ok(e, "selector_groups", p) for e in SLOTS for p in PRIVACY)
-    assert all(not ok(e, s, "he_fedavg") for e in ("fedtp", "feddtre_paper", "fedbiscuit_paper") for s in STRATEGIES)
+    assert all(
+        not ok(e, s, "he_fedavg")
+        for e in ("fedtp", "feddtre_paper", "fedbiscuit_paper")
+        for s in STRATEGIES
+    )
 
 
 def test_dp_around_fede4rag_needs_its_he_method_left_out(base):
@@ -140,23 +170,49 @@ def test_dp_around_fede4rag_needs_its_he_method_left_out(base):
 IID = f"{{_target_: flwr_datasets.partitioner.IidPartitioner, num_partitions: {CLIENTS}}}"
 WEIGHT_SLICES = {  # each weight slot's slice: five clients, two local steps, the tiny BERT in every model's place
     "fede4rag_paper": lambda tiny, tmp: [
-        "task.companies=[Boeing,PepsiCo,Costco,Nike,Apple]", "task.pages_per_client=4", f"task.model={tiny}",
-        "task.max_seq_length=32", f"task.he.key_dir={tmp / 'keys'}", "protocol.local_steps=2",
-        "protocol.batch_size=2", "protocol.methods.fede4rag=null"],  # its HE method: test_he_fedavg.py
+        "task.companies=[Boeing,PepsiCo,Costco,Nike,Apple]",
+        "task.pages_per_client=4",
+        f"task.model={tiny}",
+        "task.max_seq_length=32",
+        f"task.he.key_dir={tmp / 'keys'}",
+        "protocol.local_steps=2",
+        "protocol.batch_size=2",
+        "protocol.methods.fede4rag=null",
+    ],  # its HE method: test_he_fedavg.py
     "feddtre_paper": lambda tiny, tmp: [
-        f"task.num_clients={CLIENTS}", "task.max_conversations=50", "~task.datasets.cmu_dog",
-        "~task.datasets.persona_chat.partitioner", f"+task.datasets.persona_chat.partitioner={IID}",
-        "task.trust.contexts_per_client=2", f"task.evaluator.model={tiny}", "task.evaluator.max_length=32",
-        "task.evaluator.response_length=16", f"protocol.generator.model={tiny}",
-        "protocol.generator.base_sft_steps=0", f"protocol.generator.base_dir={tmp / 'generator'}",
-        "protocol.generator.max_length=48", "protocol.generator.local_steps=2", "protocol.generator.batch_size=2",
-        "protocol.generator.eval_contexts=2", "protocol.generator.max_new_tokens=4", "protocol.personal_contexts=1",
-        f"protocol.clients_per_round={CLIENTS}"],
+        f"task.num_clients={CLIENTS}",
+        "task.max_conversations=50",
+        "~task.datasets.cmu_dog",
+        "~task.datasets.persona_chat.partitioner",
+        f"+task.datasets.persona_chat.partitioner={IID}",
+        "task.trust.contexts_per_client=2",
+        f"task.evaluator.model={tiny}",
+        "task.evaluator.max_length=32",
+        "task.evaluator.response_length=16",
+        f"protocol.generator.model={tiny}",
+        "protocol.generator.base_sft_steps=0",
+        f"protocol.generator.base_dir={tmp / 'generator'}",
+        "protocol.generator.max_length=48",
+        "protocol.generator.local_steps=2",
+        "protocol.generator.batch_size=2",
+        "protocol.generator.eval_contexts=2",
+        "protocol.generator.max_new_tokens=4",
+        "protocol.personal_contexts=1",
+        f"protocol.clients_per_round={CLIENTS}",
+    ],
     "fedbiscuit_paper": lambda tiny, tmp: [
-        "task.max_pairs=300", "task.splits={test: 10, judge: 10, server: 10}", "task.n_topics=4",
-        f"task.topic_model={tiny}", f"task.partitioner.num_partitions={CLIENTS}",
-        "task.partitioner.min_partition_size=10", f"task.selector.model={tiny}", "task.selector.max_length=32",
-        "protocol.local_steps=2", "protocol.batch_size=4", "protocol.fraction_train=1.0"],
+        "task.max_pairs=300",
+        "task.splits={test: 10, judge: 10, server: 10}",
+        "task.n_topics=4",
+        f"task.topic_model={tiny}",
+        f"task.partitioner.num_partitions={CLIENTS}",
+        "task.partitioner.min_partition_size=10",
+        f"task.selector.model={tiny}",
+        "task.selector.max_length=32",
+        "protocol.local_steps=2",
+        "protocol.batch_size=4",
+        "protocol.fraction_train=1.0",
+    ],
 }
 
 
@@ -166,9 +222,17 @@ def _feddtre_context(messenger: Messenger, cfg, plan: PrivacyPlan):
     protocol = check(cfg)
     g = protocol.generator
     base, _ = feddtre.base_generator(g, cfg.data_root, int(cfg.seed))
-    ctx = feddtre.context(messenger, cfg, protocol, str(base), load_policy(base, dict(g.lora), int(cfg.task.seed)),
-                          plan)
-    ctx.evaluator_blob = to_bytes(instantiate(cfg.task.evaluator, seed=int(cfg.task.seed)).weights())
+    ctx = feddtre.context(
+        messenger,
+        cfg,
+        protocol,
+        str(base),
+        load_policy(base, dict(g.lora), int(cfg.task.seed)),
+        plan,
+    )
+    ctx.evaluator_blob = to_bytes(
+        instantiate(cfg.task.evaluator, seed=int(cfg.task.seed)).weights()
+    )
     return ctx
 
 
@@ -176,7 +240,8 @@ CONTEXTS = {
     "fede4rag_paper": fede4rag.context,
     "feddtre_paper": _feddtre_context,
     "fedbiscuit_paper": lambda messenger, cfg, plan: fedbiscuit.context(
-        messenger, cfg, instantiate(cfg.task.selector, seed=cfg.task.seed), plan),
+        messenger, cfg, instantiate(cfg.task.selector, seed=cfg.task.seed), plan
+    ),
 }
 
 
@@ -218,15 +283,29 @@ def _serve_frozen(msg, partition: int, node: dict):
 def slot_context(encoder_dir, tmp_path_factory):  # noqa: F811 (the imported fixture)
     """A weight slot's runner context, built once per slot as its run builds it (discovery
     through the real clients); the ClientApp keeps each client (model, data) across the pairs."""
+
     @cache
     def build(exp: str):
         tmp = tmp_path_factory.mktemp(exp)
-        cfg = compose([f"experiment={exp}", DATA, f"num_rounds={ROUNDS}",
-                       f"faults.crash=[{CRASH}]", f"client_state.dir={tmp / 'state'}",
-                       *WEIGHT_SLICES[exp](encoder_dir, tmp)])
-        grid = InProcessGrid({100 + p: partial(_serve_frozen, partition=p, node=from_run(cfg)) for p in range(CLIENTS)},
-                             keep_replies=False)
+        cfg = compose(
+            [
+                f"experiment={exp}",
+                DATA,
+                f"num_rounds={ROUNDS}",
+                f"faults.crash=[{CRASH}]",
+                f"client_state.dir={tmp / 'state'}",
+                *WEIGHT_SLICES[exp](encoder_dir, tmp),
+            ]
+        )
+        grid = InProcessGrid(
+            {
+                100 + p: partial(_serve_frozen, partition=p, node=from_run(cfg))
+                for p in range(CLIENTS)
+            },
+            keep_replies=False,
+        )
         return CONTEXTS[exp](Messenger(grid, timeout=60), cfg, PrivacyPlan.fresh(cfg))
+
     return build
 
 
@@ -234,14 +313,20 @@ def _weight_pairs():
     """Every (weight slot, strategy its clients' replies fit, privacy wrapper but HE: FedE4RAG's
     HE path is test_he_fedavg.py's); the fast loop takes FedAvg in every wrapper on every slot and
     every other strategy once, without privacy, on the first slot of METHODS that takes it."""
-    fits = lambda exp, s: _load("strategy", s).traits.takes in _load("experiment", exp).protocol.strategy_slot.accepts  # noqa: E731
+
+    def fits(exp, s):
+        accepts = _load("experiment", exp).protocol.strategy_slot.accepts
+        return _load("strategy", s).traits.takes in accepts
+
     for exp in METHODS:
         for s in STRATEGIES:
             for p in PRIVACY:
                 if fits(exp, s) and _load("privacy", p).kind != "he":
                     once = p == "none" and exp == next(e for e in METHODS if fits(e, s))
                     fast = once or s == "fedavg"
-                    yield pytest.param(exp, s, p, marks=() if fast else [pytest.mark.slow, pytest.mark.exhaustive])
+                    yield pytest.param(
+                        exp, s, p, marks=() if fast else [pytest.mark.slow, pytest.mark.exhaustive]
+                    )
 
 
 @pytest.mark.parametrize("exp,strategy,privacy", list(_weight_pairs()))
@@ -251,8 +336,9 @@ def test_weight_slots_run_every_accepted_pair(slot_context, exp, strategy, priva
     if verdict(cfg) is not None:
         pytest.skip("refused: the first test checks why")
     messenger, plan = Messenger(ctx.messenger.raw, timeout=60), PrivacyPlan.fresh(cfg)
-    initial, final, phase = METHODS[exp](replace(ctx, cfg=cfg, messenger=messenger, plan=plan),
-                                         f"{strategy}-{privacy}")
+    initial, final, phase = METHODS[exp](
+        replace(ctx, cfg=cfg, messenger=messenger, plan=plan), f"{strategy}-{privacy}"
+    )
     assert list(final) == list(initial)
     assert all(np.all(np.isfinite(final[k])) for k in final)
     assert any(not np.allclose(final[k], initial[k]) for k in final)  # the global model moved
@@ -263,7 +349,9 @@ def test_weight_slots_run_every_accepted_pair(slot_context, exp, strategy, priva
         assert plan.central.account.releases == {phase.removesuffix("/train"): ROUNDS}
 
 
-KNOBS = {"proximal-mu": ("proximal_mu", 0.0, 10.0)}  # client key -> the entry's argument, a value off, one on
+KNOBS = {
+    "proximal-mu": ("proximal_mu", 0.0, 10.0)
+}  # client key -> the entry's argument, a value off, one on
 
 
 def _knob_pairs():
@@ -275,18 +363,29 @@ def _knob_pairs():
 
 
 @pytest.mark.parametrize("exp,strategy,key", list(_knob_pairs()))
-def test_client_keys_act_wherever_the_pair_is_accepted(slot_context, monkeypatch, exp, strategy, key):
+def test_client_keys_act_wherever_the_pair_is_accepted(
+    slot_context, monkeypatch, exp, strategy, key
+):
     ctx = slot_context(exp)
     paired = with_pair(ctx.cfg, strategy, "none")
     assert verdict(paired) is None  # every weight slot's clients train a torch model
-    monkeypatch.setattr(strategy_utils, "random", strategy_utils.random)  # seed_server replaces it: given back
+    monkeypatch.setattr(
+        strategy_utils, "random", strategy_utils.random
+    )  # seed_server replaces it: given back
 
     def final(cfg, name: str) -> dict:
         """The slot's global model, Flower's sampling seeded as the ServerApp seeds it (its
         order is the order the aggregate sums in)."""
         seed_server(int(cfg.seed))
-        return METHODS[exp](replace(ctx, cfg=cfg, messenger=Messenger(ctx.messenger.raw, timeout=60),
-                                    plan=PrivacyPlan.fresh(cfg)), name)[1]
+        return METHODS[exp](
+            replace(
+                ctx,
+                cfg=cfg,
+                messenger=Messenger(ctx.messenger.raw, timeout=60),
+                plan=PrivacyPlan.fresh(cfg),
+            ),
+            name,
+        )[1]
 
     argument, off, on = KNOBS[key]
     weights = {}
@@ -295,8 +394,12 @@ def test_client_keys_act_wherever_the_pair_is_accepted(slot_context, monkeypatch
         cfg.strategy[argument] = value
         weights[value] = final(cfg, f"{strategy}-{label}")
     fedavg = final(with_pair(ctx.cfg, "fedavg", "none"), "fedavg-reference")
-    assert all(np.array_equal(weights[off][k], fedavg[k]) for k in fedavg), f"{key}={off} is not FedAvg"
-    assert any(not np.array_equal(weights[on][k], weights[off][k]) for k in fedavg), f"{key}={on} changed nothing"
+    assert all(np.array_equal(weights[off][k], fedavg[k]) for k in fedavg), (
+        f"{key}={off} is not FedAvg"
+    )
+    assert any(not np.array_equal(weights[on][k], weights[off][k]) for k in fedavg), (
+        f"{key}={on} changed nothing"
+    )
 
 
 FEDTP_SLICE = ["task.max_per_split=5", DATA]
@@ -308,7 +411,9 @@ def fedtp_cfg():
     return compose(["experiment=fedtp", *FEDTP_SLICE])
 
 
-@pytest.mark.parametrize("strategy", [s for s in STRATEGIES if _load("strategy", s).traits.takes in FEDTP_TAKES])
+@pytest.mark.parametrize(
+    "strategy", [s for s in STRATEGIES if _load("strategy", s).traits.takes in FEDTP_TAKES]
+)
 def test_fedtp_prior_with_every_accepted_strategy(fedtp_cfg, strategy):
     """FedTP's prior phase with its real clients (20 conversations, one per client; the first
     prior client crashes)."""
@@ -316,17 +421,33 @@ def test_fedtp_prior_with_every_accepted_strategy(fedtp_cfg, strategy):
     if verdict(cfg) is not None:
         pytest.skip("refused: the first test checks why")
     base_config, task = client_config(cfg), OmegaConf.to_container(cfg.task, resolve=True)
-    probe = Messenger(InProcessGrid({p + 1: (lambda msg, p=p: serve(msg, p, 20)) for p in range(20)}), timeout=30)
-    prior_nodes = [n for n, info in fedtp.discover(probe, base_config).items()
-                   if set(info[keys.INFO_SPLITS]) & set(task["prior_splits"])]
+    probe = Messenger(
+        InProcessGrid({p + 1: (lambda msg, p=p: serve(msg, p, 20)) for p in range(20)}), timeout=30
+    )
+    prior_nodes = [
+        n
+        for n, info in fedtp.discover(probe, base_config).items()
+        if set(info[keys.INFO_SPLITS]) & set(task["prior_splits"])
+    ]
     crash = prior_nodes[0]
-    messenger = Messenger(InProcessGrid({n: (lambda msg, n=n: _crash() if n == crash else serve(msg, n - 1, 20))
-                                         for n in prior_nodes}), timeout=30)
+    messenger = Messenger(
+        InProcessGrid(
+            {
+                n: (lambda msg, n=n: _crash() if n == crash else serve(msg, n - 1, 20))
+                for n in prior_nodes
+            }
+        ),
+        timeout=30,
+    )
     dim = len(load_topics(cfg.data_root))
     uniform = np.full(dim, 1.0 / dim)
     result = build_strategy(cfg, PrivacyPlan.fresh(cfg), len(prior_nodes)).start(
-        messenger.grid("prior", fedtp.prior_policy(dim)), ArrayRecord({keys.VECTORS: Array(uniform)}), 1, 30,
-        ConfigRecord({**base_config, keys.SPLITS: task["prior_splits"]}))
+        messenger.grid("prior", fedtp.prior_policy(dim)),
+        ArrayRecord({keys.VECTORS: Array(uniform)}),
+        1,
+        30,
+        ConfigRecord({**base_config, keys.SPLITS: task["prior_splits"]}),
+    )
     prior = result.arrays[keys.VECTORS].numpy().reshape(-1)
     assert prior.shape == (dim,) and np.all(np.isfinite(prior)) and not np.allclose(prior, uniform)
     assert messenger.faults["prior/train"][1]["failed"] == 1

@@ -44,8 +44,11 @@ def test_a_bad_point_is_refused_before_anything_runs(tmp_path):
     with pytest.raises(ConfigError, match="protocol.nonexistent"):
         Sweep(["seed=0,1", "protocol.nonexistent=3", f"results_dir={out}"], prepare)
     assert not out.exists()
-    code = subprocess.run([FEDSIM, "run", "-m", "seed=0,1", "strategy=fedavg,nope", f"results_dir={out}"],
-                          capture_output=True, text=True)
+    code = subprocess.run(
+        [FEDSIM, "run", "-m", "seed=0,1", "strategy=fedavg,nope", f"results_dir={out}"],
+        capture_output=True,
+        text=True,
+    )
     assert code.returncode == 2 and "'nope' is not a strategy" in code.stderr and not out.exists()
 
 
@@ -55,7 +58,12 @@ def test_a_baseline_value_the_sweep_does_not_run_is_refused_before_anything_runs
         Sweep(["num_rounds=1,2", "sweep.baseline='num_rounds=3'", f"results_dir={out}"], prepare)
     with pytest.raises(ConfigError, match="gives protocol.alpha the values none"):
         Sweep(["seed=0,1", "sweep.baseline='protocol.alpha=0.5'", f"results_dir={out}"], prepare)
-    assert Sweep(["num_rounds=1,2", "sweep.baseline='num_rounds=1'", f"results_dir={out}"], prepare).strict is False
+    assert (
+        Sweep(
+            ["num_rounds=1,2", "sweep.baseline='num_rounds=1'", f"results_dir={out}"], prepare
+        ).strict
+        is False
+    )
     assert not out.exists()
 
 
@@ -65,24 +73,38 @@ def test_a_plan_is_hashed_before_the_first_run_and_a_resume_with_another_is_refu
     sweep = Sweep(["seed=0,1", plan, f"results_dir={out}"], prepare)
     sweep.save()  # what run() writes before the first point
     kept = json.loads((out / MANIFEST).read_text())["plan"]
-    assert kept["settings"] == {"primary": ["routers.fedmix.overall.ehr"], "alpha": 0.05, "seeds": 2, "looks": [2],
-                                "spending": "obrien_fleming"}
+    assert kept["settings"] == {
+        "primary": ["routers.fedmix.overall.ehr"],
+        "alpha": 0.05,
+        "seeds": 2,
+        "looks": [2],
+        "spending": "obrien_fleming",
+    }
     canonical = json.dumps(kept["settings"], sort_keys=True, separators=(",", ":")).encode()
     assert kept["sha256"] == hashlib.sha256(canonical).hexdigest()
     assert Sweep(["seed=0,1", plan, f"resume={out}"], prepare).manifest["plan"] == kept
-    for changed in ([plan.replace("seeds: 2", "seeds: 2, alpha: 0.1")], [plan.replace("fedmix", "local")], []):
+    for changed in (
+        [plan.replace("seeds: 2", "seeds: 2, alpha: 0.1")],
+        [plan.replace("fedmix", "local")],
+        [],
+    ):
         with pytest.raises(ConfigError, match="a plan cannot change once the sweep has run"):
             Sweep(["seed=0,1", *changed, f"resume={out}"], prepare)
 
 
 def test_a_malformed_plan_is_refused_before_anything_runs_naming_its_key(tmp_path):
     out = tmp_path / "sweep"
-    for plan, key in (("{primary: [x], seeds: 1}", "sweep.plan.seeds"),
-                      ("{primary: [x], seeds: 4, alpha: 1.5}", "sweep.plan.alpha"),
-                      ("{primary: [x], seeds: 4, looks: [3, 2]}", "sweep.plan.looks"),
-                      ("{primary: [x], seeds: 4, spending: linear}", "sweep.plan.spending")):
-        code = subprocess.run([FEDSIM, "run", "-m", "seed=0,1", f"sweep.plan={plan}", f"results_dir={out}"],
-                              capture_output=True, text=True)
+    for plan, key in (
+        ("{primary: [x], seeds: 1}", "sweep.plan.seeds"),
+        ("{primary: [x], seeds: 4, alpha: 1.5}", "sweep.plan.alpha"),
+        ("{primary: [x], seeds: 4, looks: [3, 2]}", "sweep.plan.looks"),
+        ("{primary: [x], seeds: 4, spending: linear}", "sweep.plan.spending"),
+    ):
+        code = subprocess.run(
+            [FEDSIM, "run", "-m", "seed=0,1", f"sweep.plan={plan}", f"results_dir={out}"],
+            capture_output=True,
+            text=True,
+        )
         assert code.returncode == 2 and key in code.stderr and not out.exists(), (plan, code.stderr)
 
 
@@ -90,24 +112,45 @@ def test_a_malformed_plan_is_refused_before_anything_runs_naming_its_key(tmp_pat
 @pytest.mark.exhaustive  # 170 s of Flower runs; the SIGTERMed sweep below runs by default
 def test_failed_point_is_recorded_and_resume_reruns_only_what_did_not_complete(tmp_path):
     # the second point's exchanges time out at once: a real run that fails after it started
-    sweep = [*SMALL, "round_timeout=600,0.01", "logging.mlflow=true", f"logging.mlflow_dir={tmp_path / 'mlflow'}"]
+    sweep = [
+        *SMALL,
+        "round_timeout=600,0.01",
+        "logging.mlflow=true",
+        f"logging.mlflow_dir={tmp_path / 'mlflow'}",
+    ]
     out = tmp_path / "sweep"
     code, log = fedsim_run("-m", *sweep, f"results_dir={out}", timeout=600)
     assert code == 1, log
     manifest = json.loads((out / MANIFEST).read_text())
     runs, prov = manifest["runs"], manifest["provenance"]
-    head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
-    assert prov["git"]["commit"] == head.stdout.strip() and prov["packages"] == provenance.packages()
-    assert prov["command"]["line"] == shlex.join(["fedsim", "run", "-m", *sweep, f"results_dir={out}"])
+    head = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
+    assert (
+        prov["git"]["commit"] == head.stdout.strip() and prov["packages"] == provenance.packages()
+    )
+    assert prov["command"]["line"] == shlex.join(
+        ["fedsim", "run", "-m", *sweep, f"results_dir={out}"]
+    )
     assert prov["machine"]["cores"] == os.cpu_count() and prov["started"] <= prov["ended"]
-    parent = _mlflow_runs(tmp_path)[manifest["mlflow_run_id"]]  # the sweep's MLflow run, parent of the points'
-    assert parent.info.status == "FAILED" and parent.data.tags["mlflow.source.git.commit"] == prov["git"]["commit"]
-    children = [r for r in _mlflow_runs(tmp_path).values()
-                if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    parent = _mlflow_runs(tmp_path)[
+        manifest["mlflow_run_id"]
+    ]  # the sweep's MLflow run, parent of the points'
+    assert (
+        parent.info.status == "FAILED"
+        and parent.data.tags["mlflow.source.git.commit"] == prov["git"]["commit"]
+    )
+    children = [
+        r
+        for r in _mlflow_runs(tmp_path).values()
+        if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+    ]
     assert [c.info.run_name for c in children] == [runs[0]["name"]]  # the completed point
     assert children[0].data.tags["mlflow.source.git.commit"] == prov["git"]["commit"]
-    assert "summary.md" in {a.path for a in MlflowClient(store_uri(tmp_path / "mlflow")).list_artifacts(
-        parent.info.run_id)}
+    assert "summary.md" in {
+        a.path
+        for a in MlflowClient(store_uri(tmp_path / "mlflow")).list_artifacts(parent.info.run_id)
+    }
     assert [r["status"] for r in runs] == ["completed", "failed"] and runs[1]["error"]
     assert "sweep run 2/2" in log and "2/2 runs done [" in log and "1 runs failed" in log
     ok = out / runs[0]["name"]
@@ -118,7 +161,9 @@ def test_failed_point_is_recorded_and_resume_reruns_only_what_did_not_complete(t
     code, log = fedsim_run("-m", *sweep, f"resume={out}", timeout=600)
     assert code == 1 and "1 already completed" in log and "sweep run 1/2" not in log, log
     manifest = json.loads((out / MANIFEST).read_text())
-    assert manifest["provenance"] == prov and len(manifest["resumed"]) == 1  # the first session's, then the resume's
+    assert (
+        manifest["provenance"] == prov and len(manifest["resumed"]) == 1
+    )  # the first session's, then the resume's
     assert manifest["resumed"][0]["command"]["line"].endswith(f"resume={out}")
     assert (ok / "fedsim.log").read_text() == ok_log  # the completed point did not run again
     assert (out / runs[1]["name"] / "fedsim.log").read_text().count("fedsim: run failed") == 2
@@ -126,11 +171,23 @@ def test_failed_point_is_recorded_and_resume_reruns_only_what_did_not_complete(t
     code, log = fedsim_run("-m", *SMALL, "round_timeout=600,1,2", f"resume={out}")
     assert code == 2 and "other points" in log
 
-    compared = subprocess.run([FEDSIM, "compare", str(out), "sweep.metrics=[routers.*.overall.ehr]",
-                               "--output", str(tmp_path / "cmp")], capture_output=True, text=True)
+    compared = subprocess.run(
+        [
+            FEDSIM,
+            "compare",
+            str(out),
+            "sweep.metrics=[routers.*.overall.ehr]",
+            "--output",
+            str(tmp_path / "cmp"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert compared.returncode == 0, compared.stderr
     groups = json.loads((tmp_path / "cmp" / "comparison.json").read_text())["groups"]
-    assert set(groups[0]["metrics"]) == {f"routers.{r}.overall.ehr" for r in ("tfidf", "global", "local", "fedmix")}
+    assert set(groups[0]["metrics"]) == {
+        f"routers.{r}.overall.ehr" for r in ("tfidf", "global", "local", "fedmix")
+    }
     for bad in ("sweep.interval=nope", "sweep.nokey=1", "seed=1"):
         refused = subprocess.run([FEDSIM, "compare", str(out), bad], capture_output=True, text=True)
         assert refused.returncode == 2 and "fedsim: compare:" in refused.stderr, bad
@@ -138,7 +195,10 @@ def test_failed_point_is_recorded_and_resume_reruns_only_what_did_not_complete(t
 
 def _mlflow_runs(tmp_path) -> dict:
     client = MlflowClient(store_uri(tmp_path / "mlflow"))
-    return {r.info.run_id: r for r in client.search_runs([client.get_experiment_by_name("fedtp").experiment_id])}
+    return {
+        r.info.run_id: r
+        for r in client.search_runs([client.get_experiment_by_name("fedtp").experiment_id])
+    }
 
 
 @pytest.mark.e2e
@@ -163,6 +223,7 @@ def test_a_point_told_to_stop_is_interrupted_whatever_it_exits_with():
     (-15) before its own handler could exit 143, the sweep recorded a failure and started the next
     point. A point of a sweep told to stop was interrupted; one that exits alone keeps its code."""
     from fedsim.run.sweep import INTERRUPTED, exit_code
+
     assert exit_code(-15, [signal.SIGTERM]) == 143 and exit_code(1, [signal.SIGINT]) == 130
     assert exit_code(143, [signal.SIGTERM]) in INTERRUPTED and exit_code(0, [signal.SIGTERM]) == 0
     assert exit_code(-15, []) == -15 and exit_code(1, []) == 1
@@ -178,13 +239,17 @@ def test_a_fedsim_package_planted_in_the_working_folder_is_not_run(tmp_path, mon
     (planted / "__init__.py").write_text("")
     (planted / "cli.py").write_text(f"open({str(tmp_path / 'owned')!r}, 'w').close()\n")
     monkeypatch.chdir(tmp_path)
-    sweep = Sweep(["seed=0", "strategy=nope", f"results_dir={tmp_path / 'sweep'}"], lambda point: prepare(["seed=0"]))
+    sweep = Sweep(
+        ["seed=0", "strategy=nope", f"results_dir={tmp_path / 'sweep'}"],
+        lambda point: prepare(["seed=0"]),
+    )
     assert sweep.run() == 1
     assert not (tmp_path / "owned").exists()
     assert "'nope' is not a strategy" in sweep.manifest["runs"][0]["error"]
 
 
 # ---- a sweep record is input from someone else (issue 57) --------------------------------------
+
 
 @cache
 def _composed():
@@ -199,12 +264,23 @@ def _record(folder, overrides=("seed=0", "seed=1"), names=("seed-0", "seed-1"), 
     for seed, (override, name) in enumerate(zip(overrides, names)):
         point = folder / f"seed-{seed}"
         point.mkdir(parents=True)
-        (point / "point.json").write_text(json.dumps({"overrides": [override, *extra], "swept": {"seed": str(seed)}}))
+        (point / "point.json").write_text(
+            json.dumps({"overrides": [override, *extra], "swept": {"seed": str(seed)}})
+        )
         (point / "config.yaml").write_text("{}\n")
-        ehr = {r: {"overall": {"ehr": 0.5 + (r == "fedmix") * 0.01 * (seed + 1)}} for r in ("tfidf", "fedmix")}
+        ehr = {
+            r: {"overall": {"ehr": 0.5 + (r == "fedmix") * 0.01 * (seed + 1)}}
+            for r in ("tfidf", "fedmix")
+        }
         (point / "results.json").write_text(json.dumps({"routers": ehr}))
-        runs.append({"name": name, "overrides": [override, *extra], "seconds": 1.0,
-                     "status": "completed" if name == point.name else "pending"})
+        runs.append(
+            {
+                "name": name,
+                "overrides": [override, *extra],
+                "seconds": 1.0,
+                "status": "completed" if name == point.name else "pending",
+            }
+        )
     (folder / MANIFEST).write_text(json.dumps({"swept": ["seed"], "provenance": {}, "runs": runs}))
 
 
@@ -230,7 +306,9 @@ def test_a_point_name_from_the_manifest_never_leads_outside_the_sweep_folder(nam
     name = str(tmp_path / "abs") if name == "/abs" else name
     sweep = tmp_path / "a" / "sweep"
     _record(sweep, names=("seed-0", name), extra=["strategy=nope"])  # a point that would fail fast
-    with pytest.raises(ConfigError, match=f"{MANIFEST} entry 2 names its folder {re.escape(repr(name))}"):
+    with pytest.raises(
+        ConfigError, match=f"{MANIFEST} entry 2 names its folder {re.escape(repr(name))}"
+    ):
         Sweep(["seed=0,1", "strategy=nope", f"resume={sweep}"], lambda point: _composed()).run()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
 
@@ -272,16 +350,23 @@ def test_a_manifest_that_is_no_sweeps_manifest_is_refused_naming_it(tmp_path):
     ... resume=`` in a traceback; one over the size any fedsim file has was read whole."""
     _record(tmp_path / "sweep")
     (tmp_path / "sweep" / MANIFEST).write_text("[" * 100_000 + "]" * 100_000)
-    with pytest.raises(ValueError, match=f"{re.escape(repr(str(tmp_path / 'sweep' / MANIFEST)))} is not JSON"):
+    with pytest.raises(
+        ValueError, match=f"{re.escape(repr(str(tmp_path / 'sweep' / MANIFEST)))} is not JSON"
+    ):
         Sweep(["seed=0,1", f"resume={tmp_path / 'sweep'}"], lambda point: _composed())
 
 
-def test_a_records_names_reach_the_terminal_escaped_from_a_resumed_sweeps_comparison(tmp_path, capsys):
+def test_a_records_names_reach_the_terminal_escaped_from_a_resumed_sweeps_comparison(
+    tmp_path, capsys
+):
     """The attack: a completed record's metric name holding an ANSI escape reached the terminal
     in the final comparison's refusal (its list of methods) as it was."""
     _record(tmp_path / "sweep", extra=["sweep.baseline=nomethod"])
     results = tmp_path / "sweep" / "seed-1" / "results.json"
-    routers = {**json.loads(results.read_text())["routers"], "\x1b]0;owned\x07": {"overall": {"ehr": 0.5}}}
+    routers = {
+        **json.loads(results.read_text())["routers"],
+        "\x1b]0;owned\x07": {"overall": {"ehr": 0.5}},
+    }
     results.write_text(json.dumps({"routers": routers}))
     sweep = Sweep(["seed=0,1", "sweep.baseline=nomethod", f"resume={tmp_path / 'sweep'}"], prepare)
     assert sweep.run() == 1
@@ -339,13 +424,25 @@ def test_a_records_mlflow_run_is_not_reopened_in_the_users_store(tmp_path):
         assert _mlflow_runs(tmp_path)[sweep.manifest["mlflow_run_id"]].info.status == "FINISHED"
     assert _mlflow_runs(tmp_path)[earlier.run_id].info.status == "KILLED"
     assert MlflowClient(store_uri(tmp_path / "mlflow")).list_artifacts(earlier.run_id) == []
-    again = Sweep(["seed=0,1", *store, f"resume={record}"], prepare)  # the sweep's own run is reopened
+    again = Sweep(
+        ["seed=0,1", *store, f"resume={record}"], prepare
+    )  # the sweep's own run is reopened
     again.run()
     assert again.manifest["mlflow_run_id"] == sweep.manifest["mlflow_run_id"]
 
 
-@pytest.mark.parametrize("change", [{"resumed": "x"}, {"runs": [{"name": "seed-0", "overrides": ["seed=0"]},
-                                                              {"name": "seed-1", "overrides": ["seed=1"]}]}])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"resumed": "x"},
+        {
+            "runs": [
+                {"name": "seed-0", "overrides": ["seed=0"]},
+                {"name": "seed-1", "overrides": ["seed=1"]},
+            ]
+        },
+    ],
+)
 def test_a_manifest_of_another_shape_is_refused_before_the_sweep_resumes(change, tmp_path):
     """The attack: a record's sweep.json whose ``resumed`` is not a list, or whose points have no
     status, ended ``fedsim run -m ... resume=`` in a traceback (AttributeError, KeyError)."""
@@ -356,7 +453,9 @@ def test_a_manifest_of_another_shape_is_refused_before_the_sweep_resumes(change,
         Sweep(["seed=0,1", f"resume={tmp_path / 'sweep'}"], lambda point: _composed()).run()
 
 
-def test_a_records_folder_names_reach_the_terminal_escaped_when_a_resume_is_refused(tmp_path, capsys):
+def test_a_records_folder_names_reach_the_terminal_escaped_when_a_resume_is_refused(
+    tmp_path, capsys
+):
     """The attack: a record's folder named with an ANSI escape, refused (here: others can write
     it), was named in the configuration error as it was, to the terminal."""
     _record(tmp_path / "sweep")

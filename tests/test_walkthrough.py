@@ -48,8 +48,13 @@ def copy_of_checkout(tmp_path):
     root = tmp_path / "repo"
     (tmp_path / "shared").mkdir()
     (tmp_path / "shared" / "data").symlink_to(resolve_data_root(None))
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     for name in filter(None, listed.split("\0")):
         if (REPO_ROOT / name).is_file():
             (root / name).parent.mkdir(parents=True, exist_ok=True)
@@ -61,8 +66,12 @@ def copy_of_checkout(tmp_path):
 def run_in(root, command: str) -> subprocess.CompletedProcess:
     """``command`` in bash from ``root``, the copy first on the path, no data root set."""
     env = {**{k: v for k, v in os.environ.items() if k != ENV_VAR}, "PYTHONPATH": str(root)}
-    proc = subprocess.run(["bash", "-c", command], cwd=root, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"`{command}` failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    proc = subprocess.run(
+        ["bash", "-c", command], cwd=root, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, (
+        f"`{command}` failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     return proc
 
 
@@ -91,11 +100,18 @@ def follow(root, start_runs: bool) -> dict[str, str]:
 
 def test_the_page_names_every_layer_a_test_and_the_docs():
     assert {title for _, title, _ in blocks() if title} == {
-        "fedsim_tasks/toy_numbers.py", "fedsim_clients/toy_mean_messages.py", "fedsim_clients/toy_mean.py",
-        "fedsim_experiments/toy_mean/__init__.py", "fedsim_experiments/toy_mean/settings.py",
-        "fedsim_experiments/toy_mean/protocol.py", "fedsim_experiments/toy_mean/report.py",
-        "conf/task/toy_numbers.yaml", "conf/experiment/toy_mean.yaml",
-        "tests/test_toy_mean.py", "docs/methods/toy_mean.md"}
+        "fedsim_tasks/toy_numbers.py",
+        "fedsim_clients/toy_mean_messages.py",
+        "fedsim_clients/toy_mean.py",
+        "fedsim_experiments/toy_mean/__init__.py",
+        "fedsim_experiments/toy_mean/settings.py",
+        "fedsim_experiments/toy_mean/protocol.py",
+        "fedsim_experiments/toy_mean/report.py",
+        "conf/task/toy_numbers.yaml",
+        "conf/experiment/toy_mean.yaml",
+        "tests/test_toy_mean.py",
+        "docs/methods/toy_mean.md",
+    }
     assert "/abs/" not in WALKTHROUGH.read_text()  # every command runs as printed
 
 
@@ -123,10 +139,14 @@ def test_the_page_followed_literally_with_its_runs(tmp_path):
     run = root / "outputs" / "toy_mean"
     results = json.loads((run / "results.json").read_text())
     assert abs(results["estimate"] - 1.5) < 0.15 and results["squared_error"] < 2.5
-    assert {"faults", "communication"} <= set(results) and "estimate" in (run / "summary.md").read_text()
+    assert {"faults", "communication"} <= set(results) and "estimate" in (
+        run / "summary.md"
+    ).read_text()
     assert not (run / "checkpoint").exists()  # a completed run's journal is removed
     sweep = root / "outputs" / "toy_sweep"
     assert len(list(sweep.glob("*/results.json"))) == 4
-    assert all((sweep / name).is_file() for name in ("summary.md", "comparison.json", "paired_differences.png",
-                                                      "metrics.png"))
+    assert all(
+        (sweep / name).is_file()
+        for name in ("summary.md", "comparison.json", "paired_differences.png", "metrics.png")
+    )
     assert not list(sweep.glob("summary-*.md"))  # --force replaced the sweep's own comparison

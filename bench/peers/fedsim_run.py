@@ -24,14 +24,28 @@ def main() -> None:
     args = p.parse_args()
     s = setting(args)
     with tempfile.TemporaryDirectory(prefix="fedsim-peers-") as out:
-        subprocess.run([FEDSIM, "run", "experiment=turn_sentiment_fedavg", f"data_root={s.recipe.data_root}",
-                        f"hardware.num_clients={s.clients}",
-                        f"hardware.clients_per_supernode={args.clients_per_supernode}",
-                        f"protocol.clients_per_round={s.per_round}", f"num_rounds={s.rounds}", f"seed={s.seed}",
-                        f"results_dir={out}"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                FEDSIM,
+                "run",
+                "experiment=turn_sentiment_fedavg",
+                f"data_root={s.recipe.data_root}",
+                f"hardware.num_clients={s.clients}",
+                f"hardware.clients_per_supernode={args.clients_per_supernode}",
+                f"protocol.clients_per_round={s.per_round}",
+                f"num_rounds={s.rounds}",
+                f"seed={s.seed}",
+                f"results_dir={out}",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         results = json.loads((Path(out) / "results.json").read_text())
-    report(results["round_seconds"], {k: results[k] for k in ("accuracy", "loss")},
-           supernodes=results["supernodes"])
+    report(
+        results["round_seconds"],
+        {k: results[k] for k in ("accuracy", "loss")},
+        supernodes=results["supernodes"],
+    )
 
 
 if __name__ == "__main__":

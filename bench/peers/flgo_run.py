@@ -36,7 +36,9 @@ from workload import parser, report, setting
 
 from fedsim_tasks.topical_chat.turn_sentiment import BATCH_ORDER, client_rows, get_weights
 
-CONFIG = "from __main__ import train_data, data_to_device, compute_loss, get_model, evaluate as eval\n"
+CONFIG = (
+    "from __main__ import train_data, data_to_device, compute_loss, get_model, evaluate as eval\n"
+)
 train_data: list = []  # the clients' datasets, filled by main() before FLGo imports the config
 get_model = None  # the recipe's initial model, set by main()
 
@@ -49,7 +51,9 @@ class RoundOrderedRows(torch.utils.data.Dataset):
         self.order = rows
 
     def reorder(self, server_round: int) -> None:
-        rng = np.random.default_rng(BATCH_ORDER.seed(self.seed, round=server_round, partition=self.client))
+        rng = np.random.default_rng(
+            BATCH_ORDER.seed(self.seed, round=server_round, partition=self.client)
+        )
         self.order = self.rows[rng.permutation(len(self.rows))]
 
     def __len__(self) -> int:
@@ -94,6 +98,7 @@ class Server(fedbase.BasicServer):
 
 class TimedFedAvg:
     """The algorithm as FLGo takes one: a namespace with its Server and Client."""
+
     Server, Client = Server, Client
 
 
@@ -103,11 +108,15 @@ def main() -> None:
     torch.set_num_threads(1)
     proportion = s.per_round / s.clients
     if int(s.clients * proportion) != s.per_round:  # FLGo samples int(num_clients * proportion)
-        raise SystemExit(f"FLGo cannot sample {s.per_round} of {s.clients}: the proportion rounds off")
+        raise SystemExit(
+            f"FLGo cannot sample {s.per_round} of {s.clients}: the proportion rounds off"
+        )
     turns = s.recipe.train_turns()
     x, y = torch.from_numpy(turns.x), torch.from_numpy(turns.y)
-    train_data.extend(RoundOrderedRows(x, y, client_rows(len(turns), s.clients, c), c, s.seed)
-                      for c in range(s.clients))
+    train_data.extend(
+        RoundOrderedRows(x, y, client_rows(len(turns), s.clients, c), c, s.seed)
+        for c in range(s.clients)
+    )
     initial = s.recipe.initial(s.seed)
     get_model = lambda: s.recipe.model(initial)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="flgo-") as folder:
@@ -115,17 +124,37 @@ def main() -> None:
         sys.path.insert(0, folder)
         Path("config.py").write_text(CONFIG)
         task = flgo.gen_direct_task_from_file("turns", "config.py", target_path=folder)
-        runner = flgo.init(task, TimedFedAvg, option={
-            "seed": s.seed, "dataseed": s.seed, "num_rounds": s.rounds, "proportion": proportion,
-            "sample": "uniform", "aggregate": "other", "num_epochs": 1, "batch_size": s.recipe.batch_size,
-            "learning_rate": s.recipe.lr, "optimizer": "SGD", "train_holdout": 0.0, "eval_interval": -1,
-            "num_parallels": 1, "torch_num_threads": 1, "gpu": []})
+        runner = flgo.init(
+            task,
+            TimedFedAvg,
+            option={
+                "seed": s.seed,
+                "dataseed": s.seed,
+                "num_rounds": s.rounds,
+                "proportion": proportion,
+                "sample": "uniform",
+                "aggregate": "other",
+                "num_epochs": 1,
+                "batch_size": s.recipe.batch_size,
+                "learning_rate": s.recipe.lr,
+                "optimizer": "SGD",
+                "train_holdout": 0.0,
+                "eval_interval": -1,
+                "num_parallels": 1,
+                "torch_num_threads": 1,
+                "gpu": [],
+            },
+        )
         # torch's first optimizer imports torch._dynamo (3.5 s here): pay it before round 1, as pfl_run
         # does building its central optimizer, so round 1 times FLGo rather than that import
         torch.optim.SGD(runner.model.parameters(), lr=s.recipe.lr)
         runner.run()
-    report(runner.round_seconds, s.recipe.evaluate(get_weights(runner.model.model)), package="flgo 0.4.4",
-           sampling="uniform without replacement, numpy seeded by FLGo from --seed")
+    report(
+        runner.round_seconds,
+        s.recipe.evaluate(get_weights(runner.model.model)),
+        package="flgo 0.4.4",
+        sampling="uniform without replacement, numpy seeded by FLGo from --seed",
+    )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,14 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.simulation import run_simulation
 from workload import parser, report, setting
 
-from fedsim.message_keys import ARRAYS, CONFIG, METRICS, NODE_PARTITION_ID, NUM_EXAMPLES, SERVER_ROUND
+from fedsim.message_keys import (
+    ARRAYS,
+    CONFIG,
+    METRICS,
+    NODE_PARTITION_ID,
+    NUM_EXAMPLES,
+    SERVER_ROUND,
+)
 
 ARGS = setting(parser(__doc__).parse_args())
 RECIPE = ARGS.recipe
@@ -33,10 +40,17 @@ server = ServerApp()
 def train(msg: Message, context: Context) -> Message:
     torch.set_num_threads(1)
     weights = msg.content[ARRAYS].to_numpy_ndarrays()
-    new, examples, _ = RECIPE.local_update(weights, int(context.node_config[NODE_PARTITION_ID]), ARGS.clients,
-                                           ARGS.seed, int(msg.content[CONFIG][SERVER_ROUND]))
-    return Message(RecordDict({ARRAYS: ArrayRecord(new), METRICS: MetricRecord({NUM_EXAMPLES: examples})}),
-                   reply_to=msg)
+    new, examples, _ = RECIPE.local_update(
+        weights,
+        int(context.node_config[NODE_PARTITION_ID]),
+        ARGS.clients,
+        ARGS.seed,
+        int(msg.content[CONFIG][SERVER_ROUND]),
+    )
+    return Message(
+        RecordDict({ARRAYS: ArrayRecord(new), METRICS: MetricRecord({NUM_EXAMPLES: examples})}),
+        reply_to=msg,
+    )
 
 
 @server.main()
@@ -50,13 +64,24 @@ def main(grid: Grid, context: Context) -> None:
         metrics = RECIPE.evaluate(arrays.to_numpy_ndarrays())
         left[0] = time.monotonic()
         return MetricRecord(metrics)
-    strategy = FedAvg(fraction_train=ARGS.per_round / ARGS.clients, min_train_nodes=ARGS.per_round,
-                      fraction_evaluate=0.0, min_available_nodes=ARGS.clients)
-    result = strategy.start(grid, ArrayRecord(RECIPE.initial(ARGS.seed)), ARGS.rounds, evaluate_fn=evaluate)
+
+    strategy = FedAvg(
+        fraction_train=ARGS.per_round / ARGS.clients,
+        min_train_nodes=ARGS.per_round,
+        fraction_evaluate=0.0,
+        min_available_nodes=ARGS.clients,
+    )
+    result = strategy.start(
+        grid, ArrayRecord(RECIPE.initial(ARGS.seed)), ARGS.rounds, evaluate_fn=evaluate
+    )
     report(seconds, dict(result.evaluate_metrics_serverapp[ARGS.rounds]))
 
 
 if __name__ == "__main__":
     logging.getLogger("flwr").setLevel(logging.WARNING)
-    run_simulation(server, client, num_supernodes=ARGS.clients,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+    run_simulation(
+        server,
+        client,
+        num_supernodes=ARGS.clients,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+    )

@@ -89,7 +89,9 @@ class RoundClock(TrainingProcessCallback):
 def main() -> None:
     s = setting(parser(__doc__.splitlines()[0]).parse_args())
     torch.set_num_threads(1)
-    np.random.seed(s.seed)  # pfl's dataset and algorithm draw their own seeds from numpy's global state
+    np.random.seed(
+        s.seed
+    )  # pfl's dataset and algorithm draw their own seeds from numpy's global state
     torch.manual_seed(s.seed)
     recipe, turns, clock = s.recipe, s.recipe.train_turns(), RoundClock()
 
@@ -98,23 +100,40 @@ def main() -> None:
         order = np.random.default_rng(BATCH_ORDER.seed(s.seed, round=clock.round, partition=client))
         rows = rows[order.permutation(len(rows))]
         # tensors: pfl turns numpy arrays into float32 tensors, labels included
-        return Dataset((torch.from_numpy(turns.x[rows]), torch.from_numpy(turns.y[rows])), user_id=client)
+        return Dataset(
+            (torch.from_numpy(turns.x[rows]), torch.from_numpy(turns.y[rows])), user_id=client
+        )
 
     users = np.random.default_rng(s.seed).permutation(s.clients).tolist()
     clients = FederatedDataset(client_dataset, MinimizeReuseUserSampler(users))
     network = Classifier(recipe.model(recipe.initial(s.seed)))
-    model = PyTorchModel(network, local_optimizer_create=torch.optim.SGD,
-                         central_optimizer=torch.optim.SGD(network.parameters(), lr=1.0))
+    model = PyTorchModel(
+        network,
+        local_optimizer_create=torch.optim.SGD,
+        central_optimizer=torch.optim.SGD(network.parameters(), lr=1.0),
+    )
     TrainOnlyFedAvg().run(
-        algorithm_params=NNAlgorithmParams(central_num_iterations=s.rounds, evaluation_frequency=s.rounds + 1,
-                                           train_cohort_size=s.per_round, val_cohort_size=None),
-        backend=SimulatedBackend(training_data=clients, val_data=clients, postprocessors=[WeightByDatapoints()]),
+        algorithm_params=NNAlgorithmParams(
+            central_num_iterations=s.rounds,
+            evaluation_frequency=s.rounds + 1,
+            train_cohort_size=s.per_round,
+            val_cohort_size=None,
+        ),
+        backend=SimulatedBackend(
+            training_data=clients, val_data=clients, postprocessors=[WeightByDatapoints()]
+        ),
         model=model,
-        model_train_params=NNTrainHyperParams(local_num_epochs=1, local_learning_rate=recipe.lr,
-                                              local_batch_size=recipe.batch_size),
-        callbacks=[clock])
-    report(clock.seconds, recipe.evaluate(get_weights(network.mlp)), package="pfl 0.6.0",
-           sampling="distinct per round: consecutive slices of one seeded permutation")
+        model_train_params=NNTrainHyperParams(
+            local_num_epochs=1, local_learning_rate=recipe.lr, local_batch_size=recipe.batch_size
+        ),
+        callbacks=[clock],
+    )
+    report(
+        clock.seconds,
+        recipe.evaluate(get_weights(network.mlp)),
+        package="pfl 0.6.0",
+        sampling="distinct per round: consecutive slices of one seeded permutation",
+    )
 
 
 if __name__ == "__main__":

@@ -47,10 +47,17 @@ def setting(args: argparse.Namespace) -> Setting:
     """The run's setting; the recipe's values are fedsim's task config (``conf/task/turn_sentiment.yaml``)."""
     if not 0 < args.per_round <= args.clients:
         raise SystemExit(f"--per-round {args.per_round} must be in 1..{args.clients}")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per client process, in every framework
+    os.environ.setdefault(
+        "OMP_NUM_THREADS", "1"
+    )  # one thread per client process, in every framework
     task = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "task" / "turn_sentiment.yaml"))
-    return Setting(Recipe.of(task, str(resolve_data_root(args.data_root))), args.clients, args.per_round,
-                   args.rounds, args.seed)
+    return Setting(
+        Recipe.of(task, str(resolve_data_root(args.data_root))),
+        args.clients,
+        args.per_round,
+        args.rounds,
+        args.seed,
+    )
 
 
 def report(round_seconds: list[float], final: dict, **extra) -> None:

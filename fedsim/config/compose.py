@@ -31,7 +31,14 @@ class ConfigError(ValueError):
 # with it, the ServerApp logs it before it sends anything
 REFUSED = (ConfigError, InstantiationException, ValueError, FileNotFoundError, ImportError)
 RESUMABLE = ("hardware", "round_timeout", "data_root", "logging")  # keys a resume may change
-RUN_STATE = ("results_dir", "ship_results", "checkpoint", "resume", "sweep", "client_state")  # a run's bookkeeping
+RUN_STATE = (
+    "results_dir",
+    "ship_results",
+    "checkpoint",
+    "resume",
+    "sweep",
+    "client_state",
+)  # a run's bookkeeping
 
 
 def choices(group: str) -> list[str]:
@@ -59,9 +66,11 @@ def _check_keys(cfg: DictConfig, overrides: list[str]) -> None:
         node = OmegaConf.select(cfg, parent) if parent else cfg
         if isinstance(node, DictConfig) and leaf not in node:
             near = difflib.get_close_matches(leaf, list(node.keys()), n=3)
-            raise ConfigError(f"Unknown config key '{key}'."
-                              + (f" Did you mean: {', '.join(near)}?" if near else "")
-                              + f" Keys under '{parent or '<root>'}': {', '.join(map(str, node))}")
+            raise ConfigError(
+                f"Unknown config key '{key}'."
+                + (f" Did you mean: {', '.join(near)}?" if near else "")
+                + f" Keys under '{parent or '<root>'}': {', '.join(map(str, node))}"
+            )
 
 
 def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
@@ -73,15 +82,20 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     except (HydraException, OmegaConfBaseException) as exc:
         if "not in struct" in str(exc) or "Could not override" in str(exc):
             with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-                base = hydra_compose("config", overrides=[o for o in overrides
-                                                          if o.split("=")[0] in GROUPS])
+                base = hydra_compose(
+                    "config", overrides=[o for o in overrides if o.split("=")[0] in GROUPS]
+                )
             _check_keys(base, overrides)
         raise ConfigError(_explain(overrides, exc)) from exc
     # conf/ holds every value, the schema none to fill in: a key without one (`KEY=???`, or a
     # top-level `~KEY`: only the root takes deletions) is refused here, not met by a process
-    unset = OmegaConf.missing_keys(cfg) | {f.name for f in dataclasses.fields(schema.RunConfig) if f.name not in cfg}
+    unset = OmegaConf.missing_keys(cfg) | {
+        f.name for f in dataclasses.fields(schema.RunConfig) if f.name not in cfg
+    }
     if unset:
-        raise ConfigError(f"No value for {', '.join(sorted(unset))}: every key needs one in conf/ or an override")
+        raise ConfigError(
+            f"No value for {', '.join(sorted(unset))}: every key needs one in conf/ or an override"
+        )
     OmegaConf.set_struct(cfg, False)
     try:
         if reads_data(cfg.task):
@@ -127,6 +141,9 @@ def experiment_digest(cfg: DictConfig) -> str:
     """A digest of every key that decides what the run computes (all but :data:`RESUMABLE` and
     :data:`RUN_STATE`; interpolations unresolved, so a moved data root keeps it): the journal is
     bound to it, and a resume under any other is refused by the ServerApp itself."""
-    kept = {k: OmegaConf.to_container(v, resolve=False) if isinstance(v, DictConfig) else v
-            for k, v in cfg.items_ex(resolve=False) if k not in RESUMABLE + RUN_STATE}
+    kept = {
+        k: OmegaConf.to_container(v, resolve=False) if isinstance(v, DictConfig) else v
+        for k, v in cfg.items_ex(resolve=False)
+        if k not in RESUMABLE + RUN_STATE
+    }
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()

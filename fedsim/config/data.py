@@ -37,8 +37,9 @@ def resolve_data_root(explicit: str | os.PathLike | None = None) -> Path:
         if value not in (None, ""):
             path = Path(value).expanduser().resolve()
             if not path.is_dir():
-                raise DataNotFoundError(f"No data root found: {source} points to {path}, "
-                                        "which is not a folder.")
+                raise DataNotFoundError(
+                    f"No data root found: {source} points to {path}, which is not a folder."
+                )
             return path
     for default in DEFAULT_DATA_ROOTS:
         if default.is_dir():

@@ -41,7 +41,10 @@ SETTINGS = {  # node config key: (environment variable, the run config key fedsi
     "embedding-cache": ("FEDSIM_EMBEDDING_CACHE", "task.embedding_cache"),
 }
 DEFAULTS = {"he-key-dir": "~/.cache/fedsim/he_keys"}  # the others: None (their users' defaults)
-TASK_COPIES = [["data_root"], *(path.split(".")[1:] for _, path in SETTINGS.values() if path.startswith("task."))]
+TASK_COPIES = [
+    ["data_root"],
+    *(path.split(".")[1:] for _, path in SETTINGS.values() if path.startswith("task.")),
+]
 
 
 def from_run(cfg: DictConfig) -> dict[str, str]:
@@ -66,8 +69,10 @@ def supernode_config(values: Mapping[str, str]) -> str:
 
 def resolve(node_config: Mapping) -> dict[str, str | None]:
     """This node's values: its node config, else this process's environment, else the default."""
-    values = {key: node_config.get(key) or os.environ.get(var) or DEFAULTS.get(key)
-              for key, (var, _) in SETTINGS.items()}
+    values = {
+        key: node_config.get(key) or os.environ.get(var) or DEFAULTS.get(key)
+        for key, (var, _) in SETTINGS.items()
+    }
     return {key: None if value is None else str(value) for key, value in values.items()}
 
 

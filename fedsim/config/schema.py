@@ -46,28 +46,46 @@ def check_ray_address(hw: Hardware) -> None:
     ``host:port``, and is reached over this machine's network: a network namespace of the run's
     own would cut the Ray driver off from the cluster's nodes, which connect back to it."""
     key = "hardware.ray_address"
-    require(hw.ray_address != "", key, "given with hardware=ray_cluster: hardware.ray_address=<head host>:<port>",
-            hw.ray_address)
+    require(
+        hw.ray_address != "",
+        key,
+        "given with hardware=ray_cluster: hardware.ray_address=<head host>:<port>",
+        hw.ray_address,
+    )
     host, _, port = hw.ray_address.rpartition(":")
-    require(bool(host) and port.isdigit() and 0 < int(port) < 65536, key,
-            "the cluster head's host:port (`ray start --head --port`)", hw.ray_address)
-    require(hw.backend == "simulation", key, "null with hardware.backend=deployment (a Ray cluster runs "
-            "a simulation's clients)", hw.ray_address)
-    require(not hw.private_network, key, "null with hardware.private_network=true: the cluster's nodes connect "
-            "back to the run's Ray driver over this machine's network, which the run's own network "
-            "namespace would cut (hardware=ray_cluster sets private_network=false)", hw.ray_address)
+    require(
+        bool(host) and port.isdigit() and 0 < int(port) < 65536,
+        key,
+        "the cluster head's host:port (`ray start --head --port`)",
+        hw.ray_address,
+    )
+    require(
+        hw.backend == "simulation",
+        key,
+        "null with hardware.backend=deployment (a Ray cluster runs a simulation's clients)",
+        hw.ray_address,
+    )
+    require(
+        not hw.private_network,
+        key,
+        "null with hardware.private_network=true: the cluster's nodes connect "
+        "back to the run's Ray driver over this machine's network, which the run's own network "
+        "namespace would cut (hardware=ray_cluster sets private_network=false)",
+        hw.ray_address,
+    )
 
 
 @dataclass
 class Faults:
     """Fault injection into replies, by partition id (``fedsim/runtime/faults.py``; tests)."""
-    crash: list[int] = MISSING          # these clients' ClientApp raises
-    timeout: list[int] = MISSING        # these sleep timeout_seconds first
-    nan: list[int] = MISSING            # these send NaN
-    wrong_length: list[int] = MISSING   # these send one value short
-    negative: list[int] = MISSING       # these send negative mass
-    uninflatable: list[int] = MISSING   # these declare their first array's shape as text
-    timeout_seconds: float = MISSING    # sleep of the timeout fault
+
+    crash: list[int] = MISSING  # these clients' ClientApp raises
+    timeout: list[int] = MISSING  # these sleep timeout_seconds first
+    nan: list[int] = MISSING  # these send NaN
+    wrong_length: list[int] = MISSING  # these send one value short
+    negative: list[int] = MISSING  # these send negative mass
+    uninflatable: list[int] = MISSING  # these declare their first array's shape as text
+    timeout_seconds: float = MISSING  # sleep of the timeout fault
     message_types: list[str] = MISSING  # replies affected
 
     def __post_init__(self):
@@ -83,37 +101,62 @@ class Faults:
 class Waits:
     """Flower's fixed waits on a deployment's message path, in seconds (``fedsim/runtime/flower_waits.py``);
     null keeps Flower's own."""
-    superexec_poll: float | None = MISSING   # each SuperNode's SuperExec polls for tasks (Flower: 1.0)
-    supernode_idle: float | None = MISSING   # a SuperNode's wait after a pull found no message (Flower: 3)
-    supernode_reply: float | None = MISSING  # a SuperNode's poll for its ClientApp's reply (Flower: 0.5)
-    pull_backoff: float | None = MISSING     # first retry of an object not uploaded yet (Flower: 1, doubling to 10)
+
+    superexec_poll: float | None = (
+        MISSING  # each SuperNode's SuperExec polls for tasks (Flower: 1.0)
+    )
+    supernode_idle: float | None = (
+        MISSING  # a SuperNode's wait after a pull found no message (Flower: 3)
+    )
+    supernode_reply: float | None = (
+        MISSING  # a SuperNode's poll for its ClientApp's reply (Flower: 0.5)
+    )
+    pull_backoff: float | None = (
+        MISSING  # first retry of an object not uploaded yet (Flower: 1, doubling to 10)
+    )
 
     def __post_init__(self):
         for name in ("superexec_poll", "supernode_idle", "supernode_reply", "pull_backoff"):
             value = getattr(self, name)
-            require(value is None or value > 0, f"hardware.waits.{name}", "> 0 seconds (null: Flower's)", value)
+            require(
+                value is None or value > 0,
+                f"hardware.waits.{name}",
+                "> 0 seconds (null: Flower's)",
+                value,
+            )
 
 
 @dataclass
 class Hardware:
     """Where the run executes: Ray simulation resources or a deployment."""
-    backend: str = MISSING                # simulation | deployment
+
+    backend: str = MISSING  # simulation | deployment
     num_supernodes: int | None = MISSING  # null: ceil(num_clients / clients_per_supernode)
-    num_clients: int | None = MISSING     # logical clients; null: num_supernodes x per node, else the population
-    clients_per_supernode: int = MISSING  # logical clients a SuperNode hosts (at most); >1: one message per SuperNode
-    num_cpus: int = MISSING               # CPUs Ray may use in all
-    ray_address: str | None = MISSING     # simulation: an existing Ray cluster's head host:port
-    client_cpus: int = MISSING            # CPUs per ClientApp actor
-    client_gpus: float = MISSING          # GPU share per ClientApp actor
-    superlink: str | None = MISSING       # deployment: SuperLink address host:port
-    launch_local: bool = MISSING          # deployment: start SuperLink + SuperNodes on loopback
-    private_network: bool = MISSING       # simulation, launch_local: the run's processes in a network namespace
-    insecure: bool = MISSING              # deployment: plain text, no node authentication (warns)
-    certificates: str | None = MISSING    # deployment: folder with ca.pem (+ superlink / node keys)
-    node_auth: bool = MISSING             # launch_local: SuperNodes authenticate with registered keys
-    waits: Waits = MISSING                # deployment: Flower's polls shortened
-    clientapp_preload: list[str] | None = MISSING  # libraries a warm process per SuperNode imports once
-    clientapp_workers: int = MISSING      # warm ClientApp processes per run and SuperNode that serve its messages
+    num_clients: int | None = (
+        MISSING  # logical clients; null: num_supernodes x per node, else the population
+    )
+    clients_per_supernode: int = (
+        MISSING  # logical clients a SuperNode hosts (at most); >1: one message per SuperNode
+    )
+    num_cpus: int = MISSING  # CPUs Ray may use in all
+    ray_address: str | None = MISSING  # simulation: an existing Ray cluster's head host:port
+    client_cpus: int = MISSING  # CPUs per ClientApp actor
+    client_gpus: float = MISSING  # GPU share per ClientApp actor
+    superlink: str | None = MISSING  # deployment: SuperLink address host:port
+    launch_local: bool = MISSING  # deployment: start SuperLink + SuperNodes on loopback
+    private_network: bool = (
+        MISSING  # simulation, launch_local: the run's processes in a network namespace
+    )
+    insecure: bool = MISSING  # deployment: plain text, no node authentication (warns)
+    certificates: str | None = MISSING  # deployment: folder with ca.pem (+ superlink / node keys)
+    node_auth: bool = MISSING  # launch_local: SuperNodes authenticate with registered keys
+    waits: Waits = MISSING  # deployment: Flower's polls shortened
+    clientapp_preload: list[str] | None = (
+        MISSING  # libraries a warm process per SuperNode imports once
+    )
+    clientapp_workers: int = (
+        MISSING  # warm ClientApp processes per run and SuperNode that serve its messages
+    )
 
     def __post_init__(self):
         require(self.backend in BACKENDS, "hardware.backend", f"one of {BACKENDS}", self.backend)
@@ -121,11 +164,24 @@ class Hardware:
         count_or_null("hardware.num_clients", self.num_clients)
         for name in ("clients_per_supernode", "num_cpus", "client_cpus"):
             require(getattr(self, name) >= 1, f"hardware.{name}", ">= 1", getattr(self, name))
-        require(self.client_gpus >= 0, "hardware.client_gpus", ">= 0 (a share of a GPU per client)", self.client_gpus)
-        require(self.clientapp_workers >= 0, "hardware.clientapp_workers", ">= 0", self.clientapp_workers)
-        require(not self.clientapp_workers or self.clientapp_preload is not None, "hardware.clientapp_workers",
-                "0 unless hardware.clientapp_preload is set (a worker is a fork of the warm process)",
-                self.clientapp_workers)
+        require(
+            self.client_gpus >= 0,
+            "hardware.client_gpus",
+            ">= 0 (a share of a GPU per client)",
+            self.client_gpus,
+        )
+        require(
+            self.clientapp_workers >= 0,
+            "hardware.clientapp_workers",
+            ">= 0",
+            self.clientapp_workers,
+        )
+        require(
+            not self.clientapp_workers or self.clientapp_preload is not None,
+            "hardware.clientapp_workers",
+            "0 unless hardware.clientapp_preload is set (a worker is a fork of the warm process)",
+            self.clientapp_workers,
+        )
         if self.ray_address is not None:
             check_ray_address(self)
 
@@ -133,24 +189,29 @@ class Hardware:
 @dataclass
 class Logging:
     """Per-exchange metric sinks under results_dir (``fedsim/results/sinks.py``)."""
-    csv: bool = MISSING          # metrics.csv, one line per exchange and value
+
+    csv: bool = MISSING  # metrics.csv, one line per exchange and value
     tensorboard: bool = MISSING  # TensorBoard event files in results_dir/tensorboard
-    mlflow: bool = MISSING       # the same metrics to an MLflow store, one MLflow run per run
-    mlflow_dir: str = MISSING    # the MLflow store's folder (SQLite, <dir>/mlflow.db)
+    mlflow: bool = MISSING  # the same metrics to an MLflow store, one MLflow run per run
+    mlflow_dir: str = MISSING  # the MLflow store's folder (SQLite, <dir>/mlflow.db)
 
 
 @dataclass
 class Checkpoint:
     """The run's journal under results_dir/checkpoint (``fedsim/runtime/journal.py``)."""
+
     enabled: bool = MISSING  # journal every completed exchange (resume needs it)
-    keep: bool = MISSING     # keep the folder after the run completes (else removed)
+    keep: bool = MISSING  # keep the folder after the run completes (else removed)
 
 
 @dataclass
 class ClientStateSettings:
     """Where clients keep state across rounds (``fedsim/runtime/client_state.py``)."""
-    dir: str | None = MISSING      # root of the clients fedsim run starts (fedsim/config/node_local.py); never sent
-    keep: bool = MISSING           # keep the run's client state after it completes
+
+    dir: str | None = (
+        MISSING  # root of the clients fedsim run starts (fedsim/config/node_local.py); never sent
+    )
+    keep: bool = MISSING  # keep the run's client state after it completes
     run_key: str | None = MISSING  # set by the ServerApp, not by hand: the run's folder run-<key>
 
 
@@ -158,20 +219,26 @@ class ClientStateSettings:
 class EffectOfInterest:
     """A difference that matters, the paper's or a stated one: method minus baseline for a paired
     row, or (``baseline: equal_at``) a contrast minus its null."""
+
     metric: str = MISSING  # pattern of the compared results path (its paired rows, or contrasts, get this effect)
     size: float = MISSING  # the difference, signed, in the metric's units
     source: str = MISSING  # where the size comes from (the paper's table, or why it was chosen)
-    baseline: str | None = None  # the sweep.baseline it is against (fedavg); null: any; equal_at: a contrast's null
+    baseline: str | None = (
+        None  # the sweep.baseline it is against (fedavg); null: any; equal_at: a contrast's null
+    )
 
 
 @dataclass
 class RunInterval:
     """An interval the experiment computes inside one run (e.g. a paired bootstrap over items),
     for a difference the seeds do not move."""
-    metric: str = MISSING          # pattern of the compared results path
-    baseline: str | None = MISSING  # pattern of its baseline's path; null: the metric itself (no pairing)
-    ci: str = MISSING              # results path of the run's [low, high]; each * takes the metric's * in turn
-    method: str = MISSING          # what the interval is, for the summary
+
+    metric: str = MISSING  # pattern of the compared results path
+    baseline: str | None = (
+        MISSING  # pattern of its baseline's path; null: the metric itself (no pairing)
+    )
+    ci: str = MISSING  # results path of the run's [low, high]; each * takes the metric's * in turn
+    method: str = MISSING  # what the interval is, for the summary
 
 
 @dataclass
@@ -180,8 +247,11 @@ class Contrast:
     head-to-head win rate, a reward difference): its verdict is against ``equal_at``, with no
     baseline to subtract. Its effect of interest is one stated with ``baseline: equal_at``, a
     difference from ``equal_at``."""
-    metric: str = MISSING    # pattern of its results path
-    equal_at: float = MISSING  # its value when the arms are equal, the null (0.5 a win rate, 0 a difference)
+
+    metric: str = MISSING  # pattern of its results path
+    equal_at: float = (
+        MISSING  # its value when the arms are equal, the null (0.5 a win rate, 0 a difference)
+    )
 
 
 @dataclass
@@ -189,27 +259,41 @@ class Plan:
     """A sweep's pre-registered analysis, fixed before its first run (``fedsim/run/sweep.py``
     hashes it into sweep.json): the primary endpoints, the family-wise alpha, the planned seeds
     and the looks at which the comparison is read. No primary endpoint: no plan."""
-    primary: list[str] = MISSING  # patterns of the primary paired or contrast rows' metrics; the rest are secondary
-    alpha: float = MISSING        # two-sided type I error of the primaries over all looks, and of the Holm family
-    seeds: int = MISSING          # planned seeds (fedsim compare --plan on a pilot)
-    looks: list[int] = MISSING    # seeds at which the comparison is read; [] = [seeds]
-    spending: str = MISSING       # Lan-DeMets alpha spending: obrien_fleming | pocock
+
+    primary: list[str] = (
+        MISSING  # patterns of the primary paired or contrast rows' metrics; the rest are secondary
+    )
+    alpha: float = (
+        MISSING  # two-sided type I error of the primaries over all looks, and of the Holm family
+    )
+    seeds: int = MISSING  # planned seeds (fedsim compare --plan on a pilot)
+    looks: list[int] = MISSING  # seeds at which the comparison is read; [] = [seeds]
+    spending: str = MISSING  # Lan-DeMets alpha spending: obrien_fleming | pocock
 
 
 @dataclass
 class Sweep:
     """How ``fedsim run -m`` / ``fedsim compare`` summarize a sweep: the one type of the sweep settings,
     read by ``fedsim/results/comparison.py`` as :func:`typed_sweep` builds it."""
+
     seed_keys: list[str] = MISSING  # overrides that are replicates
     baseline: str | None = MISSING  # a method name inside results, or KEY=VALUE of a swept override
-    metrics: list[str] = MISSING    # the headline: results.json path patterns, a family each; [] = all
-    bookkeeping: list[str] = MISSING  # patterns of counters, bytes, timings: their own section, never headline
-    interval: str = MISSING         # t (Student t over seeds) | bootstrap (scipy.stats.bootstrap, BCa)
-    level: float = MISSING          # confidence level of every interval
-    power: float = MISSING          # power of the minimum detectable effect and of the seeds needed
+    metrics: list[str] = (
+        MISSING  # the headline: results.json path patterns, a family each; [] = all
+    )
+    bookkeeping: list[str] = (
+        MISSING  # patterns of counters, bytes, timings: their own section, never headline
+    )
+    interval: str = MISSING  # t (Student t over seeds) | bootstrap (scipy.stats.bootstrap, BCa)
+    level: float = MISSING  # confidence level of every interval
+    power: float = MISSING  # power of the minimum detectable effect and of the seeds needed
     effect_of_interest: list[EffectOfInterest] = MISSING  # effects whose exclusion is a verdict
-    run_intervals: list[RunInterval] = MISSING  # per-run intervals used when the seeds give no spread
-    contrasts: list[Contrast] = MISSING  # metrics that compare two arms themselves, judged against their null
+    run_intervals: list[RunInterval] = (
+        MISSING  # per-run intervals used when the seeds give no spread
+    )
+    contrasts: list[Contrast] = (
+        MISSING  # metrics that compare two arms themselves, judged against their null
+    )
     plan: Plan = MISSING  # the pre-registered analysis; primary [] = no plan: every row is secondary (Holm-adjusted)
 
     def planned(self) -> dict | None:
@@ -220,36 +304,42 @@ class Sweep:
 @dataclass
 class Audit:
     """The empirical privacy audit beside the accountant (``fedsim/privacy/audit.py``)."""
-    enabled: bool = MISSING                # canaries in the run's DP releases, a measured lower bound on epsilon
-    canaries: int = MISSING                # canaries, each in or out on a secret fair coin
-    confidence: float = MISSING            # of all the run's lower bounds together
-    guess_shares: list[float] = MISSING    # shares of the canaries guessed; the best bound over them
+
+    enabled: bool = MISSING  # canaries in the run's DP releases, a measured lower bound on epsilon
+    canaries: int = MISSING  # canaries, each in or out on a secret fair coin
+    confidence: float = MISSING  # of all the run's lower bounds together
+    guess_shares: list[float] = MISSING  # shares of the canaries guessed; the best bound over them
 
     def __post_init__(self):
         require(self.canaries >= 2, "privacy.audit.canaries", ">= 2", self.canaries)
         require(0 < self.confidence < 1, "privacy.audit.confidence", "in (0, 1)", self.confidence)
-        require(bool(self.guess_shares) and all(0 < s <= 1 for s in self.guess_shares),
-                "privacy.audit.guess_shares", "a non-empty list of shares in (0, 1]", self.guess_shares)
+        require(
+            bool(self.guess_shares) and all(0 < s <= 1 for s in self.guess_shares),
+            "privacy.audit.guess_shares",
+            "a non-empty list of shares in (0, 1]",
+            self.guess_shares,
+        )
 
 
 @dataclass
 class Privacy:
     """How private the run's DP releases are (``fedsim/privacy/dp.py``), and the wrapper around the
     run's strategy (``conf/privacy/*.yaml``)."""
+
     reproducible_noise: bool = MISSING  # noise from the public seed: reproducible, not private
-    audit: Audit = MISSING              # the measured lower bound beside the accountant's epsilon
-    kind: str = MISSING                 # none | dp (Flower's central DP wrappers) | he (HEFedAvg)
-    wrapper: Any = MISSING              # the wrapper's _target_ and settings; null: none
-    he: str | None = MISSING            # why this wrapper cannot run inside HE (null: it can)
-    delta: float | None = MISSING       # delta of the (epsilon, delta) a dp wrapper's run reports
+    audit: Audit = MISSING  # the measured lower bound beside the accountant's epsilon
+    kind: str = MISSING  # none | dp (Flower's central DP wrappers) | he (HEFedAvg)
+    wrapper: Any = MISSING  # the wrapper's _target_ and settings; null: none
+    he: str | None = MISSING  # why this wrapper cannot run inside HE (null: it can)
+    delta: float | None = MISSING  # delta of the (epsilon, delta) a dp wrapper's run reports
 
 
 @dataclass
 class RunConfig:
-    task: Any = MISSING           # conf/task/*.yaml: data, client handler, metrics
-    strategy: Any = MISSING       # conf/strategy/*.yaml: a Flower Strategy _target_
+    task: Any = MISSING  # conf/task/*.yaml: data, client handler, metrics
+    strategy: Any = MISSING  # conf/strategy/*.yaml: a Flower Strategy _target_
     hardware: Hardware = MISSING  # conf/hardware/*.yaml
-    protocol: Any = MISSING       # conf/experiment/*.yaml: checked by its schema
+    protocol: Any = MISSING  # conf/experiment/*.yaml: checked by its schema
     data_root: str | None = MISSING
     results_dir: str | None = MISSING
     seed: int = MISSING
@@ -257,7 +347,7 @@ class RunConfig:
     round_timeout: float = MISSING
     ship_results: bool = MISSING  # set by the launcher for a remote SuperLink
     checkpoint: Checkpoint = MISSING
-    resume: bool = MISSING        # set by `fedsim run resume=DIR`: replay the journal
+    resume: bool = MISSING  # set by `fedsim run resume=DIR`: replay the journal
     privacy: Privacy = MISSING
     logging: Logging = MISSING
     faults: Faults = MISSING
@@ -276,30 +366,42 @@ class RunConfig:
 def _check_output_folder(key: str, path: Path) -> None:
     """A folder the run will write: not an existing file, and creatable where it does not exist yet
     (its nearest existing parent a writable folder)."""
-    require(not path.exists() or path.is_dir(), key, "a folder (it names an existing file)", str(path))
+    require(
+        not path.exists() or path.is_dir(), key, "a folder (it names an existing file)", str(path)
+    )
     parent = next(p for p in (path, *path.parents) if p.exists())
-    require(parent.is_dir() and os.access(parent, os.W_OK | os.X_OK), key,
-            f"a folder this user can create or write ({parent} is not writable)", str(path))
+    require(
+        parent.is_dir() and os.access(parent, os.W_OK | os.X_OK),
+        key,
+        f"a folder this user can create or write ({parent} is not writable)",
+        str(path),
+    )
     if why := who_else_writes(path):
-        raise ValueError(f"{key}: {why}, so another user could plant links where results go or swap them: "
-                         f"choose a folder only you (and root) can write, got {path}")
+        raise ValueError(
+            f"{key}: {why}, so another user could plant links where results go or swap them: "
+            f"choose a folder only you (and root) can write, got {path}"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
 class StrategySlot:
     """Where an experiment runs the top-level ``strategy`` (and ``privacy``'s wrapper around it):
     what its clients' replies are and what it refuses, with why."""
-    role: str                   # the methods / phases that run it
-    accepts: list[str]          # reply contracts its clients speak (a strategy's traits.takes)
-    refuses: dict[str, str]     # a reply contract, aggregation, client key or privacy kind -> why not here
-    loss_key: str | None        # the metric its clients report their training loss under (QFedAvg)
+
+    role: str  # the methods / phases that run it
+    accepts: list[str]  # reply contracts its clients speak (a strategy's traits.takes)
+    refuses: dict[
+        str, str
+    ]  # a reply contract, aggregation, client key or privacy kind -> why not here
+    loss_key: str | None  # the metric its clients report their training loss under (QFedAvg)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Protocol:
     """Keys every experiment's ``protocol`` block has."""
-    name: str    # results folder name
-    run: str     # the server-side protocol function, run(messenger, cfg, out)
+
+    name: str  # results folder name
+    run: str  # the server-side protocol function, run(messenger, cfg, out)
     schema: str  # this block's dataclass (a subclass of Protocol)
     strategy_slot: StrategySlot
     """where ``strategy=`` and ``privacy=`` act in this experiment"""
@@ -321,7 +423,9 @@ class Protocol:
     def refuses_audit(self, cfg: DictConfig) -> str | None:
         """Why ``privacy.audit`` cannot run here (None: it can): an experiment audits only the
         releases it puts canaries into."""
-        return "it puts no canaries into its releases (privacy.audit runs on FedTP's DPMean release)"
+        return (
+            "it puts no canaries into its releases (privacy.audit runs on FedTP's DPMean release)"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -329,11 +433,14 @@ class TaskSettings:
     """Keys every ``task`` block has (``conf/task/*.yaml``); the dataclass its ``schema`` names
     (a subclass, beside the task's code) types the rest, so a task's wrong key or value is
     refused before the run as a protocol's is."""
-    name: str       # task name in results
-    client: str     # ClientApp handler class
-    schema: str     # this block's dataclass (a subclass of TaskSettings)
+
+    name: str  # task name in results
+    client: str  # ClientApp handler class
+    schema: str  # this block's dataclass (a subclass of TaskSettings)
     data_root: str | None  # data folder, never sent to clients; null: the task reads no data
-    unit: str       # the cluster a per-run interval resamples: what a client is made of (one of ``units``)
+    unit: (
+        str  # the cluster a per-run interval resamples: what a client is made of (one of ``units``)
+    )
     units: ClassVar[tuple[str, ...]] = ()
     """the units the task's items carry, so that its intervals can group them (its subclass says)"""
 
@@ -371,8 +478,10 @@ def layout(hw, population: int) -> tuple[int, int]:
     clients = hw.num_clients or (hw.num_supernodes * per if hw.num_supernodes else population)
     supernodes = hw.num_supernodes or -(-clients // per)
     if clients < 1 or not supernodes <= clients <= supernodes * per:
-        raise ValueError(f"hardware: {clients} clients do not fit {supernodes} SuperNodes x "
-                         f"{per} clients_per_supernode (every SuperNode hosts 1..{per} clients)")
+        raise ValueError(
+            f"hardware: {clients} clients do not fit {supernodes} SuperNodes x "
+            f"{per} clients_per_supernode (every SuperNode hosts 1..{per} clients)"
+        )
     return int(clients), int(supernodes)
 
 
@@ -386,9 +495,15 @@ def sweep_settings(*layers) -> DictConfig:
         raise ValueError(f"sweep: {exc}") from exc
     if unset := OmegaConf.missing_keys(sweep):
         raise ValueError(f"sweep: no value for {sorted(unset)}")
-    if sweep.interval not in INTERVALS or not 0.0 < sweep.level < 1.0 or not 0.0 < sweep.power < 1.0:
-        raise ValueError(f"sweep.interval must be one of {INTERVALS}, 0 < sweep.level < 1 and 0 < sweep.power < 1, "
-                         f"got {sweep.interval!r}, {sweep.level}, {sweep.power}")
+    if (
+        sweep.interval not in INTERVALS
+        or not 0.0 < sweep.level < 1.0
+        or not 0.0 < sweep.power < 1.0
+    ):
+        raise ValueError(
+            f"sweep.interval must be one of {INTERVALS}, 0 < sweep.level < 1 and 0 < sweep.power < 1, "
+            f"got {sweep.interval!r}, {sweep.level}, {sweep.power}"
+        )
     if sweep.plan.primary:
         check_plan(sweep.plan)
     return sweep
@@ -398,9 +513,16 @@ def typed_sweep(*layers) -> Sweep:
     """The ``sweep`` block from ``layers``, checked by :func:`sweep_settings`, as its dataclass; an
     interpolation stays text (a record's config.yaml may hold ``${oc.env:...}``: never resolved)."""
     values = OmegaConf.to_container(sweep_settings(*layers))  # OmegaConf.to_object would resolve
-    entries = {"effect_of_interest": EffectOfInterest, "run_intervals": RunInterval, "contrasts": Contrast}
-    return Sweep(**values | {key: [kind(**e) for e in values[key]] for key, kind in entries.items()}
-                 | {"plan": Plan(**values["plan"])})
+    entries = {
+        "effect_of_interest": EffectOfInterest,
+        "run_intervals": RunInterval,
+        "contrasts": Contrast,
+    }
+    return Sweep(
+        **values
+        | {key: [kind(**e) for e in values[key]] for key, kind in entries.items()}
+        | {"plan": Plan(**values["plan"])}
+    )
 
 
 def check_plan(plan: DictConfig) -> None:
@@ -411,14 +533,22 @@ def check_plan(plan: DictConfig) -> None:
         plan.looks = [plan.seeds]
     looks = list(plan.looks)
     for key, ok, rule in (
-            ("alpha", 0.0 < plan.alpha < 1.0, "within (0, 1)"),
-            ("seeds", plan.seeds >= 2, "at least 2"),
-            ("looks", looks == sorted(set(looks)) and looks[0] >= 2 and looks[-1] == plan.seeds,
-             "increasing seed counts, from 2, ending at sweep.plan.seeds"),
-            ("spending", plan.spending in SPENDING, f"one of {SPENDING}")):
+        ("alpha", 0.0 < plan.alpha < 1.0, "within (0, 1)"),
+        ("seeds", plan.seeds >= 2, "at least 2"),
+        (
+            "looks",
+            looks == sorted(set(looks)) and looks[0] >= 2 and looks[-1] == plan.seeds,
+            "increasing seed counts, from 2, ending at sweep.plan.seeds",
+        ),
+        ("spending", plan.spending in SPENDING, f"one of {SPENDING}"),
+    ):
         value = getattr(plan, key)
-        require(ok, f"sweep.plan.{key}", rule, OmegaConf.to_container(value) if isinstance(value, DictConfig | list)
-                else value)
+        require(
+            ok,
+            f"sweep.plan.{key}",
+            rule,
+            OmegaConf.to_container(value) if isinstance(value, DictConfig | list) else value,
+        )
 
 
 def check(cfg: DictConfig) -> Protocol:
@@ -433,15 +563,21 @@ def check(cfg: DictConfig) -> Protocol:
     if hw.backend == "deployment" and not (hw.launch_local or hw.superlink):
         raise ValueError("hardware.superlink (host:port) is required for a remote deployment")
     if hw.backend == "deployment" and not (hw.launch_local or hw.insecure or hw.certificates):
-        raise ValueError("hardware.certificates (a folder with the federation's ca.pem) is "
-                         "required for a remote SuperLink; hardware.insecure=true for plain text")
+        raise ValueError(
+            "hardware.certificates (a folder with the federation's ca.pem) is "
+            "required for a remote SuperLink; hardware.insecure=true for plain text"
+        )
     if hw.backend == "deployment" and not hw.launch_local and cfg.privacy.reproducible_noise:
-        raise ValueError("privacy.reproducible_noise=true draws DP noise from the public seed "
-                         "(not private): allowed in simulation and hardware=deploy_local only (one machine, "
-                         "the simulation's parity check), refused for a remote SuperLink")
+        raise ValueError(
+            "privacy.reproducible_noise=true draws DP noise from the public seed "
+            "(not private): allowed in simulation and hardware=deploy_local only (one machine, "
+            "the simulation's parity check), refused for a remote SuperLink"
+        )
     if cfg.logging.mlflow and hw.backend == "deployment" and not hw.launch_local:
-        raise ValueError("logging.mlflow writes where the ServerApp runs: simulation or "
-                         "hardware.launch_local only, refused for a remote SuperLink")
+        raise ValueError(
+            "logging.mlflow writes where the ServerApp runs: simulation or "
+            "hardware.launch_local only, refused for a remote SuperLink"
+        )
     layout(hw, 1)  # the client / SuperNode counts fit (the population is checked by the CLI)
     sweep_settings(cfg.sweep)
     check_privacy(cfg.privacy)
@@ -450,7 +586,9 @@ def check(cfg: DictConfig) -> Protocol:
     check_strategy(cfg, protocol)
     protocol.check_run(cfg, hw.num_clients)
     if cfg.privacy.audit.enabled and (why := protocol.refuses_audit(cfg)):
-        raise ValueError(f"privacy.audit.enabled=true is refused for experiment {protocol.name}: {why}")
+        raise ValueError(
+            f"privacy.audit.enabled=true is refused for experiment {protocol.name}: {why}"
+        )
     return protocol
 
 
@@ -528,8 +666,11 @@ def refuse_unknown_keys(node: DictConfig, schema: type, prefix: str = "") -> Non
 def unknown_key(key: str, valid: list[str]) -> str:
     parent, _, leaf = key.rpartition(".")
     near = difflib.get_close_matches(leaf, valid, n=3)
-    return (f"Unknown config key '{key}'." + (f" Did you mean: {', '.join(near)}?" if near else "")
-            + f" Keys under '{parent or '<root>'}': {', '.join(valid)}")
+    return (
+        f"Unknown config key '{key}'."
+        + (f" Did you mean: {', '.join(near)}?" if near else "")
+        + f" Keys under '{parent or '<root>'}': {', '.join(valid)}"
+    )
 
 
 def typed_error(block: str, schema: type, exc: OmegaConfBaseException) -> str:
@@ -550,8 +691,11 @@ def typed_error(block: str, schema: type, exc: OmegaConfBaseException) -> str:
         expected = typing.get_args(expected)[-1]
     value = getattr(exc, "value", None)
     value = getattr(value, "_value", lambda: value)() if hasattr(value, "_value") else value
-    return (f"{key}: expected {type_name(expected)}, got {value!r}" if expected is not None
-            else f"{key}: {exc.msg.splitlines()[0]}")
+    return (
+        f"{key}: expected {type_name(expected)}, got {value!r}"
+        if expected is not None
+        else f"{key}: {exc.msg.splitlines()[0]}"
+    )
 
 
 def type_name(kind) -> str:
@@ -565,12 +709,16 @@ def check_privacy(privacy: DictConfig) -> None:
     if privacy.kind != "dp":
         return
     if privacy.delta is None or not 0 < privacy.delta < 1:
-        raise ValueError(f"privacy.delta must be in (0, 1) (the chance the reported epsilon fails), "
-                         f"got {privacy.delta}")
+        raise ValueError(
+            f"privacy.delta must be in (0, 1) (the chance the reported epsilon fails), "
+            f"got {privacy.delta}"
+        )
     sigma = privacy.wrapper.get("noise_multiplier")
     if not is_number(sigma) or sigma <= 0:
-        raise ValueError(f"privacy.wrapper.noise_multiplier must be > 0 for a run that reports an "
-                         f"epsilon, got {sigma} (no noise: no DP; privacy=none runs without a wrapper)")
+        raise ValueError(
+            f"privacy.wrapper.noise_multiplier must be > 0 for a run that reports an "
+            f"epsilon, got {sigma} (no noise: no DP; privacy=none runs without a wrapper)"
+        )
 
 
 def entry(node) -> dict:
@@ -600,7 +748,9 @@ def check_entry(key: str, settings: dict) -> None:
     try:
         declared = typing.get_type_hints(get_class(settings["_target_"]).__init__)
     except Exception as exc:  # an annotation naming what its module imports for type checkers only
-        if isinstance(exc, (ImportError, AttributeError, ValueError)) and "Error locating" in str(exc):
+        if isinstance(exc, (ImportError, AttributeError, ValueError)) and "Error locating" in str(
+            exc
+        ):
             raise ValueError(f"{key}._target_: {exc}") from exc
         declared = {}
     for name, value in settings.items():
@@ -621,8 +771,13 @@ def is_number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-SCALAR_CHECKS = {bool: lambda v: isinstance(v, bool), int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-                 float: lambda v: is_number(v), str: lambda v: isinstance(v, str), type(None): lambda v: v is None}
+SCALAR_CHECKS = {
+    bool: lambda v: isinstance(v, bool),
+    int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+    float: lambda v: is_number(v),
+    str: lambda v: isinstance(v, str),
+    type(None): lambda v: v is None,
+}
 
 
 def fits(value, kind) -> bool:
@@ -632,7 +787,11 @@ def fits(value, kind) -> bool:
     to the constructor."""
     if isinstance(value, list | dict):
         return True
-    options = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
+    options = (
+        typing.get_args(kind)
+        if typing.get_origin(kind) in (typing.Union, types.UnionType)
+        else (kind,)
+    )
     for option in options:
         if option in SCALAR_CHECKS:
             if SCALAR_CHECKS[option](value):
@@ -640,8 +799,11 @@ def fits(value, kind) -> bool:
         elif typing.get_origin(option) is typing.Literal:
             if value in typing.get_args(option):
                 return True
-        elif option is typing.Any or (isinstance(option, type) and typing.get_origin(option) is None
-                                      and not issubclass(option, list | dict | tuple | set)):
+        elif option is typing.Any or (
+            isinstance(option, type)
+            and typing.get_origin(option) is None
+            and not issubclass(option, list | dict | tuple | set)
+        ):
             return True
     return False
 
@@ -655,21 +817,37 @@ def check_strategy(cfg: DictConfig, protocol: Protocol) -> None:
     name = str(cfg.strategy.get("_target_", "?")).rsplit(".", 1)[-1]
     here = f"experiment {protocol.name} ({slot.role or 'no strategy slot'})"
     if traits is None:
-        raise ValueError(f"strategy {name} has no traits block (takes, aggregation, client_keys, he, dp): "
-                         "fedsim cannot tell which experiments and wrappers fit it")
-    for what in (traits.takes, traits.aggregation, *(traits.get("client_keys") or []), privacy.kind):
+        raise ValueError(
+            f"strategy {name} has no traits block (takes, aggregation, client_keys, he, dp): "
+            "fedsim cannot tell which experiments and wrappers fit it"
+        )
+    for what in (
+        traits.takes,
+        traits.aggregation,
+        *(traits.get("client_keys") or []),
+        privacy.kind,
+    ):
         if what in slot.refuses:
             subject = f"privacy kind '{what}'" if what == privacy.kind else f"strategy {name}"
             raise ValueError(f"{here} cannot run {subject}: {slot.refuses[what]}")
     if traits.takes not in slot.accepts:
-        raise ValueError(f"{here} cannot run strategy {name}: it aggregates '{traits.takes}' replies; "
-                         f"this experiment's clients send {slot.accepts or 'none a strategy can take'}")
+        raise ValueError(
+            f"{here} cannot run strategy {name}: it aggregates '{traits.takes}' replies; "
+            f"this experiment's clients send {slot.accepts or 'none a strategy can take'}"
+        )
     if privacy.kind != "none" and traits.get(privacy.kind):
-        raise ValueError(f"privacy={privacy.kind} cannot wrap strategy {name}: {traits.get(privacy.kind)}")
+        raise ValueError(
+            f"privacy={privacy.kind} cannot wrap strategy {name}: {traits.get(privacy.kind)}"
+        )
     if why := protocol.refuses_strategy(OmegaConf.to_container(cfg.strategy, resolve=True)):
         raise ValueError(f"{here} cannot run strategy {name}: {why}")
     under_he = protocol.he_methods()
-    for layer, why in ((f"strategy {name}", traits.get("he")), (f"privacy={privacy.kind}", privacy.he)):
+    for layer, why in (
+        (f"strategy {name}", traits.get("he")),
+        (f"privacy={privacy.kind}", privacy.he),
+    ):
         if under_he and why:
-            raise ValueError(f"{here}: methods {under_he} run under HE, which cannot take {layer}: {why} "
-                             "(leave them out, or run them in plaintext)")
+            raise ValueError(
+                f"{here}: methods {under_he} run under HE, which cannot take {layer}: {why} "
+                "(leave them out, or run them in plaintext)"
+            )

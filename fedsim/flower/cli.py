@@ -8,7 +8,11 @@ from flwr.cli.build import build_fab_from_disk
 from flwr.cli.cli_client_interceptor import CliClientHttpInterceptor
 
 # Flower's CLI config ($FLWR_HOME/config.toml), where `fedsim federations` writes named connections.
-from flwr.cli.flower_config import init_flwr_config, read_superlink_connection, write_superlink_connection
+from flwr.cli.flower_config import (
+    init_flwr_config,
+    read_superlink_connection,
+    write_superlink_connection,
+)
 from flwr.cli.install import install_from_fab
 
 # `flwr run`'s parsing of --federation-config (tests: the sizes fedsim documents are ones Flower reads).

@@ -27,7 +27,11 @@ from flwr.supercore.constant import SYSTEM_MESSAGE_TYPE
 from flwr.supercore.inflatable import inflatable_utils
 
 # A reply's objects pulled and inflated one reply at a time (reply_pull), and built for its tests.
-from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree, iterate_object_tree
+from flwr.supercore.inflatable.inflatable_object import (
+    get_all_nested_objects,
+    get_object_tree,
+    iterate_object_tree,
+)
 from flwr.supercore.inflatable.inflatable_protobuf_utils import make_pull_object_fn_protobuf
 from flwr.supercore.inflatable.inflatable_utils import (
     ObjectPullError,

@@ -10,7 +10,11 @@ from flwr.supercore.constant import TASK_TYPE_TO_COMMAND
 
 # Flower's exit handlers of a ClientApp message, which a warm worker runs and then returns instead of
 # exiting (its tests register some).
-from flwr.supercore.exit.exit_handler import add_exit_handler, registered_exit_handlers, trigger_exit_handlers
+from flwr.supercore.exit.exit_handler import (
+    add_exit_handler,
+    registered_exit_handlers,
+    trigger_exit_handlers,
+)
 
 # The SuperExec's task poll, which fedsim sets through Flower's variable (a test reads Flower's reading).
 from flwr.supercore.superexec import run_superexec

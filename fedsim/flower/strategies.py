@@ -16,4 +16,8 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords, samp
 
 # The keys of adaptive clipping's messages (the clipping norm sent, the norm bit returned) and the noise
 # of its count, which fedsim's privacy tests check their own accounting against.
-from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, KEY_NORM_BIT, compute_adaptive_noise_params
+from flwr.supercore.differential_privacy import (
+    KEY_CLIPPING_NORM,
+    KEY_NORM_BIT,
+    compute_adaptive_noise_params,
+)

@@ -80,8 +80,10 @@ class NoiseSource:
 # FedTP's sweep; SAMPLE: DP client sampling; FLOWER_DP: fedsim_strategies/numpy_noise.py); the run's
 # source is its privacy plan's (fedsim/privacy/plan.py)
 RELEASE, SWEEP, SAMPLE, FLOWER_DP, AUDIT = 1, 2, 3, 4, 5
-NOT_PRIVATE = ("privacy.reproducible_noise=true: the DP noise is drawn from the public seed, so "
-               "anyone who knows the seed can remove it; these releases are NOT private")
+NOT_PRIVATE = (
+    "privacy.reproducible_noise=true: the DP noise is drawn from the public seed, so "
+    "anyone who knows the seed can remove it; these releases are NOT private"
+)
 
 
 def poisson_sample(nodes: list[int], rate: float, rng: np.random.Generator) -> list[int]:
@@ -96,8 +98,12 @@ class Release:
     mean: np.ndarray
     num_clients: int
     noise_std: float  # std of the noise added to the sum
-    noised: np.ndarray  # the noised mean before post-processing (the simplex step): what an audit checks
-    labels: tuple[int, ...] = ()  # the noise source's stream it drew from (an audit's attacker redraws it)
+    noised: (
+        np.ndarray
+    )  # the noised mean before post-processing (the simplex step): what an audit checks
+    labels: tuple[
+        int, ...
+    ] = ()  # the noise source's stream it drew from (an audit's attacker redraws it)
 
 
 def clipped_sum(vectors: np.ndarray, clip_norm: float, non_negative: bool) -> np.ndarray:
@@ -133,7 +139,9 @@ def gaussian_mean(
     return Release(clamp_to_simplex(mean) if simplex else mean, len(vectors), std, mean)
 
 
-PLD_RESOLUTION = 1e-3  # the PLD's discretization step, as a share of the RDP epsilon (see :func:`account`)
+PLD_RESOLUTION = (
+    1e-3  # the PLD's discretization step, as a share of the RDP epsilon (see :func:`account`)
+)
 
 
 @dataclass(frozen=True)
@@ -151,8 +159,10 @@ class Epsilon:
         return min(self.rdp, self.pld)
 
 
-ADD_OR_REMOVE, REPLACE_RECORD = (dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
-                                 dp_accounting.NeighboringRelation.REPLACE_ONE)
+ADD_OR_REMOVE, REPLACE_RECORD = (
+    dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+    dp_accounting.NeighboringRelation.REPLACE_ONE,
+)
 
 
 def account(event: dp_accounting.DpEvent, delta: float) -> Epsilon:
@@ -167,20 +177,30 @@ def account(event: dp_accounting.DpEvent, delta: float) -> Epsilon:
     return Epsilon(by_rdp, pld_epsilon(event, delta, ADD_OR_REMOVE, PLD_RESOLUTION * by_rdp))
 
 
-def pld_epsilon(event: dp_accounting.DpEvent, delta: float, neighbours: dp_accounting.NeighboringRelation,
-                step: float) -> float:
+def pld_epsilon(
+    event: dp_accounting.DpEvent,
+    delta: float,
+    neighbours: dp_accounting.NeighboringRelation,
+    step: float,
+) -> float:
     """``event``'s epsilon at ``delta`` by dp-accounting's PLD accountant (pessimistic) for
     ``neighbours``, its losses discretized at ``step``. The step is ``PLD_RESOLUTION`` times an
     epsilon of the event: its rounding error stays a fixed share of the value at any scale, a few
     milliseconds per event, below RDP on every grid ``fedsim/privacy/test_dp.py`` tries (a fixed
     1e-4 took 2 min at epsilon 2,700; a fixed 1e-3 rose above RDP below epsilon 0.07)."""
-    return float(pld.PLDAccountant(neighbours, value_discretization_interval=step).compose(event).get_epsilon(delta))
+    return float(
+        pld.PLDAccountant(neighbours, value_discretization_interval=step)
+        .compose(event)
+        .get_epsilon(delta)
+    )
 
 
 # The orders alpha of the replace-one RDP bound: every half-integer to 32, then sparser to 256 (as
 # dp-accounting's own grid thins out); 2 alpha - 1 and 2 alpha, where the add-or-remove curve is
 # read, are then integers, at which dp-accounting's sampled Gaussian is an exact finite sum.
-REPLACE_ONE_ORDERS = np.concatenate([np.arange(3, 65) / 2, [40.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0]])
+REPLACE_ONE_ORDERS = np.concatenate(
+    [np.arange(3, 65) / 2, [40.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0]]
+)
 
 
 def replace_one_rdp(event: dp_accounting.DpEvent) -> np.ndarray:
@@ -203,7 +223,7 @@ def replace_one_rdp(event: dp_accounting.DpEvent) -> np.ndarray:
     the exact curve."""
     alpha = REPLACE_ONE_ORDERS
     removing = rdp.RdpAccountant(np.concatenate([2 * alpha, 2 * alpha - 1])).compose(event).rdp
-    return (alpha - 0.5) / (alpha - 1) * removing[:len(alpha)] + removing[len(alpha):]
+    return (alpha - 0.5) / (alpha - 1) * removing[: len(alpha)] + removing[len(alpha) :]
 
 
 def replace_one_account(event: dp_accounting.DpEvent, delta: float) -> Epsilon:
@@ -217,17 +237,27 @@ def replace_one_account(event: dp_accounting.DpEvent, delta: float) -> Epsilon:
     by_rdp = float(rdp.compute_epsilon(REPLACE_ONE_ORDERS, replace_one_rdp(event), delta)[0])
     if not 0 < by_rdp < math.inf:
         return Epsilon(by_rdp, by_rdp)
-    rough = pld_epsilon(event, delta, REPLACE_RECORD, PLD_RESOLUTION * by_rdp)  # the bound is loose: a coarse step
-    return Epsilon(by_rdp, pld_epsilon(event, delta, REPLACE_RECORD, PLD_RESOLUTION * rough) if rough > 0 else rough)
+    rough = pld_epsilon(
+        event, delta, REPLACE_RECORD, PLD_RESOLUTION * by_rdp
+    )  # the bound is loose: a coarse step
+    return Epsilon(
+        by_rdp,
+        pld_epsilon(event, delta, REPLACE_RECORD, PLD_RESOLUTION * rough) if rough > 0 else rough,
+    )
 
 
-REPLACE_ONE = 2.0  # how far one client moves a sum of rows clipped to C when its row is replaced, in C
-NON_NEGATIVE = math.sqrt(2.0)  # the same for non-negative rows: |x - x'|^2 = |x|^2 + |x'|^2 - 2 x.x' <= 2 C^2
+REPLACE_ONE = (
+    2.0  # how far one client moves a sum of rows clipped to C when its row is replaced, in C
+)
+NON_NEGATIVE = math.sqrt(
+    2.0
+)  # the same for non-negative rows: |x - x'|^2 = |x|^2 + |x'|^2 - 2 x.x' <= 2 C^2
 
 
 @cache
-def release_epsilon(noise_multiplier: float, delta: float, releases: int,
-                    sensitivity: float = REPLACE_ONE) -> Epsilon:
+def release_epsilon(
+    noise_multiplier: float, delta: float, releases: int, sensitivity: float = REPLACE_ONE
+) -> Epsilon:
     """Epsilon after ``releases`` Gaussian releases of a clipped sum with noise std sigma C, for
     neighbours that differ in one client's row (replace one), with no amplification by sampling.
 
@@ -258,24 +288,30 @@ def adaptive_noise_multiplier(update_noise_multiplier: float, clipped_count_stdd
     with m known, as the mean's divisor is, that count and the centred one are one release."""
     if update_noise_multiplier <= 0:
         return 0.0  # the update goes out unnoised: no guarantee, whatever the count's noise
-    return (update_noise_multiplier ** -2 + (2 * clipped_count_stddev) ** -2) ** -0.5
+    return (update_noise_multiplier**-2 + (2 * clipped_count_stddev) ** -2) ** -0.5
 
 
-SAMPLING = ("none claimed: every round is accounted as a Gaussian release without amplification "
-            "by sampling. With a strategy's fraction_train < 1 each client is in a round on its own "
-            "coin at that rate (Poisson sampling, fedsim_strategies/numpy_noise.py), drawn from the "
-            "run's secret noise source: the public seed does not tell who trained. Amplification "
-            "would need the number of replies kept secret, and results.json publishes it (the mean's "
-            "divisor, the fault counts)")
-COVERS = ("replacing one client's whole contribution (its updates in every round) by another's, "
-          "in the released global models and, under adaptive clipping, the clipping norm, with "
-          "everything else the run publishes known (the number of clients each round averaged, the "
-          "fault counts, who was sampled); not what the strategy aggregates without noise (train "
-          "metrics, update norms in results.json and metrics.csv), not whether a client took part "
-          "(the counts show it), and not against the server, which sees every client's update")
-ACCOUNTANT = ("replace-one client (sensitivity 2 C: the noise multiplier accounted is sigma / 2), no "
-              "amplification by sampling; epsilon_rdp by dp-accounting's RdpAccountant, epsilon_pld by "
-              "its PLDAccountant (pessimistic), epsilon the smaller")
+SAMPLING = (
+    "none claimed: every round is accounted as a Gaussian release without amplification "
+    "by sampling. With a strategy's fraction_train < 1 each client is in a round on its own "
+    "coin at that rate (Poisson sampling, fedsim_strategies/numpy_noise.py), drawn from the "
+    "run's secret noise source: the public seed does not tell who trained. Amplification "
+    "would need the number of replies kept secret, and results.json publishes it (the mean's "
+    "divisor, the fault counts)"
+)
+COVERS = (
+    "replacing one client's whole contribution (its updates in every round) by another's, "
+    "in the released global models and, under adaptive clipping, the clipping norm, with "
+    "everything else the run publishes known (the number of clients each round averaged, the "
+    "fault counts, who was sampled); not what the strategy aggregates without noise (train "
+    "metrics, update norms in results.json and metrics.csv), not whether a client took part "
+    "(the counts show it), and not against the server, which sees every client's update"
+)
+ACCOUNTANT = (
+    "replace-one client (sensitivity 2 C: the noise multiplier accounted is sigma / 2), no "
+    "amplification by sampling; epsilon_rdp by dp-accounting's RdpAccountant, epsilon_pld by "
+    "its PLDAccountant (pessimistic), epsilon the smaller"
+)
 
 
 @dataclass
@@ -289,7 +325,7 @@ class CentralDP:
     up to 1: both twice their add-or-remove reach, so the effective multiplier halves as well)."""
 
     delta: float
-    mechanism: str           # the wrapper's class name
+    mechanism: str  # the wrapper's class name
     noise_multiplier: float  # per round; adaptive: update and clipped count together
     releases: dict[str, int] = field(default_factory=dict)  # phase -> rounds released
 
@@ -305,16 +341,28 @@ class CentralDP:
         """results.json's ``privacy.central_dp``: the guarantee, its assumptions, per phase the
         epsilon after each round, and the run's total; each ``epsilon`` the smaller of
         ``epsilon_rdp`` and ``epsilon_pld`` beside it."""
+
         def spent(releases: int) -> dict:
             eps = self.epsilon(releases)
             return {"epsilon": eps.reported, "epsilon_rdp": eps.rdp, "epsilon_pld": eps.pld}
 
         total = sum(self.releases.values())
-        return {"mechanism": self.mechanism, "noise_multiplier": self.noise_multiplier,
-                "delta": self.delta, "accountant": ACCOUNTANT,
-                "amplification_by_sampling": SAMPLING, "covers": COVERS,
-                "epsilon_per_round": self.epsilon(1).reported,
-                "phases": {phase: {"rounds": n, **spent(n),
-                                   "epsilon_by_round": [self.epsilon(t).reported for t in range(1, n + 1)]}
-                           for phase, n in self.releases.items()},
-                "rounds": total, **spent(total)}
+        return {
+            "mechanism": self.mechanism,
+            "noise_multiplier": self.noise_multiplier,
+            "delta": self.delta,
+            "accountant": ACCOUNTANT,
+            "amplification_by_sampling": SAMPLING,
+            "covers": COVERS,
+            "epsilon_per_round": self.epsilon(1).reported,
+            "phases": {
+                phase: {
+                    "rounds": n,
+                    **spent(n),
+                    "epsilon_by_round": [self.epsilon(t).reported for t in range(1, n + 1)],
+                }
+                for phase, n in self.releases.items()
+            },
+            "rounds": total,
+            **spent(total),
+        }

@@ -34,8 +34,13 @@ from fedsim.message_keys import DP_EPSILON, DP_EPSILON_PLD, DP_EPSILON_RDP
 from fedsim.privacy.dp import NOT_PRIVATE, CentralDP, NoiseSource, Release, gaussian_noise
 from fedsim.privacy.secret import derive, run_secret
 
-HE_ENTRY = CONF_DIR / "privacy" / "he_fedavg.yaml"  # HEFedAvg's one entry, for the slot and a method alike
-CKKS_KEYS = ("poly_modulus_degree", "coeff_mod_bit_sizes")  # the task's CKKS parameters HEFedAvg holds replies to
+HE_ENTRY = (
+    CONF_DIR / "privacy" / "he_fedavg.yaml"
+)  # HEFedAvg's one entry, for the slot and a method alike
+CKKS_KEYS = (
+    "poly_modulus_degree",
+    "coeff_mod_bit_sizes",
+)  # the task's CKKS parameters HEFedAvg holds replies to
 
 
 class CentralLedger:
@@ -56,16 +61,24 @@ class DPSGDLedger:
     replies carry it (the reported one and, beside it, by RDP and by PLD)."""
 
     def __init__(self):
-        self.epsilon: dict[str, dict[int, dict[int, float]]] = {}  # phase -> round -> node -> epsilon
+        self.epsilon: dict[
+            str, dict[int, dict[int, float]]
+        ] = {}  # phase -> round -> node -> epsilon
         self.epsilon_rdp: dict[str, dict[int, dict[int, float]]] = {}
         self.epsilon_pld: dict[str, dict[int, dict[int, float]]] = {}
 
     def record(self, phase: str, server_round: int, replies: list) -> dict:
         """Keep the replies' epsilons; the sink row's column, their max: it is per client, and a
         mean over clients hides the largest."""
+
         def by_node(key: str) -> dict[int, float]:
-            return {m.metadata.src_node_id: float(r[key]) for m in replies
-                    for r in m.content.metric_records.values() if isinstance(r.get(key), (int, float))}
+            return {
+                m.metadata.src_node_id: float(r[key])
+                for m in replies
+                for r in m.content.metric_records.values()
+                if isinstance(r.get(key), (int, float))
+            }
+
         spent = by_node(DP_EPSILON)
         if not spent:
             return {}
@@ -76,20 +89,29 @@ class DPSGDLedger:
         return {f"metric/{DP_EPSILON}-max": max(spent.values())}
 
     def report(self) -> dict:
-        return {key: kept for key, kept in (("dp_sgd_epsilon", self.epsilon), ("dp_sgd_epsilon_rdp", self.epsilon_rdp),
-                                            ("dp_sgd_epsilon_pld", self.epsilon_pld)) if kept}
+        return {
+            key: kept
+            for key, kept in (
+                ("dp_sgd_epsilon", self.epsilon),
+                ("dp_sgd_epsilon_rdp", self.epsilon_rdp),
+                ("dp_sgd_epsilon_pld", self.epsilon_pld),
+            )
+            if kept
+        }
 
 
 @dataclass(frozen=True)
 class PrivacyPlan:
     """The run's privacy, decided once (module docstring). Its accounts fill as the run spends."""
 
-    noise: NoiseSource         # the run's DP noise and DP sampling
-    seed: int                  # the public seed: what an audit's attacker knows
+    noise: NoiseSource  # the run's DP noise and DP sampling
+    seed: int  # the public seed: what an audit's attacker knows
     delta: float | None = None  # privacy.delta: central DP's (epsilon, delta)
-    audit_canaries: int = 0    # canary clients a strategy's audited release adds (0: no audit)
-    he: bool = False           # the strategy slot runs inside HEFedAvg (privacy=he_fedavg)
-    he_entry: dict | None = None  # HEFedAvg's entry with the task's CKKS parameters (None: the task has none)
+    audit_canaries: int = 0  # canary clients a strategy's audited release adds (0: no audit)
+    he: bool = False  # the strategy slot runs inside HEFedAvg (privacy=he_fedavg)
+    he_entry: dict | None = (
+        None  # HEFedAvg's entry with the task's CKKS parameters (None: the task has none)
+    )
     central: CentralLedger = field(default_factory=CentralLedger)
     dp_sgd: DPSGDLedger = field(default_factory=DPSGDLedger)
 
@@ -105,10 +127,19 @@ class PrivacyPlan:
         entry = None
         if ckks:
             wrapper = privacy.wrapper if he else OmegaConf.load(HE_ENTRY).wrapper
-            entry = {**OmegaConf.to_container(wrapper, resolve=True), **{k: ckks[k] for k in CKKS_KEYS}}
+            entry = {
+                **OmegaConf.to_container(wrapper, resolve=True),
+                **{k: ckks[k] for k in CKKS_KEYS},
+            }
         audit = privacy.get("audit")
-        return cls(noise_source(cfg, secret), int(cfg.seed), privacy.delta,
-                   int(audit.canaries) if audit and audit.enabled else 0, he, entry)
+        return cls(
+            noise_source(cfg, secret),
+            int(cfg.seed),
+            privacy.delta,
+            int(audit.canaries) if audit and audit.enabled else 0,
+            he,
+            entry,
+        )
 
     @classmethod
     def fresh(cls, cfg) -> PrivacyPlan:
@@ -131,8 +162,11 @@ class PrivacyPlan:
     def seed_noise(self, release: Release) -> np.ndarray:
         """``release``'s noise as an attacker who knows only the public seed redraws it (the
         release's own stream under ``privacy.reproducible_noise``; else a guess that misses)."""
-        return gaussian_noise(NoiseSource.public(self.seed).rng(*release.labels), release.noise_std,
-                              len(release.noised))
+        return gaussian_noise(
+            NoiseSource.public(self.seed).rng(*release.labels),
+            release.noise_std,
+            len(release.noised),
+        )
 
     def report(self) -> dict:
         """results.json's ``privacy``: whether the DP noise was private, each client's DP-SGD
@@ -140,10 +174,12 @@ class PrivacyPlan:
         ``dp_sgd_epsilon_rdp`` and ``dp_sgd_epsilon_pld``), and what Flower's DP wrappers spent
         (``central_dp``, ``fedsim/privacy/dp.py``)."""
         central = self.central.account
-        return {"private_noise": self.noise.private,
-                **({} if self.noise.private else {"warning": NOT_PRIVATE}),
-                **self.dp_sgd.report(),
-                **({"central_dp": central.report()} if central else {})}
+        return {
+            "private_noise": self.noise.private,
+            **({} if self.noise.private else {"warning": NOT_PRIVATE}),
+            **self.dp_sgd.report(),
+            **({"central_dp": central.report()} if central else {}),
+        }
 
 
 def noise_source(cfg, secret: bytes) -> NoiseSource:

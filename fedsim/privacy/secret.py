@@ -35,8 +35,10 @@ def private_folder(path: Path) -> Path:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = path.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise PermissionError(f"{path}: a private folder (keys, client state) must be a folder of this user "
-                              f"with mode 0700 (it is {stat.filemode(info.st_mode)}); `chmod 700 {path}` if yours")
+        raise PermissionError(
+            f"{path}: a private folder (keys, client state) must be a folder of this user "
+            f"with mode 0700 (it is {stat.filemode(info.st_mode)}); `chmod 700 {path}` if yours"
+        )
     return path
 
 
@@ -55,8 +57,10 @@ def read_private_file(path: Path, size: int | None = SIZE) -> bytes:
     with os.fdopen(fd, "rb") as fh:
         info = os.fstat(fh.fileno())
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-            raise PermissionError(f"{path}: must be a regular file of this user with mode 0600 "
-                                  f"(it is {stat.filemode(info.st_mode)})")
+            raise PermissionError(
+                f"{path}: must be a regular file of this user with mode 0600 "
+                f"(it is {stat.filemode(info.st_mode)})"
+            )
         data = fh.read()
     if size is not None and len(data) != size:
         raise ValueError(f"{path}: expected a {size}-byte key, got {len(data)} bytes")
@@ -84,7 +88,9 @@ def user_secret(name: str) -> bytes:
     path) would be a dependency of its own."""
     base = os.environ.get("XDG_STATE_HOME", "")
     folder = (Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state") / "fedsim"
-    if why := who_else_writes(folder):  # they could put a folder of this user's holding a key they know in its place
+    if why := who_else_writes(
+        folder
+    ):  # they could put a folder of this user's holding a key they know in its place
         raise PermissionError(f"{folder}: {why}, so another user could swap this user's key folder")
     path = private_folder(folder) / name
     try:
@@ -129,7 +135,11 @@ def open_sealed_bytes(key: bytes, name: str, data: bytes):
     try:
         sealed = json.loads(data)
         text, mac = sealed["body"], sealed["mac"]
-        if isinstance(text, str) and isinstance(mac, str) and hmac.compare_digest(mac, _mac(key, name, text)):
+        if (
+            isinstance(text, str)
+            and isinstance(mac, str)
+            and hmac.compare_digest(mac, _mac(key, name, text))
+        ):
             return json.loads(text)
     except (ValueError, TypeError, KeyError):
         pass

@@ -24,27 +24,45 @@ from fedsim.privacy.dp import clip_rows, gaussian_mean
 SHARES = [0.1, 0.25, 0.5, 1.0]
 
 
-@pytest.mark.parametrize("canaries, guesses, correct, delta, expected", [
-    (1000, 600, 600, 1e-5, 5.27040), (100, 100, 100, 1e-5, 3.49022), (500, 100, 90, 1e-5, 1.62849),
-    (256, 256, 200, 1e-5, 1.01704), (200, 20, 20, 0.0, 1.82272), (1000, 1000, 500, 1e-5, 0.0)])
+@pytest.mark.parametrize(
+    "canaries, guesses, correct, delta, expected",
+    [
+        (1000, 600, 600, 1e-5, 5.27040),
+        (100, 100, 100, 1e-5, 3.49022),
+        (500, 100, 90, 1e-5, 1.62849),
+        (256, 256, 200, 1e-5, 1.01704),
+        (200, 20, 20, 0.0, 1.82272),
+        (1000, 1000, 500, 1e-5, 0.0),
+    ],
+)
 def test_the_bound_is_the_papers(canaries, guesses, correct, delta, expected):
     """At 95%: the values jax_privacy 2.0.0's ``auditing._epsilon_one_run`` gives for the same
     counts (run once beside this code; the package itself needs jax)."""
-    assert epsilon_lower_bound(canaries, guesses, correct, delta, 0.05) == pytest.approx(expected, abs=1e-4)
+    assert epsilon_lower_bound(canaries, guesses, correct, delta, 0.05) == pytest.approx(
+        expected, abs=1e-4
+    )
 
 
 def test_the_p_value_grows_with_epsilon_and_is_the_significance_at_the_bound():
     eps = epsilon_lower_bound(300, 100, 85, 1e-5, 0.01)
     assert p_value(300, 100, 85, eps, 1e-5) == pytest.approx(0.01, rel=1e-3)
     assert p_value(300, 100, 85, eps / 2, 1e-5) < 0.01 < p_value(300, 100, 85, eps * 1.5, 1e-5)
-    assert p_value(300, 100, 85, 1.0, 1e-5) > p_value(300, 100, 85, 1.0, 0.0)  # delta weakens the test
+    assert p_value(300, 100, 85, 1.0, 1e-5) > p_value(
+        300, 100, 85, 1.0, 0.0
+    )  # delta weakens the test
 
 
 def test_guesses_take_the_top_as_in_and_the_bottom_as_out():
     included = np.array([True, False, True, False, True, False, False, True])
     scores = np.array([9.0, 1.0, 8.0, 2.0, 0.5, 3.0, 4.0, 7.0])  # canary 4 is in but scores low
-    assert guesses_at(scores, included, 0.5) == (4, 3)  # "in": 0, 2 (right); "out": 4 (wrong), 1 (right)
-    assert guesses_at(scores, included, 1.0) == (8, 6)  # "in": 0, 2, 7 and 6 (wrong); "out": 4 (wrong), 1, 3, 5
+    assert guesses_at(scores, included, 0.5) == (
+        4,
+        3,
+    )  # "in": 0, 2 (right); "out": 4 (wrong), 1 (right)
+    assert guesses_at(scores, included, 1.0) == (
+        8,
+        6,
+    )  # "in": 0, 2, 7 and 6 (wrong); "out": 4 (wrong), 1, 3, 5
 
 
 def test_trying_many_attacks_does_not_make_a_bound_out_of_chance():
@@ -54,17 +72,24 @@ def test_trying_many_attacks_does_not_make_a_bound_out_of_chance():
     rng = np.random.default_rng(11)
     included = fair_coins(200, rng)
     attacks = {f"chance {i}": rng.random(200) for i in range(200)}
-    lucky = max(epsilon_lower_bound(200, g, r, 1e-5, 0.05) for g, r in
-                (guesses_at(s, included, share) for s in attacks.values() for share in SHARES))
+    lucky = max(
+        epsilon_lower_bound(200, g, r, 1e-5, 0.05)
+        for g, r in (guesses_at(s, included, share) for s in attacks.values() for share in SHARES)
+    )
     assert lucky > 0.3
-    assert audit_release("chance", 1.0, attacks, included, 1.0, 1e-5, 0.05, 0.95, SHARES).epsilon_lower == 0.0
+    assert (
+        audit_release("chance", 1.0, attacks, included, 1.0, 1e-5, 0.05, 0.95, SHARES).epsilon_lower
+        == 0.0
+    )
 
 
 def test_a_lower_bound_above_the_accountant_fails_the_run_naming_the_release():
     holds = Bound("a", 1.0, 4.7, 0.9, 1e-5, 0.95, 256, 64, 55, "release")
     broken = Bound("b", 4.0, 1.0, 3.9, 1e-5, 0.95, 256, 256, 256, "release")
     AuditReport([holds], "x").enforce()
-    with pytest.raises(PrivacyAuditFailed, match=r"for b \(accountant 1.000, measured at least 3.900"):
+    with pytest.raises(
+        PrivacyAuditFailed, match=r"for b \(accountant 1.000, measured at least 3.900"
+    ):
         AuditReport([holds, broken], "x").enforce()
     assert AuditReport([holds, broken], "x").as_dict()["holds"] is False
 
@@ -77,7 +102,9 @@ def test_mean_canaries_hold_the_least_weighted_coordinates_and_the_noiseless_rel
     assert set(canaries.coords) == set(np.argsort(weight)[:20])
     joined = np.vstack([rows, canaries.rows()])
     assert len(joined) == 30 + 20  # a canary out is the zero row: the count is the same either way
-    np.testing.assert_allclose(canaries.rows().sum(axis=0)[canaries.coords], canaries.included * 1.0)
+    np.testing.assert_allclose(
+        canaries.rows().sum(axis=0)[canaries.coords], canaries.included * 1.0
+    )
     for simplex in (True, False):
         released = gaussian_mean(joined, 1.0, 0.0, rng, simplex).mean
         scores = canaries.scores(released, simplex)
@@ -89,8 +116,10 @@ def test_mean_canaries_hold_the_least_weighted_coordinates_and_the_noiseless_rel
 def test_known_batches_score_only_the_steps_that_sampled_the_canary():
     steps = np.array([[1.0, 0.2], [0.1, 0.9], [0.8, -0.3]])
     sampled = np.array([[True, False], [False, True], [True, False]])
-    np.testing.assert_allclose(sampled_gaussian_scores(steps, 0.5, 2.0, sampled),
-                               [((1.0 - 0.5) + (0.8 - 0.5)) / 4, (0.9 - 0.5) / 4])
+    np.testing.assert_allclose(
+        sampled_gaussian_scores(steps, 0.5, 2.0, sampled),
+        [((1.0 - 0.5) + (0.8 - 0.5)) / 4, (0.9 - 0.5) / 4],
+    )
     unknown = sampled_gaussian_scores(steps, 0.5, 2.0)
     assert unknown.shape == (2,) and np.all(np.isfinite(unknown))
 
@@ -100,13 +129,17 @@ def test_the_noise_check_has_the_size_and_the_power_it_states():
     1% of them; a noise std 1.1x below the claim fails them at the power the check writes beside
     it, and 1.5x and 2x below, every one."""
     rng = np.random.default_rng(5)
-    checks = {f: [noise_check("r", 4.0, rng.normal(0.0, 4.0 / f, 516), 0.01) for _ in range(1000)]
-              for f in (1.0, 1.1, 1.5, 2.0)}
+    checks = {
+        f: [noise_check("r", 4.0, rng.normal(0.0, 4.0 / f, 516), 0.01) for _ in range(1000)]
+        for f in (1.0, 1.1, 1.5, 2.0)
+    }
     caught = {f: np.mean([not c.holds for c in cs]) for f, cs in checks.items()}
     assert caught[1.0] == pytest.approx(0.01, abs=0.008)
     assert caught[1.1] == pytest.approx(checks[1.1][0].power_at(1.1), abs=0.05)
     assert caught[1.5] == caught[2.0] == 1.0 and checks[2.0][0].power_at(2.0) == pytest.approx(1.0)
-    assert 1.1 < checks[1.0][0].shortfall_at_90 < 1.2 and checks[1.0][0].measured == pytest.approx(4.0, rel=0.1)
+    assert 1.1 < checks[1.0][0].shortfall_at_90 < 1.2 and checks[1.0][0].measured == pytest.approx(
+        4.0, rel=0.1
+    )
 
 
 def test_releases_that_share_noise_or_cancel_it_together_are_caught():
@@ -140,6 +173,10 @@ def test_independent_releases_pass_the_shared_noise_check_at_its_size():
     516 coordinates (FedTP's paper sweep), 5% fail at significance 0.05."""
     rng = np.random.default_rng(9)
     names = [f"r{i}" for i in range(26)]
-    failed = np.mean([not shared_noise_check(names, rng.standard_normal((26, 516)), 0.05).holds
-                      for _ in range(1000)])
+    failed = np.mean(
+        [
+            not shared_noise_check(names, rng.standard_normal((26, 516)), 0.05).holds
+            for _ in range(1000)
+        ]
+    )
     assert failed == pytest.approx(0.05, abs=0.02)

@@ -38,14 +38,22 @@ def gaussian_rdp_epsilon(sigma: float, delta: float, releases: int) -> float:
     (Canonne, Kamath, Steinke 2020, the conversion dp-accounting uses), on a fine grid of orders."""
     alpha = np.linspace(1.01, 400.0, 200_000)
     rdp = releases * alpha / (2 * sigma**2)
-    return float(np.min(rdp + np.log1p(-1 / alpha) - (math.log(delta) + np.log(alpha)) / (alpha - 1)))
+    return float(
+        np.min(rdp + np.log1p(-1 / alpha) - (math.log(delta) + np.log(alpha)) / (alpha - 1))
+    )
 
 
 def exact_gaussian_epsilon(sigma: float, delta: float) -> float:
     """The tight epsilon of one Gaussian release of sensitivity 1 (Balle & Wang 2018):
     delta(eps) = Phi(1 / (2 sigma) - eps sigma) - e^eps Phi(-1 / (2 sigma) - eps sigma)."""
+
     def excess(eps):
-        return norm.cdf(0.5 / sigma - eps * sigma) - math.exp(eps) * norm.cdf(-0.5 / sigma - eps * sigma) - delta
+        return (
+            norm.cdf(0.5 / sigma - eps * sigma)
+            - math.exp(eps) * norm.cdf(-0.5 / sigma - eps * sigma)
+            - delta
+        )
+
     return brentq(excess, 0.0, 100.0)
 
 
@@ -72,9 +80,15 @@ def test_replace_one_is_dp_accountings_own_relation(sigma, releases):
     sensitivities apart: the same bound as fedsim's sigma / 2 under add-or-remove. (Its RDP
     accountant's REPLACE_ONE keeps a Gaussian's distance at 1, which is why fedsim folds the
     relation into the multiplier instead of naming it.)"""
-    library = pld.PLDAccountant(dp_accounting.NeighboringRelation.REPLACE_ONE, value_discretization_interval=1e-3)
-    library.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma), releases))
-    assert release_epsilon(sigma, DELTA, releases).pld == pytest.approx(library.get_epsilon(DELTA), rel=2e-3)
+    library = pld.PLDAccountant(
+        dp_accounting.NeighboringRelation.REPLACE_ONE, value_discretization_interval=1e-3
+    )
+    library.compose(
+        dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma), releases)
+    )
+    assert release_epsilon(sigma, DELTA, releases).pld == pytest.approx(
+        library.get_epsilon(DELTA), rel=2e-3
+    )
 
 
 def test_non_negative_rows_are_sqrt_2_clip_norms_apart():
@@ -83,8 +97,13 @@ def test_non_negative_rows_are_sqrt_2_clip_norms_apart():
     whatever the client sent) at most sqrt 2 C: the sensitivity DPMean accounts under simplex."""
     rng = np.random.default_rng(7)
     rows = rng.normal(size=(2000, 2, 5))
-    signed = [np.linalg.norm(clipped_sum(r[:1], 1.0, False) - clipped_sum(-r[:1], 1.0, False)) for r in rows]
-    simplex = [np.linalg.norm(clipped_sum(r[:1], 1.0, True) - clipped_sum(r[1:], 1.0, True)) for r in rows]
+    signed = [
+        np.linalg.norm(clipped_sum(r[:1], 1.0, False) - clipped_sum(-r[:1], 1.0, False))
+        for r in rows
+    ]
+    simplex = [
+        np.linalg.norm(clipped_sum(r[:1], 1.0, True) - clipped_sum(r[1:], 1.0, True)) for r in rows
+    ]
     assert max(signed) == pytest.approx(2.0) and max(simplex) <= NON_NEGATIVE + 1e-12
     assert max(simplex) > 0.95 * NON_NEGATIVE  # two rows on different coordinates come close
 
@@ -102,7 +121,8 @@ def test_pld_is_never_above_rdp(sensitivity):
 def sampled_steps(sigma: float, rate: float, steps: int = 1) -> dp_accounting.DpEvent:
     """DP-SGD's steps: Poisson-sampled Gaussians (noise sigma C, each record's gradient clipped to C)."""
     return dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), steps)
+        dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), steps
+    )
 
 
 def mixture(sigma: float, rate: float, shift: float):
@@ -110,13 +130,17 @@ def mixture(sigma: float, rate: float, shift: float):
     record in with probability ``rate`` (at ``shift``; at rate 0, no record), N(0, sigma^2) noise."""
     if rate == 0:
         return lambda x: norm.logpdf(x, 0.0, sigma)
-    return lambda x: np.logaddexp(math.log1p(-rate) + norm.logpdf(x, 0.0, sigma),
-                                  math.log(rate) + norm.logpdf(x, shift, sigma))
+    return lambda x: np.logaddexp(
+        math.log1p(-rate) + norm.logpdf(x, 0.0, sigma),
+        math.log(rate) + norm.logpdf(x, shift, sigma),
+    )
 
 
 def renyi_by_quadrature(upper, lower, alpha: float) -> float:
     """D_alpha(upper || lower) of two log densities on the line, by scipy's quad."""
-    integral, _ = quad(lambda x: math.exp(alpha * upper(x) + (1 - alpha) * lower(x)), -40.0, 40.0, limit=400)
+    integral, _ = quad(
+        lambda x: math.exp(alpha * upper(x) + (1 - alpha) * lower(x)), -40.0, 40.0, limit=400
+    )
     return math.log(integral) / (alpha - 1)
 
 
@@ -170,7 +194,12 @@ def test_pld_is_never_above_rdp_for_records_replaced(rate):
             event = sampled_steps(sigma, rate, steps)
             spent, removed = replace_one_account(event, DELTA), account(event, DELTA)
             assert 0 < spent.pld <= spent.rdp, (sigma, steps, spent)
-            assert removed.rdp <= spent.rdp and removed.pld <= spent.pld * (1 + 1e-3), (sigma, steps, spent, removed)
+            assert removed.rdp <= spent.rdp and removed.pld <= spent.pld * (1 + 1e-3), (
+                sigma,
+                steps,
+                spent,
+                removed,
+            )
 
 
 def test_epsilon_grows_with_rounds_and_falls_with_the_noise():
@@ -179,8 +208,14 @@ def test_epsilon_grows_with_rounds_and_falls_with_the_noise():
     by_sigma = [release_epsilon(s, DELTA, 3).reported for s in (0.5, 1.0, 2.0, 8.0)]
     assert all(a > b for a, b in zip(by_sigma, by_sigma[1:]))
     assert release_epsilon(1.0, 1e-3, 3).reported < release_epsilon(1.0, DELTA, 3).reported
-    assert release_epsilon(1.0, DELTA, 3, NON_NEGATIVE).reported < release_epsilon(1.0, DELTA, 3).reported
-    assert release_epsilon(0.0, DELTA, 3).reported == math.inf and release_epsilon(1.0, DELTA, 0).reported == 0.0
+    assert (
+        release_epsilon(1.0, DELTA, 3, NON_NEGATIVE).reported
+        < release_epsilon(1.0, DELTA, 3).reported
+    )
+    assert (
+        release_epsilon(0.0, DELTA, 3).reported == math.inf
+        and release_epsilon(1.0, DELTA, 0).reported == 0.0
+    )
 
 
 @pytest.mark.parametrize("sigma,count_std", [(1.0, 1.0), (0.8, 0.5), (2.0, 5.0)])
@@ -201,22 +236,43 @@ def test_the_account_reports_each_phase_and_the_run():
         spent.record(phase)
     report = spent.report()
     assert report["phases"]["fedavg"]["rounds"] == 3 and report["rounds"] == 4
-    assert report["phases"]["fedavg"]["epsilon_by_round"] == [release_epsilon(1.0, DELTA, t).pld for t in (1, 2, 3)]
-    assert report["phases"]["fedprox"]["epsilon"] == report["epsilon_per_round"] == release_epsilon(1.0, DELTA, 1).pld
+    assert report["phases"]["fedavg"]["epsilon_by_round"] == [
+        release_epsilon(1.0, DELTA, t).pld for t in (1, 2, 3)
+    ]
+    assert (
+        report["phases"]["fedprox"]["epsilon"]
+        == report["epsilon_per_round"]
+        == release_epsilon(1.0, DELTA, 1).pld
+    )
     assert (report["epsilon_rdp"], report["epsilon_pld"]) == pytest.approx((25.93, 24.38), abs=0.01)
     assert report["epsilon"] == report["epsilon_pld"] < report["epsilon_rdp"]
-    assert "Poisson sampling" in report["amplification_by_sampling"] and "not against the server" in report["covers"]
-    assert "replace-one" in report["accountant"] and "whether a client took part" in report["covers"]
+    assert (
+        "Poisson sampling" in report["amplification_by_sampling"]
+        and "not against the server" in report["covers"]
+    )
+    assert (
+        "replace-one" in report["accountant"] and "whether a client took part" in report["covers"]
+    )
 
 
-DP = ["experiment=fede4rag_paper", "strategy=fedprox", "privacy=dp_server_fixed", "protocol.methods.fede4rag=null"]
+DP = [
+    "experiment=fede4rag_paper",
+    "strategy=fedprox",
+    "privacy=dp_server_fixed",
+    "protocol.methods.fede4rag=null",
+]
 
 
-@pytest.mark.parametrize("override,why", [
-    ("privacy.delta=0.0", "privacy.delta must be in"), ("privacy.delta=1.0", "privacy.delta must be in"),
-    ("privacy.delta=null", "privacy.delta must be in"),
-    ("privacy.wrapper.noise_multiplier=0.0", "noise_multiplier must be > 0"),
-    ("privacy.wrapper.noise_multiplier=-1.0", "noise_multiplier must be > 0")])
+@pytest.mark.parametrize(
+    "override,why",
+    [
+        ("privacy.delta=0.0", "privacy.delta must be in"),
+        ("privacy.delta=1.0", "privacy.delta must be in"),
+        ("privacy.delta=null", "privacy.delta must be in"),
+        ("privacy.wrapper.noise_multiplier=0.0", "noise_multiplier must be > 0"),
+        ("privacy.wrapper.noise_multiplier=-1.0", "noise_multiplier must be > 0"),
+    ],
+)
 def test_a_meaningless_guarantee_is_refused_before_the_run(override, why):
     """Where ``fedsim run`` and the ServerApp check a config (``fedsim.config.schema.check``)."""
     check(compose(DP))

@@ -18,12 +18,19 @@ def test_a_methods_he_is_the_one_yamls_entry_with_the_tasks_ckks_and_its_own_set
     ckks = {k: cfg.task.he[k] for k in ("poly_modulus_degree", "coeff_mod_bit_sizes")}
     assert not plan.he  # the slot runs in plaintext; a method may still ask HE for itself
     assert plan.he_wrapper(chunk_floats=4096, one_trip=False) == {
-        **OmegaConf.to_container(OmegaConf.load(HE_ENTRY).wrapper), **ckks, "chunk_floats": 4096, "one_trip": False}
+        **OmegaConf.to_container(OmegaConf.load(HE_ENTRY).wrapper),
+        **ckks,
+        "chunk_floats": 4096,
+        "one_trip": False,
+    }
 
 
 def test_the_slot_under_he_takes_the_runs_own_entry():
-    plan = PrivacyPlan.fresh(compose(["experiment=fede4rag_paper", "privacy=he_fedavg",
-                                      "privacy.wrapper.chunk_floats=1024"]))
+    plan = PrivacyPlan.fresh(
+        compose(
+            ["experiment=fede4rag_paper", "privacy=he_fedavg", "privacy.wrapper.chunk_floats=1024"]
+        )
+    )
     assert plan.he and plan.he_wrapper()["chunk_floats"] == 1024
 
 

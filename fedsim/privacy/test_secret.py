@@ -49,7 +49,10 @@ def test_a_users_secret_is_made_once_owner_only_outside_any_run(tmp_path, monkey
         keys = set(pool.map(lambda _: user_secret("resume.key"), range(8)))
     folder = tmp_path / "state" / "fedsim"
     assert len(keys) == 1 and [p.name for p in folder.iterdir()] == ["resume.key"]
-    assert (stat.S_IMODE(folder.stat().st_mode), stat.S_IMODE((folder / "resume.key").stat().st_mode)) == (0o700, 0o600)
+    assert (
+        stat.S_IMODE(folder.stat().st_mode),
+        stat.S_IMODE((folder / "resume.key").stat().st_mode),
+    ) == (0o700, 0o600)
     assert user_secret("resume.key") in keys and user_secret("other.key") not in keys
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("XDG_STATE_HOME", "state")  # not absolute: ignored, as the XDG spec says

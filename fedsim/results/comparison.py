@@ -70,9 +70,9 @@ POINT_FILE = "point.json"  # a sweep run's overrides, beside its results.json
 OUTPUTS = ("summary.md", "comparison.json", "paired_differences.png", "metrics.png")
 BOOTSTRAP_MIN_SEEDS = 10  # below this the BCa interval over seeds undercovers (too narrow)
 CONTRAST_BASELINE = "equal_at"  # the effect-of-interest baseline that names a contrast's null
-MAX_PANELS = 20           # plot panels per figure; the summary says when families were left out
-PLOT_CHARS = 160          # a plot label's characters at most; the summary keeps the whole name
-MAX_DEPTH = 64            # folders a record nests at most (a run's are a few deep)
+MAX_PANELS = 20  # plot panels per figure; the summary says when families were left out
+PLOT_CHARS = 160  # a plot label's characters at most; the summary keeps the whole name
+MAX_DEPTH = 64  # folders a record nests at most (a run's are a few deep)
 
 
 class ComparisonRefused(ValueError):
@@ -84,6 +84,7 @@ class ComparisonRefused(ValueError):
 class Run:
     """One completed run: its overrides (key -> value; every override of the run, so runs of
     sweeps with other constant overrides stay apart) and every number of its results.json."""
+
     folder: str
     overrides: dict[str, str]
     values: dict[str, float]
@@ -95,13 +96,20 @@ def flatten(results, prefix: str = "") -> dict[str, float]:
         return {}
     if isinstance(results, (int, float)):
         return {prefix: float(results)} if math.isfinite(results) else {}
-    items = results.items() if isinstance(results, dict) else \
-        enumerate(results) if isinstance(results, list) else ()
+    items = (
+        results.items()
+        if isinstance(results, dict)
+        else enumerate(results)
+        if isinstance(results, list)
+        else ()
+    )
     out = {}
     for key, value in items:
         if "." in str(key):
-            raise ValueError(f"results key {prefix + '.' if prefix else ''}{key!r} contains '.': its dotted path "
-                             "would be ambiguous and no metric pattern could name it")
+            raise ValueError(
+                f"results key {prefix + '.' if prefix else ''}{key!r} contains '.': its dotted path "
+                "would be ambiguous and no metric pattern could name it"
+            )
         out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
     return out
 
@@ -110,7 +118,10 @@ def path_pattern(pattern: str) -> re.Pattern:
     """A results path pattern: ``*`` is one dotted component (``selectors.*.accuracy`` is every
     method's, not each selector's ``selectors.m.each.0.accuracy``), ``**`` any number of them.
     Each wildcard is a group, in order (:func:`_fill` puts them into another path)."""
-    parts = ["(.+)" if p == "**" else "([^.]*)".join(map(re.escape, p.split("*"))) for p in pattern.split(".")]
+    parts = [
+        "(.+)" if p == "**" else "([^.]*)".join(map(re.escape, p.split("*")))
+        for p in pattern.split(".")
+    ]
     return re.compile(r"\.".join(parts))
 
 
@@ -131,8 +142,11 @@ def refuse_links(folder: str | Path) -> list[Path]:
     it would have fedsim read the user's files as results, or write its outputs where it points
     (``~/.ssh/authorized_keys``). Every entry is ``lstat``'ed, no link followed (``os.walk``).
     Returns the folders walked, ``folder`` first."""
+
     def unreadable(exc: OSError):
-        raise ComparisonRefused(f"{exc.filename!r} cannot be listed, so it cannot be checked for links: {exc}")
+        raise ComparisonRefused(
+            f"{exc.filename!r} cannot be listed, so it cannot be checked for links: {exc}"
+        )
 
     folders = []
     for root, dirs, files in os.walk(folder, onerror=unreadable):
@@ -142,11 +156,15 @@ def refuse_links(folder: str | Path) -> list[Path]:
         for path in (Path(root, name) for name in [*dirs, *files]):
             mode = path.lstat().st_mode
             if stat.S_ISLNK(mode):
-                raise ComparisonRefused(f"{str(path)!r} is a link (to {os.readlink(path)!r}): a sweep record may "
-                                        f"hold no links, and {str(folder)!r} is refused before anything in it is read")
+                raise ComparisonRefused(
+                    f"{str(path)!r} is a link (to {os.readlink(path)!r}): a sweep record may "
+                    f"hold no links, and {str(folder)!r} is refused before anything in it is read"
+                )
             if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-                raise ComparisonRefused(f"{str(path)!r} is neither a file nor a folder: {str(folder)!r} is refused "
-                                        "before anything in it is read")
+                raise ComparisonRefused(
+                    f"{str(path)!r} is neither a file nor a folder: {str(folder)!r} is refused "
+                    "before anything in it is read"
+                )
     return folders
 
 
@@ -163,7 +181,9 @@ def read_record(path: Path) -> str:
     except OSError as exc:
         raise ComparisonRefused(f"{str(path)!r} cannot be read: {exc.strerror}") from None
     if len(data) > MAX_FILE_BYTES:
-        raise ComparisonRefused(f"{str(path)!r} holds over {MAX_FILE_BYTES >> 20} MiB: no run's file is that large")
+        raise ComparisonRefused(
+            f"{str(path)!r} holds over {MAX_FILE_BYTES >> 20} MiB: no run's file is that large"
+        )
     try:
         return data.decode()
     except UnicodeDecodeError as exc:
@@ -185,8 +205,12 @@ def read_config(path: Path) -> DictConfig:
     hundred bytes of nested aliases, which PyYAML shares, become billions of nodes in OmegaConf."""
     text = read_record(path)
     try:
-        if any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text, Loader=yaml.SafeLoader)):
-            raise ComparisonRefused(f"{str(path)!r} holds a YAML alias, which no run's config.yaml has")
+        if any(
+            isinstance(event, yaml.AliasEvent) for event in yaml.parse(text, Loader=yaml.SafeLoader)
+        ):
+            raise ComparisonRefused(
+                f"{str(path)!r} holds a YAML alias, which no run's config.yaml has"
+            )
         config = OmegaConf.create(text)
     except (yaml.YAMLError, OmegaConfBaseException, RecursionError) as exc:
         raise ComparisonRefused(f"{str(path)!r} is not a run's config.yaml: {exc}") from None
@@ -202,8 +226,11 @@ def counted_runs(folder: str | Path) -> list[Path]:
     them) is left out: its numbers are not a result. ``folder`` holding a link is refused
     (:func:`refuse_links`) before anything in it is read."""
     refuse_links(folder)
-    return [point.parent for point in sorted(Path(folder).rglob(POINT_FILE))
-            if (point.parent / "results.json").is_file() and not (point.parent / "error.txt").exists()]
+    return [
+        point.parent
+        for point in sorted(Path(folder).rglob(POINT_FILE))
+        if (point.parent / "results.json").is_file() and not (point.parent / "error.txt").exists()
+    ]
 
 
 def load_runs(folder: str | Path) -> list[Run]:
@@ -213,13 +240,21 @@ def load_runs(folder: str | Path) -> list[Run]:
         point = read_json(run / POINT_FILE)
         overrides = point.get("overrides") if isinstance(point, dict) else None
         if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
-            raise ComparisonRefused(f"{str(run / POINT_FILE)!r} holds no list of overrides (KEY=VALUE strings)")
-        runs.append(Run(str(run), dict(o.partition("=")[::2] for o in overrides),
-                        flatten(read_json(run / "results.json"))))
+            raise ComparisonRefused(
+                f"{str(run / POINT_FILE)!r} holds no list of overrides (KEY=VALUE strings)"
+            )
+        runs.append(
+            Run(
+                str(run),
+                dict(o.partition("=")[::2] for o in overrides),
+                flatten(read_json(run / "results.json")),
+            )
+        )
     return runs
 
 
 # ---- statistics of one metric over seeds ------------------------------------------------------
+
 
 def interval(x: np.ndarray, settings: Sweep, seed: int = 0) -> tuple[float, float] | None:
     """CI of the mean of ``x`` (one value per seed): Student t, or scipy's BCa bootstrap. None
@@ -228,8 +263,14 @@ def interval(x: np.ndarray, settings: Sweep, seed: int = 0) -> tuple[float, floa
     t = t_interval(x, settings.level)
     if settings.interval == "t" or t is None:
         return t
-    res = stats.bootstrap((x,), np.mean, confidence_level=settings.level, method="BCa",
-                          n_resamples=9999, rng=np.random.default_rng(seed))
+    res = stats.bootstrap(
+        (x,),
+        np.mean,
+        confidence_level=settings.level,
+        method="BCa",
+        n_resamples=9999,
+        rng=np.random.default_rng(seed),
+    )
     lo, hi = res.confidence_interval
     return float(lo), float(hi)
 
@@ -237,18 +278,31 @@ def interval(x: np.ndarray, settings: Sweep, seed: int = 0) -> tuple[float, floa
 def describe(x: np.ndarray, settings: Sweep) -> dict:
     """n, mean, std and CI over seeds; ``constant`` when every seed gives the same value."""
     x = np.asarray(x, float)
-    return {"n": int(x.size), "mean": float(x.mean()), "std": float(x.std(ddof=1)) if x.size > 1 else None,
-            "ci": list(ci) if (ci := interval(x, settings)) else None,
-            "constant": bool(x.size > 1 and np.ptp(x) == 0)}
+    return {
+        "n": int(x.size),
+        "mean": float(x.mean()),
+        "std": float(x.std(ddof=1)) if x.size > 1 else None,
+        "ci": list(ci) if (ci := interval(x, settings)) else None,
+        "constant": bool(x.size > 1 and np.ptp(x) == 0),
+    }
 
 
-def _effect_of_interest(metric: str, settings: Sweep, contrast: bool = False) -> EffectOfInterest | None:
+def _effect_of_interest(
+    metric: str, settings: Sweep, contrast: bool = False
+) -> EffectOfInterest | None:
     """The effect stated for ``metric`` against this comparison's baseline: "FedE4RAG minus
     FedAvg" says nothing of FedE4RAG minus the vanilla model (``sweep.baseline=vanilla``). A
     contrast's effect is a difference from its null, stated with ``baseline: equal_at``, and
     applies to nothing else."""
-    return next((e for e in settings.effect_of_interest if path_pattern(e.metric).fullmatch(metric)
-                 and e.baseline in ((CONTRAST_BASELINE,) if contrast else (None, settings.baseline))), None)
+    return next(
+        (
+            e
+            for e in settings.effect_of_interest
+            if path_pattern(e.metric).fullmatch(metric)
+            and e.baseline in ((CONTRAST_BASELINE,) if contrast else (None, settings.baseline))
+        ),
+        None,
+    )
 
 
 def _run_interval(metric: str, baseline: str | None, by_seed: dict, settings: Sweep) -> dict | None:
@@ -263,13 +317,23 @@ def _run_interval(metric: str, baseline: str | None, by_seed: dict, settings: Sw
         path = _fill(entry.ci, found.groups())
         for _, run in sorted(by_seed.items()):
             if f"{path}.0" in run.values and f"{path}.1" in run.values:
-                return {"ci": [run.values[f"{path}.0"], run.values[f"{path}.1"]], "method": entry.method,
-                        "path": path, "run": Path(run.folder).name}
+                return {
+                    "ci": [run.values[f"{path}.0"], run.values[f"{path}.1"]],
+                    "method": entry.method,
+                    "path": path,
+                    "run": Path(run.folder).name,
+                }
     return None
 
 
-def judge(values: np.ndarray, metric: str, baseline: str | None, by_seed: dict, settings: Sweep,
-          null: float | None = None) -> dict:
+def judge(
+    values: np.ndarray,
+    metric: str,
+    baseline: str | None,
+    by_seed: dict,
+    settings: Sweep,
+    null: float | None = None,
+) -> dict:
     """A difference (or a metric) over seeds with its verdict: the CI over seeds when the seeds
     spread; else the run's own interval (``sweep.run_intervals``) if the experiment has one,
     named in ``basis``; else no claim. MDE and the seeds an effect of interest needs. ``null``:
@@ -282,7 +346,9 @@ def judge(values: np.ndarray, metric: str, baseline: str | None, by_seed: dict, 
         sd = out["std"]
         out["basis"] = "t over seeds" if settings.interval == "t" else "BCa bootstrap over seeds"
         out["mde"] = detectable_effect(sd, out["n"], settings.level, settings.power)
-        out["seeds_needed"] = seeds_needed(effect.size, sd, settings.level, settings.power) if effect else None
+        out["seeds_needed"] = (
+            seeds_needed(effect.size, sd, settings.level, settings.power) if effect else None
+        )
         if compared:
             out["p_value"] = float(stats.ttest_1samp(values, 0.0).pvalue)
     else:
@@ -294,18 +360,24 @@ def judge(values: np.ndarray, metric: str, baseline: str | None, by_seed: dict, 
         out["mde"] = out["seeds_needed"] = None
         if own is not None and own["ci"][1] > own["ci"][0]:
             out["ci"], out["run_interval"] = own["ci"], own
-            out["basis"] = f"{spread}; the run's own {own['method']} ({own['path']}, run {own['run']})"
+            out["basis"] = (
+                f"{spread}; the run's own {own['method']} ({own['path']}, run {own['run']})"
+            )
             out["mde"] = detectable_effect_of_interval(own["ci"], settings.level, settings.power)
         elif own is not None:  # every item gives the same difference too: nothing to infer from
             out["basis"] = f"{spread}; the run's own {own['method']} has no width either; no claim"
     size = effect.size if effect else None
     out["verdict"] = verdict(out["ci"], size) if compared else None
-    out["excludes_effect"] = None if size is None or out["ci"] is None else \
-        bool(out["ci"][1] < size if size > 0 else out["ci"][0] > size)
+    out["excludes_effect"] = (
+        None
+        if size is None or out["ci"] is None
+        else bool(out["ci"][1] < size if size > 0 else out["ci"][0] > size)
+    )
     return out
 
 
 # ---- the plan's looks and the family of comparisons ------------------------------------------
+
 
 def look_at(n: int, plan: dict | None, earlier: tuple[int, ...]) -> dict | None:
     """This comparison as a look of ``plan`` at ``n`` completed seeds: the seed counts read so
@@ -316,13 +388,23 @@ def look_at(n: int, plan: dict | None, earlier: tuple[int, ...]) -> dict | None:
         return None
     planned = plan["seeds"]
     looks = sorted({m for m in earlier if m < n} | {n})
-    out = {"n": n, "planned_seeds": planned, "planned_looks": list(plan["looks"]), "looks": looks,
-           "unplanned": [m for m in looks if m not in plan["looks"]], "spending": plan["spending"]}
+    out = {
+        "n": n,
+        "planned_seeds": planned,
+        "planned_looks": list(plan["looks"]),
+        "looks": looks,
+        "unplanned": [m for m in looks if m not in plan["looks"]],
+        "spending": plan["spending"],
+    }
     if n > planned:
         return {**out, "status": "past the plan", "boundary_z": None, "level": None}
     z = sequential_bounds([m / planned for m in looks], plan["alpha"], plan["spending"])[-1]
-    return {**out, "status": "final" if n == planned else "interim", "boundary_z": z,
-            "level": float(1.0 - 2.0 * stats.norm.sf(z))}
+    return {
+        **out,
+        "status": "final" if n == planned else "interim",
+        "boundary_z": z,
+        "level": float(1.0 - 2.0 * stats.norm.sf(z)),
+    }
 
 
 def _claim_p(row: dict) -> float | None:
@@ -351,16 +433,23 @@ def judge_family(rows: list[dict], settings: Sweep, look: dict | None) -> dict:
     for row in rows:
         row["level"] = settings.level
         row["nominal_verdict"] = row["verdict"]
-        row["role"] = "primary" if plan and _matches(plan["primary"], row["metric"]) else "secondary"
+        row["role"] = (
+            "primary" if plan and _matches(plan["primary"], row["metric"]) else "secondary"
+        )
         if row["role"] == "secondary":
             secondary.append(row)
         elif look["level"] is not None and "p_value" in row:
             row["level"] = look["level"]
-            row["ci"] = interval(row["per_seed"], dataclasses.replace(settings, level=look["level"]))
+            row["ci"] = interval(
+                row["per_seed"], dataclasses.replace(settings, level=look["level"])
+            )
             size = row["effect"]["size"] if row["effect"] else None
             row["verdict"] = row["nominal_verdict"] = verdict(row["ci"], size)
-            row["excludes_effect"] = None if size is None or row["ci"] is None else \
-                bool(row["ci"][1] < size if size > 0 else row["ci"][0] > size)
+            row["excludes_effect"] = (
+                None
+                if size is None or row["ci"] is None
+                else bool(row["ci"][1] < size if size > 0 else row["ci"][0] > size)
+            )
     tested = [(r, p) for r in secondary if (p := _claim_p(r)) is not None]
     for (row, _), survives, adjusted in zip(tested, *holm([p for _, p in tested], alpha)):
         row["p_holm"] = adjusted
@@ -370,6 +459,7 @@ def judge_family(rows: list[dict], settings: Sweep, look: dict | None) -> dict:
 
 
 # ---- grouping, families and the baseline ------------------------------------------------------
+
 
 def _group_key(run: Run, seed_keys: tuple[str, ...]) -> tuple:
     return tuple(sorted((k, v) for k, v in run.overrides.items() if k not in seed_keys))
@@ -391,7 +481,9 @@ def _varying(runs: list[Run], seed_keys: tuple[str, ...]) -> dict[str, list[str]
     return {k: [v for v in vs if v is not None] for k, vs in values.items() if len(vs) > 1}
 
 
-def families(paths: set[str], settings: Sweep, strict: bool = True) -> tuple[dict[str, list[str]], list[str]]:
+def families(
+    paths: set[str], settings: Sweep, strict: bool = True
+) -> tuple[dict[str, list[str]], list[str]]:
     """(headline family -> its metrics, bookkeeping metrics). A family is a ``sweep.metrics``
     pattern (the first that matches a path), in the configured order; with none configured,
     each path's last component, for every path that is not bookkeeping. A pattern that matches
@@ -402,8 +494,10 @@ def families(paths: set[str], settings: Sweep, strict: bool = True) -> tuple[dic
         found = sorted(p for p in paths if path_pattern(pattern).fullmatch(p))
         if not found and strict:
             near = difflib.get_close_matches(pattern, sorted(paths), n=8, cutoff=0.4)
-            raise ComparisonRefused(f"sweep.metrics pattern {pattern!r} matches no number in the runs' results.json"
-                                    f"; nearest paths: {', '.join(near) or '(none)'}")
+            raise ComparisonRefused(
+                f"sweep.metrics pattern {pattern!r} matches no number in the runs' results.json"
+                f"; nearest paths: {', '.join(near) or '(none)'}"
+            )
         taken = {m for ms in headline.values() for m in ms}
         headline[pattern] = [p for p in found if p not in taken]
     if not settings.metrics:
@@ -411,8 +505,10 @@ def families(paths: set[str], settings: Sweep, strict: bool = True) -> tuple[dic
             if not _matches(settings.bookkeeping, path):
                 headline.setdefault(path.rsplit(".", 1)[-1], []).append(path)
     chosen = {m for ms in headline.values() for m in ms}
-    return ({f: ms for f, ms in headline.items() if ms},
-            sorted(p for p in paths if p not in chosen and _matches(settings.bookkeeping, p)))
+    return (
+        {f: ms for f, ms in headline.items() if ms},
+        sorted(p for p in paths if p not in chosen and _matches(settings.bookkeeping, p)),
+    )
 
 
 def headline(results: dict, settings: Sweep) -> dict[str, float]:
@@ -426,7 +522,7 @@ def _baseline_path(path: str, name: str, known: set[str]) -> str | None:
     """``path`` with one component replaced by ``name``, if that path exists (and differs)."""
     parts = path.split(".")
     for i, part in enumerate(parts):
-        candidate = ".".join([*parts[:i], name, *parts[i + 1:]])
+        candidate = ".".join([*parts[:i], name, *parts[i + 1 :]])
         if part != name and candidate in known:
             return candidate
     return None
@@ -439,7 +535,7 @@ def method_names(paths) -> list[str]:
     for path in paths:
         parts = path.split(".")
         for i, part in enumerate(parts):
-            at.setdefault((i, tuple(parts[:i]), tuple(parts[i + 1:])), set()).add(part)
+            at.setdefault((i, tuple(parts[:i]), tuple(parts[i + 1 :])), set()).add(part)
     return sorted({n for names in at.values() if len(names) > 1 for n in names})
 
 
@@ -448,19 +544,28 @@ def _check_baseline(settings: Sweep, headline: set[str], varying: dict[str, list
     if not settings.baseline:
         return
     key, sep, value = settings.baseline.partition("=")
-    swept = "; ".join(f"{k}={'|'.join(vs)}" for k, vs in sorted(varying.items())) or "(no override varies)"
+    swept = (
+        "; ".join(f"{k}={'|'.join(vs)}" for k, vs in sorted(varying.items()))
+        or "(no override varies)"
+    )
     if sep:
         if value not in varying.get(key, []):
-            raise ComparisonRefused(f"sweep.baseline {settings.baseline!r}: {key} does not take the value {value!r} "
-                                    f"in these runs; overrides that vary: {swept}")
+            raise ComparisonRefused(
+                f"sweep.baseline {settings.baseline!r}: {key} does not take the value {value!r} "
+                f"in these runs; overrides that vary: {swept}"
+            )
         return
     names = method_names(headline)
     if key not in names:
-        raise ComparisonRefused(f"sweep.baseline {key!r} names no method in the headline metrics' paths; methods: "
-                                f"{', '.join(names) or '(none)'}; or KEY=VALUE of an override that varies: {swept}")
+        raise ComparisonRefused(
+            f"sweep.baseline {key!r} names no method in the headline metrics' paths; methods: "
+            f"{', '.join(names) or '(none)'}; or KEY=VALUE of an override that varies: {swept}"
+        )
 
 
-def compare(runs: list[Run], settings: Sweep, strict: bool = True, earlier_looks: tuple[int, ...] = ()) -> dict:
+def compare(
+    runs: list[Run], settings: Sweep, strict: bool = True, earlier_looks: tuple[int, ...] = ()
+) -> dict:
     """Per group and headline metric: mean, std and CI over seeds; per baseline pair: the
     paired difference per seed, its CI and verdict; bookkeeping metrics over seeds apart. The
     primary rows of ``settings.plan`` are judged at this look (``earlier_looks``: the seed
@@ -469,7 +574,9 @@ def compare(runs: list[Run], settings: Sweep, strict: bool = True, earlier_looks
     metric pattern."""
     by_group: dict[tuple, dict[tuple, Run]] = {}
     for run in runs:
-        by_group.setdefault(_group_key(run, settings.seed_keys), {})[_seed_of(run, settings.seed_keys)] = run
+        by_group.setdefault(_group_key(run, settings.seed_keys), {})[
+            _seed_of(run, settings.seed_keys)
+        ] = run
     varying = _varying(runs, settings.seed_keys)
     family_of, bookkeeping = families({k for r in runs for k in r.values}, settings, strict)
     headline = {m: f for f, ms in family_of.items() for m in ms}
@@ -479,34 +586,72 @@ def compare(runs: list[Run], settings: Sweep, strict: bool = True, earlier_looks
         present = sorted({k for r in by_seed.values() for k in r.values})
 
         def over_seeds(metric, by_seed=by_seed):
-            values = np.array([r.values[metric] for _, r in sorted(by_seed.items()) if metric in r.values])
+            values = np.array(
+                [r.values[metric] for _, r in sorted(by_seed.items()) if metric in r.values]
+            )
             return judge(values, metric, None, by_seed, settings)
 
-        groups.append({"group": {k: v for k, v in group if k in varying}, "label": _label(group, set(varying)),
-                       "runs": len(by_seed),
-                       "metrics": {m: {"family": headline[m], **over_seeds(m)} for m in present if m in headline},
-                       "bookkeeping": {m: describe([r.values[m] for r in by_seed.values() if m in r.values], settings)
-                                       for m in present if m in bookkeeping}})
+        groups.append(
+            {
+                "group": {k: v for k, v in group if k in varying},
+                "label": _label(group, set(varying)),
+                "runs": len(by_seed),
+                "metrics": {
+                    m: {"family": headline[m], **over_seeds(m)} for m in present if m in headline
+                },
+                "bookkeeping": {
+                    m: describe([r.values[m] for r in by_seed.values() if m in r.values], settings)
+                    for m in present
+                    if m in bookkeeping
+                },
+            }
+        )
     paired = _paired_all(by_group, settings, set(varying), headline)
     contrasts = _contrasts_all(by_group, settings, set(varying), headline)
-    look = look_at(len({_seed_of(r, settings.seed_keys) for r in runs}), settings.planned(), earlier_looks)
+    look = look_at(
+        len({_seed_of(r, settings.seed_keys) for r in runs}), settings.planned(), earlier_looks
+    )
     family = judge_family(paired + contrasts, settings, look)
     few = settings.interval == "bootstrap" and any(
-        d["n"] < BOOTSTRAP_MIN_SEEDS for g in groups for d in g["metrics"].values())
-    return {"settings": {"seed_keys": list(settings.seed_keys), "baseline": settings.baseline,
-                         "interval": settings.interval, "level": settings.level, "power": settings.power,
-                         "plan": settings.planned()},
-            "runs": len(runs), "families": family_of, "bookkeeping": bookkeeping, "groups": groups, "paired": paired,
-            "contrasts": contrasts, "look": look, "comparisons": family,
-            "not_in_runs": [p for p in settings.metrics if p not in family_of],
-            "warnings": [f"sweep.interval=bootstrap over fewer than {BOOTSTRAP_MIN_SEEDS} seeds: the BCa interval "
-                         "is too narrow there (it undercovers); sweep.interval=t is the default"] * few
-            + [f"sweep.contrasts pattern {c.metric} matches no headline metric: no verdict for it"
-               for c in settings.contrasts if not any(path_pattern(c.metric).fullmatch(m) for m in headline)]}
+        d["n"] < BOOTSTRAP_MIN_SEEDS for g in groups for d in g["metrics"].values()
+    )
+    return {
+        "settings": {
+            "seed_keys": list(settings.seed_keys),
+            "baseline": settings.baseline,
+            "interval": settings.interval,
+            "level": settings.level,
+            "power": settings.power,
+            "plan": settings.planned(),
+        },
+        "runs": len(runs),
+        "families": family_of,
+        "bookkeeping": bookkeeping,
+        "groups": groups,
+        "paired": paired,
+        "contrasts": contrasts,
+        "look": look,
+        "comparisons": family,
+        "not_in_runs": [p for p in settings.metrics if p not in family_of],
+        "warnings": [
+            f"sweep.interval=bootstrap over fewer than {BOOTSTRAP_MIN_SEEDS} seeds: the BCa interval "
+            "is too narrow there (it undercovers); sweep.interval=t is the default"
+        ]
+        * few
+        + [
+            f"sweep.contrasts pattern {c.metric} matches no headline metric: no verdict for it"
+            for c in settings.contrasts
+            if not any(path_pattern(c.metric).fullmatch(m) for m in headline)
+        ],
+    }
 
 
-def _paired_all(by_group: dict[tuple, dict[tuple, Run]], settings: Sweep, varying: set[str],
-                headline: dict[str, str]) -> list[dict]:
+def _paired_all(
+    by_group: dict[tuple, dict[tuple, Run]],
+    settings: Sweep,
+    varying: set[str],
+    headline: dict[str, str],
+) -> list[dict]:
     if not settings.baseline:
         return []
     key, sep, value = settings.baseline.partition("=")
@@ -520,24 +665,44 @@ def _paired_all(by_group: dict[tuple, dict[tuple, Run]], settings: Sweep, varyin
                 continue
             base = by_group[base_group]
             for m in (m for m in present if m in headline):
-                pairs[m] = (m, {s: r.values[m] - base[s].values[m] for s, r in by_seed.items()
-                                if s in base and m in r.values and m in base[s].values})
+                pairs[m] = (
+                    m,
+                    {
+                        s: r.values[m] - base[s].values[m]
+                        for s, r in by_seed.items()
+                        if s in base and m in r.values and m in base[s].values
+                    },
+                )
             label, own = f"{_label(group, varying)} - {settings.baseline}", None
         else:  # a method inside each run: the same run's path with the baseline's name
             known = set(present)
             for m in (m for m in present if m in headline):
                 if b := _baseline_path(m, settings.baseline, known):
-                    pairs[m] = (b, {s: r.values[m] - r.values[b] for s, r in by_seed.items()
-                                    if m in r.values and b in r.values})
+                    pairs[m] = (
+                        b,
+                        {
+                            s: r.values[m] - r.values[b]
+                            for s, r in by_seed.items()
+                            if m in r.values and b in r.values
+                        },
+                    )
             label, own = _label(group, varying), by_seed
         common = {"group": {k: v for k, v in group if k in varying}, "label": label}
         for m, (b, diffs) in pairs.items():
             if diffs:
                 seeds = sorted(diffs)
                 d = np.array([diffs[s] for s in seeds])
-                rows.append({**common, "metric": m, "family": headline[m], "baseline": b,
-                             "seeds": [dict(s) for s in seeds], "per_seed": d.tolist(),
-                             **judge(d, m, b, own or {}, settings)})
+                rows.append(
+                    {
+                        **common,
+                        "metric": m,
+                        "family": headline[m],
+                        "baseline": b,
+                        "seeds": [dict(s) for s in seeds],
+                        "per_seed": d.tolist(),
+                        **judge(d, m, b, own or {}, settings),
+                    }
+                )
     return rows
 
 
@@ -545,12 +710,18 @@ def _null_of(metric: str, settings: Sweep) -> float | None:
     """The null of the contrast entries ``metric`` matches; refused when two disagree."""
     nulls = {c.equal_at for c in settings.contrasts if path_pattern(c.metric).fullmatch(metric)}
     if len(nulls) > 1:
-        raise ComparisonRefused(f"sweep.contrasts: {metric} matches entries with different equal_at {sorted(nulls)}")
+        raise ComparisonRefused(
+            f"sweep.contrasts: {metric} matches entries with different equal_at {sorted(nulls)}"
+        )
     return next(iter(nulls), None)
 
 
-def _contrasts_all(by_group: dict[tuple, dict[tuple, Run]], settings: Sweep, varying: set[str],
-                   headline: dict[str, str]) -> list[dict]:
+def _contrasts_all(
+    by_group: dict[tuple, dict[tuple, Run]],
+    settings: Sweep,
+    varying: set[str],
+    headline: dict[str, str],
+) -> list[dict]:
     """Each headline metric named in ``sweep.contrasts``, per group: its value minus its null per
     seed, judged as a paired difference is (no baseline is needed or used)."""
     rows = []
@@ -560,20 +731,32 @@ def _contrasts_all(by_group: dict[tuple, dict[tuple, Run]], settings: Sweep, var
                 continue
             held = [(s, r) for s, r in sorted(by_seed.items()) if m in r.values]
             d = np.array([r.values[m] - null for _, r in held])
-            rows.append({"group": {k: v for k, v in group if k in varying}, "label": _label(group, varying),
-                         "metric": m, "family": headline[m], "null": null, "seeds": [dict(s) for s, _ in held],
-                         "per_seed": d.tolist(), **judge(d, m, None, by_seed, settings, null=null)})
+            rows.append(
+                {
+                    "group": {k: v for k, v in group if k in varying},
+                    "label": _label(group, varying),
+                    "metric": m,
+                    "family": headline[m],
+                    "null": null,
+                    "seeds": [dict(s) for s, _ in held],
+                    "per_seed": d.tolist(),
+                    **judge(d, m, None, by_seed, settings, null=null),
+                }
+            )
     return rows
 
 
 # ---- the summary, the plan and the plots ------------------------------------------------------
+
 
 def _ci_text(ci) -> str:
     return "" if ci is None else f"[{ci[0]:.4f}, {ci[1]:.4f}]"
 
 
 def _num(value, digits: int = 4) -> str:
-    return "" if value is None else f"{value:+.{digits}f}" if isinstance(value, float) else str(value)
+    return (
+        "" if value is None else f"{value:+.{digits}f}" if isinstance(value, float) else str(value)
+    )
 
 
 def _effect_text(p: dict) -> str:
@@ -593,82 +776,161 @@ def _verdict_text(p: dict) -> str:
 
 
 def _paired_row(p: dict) -> dict:
-    return {"group": p["label"], "metric": _row_metric(p), "n": p["n"], "mean diff": p["mean"],
-            "CI": _ci_text(p["ci"]), "p (t)": p.get("p_value", ""), "role": p["role"], "p (Holm)": p.get("p_holm", ""),
-            "verdict": _verdict_text(p),
-            "effect of interest": _effect_text(p), "excludes it": "" if p["excludes_effect"] is None else
-            ("yes" if p["excludes_effect"] else "no"), "MDE": _num(p["mde"]).lstrip("+"),
-            "seeds for it": p["seeds_needed"] or "", "basis": p["basis"]}
+    return {
+        "group": p["label"],
+        "metric": _row_metric(p),
+        "n": p["n"],
+        "mean diff": p["mean"],
+        "CI": _ci_text(p["ci"]),
+        "p (t)": p.get("p_value", ""),
+        "role": p["role"],
+        "p (Holm)": p.get("p_holm", ""),
+        "verdict": _verdict_text(p),
+        "effect of interest": _effect_text(p),
+        "excludes it": ""
+        if p["excludes_effect"] is None
+        else ("yes" if p["excludes_effect"] else "no"),
+        "MDE": _num(p["mde"]).lstrip("+"),
+        "seeds for it": p["seeds_needed"] or "",
+        "basis": p["basis"],
+    }
 
 
-PAIRED_COLUMNS = ["group", "metric", "n", "mean diff", "CI", "p (t)", "role", "p (Holm)", "verdict",
-                  "effect of interest", "excludes it", "MDE", "seeds for it", "basis"]
+PAIRED_COLUMNS = [
+    "group",
+    "metric",
+    "n",
+    "mean diff",
+    "CI",
+    "p (t)",
+    "role",
+    "p (Holm)",
+    "verdict",
+    "effect of interest",
+    "excludes it",
+    "MDE",
+    "seeds for it",
+    "basis",
+]
 OVER_SEEDS_COLUMNS = ["group", "metric", "n", "mean", "std", "CI", "basis"]
 
 
 def _plan_text(comparison: dict) -> str:
     """The plan, the look and the family: what the verdicts below are judged at."""
-    counts, look, plan = comparison["comparisons"], comparison["look"], comparison["settings"]["plan"]
-    family = (f"This comparison holds {counts['primary'] + counts['secondary']} comparisons: {counts['primary']} "
-              f"primary, {counts['secondary']} secondary, Holm-adjusted at family-wise alpha {counts['holm_alpha']:g} "
-              "(p (Holm)); a secondary verdict that does not survive reads **nominal**.")
+    counts, look, plan = (
+        comparison["comparisons"],
+        comparison["look"],
+        comparison["settings"]["plan"],
+    )
+    family = (
+        f"This comparison holds {counts['primary'] + counts['secondary']} comparisons: {counts['primary']} "
+        f"primary, {counts['secondary']} secondary, Holm-adjusted at family-wise alpha {counts['holm_alpha']:g} "
+        "(p (Holm)); a secondary verdict that does not survive reads **nominal**."
+    )
     if plan is None:
         return f"**No plan** (sweep.plan): no endpoint is primary, no verdict was pre-registered. {family}"
-    seen = f"seeds read at {', '.join(map(str, look['looks']))} of {look['planned_seeds']} planned" + (
-        f" (unplanned: {', '.join(map(str, look['unplanned']))})" if look["unplanned"] else "")
+    seen = (
+        f"seeds read at {', '.join(map(str, look['looks']))} of {look['planned_seeds']} planned"
+        + (f" (unplanned: {', '.join(map(str, look['unplanned']))})" if look["unplanned"] else "")
+    )
     if look["level"] is None:
-        at = (f"**Past the plan**: {look['n']} seeds, {look['planned_seeds']} planned; the primary verdicts are "
-              "at the nominal level, outside the plan")
+        at = (
+            f"**Past the plan**: {look['n']} seeds, {look['planned_seeds']} planned; the primary verdicts are "
+            "at the nominal level, outside the plan"
+        )
     else:
-        at = (f"Look at {look['n']} seeds ({look['status']}; {seen}): the primary rows' CI is the repeated CI at "
-              f"{look['level']:.4%} (Lan-DeMets {look['spending'].replace('_', '-')} spending of alpha "
-              f"{plan['alpha']:g}, boundary |z| {look['boundary_z']:.3f})")
-    return (f"Plan (sweep.plan): primary {markdown_text(', '.join(plan['primary']))}. {at}. {family}")
+        at = (
+            f"Look at {look['n']} seeds ({look['status']}; {seen}): the primary rows' CI is the repeated CI at "
+            f"{look['level']:.4%} (Lan-DeMets {look['spending'].replace('_', '-')} spending of alpha "
+            f"{plan['alpha']:g}, boundary |z| {look['boundary_z']:.3f})"
+        )
+    return f"Plan (sweep.plan): primary {markdown_text(', '.join(plan['primary']))}. {at}. {family}"
 
 
 def summary_markdown(comparison: dict) -> str:
     s = comparison["settings"]
-    how = "Student t interval over seeds" if s["interval"] == "t" else "BCa bootstrap over seeds (scipy)"
+    how = (
+        "Student t interval over seeds"
+        if s["interval"] == "t"
+        else "BCa bootstrap over seeds (scipy)"
+    )
     level, power = int(round(s["level"] * 100)), int(round(s["power"] * 100))
-    text = [f"# Sweep comparison\n\n{comparison['runs']} completed runs; replicates: "
-            f"{markdown_text(', '.join(s['seed_keys']))}; {level}% CI: {how}.",
-            *[f"**Warning: {markdown_text(w)}.**" for w in comparison["warnings"]]]
-    legend = (f"Verdict: **shown** (the CI excludes 0), **excluded** (it excludes the effect of interest: the "
-              f"paper's or a stated one), **inconclusive** (neither), **nominal** (shown or excluded at the "
-              f"nominal level, not after Holm); no claim without spread. MDE: the smallest true difference a "
-              f"two-sided paired t-test over these seeds finds with {power}% power at the observed "
-              f"spread (for a run's own interval: its normal approximation). Seeds for it: the seeds the effect of "
-              f"interest needs for {power}% power at that spread.")
+    text = [
+        f"# Sweep comparison\n\n{comparison['runs']} completed runs; replicates: "
+        f"{markdown_text(', '.join(s['seed_keys']))}; {level}% CI: {how}.",
+        *[f"**Warning: {markdown_text(w)}.**" for w in comparison["warnings"]],
+    ]
+    legend = (
+        f"Verdict: **shown** (the CI excludes 0), **excluded** (it excludes the effect of interest: the "
+        f"paper's or a stated one), **inconclusive** (neither), **nominal** (shown or excluded at the "
+        f"nominal level, not after Holm); no claim without spread. MDE: the smallest true difference a "
+        f"two-sided paired t-test over these seeds finds with {power}% power at the observed "
+        f"spread (for a run's own interval: its normal approximation). Seeds for it: the seeds the effect of "
+        f"interest needs for {power}% power at that spread."
+    )
     if comparison["paired"] or comparison["contrasts"]:
         text.append(_plan_text(comparison))
     if comparison["paired"]:
         baseline = markdown_text(s["baseline"])
-        text.append(f"## Paired differences against the baseline ({baseline}), per seed\n\n{legend}")
+        text.append(
+            f"## Paired differences against the baseline ({baseline}), per seed\n\n{legend}"
+        )
         for family in comparison["families"]:
             rows = [_paired_row(p) for p in comparison["paired"] if p["family"] == family]
             if rows:
-                text.append(f"### {markdown_text(family)}\n\n" + markdown_table(rows, PAIRED_COLUMNS))
+                text.append(
+                    f"### {markdown_text(family)}\n\n" + markdown_table(rows, PAIRED_COLUMNS)
+                )
     if comparison["contrasts"]:
-        text.append("## Contrasts against their null (sweep.contrasts), per seed\n\nMetrics that compare two arms "
-                    "inside each run on the same items (a head-to-head win rate): the value minus its null (equal_at), "
-                    f"judged as a paired difference is. {legend}\n\n"
-                    + markdown_table([_paired_row(p) for p in comparison["contrasts"]], PAIRED_COLUMNS))
+        text.append(
+            "## Contrasts against their null (sweep.contrasts), per seed\n\nMetrics that compare two arms "
+            "inside each run on the same items (a head-to-head win rate): the value minus its null (equal_at), "
+            f"judged as a paired difference is. {legend}\n\n"
+            + markdown_table([_paired_row(p) for p in comparison["contrasts"]], PAIRED_COLUMNS)
+        )
     text.append("## Headline metrics over seeds")
     for family in comparison["families"]:
-        rows = [{"group": g["label"], "metric": m, "n": d["n"], "mean": d["mean"], "std": d["std"],
-                 "CI": _ci_text(d["ci"]), "basis": d["basis"]}
-                for g in comparison["groups"] for m, d in g["metrics"].items() if d["family"] == family]
+        rows = [
+            {
+                "group": g["label"],
+                "metric": m,
+                "n": d["n"],
+                "mean": d["mean"],
+                "std": d["std"],
+                "CI": _ci_text(d["ci"]),
+                "basis": d["basis"],
+            }
+            for g in comparison["groups"]
+            for m, d in g["metrics"].items()
+            if d["family"] == family
+        ]
         text.append(f"### {markdown_text(family)}\n\n" + markdown_table(rows, OVER_SEEDS_COLUMNS))
-    rows = [{"group": g["label"], "metric": m, "n": d["n"], "mean": d["mean"], "std": d["std"], "CI": _ci_text(d["ci"])}
-            for g in comparison["groups"] for m, d in g["bookkeeping"].items()]
+    rows = [
+        {
+            "group": g["label"],
+            "metric": m,
+            "n": d["n"],
+            "mean": d["mean"],
+            "std": d["std"],
+            "CI": _ci_text(d["ci"]),
+        }
+        for g in comparison["groups"]
+        for m, d in g["bookkeeping"].items()
+    ]
     if rows:
-        text.append("## Bookkeeping (counters, bytes, timings: sweep.bookkeeping)\n\n"
-                    + markdown_table(rows, OVER_SEEDS_COLUMNS[:-1]))
+        text.append(
+            "## Bookkeeping (counters, bytes, timings: sweep.bookkeeping)\n\n"
+            + markdown_table(rows, OVER_SEEDS_COLUMNS[:-1])
+        )
     if comparison["not_in_runs"]:
-        text.append(f"Headline patterns these runs hold no number for: "
-                    f"{markdown_text(', '.join(comparison['not_in_runs']))}.")
+        text.append(
+            f"Headline patterns these runs hold no number for: "
+            f"{markdown_text(', '.join(comparison['not_in_runs']))}."
+        )
     if len(comparison["families"]) > MAX_PANELS:
-        text.append(f"The plots show the first {MAX_PANELS} of {len(comparison['families'])} families.")
+        text.append(
+            f"The plots show the first {MAX_PANELS} of {len(comparison['families'])} families."
+        )
     return "\n\n".join(text) + "\n"
 
 
@@ -681,18 +943,42 @@ def plan(comparison: dict) -> str:
     for p in comparison["paired"] + comparison["contrasts"]:
         sd = p["std"] if p["ci"] is not None and "run_interval" not in p else None
         observed = seeds_needed(p["mean"], sd, s["level"], s["power"]) if sd else None
-        rows.append({"group": p["label"], "metric": _row_metric(p), "n": p["n"], "mean diff": p["mean"],
-                     "sd of diff": "" if sd is None else sd, "MDE now": _num(p["mde"]).lstrip("+"),
-                     "effect of interest": _effect_text(p),
-                     "seeds for it": p["seeds_needed"] or "", "seeds for the observed diff": observed or "",
-                     "note": "" if sd else p["basis"]})
+        rows.append(
+            {
+                "group": p["label"],
+                "metric": _row_metric(p),
+                "n": p["n"],
+                "mean diff": p["mean"],
+                "sd of diff": "" if sd is None else sd,
+                "MDE now": _num(p["mde"]).lstrip("+"),
+                "effect of interest": _effect_text(p),
+                "seeds for it": p["seeds_needed"] or "",
+                "seeds for the observed diff": observed or "",
+                "note": "" if sd else p["basis"],
+            }
+        )
     if not rows:
         return "fedsim: plan: no paired difference (set sweep.baseline) and no contrast (sweep.contrasts)\n"
-    return (f"Seeds for {int(round(s['power'] * 100))}% power (two-sided paired t-test, alpha "
-            f"{1 - s['level']:.2g}) at each difference's spread in this pilot:\n\n"
-            + markdown_table(rows, ["group", "metric", "n", "mean diff", "sd of diff", "MDE now",
-                                    "effect of interest", "seeds for it", "seeds for the observed diff", "note"])
-            + "\n")
+    return (
+        f"Seeds for {int(round(s['power'] * 100))}% power (two-sided paired t-test, alpha "
+        f"{1 - s['level']:.2g}) at each difference's spread in this pilot:\n\n"
+        + markdown_table(
+            rows,
+            [
+                "group",
+                "metric",
+                "n",
+                "mean diff",
+                "sd of diff",
+                "MDE now",
+                "effect of interest",
+                "seeds for it",
+                "seeds for the observed diff",
+                "note",
+            ],
+        )
+        + "\n"
+    )
 
 
 def _forest(axes, rows_by_family: dict[str, list[dict]], xlabel, zero: bool) -> None:
@@ -705,7 +991,9 @@ def _forest(axes, rows_by_family: dict[str, list[dict]], xlabel, zero: bool) -> 
             if r["ci"] is None:
                 ax.plot(m, yi, "o", mfc="none", color="C0")
             else:
-                ax.errorbar(m, yi, xerr=[[m - r["ci"][0]], [r["ci"][1] - m]], fmt="o", capsize=3, color="C0")
+                ax.errorbar(
+                    m, yi, xerr=[[m - r["ci"][0]], [r["ci"][1] - m]], fmt="o", capsize=3, color="C0"
+                )
             if r.get("effect"):
                 ax.plot(r["effect"]["size"], yi, "x", color="C3")
         if zero:
@@ -719,7 +1007,7 @@ def _plot_text(text: str) -> str:
     """A record's name as a plot label: control characters escaped (a lone surrogate raised in the
     font code), cut to :data:`PLOT_CHARS` (one of 100,000 characters took 51 s to draw)."""
     text = escape_controls(text)
-    return text if len(text) <= PLOT_CHARS else text[:PLOT_CHARS - 1] + "…"
+    return text if len(text) <= PLOT_CHARS else text[: PLOT_CHARS - 1] + "…"
 
 
 def plot(comparison: dict, out: RunOutput, suffix: str = "") -> None:
@@ -727,19 +1015,29 @@ def plot(comparison: dict, out: RunOutput, suffix: str = "") -> None:
     s = comparison["settings"]
     ci = f"{int(round(s['level'] * 100))}% CI"
     paired: dict[str, list[dict]] = {f: [] for f in comparison["families"]}  # the families' order
-    against: dict[str, set[str]] = {f: set() for f in comparison["families"]}  # a family may hold both kinds
+    against: dict[str, set[str]] = {
+        f: set() for f in comparison["families"]
+    }  # a family may hold both kinds
     for p in comparison["paired"] + comparison["contrasts"]:
         paired[p["family"]].append({**p, "name": f"{p['label']} {_row_metric(p)}"})
-        against[p["family"]].add("its null (rows 'metric - equal_at')" if "null" in p else str(s["baseline"]))
+        against[p["family"]].add(
+            "its null (rows 'metric - equal_at')" if "null" in p else str(s["baseline"])
+        )
     over: dict[str, list[dict]] = {f: [] for f in comparison["families"]}
     for g in comparison["groups"]:
         for m, d in g["metrics"].items():
             over[d["family"]].append({**d, "name": f"{g['label']} {m}"})
     for name, rows, xlabel, zero in (
-            ("paired_differences", paired,
-             lambda f: f"{f}: difference against {' or '.join(sorted(against[f]))} ({ci}; x: effect of interest)",
-             True),
-            ("metrics", over, lambda f: f"{f} ({ci} over seeds)", False)):
+        (
+            "paired_differences",
+            paired,
+            lambda f: (
+                f"{f}: difference against {' or '.join(sorted(against[f]))} ({ci}; x: effect of interest)"
+            ),
+            True,
+        ),
+        ("metrics", over, lambda f: f"{f} ({ci} over seeds)", False),
+    ):
         rows = dict([(f, r) for f, r in rows.items() if r][:MAX_PANELS])
         if rows:
             fig, axes, save = out.panels(f"{name}{suffix}", [len(r) for r in rows.values()])
@@ -748,7 +1046,7 @@ def plot(comparison: dict, out: RunOutput, suffix: str = "") -> None:
 
 
 def _suffix(folder: Path, force: bool) -> str:
-    """"" when the comparison's files may be written as named (``--force``, or none exists),
+    """ "" when the comparison's files may be written as named (``--force``, or none exists),
     else the first free ``-N``: a comparison never replaces an earlier one silently."""
     if force or not any((folder / n).exists() for n in OUTPUTS):
         return ""
@@ -763,24 +1061,40 @@ def _named(name: str, suffix: str) -> str:
     return f"{stem}{suffix}.{ext}"
 
 
-def build(folder: str | Path, settings: Sweep, strict: bool = True, earlier_looks: tuple[int, ...] = ()) -> dict:
+def build(
+    folder: str | Path, settings: Sweep, strict: bool = True, earlier_looks: tuple[int, ...] = ()
+) -> dict:
     """The comparison of the runs under ``folder``; writes nothing (refusals happen here)."""
     runs = load_runs(folder)
     if not runs:
-        raise ComparisonRefused(f"no completed run (a {POINT_FILE} beside a results.json) under {folder}")
+        raise ComparisonRefused(
+            f"no completed run (a {POINT_FILE} beside a results.json) under {folder}"
+        )
     return compare(runs, settings, strict, earlier_looks)
 
 
-def write(folder: str | Path, settings: Sweep, output: str | Path | None = None,
-          force: bool = False, strict: bool = True, earlier_looks: tuple[int, ...] = ()) -> tuple[dict, list[Path]]:
+def write(
+    folder: str | Path,
+    settings: Sweep,
+    output: str | Path | None = None,
+    force: bool = False,
+    strict: bool = True,
+    earlier_looks: tuple[int, ...] = (),
+) -> tuple[dict, list[Path]]:
     """Compare the runs under ``folder`` and write ``summary.md``, ``comparison.json`` and the
     plots to ``output`` (default: ``folder``), under new names (``summary-2.md``...) when an
     earlier comparison is there, unless ``force``. Returns the comparison and the files written."""
     result = build(folder, settings, strict, earlier_looks)
     out = RunOutput(output or folder)
     suffix = _suffix(out.path, force)
-    if folders := [str(out.path / _named(n, suffix)) for n in OUTPUTS if (out.path / _named(n, suffix)).is_dir()]:
-        raise ComparisonRefused(f"{', '.join(folders)} is a folder, where the comparison writes a file")
+    if folders := [
+        str(out.path / _named(n, suffix))
+        for n in OUTPUTS
+        if (out.path / _named(n, suffix)).is_dir()
+    ]:
+        raise ComparisonRefused(
+            f"{', '.join(folders)} is a folder, where the comparison writes a file"
+        )
     write_file(out.path / _named("summary.md", suffix), summary_markdown(result))
     write_file(out.path / _named("comparison.json", suffix), json.dumps(result, indent=1))
     plot(result, out, suffix)

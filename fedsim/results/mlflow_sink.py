@@ -50,23 +50,35 @@ def flat_params(tree: dict, prefix: str = "") -> dict[str, str]:
 class MlflowSink:
     """One MLflow run that gets every exchange's row; see the module's docstring."""
 
-    def __init__(self, folder: str | Path, experiment: str, run_name: str, run_key: str,
-                 params: dict[str, str]):
+    def __init__(
+        self,
+        folder: str | Path,
+        experiment: str,
+        run_name: str,
+        run_key: str,
+        params: dict[str, str],
+    ):
         from mlflow.entities import Param  # only when asked: MLflow's import takes a second
 
         self._client = client = _client(folder)
         experiment_id = _experiment_id(client, experiment, folder)
         for earlier in _runs_of(client, experiment_id, run_key):
             client.delete_run(earlier.info.run_id)
-        self.run_id = client.create_run(experiment_id, run_name=run_name,
-                                        tags={RUN_KEY_TAG: run_key}).info.run_id
+        self.run_id = client.create_run(
+            experiment_id, run_name=run_name, tags={RUN_KEY_TAG: run_key}
+        ).info.run_id
         client.log_batch(self.run_id, params=[Param(k, v) for k, v in params.items()])
 
     @classmethod
     def for_run(cls, cfg: DictConfig) -> MlflowSink:
         """The sink of the run ``cfg`` describes (its run key set by the ServerApp)."""
-        return cls(cfg.logging.mlflow_dir, cfg.protocol.name, Path(cfg.results_dir).name,
-                   cfg.client_state.run_key, flat_params(OmegaConf.to_container(cfg, resolve=True)))
+        return cls(
+            cfg.logging.mlflow_dir,
+            cfg.protocol.name,
+            Path(cfg.results_dir).name,
+            cfg.client_state.run_key,
+            flat_params(OmegaConf.to_container(cfg, resolve=True)),
+        )
 
     def write(self, phase: str, server_round: int, numbers: dict[str, float], now: float) -> None:
         self.metrics({f"{phase}/{key}": value for key, value in numbers.items()}, server_round, now)
@@ -84,7 +96,9 @@ class MlflowSink:
 
 
 def _client(folder: str | Path):
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # a run reports nothing to MLflow's servers
+    os.environ.setdefault(
+        "MLFLOW_DISABLE_TELEMETRY", "true"
+    )  # a run reports nothing to MLflow's servers
     from mlflow.tracking import MlflowClient  # only when asked: MLflow's import takes a second
 
     Path(folder).mkdir(parents=True, exist_ok=True)
@@ -93,8 +107,13 @@ def _client(folder: str | Path):
 
 def _experiment_id(client, experiment: str, folder: str | Path) -> str:
     found = client.get_experiment_by_name(experiment)
-    return found.experiment_id if found else client.create_experiment(
-        experiment, artifact_location=(Path(folder) / "artifacts").as_uri())
+    return (
+        found.experiment_id
+        if found
+        else client.create_experiment(
+            experiment, artifact_location=(Path(folder) / "artifacts").as_uri()
+        )
+    )
 
 
 def _runs_of(client, experiment_id: str, run_key: str) -> list:
@@ -104,16 +123,27 @@ def _runs_of(client, experiment_id: str, run_key: str) -> list:
 def log_metrics(client, run_id: str, numbers: dict[str, float], step: int, now: float) -> None:
     from mlflow.entities import Metric
 
-    client.log_batch(run_id, metrics=[Metric(_NOT_IN_NAMES.sub("_", key), value, int(now * 1000), step)
-                                      for key, value in numbers.items()])
+    client.log_batch(
+        run_id,
+        metrics=[
+            Metric(_NOT_IN_NAMES.sub("_", key), value, int(now * 1000), step)
+            for key, value in numbers.items()
+        ],
+    )
 
 
 def source_tags(prov: dict) -> dict[str, str]:
     """MLflow's own source tags (the UI shows the commit) from a ``provenance`` record."""
     git = prov.get("git", {})
-    return {k: str(v) for k, v in {"mlflow.source.git.commit": git.get("commit"), "fedsim.git_dirty": git.get("dirty"),
-                                   "mlflow.source.name": prov.get("command", {}).get("line")}.items()
-            if v is not None}
+    return {
+        k: str(v)
+        for k, v in {
+            "mlflow.source.git.commit": git.get("commit"),
+            "fedsim.git_dirty": git.get("dirty"),
+            "mlflow.source.name": prov.get("command", {}).get("line"),
+        }.items()
+        if v is not None
+    }
 
 
 def annotate(results_dir: Path, prov: dict, artifacts: list[Path]) -> None:
@@ -122,8 +152,11 @@ def annotate(results_dir: Path, prov: dict, artifacts: list[Path]) -> None:
     again (the summary and results.json, now with the whole provenance)."""
     cfg = OmegaConf.load(results_dir / "config.yaml")
     client = _client(cfg.logging.mlflow_dir)
-    for run in _runs_of(client, _experiment_id(client, cfg.protocol.name, cfg.logging.mlflow_dir),
-                        cfg.client_state.run_key):
+    for run in _runs_of(
+        client,
+        _experiment_id(client, cfg.protocol.name, cfg.logging.mlflow_dir),
+        cfg.client_state.run_key,
+    ):
         for key, value in source_tags(prov).items():
             client.set_tag(run.info.run_id, key, value)
         for path in artifacts:
@@ -137,8 +170,15 @@ class SweepRun:
     and another run's (the user's earlier sweep, named in a record they shared) was reopened and
     given this record's comparison; one not in the store ended the resume in a traceback."""
 
-    def __init__(self, folder: str | Path, experiment: str, sweep_folder: Path, run_id: str | None, prov: dict,
-                 params: dict[str, str]):
+    def __init__(
+        self,
+        folder: str | Path,
+        experiment: str,
+        sweep_folder: Path,
+        run_id: str | None,
+        prov: dict,
+        params: dict[str, str],
+    ):
         from mlflow.entities import Param
 
         self._client = client = _client(folder)
@@ -147,8 +187,11 @@ class SweepRun:
         if self._of_this_sweep(run_id, sweep_folder):
             client.update_run(run_id, status="RUNNING")
         else:
-            run_id = client.create_run(self._experiment_id, run_name=sweep_folder.name,
-                                       tags={**source_tags(prov), SWEEP_FOLDER_TAG: str(sweep_folder)}).info.run_id
+            run_id = client.create_run(
+                self._experiment_id,
+                run_name=sweep_folder.name,
+                tags={**source_tags(prov), SWEEP_FOLDER_TAG: str(sweep_folder)},
+            ).info.run_id
             client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
         self.run_id = run_id
 
@@ -159,8 +202,11 @@ class SweepRun:
             run = self._client.get_run(run_id) if isinstance(run_id, str) else None
         except MlflowException:  # not in this store
             return False
-        return (run is not None and run.info.experiment_id == self._experiment_id
-                and run.data.tags.get(SWEEP_FOLDER_TAG) == str(sweep_folder))
+        return (
+            run is not None
+            and run.info.experiment_id == self._experiment_id
+            and run.data.tags.get(SWEEP_FOLDER_TAG) == str(sweep_folder)
+        )
 
     def adopt(self, point_dir: Path) -> None:
         """The point's run (found by the run key in its config.yaml) becomes this run's child."""
@@ -172,7 +218,9 @@ class SweepRun:
         """The sweep was interrupted: KILLED until a resume reopens it."""
         self._client.set_terminated(self.run_id, "KILLED")
 
-    def close(self, numbers: dict[str, float], artifacts: list[Path], now: float, failed: bool) -> None:
+    def close(
+        self, numbers: dict[str, float], artifacts: list[Path], now: float, failed: bool
+    ) -> None:
         log_metrics(self._client, self.run_id, numbers, 0, now)
         for path in artifacts:
             self._client.log_artifact(self.run_id, str(path))

@@ -72,13 +72,15 @@ def write_file(path: str | Path, data: str | bytes) -> Path:
 
 RESULTS_MARKER = "FEDSIM-RESULTS "
 CHUNK_CHARS = 4096
-MAX_FILE_BYTES = 32 << 20      # one shipped file, decoded
+MAX_FILE_BYTES = 32 << 20  # one shipped file, decoded
 MAX_SHIPMENT_BYTES = 128 << 20  # the whole shipment, decompressed (a gzip bomb stops here)
 # What a shipment may hold: flat result files, and TensorBoard's event files. Never checkpoint/
 # (a planted run.json or journal entry would be trusted by a later resume), never a path.
-SHIPPABLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,100}\.(json|md|yaml|csv|txt|png)"
-                       r"|\.hydra/(config|overrides|hydra)\.yaml"
-                       r"|tensorboard/events\.out\.tfevents\.[A-Za-z0-9_-][A-Za-z0-9_.-]{0,150}")
+SHIPPABLE = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9_-]{0,100}\.(json|md|yaml|csv|txt|png)"
+    r"|\.hydra/(config|overrides|hydra)\.yaml"
+    r"|tensorboard/events\.out\.tfevents\.[A-Za-z0-9_-][A-Za-z0-9_.-]{0,150}"
+)
 
 
 class ShipmentRefused(ValueError):
@@ -87,10 +89,22 @@ class ShipmentRefused(ValueError):
 
 def _shippable(folder: Path) -> dict[str, bytes]:
     """The files of ``folder`` a shipment may carry, by their relative names."""
-    paths = [*folder.iterdir(), *(p for sub in ("tensorboard", ".hydra") if (folder / sub).is_dir()
-                                  for p in (folder / sub).glob("*"))]
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(paths)
-            if p.is_file() and not p.is_symlink() and SHIPPABLE.fullmatch(p.relative_to(folder).as_posix())}
+    paths = [
+        *folder.iterdir(),
+        *(
+            p
+            for sub in ("tensorboard", ".hydra")
+            if (folder / sub).is_dir()
+            for p in (folder / sub).glob("*")
+        ),
+    ]
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(paths)
+        if p.is_file()
+        and not p.is_symlink()
+        and SHIPPABLE.fullmatch(p.relative_to(folder).as_posix())
+    }
 
 
 def ship_results(folder: Path) -> list[str]:
@@ -101,7 +115,7 @@ def ship_results(folder: Path) -> list[str]:
     names, not a tar: the receiver writes only names it allows, never links or paths."""
     files = {name: base64.b64encode(data).decode() for name, data in _shippable(folder).items()}
     text = base64.b64encode(gzip.compress(json.dumps(files).encode())).decode()
-    chunks = [text[i:i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)] or [""]
+    chunks = [text[i : i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)] or [""]
     return [f"{RESULTS_MARKER}{i}/{len(chunks)} {chunk}" for i, chunk in enumerate(chunks)]
 
 
@@ -109,7 +123,7 @@ def _joined(lines: list[str]) -> bytes:
     """The shipment's bytes from its numbered chunks; refuse a missing or inconsistent one."""
     chunks, totals = {}, set()
     for line in lines:
-        head, _, chunk = line[len(RESULTS_MARKER):].partition(" ")
+        head, _, chunk = line[len(RESULTS_MARKER) :].partition(" ")
         index, total = map(int, head.split("/"))
         chunks[index] = chunk.strip()
         totals.add(total)
@@ -206,7 +220,11 @@ class RunOutput:
 
     def files(self) -> list[Path]:
         """The run's result files: config, results, summary, plots (what a tracker keeps)."""
-        return sorted(p for p in self.path.iterdir() if p.is_file() and p.suffix in (".json", ".md", ".yaml", ".png"))
+        return sorted(
+            p
+            for p in self.path.iterdir()
+            if p.is_file() and p.suffix in (".json", ".md", ".yaml", ".png")
+        )
 
     def write_error(self, text: str) -> None:
         write_file(self.path / "error.txt", text)
@@ -219,8 +237,14 @@ class RunOutput:
     def panels(self, name: str, rows: list[int]):
         """A figure of one panel per entry of ``rows`` (its row count sets its height), stacked,
         each with its own x axis: a figure with one unit per axis. ``save()`` as :meth:`figure`."""
-        fig, axes = plt.subplots(len(rows), 1, figsize=(7, 0.9 * len(rows) + 0.22 * sum(rows)), dpi=120,
-                                 squeeze=False, gridspec_kw={"height_ratios": [r + 2 for r in rows]})
+        fig, axes = plt.subplots(
+            len(rows),
+            1,
+            figsize=(7, 0.9 * len(rows) + 0.22 * sum(rows)),
+            dpi=120,
+            squeeze=False,
+            gridspec_kw={"height_ratios": [r + 2 for r in rows]},
+        )
         return fig, list(axes[:, 0]), self._saving(fig, name)
 
     def _saving(self, fig, name: str):
@@ -252,9 +276,12 @@ def escape_controls(text, keep: str = "") -> str:
     surrogates) as their Python escapes, but those in ``keep``. A record's names (metrics,
     methods, overrides, folders) are someone else's: a terminal obeys an ANSI escape in one
     (clears the screen, retitles the window, on some terminals writes the clipboard)."""
-    return "".join(c.encode("unicode_escape").decode()
-                   if c not in keep and unicodedata.category(c) in ("Cc", "Cf", "Cs", "Zl", "Zp") else c
-                   for c in str(text))
+    return "".join(
+        c.encode("unicode_escape").decode()
+        if c not in keep and unicodedata.category(c) in ("Cc", "Cf", "Cs", "Zl", "Zp")
+        else c
+        for c in str(text)
+    )
 
 
 def markdown_text(text) -> str:
@@ -267,12 +294,12 @@ def markdown_text(text) -> str:
 
 def markdown_table(rows: list[dict], columns: list[str], digits: int = 4) -> str:
     """A markdown table of ``rows``' ``columns``, every cell and header through :func:`markdown_text`."""
+
     def fmt(v):
         if v is None:
             return "inf"
         return markdown_text(f"{v:.{digits}f}" if isinstance(v, float) else v)
 
     lines = ["| " + " | ".join(map(markdown_text, columns)) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(fmt(r[c]) if c in r else "" for c in columns) + " |"
-              for r in rows]
+    lines += ["| " + " | ".join(fmt(r[c]) if c in r else "" for c in columns) + " |" for r in rows]
     return "\n".join(lines)

@@ -42,8 +42,11 @@ def git_state(root: Path = REPO_ROOT) -> dict:
     not-ignored file is there (either may change a result); both None outside a git checkout (an
     installed package). Through the ``git`` command: no library reads a worktree's state
     more plainly, and GitPython is only an indirect dependency here."""
+
     def git(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30
+        )
 
     try:
         head, status = git("rev-parse", "HEAD"), git("status", "--porcelain")
@@ -56,6 +59,7 @@ def git_state(root: Path = REPO_ROOT) -> dict:
 
 def packages() -> dict[str, str | None]:
     """The installed version of each package in :data:`PACKAGES` (None: not installed)."""
+
     def version(name: str) -> str | None:
         try:
             return metadata.version(name)
@@ -85,22 +89,35 @@ def _gpus() -> list[str]:
     if smi is None:
         return []
     try:
-        out = subprocess.run([smi, "--query-gpu=name,memory.total", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30)
+        out = subprocess.run(
+            [smi, "--query-gpu=name,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+    return (
+        [line.strip() for line in out.stdout.splitlines() if line.strip()]
+        if out.returncode == 0
+        else []
+    )
 
 
 def machine() -> dict:
     """The host: name, OS, Python, CPU model, logical and physical cores, memory, GPUs. The name is
     the one ``fedsim run`` gives (``HOST_ENV``) where it started the run on its machine: in the
     run's network namespace the host is named ``localhost`` (``fedsim/run/netns.py``)."""
-    return {"host": os.environ.get(HOST_ENV) or platform.node(), "os": platform.platform(),
-            "python": platform.python_version(),
-            "cpu_model": _cpu_model(), "cores": psutil.cpu_count(logical=True),
-            "physical_cores": psutil.cpu_count(logical=False),
-            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1), "gpus": _gpus()}
+    return {
+        "host": os.environ.get(HOST_ENV) or platform.node(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_model": _cpu_model(),
+        "cores": psutil.cpu_count(logical=True),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "gpus": _gpus(),
+    }
 
 
 def environment() -> dict:
@@ -111,8 +128,11 @@ def environment() -> dict:
 def command(argv: list[str], overrides: list[str] | None = None) -> dict:
     """The command line as run, the overrides it came to (a resume's saved ones included) and
     the folder it ran in."""
-    return {"line": shlex.join(argv), **({"overrides": overrides} if overrides is not None else {}),
-            "cwd": os.getcwd()}
+    return {
+        "line": shlex.join(argv),
+        **({"overrides": overrides} if overrides is not None else {}),
+        "cwd": os.getcwd(),
+    }
 
 
 def stamp(folder: str | Path, part: dict) -> dict:
@@ -138,10 +158,13 @@ def section(prov: dict) -> str:
     dirty = {True: " with uncommitted changes", False: "", None: ""}[git.get("dirty")]
     versions = ", ".join(f"{k} {v}" for k, v in prov.get("packages", {}).items() if v)
     gpus = ", ".join(env.get("gpus") or []) or "no GPU"
-    lines = [f"- commit {commit}{dirty}", f"- {versions}",
-             f"- {env.get('cpu_model')}, {env.get('cores')} cores, {env.get('memory_gib')} GiB, {gpus} "
-             f"({env.get('host')}, Python {env.get('python')})",
-             f"- {prov.get('started')} to {prov.get('ended')} (UTC)"]
+    lines = [
+        f"- commit {commit}{dirty}",
+        f"- {versions}",
+        f"- {env.get('cpu_model')}, {env.get('cores')} cores, {env.get('memory_gib')} GiB, {gpus} "
+        f"({env.get('host')}, Python {env.get('python')})",
+        f"- {prov.get('started')} to {prov.get('ended')} (UTC)",
+    ]
     if "command" in prov:
         lines.append(f"- `{prov['command']['line']}`")
     return f"{HEADING}\n\n" + "\n".join(lines)

@@ -39,8 +39,13 @@ def reply_metrics(replies: list[Message]) -> dict[str, float]:
 class Sinks:
     """The run's metric sinks; none when no folder is given (tests, strategies on a plain Grid)."""
 
-    def __init__(self, folder: str | Path | None = None, to_csv: bool = False,
-                 tensorboard: bool = False, mlflow: MlflowSink | None = None):
+    def __init__(
+        self,
+        folder: str | Path | None = None,
+        to_csv: bool = False,
+        tensorboard: bool = False,
+        mlflow: MlflowSink | None = None,
+    ):
         self._csv = self._writer = None
         self._fh = None
         self._mlflow = mlflow
@@ -48,7 +53,9 @@ class Sinks:
             return
         folder = Path(folder)
         if to_csv:
-            (folder / "metrics.csv").unlink(missing_ok=True)  # a resume writes it anew (a link: only the link)
+            (folder / "metrics.csv").unlink(
+                missing_ok=True
+            )  # a resume writes it anew (a link: only the link)
             self._fh = os.fdopen(create_new(folder / "metrics.csv"), "w", newline="")
             self._csv = csv.writer(self._fh)
             self._csv.writerow(["time", "phase", "round", "name", "value"])
@@ -74,7 +81,14 @@ class Sinks:
         if self._mlflow is not None:
             self._mlflow.write(phase, server_round, numbers, now)
 
-    def finish(self, headline: dict[str, float], step: int, config_yaml: str, summary: str, files: list[Path]) -> None:
+    def finish(
+        self,
+        headline: dict[str, float],
+        step: int,
+        config_yaml: str,
+        summary: str,
+        files: list[Path],
+    ) -> None:
         """The run's end: its headline metrics (``sweep.metrics`` of results.json) at ``step``,
         tag ``headline/<path>``; TensorBoard also gets the composed config and the summary as
         text and the plots as images, MLflow the ``files`` as artifacts (its params hold the
@@ -86,7 +100,9 @@ class Sinks:
             self._writer.add_text("config", _indented(config_yaml), step)
             self._writer.add_text("summary", summary, step)
             for png in (f for f in files if f.suffix == ".png"):
-                self._writer.add_image(f"plots/{png.stem}", imread(png)[..., :3], step, dataformats="HWC")
+                self._writer.add_image(
+                    f"plots/{png.stem}", imread(png)[..., :3], step, dataformats="HWC"
+                )
             self._writer.flush()
         if self._mlflow is not None:
             self._mlflow.metrics({f"headline/{k}": v for k, v in headline.items()}, step, now)

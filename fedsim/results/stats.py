@@ -10,20 +10,29 @@ from scipy import optimize, stats
 from fedsim.config.schema import SPENDING
 
 
-def paired_bootstrap_ci(diff: np.ndarray, resamples: int, seed: int,
-                        level: float = 0.95) -> tuple[float, float]:
+def paired_bootstrap_ci(
+    diff: np.ndarray, resamples: int, seed: int, level: float = 0.95
+) -> tuple[float, float]:
     """Percentile CI of mean(diff), resampling items (turns) with replacement
     (``scipy.stats.bootstrap``, in batches of 256 resamples: memory stays at 256 x items)."""
     diff = np.asarray(diff, float)
     if diff.size == 0:
         raise ValueError("no paired items to bootstrap")
-    ci = stats.bootstrap((diff,), np.mean, n_resamples=resamples, batch=256, method="percentile",
-                         confidence_level=level, rng=np.random.default_rng(seed)).confidence_interval
+    ci = stats.bootstrap(
+        (diff,),
+        np.mean,
+        n_resamples=resamples,
+        batch=256,
+        method="percentile",
+        confidence_level=level,
+        rng=np.random.default_rng(seed),
+    ).confidence_interval
     return float(ci.low), float(ci.high)
 
 
-def cluster_mean_ci(values: np.ndarray, clusters: np.ndarray, resamples: int, seed: int,
-                    level: float = 0.95) -> tuple[float, float]:
+def cluster_mean_ci(
+    values: np.ndarray, clusters: np.ndarray, resamples: int, seed: int, level: float = 0.95
+) -> tuple[float, float]:
     """Percentile CI of mean(values) over all items, resampling whole clusters (``clusters[i]``
     names item i's: a conversation, a client) with replacement. Items of one cluster share its
     data (a conversation's prior and candidates), so they are not independent draws and a
@@ -33,28 +42,41 @@ def cluster_mean_ci(values: np.ndarray, clusters: np.ndarray, resamples: int, se
     conversation like a forty-turn one."""
     values = np.asarray(values, float)
     keys, inverse = np.unique(clusters, return_inverse=True)
-    totals = np.stack([np.bincount(inverse, values, keys.size), np.bincount(inverse, minlength=keys.size)], 1)
+    totals = np.stack(
+        [np.bincount(inverse, values, keys.size), np.bincount(inverse, minlength=keys.size)], 1
+    )
     return cluster_bootstrap_ci(totals, lambda t: t[..., 0] / t[..., 1], resamples, seed, level)
 
 
-def cluster_pearson_ci(x: np.ndarray, y: np.ndarray, clusters: np.ndarray, resamples: int, seed: int,
-                       level: float = 0.95) -> tuple[float, float]:
+def cluster_pearson_ci(
+    x: np.ndarray,
+    y: np.ndarray,
+    clusters: np.ndarray,
+    resamples: int,
+    seed: int,
+    level: float = 0.95,
+) -> tuple[float, float]:
     """Percentile CI of Pearson's r of the pooled (x, y) items, resampling whole clusters (a
     client's rounds) with replacement: Fisher's z would count every item as independent. nan
     where a resample has no spread in x or y (a few clusters, one of them constant)."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     keys, inverse = np.unique(clusters, return_inverse=True)
-    totals = np.stack([np.bincount(inverse, w, keys.size) for w in (np.ones_like(x), x, y, x * x, y * y, x * y)], 1)
+    totals = np.stack(
+        [np.bincount(inverse, w, keys.size) for w in (np.ones_like(x), x, y, x * x, y * y, x * y)],
+        1,
+    )
 
     def pearson(t: np.ndarray) -> np.ndarray:
         n, sx, sy, sxx, syy, sxy = np.moveaxis(t, -1, 0)
         with np.errstate(invalid="ignore", divide="ignore"):
             return (n * sxy - sx * sy) / np.sqrt((n * sxx - sx * sx) * (n * syy - sy * sy))
+
     return cluster_bootstrap_ci(totals, pearson, resamples, seed, level)
 
 
-def cluster_bootstrap_ci(totals: np.ndarray, pooled, resamples: int, seed: int,
-                         level: float = 0.95) -> tuple[float, float]:
+def cluster_bootstrap_ci(
+    totals: np.ndarray, pooled, resamples: int, seed: int, level: float = 0.95
+) -> tuple[float, float]:
     """Percentile CI of ``pooled(summed totals)`` where ``totals`` holds one row of additive
     sums per cluster: ``scipy.stats.bootstrap`` resamples the cluster indices (it has no
     clusters of its own), and each resample's statistic adds the picked clusters' rows, so a
@@ -65,9 +87,17 @@ def cluster_bootstrap_ci(totals: np.ndarray, pooled, resamples: int, seed: int,
 
     def statistic(picked: np.ndarray, axis: int = -1) -> np.ndarray:
         return pooled(totals[np.moveaxis(picked, axis, -1).astype(int)].sum(axis=-2))
-    ci = stats.bootstrap((np.arange(len(totals)),), statistic, n_resamples=resamples, batch=256, vectorized=True,
-                         method="percentile", confidence_level=level,
-                         rng=np.random.default_rng(seed)).confidence_interval
+
+    ci = stats.bootstrap(
+        (np.arange(len(totals)),),
+        statistic,
+        n_resamples=resamples,
+        batch=256,
+        vectorized=True,
+        method="percentile",
+        confidence_level=level,
+        rng=np.random.default_rng(seed),
+    ).confidence_interval
     return float(ci.low), float(ci.high)
 
 
@@ -92,13 +122,18 @@ def t_interval(x: np.ndarray, level: float) -> tuple[float, float] | None:
 
 
 def gain_distribution(gains: np.ndarray, tol: float = GAIN_TOL) -> dict:
-    return {"groups": int(gains.size), "improved": int(np.sum(gains > tol)),
-            "worsened": int(np.sum(gains < -tol)), "unchanged": int(np.sum(np.abs(gains) <= tol)),
-            "mean_gain": float(gains.mean()) if gains.size else 0.0}
+    return {
+        "groups": int(gains.size),
+        "improved": int(np.sum(gains > tol)),
+        "worsened": int(np.sum(gains < -tol)),
+        "unchanged": int(np.sum(np.abs(gains) <= tol)),
+        "mean_gain": float(gains.mean()) if gains.size else 0.0,
+    }
 
 
 # Power of a paired comparison over seeds: a one-sample t-test on the per-seed differences.
 # statsmodels' TTestPower solves the noncentral t exactly (what a hand formula approximates).
+
 
 def detectable_effect(sd: float, n: int, level: float, power: float) -> float | None:
     """The minimum detectable effect: the smallest true mean difference that a two-sided
@@ -216,7 +251,9 @@ def sequential_bounds(fractions, alpha: float, spending: str) -> list[float]:
 def holm(p_values, alpha: float) -> tuple[list[bool], list[float]]:
     """Holm's step-down adjustment (statsmodels ``multipletests``): which hypotheses are
     rejected at family-wise ``alpha``, and the adjusted p values."""
-    from statsmodels.stats.multitest import multipletests  # only when asked: the import takes seconds
+    from statsmodels.stats.multitest import (
+        multipletests,
+    )  # only when asked: the import takes seconds
 
     if len(p_values) == 0:
         return [], []

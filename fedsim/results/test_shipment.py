@@ -23,7 +23,11 @@ def _lines(blob: bytes) -> list[str]:
 
 
 def _as_map(files: dict[str, bytes]) -> list[str]:
-    return _lines(gzip.compress(json.dumps({k: base64.b64encode(v).decode() for k, v in files.items()}).encode()))
+    return _lines(
+        gzip.compress(
+            json.dumps({k: base64.b64encode(v).decode() for k, v in files.items()}).encode()
+        )
+    )
 
 
 def _as_tar(files: dict[str, bytes], links: dict[str, str] = None) -> list[str]:
@@ -41,12 +45,23 @@ def _as_tar(files: dict[str, bytes], links: dict[str, str] = None) -> list[str]:
     return _lines(buffer.getvalue())
 
 
-PLANT = {"results.json": b"{}", "checkpoint/run.json": b'{"overrides": ["strategy._target_=os.system"]}'}
+PLANT = {
+    "results.json": b"{}",
+    "checkpoint/run.json": b'{"overrides": ["strategy._target_=os.system"]}',
+}
 
 
-@pytest.mark.parametrize("files", [PLANT, {"results.json": b"{}", "../escaped.json": b"x"},
-                                   {"/tmp/absolute.json": b"x"}, {"a/b/c.png": b"x"},
-                                   {".hidden.json": b"x"}, {"run.key": b"x"}])
+@pytest.mark.parametrize(
+    "files",
+    [
+        PLANT,
+        {"results.json": b"{}", "../escaped.json": b"x"},
+        {"/tmp/absolute.json": b"x"},
+        {"a/b/c.png": b"x"},
+        {".hidden.json": b"x"},
+        {"run.key": b"x"},
+    ],
+)
 @pytest.mark.parametrize("pack", [_as_map, _as_tar])
 def test_names_outside_the_allow_list_refuse_the_shipment(tmp_path, files, pack):
     out = tmp_path / "results"
@@ -78,9 +93,16 @@ def test_an_oversized_shipment_is_refused_before_it_is_written(tmp_path, monkeyp
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("lines", [[f"{RESULTS_MARKER}0/1 %%%"], [f"{RESULTS_MARKER}x/1 AAAA"],
-                                   _lines(b"not gzip"), _lines(gzip.compress(b"[1, 2]")),
-                                   _lines(gzip.compress(b'{"results.json": 5}'))])
+@pytest.mark.parametrize(
+    "lines",
+    [
+        [f"{RESULTS_MARKER}0/1 %%%"],
+        [f"{RESULTS_MARKER}x/1 AAAA"],
+        _lines(b"not gzip"),
+        _lines(gzip.compress(b"[1, 2]")),
+        _lines(gzip.compress(b'{"results.json": 5}')),
+    ],
+)
 def test_undecodable_shipments_are_refused_as_a_failed_run(tmp_path, lines):
     with pytest.raises(results.ShipmentRefused):
         unpack_results(lines, tmp_path)
@@ -95,14 +117,19 @@ def test_the_checkpoint_of_the_remote_side_is_not_shipped(tmp_path):
     (src / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"ev")
     dst = tmp_path / "dst"
     unpack_results(ship_results(src), dst)
-    assert sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*")) == \
-        ["results.json", "tensorboard", "tensorboard/events.out.tfevents.1.host"]
+    assert sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*")) == [
+        "results.json",
+        "tensorboard",
+        "tensorboard/events.out.tfevents.1.host",
+    ]
 
 
 def test_resume_refuses_a_run_file_it_did_not_write(tmp_path):
     """A planted checkpoint/run.json (e.g. by a former shipment) names any _target_: refused."""
+
     class Cfg:
         checkpoint, resume, results_dir = SimpleNamespace(enabled=True), False, str(tmp_path)
+
     _save_run(Cfg, ["seed=3"])
     assert resumed(str(tmp_path), []) == ["seed=3", "resume=true"]
     run_file = tmp_path / RUN_FILE
@@ -130,14 +157,25 @@ def test_a_client_error_reason_cannot_forge_a_log_line(caplog):
     def handle(msg):
         raise Reason()
 
-    messenger = Messenger(InProcessGrid({1: handle, 2: lambda m: RecordDict({"c": ConfigRecord()})}),
-                          timeout=5)
+    messenger = Messenger(
+        InProcessGrid({1: handle, 2: lambda m: RecordDict({"c": ConfigRecord()})}), timeout=5
+    )
     caplog.set_level("WARNING", logger="fedsim")
     logging.getLogger("fedsim").propagate = True  # the ServerApp may have turned it off
-    messenger.exchange("p", [Message(RecordDict({"c": ConfigRecord()}), dst_node_id=n,
-                                     message_type=MessageType.QUERY) for n in (1, 2)], Policy(ANY))
+    messenger.exchange(
+        "p",
+        [
+            Message(
+                RecordDict({"c": ConfigRecord()}), dst_node_id=n, message_type=MessageType.QUERY
+            )
+            for n in (1, 2)
+        ],
+        Policy(ANY),
+    )
     text = caplog.text
-    assert "failed" in text and not any(line.startswith(RESULTS_MARKER) for line in text.splitlines())
+    assert "failed" in text and not any(
+        line.startswith(RESULTS_MARKER) for line in text.splitlines()
+    )
     assert messenger.faults["p"][1]["failed"] == 1
 
 

@@ -66,8 +66,9 @@ def test_cluster_mean_ci_is_the_pooled_ratio_and_deterministic():
     assert lo < values.mean() < hi
     assert (lo, hi) == cluster_mean_ci(values, groups, 2000, seed=3)
     singletons = np.arange(values.size)
-    assert cluster_mean_ci(values, singletons, 2000, seed=3) == pytest.approx(paired_bootstrap_ci(values, 2000, 3),
-                                                                                 abs=0.02)
+    assert cluster_mean_ci(values, singletons, 2000, seed=3) == pytest.approx(
+        paired_bootstrap_ci(values, 2000, 3), abs=0.02
+    )
     with pytest.raises(ValueError, match="at least 2 clusters"):
         cluster_mean_ci(values, np.zeros(values.size), 100, seed=0)
 

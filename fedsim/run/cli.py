@@ -47,7 +47,14 @@ from fedsim.run.launcher import (
     launch,
     user_certificates,
 )
-from fedsim.run.sweep import Sweep, earlier_looks, read_manifest, record_look, refuse_changed_plan, refuse_other_writers
+from fedsim.run.sweep import (
+    Sweep,
+    earlier_looks,
+    read_manifest,
+    record_look,
+    refuse_changed_plan,
+    refuse_other_writers,
+)
 from fedsim.run.tls import make_federation
 
 RUN_FILE = Path("checkpoint") / "run.json"
@@ -67,8 +74,10 @@ def resumed(folder: str, overrides: list[str]) -> list[str]:
     for item in overrides:
         key = item.partition("=")[0].lstrip("+~")
         if key.split(".")[0] not in RESUMABLE:
-            raise ConfigError(f"resume: '{item}' would change the experiment; a resume may only "
-                              f"change {', '.join(RESUMABLE)}")
+            raise ConfigError(
+                f"resume: '{item}' would change the experiment; a resume may only "
+                f"change {', '.join(RESUMABLE)}"
+            )
     folder = saved.parent.parent
     try:
         key = run_file_key(folder)
@@ -77,11 +86,13 @@ def resumed(folder: str, overrides: list[str]) -> list[str]:
     try:
         pinned = open_sealed(key, saved)["overrides"]
     except (Tampered, KeyError, TypeError) as exc:
-        raise ConfigError(f"resume: {saved} was not written here by `fedsim run` for this user: a run resumes "
-                          f"only in the folder it was started in, by the user who started it (not a copy, e.g. "
-                          f"a point of a shared sweep record, nor a moved folder, nor a checkpoint of an earlier "
-                          f"fedsim, which kept its key in the folder); remove {folder / 'checkpoint'} to run it "
-                          f"from its beginning") from exc
+        raise ConfigError(
+            f"resume: {saved} was not written here by `fedsim run` for this user: a run resumes "
+            f"only in the folder it was started in, by the user who started it (not a copy, e.g. "
+            f"a point of a shared sweep record, nor a moved folder, nor a checkpoint of an earlier "
+            f"fedsim, which kept its key in the folder); remove {folder / 'checkpoint'} to run it "
+            f"from its beginning"
+        ) from exc
     return [*pinned, *overrides, "resume=true"]
 
 
@@ -98,7 +109,9 @@ def run_file_key(folder: Path) -> bytes:
     none), and bound to the folder's path and inode (a copy, a move, a folder put in its place
     are other places; not its device, which a remount may renumber)."""
     folder = folder.resolve()
-    return derive(user_secret(RUN_KEY), b"run.json\0" + os.fsencode(folder) + b"\0%d" % folder.stat().st_ino)
+    return derive(
+        user_secret(RUN_KEY), b"run.json\0" + os.fsencode(folder) + b"\0%d" % folder.stat().st_ino
+    )
 
 
 def _save_run(cfg, pinned: list[str]) -> None:
@@ -107,9 +120,13 @@ def _save_run(cfg, pinned: list[str]) -> None:
         try:
             private_folder(path.parent)
             key = run_file_key(Path(cfg.results_dir))
-        except OSError as exc:  # this user's key folder open to others: refused before anything starts
+        except (
+            OSError
+        ) as exc:  # this user's key folder open to others: refused before anything starts
             raise ConfigError(f"checkpoint: {exc}") from exc
-        write_file(path, seal(key, path.name, {"overrides": pinned}))  # a record's folder may hold a link there
+        write_file(
+            path, seal(key, path.name, {"overrides": pinned})
+        )  # a record's folder may hold a link there
 
 
 def prepare(overrides: list[str]) -> tuple[DictConfig, list[str], int, int]:
@@ -118,10 +135,14 @@ def prepare(overrides: list[str]) -> tuple[DictConfig, list[str], int, int]:
     folder, overrides = _resume_folder(overrides)
     if folder:
         overrides = resumed(folder, overrides)
-    cfg = compose_checked(overrides)  # bad strategy or wrapper values fail here, before any process starts
+    cfg = compose_checked(
+        overrides
+    )  # bad strategy or wrapper values fail here, before any process starts
     natural = 0 if cfg.hardware.num_clients or cfg.hardware.num_supernodes else population(cfg)
     clients, nodes = layout(cfg.hardware, natural)
-    if natural:  # the protocol's rules that need the number of clients (checked above when it was given)
+    if (
+        natural
+    ):  # the protocol's rules that need the number of clients (checked above when it was given)
         protocol_of(cfg).check_run(cfg, clients)
     user_certificates(cfg.hardware, nodes)  # missing certificate files: refused here
     check_private_network(cfg.hardware)  # no network namespace for this user: refused here
@@ -139,8 +160,11 @@ def show(overrides: list[str], part: str) -> int:
     except REFUSED as exc:
         print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
         return 2
-    shown = {"job": cfg, "hydra": {"hydra": hydra_config(overrides)},
-             "all": {"hydra": hydra_config(overrides), **OmegaConf.to_container(cfg, resolve=True)}}[part]
+    shown = {
+        "job": cfg,
+        "hydra": {"hydra": hydra_config(overrides)},
+        "all": {"hydra": hydra_config(overrides), **OmegaConf.to_container(cfg, resolve=True)},
+    }[part]
     print(OmegaConf.to_yaml(shown, resolve=part == "job"), end="")
     return 0
 
@@ -154,24 +178,41 @@ def info(overrides: list[str]) -> int:
         print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
         return 2
     sources = [f"  {s.provider}: {s.schema}://{s.path}" for s in hydra.runtime.config_sources]
-    chosen = [f"  {group}: {option}" for group, option in hydra.runtime.choices.items()
-              if not group.startswith("hydra/")]
-    print("\n".join([versions(), "Config search path:", *sources, "Chosen options (group: option):", *chosen,
-                     "Overrides:", *(f"  {o}" for o in hydra.overrides.task)]))
+    chosen = [
+        f"  {group}: {option}"
+        for group, option in hydra.runtime.choices.items()
+        if not group.startswith("hydra/")
+    ]
+    print(
+        "\n".join(
+            [
+                versions(),
+                "Config search path:",
+                *sources,
+                "Chosen options (group: option):",
+                *chosen,
+                "Overrides:",
+                *(f"  {o}" for o in hydra.overrides.task),
+            ]
+        )
+    )
     return 0
 
 
 def versions() -> str:
     """fedsim's version and the versions of the two frameworks it runs on."""
     from importlib.metadata import version
+
     return f"fedsim {version('fedsim')} (Flower {version('flwr')}, Hydra {version('hydra-core')})"
 
 
 def groups_help() -> str:
     """The config groups and their options, as Hydra's ``--help`` lists them."""
     groups = [*GROUPS[:1], "task/selector", *GROUPS[1:]]
-    return "config groups (pick one with GROUP=OPTION; keys in conf/, docs/usage.md):\n" + "\n".join(
-        f"  {g}: {', '.join(choices(g))}" for g in groups)
+    return (
+        "config groups (pick one with GROUP=OPTION; keys in conf/, docs/usage.md):\n"
+        + "\n".join(f"  {g}: {', '.join(choices(g))}" for g in groups)
+    )
 
 
 def run(overrides: list[str]) -> int:
@@ -181,9 +222,13 @@ def run(overrides: list[str]) -> int:
         # the ServerApp composes again from the same overrides: pin what was resolved here (a remote
         # ServerApp finds its data by its own host's data root and ships its results back)
         remote = cfg.hardware.backend == "deployment" and not cfg.hardware.launch_local
-        pinned = [*overrides, *([] if remote or cfg.data_root is None else [f"data_root={cfg.data_root}"]),
-                  f"results_dir={cfg.results_dir}", f"logging.mlflow_dir={cfg.logging.mlflow_dir}",
-                  f"hardware.num_clients={clients}"]
+        pinned = [
+            *overrides,
+            *([] if remote or cfg.data_root is None else [f"data_root={cfg.data_root}"]),
+            f"results_dir={cfg.results_dir}",
+            f"logging.mlflow_dir={cfg.logging.mlflow_dir}",
+            f"hardware.num_clients={clients}",
+        ]
         _save_run(cfg, [o for o in pinned if o != "resume=true"])
     except REFUSED as exc:
         print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
@@ -196,11 +241,25 @@ def run(overrides: list[str]) -> int:
     except Interrupted as exc:
         print("fedsim: interrupted; nothing left running", file=sys.stderr)
         return exc.exit_code
-    record_provenance(cfg, Path(outcome["results_dir"]), {"git": git, "command": {
-        **provenance.command(["fedsim", "run", *given], pinned), "started": started, "ended": provenance.now()}})
-    if not cfg.checkpoint.keep:  # a completed run is never resumed: its journal is megabytes of nothing
+    record_provenance(
+        cfg,
+        Path(outcome["results_dir"]),
+        {
+            "git": git,
+            "command": {
+                **provenance.command(["fedsim", "run", *given], pinned),
+                "started": started,
+                "ended": provenance.now(),
+            },
+        },
+    )
+    if (
+        not cfg.checkpoint.keep
+    ):  # a completed run is never resumed: its journal is megabytes of nothing
         shutil.rmtree(Path(outcome["results_dir"]) / RUN_FILE.parent, ignore_errors=True)
-    print(f"fedsim: run {outcome['run_id']} {outcome['status']}; results in {outcome['results_dir']}")
+    print(
+        f"fedsim: run {outcome['run_id']} {outcome['status']}; results in {outcome['results_dir']}"
+    )
     return 0
 
 
@@ -212,7 +271,10 @@ def federations(overrides: list[str]) -> int:
     Not in pyproject.toml: Flower 1.42 reads named connections only from its config file, and
     migrates a ``[tool.flwr.federations]`` table there by rewriting pyproject.toml."""
     try:
-        sized = {name: prepare([*overrides, f"hardware={profile}"]) for name, profile in FEDERATIONS.items()}
+        sized = {
+            name: prepare([*overrides, f"hardware={profile}"])
+            for name, profile in FEDERATIONS.items()
+        }
     except REFUSED as exc:
         print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
         return 2
@@ -220,12 +282,22 @@ def federations(overrides: list[str]) -> int:
     for name, (cfg, _, clients, nodes) in sized.items():
         hw = cfg.hardware
         backend = SimulationBackendConfig(
-            client_resources=SimulationClientResources(num_cpus=int(hw.client_cpus), num_gpus=float(hw.client_gpus)),
-            init_args=SimulationInitArgs(num_cpus=int(hw.num_cpus)))
-        write_superlink_connection(SuperLinkConnection(name, address=":local:", options=SuperLinkSimulationOptions(
-            num_supernodes=nodes, backend=backend)))
-        print(f"fedsim: `flwr run . {name}`: {nodes} SuperNodes for {clients} clients, "
-              f"hardware={FEDERATIONS[name]} ({hw.client_cpus} CPU, {hw.client_gpus} GPU per ClientApp)")
+            client_resources=SimulationClientResources(
+                num_cpus=int(hw.client_cpus), num_gpus=float(hw.client_gpus)
+            ),
+            init_args=SimulationInitArgs(num_cpus=int(hw.num_cpus)),
+        )
+        write_superlink_connection(
+            SuperLinkConnection(
+                name,
+                address=":local:",
+                options=SuperLinkSimulationOptions(num_supernodes=nodes, backend=backend),
+            )
+        )
+        print(
+            f"fedsim: `flwr run . {name}`: {nodes} SuperNodes for {clients} clients, "
+            f"hardware={FEDERATIONS[name]} ({hw.client_cpus} CPU, {hw.client_gpus} GPU per ClientApp)"
+        )
     return 0
 
 
@@ -235,7 +307,9 @@ def record_provenance(cfg, results_dir: Path, part: dict) -> None:
     the two files again) and TensorBoard log (a text)."""
     merged = provenance.stamp(results_dir, part)
     if cfg.logging.mlflow:
-        annotate_mlflow(results_dir, merged, [results_dir / "results.json", results_dir / "summary.md"])
+        annotate_mlflow(
+            results_dir, merged, [results_dir / "results.json", results_dir / "summary.md"]
+        )
     if cfg.logging.tensorboard:
         tensorboard_text(results_dir, "provenance", provenance.section(merged))
 
@@ -249,23 +323,36 @@ def multirun(overrides: list[str]) -> int:
     return sweep.run()
 
 
-def _sweep_setting_warnings(stated: dict[str, DictConfig], defaults, chosen: DictConfig) -> list[str]:
+def _sweep_setting_warnings(
+    stated: dict[str, DictConfig], defaults, chosen: DictConfig
+) -> list[str]:
     """A sweep resumed across commits holds runs whose configs state other sweep settings (an
     effect of interest narrowed, say): the comparison uses the first run's, so name every key
     whose setting in effect (a run's ``stated`` block over ``defaults``) another run holds
     otherwise and the command line (``chosen``) does not set."""
-    in_effect = {run: OmegaConf.to_container(sweep_settings(defaults, block)) for run, block in stated.items()}
+    in_effect = {
+        run: OmegaConf.to_container(sweep_settings(defaults, block))
+        for run, block in stated.items()
+    }
     (first_run, first), *others = in_effect.items()
     differ: dict[str, list[str]] = {}
     for run, other in others:
         for key in (k for k in first if other[k] != first[k] and k not in chosen):
             differ.setdefault(key, []).append(run)
-    return [f"sweep.{key} differs in {', '.join(runs)} from {first_run}'s, which this comparison uses "
-            f"(set sweep.{key} to choose)" for key, runs in differ.items()]
+    return [
+        f"sweep.{key} differs in {', '.join(runs)} from {first_run}'s, which this comparison uses "
+        f"(set sweep.{key} to choose)"
+        for key, runs in differ.items()
+    ]
 
 
-def compare(folder: str, overrides: list[str], output: str | None = None, force: bool = False,
-            pilot: bool = False) -> int:
+def compare(
+    folder: str,
+    overrides: list[str],
+    output: str | None = None,
+    force: bool = False,
+    pilot: bool = False,
+) -> int:
     """The sweep settings of the first run under ``folder`` that a comparison counts (its resolved
     config.yaml, so the data is not needed; a key it lacks keeps ``conf/config.yaml``'s value),
     then ``overrides``, applied to every run found there; a warning names each setting another
@@ -275,18 +362,27 @@ def compare(folder: str, overrides: list[str], output: str | None = None, force:
         if any(not o.startswith("sweep.") for o in overrides):
             raise ConfigError(f"compare takes sweep.* overrides only, got {overrides}")
         output = refuse_other_writers(output or folder, "output folder")
-        folder = refuse_other_writers(folder, "record", inside=True)  # resolved: the path checked is the one used
-        stated = {str(run.relative_to(folder)): read_config(run / "config.yaml").get("sweep", {})
-                  for run in counted_runs(folder) if (run / "config.yaml").is_file()}
+        folder = refuse_other_writers(
+            folder, "record", inside=True
+        )  # resolved: the path checked is the one used
+        stated = {
+            str(run.relative_to(folder)): read_config(run / "config.yaml").get("sweep", {})
+            for run in counted_runs(folder)
+            if (run / "config.yaml").is_file()
+        }
         if not stated:
-            raise ConfigError(f"no completed sweep run (a {POINT_FILE} beside a results.json and a config.yaml, "
-                              f"no error.txt) under {folder}")
+            raise ConfigError(
+                f"no completed sweep run (a {POINT_FILE} beside a results.json and a config.yaml, "
+                f"no error.txt) under {folder}"
+            )
         defaults = OmegaConf.load(CONF_DIR / "config.yaml").sweep
         sweep_overrides = OmegaConf.from_dotlist([o.removeprefix("sweep.") for o in overrides])
         sweep = sweep_settings(defaults, next(iter(stated.values())), sweep_overrides)
         for warning in _sweep_setting_warnings(stated, defaults, sweep_overrides):
             print(escape_controls(f"fedsim: compare: warning: {warning}"), file=sys.stderr)
-        metrics_given = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
+        metrics_given = any(
+            o.startswith("sweep.metrics=") for o in overrides
+        )  # the user's patterns must match
         settings = typed_sweep(sweep)
         if manifest := read_manifest(folder):
             refuse_changed_plan(*manifest, settings.planned())
@@ -302,8 +398,12 @@ def compare(folder: str, overrides: list[str], output: str | None = None, force:
         return 2
     for warning in result["warnings"]:
         print(escape_controls(f"fedsim: compare: warning: {warning}"), file=sys.stderr)
-    print(escape_controls(f"fedsim: comparison in {written[0].parent}: {', '.join(p.name for p in written)}"
-          f"{'' if written[0].name == 'summary.md' else ' (an earlier comparison is there; --force replaces it)'}"))
+    print(
+        escape_controls(
+            f"fedsim: comparison in {written[0].parent}: {', '.join(p.name for p in written)}"
+            f"{'' if written[0].name == 'summary.md' else ' (an earlier comparison is there; --force replaces it)'}"
+        )
+    )
     return 0
 
 
@@ -323,46 +423,84 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fedsim", description=__doc__)
     parser.add_argument("--version", action="version", version=versions())
     sub = parser.add_subparsers(dest="command", required=True)
-    run_p = sub.add_parser("run", help="run an experiment: fedsim run experiment=fedtp_paper ...",
-                           epilog=groups_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    run_p = sub.add_parser(
+        "run",
+        help="run an experiment: fedsim run experiment=fedtp_paper ...",
+        epilog=groups_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run_p.add_argument("overrides", nargs="*", help="Hydra overrides KEY=VALUE")
-    run_p.add_argument("-m", "--multirun", action="store_true",
-                       help="sweep: KEY=a,b / KEY=range(0,5) run the cartesian product into one folder "
-                       "(resume=<sweep folder> re-runs what did not complete)")
-    run_p.add_argument("--cfg", choices=["job", "hydra", "all"],
-                       help="print the composed, checked config (job), Hydra's node (hydra) or both, and exit")
-    run_p.add_argument("--info", action="store_true",
-                       help="print the config search path, each group's chosen option and the overrides, and exit")
-    cmp_p = sub.add_parser("compare", help="rebuild a sweep's comparison (summary.md, comparison.json) "
-                           "from its run folders")
+    run_p.add_argument(
+        "-m",
+        "--multirun",
+        action="store_true",
+        help="sweep: KEY=a,b / KEY=range(0,5) run the cartesian product into one folder "
+        "(resume=<sweep folder> re-runs what did not complete)",
+    )
+    run_p.add_argument(
+        "--cfg",
+        choices=["job", "hydra", "all"],
+        help="print the composed, checked config (job), Hydra's node (hydra) or both, and exit",
+    )
+    run_p.add_argument(
+        "--info",
+        action="store_true",
+        help="print the config search path, each group's chosen option and the overrides, and exit",
+    )
+    cmp_p = sub.add_parser(
+        "compare",
+        help="rebuild a sweep's comparison (summary.md, comparison.json) from its run folders",
+    )
     cmp_p.add_argument("folder", help="a sweep folder, or any folder holding sweep runs")
     cmp_p.add_argument("overrides", nargs="*", help="sweep.* overrides, e.g. sweep.baseline=fedbis")
     cmp_p.add_argument("--output", help="where to write it (default: the folder itself)")
-    cmp_p.add_argument("--force", action="store_true",
-                       help="replace an earlier comparison there (default: write summary-2.md, ... beside it)")
-    cmp_p.add_argument("--plan", action="store_true",
-                       help="from a pilot sweep: print the seeds each paired difference needs; write nothing")
-    certs_p = sub.add_parser("certs", help="make a private CA, a SuperLink certificate and "
-                             "SuperNode keys for a test federation")
-    certs_p.add_argument("folder", help="where to write ca.pem, superlink.pem/.key, node-I.key/.pub")
-    certs_p.add_argument("--hosts", default="127.0.0.1,localhost",
-                         help="comma-separated names / IPs the SuperLink is reached by")
+    cmp_p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an earlier comparison there (default: write summary-2.md, ... beside it)",
+    )
+    cmp_p.add_argument(
+        "--plan",
+        action="store_true",
+        help="from a pilot sweep: print the seeds each paired difference needs; write nothing",
+    )
+    certs_p = sub.add_parser(
+        "certs",
+        help="make a private CA, a SuperLink certificate and SuperNode keys for a test federation",
+    )
+    certs_p.add_argument(
+        "folder", help="where to write ca.pem, superlink.pem/.key, node-I.key/.pub"
+    )
+    certs_p.add_argument(
+        "--hosts",
+        default="127.0.0.1,localhost",
+        help="comma-separated names / IPs the SuperLink is reached by",
+    )
     certs_p.add_argument("--nodes", type=int, default=2, help="SuperNode key pairs to make")
-    fed_p = sub.add_parser("federations", help="write Flower's named connections local-simulation and "
-                           "gpu-simulation (flwr run . NAME), sized for the overrides' run")
-    fed_p.add_argument("overrides", nargs="*", help="Hydra overrides KEY=VALUE of the run to size for")
+    fed_p = sub.add_parser(
+        "federations",
+        help="write Flower's named connections local-simulation and "
+        "gpu-simulation (flwr run . NAME), sized for the overrides' run",
+    )
+    fed_p.add_argument(
+        "overrides", nargs="*", help="Hydra overrides KEY=VALUE of the run to size for"
+    )
     args = _parse(parser, argv)
     if args.command == "federations":
         return federations(args.overrides)
     if args.command == "certs":
         certs = make_federation(args.folder, args.hosts.split(","), args.nodes)
-        print(f"fedsim: CA {certs.ca}, SuperLink certificate for {args.hosts}, "
-              f"{args.nodes} SuperNode keys in {certs.folder}")
+        print(
+            f"fedsim: CA {certs.ca}, SuperLink certificate for {args.hosts}, "
+            f"{args.nodes} SuperNode keys in {certs.folder}"
+        )
         return 0
     if args.command == "compare":
         return compare(args.folder, args.overrides, args.output, args.force, args.plan)
     if (args.cfg or args.info) and args.multirun:
-        parser.error("--cfg and --info show one run's config; give one point's overrides without -m")
+        parser.error(
+            "--cfg and --info show one run's config; give one point's overrides without -m"
+        )
     if args.info:
         return info(args.overrides)
     if args.cfg:

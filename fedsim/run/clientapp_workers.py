@@ -59,7 +59,7 @@ def without_parent_monitor(argv: list[str]) -> list[str]:
     if "--parent-pid" not in argv:
         return argv
     at = argv.index("--parent-pid")
-    return argv[:at] + argv[at + 2:]
+    return argv[:at] + argv[at + 2 :]
 
 
 def install_once(install):
@@ -76,6 +76,7 @@ def install_once(install):
         if digest not in installed:
             installed[digest] = install(fab_file, *args, **kwargs)
         return installed[digest]
+
     return install_fab
 
 
@@ -187,8 +188,10 @@ class WorkerPool:
 
     def reap_forever(self, every: float = 1.0) -> None:
         """A daemon thread of the SuperExec: idle workers close even when no message comes."""
+
         def loop():
             while True:
                 time.sleep(every)
                 self.close_idle()
+
         threading.Thread(target=loop, daemon=True, name="clientapp-workers").start()

@@ -73,15 +73,17 @@ def free_port() -> int:
 
 def _env(home: Path, token: str) -> dict:
     env = dict(os.environ)
-    env.update({
-        ENV_KEY: token,
-        "FLWR_HOME": str(home),
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "FLWR_DISABLE_UPDATE_CHECK": "1",
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            ENV_KEY: token,
+            "FLWR_HOME": str(home),
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     return env
 
 
@@ -91,9 +93,15 @@ class Process:
     def __init__(self, cmd: list[str], cwd: Path, env: dict, log: Path, net: Host = HOST):
         self.cmd, self.log = cmd, log
         self._fh = open(log, "ab")
-        self.proc = subprocess.Popen(net.command(cmd), cwd=cwd, env=env, stdout=self._fh,
-                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                     pass_fds=net.fds)
+        self.proc = subprocess.Popen(
+            net.command(cmd),
+            cwd=cwd,
+            env=env,
+            stdout=self._fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=net.fds,
+        )
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -122,40 +130,90 @@ class Process:
         self.stop()
 
 
-def superlink_command(port: int, certs: Certificates | None, node_auth: bool,
-                      host: str = "127.0.0.1", simulation: bool = False) -> list[str]:
+def superlink_command(
+    port: int,
+    certs: Certificates | None,
+    node_auth: bool,
+    host: str = "127.0.0.1",
+    simulation: bool = False,
+) -> list[str]:
     """``flower-superlink``'s command line: TLS from ``certs`` (``None``: plain text). Its state
     (runs, nodes, messages and their objects) stays in memory, Flower's default: the run's
     working folder, and a state file in it, goes with the run, and a file costs each object a
     SQLite write and read (``bench/deploy_exchange.py``: FedE4RAG's 12.9 MB encrypted reply
     3.9 s with a file, 1.6 s without; docs/benchmarks/deployment.md)."""
-    tls = (["--ssl-ca-certfile", str(certs.ca), "--ssl-certfile", str(certs.superlink_cert),
-            "--ssl-keyfile", str(certs.superlink_key)] if certs else ["--insecure"])
-    return [str(BIN / "flower-superlink"), *tls, "--isolation", "subprocess", "--host", host,
-            "--port", str(port), "--disable-runtime-dependency-installation",
-            *(["--enable-supernode-auth"] if node_auth else []),
-            *(["--simulation"] if simulation else [])]
+    tls = (
+        [
+            "--ssl-ca-certfile",
+            str(certs.ca),
+            "--ssl-certfile",
+            str(certs.superlink_cert),
+            "--ssl-keyfile",
+            str(certs.superlink_key),
+        ]
+        if certs
+        else ["--insecure"]
+    )
+    return [
+        str(BIN / "flower-superlink"),
+        *tls,
+        "--isolation",
+        "subprocess",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--disable-runtime-dependency-installation",
+        *(["--enable-supernode-auth"] if node_auth else []),
+        *(["--simulation"] if simulation else []),
+    ]
 
 
-def supernode_command(superlink: str, partition: int, partitions: int, node: Mapping[str, str],
-                      certs: Certificates | None, node_auth: bool, port: int,
-                      waits: Mapping | None = None, preload: list[str] | None = None,
-                      workers: int = 0) -> list[str]:
+def supernode_command(
+    superlink: str,
+    partition: int,
+    partitions: int,
+    node: Mapping[str, str],
+    certs: Certificates | None,
+    node_auth: bool,
+    port: int,
+    waits: Mapping | None = None,
+    preload: list[str] | None = None,
+    workers: int = 0,
+) -> list[str]:
     """``flower-supernode``'s command line for client ``partition`` of ``partitions``, with the
     node's own folders ``node`` (``fedsim/config/node_local.py``: data-root, state-dir, ...); run
     through ``fedsim.run.supernode`` when ``waits`` (``hardware.waits``) shortens a SuperNode wait
     or ``preload`` (``hardware.clientapp_preload``) warms its ClientApp processes, of which
     ``workers`` per run serve its messages one after another (``hardware.clientapp_workers``)."""
-    node_config = f"partition-id={partition} num-partitions={partitions} {supernode_config(node)}".rstrip()
+    node_config = (
+        f"partition-id={partition} num-partitions={partitions} {supernode_config(node)}".rstrip()
+    )
     tls = ["--root-certificates", str(certs.ca)] if certs else ["--insecure"]
     auth = ["--auth-supernode-private-key", str(certs.node_key(partition))] if node_auth else []
-    flower = [*tls, *auth, "--superlink", superlink, "--node-config", node_config,
-              "--port", str(port)]
-    options = [] if waits is None else [
-        f"--{flag}={waits[key]}" for flag, key in (("idle-wait", "supernode_idle"),
-                                                   ("reply-wait", "supernode_reply"),
-                                                   ("pull-backoff", "pull_backoff"))
-        if waits.get(key) is not None]
+    flower = [
+        *tls,
+        *auth,
+        "--superlink",
+        superlink,
+        "--node-config",
+        node_config,
+        "--port",
+        str(port),
+    ]
+    options = (
+        []
+        if waits is None
+        else [
+            f"--{flag}={waits[key]}"
+            for flag, key in (
+                ("idle-wait", "supernode_idle"),
+                ("reply-wait", "supernode_reply"),
+                ("pull-backoff", "pull_backoff"),
+            )
+            if waits.get(key) is not None
+        ]
+    )
     options += [] if preload is None else [f"--preload={','.join(preload)}"]
     options += [f"--workers={workers}"] if preload is not None and workers else []
     if not options:
@@ -178,8 +236,9 @@ def connection(address: str, certs: Certificates | None) -> dict:
 
 
 def write_connection(home: Path, address: str, certs: Certificates | None) -> None:
-    (home / "config.toml").write_text(tomli_w.dumps({"superlink": {
-        "default": "fedsim", "fedsim": connection(address, certs)}}))
+    (home / "config.toml").write_text(
+        tomli_w.dumps({"superlink": {"default": "fedsim", "fedsim": connection(address, certs)}})
+    )
 
 
 def _health_client(certs: Certificates | None) -> tuple[str, dict]:
@@ -209,20 +268,34 @@ def wait_listening(proc: Process, port: int, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not proc.alive():
-            raise RunFailed(f"{proc.cmd[0]} exited with {proc.proc.returncode}; "
-                            f"log: {proc.log}\n{proc.log.read_text()[-3000:]}")
+            raise RunFailed(
+                f"{proc.cmd[0]} exited with {proc.proc.returncode}; "
+                f"log: {proc.log}\n{proc.log.read_text()[-3000:]}"
+            )
         if port in {p for _, p in listening(proc.proc.pid)}:
             return
         time.sleep(0.3)
-    raise RunFailed(f"SuperLink not listening on port {port} after {timeout:.0f} s; log: {proc.log}")
+    raise RunFailed(
+        f"SuperLink not listening on port {port} after {timeout:.0f} s; log: {proc.log}"
+    )
 
 
-def start_superlink(workdir: Path, env: dict, simulation: bool, certs: Certificates | None = None,
-                    node_auth: bool = False, net: Host = HOST) -> tuple[Process, int]:
+def start_superlink(
+    workdir: Path,
+    env: dict,
+    simulation: bool,
+    certs: Certificates | None = None,
+    node_auth: bool = False,
+    net: Host = HOST,
+) -> tuple[Process, int]:
     port = free_port()
-    proc = Process(superlink_command(port, certs, node_auth,
-                                     simulation=simulation),
-                   workdir, env, workdir / "superlink.log", net)
+    proc = Process(
+        superlink_command(port, certs, node_auth, simulation=simulation),
+        workdir,
+        env,
+        workdir / "superlink.log",
+        net,
+    )
     wait_listening(proc, port)
     return proc, port
 
@@ -236,14 +309,40 @@ def register_nodes(certs: Certificates, count: int, env: dict, cwd: Path, net: H
             raise RunFailed(f"could not register SuperNode {i}: {res.stdout}{res.stderr}")
 
 
-def start_supernodes(workdir: Path, env: dict, superlink_port: int, count: int,
-                     node: Mapping[str, str], certs: Certificates | None = None,
-                     node_auth: bool = False, waits: Mapping | None = None,
-                     preload: list[str] | None = None, net: Host = HOST, workers: int = 0) -> list[Process]:
-    return [Process(supernode_command(f"127.0.0.1:{superlink_port}", partition_id, count, node,
-                                      certs, node_auth, free_port(), waits, preload, workers),
-                    workdir, supernode_env(env, waits), workdir / f"supernode-{partition_id}.log", net)
-            for partition_id in range(count)]
+def start_supernodes(
+    workdir: Path,
+    env: dict,
+    superlink_port: int,
+    count: int,
+    node: Mapping[str, str],
+    certs: Certificates | None = None,
+    node_auth: bool = False,
+    waits: Mapping | None = None,
+    preload: list[str] | None = None,
+    net: Host = HOST,
+    workers: int = 0,
+) -> list[Process]:
+    return [
+        Process(
+            supernode_command(
+                f"127.0.0.1:{superlink_port}",
+                partition_id,
+                count,
+                node,
+                certs,
+                node_auth,
+                free_port(),
+                waits,
+                preload,
+                workers,
+            ),
+            workdir,
+            supernode_env(env, waits),
+            workdir / f"supernode-{partition_id}.log",
+            net,
+        )
+        for partition_id in range(count)
+    ]
 
 
 def user_certificates(hw: DictConfig, nodes: int) -> Certificates | None:
@@ -261,20 +360,30 @@ def certificates(hw: DictConfig, workdir: Path, nodes: int, echo) -> Certificate
     """The run's TLS material: none when ``insecure`` (with a warning), the user's folder, or
     for a local federation a private CA made for this run."""
     if hw.insecure:
-        echo("fedsim: WARNING: hardware.insecure=true: traffic to the SuperLink is not "
-             "encrypted and SuperNodes are not authenticated")
+        echo(
+            "fedsim: WARNING: hardware.insecure=true: traffic to the SuperLink is not "
+            "encrypted and SuperNodes are not authenticated"
+        )
         return None
     if hw.certificates:
         return user_certificates(hw, nodes)
     if not hw.launch_local:
-        raise RunFailed("hardware.certificates is required for a remote SuperLink (a folder "
-                        "with its CA as ca.pem), or hardware.insecure=true")
+        raise RunFailed(
+            "hardware.certificates is required for a remote SuperLink (a folder "
+            "with its CA as ca.pem), or hardware.insecure=true"
+        )
     return make_federation(workdir / "certs", ["127.0.0.1", "localhost"], nodes)
 
 
 def _flwr(args: list[str], env: dict, cwd: Path, net: Host = HOST) -> subprocess.CompletedProcess:
-    return subprocess.run(net.command([str(BIN / "flwr"), *args]), env=env, cwd=cwd, capture_output=True,
-                          text=True, pass_fds=net.fds)
+    return subprocess.run(
+        net.command([str(BIN / "flwr"), *args]),
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        pass_fds=net.fds,
+    )
 
 
 def run_status(run_id: str, env: dict, cwd: Path, net: Host) -> str:
@@ -283,19 +392,23 @@ def run_status(run_id: str, env: dict, cwd: Path, net: Host) -> str:
         runs = json.loads(res.stdout)["runs"]
         return runs[0]["status"]
     except (ValueError, KeyError, IndexError) as exc:
-        raise RunFailed(f"could not read the status of run {run_id}: {res.stdout}{res.stderr}") from exc
+        raise RunFailed(
+            f"could not read the status of run {run_id}: {res.stdout}{res.stderr}"
+        ) from exc
 
 
 @contextmanager
 def _signals_interrupt():
     """SIGTERM / SIGINT raise :class:`Interrupted`, so the ExitStack stops what was started."""
+
     def raise_interrupted(signum, frame):
         for sig in previous:  # a second signal must not cut the clean-up short
             signal.signal(sig, signal.SIG_IGN)
         raise Interrupted(128 + signum)
 
-    previous = {sig: signal.signal(sig, raise_interrupted) for sig in (signal.SIGTERM,
-                                                                      signal.SIGINT)}
+    previous = {
+        sig: signal.signal(sig, raise_interrupted) for sig in (signal.SIGTERM, signal.SIGINT)
+    }
     try:
         yield
     finally:
@@ -306,10 +419,14 @@ def _signals_interrupt():
 def _watchdog(stack: ExitStack, token: str, workdir: Path) -> None:
     """Start the watchdog; on the way out close its pipe and let it sweep stragglers."""
     argv = [sys.executable, "-m", "fedsim.run.watchdog", token, str(workdir), str(os.getpid())]
-    dog = subprocess.Popen(argv,
-                           stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, start_new_session=True,
-                           cwd=str(REPO_ROOT))
+    dog = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd=str(REPO_ROOT),
+    )
 
     def release():
         dog.stdin.close()
@@ -317,15 +434,24 @@ def _watchdog(stack: ExitStack, token: str, workdir: Path) -> None:
             dog.wait(30)
         except subprocess.TimeoutExpired:
             dog.kill()
+
     stack.callback(release)
 
 
 def _stream(cmd: list[str], workdir: Path, env: dict, echo, net: Host) -> tuple[int, str | None]:
     """Run ``flwr run --stream`` in its own process group, echo its output, return its exit
     code and the run id; its group is killed if we leave early (an interrupt)."""
-    proc = subprocess.Popen(net.command(cmd), cwd=workdir, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            start_new_session=True, pass_fds=net.fds)
+    proc = subprocess.Popen(
+        net.command(cmd),
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+        pass_fds=net.fds,
+    )
     run_id = None
     try:
         for line in proc.stdout:
@@ -363,7 +489,8 @@ def check_private_network(hw: DictConfig) -> None:
             "Allow unprivileged user namespaces (e.g. sysctl kernel.apparmor_restrict_unprivileged_userns=0) "
             "or set hardware.private_network=false: the run's SuperLink, SuperNodes and Ray then "
             "listen on this machine's network, where any local user can list, stop or join the run "
-            "(docs/architecture.md#threat-model)") from exc
+            "(docs/architecture.md#threat-model)"
+        ) from exc
 
 
 def check_ray_cluster(hw: DictConfig, timeout: float = 5.0) -> None:
@@ -375,9 +502,11 @@ def check_ray_cluster(hw: DictConfig, timeout: float = 5.0) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError as exc:
-        raise ValueError(f"hardware.ray_address: nothing answers at {hw.ray_address} ({exc}); start the "
-                         f"cluster's head there (`ray start --head --port={port}`), or run on Ray started "
-                         "for the run (leave hardware=ray_cluster out)") from exc
+        raise ValueError(
+            f"hardware.ray_address: nothing answers at {hw.ray_address} ({exc}); start the "
+            f"cluster's head there (`ray start --head --port={port}`), or run on Ray started "
+            "for the run (leave hardware=ray_cluster out)"
+        ) from exc
 
 
 def keep_logs(workdir: Path, results_dir: Path):
@@ -387,8 +516,11 @@ def keep_logs(workdir: Path, results_dir: Path):
     of ``results_dir`` (nothing there is overwritten, nothing followed: a log that is a link is
     left out, as its target may be any file of this user's, and results travel); the error names
     the copies."""
+
     def keep(exc_type, exc, tb) -> bool:
-        logs = sorted(log for log in workdir.glob("*.log") if log.is_file() and not log.is_symlink())
+        logs = sorted(
+            log for log in workdir.glob("*.log") if log.is_file() and not log.is_symlink()
+        )
         if not isinstance(exc, RunFailed) or not logs:
             return False
         try:
@@ -402,11 +534,14 @@ def keep_logs(workdir: Path, results_dir: Path):
             message = message.replace(str(log), str(kept / log.name))
         copies = ", ".join(str(kept / log.name) for log in logs)
         raise RunFailed(f"{message}\nthe logs of the run's processes: {copies}") from exc
+
     return keep
 
 
 SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (AF_UNIX on Linux), as Ray checks them
-RAY_SOCKET_TAIL = len("/ray/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store")  # under RAY_TMPDIR
+RAY_SOCKET_TAIL = len(
+    "/ray/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store"
+)  # under RAY_TMPDIR
 
 
 def ray_tmpdir(stack: ExitStack, workdir: Path) -> Path:
@@ -422,8 +557,10 @@ def ray_tmpdir(stack: ExitStack, workdir: Path) -> Path:
     try:
         short = Path(tempfile.mkdtemp(prefix="fedsim-ray-", dir="/tmp"))
     except OSError as exc:
-        raise RunFailed(f"Ray's socket paths under {workdir} would pass {SOCKET_PATH_MAX} bytes, and no "
-                        f"short folder could be made in /tmp ({exc}): set TMPDIR to a shorter folder") from exc
+        raise RunFailed(
+            f"Ray's socket paths under {workdir} would pass {SOCKET_PATH_MAX} bytes, and no "
+            f"short folder could be made in /tmp ({exc}): set TMPDIR to a shorter folder"
+        ) from exc
     stack.callback(shutil.rmtree, short, ignore_errors=True)
     (short / "run").symlink_to(workdir, target_is_directory=True)
     return short / "run"
@@ -443,8 +580,10 @@ def federation_config(hw: DictConfig, num_supernodes: int) -> str:
     only for the Ray the run starts (an existing cluster's nodes declared theirs at ``ray
     start``, and Ray refuses ``num_cpus`` from a driver that joins one)."""
     own = "" if hw.ray_address is not None else f" init-args-num-cpus={int(hw.num_cpus)}"
-    return (f"num-supernodes={num_supernodes} client-resources-num-cpus={int(hw.client_cpus)} "
-            f"client-resources-num-gpus={float(hw.client_gpus)}{own}")
+    return (
+        f"num-supernodes={num_supernodes} client-resources-num-cpus={int(hw.client_cpus)} "
+        f"client-resources-num-gpus={float(hw.client_gpus)}{own}"
+    )
 
 
 def _warn_node_settings(cfg: DictConfig, echo) -> None:
@@ -452,9 +591,14 @@ def _warn_node_settings(cfg: DictConfig, echo) -> None:
     not this process's: the run's node-local folders (``fedsim/config/node_local.py``) do not reach them."""
     given = from_run(cfg)
     if given:
-        names = ", ".join(f"{SETTINGS[key][1]}={value} (there: ${SETTINGS[key][0]})" for key, value in given.items())
-        echo(f"fedsim: WARNING: the Ray cluster's clients take their folders from the environment "
-             f"each node was started with (`ray start`), not from this run: {names}")
+        names = ", ".join(
+            f"{SETTINGS[key][1]}={value} (there: ${SETTINGS[key][0]})"
+            for key, value in given.items()
+        )
+        echo(
+            f"fedsim: WARNING: the Ray cluster's clients take their folders from the environment "
+            f"each node was started with (`ray start`), not from this run: {names}"
+        )
 
 
 def _network(stack: ExitStack, hw: DictConfig, echo) -> Host:
@@ -467,13 +611,23 @@ def _network(stack: ExitStack, hw: DictConfig, echo) -> Host:
         stack.callback(net.close)
         return net
     if hw.backend == "simulation" or hw.launch_local:
-        echo("fedsim: WARNING: hardware.private_network=false: the run's SuperLink, SuperNodes and "
-             "Ray listen on this machine's network; any local user can list, stop or join the run")
+        echo(
+            "fedsim: WARNING: hardware.private_network=false: the run's SuperLink, SuperNodes and "
+            "Ray listen on this machine's network; any local user can list, stop or join the run"
+        )
     return HOST
 
 
-def _start_local(stack: ExitStack, cfg: DictConfig, workdir: Path, env: dict, simulation: bool,
-                 nodes: int, certs: Certificates | None, net: Host) -> str:
+def _start_local(
+    stack: ExitStack,
+    cfg: DictConfig,
+    workdir: Path,
+    env: dict,
+    simulation: bool,
+    nodes: int,
+    certs: Certificates | None,
+    net: Host,
+) -> str:
     """A private SuperLink (and, for a deployment, its SuperNodes, registered first when node
     authentication is on) on ``net``; returns its address."""
     auth = bool(not simulation and certs is not None and cfg.hardware.node_auth)
@@ -486,9 +640,19 @@ def _start_local(stack: ExitStack, cfg: DictConfig, workdir: Path, env: dict, si
     if not simulation:
         if auth:
             register_nodes(certs, nodes, env, workdir, net)
-        for node in start_supernodes(workdir, env, port, nodes, from_run(cfg), certs, auth,
-                                     cfg.hardware.waits, cfg.hardware.clientapp_preload, net,
-                                     cfg.hardware.clientapp_workers):
+        for node in start_supernodes(
+            workdir,
+            env,
+            port,
+            nodes,
+            from_run(cfg),
+            certs,
+            auth,
+            cfg.hardware.waits,
+            cfg.hardware.clientapp_preload,
+            net,
+            cfg.hardware.clientapp_workers,
+        ):
             stack.enter_context(node)
     return address
 
@@ -522,11 +686,15 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
     home = workdir / "flwr_home"
     home.mkdir()
     token = uuid.uuid4().hex  # fresh per run: two runs never share one (and never end each other)
-    env = {**environment(cfg, simulation_env(_env(home, token), hw)),  # + the node's folders
-           HOST_ENV: platform.node()}  # the run's namespace names its host localhost
+    env = {
+        **environment(cfg, simulation_env(_env(home, token), hw)),  # + the node's folders
+        HOST_ENV: platform.node(),
+    }  # the run's namespace names its host localhost
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
-        stack.push(keep_logs(workdir, results_dir))  # once the processes have stopped, before the folder goes
+        stack.push(
+            keep_logs(workdir, results_dir)
+        )  # once the processes have stopped, before the folder goes
         env["RAY_TMPDIR"] = str(ray_tmpdir(stack, workdir))
         _watchdog(stack, token, workdir)
         stack.enter_context(_signals_interrupt())
@@ -542,21 +710,39 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
         # they stop would journal their ClientApps' deaths as client failures (fedsim/run/watchdog.py)
         stack.callback(end_server_apps, workdir, token)
         run_config = workdir / "run_config.toml"
-        run_config.write_text(tomli_w.dumps({"overrides": shlex.join(
-            [*overrides, *(["ship_results=true"] if remote else [])])}))
-        cmd = [str(BIN / "flwr"), "run", str(REPO_ROOT), "fedsim", "--stream",
-               "--run-config", str(run_config)]
+        run_config.write_text(
+            tomli_w.dumps(
+                {"overrides": shlex.join([*overrides, *(["ship_results=true"] if remote else [])])}
+            )
+        )
+        cmd = [
+            str(BIN / "flwr"),
+            "run",
+            str(REPO_ROOT),
+            "fedsim",
+            "--stream",
+            "--run-config",
+            str(run_config),
+        ]
         if simulation:
             cmd += ["--federation-config", federation_config(hw, num_supernodes)]
-        security = "plain text" if certs is None else "TLS" + (
-            " + node authentication" if hw.node_auth and not simulation else "")
+        security = (
+            "plain text"
+            if certs is None
+            else "TLS" + (" + node authentication" if hw.node_auth and not simulation else "")
+        )
         where = " in the run's own network namespace" if isinstance(net, Namespace) else ""
         if hw.ray_address is not None:
             where = f", clients on the Ray cluster at {hw.ray_address}"
             _warn_node_settings(cfg, echo)
-        echo(f"fedsim: {num_supernodes} SuperNodes, {hw.backend} via SuperLink {address} "
-             f"({security}){where}; results -> {results_dir}")
-        shipped = _Results(stack.enter_context(Bars(echo)), stack.enter_context(open(workdir / "serverapp.log", "w")))
+        echo(
+            f"fedsim: {num_supernodes} SuperNodes, {hw.backend} via SuperLink {address} "
+            f"({security}){where}; results -> {results_dir}"
+        )
+        shipped = _Results(
+            stack.enter_context(Bars(echo)),
+            stack.enter_context(open(workdir / "serverapp.log", "w")),
+        )
         code, run_id = _stream(cmd, workdir, env, shipped, net)
         if shipped.lines:
             try:

@@ -61,7 +61,11 @@ def create() -> None:
     uid, gid, root = os.getuid(), os.getgid(), os.geteuid() == 0
     _libc_call("unshare", CLONE_NEWNET | CLONE_NEWUTS | (0 if root else CLONE_NEWUSER))
     if not root:
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        for name, text in (
+            ("setgroups", "deny"),
+            ("uid_map", f"{uid} {uid} 1"),
+            ("gid_map", f"{gid} {gid} 1"),
+        ):
             with open(f"/proc/self/{name}", "w") as fh:
                 fh.write(text)
     _loopback_up()
@@ -98,7 +102,9 @@ def listening(pid: int) -> list[tuple[str, int]]:
             if row[3] == "0A" and row[9] in inodes:  # 0A: LISTEN
                 address, port = row[1].split(":")
                 raw = bytes.fromhex(address)  # 32-bit words in host (little-endian) order
-                ip = socket.inet_ntop(family, b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
+                ip = socket.inet_ntop(
+                    family, b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                )
                 found.append((ip, int(port, 16)))
     return found
 
@@ -130,15 +136,23 @@ class Namespace(Host):
     process has exited."""
 
     def __init__(self):
-        maker = subprocess.Popen([*MODULE, "create"], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        maker = subprocess.Popen(
+            [*MODULE, "create"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         try:
             if maker.stdout.readline() != b"ready\n":
                 maker.wait()
                 raise NamespaceUnavailable(maker.stderr.read().decode().strip())
             kinds = [kind for kind in KINDS if not _same(kind, maker.pid)]
-            if "net" not in kinds:  # e.g. the helper's pid taken by a process on this machine's network
-                raise NamespaceUnavailable(f"process {maker.pid} is on this process's network namespace")
+            if (
+                "net" not in kinds
+            ):  # e.g. the helper's pid taken by a process on this machine's network
+                raise NamespaceUnavailable(
+                    f"process {maker.pid} is on this process's network namespace"
+                )
             self.fds = tuple(os.open(f"/proc/{maker.pid}/ns/{kind}", os.O_RDONLY) for kind in kinds)
         finally:
             maker.stdin.close()
@@ -172,7 +186,7 @@ def main(argv: list[str]) -> None:
         sys.stdin.buffer.read()  # the namespace is held by whoever opened it meanwhile
     elif argv[0] == "join":
         split = argv.index("--")
-        join([int(fd) for fd in argv[1:split]], argv[split + 1:])
+        join([int(fd) for fd in argv[1:split]], argv[split + 1 :])
 
 
 if __name__ == "__main__":

@@ -32,7 +32,12 @@ import subprocess
 import sys
 from multiprocessing import forkserver
 
-from fedsim.flower.processes import BaseExecPlugin, flower_superexec, flwr_clientapp, subprocess_executor
+from fedsim.flower.processes import (
+    BaseExecPlugin,
+    flower_superexec,
+    flwr_clientapp,
+    subprocess_executor,
+)
 from fedsim.run.clientapp_workers import MessageDone, Worker, WorkerPool, serve
 from fedsim.run.supernode import after_separator
 from fedsim.runtime.flower_waits import shorten_pull_backoff
@@ -92,7 +97,9 @@ class ForkingPopen:
 
     DEVNULL = subprocess.DEVNULL
 
-    def __init__(self, context, pull_backoff: float | None = None, pool: WorkerPool | None = None) -> None:
+    def __init__(
+        self, context, pull_backoff: float | None = None, pool: WorkerPool | None = None
+    ) -> None:
         self.context, self.pull_backoff, self.pool = context, pull_backoff, pool
         self.run_id: int | None = None  # the run of the task being launched (``remember_run``)
 
@@ -136,17 +143,35 @@ def remember_run(popen: ForkingPopen) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fedsim.run.superexec", description=__doc__.splitlines()[0])
-    parser.add_argument("--preload", default="", help="comma-separated modules the forkserver imports once")
-    parser.add_argument("--pull-backoff", type=float, help="the ClientApp's first retry of an object (Flower: 1 s)")
-    parser.add_argument("--workers", type=int, default=0,
-                        help="forks per run that serve its messages (0: one per message)")
-    parser.add_argument("--worker-idle", type=float, default=60.0,
-                        help="seconds a worker waits for a message before it ends")
-    parser.add_argument("flower_args", nargs=argparse.REMAINDER, help="-- then flower-superexec's arguments")
+    parser = argparse.ArgumentParser(
+        prog="python -m fedsim.run.superexec", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--preload", default="", help="comma-separated modules the forkserver imports once"
+    )
+    parser.add_argument(
+        "--pull-backoff", type=float, help="the ClientApp's first retry of an object (Flower: 1 s)"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="forks per run that serve its messages (0: one per message)",
+    )
+    parser.add_argument(
+        "--worker-idle",
+        type=float,
+        default=60.0,
+        help="seconds a worker waits for a message before it ends",
+    )
+    parser.add_argument(
+        "flower_args", nargs=argparse.REMAINDER, help="-- then flower-superexec's arguments"
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     context = multiprocessing.get_context("forkserver")
-    entry = flwr_clientapp.__module__  # Flower's ClientApp entry and what it imports, not fedsim's modules
+    entry = (
+        flwr_clientapp.__module__
+    )  # Flower's ClientApp entry and what it imports, not fedsim's modules
     context.set_forkserver_preload([entry, *filter(None, args.preload.split(","))])
     forkserver.ensure_running()  # the imports happen now, while the run starts, not at its first message
     pool = WorkerPool(args.workers, args.worker_idle) if args.workers > 0 else None

@@ -59,7 +59,9 @@ def point_name(point: list[str], swept: list[str]) -> str:
     """A run's folder name: its swept overrides as ``seed-0__protocol.lr-0.1``, in characters that
     need no quoting in a Hydra override (the folder is passed on as ``results_dir=``)."""
     values = _swept_values(point, swept)
-    return "__".join(re.sub(r"[^A-Za-z0-9._-]", "_", f"{k}-{v}") for k, v in values.items()) or "run"
+    return (
+        "__".join(re.sub(r"[^A-Za-z0-9._-]", "_", f"{k}-{v}") for k, v in values.items()) or "run"
+    )
 
 
 def _swept_values(point: list[str], swept: list[str]) -> dict[str, str]:
@@ -75,9 +77,13 @@ def _passable(folder: Path) -> Path:
         value = OverridesParser.create().parse_override(f"results_dir={folder}").value()
     except Exception:
         value = None
-    if value != str(folder) or OmegaConf.is_interpolation(OmegaConf.create({"folder": value}), "folder"):
-        raise ConfigError(f"sweep folder {str(folder)!r}: Hydra reads it otherwise as each point's results_dir= "
-                          "(an interpolation, a comma, a quote, a bracket, a character outside ASCII...); rename it")
+    if value != str(folder) or OmegaConf.is_interpolation(
+        OmegaConf.create({"folder": value}), "folder"
+    ):
+        raise ConfigError(
+            f"sweep folder {str(folder)!r}: Hydra reads it otherwise as each point's results_dir= "
+            "(an interpolation, a comma, a quote, a bracket, a character outside ASCII...); rename it"
+        )
     return folder
 
 
@@ -95,21 +101,34 @@ class Sweep:
         """``prepare`` composes and checks one point (``fedsim.run.cli.prepare``): every point is
         checked before the first runs, so a wrong key or value anywhere is refused up front."""
         folder = [o.partition("=")[2] for o in overrides if o.startswith("resume=")]
-        self.points, self.swept = expand([o for o in overrides if not o.startswith(("resume=", "results_dir="))])
+        self.points, self.swept = expand(
+            [o for o in overrides if not o.startswith(("resume=", "results_dir="))]
+        )
         checked = []
         for point in self.points:
             try:
                 checked.append(prepare(point)[0])
             except Exception as exc:
                 raise ConfigError(f"sweep point {' '.join(point)}:\n{exc}") from exc
-        self.folder = _passable(refuse_other_writers(folder[-1] if folder else _sweep_folder(overrides, checked[0]),
-                                                     "sweep folder", inside=True))  # a record: someone else's files
+        self.folder = _passable(
+            refuse_other_writers(
+                folder[-1] if folder else _sweep_folder(overrides, checked[0]),
+                "sweep folder",
+                inside=True,
+            )
+        )  # a record: someone else's files
         self.settings = typed_sweep(checked[0].sweep)  # the plan's defaults filled in
-        self.strict = any(o.startswith("sweep.metrics=") for o in overrides)  # the user's patterns must match
+        self.strict = any(
+            o.startswith("sweep.metrics=") for o in overrides
+        )  # the user's patterns must match
         _check_swept_baseline(self.settings.baseline, self.points)
         self.first = checked[0]  # where the points' MLflow runs go (logging.*, protocol.name)
-        self.session = {"git": provenance.git_state(), **provenance.environment(),
-                        "command": provenance.command(["fedsim", "run", "-m", *overrides]), "started": provenance.now()}
+        self.session = {
+            "git": provenance.git_state(),
+            **provenance.environment(),
+            "command": provenance.command(["fedsim", "run", "-m", *overrides]),
+            "started": provenance.now(),
+        }
         self.manifest = self._manifest(bool(folder))
 
     def _manifest(self, resume: bool) -> dict:
@@ -118,7 +137,9 @@ class Sweep:
             if not path.is_file():
                 raise ConfigError(f"resume: {path} not found (no sweep in {self.folder})")
             manifest = comparison.read_json(path)  # a record's file: someone else's
-            refuse_changed_plan(path, manifest, self.settings.planned())  # before the points: they hold the plan
+            refuse_changed_plan(
+                path, manifest, self.settings.planned()
+            )  # before the points: they hold the plan
             try:
                 points = [r["overrides"] for r in manifest["runs"]]
                 if not all("status" in r for r in manifest["runs"]):
@@ -126,25 +147,39 @@ class Sweep:
                 if not isinstance(manifest.get("resumed", []), list):
                     raise TypeError("resumed is not a list")
             except (TypeError, KeyError) as exc:
-                raise ConfigError(f"resume: {path} is not a sweep's manifest (runs with overrides and a status, "
-                                  f"resumed sessions in a list): {exc}") from exc
+                raise ConfigError(
+                    f"resume: {path} is not a sweep's manifest (runs with overrides and a status, "
+                    f"resumed sessions in a list): {exc}"
+                ) from exc
             if points != self.points:
-                raise ConfigError(f"resume: these overrides expand to other points than the sweep in "
-                                  f"{self.folder} ({len(self.points)} vs {len(manifest['runs'])}); "
-                                  f"repeat the sweep's own overrides")
+                raise ConfigError(
+                    f"resume: these overrides expand to other points than the sweep in "
+                    f"{self.folder} ({len(self.points)} vs {len(manifest['runs'])}); "
+                    f"repeat the sweep's own overrides"
+                )
             self._check_names(manifest["runs"])
             earlier_looks(manifest)  # refused now, not at the comparison after the runs
             manifest.setdefault("resumed", []).append(self.session)
             return manifest
         if path.exists():
-            raise ConfigError(f"{self.folder} already holds a sweep; resume={self.folder} continues it")
-        runs = [{"name": point_name(p, self.swept), "overrides": p, "status": "pending"} for p in self.points]
+            raise ConfigError(
+                f"{self.folder} already holds a sweep; resume={self.folder} continues it"
+            )
+        runs = [
+            {"name": point_name(p, self.swept), "overrides": p, "status": "pending"}
+            for p in self.points
+        ]
         names = [r["name"] for r in runs]
         if len(set(names)) != len(names):
             raise ConfigError("two sweep points would share a folder (repeated values?)")
         self._check_names(runs)
-        return {"swept": self.swept, "provenance": self.session, "plan": plan_record(self.settings.planned()),
-                "looks": [], "runs": runs}
+        return {
+            "swept": self.swept,
+            "provenance": self.session,
+            "plan": plan_record(self.settings.planned()),
+            "looks": [],
+            "runs": runs,
+        }
 
     def _check_names(self, runs: list[dict]) -> None:
         """Each point's folder is the one the sweep names from its overrides (:func:`point_name`),
@@ -153,11 +188,15 @@ class Sweep:
         for index, entry in enumerate(runs, 1):
             name = point_name(entry["overrides"], self.swept)
             if entry.get("name") != name:
-                raise ConfigError(f"{self.folder / MANIFEST} entry {index} names its folder {entry.get('name')!r}, "
-                                  f"but its overrides make {name!r}: a point runs only in the folder the sweep names")
+                raise ConfigError(
+                    f"{self.folder / MANIFEST} entry {index} names its folder {entry.get('name')!r}, "
+                    f"but its overrides make {name!r}: a point runs only in the folder the sweep names"
+                )
             if (self.folder / name).resolve().parent != self.folder:
-                raise ConfigError(f"{self.folder / MANIFEST} entry {index}: its folder {name!r} is not inside "
-                                  f"{self.folder}")
+                raise ConfigError(
+                    f"{self.folder / MANIFEST} entry {index}: its folder {name!r} is not inside "
+                    f"{self.folder}"
+                )
 
     def save(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -168,7 +207,9 @@ class Sweep:
         failed, the signal's exit code if one stopped the sweep."""
         self.parent = self._mlflow_parent()
         self.folder.mkdir(parents=True, exist_ok=True)
-        if why := who_else_writes(self.folder):  # made by another user between the check and this mkdir
+        if why := who_else_writes(
+            self.folder
+        ):  # made by another user between the check and this mkdir
             raise PermissionError(f"sweep folder: {why}")
         self.save()
         try:
@@ -181,41 +222,69 @@ class Sweep:
     def _run_all(self) -> int:
         todo = [r for r in self.manifest["runs"] if r["status"] != "completed"]
         start, done = time.monotonic(), 0
-        print(f"fedsim: sweep of {len(self.points)} runs in {self.folder} "
-              f"({len(self.points) - len(todo)} already completed)", flush=True)
+        print(
+            f"fedsim: sweep of {len(self.points)} runs in {self.folder} "
+            f"({len(self.points) - len(todo)} already completed)",
+            flush=True,
+        )
         for entry in todo:
             code = self._run_point(entry, len(self.points))
             done += 1
             completed = sum(r["status"] == "completed" for r in self.manifest["runs"])
-            print(f"fedsim: sweep {entry['status']}: {entry['name']} ({entry['seconds']:.0f} s); "
-                  + progress.line("sweep", done, len(todo), time.monotonic() - start, "runs",
-                                  f"{completed}/{len(self.points)} completed"), flush=True)
+            print(
+                f"fedsim: sweep {entry['status']}: {entry['name']} ({entry['seconds']:.0f} s); "
+                + progress.line(
+                    "sweep",
+                    done,
+                    len(todo),
+                    time.monotonic() - start,
+                    "runs",
+                    f"{completed}/{len(self.points)} completed",
+                ),
+                flush=True,
+            )
             if entry["status"] == "completed" and self.parent is not None:
                 self.parent.adopt(self.folder / entry["name"])
             if code in INTERRUPTED:
                 if self.parent is not None:
                     self.parent.stop()
-                print(f"fedsim: sweep interrupted; `fedsim run -m ... resume={self.folder}` continues it",
-                      file=sys.stderr)
+                print(
+                    f"fedsim: sweep interrupted; `fedsim run -m ... resume={self.folder}` continues it",
+                    file=sys.stderr,
+                )
                 return code
         result = self.compare()
         failed = [r["name"] for r in self.manifest["runs"] if r["status"] != "completed"]
         if failed:
-            print(f"fedsim: sweep: {len(failed)} runs failed: {', '.join(failed)} (errors in {MANIFEST})",
-                  file=sys.stderr)
+            print(
+                f"fedsim: sweep: {len(failed)} runs failed: {', '.join(failed)} (errors in {MANIFEST})",
+                file=sys.stderr,
+            )
         if self.parent is not None:
-            self.parent.close(_paired_means(result), [self.folder / n for n in comparison.OUTPUTS
-                                                      if (self.folder / n).is_file()], time.time(), bool(failed))
+            self.parent.close(
+                _paired_means(result),
+                [self.folder / n for n in comparison.OUTPUTS if (self.folder / n).is_file()],
+                time.time(),
+                bool(failed),
+            )
         return 1 if failed or result is None else 0
 
     def _mlflow_parent(self) -> SweepRun | None:
         """With logging.mlflow: the sweep's MLflow run (its id kept in the manifest for a resume)."""
         if not self.first.logging.mlflow:
             return None
-        parent = SweepRun(self.first.logging.mlflow_dir, self.first.protocol.name, self.folder,
-                          self.manifest.get("mlflow_run_id"), self.manifest["provenance"],
-                          {"sweep.command": self.session["command"]["line"][:6000], "sweep.swept": ",".join(self.swept),
-                           "sweep.points": str(len(self.points))})
+        parent = SweepRun(
+            self.first.logging.mlflow_dir,
+            self.first.protocol.name,
+            self.folder,
+            self.manifest.get("mlflow_run_id"),
+            self.manifest["provenance"],
+            {
+                "sweep.command": self.session["command"]["line"][:6000],
+                "sweep.swept": ",".join(self.swept),
+                "sweep.points": str(len(self.points)),
+            },
+        )
         self.manifest["mlflow_run_id"] = parent.run_id
         return parent
 
@@ -223,27 +292,47 @@ class Sweep:
         folder = self.folder / entry["name"]
         index = self.manifest["runs"].index(entry) + 1
         print(f"fedsim: sweep run {index}/{total}: {' '.join(entry['overrides'])}", flush=True)
-        killed = (folder / "checkpoint" / "run.json").is_file() and not (folder / "results.json").exists()
+        killed = (folder / "checkpoint" / "run.json").is_file() and not (
+            folder / "results.json"
+        ).exists()
         args = [f"resume={folder}"] if killed else [*entry["overrides"], f"results_dir={folder}"]
         folder.mkdir(parents=True, exist_ok=True)
-        write_file(folder / comparison.POINT_FILE, json.dumps(
-            {"overrides": entry["overrides"], "swept": _swept_values(entry["overrides"], self.swept)}, indent=1))
+        write_file(
+            folder / comparison.POINT_FILE,
+            json.dumps(
+                {
+                    "overrides": entry["overrides"],
+                    "swept": _swept_values(entry["overrides"], self.swept),
+                },
+                indent=1,
+            ),
+        )
         began = time.monotonic()
         # appended to (a resumed point's log keeps its first part), never through a link
-        log_fd = os.open(folder / "fedsim.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
+        log_fd = os.open(
+            folder / "fedsim.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666
+        )
         with os.fdopen(log_fd, "ab") as log:
             # -P: not the working folder first on the path, where another local user may have
             # planted a fedsim package (a sweep started from /tmp)
-            child = subprocess.Popen([sys.executable, "-P", "-m", "fedsim.run.cli", "run", *args], stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+            child = subprocess.Popen(
+                [sys.executable, "-P", "-m", "fedsim.run.cli", "run", *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             with _forwarding(child) as received:
                 code = exit_code(child.wait(), received)
         entry["seconds"] = time.monotonic() - began
-        entry["status"] = "completed" if code == 0 else "interrupted" if code in INTERRUPTED else "failed"
+        entry["status"] = (
+            "completed" if code == 0 else "interrupted" if code in INTERRUPTED else "failed"
+        )
         entry["exit_code"] = code
         entry["error"] = None if code == 0 else _tail(folder / "fedsim.log")
         self.save()
-        return 128 + received[0] if received else code  # told to stop: the sweep stops, the point done or not
+        return (
+            128 + received[0] if received else code
+        )  # told to stop: the sweep stops, the point done or not
 
     def compare(self) -> dict | None:
         """The sweep's own comparison (replacing its earlier one, e.g. before a resume); None
@@ -251,18 +340,29 @@ class Sweep:
         if not any(r["status"] == "completed" for r in self.manifest["runs"]):
             return {"paired": []}
         try:
-            result, _ = comparison.write(self.folder, self.settings, force=True, strict=self.strict,
-                                         earlier_looks=earlier_looks(self.manifest))
+            result, _ = comparison.write(
+                self.folder,
+                self.settings,
+                force=True,
+                strict=self.strict,
+                earlier_looks=earlier_looks(self.manifest),
+            )
         except comparison.ComparisonRefused as exc:
             why = escape_controls(exc, keep="\n")  # the record's names, to a terminal
-            print(f"fedsim: sweep comparison refused: {why}\n`fedsim compare {self.folder} sweep.KEY=...` "
-                  "builds it with other settings", file=sys.stderr)
+            print(
+                f"fedsim: sweep comparison refused: {why}\n`fedsim compare {self.folder} sweep.KEY=...` "
+                "builds it with other settings",
+                file=sys.stderr,
+            )
             return None
         count_look(self.manifest, result)
         self.save()
         for warning in result["warnings"]:
             print(f"fedsim: sweep comparison: warning: {escape_controls(warning)}", file=sys.stderr)
-        print(f"fedsim: sweep comparison in {self.folder / 'summary.md'} and comparison.json", flush=True)
+        print(
+            f"fedsim: sweep comparison in {self.folder / 'summary.md'} and comparison.json",
+            flush=True,
+        )
         return result
 
 
@@ -280,20 +380,29 @@ def refuse_changed_plan(path: Path, manifest: dict, plan: dict | None) -> None:
     manifest ``path`` before the first run (added, dropped or changed), or whose manifest plan no
     longer matches its own hash: a plan chosen after seeing results is no plan."""
     kept = manifest.get("plan") if isinstance(manifest, dict) else None
-    if kept is not None and (not isinstance(kept, dict) or plan_record(kept.get("settings")) != kept):
-        raise ConfigError(f"{path}: its plan does not match its own sha256: the manifest was edited")
+    if kept is not None and (
+        not isinstance(kept, dict) or plan_record(kept.get("settings")) != kept
+    ):
+        raise ConfigError(
+            f"{path}: its plan does not match its own sha256: the manifest was edited"
+        )
     if (kept or {}).get("sha256") != (plan_record(plan) or {}).get("sha256"):
-        raise ConfigError(f"sweep.plan {json.dumps(plan)} is not the plan {path} holds from before the first run "
-                          f"({json.dumps(kept and kept['settings'])}): a plan cannot change once the sweep has run")
+        raise ConfigError(
+            f"sweep.plan {json.dumps(plan)} is not the plan {path} holds from before the first run "
+            f"({json.dumps(kept and kept['settings'])}): a plan cannot change once the sweep has run"
+        )
 
 
 def earlier_looks(manifest: dict) -> tuple[int, ...]:
     """The seed counts at which the sweep's comparison was read before (``looks`` in sweep.json),
     refused when they are not a list of ``{"n": count, ...}`` (a record's file: someone else's)."""
     looks = manifest.get("looks", [])
-    if not isinstance(looks, list) or not all(isinstance(look, dict) and type(look.get("n")) is int
-                                              for look in looks):
-        raise ConfigError(f"sweep.json: its looks are not a list of {{\"n\": seeds, ...}}: {str(looks)[:200]}")
+    if not isinstance(looks, list) or not all(
+        isinstance(look, dict) and type(look.get("n")) is int for look in looks
+    ):
+        raise ConfigError(
+            f"sweep.json: its looks are not a list of {{\"n\": seeds, ...}}: {str(looks)[:200]}"
+        )
     return tuple(look["n"] for look in looks)
 
 
@@ -303,8 +412,14 @@ def count_look(manifest: dict, result: dict) -> bool:
     look = result.get("look")
     if look is None or look["n"] in earlier_looks(manifest):
         return False
-    manifest.setdefault("looks", []).append({"n": look["n"], "status": look["status"],
-                                             "boundary_z": look["boundary_z"], "at": provenance.now()})
+    manifest.setdefault("looks", []).append(
+        {
+            "n": look["n"],
+            "status": look["status"],
+            "boundary_z": look["boundary_z"],
+            "at": provenance.now(),
+        }
+    )
     return True
 
 
@@ -338,8 +453,10 @@ def refuse_other_writers(folder: str | Path, what: str, inside: bool = False) ->
     if not why and inside and resolved.exists():
         why = next(filter(None, map(_shared, comparison.refuse_links(resolved)[1:])), None)
     if why:
-        raise ConfigError(f"{what} {folder}: {why}, so another user could plant links in it or swap its files: "
-                          "choose a folder only you (and root) can write")
+        raise ConfigError(
+            f"{what} {folder}: {why}, so another user could plant links in it or swap its files: "
+            "choose a folder only you (and root) can write"
+        )
     return resolved
 
 
@@ -348,15 +465,22 @@ def _shared(folder: Path) -> str | None:
     ``who_else_writes`` says, and a sticky folder others can write too, which it lets pass as
     /tmp: an entry another user makes there after the checks stays theirs, to swap for a link."""
     mode = folder.stat().st_mode
-    return f"{folder} is writable by others ({stat.filemode(mode)})" if mode & 0o022 else who_else_writes(folder)
+    return (
+        f"{folder} is writable by others ({stat.filemode(mode)})"
+        if mode & 0o022
+        else who_else_writes(folder)
+    )
 
 
 def _paired_means(result: dict | None) -> dict[str, float]:
     """The sweep's paired mean differences and contrasts (minus their null) as MLflow metrics
     ``paired/<group>/<metric>`` and ``contrast/<group>/<metric>``."""
     result = result or {}
-    return {f"{kind}/{p['label']}/{p['metric']}"[:250]: p["mean"]
-            for kind, key in (("paired", "paired"), ("contrast", "contrasts")) for p in result.get(key, [])}
+    return {
+        f"{kind}/{p['label']}/{p['metric']}"[:250]: p["mean"]
+        for kind, key in (("paired", "paired"), ("contrast", "contrasts"))
+        for p in result.get(key, [])
+    }
 
 
 def _check_swept_baseline(baseline: str | None, points: list[list[str]]) -> None:
@@ -367,8 +491,10 @@ def _check_swept_baseline(baseline: str | None, points: list[list[str]]) -> None
         return
     values = sorted({v for p in points for k, _, v in (o.partition("=") for o in p) if k == key})
     if len(values) < 2 or value not in values:
-        raise ConfigError(f"sweep.baseline={baseline}: the sweep gives {key} the values {values or 'none'}; the "
-                          f"baseline must be one of two or more swept values (KEY=VALUE)")
+        raise ConfigError(
+            f"sweep.baseline={baseline}: the sweep gives {key} the values {values or 'none'}; the "
+            f"baseline must be one of two or more swept values (KEY=VALUE)"
+        )
 
 
 def exit_code(code: int, received: list[int]) -> int:

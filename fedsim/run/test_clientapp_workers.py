@@ -129,7 +129,9 @@ def test_the_parent_monitor_is_started_once_per_worker():
 def test_the_run_of_the_task_being_launched_is_known_to_the_launch(monkeypatch):
     """Flower's plugin sees the task's run, its launch only the token: the wrap passes it on."""
     seen = []
-    monkeypatch.setattr(BaseExecPlugin, "launch_task", lambda plugin, token, task: seen.append(popen.run_id))
+    monkeypatch.setattr(
+        BaseExecPlugin, "launch_task", lambda plugin, token, task: seen.append(popen.run_id)
+    )
     popen = ForkingPopen(None)
     remember_run(popen)
     BaseExecPlugin.launch_task(None, "token", type("Task", (), {"run_id": 12})())

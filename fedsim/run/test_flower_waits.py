@@ -11,9 +11,19 @@ from fedsim.flower.messages import ObjectUnavailableError, inflatable_utils, pul
 from fedsim.flower.processes import run_superexec, start_client_internal
 from fedsim.run import launcher, supernode
 from fedsim.run.tls import make_federation
-from fedsim.runtime.flower_waits import BACKOFF_CAP, SUPEREXEC_POLL_ENV, Sleeps, shorten_pull_backoff
+from fedsim.runtime.flower_waits import (
+    BACKOFF_CAP,
+    SUPEREXEC_POLL_ENV,
+    Sleeps,
+    shorten_pull_backoff,
+)
 
-WAITS = {"superexec_poll": 0.1, "supernode_idle": 0.2, "supernode_reply": 0.05, "pull_backoff": 0.05}
+WAITS = {
+    "superexec_poll": 0.1,
+    "supernode_idle": 0.2,
+    "supernode_reply": 0.05,
+    "pull_backoff": 0.05,
+}
 STOCK = dict.fromkeys(WAITS)
 
 
@@ -36,7 +46,9 @@ def test_supernode_command_runs_the_wrapper_only_when_a_wait_is_shortened(tmp_pa
     certs = make_federation(tmp_path, ["127.0.0.1"], nodes=1)
     args = ("127.0.0.1:9092", 0, 1, {"data-root": "/data"}, certs, True, 9094)
     stock = launcher.supernode_command(*args)
-    assert stock[0].endswith("flower-supernode") and launcher.supernode_command(*args, STOCK) == stock
+    assert (
+        stock[0].endswith("flower-supernode") and launcher.supernode_command(*args, STOCK) == stock
+    )
     fast = launcher.supernode_command(*args, WAITS)
     assert fast[:3] == [sys.executable, "-m", "fedsim.run.supernode"]
     assert fast[3:6] == ["--idle-wait=0.2", "--reply-wait=0.05", "--pull-backoff=0.05"]
@@ -58,9 +70,19 @@ def test_the_wrapper_starts_flower_supernode_with_its_sleeps_mapped(monkeypatch,
     def fake_flower_supernode():
         seen["argv"] = list(sys.argv)
         seen["clock"] = start_client_internal.time
+
     monkeypatch.setattr(supernode, "flower_supernode", fake_flower_supernode)
-    supernode.main(["--idle-wait=0.2", "--reply-wait=0.05", "--pull-backoff=0.05", "--",
-                    "--insecure", "--superlink", "127.0.0.1:9092"])
+    supernode.main(
+        [
+            "--idle-wait=0.2",
+            "--reply-wait=0.05",
+            "--pull-backoff=0.05",
+            "--",
+            "--insecure",
+            "--superlink",
+            "127.0.0.1:9092",
+        ]
+    )
     assert seen["argv"] == ["flower-supernode", "--insecure", "--superlink", "127.0.0.1:9092"]
     assert isinstance(seen["clock"], Sleeps) and seen["clock"].monotonic is time.monotonic
     assert pull_objects.__kwdefaults__["initial_backoff"] == 0.05
@@ -83,6 +105,7 @@ def test_a_missing_object_is_retried_sooner_and_as_patiently(restore_flower):
         if len(calls) < 3:
             raise ObjectUnavailableError(object_id)
         return b"content"
+
     shorten_pull_backoff(0.05)
     assert pull_objects(["x"], arrives_third_time) == {"x": b"content"}
     gaps = [b - a for a, b in zip(calls, calls[1:])]

@@ -8,11 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.run.launcher import RAY_SOCKET_TAIL, SOCKET_PATH_MAX, Interrupted, RunFailed, keep_logs, ray_tmpdir
+from fedsim.run.launcher import (
+    RAY_SOCKET_TAIL,
+    SOCKET_PATH_MAX,
+    Interrupted,
+    RunFailed,
+    keep_logs,
+    ray_tmpdir,
+)
 
 
 def test_ray_reaches_a_deep_work_folder_by_a_short_private_path_gone_with_the_run(tmp_path):
-    short, deep = Path("/tmp/fedsim-run-abcdefgh"), tmp_path / ("a" * 100) / "w"  # as tempfile names it
+    short, deep = (
+        Path("/tmp/fedsim-run-abcdefgh"),
+        tmp_path / ("a" * 100) / "w",
+    )  # as tempfile names it
     deep.mkdir(parents=True)
     with ExitStack() as stack:
         assert ray_tmpdir(stack, short) == short  # it fits: Ray's session stays where it was
@@ -41,7 +51,11 @@ def test_a_failure_naming_a_log_in_the_work_folder_names_its_kept_copy(tmp_path)
     workdir, results = tmp_path / "work", tmp_path / "results"
     results.mkdir()
     with pytest.raises(RunFailed) as failed:
-        _launch(workdir, results, RunFailed(f"flower-superlink exited with -9; log: {workdir / 'superlink.log'}"))
+        _launch(
+            workdir,
+            results,
+            RunFailed(f"flower-superlink exited with -9; log: {workdir / 'superlink.log'}"),
+        )
     [kept] = results.glob("logs-*")
     assert f"exited with -9; log: {kept / 'superlink.log'}\n" in str(failed.value)
     assert (kept / "superlink.log").read_text() == "killed\n" and not workdir.exists()
@@ -61,6 +75,11 @@ def test_a_log_that_is_a_link_is_not_followed_into_the_results(tmp_path):
     secret.write_text("PRIVATE KEY\n")
     (tmp_path / "results").mkdir()
     with pytest.raises(RunFailed):
-        _launch(tmp_path / "work", tmp_path / "results", RunFailed("flower-superlink exited with -9"), secret)
+        _launch(
+            tmp_path / "work",
+            tmp_path / "results",
+            RunFailed("flower-superlink exited with -9"),
+            secret,
+        )
     [kept] = (tmp_path / "results").glob("logs-*")
     assert sorted(p.name for p in kept.iterdir()) == ["superlink.log"]

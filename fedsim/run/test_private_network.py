@@ -48,12 +48,19 @@ def namespace():
 
 
 def test_a_port_in_the_namespace_is_out_of_reach_from_outside(namespace):
-    server = subprocess.Popen(namespace.command([sys.executable, "-c", SERVER]), pass_fds=namespace.fds,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        namespace.command([sys.executable, "-c", SERVER]),
+        pass_fds=namespace.fds,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         port, uid, gid, hostname, interfaces = server.stdout.readline().split(maxsplit=4)
         assert (int(uid), int(gid)) == (os.getuid(), os.getgid())  # file ownership reads the same
-        assert interfaces.strip() == "['lo']" and hostname == "localhost"  # Ray's node address: loopback
+        assert (
+            interfaces.strip() == "['lo']" and hostname == "localhost"
+        )  # Ray's node address: loopback
         assert ("127.0.0.1", int(port)) in listening(server.pid)  # what the launcher waits on
         assert int(port) not in {p for _, p in listening(os.getpid())}
         with pytest.raises(ConnectionRefusedError):
@@ -68,8 +75,13 @@ def test_the_runs_own_user_can_enter_the_namespace_another_user_cannot(namespace
     (as ``nsenter`` does; it holds every capability in the user namespace it owns); another uid
     may not open them (ptrace access), so not enter. The second half needs root to become another
     uid (nobody); it tries util-linux's ``nsenter``, what such a user would."""
-    server = subprocess.Popen(namespace.command([sys.executable, "-c", SERVER]), pass_fds=namespace.fds,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        namespace.command([sys.executable, "-c", SERVER]),
+        pass_fds=namespace.fds,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         port = server.stdout.readline().split()[0]
         enter = [sys.executable, "-c", ENTER, str(server.pid), port]
@@ -77,8 +89,13 @@ def test_the_runs_own_user_can_enter_the_namespace_another_user_cannot(namespace
         assert same.returncode == 0, same.stderr
         if os.geteuid() != 0:
             pytest.skip("becoming another uid needs root")
-        other = subprocess.run(["nsenter", f"--target={server.pid}", "--net", "true"], capture_output=True,
-                               text=True, timeout=60, preexec_fn=_nobody)
+        other = subprocess.run(
+            ["nsenter", f"--target={server.pid}", "--net", "true"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            preexec_fn=_nobody,
+        )
         assert other.returncode != 0 and "Permission denied" in other.stderr, other.stderr
     finally:
         server.stdin.close()
@@ -86,8 +103,11 @@ def test_the_runs_own_user_can_enter_the_namespace_another_user_cannot(namespace
 
 
 def test_listening_names_ipv4_and_ipv6_addresses():
-    with socket.create_server(("127.0.0.1", 0)) as v4, \
-            socket.create_server(("::1", 0), family=socket.AF_INET6) as v6, socket.socket() as idle:
+    with (
+        socket.create_server(("127.0.0.1", 0)) as v4,
+        socket.create_server(("::1", 0), family=socket.AF_INET6) as v6,
+        socket.socket() as idle,
+    ):
         idle.bind(("127.0.0.1", 0))  # bound, not listening
         found = listening(os.getpid())
         assert ("127.0.0.1", v4.getsockname()[1]) in found and ("::1", v6.getsockname()[1]) in found
@@ -115,13 +135,29 @@ def test_a_module_planted_in_the_working_folder_is_not_run(tmp_path, monkeypatch
 def test_a_run_in_the_namespace_records_the_machines_name(namespace):
     """The namespace names its host ``localhost`` (Ray's node address); results.json's provenance
     must still name the machine, as fedsim run hands it over (the e2e run recorded localhost)."""
-    host = [sys.executable, "-c", "from fedsim.results.provenance import machine; print(machine()['host'])"]
+    host = [
+        sys.executable,
+        "-c",
+        "from fedsim.results.provenance import machine; print(machine()['host'])",
+    ]
     env = {k: v for k, v in os.environ.items() if k != HOST_ENV}
-    inside = subprocess.run(namespace.command(host), pass_fds=namespace.fds, capture_output=True, text=True,
-                            env=env, check=True)
+    inside = subprocess.run(
+        namespace.command(host),
+        pass_fds=namespace.fds,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     assert inside.stdout.strip() == "localhost"  # without it
-    given = subprocess.run(namespace.command(host), pass_fds=namespace.fds, capture_output=True, text=True,
-                           env={**env, HOST_ENV: platform.node()}, check=True)
+    given = subprocess.run(
+        namespace.command(host),
+        pass_fds=namespace.fds,
+        capture_output=True,
+        text=True,
+        env={**env, HOST_ENV: platform.node()},
+        check=True,
+    )
     assert given.stdout.strip() == platform.node()
 
 
@@ -129,6 +165,7 @@ def test_a_helper_on_this_machines_network_is_refused(monkeypatch):
     """Were the helper's pid another process on this machine's network (the helper killed, its pid
     reused), the run would listen on the machine's network while saying it does not: refused."""
     import fedsim.run.netns as netns
+
     same = netns._same
     monkeypatch.setattr(netns, "_same", lambda kind, pid: kind == "net" or same(kind, pid))
     with pytest.raises(NamespaceUnavailable, match="on this process's network namespace"):

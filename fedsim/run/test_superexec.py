@@ -37,18 +37,30 @@ def test_the_forked_clientapp_imports_the_fabs_packages_not_the_installed_ones(t
     fab = tmp_path / "fab"
     (fab / "fedsim").mkdir(parents=True)
     (fab / "fedsim" / "__init__.py").write_text("FROM_FAB = True\n")
-    code = ("import sys; import fedsim.run.superexec as s; sys.path.insert(0, sys.argv[1]); "
-            "s.forget_app_packages(); import fedsim; print(getattr(fedsim, 'FROM_FAB', False))")
-    out = subprocess.run([sys.executable, "-c", code, str(fab)], capture_output=True, text=True, check=True)
+    code = (
+        "import sys; import fedsim.run.superexec as s; sys.path.insert(0, sys.argv[1]); "
+        "s.forget_app_packages(); import fedsim; print(getattr(fedsim, 'FROM_FAB', False))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(fab)], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "True", out.stderr
 
 
 def test_the_supernode_starts_fedsims_superexec_with_flowers_arguments():
-    started = WarmSuperExec("json", 0.05).Popen(["flower-superexec", "--help"], stdout=subprocess.PIPE, text=True)
+    started = WarmSuperExec("json", 0.05).Popen(
+        ["flower-superexec", "--help"], stdout=subprocess.PIPE, text=True
+    )
     out, _ = started.communicate(timeout=120)
     assert started.returncode == 0 and "usage: flower-superexec" in out
     assert os.path.basename(started.args[0]).startswith("python")
-    assert started.args[1:6] == ["-m", "fedsim.run.superexec", "--preload=json", "--pull-backoff=0.05", "--"]
+    assert started.args[1:6] == [
+        "-m",
+        "fedsim.run.superexec",
+        "--preload=json",
+        "--pull-backoff=0.05",
+        "--",
+    ]
 
 
 def test_supernode_command_passes_the_preload_list(tmp_path):
@@ -60,7 +72,9 @@ def test_supernode_command_passes_the_preload_list(tmp_path):
     assert warm[4:] == ["--", *stock[1:]]  # TLS and the node's key exactly as without it
     workers = launcher.supernode_command(*args, ["numpy"], 2)
     assert workers[3:6] == ["--preload=numpy", "--workers=2", "--"]
-    assert launcher.supernode_command(*args, None, 2) == stock  # workers are forks of the warm process
+    assert (
+        launcher.supernode_command(*args, None, 2) == stock
+    )  # workers are forks of the warm process
 
 
 def test_the_supernode_passes_the_workers_to_its_superexec():
@@ -70,6 +84,7 @@ def test_the_supernode_passes_the_workers_to_its_superexec():
 
 def report_start_method(out: str) -> None:
     from fedsim.run.superexec import prepare_fork
+
     prepare_fork(None)
     with open(out, "w", encoding="utf-8") as fh:
         fh.write(multiprocessing.get_start_method())

@@ -54,7 +54,9 @@ def test_results_survive_the_log_and_a_lost_chunk_is_refused(tmp_path):
     lines = ship_results(src)
     assert len(lines) > 1  # several chunks
     unpack_results(lines, dst)
-    assert {p.name: p.read_bytes() for p in dst.iterdir()} == {p.name: p.read_bytes() for p in src.iterdir()}
+    assert {p.name: p.read_bytes() for p in dst.iterdir()} == {
+        p.name: p.read_bytes() for p in src.iterdir()
+    }
     with pytest.raises(ValueError, match="incomplete"):
         unpack_results(lines[:-1], tmp_path / "lost")
 

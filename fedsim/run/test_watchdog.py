@@ -8,7 +8,9 @@ import subprocess
 from fedsim.run.watchdog import ENV_KEY, _runs_server_app, run_processes
 
 
-def test_a_run_process_is_found_by_its_folder_or_its_token_and_a_server_app_by_its_command(tmp_path):
+def test_a_run_process_is_found_by_its_folder_or_its_token_and_a_server_app_by_its_command(
+    tmp_path,
+):
     (tmp_path / "run").mkdir()
     sleep = ["sleep", "60"]
     in_folder = subprocess.Popen(sleep, cwd=tmp_path / "run")

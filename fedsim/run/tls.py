@@ -40,6 +40,7 @@ VALID_DAYS = 30
 @dataclass(frozen=True)
 class Certificates:
     """The files of one federation, by role, in ``folder``."""
+
     folder: Path
 
     @property
@@ -66,8 +67,10 @@ class Certificates:
         need += [p for i in range(nodes) for p in (self.node_key(i), self.node_pub(i))]
         missing = [str(p) for p in need if not p.is_file()]
         if missing:
-            raise FileNotFoundError(f"certificate files missing: {', '.join(missing)} "
-                                    f"(make a test set with `fedsim certs {self.folder}`)")
+            raise FileNotFoundError(
+                f"certificate files missing: {', '.join(missing)} "
+                f"(make a test set with `fedsim certs {self.folder}`)"
+            )
 
 
 def _name(common_name: str) -> x509.Name:
@@ -80,33 +83,48 @@ def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
             return x509.IPAddress(ipaddress.ip_address(host))
         except ValueError:
             return x509.DNSName(host)
+
     return x509.SubjectAlternativeName([entry(h) for h in hosts])
 
 
 def _key_usage(ca: bool) -> x509.KeyUsage:
     """A CA signs certificates (and CRLs); a server certificate signs its TLS handshake."""
-    return x509.KeyUsage(digital_signature=not ca, content_commitment=False, key_encipherment=False,
-                         data_encipherment=False, key_agreement=False, key_cert_sign=ca,
-                         crl_sign=ca, encipher_only=False, decipher_only=False)
+    return x509.KeyUsage(
+        digital_signature=not ca,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
 
 
-def _certificate(subject: str, key, issuer: str, signer, days: int, ca: bool,
-                 hosts: list[str] = ()) -> x509.Certificate:
+def _certificate(
+    subject: str, key, issuer: str, signer, days: int, ca: bool, hosts: list[str] = ()
+) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
-    builder = (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(_name(issuer))
-               .public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5))
-               .not_valid_after(now + datetime.timedelta(days=days))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-               .add_extension(_key_usage(ca), critical=True)
-               .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
-                              critical=False)
-               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
-                   signer.public_key()), critical=False))
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(_name(issuer))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(_key_usage(ca), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(signer.public_key()), critical=False
+        )
+    )
     if hosts:
-        builder = (builder.add_extension(_san(list(hosts)), critical=False)
-                   .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
-                                  critical=False))
+        builder = builder.add_extension(_san(list(hosts)), critical=False).add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
+        )
     return builder.sign(signer, hashes.SHA256())
 
 
@@ -121,29 +139,43 @@ def _write(path: Path, data: bytes, private: bool = False) -> None:
 
 
 def _pem_key(key) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def make_node_key(certs: Certificates, index: int) -> None:
     """A SuperNode's authentication key pair (OpenSSH, P-384)."""
     key = ec.generate_private_key(ec.SECP384R1())
-    _write(certs.node_key(index), key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-        serialization.NoEncryption()), private=True)
-    _write(certs.node_pub(index), key.public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + b"\n")
+    _write(
+        certs.node_key(index),
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        ),
+        private=True,
+    )
+    _write(
+        certs.node_pub(index),
+        key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
+        + b"\n",
+    )
 
 
-def make_federation(folder: str | Path, hosts: list[str], nodes: int,
-                    days: int = VALID_DAYS) -> Certificates:
+def make_federation(
+    folder: str | Path, hosts: list[str], nodes: int, days: int = VALID_DAYS
+) -> Certificates:
     """A private CA, a SuperLink certificate for ``hosts`` and ``nodes`` node key pairs."""
     certs = Certificates(private_folder(Path(folder)))
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca = _certificate("fedsim test CA", ca_key, "fedsim test CA", ca_key, days, ca=True)
     server_key = ec.generate_private_key(ec.SECP384R1())
-    server = _certificate(hosts[0], server_key, "fedsim test CA", ca_key, days, ca=False,
-                          hosts=hosts)
+    server = _certificate(
+        hosts[0], server_key, "fedsim test CA", ca_key, days, ca=False, hosts=hosts
+    )
     _write(certs.ca, ca.public_bytes(serialization.Encoding.PEM))
     _write(certs.superlink_cert, server.public_bytes(serialization.Encoding.PEM))
     _write(certs.superlink_key, _pem_key(server_key), private=True)

@@ -49,8 +49,11 @@ def _belongs(proc: psutil.Process, token: str | None, root: str) -> bool:
 def run_processes(root: str | Path, token: str | None = None, spare: int = -1) -> list[int]:
     """Pids (other than this one and ``spare``) working under ``root`` or carrying ``token``."""
     root = os.path.realpath(root)
-    return [p.pid for p in psutil.process_iter()
-            if p.pid not in (os.getpid(), spare) and _belongs(p, token, root)]
+    return [
+        p.pid
+        for p in psutil.process_iter()
+        if p.pid not in (os.getpid(), spare) and _belongs(p, token, root)
+    ]
 
 
 def _runs_server_app(pid: int) -> bool:
@@ -75,15 +78,19 @@ def _signal_and_wait(pids, sig: int, still, grace: float) -> None:
 def end_server_apps(root: str | Path, token: str | None = None, grace: float = 5.0) -> None:
     """SIGKILL the run's ServerApp processes and wait until they are gone: from then on nothing
     the rest of the run does while it stops can be journaled."""
+
     def server_apps() -> list[int]:
         return [pid for pid in run_processes(root, token) if _runs_server_app(pid)]
+
     _signal_and_wait(server_apps(), signal.SIGKILL, server_apps, grace)
 
 
 def sweep(token: str, root: str, spare: int, grace: float = 5.0) -> None:
     end_server_apps(root, token)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        _signal_and_wait(run_processes(root, token, spare), sig, lambda: run_processes(root, token, spare), grace)
+        _signal_and_wait(
+            run_processes(root, token, spare), sig, lambda: run_processes(root, token, spare), grace
+        )
 
 
 def main() -> None:

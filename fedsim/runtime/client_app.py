@@ -24,7 +24,14 @@ from fedsim.code_policy import allowed_code
 from fedsim.config import node_local
 from fedsim.config.data import resolve_data_root
 from fedsim.flower.strategies import KEY_CLIPPING_NORM, make_ffn
-from fedsim.message_keys import CONFIG, NODE_NUM_PARTITIONS, NODE_PARTITION_ID, PARTITION_ID, RAY_NODE, SERVER_ROUND
+from fedsim.message_keys import (
+    CONFIG,
+    NODE_NUM_PARTITIONS,
+    NODE_PARTITION_ID,
+    PARTITION_ID,
+    RAY_NODE,
+    SERVER_ROUND,
+)
 from fedsim.runtime import client_state, exchange_trace, he_layer
 from fedsim.runtime.faults import fault_injection_mod
 from fedsim.runtime.journal import WHOAMI
@@ -53,13 +60,17 @@ def dp_clipping_mod(msg: Message, context: Context, call_next) -> Message:
     def trained(m: Message, c: Context) -> Message:
         reply = call_next(m, c)
         if not reply.has_error():
-            dtypes.update({k: a.dtype for r in reply.content.array_records.values() for k, a in r.items()})
+            dtypes.update(
+                {k: a.dtype for r in reply.content.array_records.values() for k, a in r.items()}
+            )
         return reply
 
     out = adaptiveclipping_mod(msg, context, trained)
     if not out.has_error():
         for name, record in list(out.content.array_records.items()):
-            out.content[name] = ArrayRecord({k: Array(a.numpy().astype(dtypes[k])) for k, a in record.items()})
+            out.content[name] = ArrayRecord(
+                {k: Array(a.numpy().astype(dtypes[k])) for k, a in record.items()}
+            )
     return out
 
 
@@ -92,8 +103,12 @@ def message_seed(msg: Message, partition_id: int) -> int:
     round (Flower's strategies put ``server-round`` in the config; 0 for other phases), the
     partition and the message type. Nothing in it depends on scheduling or node ids."""
     config = msg.content.config_records[CONFIG]
-    return PROCESS.seed(config.get(SEED_KEY, 0), round=config.get(SERVER_ROUND, 0), partition=partition_id,
-                        message_type=msg.metadata.message_type)
+    return PROCESS.seed(
+        config.get(SEED_KEY, 0),
+        round=config.get(SERVER_ROUND, 0),
+        partition=partition_id,
+        message_type=msg.metadata.message_type,
+    )
 
 
 def ray_node() -> dict[str, str]:
@@ -108,17 +123,25 @@ def ray_node() -> dict[str, str]:
 
 def _client_reply(msg: Message, context: Context) -> Message:
     if WHOAMI in msg.content.config_records:  # the Messenger maps node ids to partitions
-        record = ConfigRecord({PARTITION_ID: int(context.node_config[NODE_PARTITION_ID]), **ray_node()})
+        record = ConfigRecord(
+            {PARTITION_ID: int(context.node_config[NODE_PARTITION_ID]), **ray_node()}
+        )
         return Message(RecordDict({WHOAMI: record}), reply_to=msg)
     node_local.attach(msg, context.node_config)  # this node's folders, never the server's
     if client_state.FORGET in msg.content.config_records:  # the run ended: its client state goes
         removed = client_state.forget(msg)
-        return Message(RecordDict({client_state.FORGET: ConfigRecord({"removed": removed})}), reply_to=msg)
+        return Message(
+            RecordDict({client_state.FORGET: ConfigRecord({"removed": removed})}), reply_to=msg
+        )
     task_json = msg.content[CONFIG][TASK_KEY]
     partition_id = int(context.node_config[NODE_PARTITION_ID])
     exchange_trace.mark("enter", msg.metadata.message_id)
-    client = _client(task_json, _data_root(node_local.setting(msg, "data-root"), task_json),
-                     partition_id, int(context.node_config[NODE_NUM_PARTITIONS]))
+    client = _client(
+        task_json,
+        _data_root(node_local.setting(msg, "data-root"), task_json),
+        partition_id,
+        int(context.node_config[NODE_NUM_PARTITIONS]),
+    )
     exchange_trace.mark("built", msg.metadata.message_id)
     reseed(message_seed(msg, partition_id))  # after building the client: it may import torch
     reply = Message(client.handle(msg), reply_to=msg)

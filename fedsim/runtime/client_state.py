@@ -45,9 +45,9 @@ from fedsim.config.node_local import setting
 from fedsim.message_keys import CONFIG
 from fedsim.privacy.secret import private_folder
 
-RUN_KEY = "fedsim-run-key"           # config: the run's key, stable across a resume
-STATE_KEY = "fedsim-client-state"   # config: JSON {"keep": bool}, in every message
-FORGET = "fedsim-forget"            # config record of the end-of-run query: {run key entry}
+RUN_KEY = "fedsim-run-key"  # config: the run's key, stable across a resume
+STATE_KEY = "fedsim-client-state"  # config: JSON {"keep": bool}, in every message
+FORGET = "fedsim-forget"  # config record of the end-of-run query: {run key entry}
 KEPT_VERSIONS = 2
 
 
@@ -55,7 +55,11 @@ def run_key(msg: Message) -> str:
     """The key of the run a message belongs to, stable across a resume (``client_config``);
     Flower's run id where the server sent none."""
     config = msg.content.config_records.get(CONFIG)
-    return str(config[RUN_KEY]) if config is not None and RUN_KEY in config else str(msg.metadata.run_id)
+    return (
+        str(config[RUN_KEY])
+        if config is not None and RUN_KEY in config
+        else str(msg.metadata.run_id)
+    )
 
 
 def _kept(msg: Message) -> bool:
@@ -80,7 +84,11 @@ def _run_path(root: str | None, key: str) -> Path:
 
 def _base(root: str | None) -> Path:
     """The root; the default is per user (a root is owner-only, so two users cannot share one)."""
-    return Path(root).expanduser() if root else Path(tempfile.gettempdir()) / f"fedsim-clients-{os.getuid()}"
+    return (
+        Path(root).expanduser()
+        if root
+        else Path(tempfile.gettempdir()) / f"fedsim-clients-{os.getuid()}"
+    )
 
 
 def run_dir(root: str | None, key: str) -> Path:
@@ -109,7 +117,10 @@ class ClientState:
     def _versions(self, name: str) -> list[tuple[int, Path]]:
         if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
             raise ValueError(f"state name {name!r}: letters, digits, '.', '_' and '-' only")
-        found = ((re.fullmatch(rf"{re.escape(name)}\.r(\d+)\.npz", p.name), p) for p in self.folder.iterdir())
+        found = (
+            (re.fullmatch(rf"{re.escape(name)}\.r(\d+)\.npz", p.name), p)
+            for p in self.folder.iterdir()
+        )
         return sorted((int(m.group(1)), p) for m, p in found if m)
 
     def load(self, name: str, before_round: int) -> dict[str, np.ndarray] | None:

@@ -26,7 +26,13 @@ def mark(event: str, message_id: str = "", **fields) -> None:
     folder = os.environ.get(TRACE_ENV)
     if not folder:
         return
-    line = {"event": event, "t": time.time(), "pid": os.getpid(), "message_id": message_id, **fields}
+    line = {
+        "event": event,
+        "t": time.time(),
+        "pid": os.getpid(),
+        "message_id": message_id,
+        **fields,
+    }
     with open(Path(folder) / f"{os.getpid()}.jsonl", "a", encoding="utf-8") as fh:
         fh.write(json.dumps(line) + "\n")
 
@@ -45,22 +51,29 @@ def mark_process_start(reused: bool = False) -> None:
     and its parent's command line (which process started it); ``reused``: a ClientApp worker's
     next message (``fedsim/run/clientapp_workers.py``), which starts now in the same process."""
     if os.environ.get(TRACE_ENV):
-        mark("process-start", t=time.time() if reused else process_start(), reused=reused,
-             parent=" ".join(psutil.Process().parent().cmdline()))
+        mark(
+            "process-start",
+            t=time.time() if reused else process_start(),
+            reused=reused,
+            parent=" ".join(psutil.Process().parent().cmdline()),
+        )
 
 
 def read(folder: Path) -> list[dict]:
     """Every mark of a traced run."""
-    return [json.loads(line) for path in sorted(folder.glob("*.jsonl"))
-            for line in path.read_text(encoding="utf-8").splitlines()]
+    return [
+        json.loads(line)
+        for path in sorted(folder.glob("*.jsonl"))
+        for line in path.read_text(encoding="utf-8").splitlines()
+    ]
 
 
 STAGES = {  # stage: (from mark, to mark), each message's marks
-    "dispatch": ("push", "process-start"),   # SuperLink -> SuperNode -> SuperExec -> a process
+    "dispatch": ("push", "process-start"),  # SuperLink -> SuperNode -> SuperExec -> a process
     "process": ("process-start", "app-import"),  # interpreter, Flower's imports, task pull, FAB
-    "setup": ("app-import", "built"),        # the app's modules, fedsim's client: data, models
-    "work": ("built", "leave"),              # the client's handler
-    "reply": ("leave", "reply"),             # ClientApp -> SuperNode -> SuperLink -> ServerApp
+    "setup": ("app-import", "built"),  # the app's modules, fedsim's client: data, models
+    "work": ("built", "leave"),  # the client's handler
+    "reply": ("leave", "reply"),  # ClientApp -> SuperNode -> SuperLink -> ServerApp
 }
 
 
@@ -89,8 +102,10 @@ def breakdown(marks: list[dict]) -> dict[tuple[str, int], dict[str, float]]:
         t = {name: mark["t"] for name, mark in events.items()}
         start = max(x for x in per_pid[pid, "process-start"] if x <= t["enter"])
         t["process-start"] = start
-        t["app-import"] = min([x for x in per_pid.get((pid, "app-import"), []) if start <= x <= t["enter"]]
-                              or [t["enter"]])
+        t["app-import"] = min(
+            [x for x in per_pid.get((pid, "app-import"), []) if start <= x <= t["enter"]]
+            or [t["enter"]]
+        )
         key = (events["push"]["phase"], events["push"]["round"])
         rows.setdefault(key, []).append({s: t[b] - t[a] for s, (a, b) in STAGES.items()})
     return {key: {s: sum(r[s] for r in rs) / len(rs) for s in STAGES} for key, rs in rows.items()}

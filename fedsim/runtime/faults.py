@@ -28,7 +28,9 @@ class InjectedFault(RuntimeError):
 
 def _corrupt_array(record, kind: str) -> None:
     key = next(iter(record.keys()))
-    if kind == "uninflatable":  # a declared shape Flower's Array.inflate refuses: the bytes stay valid
+    if (
+        kind == "uninflatable"
+    ):  # a declared shape Flower's Array.inflate refuses: the bytes stay valid
         record[key].shape = ("uninflatable",)
         return
     rows = record[key].numpy().astype(float).copy()
@@ -53,7 +55,11 @@ def _corrupt(reply: Message, kind: str) -> Message:
     content = reply.content
     if content.array_records and len(next(iter(content.array_records.values()))):
         _corrupt_array(next(iter(content.array_records.values())), kind)
-    elif kind != "uninflatable" and content.metric_records and len(next(iter(content.metric_records.values()))):
+    elif (
+        kind != "uninflatable"
+        and content.metric_records
+        and len(next(iter(content.metric_records.values())))
+    ):
         _corrupt_metric(next(iter(content.metric_records.values())), kind)
     else:
         raise InjectedFault(f"nothing to corrupt ({kind}) in a reply without arrays or metrics")

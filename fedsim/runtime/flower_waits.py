@@ -33,8 +33,9 @@ def shorten_pull_backoff(first: float) -> None:
 
     tries = int(constant.PULL_MAX_TRIES_PER_OBJECT * constant.PULL_BACKOFF_CAP / BACKOFF_CAP)
     for fn in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
-        fn.__kwdefaults__.update(initial_backoff=first, backoff_cap=BACKOFF_CAP,
-                                 max_tries_per_object=tries)
+        fn.__kwdefaults__.update(
+            initial_backoff=first, backoff_cap=BACKOFF_CAP, max_tries_per_object=tries
+        )
 
 
 class Sleeps:

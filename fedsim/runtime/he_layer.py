@@ -35,7 +35,7 @@ def unflatten(flat: np.ndarray, like: dict[str, np.ndarray]) -> OrderedDict[str,
     """``flat`` as the named arrays of ``like`` (their shapes and dtypes)."""
     out, start = OrderedDict(), 0
     for name, ref in like.items():
-        out[name] = flat[start:start + ref.size].reshape(ref.shape).astype(ref.dtype)
+        out[name] = flat[start : start + ref.size].reshape(ref.shape).astype(ref.dtype)
         start += ref.size
     if start != flat.size:
         raise ValueError(f"flat vector has {flat.size} values, model needs {start}")
@@ -47,8 +47,12 @@ def around(handler, task: dict):
     he = task.get("he")
     if not he:
         return handler
-    return HELayer(handler, CKKSParams(he["poly_modulus_degree"], tuple(he["coeff_mod_bit_sizes"]),
-                                       he["global_scale_bits"]))
+    return HELayer(
+        handler,
+        CKKSParams(
+            he["poly_modulus_degree"], tuple(he["coeff_mod_bit_sizes"]), he["global_scale_bits"]
+        ),
+    )
 
 
 class HELayer:
@@ -63,8 +67,11 @@ class HELayer:
         the node's key folder once, not on every chunk."""
         run = client_state.run_key(msg)
         if run not in self._clients:
-            self._clients[run] = HEClient(self.params, node_local.setting(msg, "he-key-dir"),
-                                          client_state.of(msg, self.handler.partition_id).folder)
+            self._clients[run] = HEClient(
+                self.params,
+                node_local.setting(msg, "he-key-dir"),
+                client_state.of(msg, self.handler.partition_id).folder,
+            )
         return self._clients[run]
 
     def handle(self, msg: Message) -> RecordDict:
@@ -74,14 +81,17 @@ class HELayer:
         if keys.GLOBAL_ROUND not in config:
             return self.handler.handle(msg)
         he_round = bool(config.get(keys.HE_ROUND, False))
-        decrypt = self.he(msg).install_carried(msg) if he_round else 0.0  # one trip: the last aggregate
+        decrypt = (
+            self.he(msg).install_carried(msg) if he_round else 0.0
+        )  # one trip: the last aggregate
         msg.content[ARRAYS] = to_record(self._aggregate(msg, int(config[keys.GLOBAL_ROUND])))
         reply = self.handler.handle(msg)
         if not he_round:
             return reply
         metrics = {**reply[keys.METRICS], keys.DECRYPT_SECONDS: decrypt}
-        return self.he(msg).train_reply(flatten(from_record(reply[ARRAYS])), metrics,
-                                        int(config.get(keys.INLINE_FLOATS, 0)))
+        return self.he(msg).train_reply(
+            flatten(from_record(reply[ARRAYS])), metrics, int(config.get(keys.INLINE_FLOATS, 0))
+        )
 
     def _aggregate(self, msg: Message, server_round: int) -> dict[str, np.ndarray]:
         """The complete aggregate of ``server_round`` this node holds (0: the common initial weights)."""

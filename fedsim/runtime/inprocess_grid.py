@@ -48,8 +48,9 @@ class InProcessGrid(Grid):
         return self._run
 
     def create_message(self, content, message_type, dst_node_id, group_id, ttl=None) -> Message:
-        return Message(content, dst_node_id=dst_node_id, message_type=message_type,
-                       group_id=group_id, ttl=ttl)
+        return Message(
+            content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id, ttl=ttl
+        )
 
     def get_node_ids(self) -> Iterable[int]:
         return list(self.handlers)
@@ -77,6 +78,7 @@ class InProcessGrid(Grid):
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return [self._replies.pop(i) for i in message_ids if i in self._replies]
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
-                         ) -> Iterable[Message]:
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
         return self.pull_messages(self.push_messages(messages))

@@ -56,15 +56,18 @@ from fedsim.message_keys import PARTITION_ID, RAY_NODE
 from fedsim.privacy.secret import Tampered, open_sealed, open_sealed_bytes, private_folder, seal
 from fedsim.results.outputs import write_file
 
-WHOAMI = "fedsim-whoami"        # the core query every ClientApp answers with its partition id
-HEAD = "head"                   # the journal's sealed count and last digest
+WHOAMI = "fedsim-whoami"  # the core query every ClientApp answers with its partition id
+HEAD = "head"  # the journal's sealed count and last digest
 
 
-NODE_KEYS_ENV = "FEDSIM_NODE_KEYS"  # the partition each SuperNode key is bound to (launcher -> ServerApp)
+NODE_KEYS_ENV = (
+    "FEDSIM_NODE_KEYS"  # the partition each SuperNode key is bound to (launcher -> ServerApp)
+)
 
 
-def ask_partitions(grid, timeout: float, poll: float, placed: dict[int, int] | None = None
-                   ) -> tuple[dict[int, int], dict[str, int], dict[str, int]]:
+def ask_partitions(
+    grid, timeout: float, poll: float, placed: dict[int, int] | None = None
+) -> tuple[dict[int, int], dict[str, int], dict[str, int]]:
     """Every node's partition id (node id -> partition), asked with ``WHOAMI``, the counts of the
     ``whoami`` phase, and the accepted replies per Ray node (``RAY_NODE``; none outside a
     simulation): the Messenger maps node ids across a resume and lists nodes in partition order,
@@ -76,9 +79,18 @@ def ask_partitions(grid, timeout: float, poll: float, placed: dict[int, int] | N
     (:func:`key_partitions`), a node claiming another partition than its own is left out too
     (``malformed``): a partition whose holder is down stays vacant."""
     nodes, bound = list(grid.get_node_ids()), key_partitions(grid) if placed is None else placed
-    pending = set(grid.push_messages([
-        Message(RecordDict({WHOAMI: ConfigRecord()}), dst_node_id=n, message_type=MessageType.QUERY)
-        for n in nodes]))
+    pending = set(
+        grid.push_messages(
+            [
+                Message(
+                    RecordDict({WHOAMI: ConfigRecord()}),
+                    dst_node_id=n,
+                    message_type=MessageType.QUERY,
+                )
+                for n in nodes
+            ]
+        )
+    )
     claims, counts, start = {}, {"sent": len(nodes), "failed": 0, "malformed": 0}, time.monotonic()
     ray_nodes = Counter()
     while pending and time.monotonic() - start < timeout:
@@ -91,9 +103,13 @@ def ask_partitions(grid, timeout: float, poll: float, placed: dict[int, int] | N
             elif bound is not None and bound.get(reply.metadata.src_node_id) != partition:
                 counts["malformed"] += 1
                 logging.getLogger("fedsim").warning(
-                    "whoami: node %d claims partition %d, bound to %s", reply.metadata.src_node_id, partition,
-                    "none" if bound.get(reply.metadata.src_node_id) is None
-                    else f"partition {bound[reply.metadata.src_node_id]}")
+                    "whoami: node %d claims partition %d, bound to %s",
+                    reply.metadata.src_node_id,
+                    partition,
+                    "none"
+                    if bound.get(reply.metadata.src_node_id) is None
+                    else f"partition {bound[reply.metadata.src_node_id]}",
+                )
             else:
                 claims[reply.metadata.src_node_id] = partition
                 ray_nodes[_ray_node(reply.content)] += 1
@@ -101,21 +117,38 @@ def ask_partitions(grid, timeout: float, poll: float, placed: dict[int, int] | N
             time.sleep(poll)
     claimed = Counter(claims.values())
     partitions = {n: p for n, p in claims.items() if claimed[p] == 1}
-    counts |= {"duplicate": len(claims) - len(partitions), "timed_out": len(pending), "accepted": len(partitions)}
+    counts |= {
+        "duplicate": len(claims) - len(partitions),
+        "timed_out": len(pending),
+        "accepted": len(partitions),
+    }
     log = logging.getLogger("fedsim")
-    log.info("[whoami] %d/%d nodes told their partition in %.1f s", len(partitions), len(nodes),
-             time.monotonic() - start)
+    log.info(
+        "[whoami] %d/%d nodes told their partition in %.1f s",
+        len(partitions),
+        len(nodes),
+        time.monotonic() - start,
+    )
     if len(partitions) < len(nodes):
-        log.warning("whoami: nodes left out of the federation: %s (taken partitions refused: %s)", counts,
-                    sorted(p for p, k in claimed.items() if k > 1))
+        log.warning(
+            "whoami: nodes left out of the federation: %s (taken partitions refused: %s)",
+            counts,
+            sorted(p for p, k in claimed.items() if k > 1),
+        )
     return partitions, counts, {node: n for node, n in sorted(ray_nodes.items()) if node}
 
 
 def key_fingerprint(public_key: bytes) -> str:
     """A public key's SHA-256 over its DER form, from PEM (as Flower's SuperLink holds a node's
     key: ``NodeInfo.public_key``) or OpenSSH (as ``node-I.pub`` is written)."""
-    load = serialization.load_pem_public_key if public_key.startswith(b"-----") else serialization.load_ssh_public_key
-    der = load(public_key).public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    load = (
+        serialization.load_pem_public_key
+        if public_key.startswith(b"-----")
+        else serialization.load_ssh_public_key
+    )
+    der = load(public_key).public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     return hashlib.sha256(der).hexdigest()
 
 
@@ -174,8 +207,15 @@ def _entry(key: bytes, name: str, header: dict, replies: list[bytes]) -> tuple[b
     """An entry file's bytes, and its sealed header (what the chain's digest covers: it commits
     to the replies through their hash): the header's length (8 bytes), the header, the replies."""
     payload = b"".join(replies)
-    sealed = seal(key, name, {**header, "sizes": [len(r) for r in replies],
-                              "sha256": hashlib.sha256(payload).hexdigest()})
+    sealed = seal(
+        key,
+        name,
+        {
+            **header,
+            "sizes": [len(r) for r in replies],
+            "sha256": hashlib.sha256(payload).hexdigest(),
+        },
+    )
     return len(sealed).to_bytes(8, "big") + sealed + payload, sealed
 
 
@@ -185,7 +225,7 @@ def open_entry(key: bytes, path: Path) -> tuple[dict, list[bytes], bytes]:
     try:
         data = path.read_bytes()
         size = int.from_bytes(data[:8], "big")
-        sealed, payload = data[8:8 + size], data[8 + size:]
+        sealed, payload = data[8 : 8 + size], data[8 + size :]
         header = open_sealed_bytes(key, path.name, sealed)
         sizes = header["sizes"]
         if hashlib.sha256(payload).hexdigest() == header["sha256"] and sum(sizes) == len(payload):
@@ -193,7 +233,9 @@ def open_entry(key: bytes, path: Path) -> tuple[dict, list[bytes], bytes]:
             return header, [payload[a:b] for a, b in zip(bounds, bounds[1:])], sealed
     except (Tampered, OSError, KeyError, TypeError, ValueError):
         pass
-    raise JournalTampered(f"{path}: unreadable or not authenticated by this run's key; refusing to resume")
+    raise JournalTampered(
+        f"{path}: unreadable or not authenticated by this run's key; refusing to resume"
+    )
 
 
 def _digest(data: bytes) -> str:
@@ -227,7 +269,9 @@ class Journal:
         if (folder / HEAD).is_file():
             return True
         if any(folder.glob("*.exchange")):
-            raise JournalTampered(f"{folder}: journal entries without their {HEAD}; refusing to resume")
+            raise JournalTampered(
+                f"{folder}: journal entries without their {HEAD}; refusing to resume"
+            )
         return False
 
     def _verified(self) -> tuple[list[Path], str]:
@@ -235,33 +279,51 @@ class Journal:
         names 0..n-1 without a gap, n the head's count (or one more: killed before the head was
         rewritten), each entry naming its predecessor's digest, the head's last on its entry."""
         if not (self.folder / HEAD).is_file():
-            raise JournalTampered(f"{self.folder}: the journal's {HEAD} is missing; refusing to resume")
+            raise JournalTampered(
+                f"{self.folder}: the journal's {HEAD} is missing; refusing to resume"
+            )
         head = _open_sealed(self.key, self.folder / HEAD)
         if head.get("experiment", "") != self.experiment:
-            raise ResumeMismatch(f"{self.folder}: the journaled run's experiment settings differ from this run's "
-                                 "(only hardware, round_timeout, data_root and logging may change on resume); "
-                                 "refusing to resume")
+            raise ResumeMismatch(
+                f"{self.folder}: the journaled run's experiment settings differ from this run's "
+                "(only hardware, round_timeout, data_root and logging may change on resume); "
+                "refusing to resume"
+            )
         entries = sorted(self.folder.glob("*.exchange"))
-        if [p.name for p in entries] != [f"{i:07d}.exchange" for i in range(len(entries))] or \
-                len(entries) not in (head["count"], head["count"] + 1):
-            raise JournalTampered(f"{self.folder}: {len(entries)} entries ({[p.name for p in entries][:3]}...) "
-                                  f"where the {HEAD} counts {head['count']}: entries were removed or "
-                                  "added; refusing to resume")
+        if [p.name for p in entries] != [f"{i:07d}.exchange" for i in range(len(entries))] or len(
+            entries
+        ) not in (head["count"], head["count"] + 1):
+            raise JournalTampered(
+                f"{self.folder}: {len(entries)} entries ({[p.name for p in entries][:3]}...) "
+                f"where the {HEAD} counts {head['count']}: entries were removed or "
+                "added; refusing to resume"
+            )
         last = ""
         for index, path in enumerate(entries):
             header, _, sealed = open_entry(self.key, path)
-            if header.get("previous") != last or (index + 1 == head["count"] and _digest(sealed) != head["last"]):
-                raise JournalTampered(f"{path}: not the entry that followed the one before it; "
-                                      "refusing to resume")
+            if header.get("previous") != last or (
+                index + 1 == head["count"] and _digest(sealed) != head["last"]
+            ):
+                raise JournalTampered(
+                    f"{path}: not the entry that followed the one before it; refusing to resume"
+                )
             last = _digest(sealed)
         if head["count"] == 0 and head["last"]:
-            raise JournalTampered(f"{self.folder}: the {HEAD} is not this journal's; refusing to resume")
+            raise JournalTampered(
+                f"{self.folder}: the {HEAD} is not this journal's; refusing to resume"
+            )
         return entries, last
 
     def _write_head(self) -> None:
         """After each entry: a kill before this leaves the entry, which a resume accepts."""
-        write_file(self.folder / HEAD, seal(self.key, HEAD, {"count": len(self.recorded), "last": self._last,
-                                                           "experiment": self.experiment}))
+        write_file(
+            self.folder / HEAD,
+            seal(
+                self.key,
+                HEAD,
+                {"count": len(self.recorded), "last": self._last, "experiment": self.experiment},
+            ),
+        )
 
     @property
     def replaying(self) -> bool:
@@ -271,21 +333,30 @@ class Journal:
         """The next journaled exchange; it must be the one the protocol asks for."""
         entry, replies, _ = open_entry(self.key, self.recorded[self.position])
         if (entry["phase"], entry["round"]) != (phase, server_round):
-            raise ResumeMismatch(f"exchange {self.position}: the journal holds {entry['phase']} "
-                                 f"round {entry['round']}, the resumed run asks for {phase} round "
-                                 f"{server_round} (was the code or the config changed?)")
+            raise ResumeMismatch(
+                f"exchange {self.position}: the journal holds {entry['phase']} "
+                f"round {entry['round']}, the resumed run asks for {phase} round "
+                f"{server_round} (was the code or the config changed?)"
+            )
         self.position += 1
         entry["replies"] = [message_from_proto(ProtoMessage.FromString(b)) for b in replies]
         entry["faults"], entry["traffic"] = entry["counts"]
         return entry
 
-    def record(self, phase: str, server_round: int, replies: list[Message], faults: dict,
-               traffic: dict) -> None:
-        header = {"phase": phase, "round": server_round, "counts": [faults, traffic], "previous": self._last}
+    def record(
+        self, phase: str, server_round: int, replies: list[Message], faults: dict, traffic: dict
+    ) -> None:
+        header = {
+            "phase": phase,
+            "round": server_round,
+            "counts": [faults, traffic],
+            "previous": self._last,
+        }
         index = len(self.recorded)
         path = self.folder / f"{index:07d}.exchange"
-        data, sealed = _entry(self.key, path.name, header,
-                              [message_to_proto(m).SerializeToString() for m in replies])
+        data, sealed = _entry(
+            self.key, path.name, header, [message_to_proto(m).SerializeToString() for m in replies]
+        )
         write_file(path, data)
         self.recorded.append(path)
         self.position, self._last = index + 1, _digest(sealed)

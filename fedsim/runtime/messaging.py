@@ -76,7 +76,9 @@ class Quorum:
 
 ALL = Quorum(1.0, 1)  # every addressed node must answer usefully
 ANY = Quorum(0.0, 1)  # one usable reply is enough; the others are left out and counted
-Ledger = Callable[[str, int, list[Message]], dict]  # (phase, round, usable replies) -> columns of its sink row
+Ledger = Callable[
+    [str, int, list[Message]], dict
+]  # (phase, round, usable replies) -> columns of its sink row
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class Policy:
     Where replies must agree on a setting no single reply may fix (HEFedAvg: the key, the model's
     size), ``agree``: the setting of a reply; those outside the strict majority are ``malformed``
     (a tie refuses every reply: no one reply decides)."""
+
     quorum: Quorum = ALL
     validator: Validator | None = None
     claim: Callable[[RecordDict], Hashable] | None = None
@@ -104,23 +107,31 @@ def client_config(cfg: DictConfig) -> dict:
     clients keep state between rounds, and whether they keep it after the run
     (``fedsim/runtime/client_state.py``)."""
     task = sent_task(OmegaConf.to_container(cfg.task, resolve=True), reads_data(cfg.task))
-    return {TASK_KEY: json.dumps(task), FAULTS_KEY: json.dumps(OmegaConf.to_container(cfg.faults)),
-            SEED_KEY: int(cfg.seed), RUN_KEY: run_key_of(cfg),
-            STATE_KEY: json.dumps({"keep": bool(cfg.client_state.keep)})}
+    return {
+        TASK_KEY: json.dumps(task),
+        FAULTS_KEY: json.dumps(OmegaConf.to_container(cfg.faults)),
+        SEED_KEY: int(cfg.seed),
+        RUN_KEY: run_key_of(cfg),
+        STATE_KEY: json.dumps({"keep": bool(cfg.client_state.keep)}),
+    }
 
 
 def run_key_of(cfg: DictConfig) -> str:
     """The key the ServerApp drew for the run (``client_state.run_key``: new for every fresh
     run, the same when it is resumed, unlike Flower's run id); a protocol driven without the
     ServerApp (in-process tests) uses its results folder's hash."""
-    return cfg.client_state.get("run_key") or hashlib.sha256(str(cfg.results_dir).encode()).hexdigest()[:16]
+    return (
+        cfg.client_state.get("run_key")
+        or hashlib.sha256(str(cfg.results_dir).encode()).hexdigest()[:16]
+    )
 
 
 def payload_bytes(content: RecordDict) -> int:
     """Bytes a message carries as data: array buffers and ``bytes`` config values."""
     arrays = sum(len(a.data) for r in content.array_records.values() for a in r.values())
-    blobs = sum(len(v) for r in content.config_records.values() for v in r.values()
-                if isinstance(v, bytes))
+    blobs = sum(
+        len(v) for r in content.config_records.values() for v in r.values() if isinstance(v, bytes)
+    )
     return arrays + blobs
 
 
@@ -149,9 +160,17 @@ class Messenger:
     pulled every ``poll_seconds``: each exchange waits half of it on average, 0.1 s as Flower's
     InMemoryGrid."""
 
-    def __init__(self, grid: Grid, timeout: float, poll_seconds: float = 0.1,
-                 report_seconds: float = 10.0, journal: Journal | None = None,
-                 sinks: Sinks | None = None, ledgers: Iterable[Ledger] = (), know_partitions: bool = False):
+    def __init__(
+        self,
+        grid: Grid,
+        timeout: float,
+        poll_seconds: float = 0.1,
+        report_seconds: float = 10.0,
+        journal: Journal | None = None,
+        sinks: Sinks | None = None,
+        ledgers: Iterable[Ledger] = (),
+        know_partitions: bool = False,
+    ):
         self.raw = grid
         self.ledgers = list(ledgers)
         self.timeout = timeout
@@ -163,7 +182,9 @@ class Messenger:
         self._to_new: dict[int, int] = {}  # on resume: the journaled run's node ids -> this run's
         self._to_old: dict[int, int] = {}  # and back
         self.partitions: dict[int, int] = {}  # node id (as the protocol sees it) -> partition
-        self.ray_nodes: dict[str, int] = {}  # Ray node id -> the clients whose whoami it served (simulation)
+        self.ray_nodes: dict[
+            str, int
+        ] = {}  # Ray node id -> the clients whose whoami it served (simulation)
         if journal is not None or know_partitions:
             self._map_nodes(journal)
 
@@ -187,7 +208,9 @@ class Messenger:
 
     def _whoami(self) -> dict[int, int]:
         placed = self.raw.placed() if isinstance(self.raw, ShardedGrid) else None
-        partitions, counts, self.ray_nodes = ask_partitions(self.raw, self.timeout, self.poll_seconds, placed)
+        partitions, counts, self.ray_nodes = ask_partitions(
+            self.raw, self.timeout, self.poll_seconds, placed
+        )
         counts["examples"] = counts["accepted"]
         self._record(self.faults, "whoami", 1, counts)
         if not partitions:
@@ -214,13 +237,20 @@ class Messenger:
         node's config)."""
         return len(list(self.raw.get_node_ids()))
 
-    def grid(self, label: str, policy: Policy = Policy(ANY), nodes: Iterable[int] | None = None
-             ) -> PhaseGrid:
+    def grid(
+        self, label: str, policy: Policy = Policy(ANY), nodes: Iterable[int] | None = None
+    ) -> PhaseGrid:
         """A Grid for a Strategy's own round loop: ``nodes`` (default all) are its population."""
         return PhaseGrid(self, label, policy, None if nodes is None else list(nodes))
 
-    def exchange(self, phase: str, messages: Iterable[Message], policy: Policy = Policy(),
-                 server_round: int = 1, timeout: float | None = None) -> list[Message]:
+    def exchange(
+        self,
+        phase: str,
+        messages: Iterable[Message],
+        policy: Policy = Policy(),
+        server_round: int = 1,
+        timeout: float | None = None,
+    ) -> list[Message]:
         """Send ``messages``, return the usable replies; count the rest; enforce the quorum."""
         messages = list(messages)
         if not messages:
@@ -228,31 +258,47 @@ class Messenger:
         if self.journal is not None and self.journal.replaying:
             entry = self.journal.replay(phase, server_round)
             self._revalidate(phase, server_round, entry["replies"], policy)
-            return self._done(phase, server_round, entry["replies"], entry["faults"], entry["traffic"])
+            return self._done(
+                phase, server_round, entry["replies"], entry["faults"], entry["traffic"]
+            )
         start = time.monotonic()
-        replies = self._send_and_wait(phase, server_round, self._to_this_run(messages),
-                                      self.timeout if timeout is None else timeout)
+        replies = self._send_and_wait(
+            phase,
+            server_round,
+            self._to_this_run(messages),
+            self.timeout if timeout is None else timeout,
+        )
         seconds = time.monotonic() - start
-        good, counts, first_error = self._screen(phase, server_round, len(messages), replies, policy)
-        traffic = {"messages": len(messages), "seconds": seconds,
-                   "bytes_down": sum(payload_bytes(m.content) for m in messages),
-                   "bytes_up": sum(payload_bytes(m.content) for m in replies if not m.has_error())}
+        good, counts, first_error = self._screen(
+            phase, server_round, len(messages), replies, policy
+        )
+        traffic = {
+            "messages": len(messages),
+            "seconds": seconds,
+            "bytes_down": sum(payload_bytes(m.content) for m in messages),
+            "bytes_up": sum(payload_bytes(m.content) for m in replies if not m.has_error()),
+        }
         need = policy.quorum.required(len(messages))
         if len(good) < need:
             self._done(phase, server_round, good, counts, traffic)
-            raise PhaseFailed(f"{phase} round {server_round}: {len(good)} of {len(messages)} "
-                              f"replies usable, {need} needed ({counts})"
-                              + (f"; e.g. {first_error}" if first_error else ""))
+            raise PhaseFailed(
+                f"{phase} round {server_round}: {len(good)} of {len(messages)} "
+                f"replies usable, {need} needed ({counts})"
+                + (f"; e.g. {first_error}" if first_error else "")
+            )
         if self.journal is not None:
             self.journal.record(phase, server_round, good, counts, traffic)
         return self._done(phase, server_round, good, counts, traffic)
 
-    def _done(self, phase: str, server_round: int, good: list[Message], counts: dict,
-              traffic: dict) -> list[Message]:
+    def _done(
+        self, phase: str, server_round: int, good: list[Message], counts: dict, traffic: dict
+    ) -> list[Message]:
         """Count an exchange (live or replayed) and hand its row to the sinks."""
         self._record(self.faults, phase, server_round, counts)
         self._record(self.traffic, phase, server_round, traffic)
-        kept = {k: v for ledger in self.ledgers for k, v in ledger(phase, server_round, good).items()}
+        kept = {
+            k: v for ledger in self.ledgers for k, v in ledger(phase, server_round, good).items()
+        }
         self.sinks.write(phase, server_round, {**counts, **traffic, **reply_metrics(good), **kept})
         return good
 
@@ -262,18 +308,23 @@ class Messenger:
         hold state the strategy needs (HEFedAvg adopts the clients' public context there)."""
         for msg in replies:
             if why := _problem(msg, policy.validator):
-                raise ResumeMismatch(f"{phase} round {server_round}: a journaled reply is now "
-                                     f"rejected ({why}); was the code or the config changed?")
+                raise ResumeMismatch(
+                    f"{phase} round {server_round}: a journaled reply is now "
+                    f"rejected ({why}); was the code or the config changed?"
+                )
 
     def _to_this_run(self, messages: list[Message]) -> list[Message]:
         """On resume, address the journaled run's node ids to this run's nodes (and map the
         replies back in :meth:`_send_and_wait`)."""
         for m in messages:
-            m.metadata.dst_node_id = self._to_new.get(m.metadata.dst_node_id, m.metadata.dst_node_id)
+            m.metadata.dst_node_id = self._to_new.get(
+                m.metadata.dst_node_id, m.metadata.dst_node_id
+            )
         return messages
 
-    def _send_and_wait(self, phase: str, server_round: int, messages: list[Message],
-                       timeout: float) -> list[Message]:
+    def _send_and_wait(
+        self, phase: str, server_round: int, messages: list[Message], timeout: float
+    ) -> list[Message]:
         """The replies that arrived in time, in the order their messages were sent."""
         pushed = time.time()
         sent = list(self.raw.push_messages(messages))
@@ -296,8 +347,14 @@ class Messenger:
                 last = now
             if pending:
                 time.sleep(self.poll_seconds)
-        log.info("[%s] %d/%d replies in %.1f s%s", phase, len(replies), total,
-                 time.monotonic() - start, f" ({len(pending)} timed out)" if pending else "")
+        log.info(
+            "[%s] %d/%d replies in %.1f s%s",
+            phase,
+            len(replies),
+            total,
+            time.monotonic() - start,
+            f" ({len(pending)} timed out)" if pending else "",
+        )
         return sorted(replies, key=lambda m: position[m.metadata.reply_to_message_id])
 
     @staticmethod
@@ -313,7 +370,9 @@ class Messenger:
                 reason = f"node {node} rejected: {msg.error.reason!r}"
             elif msg.has_error():
                 counts["failed"] += 1
-                reason = f"node {node} failed: {msg.error.reason!r}"  # repr: one line, whatever it holds
+                reason = (
+                    f"node {node} failed: {msg.error.reason!r}"  # repr: one line, whatever it holds
+                )
             elif why := _problem(msg, policy.validator):
                 counts["malformed"] += 1
                 reason = f"node {node} rejected: {why!r}"
@@ -338,8 +397,12 @@ class Messenger:
         counts["accepted"] = len(good)
         counts["examples"] = int(sum(_num_examples(m.content) for m in good))
         if counts["timed_out"]:
-            log.warning("%s round %d: %d node(s) did not reply in time", phase, server_round,
-                        counts["timed_out"])
+            log.warning(
+                "%s round %d: %d node(s) did not reply in time",
+                phase,
+                server_round,
+                counts["timed_out"],
+            )
             first_error = first_error or f"{counts['timed_out']} node(s) timed out"
         return good, counts, first_error
 
@@ -358,12 +421,16 @@ def _problem(msg: Message, validator: Validator | None) -> str | None:
     """Why a reply is malformed: metrics that are not finite numbers, or its phase's validator
     says so, or raises on it (a validator is code reading what a client sent)."""
     try:
-        return metric_values(msg.content) or (validator and validator(msg.content, msg.metadata.src_node_id))
+        return metric_values(msg.content) or (
+            validator and validator(msg.content, msg.metadata.src_node_id)
+        )
     except Exception as exc:  # noqa: BLE001 - a validator that raises counts the reply malformed
         return f"its check raised {type(exc).__name__}: {exc!s:.200}"
 
 
-def _claims(replies: list[Message], claim: Callable[[RecordDict], Hashable]) -> tuple[list[Message], list[str], int]:
+def _claims(
+    replies: list[Message], claim: Callable[[RecordDict], Hashable]
+) -> tuple[list[Message], list[str], int]:
     """The replies making a claim no other reply makes; why each other one is refused; how many
     of those made a claim another reply makes too (the rest make none that can be read)."""
     claims = []
@@ -373,14 +440,23 @@ def _claims(replies: list[Message], claim: Callable[[RecordDict], Hashable]) -> 
         except Exception:  # noqa: BLE001 - a reply without a readable claim
             claims.append(None)
     taken = Counter(c for c in claims if c is not None)
-    refused = [f"node {m.metadata.src_node_id} refused: "
-               + ("makes no claim that can be read" if c is None else f"claims {c!r:.80}, as {taken[c]} nodes do")
-               for m, c in zip(replies, claims) if c is None or taken[c] > 1]
+    refused = [
+        f"node {m.metadata.src_node_id} refused: "
+        + (
+            "makes no claim that can be read"
+            if c is None
+            else f"claims {c!r:.80}, as {taken[c]} nodes do"
+        )
+        for m, c in zip(replies, claims)
+        if c is None or taken[c] > 1
+    ]
     kept = [m for m, c in zip(replies, claims) if c is not None and taken[c] == 1]
     return kept, refused, sum(c is not None and taken[c] > 1 for c in claims)
 
 
-def _agreeing(replies: list[Message], agree: Callable[[RecordDict], Hashable]) -> tuple[list[Message], list[str]]:
+def _agreeing(
+    replies: list[Message], agree: Callable[[RecordDict], Hashable]
+) -> tuple[list[Message], list[str]]:
     """The replies of the setting most replies share (strictly), and why each other one is refused."""
     settings = []
     for msg in replies:
@@ -390,8 +466,11 @@ def _agreeing(replies: list[Message], agree: Callable[[RecordDict], Hashable]) -
             settings.append(None)
     ranked = Counter(s for s in settings if s is not None).most_common(2)
     chosen = ranked[0][0] if ranked and (len(ranked) == 1 or ranked[0][1] > ranked[1][1]) else None
-    refused = [f"node {m.metadata.src_node_id} refused: its setting {s!r:.80} is not the majority's"
-               for m, s in zip(replies, settings) if chosen is None or s != chosen]
+    refused = [
+        f"node {m.metadata.src_node_id} refused: its setting {s!r:.80} is not the majority's"
+        for m, s in zip(replies, settings)
+        if chosen is None or s != chosen
+    ]
     return [m for m, s in zip(replies, settings) if chosen is not None and s == chosen], refused
 
 
@@ -400,18 +479,31 @@ class PhaseGrid(Grid):
     :meth:`Messenger.exchange` under ``<label>/<message type>`` with the view's policy, and
     ``get_node_ids`` is the view's population (e.g. the prior clients of FedTP)."""
 
-    def __init__(self, messenger: Messenger, label: str, policy: Policy,
-                 nodes: list[int] | None, checks: dict[str, Validator] | None = None):
+    def __init__(
+        self,
+        messenger: Messenger,
+        label: str,
+        policy: Policy,
+        nodes: list[int] | None,
+        checks: dict[str, Validator] | None = None,
+    ):
         self.messenger, self.label, self.policy, self._nodes = messenger, label, policy, nodes
-        self._checks = checks or {}  # sub-phase (a message type, or a strategy's own) -> a further check
+        self._checks = (
+            checks or {}
+        )  # sub-phase (a message type, or a strategy's own) -> a further check
 
     def checked(self, suffix: str, validator: Validator) -> PhaseGrid:
         """This view, the replies of its sub-phase ``suffix`` (a message type of Flower's loop, or
         a strategy's own exchange: ``regroup``, HEFedAvg's ``train``) also passing ``validator``:
         a protocol's schema of that reply with its per-node bounds, or a strategy's own check
         (the shapes of the model it sent). A reply failing it is counted, not averaged."""
-        return PhaseGrid(self.messenger, self.label, self.policy, self._nodes,
-                         {**self._checks, suffix: both(self._checks.get(suffix), validator)})
+        return PhaseGrid(
+            self.messenger,
+            self.label,
+            self.policy,
+            self._nodes,
+            {**self._checks, suffix: both(self._checks.get(suffix), validator)},
+        )
 
     def _policy(self, message_type: str) -> Policy:
         return self._with_checks(message_type, self.policy)
@@ -421,26 +513,39 @@ class PhaseGrid(Grid):
         keep state from the replies it accepts (HEFedAvg: their public contexts), so it sees only
         replies every other check accepted."""
         extra = self._checks.get(suffix)
-        return policy if extra is None else Policy(policy.quorum, both(extra, policy.validator), policy.claim,
-                                                   policy.agree)
+        return (
+            policy
+            if extra is None
+            else Policy(policy.quorum, both(extra, policy.validator), policy.claim, policy.agree)
+        )
 
-    def exchange(self, suffix: str, messages: Iterable[Message], policy: Policy,
-                 server_round: int) -> list[Message]:
+    def exchange(
+        self, suffix: str, messages: Iterable[Message], policy: Policy, server_round: int
+    ) -> list[Message]:
         """A sub-phase of this view's label (e.g. HEFedAvg's ``<label>/he-encrypt``), its replies
         also passing the checks the view holds for ``suffix``."""
-        return self.messenger.exchange(f"{self.label}/{suffix}", messages, self._with_checks(suffix, policy),
-                                       server_round)
+        return self.messenger.exchange(
+            f"{self.label}/{suffix}", messages, self._with_checks(suffix, policy), server_round
+        )
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
-                         ) -> Iterable[Message]:
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
         """Flower's exchange; the replies keep only the informational metric keys they all carry
         (Flower's strategies raise on replies whose keys differ)."""
         messages = list(messages)
         if not messages:
             return []
         message_type = messages[0].metadata.message_type
-        return common_metrics(self.messenger.exchange(f"{self.label}/{message_type}", messages,
-                                                      self._policy(message_type), _round_of(messages), timeout))
+        return common_metrics(
+            self.messenger.exchange(
+                f"{self.label}/{message_type}",
+                messages,
+                self._policy(message_type),
+                _round_of(messages),
+                timeout,
+            )
+        )
 
     def get_node_ids(self) -> Iterable[int]:
         return self.messenger.node_ids() if self._nodes is None else list(self._nodes)

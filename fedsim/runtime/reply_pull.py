@@ -62,47 +62,82 @@ def pull_each(grid: HttpGrid, message_ids: Iterable[str]) -> list[Message]:
         if exc.response.status_code == httpx.codes.REQUEST_ENTITY_TOO_LARGE:
             return []  # as Flower: the replies stay at the SuperLink for the next, smaller pull
         raise
-    return [_reply(grid, run_id, proto, tree)
-            for proto, tree in zip(res.messages_list, res.message_object_trees, strict=True)]
+    return [
+        _reply(grid, run_id, proto, tree)
+        for proto, tree in zip(res.messages_list, res.message_object_trees, strict=True)
+    ]
 
 
 def _reply(grid: HttpGrid, run_id: int, proto, tree) -> Message:
     client, message_id = grid._runtime_client, proto.metadata.message_id  # noqa: SLF001
     try:
-        contents = pull_objects([t.object_id for t in iterate_object_tree(tree)],
-                                pull_object_fn=make_pull_object_fn_protobuf(client.PullObject, grid.node, run_id))
+        contents = pull_objects(
+            [t.object_id for t in iterate_object_tree(tree)],
+            pull_object_fn=make_pull_object_fn_protobuf(client.PullObject, grid.node, run_id),
+        )
     except ObjectPullError as exc:
-        return _error(grid, run_id, proto, ErrorCode.MESSAGE_UNAVAILABLE, f"reply objects unavailable: {exc}")
-    client.ConfirmMessageReceived(ConfirmMessageReceivedRequest(node=grid.node, run_id=run_id,
-                                                                message_object_id=message_id))
+        return _error(
+            grid, run_id, proto, ErrorCode.MESSAGE_UNAVAILABLE, f"reply objects unavailable: {exc}"
+        )
+    client.ConfirmMessageReceived(
+        ConfirmMessageReceivedRequest(node=grid.node, run_id=run_id, message_object_id=message_id)
+    )
     try:
         message = inflate_object_from_contents(message_id, contents)
         if not isinstance(message, Message):
             raise TypeError(f"the reply inflates to a {type(message).__name__}, not a Message")
     except Exception as exc:  # noqa: BLE001 - whatever Flower's inflation raises on a client's bytes
-        return _error(grid, run_id, proto, MALFORMED_CODE, f"unreadable reply: {type(exc).__name__}: {exc!s:.200}")
+        return _error(
+            grid,
+            run_id,
+            proto,
+            MALFORMED_CODE,
+            f"unreadable reply: {type(exc).__name__}: {exc!s:.200}",
+        )
     message.metadata.__dict__["_message_id"] = message_id
     if forged := _disagreement(message.metadata, proto.metadata):
-        return _error(grid, run_id, proto, MALFORMED_CODE, f"its body disagrees with the SuperLink's record: {forged}")
+        return _error(
+            grid,
+            run_id,
+            proto,
+            MALFORMED_CODE,
+            f"its body disagrees with the SuperLink's record: {forged}",
+        )
     return message
 
 
-ROUTING = ("run_id", "src_node_id", "dst_node_id", "reply_to_message_id")  # who sent it to whom, answering what
+ROUTING = (
+    "run_id",
+    "src_node_id",
+    "dst_node_id",
+    "reply_to_message_id",
+)  # who sent it to whom, answering what
 
 
 def _disagreement(body: Metadata, record) -> str:
     """Where a reply's ``body`` (its client's words) and the SuperLink's ``record`` of it differ
     on :data:`ROUTING` ('' where they agree)."""
-    return ", ".join(f"{field} {getattr(body, field)!r:.40} (recorded {getattr(record, field)!r:.40})"
-                     for field in ROUTING if getattr(body, field) != getattr(record, field))
+    return ", ".join(
+        f"{field} {getattr(body, field)!r:.40} (recorded {getattr(record, field)!r:.40})"
+        for field in ROUTING
+        if getattr(body, field) != getattr(record, field)
+    )
 
 
 def _error(grid: HttpGrid, run_id: int, proto, code: int, reason: str) -> Message:
     """The Error reply Flower makes for a reply it could not pull, with ``code``, from the sender
     the SuperLink recorded (Flower names the ServerApp's own node: logs then blamed the server)."""
-    return make_message(metadata=Metadata(run_id=run_id, message_id="", src_node_id=proto.metadata.src_node_id,
-                                          dst_node_id=grid.node.node_id, message_type=SYSTEM_MESSAGE_TYPE,
-                                          group_id="", ttl=0,
-                                          reply_to_message_id=proto.metadata.reply_to_message_id,
-                                          created_at=now().timestamp()),
-                        error=Error(code=code, reason=reason))
+    return make_message(
+        metadata=Metadata(
+            run_id=run_id,
+            message_id="",
+            src_node_id=proto.metadata.src_node_id,
+            dst_node_id=grid.node.node_id,
+            message_type=SYSTEM_MESSAGE_TYPE,
+            group_id="",
+            ttl=0,
+            reply_to_message_id=proto.metadata.reply_to_message_id,
+            created_at=now().timestamp(),
+        ),
+        error=Error(code=code, reason=reason),
+    )

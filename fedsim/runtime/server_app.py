@@ -30,7 +30,13 @@ from flwr.serverapp import Grid, ServerApp
 from omegaconf import DictConfig
 
 from fedsim.code_policy import allowed_code
-from fedsim.config.compose import REFUSED, compose_checked, experiment_digest, hydra_config, population
+from fedsim.config.compose import (
+    REFUSED,
+    compose_checked,
+    experiment_digest,
+    hydra_config,
+    population,
+)
 from fedsim.config.schema import typed_sweep
 from fedsim.flower.strategies import strategy_utils
 from fedsim.message_keys import CONFIG
@@ -56,8 +62,14 @@ app = ServerApp()
 
 # [tool.flwr.app.config]'s keys for the common knobs -> the Hydra override each one sets ("" leaves
 # it to conf/); tests/test_docs.py checks that pyproject.toml declares exactly these and `overrides`
-RUN_CONFIG_KEYS = {"experiment": "experiment", "hardware": "hardware", "strategy": "strategy",
-                   "privacy": "privacy", "num-server-rounds": "num_rounds", "seed": "seed"}
+RUN_CONFIG_KEYS = {
+    "experiment": "experiment",
+    "hardware": "hardware",
+    "strategy": "strategy",
+    "privacy": "privacy",
+    "num-server-rounds": "num_rounds",
+    "seed": "seed",
+}
 
 
 @app.main()
@@ -76,7 +88,9 @@ def main(grid: Grid, context: Context) -> None:
         logger.error("configuration error, nothing was sent:\n%s", exc)
         raise
     if cfg.hardware.backend == "deployment" and cfg.hardware.waits.pull_backoff is not None:
-        shorten_pull_backoff(cfg.hardware.waits.pull_backoff)  # replies are pulled from the SuperLink
+        shorten_pull_backoff(
+            cfg.hardware.waits.pull_backoff
+        )  # replies are pulled from the SuperLink
     if cfg.ship_results:  # a remote SuperLink: results go back in the log, not to the user's path
         with tempfile.TemporaryDirectory(prefix="fedsim-results-") as folder:
             try:
@@ -91,8 +105,11 @@ def run_overrides(run_config) -> list[str]:
     """The Hydra overrides Flower's run config carries: each typed key that is set, then the
     ``overrides`` string. Values go to Hydra as written, so its typed schema checks them
     (``seed='x'``: could not be converted to Integer), not Flower, which checks only names."""
-    typed = [f"{override}={run_config[key]}" for key, override in RUN_CONFIG_KEYS.items()
-             if run_config.get(key, "") != ""]
+    typed = [
+        f"{override}={run_config[key]}"
+        for key, override in RUN_CONFIG_KEYS.items()
+        if run_config.get(key, "") != ""
+    ]
     return typed + shlex.split(str(run_config.get("overrides", "")))
 
 
@@ -107,16 +124,29 @@ def state_layout(grid: Grid, cfg) -> None:
     cfg.hardware.num_clients = clients
     per = int(cfg.hardware.clients_per_supernode)
     if per > 1:
-        log.info("%d SuperNodes connected, %d logical clients (up to %d per SuperNode), one reply per client",
-                 nodes, clients, per)
+        log.info(
+            "%d SuperNodes connected, %d logical clients (up to %d per SuperNode), one reply per client",
+            nodes,
+            clients,
+            per,
+        )
     elif nodes < clients:
-        log.warning("%d SuperNodes connected for the task's %d clients: each SuperNode hosts about %d of them and "
-                    "answers for them in one reply; for one client per SuperNode use "
-                    "--federation-config \"num-supernodes=%d\" (or fedsim run, which sizes it)",
-                    nodes, clients, -(-clients // max(nodes, 1)), clients)
+        log.warning(
+            "%d SuperNodes connected for the task's %d clients: each SuperNode hosts about %d of them and "
+            "answers for them in one reply; for one client per SuperNode use "
+            "--federation-config \"num-supernodes=%d\" (or fedsim run, which sizes it)",
+            nodes,
+            clients,
+            -(-clients // max(nodes, 1)),
+            clients,
+        )
     else:
-        log.info("%d SuperNodes connected for %d clients, one client per SuperNode%s", nodes, clients,
-                 " (the extra SuperNodes resample clients)" if nodes > clients else "")
+        log.info(
+            "%d SuperNodes connected for %d clients, one client per SuperNode%s",
+            nodes,
+            clients,
+            " (the extra SuperNodes resample clients)" if nodes > clients else "",
+        )
 
 
 def config_from_run(run_config) -> DictConfig:
@@ -130,9 +160,17 @@ def _forget_client_state(messenger: Messenger, cfg) -> None:
     ``client_state.keep``). A node that does not answer keeps it, which loses no result. Not
     journaled: a completed run is never resumed."""
     messenger.journal = None
-    config = ConfigRecord({k: v for k, v in client_config(cfg).items() if k in (RUN_KEY, STATE_KEY)})
-    messages = [Message(RecordDict({CONFIG: config, FORGET: forget_request(str(config[RUN_KEY]))}),
-                        dst_node_id=n, message_type=MessageType.QUERY) for n in messenger.node_ids()]
+    config = ConfigRecord(
+        {k: v for k, v in client_config(cfg).items() if k in (RUN_KEY, STATE_KEY)}
+    )
+    messages = [
+        Message(
+            RecordDict({CONFIG: config, FORGET: forget_request(str(config[RUN_KEY]))}),
+            dst_node_id=n,
+            message_type=MessageType.QUERY,
+        )
+        for n in messenger.node_ids()
+    ]
     try:
         messenger.exchange("forget", messages, Policy(ANY))
     except PhaseFailed as exc:
@@ -156,44 +194,74 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
     cfg.client_state.run_key = derive(secret, b"client-state").hex()[:16]
     out.write_config(cfg, overrides, hydra_config(overrides))
     log.info("results -> %s", out.path)
-    journal = (Journal(checkpoint / "journal", resume, derive(secret, b"journal"), experiment_digest(cfg))
-               if keep else None)
+    journal = (
+        Journal(checkpoint / "journal", resume, derive(secret, b"journal"), experiment_digest(cfg))
+        if keep
+        else None
+    )
     if journal is not None and journal.resumed_from:
         log.info("resume: replaying %d journaled exchanges", journal.resumed_from)
-    plan = PrivacyPlan.build(cfg, secret)  # the run's privacy: noise, accounts, HE (fedsim/privacy/plan.py)
-    sinks = Sinks(out.path, cfg.logging.csv, cfg.logging.tensorboard,
-                  MlflowSink.for_run(cfg) if cfg.logging.mlflow else None)
+    plan = PrivacyPlan.build(
+        cfg, secret
+    )  # the run's privacy: noise, accounts, HE (fedsim/privacy/plan.py)
+    sinks = Sinks(
+        out.path,
+        cfg.logging.csv,
+        cfg.logging.tensorboard,
+        MlflowSink.for_run(cfg) if cfg.logging.mlflow else None,
+    )
     messenger, failed = None, True
     try:
         grid = isolate_reply_pulls(grid)
         state_layout(grid, cfg)
         if cfg.hardware.clients_per_supernode > 1:  # the protocol sees one node per logical client
             grid = ShardedGrid(grid, int(cfg.hardware.num_clients), float(cfg.round_timeout))
-        messenger = Messenger(grid, float(cfg.round_timeout), journal=journal, sinks=sinks,
-                              ledgers=[plan.dp_sgd.record], know_partitions=True)
+        messenger = Messenger(
+            grid,
+            float(cfg.round_timeout),
+            journal=journal,
+            sinks=sinks,
+            ledgers=[plan.dp_sgd.record],
+            know_partitions=True,
+        )
         seed_server(int(cfg.seed))
         results, summary = allowed_code(cfg.protocol.run, "protocol.run")(messenger, cfg, out, plan)
         audit: AuditReport | None = results.pop("audit", None)
         results["privacy"] = plan.report()
         if "central_dp" in results["privacy"]:
-            summary = f"{summary.rstrip()}\n\n{central_dp_section(results['privacy']['central_dp'])}\n"
+            summary = (
+                f"{summary.rstrip()}\n\n{central_dp_section(results['privacy']['central_dp'])}\n"
+            )
         if audit:
             results["privacy"]["audit"] = audit.as_dict()
             summary = f"{summary.rstrip()}\n\n{audit_section(audit, out)}\n"
         summary = summary if plan.noise.private else f"**Warning: {NOT_PRIVATE}.**\n\n{summary}"
         # traffic per phase and round, beside any per-method summary the protocol made
-        results.update(faults=messenger.faults,
-                       communication={**messenger.traffic, **results.get("communication", {})})
+        results.update(
+            faults=messenger.faults,
+            communication={**messenger.traffic, **results.get("communication", {})},
+        )
         summary = f"{summary.rstrip()}\n\n{faults_section(messenger.faults)}\n"
         if journal is not None:
-            results["checkpoint"] = {"exchanges": len(journal.recorded),
-                                     "replayed": journal.resumed_from}
-        results["provenance"] = {**provenance.environment(), "started": started, "ended": provenance.now(),
-                                 **({"ray_nodes": messenger.ray_nodes} if messenger.ray_nodes else {})}
+            results["checkpoint"] = {
+                "exchanges": len(journal.recorded),
+                "replayed": journal.resumed_from,
+            }
+        results["provenance"] = {
+            **provenance.environment(),
+            "started": started,
+            "ended": provenance.now(),
+            **({"ray_nodes": messenger.ray_nodes} if messenger.ray_nodes else {}),
+        }
         summary = f"{summary.rstrip()}\n\n{provenance.section(results['provenance'])}\n"
         out.write_results(results, summary)
-        sinks.finish(headline(results, typed_sweep(cfg.sweep)), int(cfg.num_rounds),
-                     (out.path / "config.yaml").read_text(), summary, out.files())
+        sinks.finish(
+            headline(results, typed_sweep(cfg.sweep)),
+            int(cfg.num_rounds),
+            (out.path / "config.yaml").read_text(),
+            summary,
+            out.files(),
+        )
         print(summary, flush=True)
         _forget_client_state(messenger, cfg)
         if audit:
@@ -209,26 +277,36 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
 
 def faults_section(faults: dict) -> str:
     """The summary's table of what every exchange got back: one row per phase and round."""
-    rows = [{"phase": phase, "round": rnd, **counts} for phase, rounds in faults.items()
-            for rnd, counts in rounds.items()]
+    rows = [
+        {"phase": phase, "round": rnd, **counts}
+        for phase, rounds in faults.items()
+        for rnd, counts in rounds.items()
+    ]
     columns = list(dict.fromkeys(k for row in rows for k in row))
-    return "## Replies per exchange\n\n" + (markdown_table(rows, columns) if rows else "(no exchange)")
+    return "## Replies per exchange\n\n" + (
+        markdown_table(rows, columns) if rows else "(no exchange)"
+    )
 
 
 def central_dp_section(spent: dict) -> str:
     """The summary's account of a Flower DP wrapper's run: the run's (epsilon, delta), each
     phase's, and the assumptions they rest on, where a reader of the table sees them."""
     rows = [{"phase": phase, **p} for phase, p in spent["phases"].items()]
-    return "\n\n".join([
-        "## Privacy spent (central DP)",
-        f"(epsilon, delta) = ({spent['epsilon']:.3f}, {spent['delta']:g}) for the whole run "
-        f"(RDP {spent['epsilon_rdp']:.3f}, PLD {spent['epsilon_pld']:.3f}): "
-        f"{spent['rounds']} rounds of {spent['mechanism']} at noise multiplier "
-        f"{spent['noise_multiplier']:.4g} ({spent['epsilon_per_round']:.3f} per round), every phase "
-        "composed. Per phase (one model each):",
-        markdown_table(rows, ["phase", "rounds", "epsilon", "epsilon_rdp", "epsilon_pld"], digits=3),
-        f"Accountant: {spent['accountant']}. Amplification by sampling: {spent['amplification_by_sampling']}. "
-        f"Covers: {spent['covers']}."])
+    return "\n\n".join(
+        [
+            "## Privacy spent (central DP)",
+            f"(epsilon, delta) = ({spent['epsilon']:.3f}, {spent['delta']:g}) for the whole run "
+            f"(RDP {spent['epsilon_rdp']:.3f}, PLD {spent['epsilon_pld']:.3f}): "
+            f"{spent['rounds']} rounds of {spent['mechanism']} at noise multiplier "
+            f"{spent['noise_multiplier']:.4g} ({spent['epsilon_per_round']:.3f} per round), every phase "
+            "composed. Per phase (one model each):",
+            markdown_table(
+                rows, ["phase", "rounds", "epsilon", "epsilon_rdp", "epsilon_pld"], digits=3
+            ),
+            f"Accountant: {spent['accountant']}. Amplification by sampling: {spent['amplification_by_sampling']}. "
+            f"Covers: {spent['covers']}.",
+        ]
+    )
 
 
 def audit_section(audit: AuditReport, out: RunOutput) -> str:
@@ -237,29 +315,68 @@ def audit_section(audit: AuditReport, out: RunOutput) -> str:
     fig, ax, save = out.figure("privacy_audit")
     audit.plot(ax)
     save()
-    return "\n\n".join([
-        "## Privacy audit: measured lower bound beside the accountant's epsilon",
-        f"{AUDIT_METHOD}. Canaries: {audit.covers}. A release holds when epsilon_lower <= epsilon_upper.",
-        markdown_table([b.as_dict() for b in audit.bounds],
-                       ["release", "noise_multiplier", "epsilon_upper", "epsilon_lower", "canaries", "guesses",
-                        "correct", "confidence", "attack", "holds"], digits=3),
-        *([noise_section(audit)] if audit.noise else [])])
+    return "\n\n".join(
+        [
+            "## Privacy audit: measured lower bound beside the accountant's epsilon",
+            f"{AUDIT_METHOD}. Canaries: {audit.covers}. A release holds when epsilon_lower <= epsilon_upper.",
+            markdown_table(
+                [b.as_dict() for b in audit.bounds],
+                [
+                    "release",
+                    "noise_multiplier",
+                    "epsilon_upper",
+                    "epsilon_lower",
+                    "canaries",
+                    "guesses",
+                    "correct",
+                    "confidence",
+                    "attack",
+                    "holds",
+                ],
+                digits=3,
+            ),
+            *([noise_section(audit)] if audit.noise else []),
+        ]
+    )
 
 
 def noise_section(audit: AuditReport) -> str:
     """The summary's noise checks: each release's noise against its claim with the check's power,
     and the releases' noise against each other."""
-    rows = [{**c.as_dict(), **{f"power {p['shortfall']:g}x": p["power"] for p in c.power}} for c in audit.noise]
+    rows = [
+        {**c.as_dict(), **{f"power {p['shortfall']:g}x": p["power"] for p in c.power}}
+        for c in audit.noise
+    ]
     shared = audit.shared
-    return "\n\n".join([
-        "Each release's noise against its sigma (the exact sum is the server's; power: the chance the "
-        "check fails a release whose noise std falls short of the claim by that factor):",
-        markdown_table(rows, ["release", "noise_multiplier", "measured", "p_value", "significance",
-                              *(f"power {p['shortfall']:g}x" for p in audit.noise[0].power), "shortfall_at_90",
-                              "holds"], digits=3),
-        *([f"The releases' noise together (Bartlett's test of independence): p = {shared.p_value:.3g} at "
-           f"significance {shared.significance:.3g}, largest correlation {shared.largest_correlation:.3f} "
-           f"({shared.pair[0]}, {shared.pair[1]}): {'holds' if shared.holds else 'FAILS'}."] if shared else [])])
+    return "\n\n".join(
+        [
+            "Each release's noise against its sigma (the exact sum is the server's; power: the chance the "
+            "check fails a release whose noise std falls short of the claim by that factor):",
+            markdown_table(
+                rows,
+                [
+                    "release",
+                    "noise_multiplier",
+                    "measured",
+                    "p_value",
+                    "significance",
+                    *(f"power {p['shortfall']:g}x" for p in audit.noise[0].power),
+                    "shortfall_at_90",
+                    "holds",
+                ],
+                digits=3,
+            ),
+            *(
+                [
+                    f"The releases' noise together (Bartlett's test of independence): p = {shared.p_value:.3g} at "
+                    f"significance {shared.significance:.3g}, largest correlation {shared.largest_correlation:.3f} "
+                    f"({shared.pair[0]}, {shared.pair[1]}): {'holds' if shared.holds else 'FAILS'}."
+                ]
+                if shared
+                else []
+            ),
+        ]
+    )
 
 
 def seed_server(seed: int) -> None:

@@ -34,16 +34,22 @@ from fedsim.message_keys import NODE_NUM_PARTITIONS, NODE_PARTITION_ID
 from fedsim.runtime.journal import ask_partitions
 from fedsim.runtime.message_metadata import set_message_id
 
-SHARD = "fedsim-shard"      # the batch's manifest record
-CLIENTS = "clients"         # logical partition ids in the batch, in order
+SHARD = "fedsim-shard"  # the batch's manifest record
+CLIENTS = "clients"  # logical partition ids in the batch, in order
 NUM_CLIENTS = "num-clients"
-LAYOUT = "layout"           # JSON: per client, its record names -> packed names; errors by index
-ERROR_CODE = 0              # Flower's "unknown" error code for a logical client that raised
-MALFORMED_CODE = 422        # an Error a grid makes for a reply it could not read: the Messenger counts it malformed
+LAYOUT = "layout"  # JSON: per client, its record names -> packed names; errors by index
+ERROR_CODE = 0  # Flower's "unknown" error code for a logical client that raised
+MALFORMED_CODE = (
+    422  # an Error a grid makes for a reply it could not read: the Messenger counts it malformed
+)
 
 
-def pack(contents: list[RecordDict], clients: list[int], num_clients: int,
-         errors: dict[int, str] | None = None) -> RecordDict:
+def pack(
+    contents: list[RecordDict],
+    clients: list[int],
+    num_clients: int,
+    errors: dict[int, str] | None = None,
+) -> RecordDict:
     """One RecordDict for several clients' contents; a record object shared by several of them
     (a broadcast) is packed once. The manifest (``SHARD``) names the clients and, as one JSON
     string (thousands of per-client entries would cost more to check than to send), each
@@ -57,8 +63,13 @@ def pack(contents: list[RecordDict], clients: list[int], num_clients: int,
                 where[id(record)] = f"r{len(where)}"
                 packed[where[id(record)]] = record
         layout.append({name: where[id(content[name])] for name in names})
-    packed[SHARD] = ConfigRecord({CLIENTS: clients, NUM_CLIENTS: num_clients, LAYOUT: json.dumps(
-        {"records": layout, "errors": errors or {}})})
+    packed[SHARD] = ConfigRecord(
+        {
+            CLIENTS: clients,
+            NUM_CLIENTS: num_clients,
+            LAYOUT: json.dumps({"records": layout, "errors": errors or {}}),
+        }
+    )
     return packed
 
 
@@ -71,8 +82,9 @@ def unpack(packed: RecordDict, layout: dict, i: int) -> RecordDict:
     return RecordDict({name: packed[where] for name, where in layout["records"][i].items()})
 
 
-def serve_batch(msg: Message, context: Context, handler: Callable[[Message, Context], Message]
-                ) -> Message:
+def serve_batch(
+    msg: Message, context: Context, handler: Callable[[Message, Context], Message]
+) -> Message:
     """ClientApp side: run ``handler`` (mods included) once per logical client of a batch, each
     with its own partition id, and pack the replies; a client that raises becomes an
     ``error/i`` entry (its own ``failed`` reply on the server), not the batch's failure."""
@@ -80,10 +92,18 @@ def serve_batch(msg: Message, context: Context, handler: Callable[[Message, Cont
     clients, num_clients = list(manifest[CLIENTS]), int(manifest[NUM_CLIENTS])
     replies, errors = [], {}
     for i, client in enumerate(clients):
-        sub = make_message(copy(msg.metadata), unpack(msg.content, layout, i))  # as if sent on its own
+        sub = make_message(
+            copy(msg.metadata), unpack(msg.content, layout, i)
+        )  # as if sent on its own
         set_message_id(sub, f"{msg.metadata.message_id}/{i}")
-        sub_context = replace(context, node_config={**context.node_config, NODE_PARTITION_ID: client,
-                                                    NODE_NUM_PARTITIONS: num_clients})
+        sub_context = replace(
+            context,
+            node_config={
+                **context.node_config,
+                NODE_PARTITION_ID: client,
+                NODE_NUM_PARTITIONS: num_clients,
+            },
+        )
         try:
             replies.append(handler(sub, sub_context).content)
         except Exception as exc:  # noqa: BLE001 - one client's crash is its own failed reply
@@ -99,11 +119,21 @@ def _parts(content: RecordDict, clients: list[int]) -> list[RecordDict | Error]:
     try:
         manifest = content[SHARD]
         layout = json.loads(str(manifest[LAYOUT]))
-        answered, records, errors = [int(c) for c in manifest[CLIENTS]], layout["records"], layout["errors"]
+        answered, records, errors = (
+            [int(c) for c in manifest[CLIENTS]],
+            layout["records"],
+            layout["errors"],
+        )
     except Exception as exc:  # noqa: BLE001 - whatever the SuperNode sent (a nesting too deep for json: RecursionError)
-        return [Error(MALFORMED_CODE, f"unreadable batch manifest: {type(exc).__name__}: {exc!s:.200}")] * len(clients)
-    if answered != clients or not isinstance(records, list) or len(records) != len(clients) \
-            or not isinstance(errors, dict):
+        return [
+            Error(MALFORMED_CODE, f"unreadable batch manifest: {type(exc).__name__}: {exc!s:.200}")
+        ] * len(clients)
+    if (
+        answered != clients
+        or not isinstance(records, list)
+        or len(records) != len(clients)
+        or not isinstance(errors, dict)
+    ):
         why = f"batch answers clients {answered!s:.200} with {records!s:.200}; sent to {clients}"
         return [Error(MALFORMED_CODE, why)] * len(clients)
     return [_part(content, layout, i) for i in range(len(clients))]
@@ -113,15 +143,18 @@ def _part(content: RecordDict, layout: dict, i: int) -> RecordDict | Error:
     try:
         return _read_part(content, layout, i)
     except Exception as exc:  # noqa: BLE001 - whatever the SuperNode sent
-        return Error(MALFORMED_CODE, f"client part {i} of the batch is unreadable: {type(exc).__name__}")
+        return Error(
+            MALFORMED_CODE, f"client part {i} of the batch is unreadable: {type(exc).__name__}"
+        )
 
 
 def _read_part(content: RecordDict, layout: dict, i: int) -> RecordDict | Error:
     if str(i) in layout["errors"]:
         return Error(ERROR_CODE, str(layout["errors"][str(i)]))
     names = layout["records"][i]
-    if not isinstance(names, dict) or not all(isinstance(w, str) and w in content and w != SHARD
-                                              for w in names.values()):
+    if not isinstance(names, dict) or not all(
+        isinstance(w, str) and w in content and w != SHARD for w in names.values()
+    ):
         return Error(MALFORMED_CODE, f"client part {i} of the batch names records it does not hold")
     return unpack(content, layout, i)
 
@@ -144,12 +177,14 @@ class ShardedGrid(Grid):
             raise RuntimeError("ShardedGrid: no SuperNode told its partition")
         hosts = sorted(partitions, key=partitions.get)  # the SuperNodes in partition order
         if len(hosts) > num_clients:
-            raise ValueError(f"{len(hosts)} SuperNodes for {num_clients} clients: some would host none")
+            raise ValueError(
+                f"{len(hosts)} SuperNodes for {num_clients} clients: some would host none"
+            )
         self.host = {logical_node_id(p): hosts[p % len(hosts)] for p in range(num_clients)}
-        self._sent: dict[str, Message] = {}           # logical message id -> the message
-        self._batch_of: dict[str, str] = {}           # logical message id -> its batch's id
-        self._batches: dict[str, list[str]] = {}      # batch id -> its logical message ids
-        self._replies: dict[str, Message] = {}        # logical message id -> its reply
+        self._sent: dict[str, Message] = {}  # logical message id -> the message
+        self._batch_of: dict[str, str] = {}  # logical message id -> its batch's id
+        self._batches: dict[str, list[str]] = {}  # batch id -> its logical message ids
+        self._replies: dict[str, Message] = {}  # logical message id -> its reply
 
     def get_node_ids(self) -> Iterable[int]:
         return list(self.host)
@@ -165,12 +200,17 @@ class ShardedGrid(Grid):
         for msg in messages:
             set_message_id(msg, uuid4().hex)
             self._sent[msg.metadata.message_id] = msg
-            groups.setdefault((self.host[msg.metadata.dst_node_id], msg.metadata.message_type), []).append(msg)
+            groups.setdefault(
+                (self.host[msg.metadata.dst_node_id], msg.metadata.message_type), []
+            ).append(msg)
             ids.append(msg.metadata.message_id)
         batches, members = [], []
         for (host, message_type), group in groups.items():
-            content = pack([m.content for m in group], [logical_partition(m.metadata.dst_node_id) for m in group],
-                           self.num_clients)
+            content = pack(
+                [m.content for m in group],
+                [logical_partition(m.metadata.dst_node_id) for m in group],
+                self.num_clients,
+            )
             batches.append(Message(content, dst_node_id=host, message_type=message_type))
             members.append([m.metadata.message_id for m in group])
         for batch_id, group_ids in zip(self.raw.push_messages(batches), members):
@@ -207,8 +247,9 @@ class ShardedGrid(Grid):
         for message_id, msg, part in zip(group, sent, parts):
             self._replies[message_id] = Message(part, reply_to=msg)
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
-                         ) -> Iterable[Message]:
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
         raise NotImplementedError("a ShardedGrid is driven by its Messenger (push / pull)")
 
     def set_run(self, run) -> None:

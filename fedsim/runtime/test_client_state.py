@@ -18,7 +18,11 @@ def _msg(root, keep=False, key="abc", extra=None) -> Message:
     """A message of run ``key`` as a handler on a node whose state root is ``root`` sees it."""
     InProcessGrid({})  # this process plays the run (message metadata needs a run id)
     config = ConfigRecord({RUN_KEY: key, STATE_KEY: json.dumps({"keep": keep})})
-    msg = Message(RecordDict({"config": config, **(extra or {})}), dst_node_id=1, message_type=MessageType.TRAIN)
+    msg = Message(
+        RecordDict({"config": config, **(extra or {})}),
+        dst_node_id=1,
+        message_type=MessageType.TRAIN,
+    )
     node_local.attach(msg, {"state-dir": str(root)})
     return msg
 
@@ -45,12 +49,20 @@ def test_names_are_plain_and_values_are_not_pickled(tmp_path):
 
 
 def test_each_client_has_its_folder_under_the_run_of_the_node_root(tmp_path):
-    assert client_state.of(_msg(tmp_path / "node-root"), 3).folder == tmp_path / "node-root" / "run-abc" / "client-3"
+    assert (
+        client_state.of(_msg(tmp_path / "node-root"), 3).folder
+        == tmp_path / "node-root" / "run-abc" / "client-3"
+    )
 
 
 def _served(msg: Message, node_config: dict) -> Message:
-    context = Context(run_id=1, node_id=1, state=RecordDict(), run_config={},
-                      node_config={"partition-id": 0, "num-partitions": 1, **node_config})
+    context = Context(
+        run_id=1,
+        node_id=1,
+        state=RecordDict(),
+        run_config={},
+        node_config={"partition-id": 0, "num-partitions": 1, **node_config},
+    )
     return client_app._client_reply(msg, context)
 
 
@@ -58,13 +70,25 @@ def _from_server(victim, extra: dict, message_type=MessageType.QUERY) -> Message
     """A message of a server that names ``victim`` as the clients' root, in every way a message
     could: the run's client-state settings and the node's own entry."""
     InProcessGrid({})
-    config = ConfigRecord({RUN_KEY: "abc", STATE_KEY: json.dumps({"dir": str(victim), "keep": False}),
-                           node_local.NODE_KEY: json.dumps({"state-dir": str(victim)}), **extra.pop("config", {})})
-    return Message(RecordDict({"config": config, **extra}), dst_node_id=1, message_type=message_type)
+    config = ConfigRecord(
+        {
+            RUN_KEY: "abc",
+            STATE_KEY: json.dumps({"dir": str(victim), "keep": False}),
+            node_local.NODE_KEY: json.dumps({"state-dir": str(victim)}),
+            **extra.pop("config", {}),
+        }
+    )
+    return Message(
+        RecordDict({"config": config, **extra}), dst_node_id=1, message_type=message_type
+    )
 
 
-@pytest.mark.parametrize("node_config", [{}, {"state-dir": "node"}], ids=["environment", "node-config"])
-def test_a_server_cannot_choose_where_a_client_keeps_or_removes_state(tmp_path, monkeypatch, node_config):
+@pytest.mark.parametrize(
+    "node_config", [{}, {"state-dir": "node"}], ids=["environment", "node-config"]
+)
+def test_a_server_cannot_choose_where_a_client_keeps_or_removes_state(
+    tmp_path, monkeypatch, node_config
+):
     """The attack: a server names the root of another folder in its end-of-run forget (it
     removed ``/victim/run-<key>/``) or in a train message (the client created folders where the
     server said). The node's own root (its node config, else its environment) is used, always."""
@@ -74,17 +98,28 @@ def test_a_server_cannot_choose_where_a_client_keeps_or_removes_state(tmp_path, 
     monkeypatch.setenv("FEDSIM_STATE_DIR", str(tmp_path / "env"))
     node_config = {k: str(tmp_path / v) for k, v in node_config.items()}
     own = tmp_path / ("node" if node_config else "env")
-    client_state.ClientState(client_state.client_dir(str(own), "abc", 0)).save("w", 1, {"a": np.zeros(1)})
+    client_state.ClientState(client_state.client_dir(str(own), "abc", 0)).save(
+        "w", 1, {"a": np.zeros(1)}
+    )
 
     roots = []  # the data roots the ClientApp builds clients with
     build = client_app._client
-    monkeypatch.setattr(client_app, "_client", lambda task, root, *a: roots.append(root) or build(task, root, *a))
+    monkeypatch.setattr(
+        client_app, "_client", lambda task, root, *a: roots.append(root) or build(task, root, *a)
+    )
     task = {"client": "fedsim_clients.state_probe.StateProbeClient", "data_root": str(victim)}
-    train = _from_server(victim / "new", {"config": {client_app.TASK_KEY: json.dumps(task), "server-round": 1},
-                                          "arrays": ArrayRecord({"vectors": Array(np.full((1, 4), 0.25))})},
-                         MessageType.TRAIN)
+    train = _from_server(
+        victim / "new",
+        {
+            "config": {client_app.TASK_KEY: json.dumps(task), "server-round": 1},
+            "arrays": ArrayRecord({"vectors": Array(np.full((1, 4), 0.25))}),
+        },
+        MessageType.TRAIN,
+    )
     assert not _served(train, node_config).has_error()
-    assert not (victim / "new").exists() and (own / "run-abc" / "client-0" / "probe.r1.npz").is_file()
+    assert (
+        not (victim / "new").exists() and (own / "run-abc" / "client-0" / "probe.r1.npz").is_file()
+    )
     assert roots and str(victim) not in roots  # nor does it read data where the server says
 
     forget = _from_server(victim, {client_state.FORGET: client_state.forget_request("abc")})
@@ -98,7 +133,9 @@ def test_forget_removes_the_run_unless_kept(tmp_path, keep):
     client_state.of(_msg(tmp_path), 0).save("w", 1, {"a": np.zeros(2)})
     other = client_state.of(_msg(tmp_path, key="other"), 0)
     other.save("w", 1, {"a": np.zeros(2)})
-    forget = _msg(tmp_path, keep=keep, extra={client_state.FORGET: client_state.forget_request("abc")})
+    forget = _msg(
+        tmp_path, keep=keep, extra={client_state.FORGET: client_state.forget_request("abc")}
+    )
     assert client_state.forget(forget) is not keep
     assert (tmp_path / "run-abc").exists() is keep
     assert other.load("w", 2) is not None  # another run's state is untouched
@@ -106,7 +143,9 @@ def test_forget_removes_the_run_unless_kept(tmp_path, keep):
 
 def test_a_run_key_from_the_server_cannot_leave_the_root(tmp_path):
     (tmp_path / "keep-me").mkdir()
-    forget = _msg(tmp_path / "root", extra={client_state.FORGET: client_state.forget_request("../keep-me")})
+    forget = _msg(
+        tmp_path / "root", extra={client_state.FORGET: client_state.forget_request("../keep-me")}
+    )
     with pytest.raises(ValueError, match="run key"):
         client_state.forget(forget)
     with pytest.raises(ValueError, match="run key"):
@@ -136,4 +175,7 @@ def test_another_local_user_cannot_read_or_plant_client_state(tmp_path, monkeypa
 
     monkeypatch.setattr(client_state.tempfile, "gettempdir", lambda: str(tmp_path))
     default = client_state.client_dir(None, "abc", 0)
-    assert default.parent.parent == tmp_path / f"fedsim-clients-{os.getuid()}" and _mode(default.parent.parent) == 0o700
+    assert (
+        default.parent.parent == tmp_path / f"fedsim-clients-{os.getuid()}"
+        and _mode(default.parent.parent) == 0o700
+    )

@@ -8,9 +8,14 @@ from fedsim.runtime.he_layer import flatten, unflatten
 
 
 def test_a_flat_vector_unflattens_to_the_arrays_it_was_made_of():
-    arrays = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([0.5], dtype=np.float32)}
+    arrays = {
+        "w": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "b": np.array([0.5], dtype=np.float32),
+    }
     back = unflatten(flatten(arrays), arrays)
     assert list(back) == list(arrays)
-    assert all(np.array_equal(back[k], arrays[k]) and back[k].dtype == arrays[k].dtype for k in arrays)
+    assert all(
+        np.array_equal(back[k], arrays[k]) and back[k].dtype == arrays[k].dtype for k in arrays
+    )
     with pytest.raises(ValueError, match="7 values, model needs 6"):
         unflatten(np.zeros(7), {"w": arrays["w"]})

@@ -15,16 +15,25 @@ KEY = b"k" * 32
 
 def _grid(node_ids: list[int], calls: list) -> InProcessGrid:
     """Node ``node_ids[p]`` is partition p; it replies p * round and counts every call."""
+
     def handler(partition_id):
         def handle(msg):
             if WHOAMI in msg.content.config_records:
                 return RecordDict({WHOAMI: ConfigRecord({PARTITION_ID: partition_id})})
             rnd = int(msg.content["config"]["round"])
             calls.append((partition_id, rnd))
-            return RecordDict({"arrays": ArrayRecord([np.full(3, partition_id * rnd, dtype=np.float32)]),
-                               "metrics": MetricRecord({"loss": float(partition_id + rnd)})})
+            return RecordDict(
+                {
+                    "arrays": ArrayRecord([np.full(3, partition_id * rnd, dtype=np.float32)]),
+                    "metrics": MetricRecord({"loss": float(partition_id + rnd)}),
+                }
+            )
+
         return handle
-    return InProcessGrid({node: handler(partition_id) for partition_id, node in enumerate(node_ids)})
+
+    return InProcessGrid(
+        {node: handler(partition_id) for partition_id, node in enumerate(node_ids)}
+    )
 
 
 def _rounds(messenger: Messenger, rounds: range) -> list[dict]:
@@ -32,42 +41,74 @@ def _rounds(messenger: Messenger, rounds: range) -> list[dict]:
     nodes = sorted(messenger.node_ids())
     out = []
     for rnd in rounds:
-        replies = messenger.exchange("fit/train", [
-            Message(RecordDict({"config": ConfigRecord({"round": rnd})}), dst_node_id=n,
-                    message_type=MessageType.TRAIN) for n in nodes], server_round=rnd)
-        out.append({m.metadata.src_node_id: m.content["arrays"]["0"].numpy().tolist() for m in replies})
+        replies = messenger.exchange(
+            "fit/train",
+            [
+                Message(
+                    RecordDict({"config": ConfigRecord({"round": rnd})}),
+                    dst_node_id=n,
+                    message_type=MessageType.TRAIN,
+                )
+                for n in nodes
+            ],
+            server_round=rnd,
+        )
+        out.append(
+            {m.metadata.src_node_id: m.content["arrays"]["0"].numpy().tolist() for m in replies}
+        )
     return out
 
 
 def test_resume_replays_then_goes_on_live_with_new_node_ids(tmp_path):
     calls = []
-    first = Messenger(_grid([11, 12, 13], calls), timeout=5, journal=Journal(tmp_path, resume=False, key=KEY))
+    first = Messenger(
+        _grid([11, 12, 13], calls), timeout=5, journal=Journal(tmp_path, resume=False, key=KEY)
+    )
     done = _rounds(first, range(1, 3))  # killed after round 2
     assert len(calls) == 6
     calls.clear()
-    resumed = Messenger(_grid([71, 72, 73], calls), timeout=5, journal=Journal(tmp_path, resume=True, key=KEY))
+    resumed = Messenger(
+        _grid([71, 72, 73], calls), timeout=5, journal=Journal(tmp_path, resume=True, key=KEY)
+    )
     assert resumed.node_ids() == [11, 12, 13]  # the protocol keeps the first run's ids
     again = _rounds(resumed, range(1, 5))
     assert again[:2] == done  # replayed, nothing sent for them
     assert sorted(calls) == [(p, r) for p in range(3) for r in (3, 4)]
     assert again[3] == {11: [0.0] * 3, 12: [4.0] * 3, 13: [8.0] * 3}  # answered by the new nodes
-    assert [resumed.faults["fit/train"][r] for r in (1, 2)] == [first.faults["fit/train"][r] for r in (1, 2)]
-    assert [resumed.traffic["fit/train"][r] for r in (1, 2)] == [first.traffic["fit/train"][r] for r in (1, 2)]
+    assert [resumed.faults["fit/train"][r] for r in (1, 2)] == [
+        first.faults["fit/train"][r] for r in (1, 2)
+    ]
+    assert [resumed.traffic["fit/train"][r] for r in (1, 2)] == [
+        first.traffic["fit/train"][r] for r in (1, 2)
+    ]
     assert all(resumed.faults["fit/train"][r]["accepted"] == 3 for r in (3, 4))
     assert len(list(tmp_path.glob("*.exchange"))) == 4
 
 
 def test_a_different_exchange_order_is_refused(tmp_path):
-    _rounds(Messenger(_grid([1, 2], []), timeout=5, journal=Journal(tmp_path, resume=False, key=KEY)), range(1, 3))
-    resumed = Messenger(_grid([5, 6], []), timeout=5, journal=Journal(tmp_path, resume=True, key=KEY))
+    _rounds(
+        Messenger(_grid([1, 2], []), timeout=5, journal=Journal(tmp_path, resume=False, key=KEY)),
+        range(1, 3),
+    )
+    resumed = Messenger(
+        _grid([5, 6], []), timeout=5, journal=Journal(tmp_path, resume=True, key=KEY)
+    )
     with pytest.raises(ResumeMismatch, match="fit/train round 1"):
         _rounds(resumed, range(2, 3))
 
 
 def test_a_fresh_run_clears_the_journal(tmp_path):
-    _rounds(Messenger(_grid([1, 2], []), timeout=5, journal=Journal(tmp_path, resume=False, key=KEY)), range(1, 3))
+    _rounds(
+        Messenger(_grid([1, 2], []), timeout=5, journal=Journal(tmp_path, resume=False, key=KEY)),
+        range(1, 3),
+    )
     calls = []
-    _rounds(Messenger(_grid([1, 2], calls), timeout=5, journal=Journal(tmp_path, resume=False, key=KEY)), range(1, 2))
+    _rounds(
+        Messenger(
+            _grid([1, 2], calls), timeout=5, journal=Journal(tmp_path, resume=False, key=KEY)
+        ),
+        range(1, 2),
+    )
     assert len(calls) == 2 and len(list(tmp_path.glob("*.exchange"))) == 1
 
 
@@ -79,26 +120,42 @@ def test_no_half_written_entry(tmp_path):
 
 
 def test_replayed_replies_pass_the_validator_again(tmp_path):
-    _rounds(Messenger(_grid([1, 2], []), timeout=5, journal=Journal(tmp_path, resume=False, key=KEY)), range(1, 2))
-    resumed = Messenger(_grid([5, 6], []), timeout=5, journal=Journal(tmp_path, resume=True, key=KEY))
+    _rounds(
+        Messenger(_grid([1, 2], []), timeout=5, journal=Journal(tmp_path, resume=False, key=KEY)),
+        range(1, 2),
+    )
+    resumed = Messenger(
+        _grid([5, 6], []), timeout=5, journal=Journal(tmp_path, resume=True, key=KEY)
+    )
     seen = []
-    message = Message(RecordDict({"config": ConfigRecord({"round": 1})}), dst_node_id=1,
-                      message_type=MessageType.TRAIN)
-    resumed.exchange("fit/train", [message], Policy(validator=lambda c, node: seen.append(c) or None))
+    message = Message(
+        RecordDict({"config": ConfigRecord({"round": 1})}),
+        dst_node_id=1,
+        message_type=MessageType.TRAIN,
+    )
+    resumed.exchange(
+        "fit/train", [message], Policy(validator=lambda c, node: seen.append(c) or None)
+    )
     assert len(seen) == 2  # both journaled replies
-    resumed = Messenger(_grid([5, 6], []), timeout=5, journal=Journal(tmp_path, resume=True, key=KEY))
+    resumed = Messenger(
+        _grid([5, 6], []), timeout=5, journal=Journal(tmp_path, resume=True, key=KEY)
+    )
     with pytest.raises(ResumeMismatch, match="now rejected"):
         resumed.exchange("fit/train", [message], Policy(validator=lambda c, node: "changed rule"))
 
 
 def _journaled_run(tmp_path) -> None:
-    _rounds(Messenger(_grid([1, 2], []), timeout=5, journal=Journal(tmp_path, resume=False, key=KEY)),
-            range(1, 3))
+    _rounds(
+        Messenger(_grid([1, 2], []), timeout=5, journal=Journal(tmp_path, resume=False, key=KEY)),
+        range(1, 3),
+    )
 
 
 def _resume(tmp_path, key=KEY) -> list[dict]:
-    return _rounds(Messenger(_grid([5, 6], []), timeout=5, journal=Journal(tmp_path, resume=True, key=key)),
-                   range(1, 3))
+    return _rounds(
+        Messenger(_grid([5, 6], []), timeout=5, journal=Journal(tmp_path, resume=True, key=key)),
+        range(1, 3),
+    )
 
 
 def test_an_altered_entry_is_refused_on_resume(tmp_path):
@@ -131,6 +188,7 @@ def test_a_planted_or_reordered_entry_is_refused_on_resume(tmp_path):
         _resume(tmp_path)
     _journaled_run(tmp_path)
     import pickle
+
     first.write_bytes(pickle.dumps({"phase": "fit/train", "round": 1}))  # the former format
     with pytest.raises(JournalTampered):
         _resume(tmp_path)
@@ -144,16 +202,22 @@ def test_a_journal_under_another_key_is_refused(tmp_path):
 
 
 def _three_rounds(tmp_path) -> None:
-    _rounds(Messenger(_grid([1, 2], []), timeout=5, journal=Journal(tmp_path, resume=False, key=KEY)),
-            range(1, 4))
+    _rounds(
+        Messenger(_grid([1, 2], []), timeout=5, journal=Journal(tmp_path, resume=False, key=KEY)),
+        range(1, 4),
+    )
 
 
 def _resume_three(tmp_path) -> list[dict]:
-    return _rounds(Messenger(_grid([5, 6], []), timeout=5, journal=Journal(tmp_path, resume=True, key=KEY)),
-                   range(1, 4))
+    return _rounds(
+        Messenger(_grid([5, 6], []), timeout=5, journal=Journal(tmp_path, resume=True, key=KEY)),
+        range(1, 4),
+    )
 
 
-@pytest.mark.parametrize("cut", [[2], [1, 2], [1], [0]], ids=["last", "last-two", "middle", "first"])
+@pytest.mark.parametrize(
+    "cut", [[2], [1, 2], [1], [0]], ids=["last", "last-two", "middle", "first"]
+)
 def test_a_journal_with_entries_deleted_is_refused(tmp_path, cut):
     """The attack: delete journaled exchanges, so that the resumed run sends them again. A redone
     round draws the same noise (the run's secret) over replies that may differ (another sample, a
@@ -214,8 +278,14 @@ def test_a_resume_under_a_changed_experiment_is_refused(tmp_path):
     ServerApp not started by `fedsim run`, whose resume check it skips) replays the journaled
     replies under other settings; a server-side setting changes no exchange, so nothing else
     would notice and the result would silently mix two experiments."""
-    _rounds(Messenger(_grid([1, 2], []), timeout=5, journal=Journal(tmp_path, resume=False, key=KEY, experiment="a")),
-            range(1, 3))
+    _rounds(
+        Messenger(
+            _grid([1, 2], []),
+            timeout=5,
+            journal=Journal(tmp_path, resume=False, key=KEY, experiment="a"),
+        ),
+        range(1, 3),
+    )
     with pytest.raises(ResumeMismatch, match="experiment"):
         Journal(tmp_path, resume=True, key=KEY, experiment="b")
     assert len(Journal(tmp_path, resume=True, key=KEY, experiment="a").recorded) == 2

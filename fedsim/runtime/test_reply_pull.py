@@ -47,9 +47,11 @@ class SuperLink:
         self.objects: dict[str, bytes] = {}
 
     def store(self, sent: Message, body: Message) -> None:
-        record = body.metadata.__dict__ | {"_src_node_id": sent.metadata.dst_node_id,
-                                           "_reply_to_message_id": sent.metadata.message_id,
-                                           "_message_id": body.object_id}
+        record = body.metadata.__dict__ | {
+            "_src_node_id": sent.metadata.dst_node_id,
+            "_reply_to_message_id": sent.metadata.message_id,
+            "_message_id": body.object_id,
+        }
         metadata = type(body.metadata).__new__(type(body.metadata))
         metadata.__dict__.update(record)
         self.records[sent.metadata.message_id] = ProtoMessage(metadata=metadata_to_proto(metadata))
@@ -58,13 +60,18 @@ class SuperLink:
 
     def PullMessages(self, request):  # noqa: N802 - Flower's names
         ids = [i for i in request.message_ids if i in self.records]
-        return PullAppMessagesResponse(messages_list=[self.records.pop(i) for i in ids],
-                                       message_object_trees=[self.trees.pop(i) for i in ids])
+        return PullAppMessagesResponse(
+            messages_list=[self.records.pop(i) for i in ids],
+            message_object_trees=[self.trees.pop(i) for i in ids],
+        )
 
     def PullObject(self, request):  # noqa: N802
         content = self.objects.get(request.object_id)
-        return PullObjectResponse(object_found=content is not None, object_available=content is not None,
-                                  object_content=content or b"")
+        return PullObjectResponse(
+            object_found=content is not None,
+            object_available=content is not None,
+            object_content=content or b"",
+        )
 
     def ConfirmMessageReceived(self, request):  # noqa: N802
         return None
@@ -96,7 +103,9 @@ class LinkedGrid(HttpGrid):
 
 
 def _honest(msg: Message) -> Message:
-    return Message(RecordDict({"metrics": MetricRecord({"node": msg.metadata.dst_node_id})}), reply_to=msg)
+    return Message(
+        RecordDict({"metrics": MetricRecord({"node": msg.metadata.dst_node_id})}), reply_to=msg
+    )
 
 
 def _as_the_honest_node(msg: Message) -> Message:
@@ -111,15 +120,29 @@ def _answering_the_honest_nodes_message(msg: Message) -> Message:
     return reply
 
 
-@pytest.mark.parametrize("forge", [_as_the_honest_node, _answering_the_honest_nodes_message],
-                         ids=["another sender", "another node's message"])
-def test_a_reply_whose_body_claims_another_node_is_counted_and_the_other_node_keeps_its_reply(forge, caplog):
-    messenger = Messenger(isolate_reply_pulls(LinkedGrid({HONEST: _honest, HOSTILE: forge})), timeout=1,
-                          poll_seconds=0.0)
-    messages = [Message(RecordDict({"config": ConfigRecord()}), dst_node_id=n, message_type=MessageType.QUERY)
-                for n in (HONEST, HOSTILE)]
+@pytest.mark.parametrize(
+    "forge",
+    [_as_the_honest_node, _answering_the_honest_nodes_message],
+    ids=["another sender", "another node's message"],
+)
+def test_a_reply_whose_body_claims_another_node_is_counted_and_the_other_node_keeps_its_reply(
+    forge, caplog
+):
+    messenger = Messenger(
+        isolate_reply_pulls(LinkedGrid({HONEST: _honest, HOSTILE: forge})),
+        timeout=1,
+        poll_seconds=0.0,
+    )
+    messages = [
+        Message(
+            RecordDict({"config": ConfigRecord()}), dst_node_id=n, message_type=MessageType.QUERY
+        )
+        for n in (HONEST, HOSTILE)
+    ]
     replies = messenger.exchange("probe", messages, Policy(ANY))
-    assert [(m.metadata.src_node_id, m.content["metrics"]["node"]) for m in replies] == [(HONEST, HONEST)]
+    assert [(m.metadata.src_node_id, m.content["metrics"]["node"]) for m in replies] == [
+        (HONEST, HONEST)
+    ]
     counts = messenger.faults["probe"][1]
     assert (counts["accepted"], counts["malformed"], counts["timed_out"]) == (1, 1, 0)
     assert f"node {HOSTILE} rejected" in caplog.text  # the sender the SuperLink recorded

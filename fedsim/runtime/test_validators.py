@@ -27,8 +27,12 @@ REPLY = model_reply(SENT, Metrics({"num-examples": weight(DECLARED.get)}))
 
 
 def _reply(arrays: dict, examples=10) -> RecordDict:
-    return RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
-                       "metrics": MetricRecord({"num-examples": examples})})
+    return RecordDict(
+        {
+            "arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
+            "metrics": MetricRecord({"num-examples": examples}),
+        }
+    )
 
 
 GOOD = {"w": np.ones((3, 2), np.float32), "b": np.ones(2, np.float32)}
@@ -44,14 +48,17 @@ def test_the_weight_is_bounded_by_what_the_node_declared():
     assert "outside [1, 10]" in REPLY(_reply(GOOD, 50), 2)
 
 
-@pytest.mark.parametrize("arrays", [
-    {"w": np.ones((1, 2), np.float32), "b": np.ones(2, np.float32)},    # broadcast into (3, 2)
-    {"w": np.ones((3, 2), np.float64), "b": np.ones(2, np.float32)},    # another dtype
-    {"w": np.ones((3, 2), np.float32)},                                 # a key missing
-    {**GOOD, "extra": np.ones(1, np.float32)},                          # a key added
-    {"w": np.full((3, 2), np.nan, np.float32), "b": np.ones(2, np.float32)},
-    {"w": np.full((3, 2), "x"), "b": np.ones(2, np.float32)},           # a string dtype
-])
+@pytest.mark.parametrize(
+    "arrays",
+    [
+        {"w": np.ones((1, 2), np.float32), "b": np.ones(2, np.float32)},  # broadcast into (3, 2)
+        {"w": np.ones((3, 2), np.float64), "b": np.ones(2, np.float32)},  # another dtype
+        {"w": np.ones((3, 2), np.float32)},  # a key missing
+        {**GOOD, "extra": np.ones(1, np.float32)},  # a key added
+        {"w": np.full((3, 2), np.nan, np.float32), "b": np.ones(2, np.float32)},
+        {"w": np.full((3, 2), "x"), "b": np.ones(2, np.float32)},  # a string dtype
+    ],
+)
 def test_arrays_unlike_the_model_sent_are_rejected(arrays):
     assert REPLY(_reply(arrays), 1)
 
@@ -67,31 +74,45 @@ def test_records_are_exactly_the_declared_ones():
     extra = _reply(GOOD)
     extra["more"] = MetricRecord({"x": 1.0})
     assert "unexpected records" in REPLY(extra, 1)
-    swapped = RecordDict({"arrays": _reply(GOOD)["arrays"], "metrics": ConfigRecord({"num-examples": 10})})
+    swapped = RecordDict(
+        {"arrays": _reply(GOOD)["arrays"], "metrics": ConfigRecord({"num-examples": 10})}
+    )
     assert "not a metric record" in REPLY(swapped, 1)
 
 
 def test_declared_keys_are_required_and_typed_others_are_informational_numbers():
-    schema = Reply({"m": Metrics({"loss": Number()}, {"alpha": Number(0.0, 1.0)}, {"turn/": Numbers()})})
+    schema = Reply(
+        {"m": Metrics({"loss": Number()}, {"alpha": Number(0.0, 1.0)}, {"turn/": Numbers()})}
+    )
     every = MetricRecord({"loss": 1.0, "alpha": 0.5, "turn/x": [1, 2], "seconds": 3.0})
     assert schema(RecordDict({"m": every}), 1) is None
     assert "missing" in schema(RecordDict({"m": MetricRecord({"alpha": 0.5})}), 1)
     assert "outside" in schema(RecordDict({"m": MetricRecord({"loss": 1.0, "alpha": 2.0})}), 1)
     assert "list where a number" in schema(RecordDict({"m": MetricRecord({"loss": [1.0]})}), 1)
-    assert "where a list is expected" in schema(RecordDict({"m": MetricRecord({"loss": 1.0, "turn/x": 1})}), 1)
-    assert "list where a number" in schema(RecordDict({"m": MetricRecord({"loss": 1.0, "seconds": [3.0]})}), 1)
+    assert "where a list is expected" in schema(
+        RecordDict({"m": MetricRecord({"loss": 1.0, "turn/x": 1})}), 1
+    )
+    assert "list where a number" in schema(
+        RecordDict({"m": MetricRecord({"loss": 1.0, "seconds": [3.0]})}), 1
+    )
     info = Reply({"i": Config({"population": Text(choices=("majority", "minority"))})})
-    assert "unexpected key" in info(RecordDict({"i": ConfigRecord({"population": "majority", "x": 1})}), 1)
+    assert "unexpected key" in info(
+        RecordDict({"i": ConfigRecord({"population": "majority", "x": 1})}), 1
+    )
     assert "not one of" in info(RecordDict({"i": ConfigRecord({"population": "everyone"})}), 1)
 
 
 def test_every_metric_must_be_finite():
     assert metric_values(RecordDict({"m": MetricRecord({"loss": 1.0, "turn/x": [1, 2]})})) is None
     assert "not finite" in metric_values(RecordDict({"m": MetricRecord({"loss": float("nan")})}))
-    assert "not finite" in metric_values(RecordDict({"m": MetricRecord({"turn/x": [1.0, float("inf")]})}))
+    assert "not finite" in metric_values(
+        RecordDict({"m": MetricRecord({"turn/x": [1.0, float("inf")]})})
+    )
 
 
-@pytest.mark.parametrize("declared", [{"shape": (7,)}, {"shape": ("uninflatable",)}, {"dtype": "int64"}])
+@pytest.mark.parametrize(
+    "declared", [{"shape": (7,)}, {"shape": ("uninflatable",)}, {"dtype": "int64"}]
+)
 def test_an_array_is_read_by_what_it_holds_and_refused_where_it_declares_otherwise(declared):
     record = ArrayRecord({"w": Array(np.zeros(3, dtype=np.float32))})
     for name, value in declared.items():

@@ -28,7 +28,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 
 from fedsim.message_keys import ARRAYS, INFO, METRICS, PARTITION_ID
 
-Validator = Callable[[RecordDict, int], "str | None"]  # (reply, its node) -> why it is malformed, or None
+Validator = Callable[
+    [RecordDict, int], "str | None"
+]  # (reply, its node) -> why it is malformed, or None
 Bound = float | Callable[[int], float]  # a limit, or each node's (what it declared at discovery)
 
 
@@ -44,6 +46,7 @@ def _is_number(value) -> bool:
 @dataclass(frozen=True)
 class Number:
     """A finite int or float in [low, high] (whole: an integral value)."""
+
     low: Bound = -math.inf
     high: Bound = math.inf
     whole: bool = False
@@ -62,6 +65,7 @@ class Number:
 @dataclass(frozen=True)
 class Numbers:
     """A list of at most ``length`` numbers, each an ``item``."""
+
     item: Number = Number()
     length: Bound = math.inf
 
@@ -70,40 +74,65 @@ class Numbers:
             return f"{type(value).__name__} where a list is expected"
         if len(value) > at(self.length, node):
             return f"{len(value)} values, at most {at(self.length, node):g}"
-        return next((f"item {i}: {why}" for i, v in enumerate(value) if (why := self.item.problem(v, node))), None)
+        return next(
+            (
+                f"item {i}: {why}"
+                for i, v in enumerate(value)
+                if (why := self.item.problem(v, node))
+            ),
+            None,
+        )
 
 
 @dataclass(frozen=True)
 class Text:
     """A str of at most ``length`` characters, one of ``choices`` where given."""
+
     length: int = 1000
     choices: tuple[str, ...] | None = None
 
     def problem(self, value, node: int) -> str | None:
         if not isinstance(value, str) or len(value) > self.length:
             return f"not a str of at most {self.length} characters"
-        return None if self.choices is None or value in self.choices else f"{value!r:.40} not one of {self.choices}"
+        return (
+            None
+            if self.choices is None or value in self.choices
+            else f"{value!r:.40} not one of {self.choices}"
+        )
 
 
 @dataclass(frozen=True)
 class Texts:
     """A list of at most ``length`` str, each a ``item``."""
+
     item: Text = Text()
     length: Bound = math.inf
 
     def problem(self, value, node: int) -> str | None:
         if not isinstance(value, list) or len(value) > at(self.length, node):
             return "not a list of the expected length"
-        return next((f"item {i}: {why}" for i, v in enumerate(value) if (why := self.item.problem(v, node))), None)
+        return next(
+            (
+                f"item {i}: {why}"
+                for i, v in enumerate(value)
+                if (why := self.item.problem(v, node))
+            ),
+            None,
+        )
 
 
 @dataclass(frozen=True)
 class Blob:
     """``bytes`` of at most ``length``."""
+
     length: int = 1 << 30
 
     def problem(self, value, node: int) -> str | None:
-        return None if isinstance(value, bytes) and len(value) <= self.length else "not bytes of a plausible size"
+        return (
+            None
+            if isinstance(value, bytes) and len(value) <= self.length
+            else "not bytes of a plausible size"
+        )
 
 
 Field = Number | Numbers | Text | Texts | Blob
@@ -113,6 +142,7 @@ Field = Number | Numbers | Text | Texts | Blob
 class Keys:
     """A record of keys: ``required`` ones, ``optional`` ones, families of keys by ``prefixes``;
     any other key an informational finite number where ``informational``, else refused."""
+
     required: Mapping[str, Field] = field(default_factory=dict)
     optional: Mapping[str, Field] = field(default_factory=dict)
     prefixes: Mapping[str, Field] = field(default_factory=dict)
@@ -142,12 +172,14 @@ class Keys:
 @dataclass(frozen=True)
 class Metrics(Keys):
     """A MetricRecord."""
+
     kind = "metric_records"
 
 
 @dataclass(frozen=True)
 class Config(Keys):
     """A ConfigRecord (no informational keys)."""
+
     informational: bool = False
     kind = "config_records"
 
@@ -157,6 +189,7 @@ class Arrays:
     """An ArrayRecord of decodable, numeric, finite arrays: exactly the keys, shapes and dtypes of
     ``like`` (the model sent: an array of another shape would be broadcast into the average by
     ``+=``; a missing key would silently keep the old weights), else any non-empty set."""
+
     like: ArrayRecord | None = None
     kind = "array_records"
 
@@ -164,8 +197,13 @@ class Arrays:
         if not len(record):
             return "no arrays"
         if self.like is not None and set(record) != set(self.like):
-            missing, extra = sorted(set(self.like) - set(record)), sorted(set(record) - set(self.like))
-            return f"arrays differ from the model sent: missing {missing[:3]}, extra {extra[:3]!r:.80}"
+            missing, extra = (
+                sorted(set(self.like) - set(record)),
+                sorted(set(record) - set(self.like)),
+            )
+            return (
+                f"arrays differ from the model sent: missing {missing[:3]}, extra {extra[:3]!r:.80}"
+            )
         for name, array in record.items():
             if why := array_problem(name, array, None if self.like is None else self.like[name]):
                 return why
@@ -179,9 +217,13 @@ def decoded(name: str, array) -> np.ndarray | str:
         values = array.numpy()
     except Exception as exc:  # noqa: BLE001 - any undecodable payload
         return f"undecodable array {name!r:.60}: {type(exc).__name__}"
-    if list(array.shape) != list(values.shape) or str(array.dtype) != str(values.dtype):  # the sender's words
-        return (f"{name!r:.60} declares {array.dtype!s:.20}{list(array.shape)!s:.40}, "
-                f"holds {values.dtype}{list(values.shape)}")
+    if list(array.shape) != list(values.shape) or str(array.dtype) != str(
+        values.dtype
+    ):  # the sender's words
+        return (
+            f"{name!r:.60} declares {array.dtype!s:.20}{list(array.shape)!s:.40}, "
+            f"holds {values.dtype}{list(values.shape)}"
+        )
     if values.dtype.kind not in "fiu":
         return f"{name!r:.60}: dtype {values.dtype} is not numeric"
     return values
@@ -191,7 +233,9 @@ def array_problem(name: str, array, like=None) -> str | None:
     values = decoded(name, array)
     if isinstance(values, str):
         return values
-    if like is not None and (values.shape != tuple(like.shape) or values.dtype != np.dtype(like.dtype)):
+    if like is not None and (
+        values.shape != tuple(like.shape) or values.dtype != np.dtype(like.dtype)
+    ):
         return f"{name}: {values.dtype}{values.shape}, sent {like.dtype}{tuple(like.shape)}"
     if not np.all(np.isfinite(values)):
         return f"non-finite values (NaN/Inf) in {name}"
@@ -206,6 +250,7 @@ class Reply:
     """One phase's reply: exactly the ``records`` (name -> kind and content; ``optional`` names may
     be absent), then ``check`` across them (rows within the node's bound, lists of equal
     length, ...)."""
+
     records: Mapping[str, Record]
     optional: frozenset[str] = frozenset()
     check: Validator | None = None
@@ -264,7 +309,9 @@ def weight(bound: Bound, low: float = 1) -> Number:
     return Number(low, bound, whole=True)
 
 
-def model_reply(sent: ArrayRecord, metrics: Metrics, arrays: str = ARRAYS, metric: str = METRICS) -> Reply:
+def model_reply(
+    sent: ArrayRecord, metrics: Metrics, arrays: str = ARRAYS, metric: str = METRICS
+) -> Reply:
     """A trained model's reply: ``arrays`` shaped as the model ``sent``, ``metrics`` as declared."""
     return Reply({arrays: Arrays(sent), metric: metrics})
 
@@ -277,6 +324,7 @@ def like_model(sent: ArrayRecord) -> Validator:
     def check(content: RecordDict, node: int) -> str | None:
         records = list(content.array_records.values())
         return "expected one ArrayRecord" if len(records) != 1 else shaped.problem(records[0], node)
+
     return check
 
 
@@ -289,16 +337,25 @@ def finite_arrays(content: RecordDict, node: int) -> str | None:
     return Arrays().problem(records[0], node)
 
 
-def discovery_reply(partition_of: Callable[[int], int | None], partitions: int, fields: Mapping[str, Field],
-                    check: Callable[[ConfigRecord, int], str | None]) -> Reply:
+def discovery_reply(
+    partition_of: Callable[[int], int | None],
+    partitions: int,
+    fields: Mapping[str, Field],
+    check: Callable[[ConfigRecord, int], str | None],
+) -> Reply:
     """A discovery reply: its INFO names the node's partition, the one it told at ``whoami``
     (``partition_of``, the Messenger's map, where it asked; else a whole number below
     ``partitions``), and the method's ``fields``, which ``check(info, partition)`` holds against
     what the public partitioning gives that partition. Every method's discovery shares this, so
     a partition is checked against the Messenger's map in one place."""
+
     def checked(content: RecordDict, node: int) -> str | None:
         info, told = content[INFO], partition_of(node)
         if told is not None and info[PARTITION_ID] != told:
             return f"claims partition {info[PARTITION_ID]}, told {told} at whoami"
         return check(info, int(info[PARTITION_ID]))
-    return Reply({INFO: Config({PARTITION_ID: Number(0, partitions - 1, whole=True), **fields})}, check=checked)
+
+    return Reply(
+        {INFO: Config({PARTITION_ID: Number(0, partitions - 1, whole=True), **fields})},
+        check=checked,
+    )

@@ -20,15 +20,20 @@ METRICS = REPLY_METRICS
 
 def spread(values: list[float]) -> dict:
     """Mean, standard deviation (ddof 1; 0 for one value), min and max."""
-    return {"mean": float(np.mean(values)), "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
-            "min": float(np.min(values)), "max": float(np.max(values))}
-
+    return {
+        "mean": float(np.mean(values)),
+        "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+        "min": float(np.min(values)),
+        "max": float(np.max(values)),
+    }
 
 
 def alpha_rows(alphas: dict[int, list[dict]]) -> dict:
     """Per round: every client's alpha (and trust scores), their mean, std, min and max."""
-    return {str(rnd): {**spread([r[keys.ALPHA] for r in rows]), "clients": rows}
-            for rnd, rows in sorted(alphas.items())}
+    return {
+        str(rnd): {**spread([r[keys.ALPHA] for r in rows]), "clients": rows}
+        for rnd, rows in sorted(alphas.items())
+    }
 
 
 ALPHA_GAP_RESAMPLES = 2000  # cluster bootstrap resamples of r's CI: a few clients, so cheap
@@ -48,8 +53,11 @@ def alpha_vs_gap(alphas: dict[int, list[dict]], unit: str, seed: int) -> dict:
     if rows and all(keys.S_GAP_SE in r for r in rows):
         gaps = np.array([r[keys.S_GLOBAL] - r[keys.S_LOCAL] for r in rows])
         se = np.array([r[keys.S_GAP_SE] for r in rows])
-        out |= {"s_gap_mean": float(gaps.mean()), "s_gap_se_mean": float(se.mean()),
-                "share_beyond_2se": float(np.mean(np.abs(gaps) > 2 * se))}
+        out |= {
+            "s_gap_mean": float(gaps.mean()),
+            "s_gap_se_mean": float(se.mean()),
+            "share_beyond_2se": float(np.mean(np.abs(gaps) > 2 * se)),
+        }
     if not rows or not all(keys.TRAIN_NLL in r for r in rows):
         return out
     alpha = np.array([r[keys.ALPHA] for r in rows])
@@ -59,8 +67,12 @@ def alpha_vs_gap(alphas: dict[int, list[dict]], unit: str, seed: int) -> dict:
         out["pearson_r"] = float(pearsonr(alpha, gap).statistic)
         clients = np.array([r["partition"] for r in rows])
         out |= {"unit": unit, "clusters": int(np.unique(clients).size)}
-        if out["clusters"] >= 2 and np.isfinite(ci := cluster_pearson_ci(alpha, gap, clients, ALPHA_GAP_RESAMPLES,
-                                                                           seed)).all():
+        if (
+            out["clusters"] >= 2
+            and np.isfinite(
+                ci := cluster_pearson_ci(alpha, gap, clients, ALPHA_GAP_RESAMPLES, seed)
+            ).all()
+        ):
             out["ci"] = list(ci)
     return out
 
@@ -72,14 +84,26 @@ def contamination_rows(trained: dict, contaminated: frozenset[int]) -> dict:
     rounds = [row for rows in trained.get("alphas", {}).values() for row in rows]
     clients = trained["personalized"]["clients"]
     out = {}
-    for group, members in (("contaminated", lambda p: p in contaminated), ("clean", lambda p: p not in contaminated)):
+    for group, members in (
+        ("contaminated", lambda p: p in contaminated),
+        ("clean", lambda p: p not in contaminated),
+    ):
         mine = [r for r in rounds if members(r["partition"])]
         personal = [c for c in clients if members(c["partition"])]
-        out[group] = {"client_rounds": len(mine), "clients": len(personal),
-                      **{k.replace("-", "_"): float(np.mean([r[k] for r in mine]))
-                         for k in (keys.ALPHA, keys.S_LOCAL, keys.S_GLOBAL) if mine and all(k in r for r in mine)},
-                      **{f"personal_{k}": float(np.mean([c[k] for c in personal]))
-                         for k in ("trust_bertscore", "pii_rate") if personal}}
+        out[group] = {
+            "client_rounds": len(mine),
+            "clients": len(personal),
+            **{
+                k.replace("-", "_"): float(np.mean([r[k] for r in mine]))
+                for k in (keys.ALPHA, keys.S_LOCAL, keys.S_GLOBAL)
+                if mine and all(k in r for r in mine)
+            },
+            **{
+                f"personal_{k}": float(np.mean([c[k] for c in personal]))
+                for k in ("trust_bertscore", "pii_rate")
+                if personal
+            },
+        }
     return out
 
 
@@ -87,24 +111,41 @@ def communication(messenger: Messenger, phase: str) -> dict:
     rows = list(messenger.traffic.get(f"{phase}/train", {}).values())
     if not rows:
         return {"bytes_per_round": 0.0, "rounds": 0}
-    return {"bytes_per_round": float(np.mean([r["bytes_down"] + r["bytes_up"] for r in rows])),
-            "bytes_down_per_round": float(np.mean([r["bytes_down"] for r in rows])),
-            "bytes_up_per_round": float(np.mean([r["bytes_up"] for r in rows])), "rounds": len(rows)}
+    return {
+        "bytes_per_round": float(np.mean([r["bytes_down"] + r["bytes_up"] for r in rows])),
+        "bytes_down_per_round": float(np.mean([r["bytes_down"] for r in rows])),
+        "bytes_up_per_round": float(np.mean([r["bytes_up"] for r in rows])),
+        "rounds": len(rows),
+    }
 
 
 def summary(r: dict, out: RunOutput) -> str:
     ev = r["evaluator"]
-    text = (f"# FedDTRE on {', '.join(r['data'])}\n\n"
-            f"Trust evaluator AUC on held-out trust pairs: {ev['auc_before']:.3f} before, "
-            f"{ev['auc_after']:.3f} after federated fine-tuning.\n"
-            + base_line(r["base"]["sft"]).replace("Base:", "Base generator:", 1) + "\n")
+    text = (
+        f"# FedDTRE on {', '.join(r['data'])}\n\n"
+        f"Trust evaluator AUC on held-out trust pairs: {ev['auc_before']:.3f} before, "
+        f"{ev['auc_after']:.3f} after federated fine-tuning.\n"
+        + base_line(r["base"]["sft"]).replace("Base:", "Base generator:", 1)
+        + "\n"
+    )
     for dataset in r["data"]:
-        rows = [{"method": m, "strategy": v[dataset].get("strategy", ""), **{k: v[dataset][k] for k in METRICS},
-                 "MB/round": r["communication"][m][dataset]["bytes_per_round"] / 1e6}
-                for m, v in r["methods"].items()]
-        text += (f"\n## {dataset} ({r['data'][dataset]['evaluation']})\n"
-                 + markdown_table(rows, ["method", "strategy", *METRICS, "MB/round"], digits=3) + "\n"
-                 + _personalized_table(r, dataset) + _alpha_gap_table(r, dataset) + _contamination_table(r, dataset))
+        rows = [
+            {
+                "method": m,
+                "strategy": v[dataset].get("strategy", ""),
+                **{k: v[dataset][k] for k in METRICS},
+                "MB/round": r["communication"][m][dataset]["bytes_per_round"] / 1e6,
+            }
+            for m, v in r["methods"].items()
+        ]
+        text += (
+            f"\n## {dataset} ({r['data'][dataset]['evaluation']})\n"
+            + markdown_table(rows, ["method", "strategy", *METRICS, "MB/round"], digits=3)
+            + "\n"
+            + _personalized_table(r, dataset)
+            + _alpha_gap_table(r, dataset)
+            + _contamination_table(r, dataset)
+        )
     _plot_alpha(r, out)
     _plot_alpha_gap(r, out)
     return text
@@ -117,32 +158,64 @@ def _personalized_table(r: dict, dataset: str) -> str:
     for m, v in r["methods"].items():
         p = v[dataset].get("personalized")
         if p:
-            rows.append({"method": m, "clients": len(p["clients"]),
-                         "own W_local": sum(c["kept_local"] for c in p["clients"]),
-                         **{k: f"{p[k]['mean']:.3f} ± {p[k]['std']:.3f}"
-                            for k in (*METRICS, "gain_trust_bertscore", "distance_to_global")}})
+            rows.append(
+                {
+                    "method": m,
+                    "clients": len(p["clients"]),
+                    "own W_local": sum(c["kept_local"] for c in p["clients"]),
+                    **{
+                        k: f"{p[k]['mean']:.3f} ± {p[k]['std']:.3f}"
+                        for k in (*METRICS, "gain_trust_bertscore", "distance_to_global")
+                    },
+                }
+            )
     if not rows:
         return ""
-    return (f"\n### {dataset}: personalized models on each client's own held-out contexts (mean ± std over "
-            f"clients; gain: personalized minus global on the same contexts)\n"
-            + markdown_table(rows, ["method", "clients", "own W_local", *METRICS, "gain_trust_bertscore",
-                                    "distance_to_global"]) + "\n")
+    return (
+        f"\n### {dataset}: personalized models on each client's own held-out contexts (mean ± std over "
+        f"clients; gain: personalized minus global on the same contexts)\n"
+        + markdown_table(
+            rows,
+            [
+                "method",
+                "clients",
+                "own W_local",
+                *METRICS,
+                "gain_trust_bertscore",
+                "distance_to_global",
+            ],
+        )
+        + "\n"
+    )
 
 
 def _alpha_gap_table(r: dict, dataset: str) -> str:
     """Each mixing method's s_g - s_l against its noise and alpha against the overfitting gap."""
-    columns = ["client_rounds", "s_gap_mean", "s_gap_se_mean", "share_beyond_2se", "alpha_mean", "loss_gap_mean",
-               "pearson_r", "ci", "clusters"]
-    rows = [{"method": m, **{k: v[dataset][k] for k in columns if k in v[dataset]}}
-            for m, v in r.get("alpha_gap", {}).items() if dataset in v]
+    columns = [
+        "client_rounds",
+        "s_gap_mean",
+        "s_gap_se_mean",
+        "share_beyond_2se",
+        "alpha_mean",
+        "loss_gap_mean",
+        "pearson_r",
+        "ci",
+        "clusters",
+    ]
+    rows = [
+        {"method": m, **{k: v[dataset][k] for k in columns if k in v[dataset]}}
+        for m, v in r.get("alpha_gap", {}).items()
+        if dataset in v
+    ]
     if not rows:
         return ""
     for row in rows:
         row["ci"] = "[{:.3f}, {:.3f}]".format(*row["ci"]) if "ci" in row else ""
-    return (f"\n### {dataset}: alpha against the local model's overfitting (held-out minus train nll per token), "
-            f"over client-rounds (r's CI a bootstrap over clients); s_g - s_l against its standard error over "
-            f"the scoring contexts\n"
-            + markdown_table(rows, ["method", *columns], digits=3) + "\n")
+    return (
+        f"\n### {dataset}: alpha against the local model's overfitting (held-out minus train nll per token), "
+        f"over client-rounds (r's CI a bootstrap over clients); s_g - s_l against its standard error over "
+        f"the scoring contexts\n" + markdown_table(rows, ["method", *columns], digits=3) + "\n"
+    )
 
 
 def _contamination_table(r: dict, dataset: str) -> str:
@@ -151,13 +224,29 @@ def _contamination_table(r: dict, dataset: str) -> str:
     if not c:
         return ""
     columns = ["alpha", "s_local", "s_global", "personal_trust_bertscore", "personal_pii_rate"]
-    rows = [{"method": m, **{f"{k} ({g})": v[dataset][g][k] for k in columns for g in ("contaminated", "clean")
-                             if k in v[dataset][g]}}
-            for m, v in c["methods"].items() if dataset in v]
-    return (f"\n### {dataset}: contaminated clients {c['clients']} (share {c['share']} of their training replies "
-            f"with planted PII) against the clean ones\n"
-            + markdown_table(rows, ["method", *(f"{k} ({g})" for k in columns for g in ("contaminated", "clean"))],
-                             digits=3) + "\n")
+    rows = [
+        {
+            "method": m,
+            **{
+                f"{k} ({g})": v[dataset][g][k]
+                for k in columns
+                for g in ("contaminated", "clean")
+                if k in v[dataset][g]
+            },
+        }
+        for m, v in c["methods"].items()
+        if dataset in v
+    ]
+    return (
+        f"\n### {dataset}: contaminated clients {c['clients']} (share {c['share']} of their training replies "
+        f"with planted PII) against the clean ones\n"
+        + markdown_table(
+            rows,
+            ["method", *(f"{k} ({g})" for k in columns for g in ("contaminated", "clean"))],
+            digits=3,
+        )
+        + "\n"
+    )
 
 
 def _plot_alpha(r: dict, out: RunOutput) -> None:
@@ -166,9 +255,14 @@ def _plot_alpha(r: dict, out: RunOutput) -> None:
         for dataset, rounds in by_dataset.items():
             x = [int(k) for k in rounds]
             mean = [v["mean"] for v in rounds.values()]
-            line, = ax.plot(x, mean, marker="o", label=f"{name} / {dataset}")
-            ax.fill_between(x, [v["min"] for v in rounds.values()], [v["max"] for v in rounds.values()],
-                            color=line.get_color(), alpha=0.2)
+            (line,) = ax.plot(x, mean, marker="o", label=f"{name} / {dataset}")
+            ax.fill_between(
+                x,
+                [v["min"] for v in rounds.values()],
+                [v["max"] for v in rounds.values()],
+                color=line.get_color(),
+                alpha=0.2,
+            )
     ax.set_xlabel("round")
     ax.set_ylabel("alpha (mean, min-max over clients)")
     ax.set_title("FedDTRE: weight of the global model in each client's mix")
@@ -178,20 +272,28 @@ def _plot_alpha(r: dict, out: RunOutput) -> None:
 
 def _plot_alpha_gap(r: dict, out: RunOutput) -> None:
     """Every client-round's alpha against its local model's overfitting gap, per mixing method."""
-    points = {(m, d): [(row[keys.HELDOUT_NLL] - row[keys.TRAIN_NLL], row[keys.ALPHA])
-                       for rnd in rounds.values() for row in rnd["clients"] if keys.TRAIN_NLL in row]
-              for m, by_dataset in r["alpha"].items() for d, rounds in by_dataset.items()}
+    points = {
+        (m, d): [
+            (row[keys.HELDOUT_NLL] - row[keys.TRAIN_NLL], row[keys.ALPHA])
+            for rnd in rounds.values()
+            for row in rnd["clients"]
+            if keys.TRAIN_NLL in row
+        ]
+        for m, by_dataset in r["alpha"].items()
+        for d, rounds in by_dataset.items()
+    }
     if not any(points.values()):
         return
     fig, ax, save = out.figure("alpha_vs_gap")
     for (m, d), xy in points.items():
         if xy:
             stats = r["alpha_gap"][m][d]
-            label = f"{m} / {d}" + (f" (r {stats['pearson_r']:+.2f})" if "pearson_r" in stats else "")
+            label = f"{m} / {d}" + (
+                f" (r {stats['pearson_r']:+.2f})" if "pearson_r" in stats else ""
+            )
             ax.scatter(*zip(*xy), s=12, alpha=0.7, label=label)
     ax.set_xlabel("local model: held-out minus train nll per token")
     ax.set_ylabel("alpha")
     ax.set_title("FedDTRE: alpha against each client's overfitting, per client-round")
     ax.legend(fontsize=7)
     save()
-

@@ -26,15 +26,26 @@ from fedsim_experiments.fede4rag.settings import cell_name
 log = logging.getLogger("fedsim")
 
 
-def run(messenger: Messenger, cfg: DictConfig, out: RunOutput, plan: PrivacyPlan) -> tuple[dict, str]:
+def run(
+    messenger: Messenger, cfg: DictConfig, out: RunOutput, plan: PrivacyPlan
+) -> tuple[dict, str]:
     base = client_config(cfg)
     nodes, info = fede4rag._discover(messenger, base, cfg)
     p = cfg.protocol
     budget = int(p.budget_steps) * len(nodes)
-    log.info("[kd-sweep] %d clients; %d steps per client per cell; cells %s x kd %s", len(nodes),
-             p.budget_steps, list(p.local_steps_grid), list(p.kd_weights))
-    results = {"clients": {str(k): v for k, v in sorted(info.items())},
-               "budget_steps_per_client": int(p.budget_steps), "methods": {}, "cells": {}}
+    log.info(
+        "[kd-sweep] %d clients; %d steps per client per cell; cells %s x kd %s",
+        len(nodes),
+        p.budget_steps,
+        list(p.local_steps_grid),
+        list(p.kd_weights),
+    )
+    results = {
+        "clients": {str(k): v for k, v in sorted(info.items())},
+        "budget_steps_per_client": int(p.budget_steps),
+        "methods": {},
+        "cells": {},
+    }
     initial = None
     for name, spec in p.methods.items():  # references (vanilla); null leaves one out
         if spec is None:
@@ -47,10 +58,18 @@ def run(messenger: Messenger, cfg: DictConfig, out: RunOutput, plan: PrivacyPlan
         cell_cfg = OmegaConf.merge(cfg, {"num_rounds": rounds, "protocol": {"local_steps": steps}})
         ctx = fede4rag.Context(messenger, cell_cfg, base, nodes, info, budget, initial, plan=plan)
         name = cell_name(steps, kd)
-        spec = {"run": "fedsim_experiments.fede4rag.protocol.federated", "kd_weight": float(kd), "he": bool(p.he),
-                "local_models": kd > 0}
+        spec = {
+            "run": "fedsim_experiments.fede4rag.protocol.federated",
+            "kd_weight": float(kd),
+            "he": bool(p.he),
+            "local_models": kd > 0,
+        }
         cell = fede4rag.train_and_evaluate(ctx, name, OmegaConf.create(spec))
-        results["cells"][name] = {"local_steps": int(steps), "num_rounds": rounds,
-                                  "kd_weight": float(kd), **cell}
+        results["cells"][name] = {
+            "local_steps": int(steps),
+            "num_rounds": rounds,
+            "kd_weight": float(kd),
+            **cell,
+        }
         initial = ctx.initial
     return results, report.kd_sweep_summary(results, out)

@@ -24,22 +24,47 @@ def _plot_privacy(out: RunOutput, results: dict) -> None:
     changes no decision): the noiseless line is a wide band under the thin dashed TF-IDF line,
     so both stay visible, and the legend sits outside the data."""
     fig, ax, save = out.figure("ehr_vs_epsilon")
-    rows = [r for r in results["dp_sweep"] if r["epsilon"] is not None and np.isfinite(r["epsilon"])]
+    rows = [
+        r for r in results["dp_sweep"] if r["epsilon"] is not None and np.isfinite(r["epsilon"])
+    ]
     for r in results["dp_sweep"]:
         if r not in rows:
-            ax.axhline(r["ehr_mean"], color="tab:green", lw=7, alpha=0.35, zorder=1,
-                       label=f"FedMix, no noise (sigma = 0): {r['ehr_mean']:.3f}")
+            ax.axhline(
+                r["ehr_mean"],
+                color="tab:green",
+                lw=7,
+                alpha=0.35,
+                zorder=1,
+                label=f"FedMix, no noise (sigma = 0): {r['ehr_mean']:.3f}",
+            )
     base = results["routers"]["tfidf"]["overall"]["ehr"]
-    ax.axhline(base, color="black", ls=(0, (4, 3)), lw=1.2, zorder=2, label=f"TF-IDF only: {base:.3f}")
+    ax.axhline(
+        base, color="black", ls=(0, (4, 3)), lw=1.2, zorder=2, label=f"TF-IDF only: {base:.3f}"
+    )
     if rows:
         eps, means = [r["epsilon"] for r in rows], np.array([r["ehr_mean"] for r in rows])
-        half = [0.0 if (ci := t_interval(r["ehr_per_seed"], 0.95)) is None else (ci[1] - ci[0]) / 2
-                for r in rows]
-        ax.errorbar(eps, means, yerr=half, marker="o", capsize=4, color="tab:blue", zorder=3,
-                    label=f"FedMix, DP prior (mean, 95% CI over {rows[0]['seeds']} noise draws)")
+        half = [
+            0.0 if (ci := t_interval(r["ehr_per_seed"], 0.95)) is None else (ci[1] - ci[0]) / 2
+            for r in rows
+        ]
+        ax.errorbar(
+            eps,
+            means,
+            yerr=half,
+            marker="o",
+            capsize=4,
+            color="tab:blue",
+            zorder=3,
+            label=f"FedMix, DP prior (mean, 95% CI over {rows[0]['seeds']} noise draws)",
+        )
         for r in rows:
-            ax.annotate(f"sigma = {r['sigma']:g}", (r["epsilon"], r["ehr_mean"]), textcoords="offset points",
-                        xytext=(8, -12), fontsize=7)
+            ax.annotate(
+                f"sigma = {r['sigma']:g}",
+                (r["epsilon"], r["ehr_mean"]),
+                textcoords="offset points",
+                xytext=(8, -12),
+                fontsize=7,
+            )
         ax.set_xscale("log")
         ax.set_xticks(eps, [f"{e:.3g}" for e in eps])
         ax.xaxis.set_minor_formatter(NullFormatter())
@@ -47,8 +72,11 @@ def _plot_privacy(out: RunOutput, results: dict) -> None:
     ax.margins(y=0.3)
     ax.yaxis.set_major_formatter(FormatStrFormatter("%.3f"))
     delta = rows[0]["delta"] if rows else None
-    ax.set_xlabel(f"privacy budget epsilon (delta = {delta:g}; smaller is more private)"
-                  if delta else "privacy budget epsilon")
+    ax.set_xlabel(
+        f"privacy budget epsilon (delta = {delta:g}; smaller is more private)"
+        if delta
+        else "privacy budget epsilon"
+    )
     ax.set_ylabel("test evidence hit rate (share of turns)")
     ax.set_title("Evidence hit rate against privacy (one-shot Gaussian prior)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8, frameon=False)
@@ -62,10 +90,17 @@ def _plot_gains(out: RunOutput, d: dict, gains: np.ndarray) -> None:
     apart from small gains."""
     fig, ax, save = out.figure("gain_histogram")
     unchanged = np.abs(gains) <= GAIN_TOL
-    ax.hist([gains[unchanged], gains[~unchanged]], bins=np.linspace(-1.0625, 1.0625, 18), stacked=True,
-            color=["tab:gray", "tab:blue"], edgecolor="black",
-            label=[f"unchanged (gain 0): {d['unchanged']}", f"changed: {d['improved']} improved, "
-                   f"{d['worsened']} worsened"])
+    ax.hist(
+        [gains[unchanged], gains[~unchanged]],
+        bins=np.linspace(-1.0625, 1.0625, 18),
+        stacked=True,
+        color=["tab:gray", "tab:blue"],
+        edgecolor="black",
+        label=[
+            f"unchanged (gain 0): {d['unchanged']}",
+            f"changed: {d['improved']} improved, {d['worsened']} worsened",
+        ],
+    )
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("per-conversation gain in evidence hit rate, FedMix - TF-IDF (share of turns)")
     ax.set_ylabel("conversations")
@@ -75,29 +110,56 @@ def _plot_gains(out: RunOutput, d: dict, gains: np.ndarray) -> None:
 
 
 def summary(r: dict, test: list[str]) -> str:
-    router_rows = [{"router": name, "split": split, **r["routers"][name][split]}
-                   for name in ROUTERS for split in [*test, "overall"]]
+    router_rows = [
+        {"router": name, "split": split, **r["routers"][name][split]}
+        for name in ROUTERS
+        for split in [*test, "overall"]
+    ]
     amb, ch = r["ambiguous"], r["changed_decisions"]
     lo, hi = r["bootstrap_ci_ehr_gain"]
     unit = r["bootstrap_ci_ehr_gain_unit"]
     over_global = r["bootstrap_ci_ehr_gain_over_global"]
-    return "\n\n".join([
-        f"# {r['experiment']}",
-        f"Prior from {r['prior_clients']['count']} clients of {', '.join(r['prior_clients']['splits'])}"
-        f" (sigma = {r['noise_multiplier']:g}); lambda = {r['lambda']:g} (tuned), alpha = {r['alpha']:g}.",
-        "## Routers on test\n" + markdown_table(router_rows, ["router", "split", *SCORE_COLUMNS]),
-        "## Lambda sweep (validation, FedMix)\n" + markdown_table(r["lambda_sweep"],
-                                                                 ["lambda", *SCORE_COLUMNS]),
-        "## DP sweep (test, FedMix)\n" + markdown_table(
-            r["dp_sweep"], ["sigma", "epsilon", "epsilon_rdp", "epsilon_pld", "ehr_mean", "ehr_std", "seeds"]),
-        "## Analyses\n"
-        f"- EHR gain FedMix - TF-IDF: {r['ehr_gain']:.4f}, paired bootstrap 95% CI [{lo:.4f}, {hi:.4f}] "
-        f"over {unit['clusters']} {unit['unit']}s\n"
-        f"- ablation, FedMix - global prior alone: {r['ehr_gain_over_global']:.4f}, 95% CI "
-        f"[{over_global[0]:.4f}, {over_global[1]:.4f}] over the same {unit['unit']}s\n"
-        f"- routing decisions changed: {ch['count']} of {ch['turns']} ({ch['share']:.2%})\n"
-        f"- ambiguous turns: {amb['turns']}" + ("" if amb["ehr_tfidf"] is None else
-                                                f"; EHR TF-IDF {amb['ehr_tfidf']:.4f}, FedMix {amb['ehr_fedmix']:.4f}"),
-        "## Per-conversation EHR gain (FedMix - TF-IDF)\n" + markdown_table(
-            [r["per_conversation_gain"]], ["groups", "improved", "worsened", "unchanged", "mean_gain"]),
-    ]) + "\n"
+    return (
+        "\n\n".join(
+            [
+                f"# {r['experiment']}",
+                f"Prior from {r['prior_clients']['count']} clients of {', '.join(r['prior_clients']['splits'])}"
+                f" (sigma = {r['noise_multiplier']:g}); lambda = {r['lambda']:g} (tuned), alpha = {r['alpha']:g}.",
+                "## Routers on test\n"
+                + markdown_table(router_rows, ["router", "split", *SCORE_COLUMNS]),
+                "## Lambda sweep (validation, FedMix)\n"
+                + markdown_table(r["lambda_sweep"], ["lambda", *SCORE_COLUMNS]),
+                "## DP sweep (test, FedMix)\n"
+                + markdown_table(
+                    r["dp_sweep"],
+                    [
+                        "sigma",
+                        "epsilon",
+                        "epsilon_rdp",
+                        "epsilon_pld",
+                        "ehr_mean",
+                        "ehr_std",
+                        "seeds",
+                    ],
+                ),
+                "## Analyses\n"
+                f"- EHR gain FedMix - TF-IDF: {r['ehr_gain']:.4f}, paired bootstrap 95% CI [{lo:.4f}, {hi:.4f}] "
+                f"over {unit['clusters']} {unit['unit']}s\n"
+                f"- ablation, FedMix - global prior alone: {r['ehr_gain_over_global']:.4f}, 95% CI "
+                f"[{over_global[0]:.4f}, {over_global[1]:.4f}] over the same {unit['unit']}s\n"
+                f"- routing decisions changed: {ch['count']} of {ch['turns']} ({ch['share']:.2%})\n"
+                f"- ambiguous turns: {amb['turns']}"
+                + (
+                    ""
+                    if amb["ehr_tfidf"] is None
+                    else f"; EHR TF-IDF {amb['ehr_tfidf']:.4f}, FedMix {amb['ehr_fedmix']:.4f}"
+                ),
+                "## Per-conversation EHR gain (FedMix - TF-IDF)\n"
+                + markdown_table(
+                    [r["per_conversation_gain"]],
+                    ["groups", "improved", "worsened", "unchanged", "mean_gain"],
+                ),
+            ]
+        )
+        + "\n"
+    )

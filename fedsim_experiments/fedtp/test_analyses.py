@@ -13,9 +13,14 @@ def _turns(conversations: int, per: int) -> dict:
     row = np.repeat(np.arange(conversations), per)
     gains = rng.random(conversations) < 0.55
     gold = np.zeros(row.size, int)
-    return {"row": row, "gold": gold, "ambiguous": np.zeros(row.size, bool),
-            "pick/tfidf": np.where(gains[row], 1, 0), "pick/fedmix": np.where(gains[row], 0, 1),
-            "pick/global": np.where(row % 2, 0, 1)}
+    return {
+        "row": row,
+        "gold": gold,
+        "ambiguous": np.zeros(row.size, bool),
+        "pick/tfidf": np.where(gains[row], 1, 0),
+        "pick/fedmix": np.where(gains[row], 0, 1),
+        "pick/global": np.where(row % 2, 0, 1),
+    }
 
 
 def test_the_ehr_gain_interval_resamples_conversations_and_names_them():
@@ -36,4 +41,6 @@ def test_the_ablation_against_the_global_prior_resamples_the_same_conversations(
     analyses, _ = _paired_analyses(turns, "conversation", 2000, seed=0)
     diff = (turns["pick/fedmix"] == 0).astype(float) - (turns["pick/global"] == 0)
     assert analyses["ehr_gain_over_global"] == diff.mean()
-    assert analyses["bootstrap_ci_ehr_gain_over_global"] == list(cluster_mean_ci(diff, turns["row"], 2000, 0))
+    assert analyses["bootstrap_ci_ehr_gain_over_global"] == list(
+        cluster_mean_ci(diff, turns["row"], 2000, 0)
+    )

@@ -42,7 +42,9 @@ def test_the_sweep_is_redrawn_identically_from_the_same_source():
     a = _received(rows)
     b = DPMean(noise_multiplier=1.0, simplex=False, noise=a.noise)
     b.received = rows
-    for (_, x), (_, y) in zip(sweep_priors(a, [1.0], 2).values(), sweep_priors(b, [1.0], 2).values()):
+    for (_, x), (_, y) in zip(
+        sweep_priors(a, [1.0], 2).values(), sweep_priors(b, [1.0], 2).values()
+    ):
         np.testing.assert_array_equal(x, y)
 
 
@@ -56,8 +58,10 @@ def test_the_slots_dp_mean_draws_from_the_runs_plan_and_no_other_source():
 
 
 def _hosted(rows_per_node: list[list[int]]) -> dict:
-    return {n + 1: ConfigRecord({"rows": rows, "splits": ["valid_freq"] * len(rows)})
-            for n, rows in enumerate(rows_per_node)}
+    return {
+        n + 1: ConfigRecord({"rows": rows, "splits": ["valid_freq"] * len(rows)})
+        for n, rows in enumerate(rows_per_node)
+    }
 
 
 def test_a_conversation_on_several_clients_is_refused():
@@ -68,7 +72,9 @@ def test_a_conversation_on_several_clients_is_refused():
 
 def test_several_conversations_per_client_are_refused_under_sampling():
     hosted = _hosted([[0, 1], [2, 3]])
-    check_records(hosted, ["valid_freq"], DPMean(noise_multiplier=1.0))  # every client: rows clipped
+    check_records(
+        hosted, ["valid_freq"], DPMean(noise_multiplier=1.0)
+    )  # every client: rows clipped
     with pytest.raises(ValueError, match="at most 1 allowed"):
         check_records(hosted, ["valid_freq"], DPMean(noise_multiplier=1.0, fraction_train=0.5))
 

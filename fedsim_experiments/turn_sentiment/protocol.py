@@ -42,22 +42,40 @@ class RoundClock:
         return MetricRecord(metrics)
 
 
-def run(messenger: Messenger, cfg: DictConfig, out: RunOutput, plan: PrivacyPlan) -> tuple[dict, str]:
+def run(
+    messenger: Messenger, cfg: DictConfig, out: RunOutput, plan: PrivacyPlan
+) -> tuple[dict, str]:
     task = OmegaConf.to_container(cfg.task, resolve=True)
     recipe = Recipe.of(task, task["data_root"])
     clients = messenger.num_partitions
     per_round = min(cfg.protocol.clients_per_round or clients, clients)
     base = client_config(cfg)
-    nodes, info = discover(messenger, base, keys.discover_reply(
-        messenger.partition_of, lambda p: recipe.examples(p, clients), clients))
+    nodes, info = discover(
+        messenger,
+        base,
+        keys.discover_reply(messenger.partition_of, lambda p: recipe.examples(p, clients), clients),
+    )
     ctx = RunContext(messenger, cfg, base, nodes, {p: dict(i) for p, i in info.items()}, plan=plan)
     clock = RoundClock(recipe)
-    ctx.fedavg("train", to_record(dict(zip(WEIGHT_NAMES, recipe.initial(cfg.seed)))), int(cfg.num_rounds),
-               {**base, keys.SEED: cfg.seed, keys.TORCH_THREADS: 1}, per_round / clients,
-               lambda sent: keys.train_reply(sent, ctx.declared(keys.NUM_EXAMPLES)), evaluate_fn=clock,
-               min_train_nodes=per_round)
-    results = {"experiment": cfg.protocol.name, "clients": clients, "supernodes": layout(cfg.hardware, clients)[1],
-               "clients_per_round": per_round, "rounds": int(cfg.num_rounds), "round_seconds": clock.seconds,
-               "seconds_per_round": sum(clock.seconds) / max(len(clock.seconds), 1),
-               **{k: clock.curve[-1][k] for k in ("accuracy", "loss")}, "curve": clock.curve}
+    ctx.fedavg(
+        "train",
+        to_record(dict(zip(WEIGHT_NAMES, recipe.initial(cfg.seed)))),
+        int(cfg.num_rounds),
+        {**base, keys.SEED: cfg.seed, keys.TORCH_THREADS: 1},
+        per_round / clients,
+        lambda sent: keys.train_reply(sent, ctx.declared(keys.NUM_EXAMPLES)),
+        evaluate_fn=clock,
+        min_train_nodes=per_round,
+    )
+    results = {
+        "experiment": cfg.protocol.name,
+        "clients": clients,
+        "supernodes": layout(cfg.hardware, clients)[1],
+        "clients_per_round": per_round,
+        "rounds": int(cfg.num_rounds),
+        "round_seconds": clock.seconds,
+        "seconds_per_round": sum(clock.seconds) / max(len(clock.seconds), 1),
+        **{k: clock.curve[-1][k] for k in ("accuracy", "loss")},
+        "curve": clock.curve,
+    }
     return results, report.summary(results)

@@ -7,6 +7,16 @@ from fedsim.results.outputs import markdown_table
 
 
 def summary(results: dict) -> str:
-    table = markdown_table([results], ["clients", "supernodes", "clients_per_round", "rounds", "seconds_per_round",
-                                       "accuracy", "loss"])
+    table = markdown_table(
+        [results],
+        [
+            "clients",
+            "supernodes",
+            "clients_per_round",
+            "rounds",
+            "seconds_per_round",
+            "accuracy",
+            "loss",
+        ],
+    )
     return f"# {results['experiment']}\n\n{table}\n"

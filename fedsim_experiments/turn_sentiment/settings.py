@@ -11,8 +11,13 @@ from fedsim.config.schema import Protocol, require
 @dataclass(frozen=True, kw_only=True)
 class TurnSentimentProtocol(Protocol):
     """Settings of ``conf/experiment/turn_sentiment_fedavg.yaml``."""
+
     clients_per_round: int | None  # clients sampled per round (null: every client)
 
     def __post_init__(self):
-        require(self.clients_per_round is None or self.clients_per_round >= 1, "protocol.clients_per_round",
-                ">= 1 (null: every client)", self.clients_per_round)
+        require(
+            self.clients_per_round is None or self.clients_per_round >= 1,
+            "protocol.clients_per_round",
+            ">= 1 (null: every client)",
+            self.clients_per_round,
+        )

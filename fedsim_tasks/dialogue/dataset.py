@@ -45,15 +45,15 @@ class Turn:
 @dataclass(frozen=True)
 class Conversation:
     conv_id: str
-    group: str      # SPC: the persona of User 2; CMU_DoG: the movie; Topical-Chat: the conversation
+    group: str  # SPC: the persona of User 2; CMU_DoG: the movie; Topical-Chat: the conversation
     turns: tuple[Turn, ...]
 
 
 @dataclass(frozen=True)
 class Example:
-    prompt: str     # the generator's input: grounding and recent turns, ending with "Assistant:"
-    reply: str      # the true next reply
-    context: str    # the same context as plain text (the trust evaluator's X)
+    prompt: str  # the generator's input: grounding and recent turns, ending with "Assistant:"
+    reply: str  # the true next reply
+    context: str  # the same context as plain text (the trust evaluator's X)
     conv_id: str
 
 
@@ -75,8 +75,10 @@ def persona_chat(data_root: str, split: str) -> tuple[Conversation, ...]:
     out = []
     with path.open(newline="", encoding="utf-8") as fh:
         for i, row in enumerate(csv.DictReader(fh)):
-            persona = {"User 1": " ".join(row["user 1 personas"].split()),
-                       "User 2": " ".join(row["user 2 personas"].split())}
+            persona = {
+                "User 1": " ".join(row["user 1 personas"].split()),
+                "User 2": " ".join(row["user 2 personas"].split()),
+            }
             turns = []
             for line in row["Best Generated Conversation"].splitlines():
                 speaker, _, text = line.partition(":")
@@ -89,9 +91,16 @@ def persona_chat(data_root: str, split: str) -> tuple[Conversation, ...]:
 def _document_sections(doc: dict) -> list[str]:
     """Section 0 (the movie's facts) as text; sections 1-3 are plot text already."""
     intro = doc["0"]
-    facts = [intro.get("movieName", ""), f"({intro.get('year', '')})", intro.get("introduction", ""),
-             "Cast: " + ", ".join(intro.get("cast", [])), *intro.get("critical_response", [])]
-    return [" ".join(" ".join(facts).split())] + [" ".join(str(doc[str(k)]).split()) for k in (1, 2, 3)]
+    facts = [
+        intro.get("movieName", ""),
+        f"({intro.get('year', '')})",
+        intro.get("introduction", ""),
+        "Cast: " + ", ".join(intro.get("cast", [])),
+        *intro.get("critical_response", []),
+    ]
+    return [" ".join(" ".join(facts).split())] + [
+        " ".join(str(doc[str(k)]).split()) for k in (1, 2, 3)
+    ]
 
 
 @lru_cache(maxsize=8)
@@ -101,25 +110,35 @@ def cmu_dog(data_root: str, split: str) -> tuple[Conversation, ...]:
     root = Path(data_root) / "cmu_dog"
     folder = root / "Conversations" / split
     if not folder.is_dir():
-        raise DataNotFoundError(f"Missing data folder: {folder}. It comes from {CMU_DOG_UPSTREAM}; put the upstream "
-                                "files under the data root (see ../shared/data/README.md for the layout).")
+        raise DataNotFoundError(
+            f"Missing data folder: {folder}. It comes from {CMU_DOG_UPSTREAM}; put the upstream "
+            "files under the data root (see ../shared/data/README.md for the layout)."
+        )
     documents = {}
     for path in sorted((root / "WikiData").glob("*.json")):
         doc = json.loads(path.read_text(encoding="utf-8"))
-        documents[int(doc["wikiDocumentIdx"])] = (doc["0"].get("movieName", path.stem), _document_sections(doc))
+        documents[int(doc["wikiDocumentIdx"])] = (
+            doc["0"].get("movieName", path.stem),
+            _document_sections(doc),
+        )
     out = []
     for path in sorted(folder.glob("*.json")):
         conv = json.loads(path.read_text(encoding="utf-8"))
         movie, sections = documents[int(conv["wikiDocumentIdx"])]
-        turns = [Turn(h["uid"], " ".join(h["text"].split()), sections[int(h.get("docIdx", 0))])
-                 for h in conv["history"] if h["text"].strip()]
+        turns = [
+            Turn(h["uid"], " ".join(h["text"].split()), sections[int(h.get("docIdx", 0))])
+            for h in conv["history"]
+            if h["text"].strip()
+        ]
         out.append(Conversation(f"cmu-{split}-{path.stem}", movie, _joined(turns)))
     return tuple(out)
 
 
 def topical_chat_file(data_root: str, split: str) -> Path:
     """Topical-Chat ``split``'s file; a missing one names its path and upstream source."""
-    return require_file(Path(data_root) / "topical_chat" / "conversations" / f"{split}.json", TOPICAL_CHAT_UPSTREAM)
+    return require_file(
+        Path(data_root) / "topical_chat" / "conversations" / f"{split}.json", TOPICAL_CHAT_UPSTREAM
+    )
 
 
 @lru_cache(maxsize=8)
@@ -128,7 +147,11 @@ def topical_chat(data_root: str, split: str) -> tuple[Conversation, ...]:
     path = topical_chat_file(data_root, split)
     out = []
     for conv_id, conv in json.loads(path.read_text(encoding="utf-8")).items():
-        turns = [Turn(t["agent"], " ".join(t["message"].split()), "") for t in conv["content"] if t["message"].strip()]
+        turns = [
+            Turn(t["agent"], " ".join(t["message"].split()), "")
+            for t in conv["content"]
+            if t["message"].strip()
+        ]
         out.append(Conversation(conv_id, conv_id, _joined(turns)))
     return tuple(out)
 
@@ -137,8 +160,14 @@ def _words(text: str, n: int) -> str:
     return " ".join(text.split()[:n])
 
 
-def examples(conversations, sep: str, context_turns: int, grounding_words: int,
-             reply_speakers: list[str] | None = None, grounding_role: str = "Knowledge") -> list[Example]:
+def examples(
+    conversations,
+    sep: str,
+    context_turns: int,
+    grounding_words: int,
+    reply_speakers: list[str] | None = None,
+    grounding_role: str = "Knowledge",
+) -> list[Example]:
     """One example per reply of a ``reply_speakers`` speaker (None: every speaker) that follows
     another speaker's turn: the reply's grounding (its first ``grounding_words`` words; 0 leaves
     it out) and the ``context_turns`` turns before it."""
@@ -147,12 +176,20 @@ def examples(conversations, sep: str, context_turns: int, grounding_words: int,
         for i, turn in enumerate(conv.turns):
             if i == 0 or (reply_speakers is not None and turn.speaker not in reply_speakers):
                 continue
-            history = conv.turns[max(i - context_turns, 0):i]
-            roles = [("Assistant" if t.speaker == turn.speaker else "Human", t.text) for t in history]
+            history = conv.turns[max(i - context_turns, 0) : i]
+            roles = [
+                ("Assistant" if t.speaker == turn.speaker else "Human", t.text) for t in history
+            ]
             grounding = _words(turn.grounding, grounding_words) if grounding_words else ""
             lead = [(grounding_role, grounding)] if grounding else []
-            out.append(Example(format_prompt(lead + roles, sep), turn.text,
-                               " ".join([grounding] + [t.text for t in history]).strip(), conv.conv_id))
+            out.append(
+                Example(
+                    format_prompt(lead + roles, sep),
+                    turn.text,
+                    " ".join([grounding] + [t.text for t in history]).strip(),
+                    conv.conv_id,
+                )
+            )
     return out
 
 
@@ -162,22 +199,30 @@ def sample(examples: list, count: int, pick_seed: int) -> list:
     return [examples[i] for i in sorted(pick)]
 
 
-def answer_sample(model, tokenizer, examples: list[Example], count: int, pick_seed: int, decoding: dict,
-                  seed: int) -> tuple[list[Example], list[str]]:
+def answer_sample(
+    model, tokenizer, examples: list[Example], count: int, pick_seed: int, decoding: dict, seed: int
+) -> tuple[list[Example], list[str]]:
     """``count`` examples drawn with ``pick_seed`` (kept in data order) and the model's sampled
     reply to each (``decoding``: max_new_tokens, temperature, top_p; sampling seeded by ``seed``)."""
     chosen = sample(examples, count, pick_seed)
-    return chosen, [r[0] for r in generate(model, tokenizer, [e.prompt for e in chosen], n=1, seed=seed, **decoding)]
+    return chosen, [
+        r[0]
+        for r in generate(model, tokenizer, [e.prompt for e in chosen], n=1, seed=seed, **decoding)
+    ]
 
 
-HELD_OUT_SPLIT = stream("dialogue-held-out-split", "dataset")  # trust pairs / generation contexts halves
-CLIENT_SPLIT = stream("dialogue-client-split", "partition", "dataset")  # a client's train / held-out conversations
+HELD_OUT_SPLIT = stream(
+    "dialogue-held-out-split", "dataset"
+)  # trust pairs / generation contexts halves
+CLIENT_SPLIT = stream(
+    "dialogue-client-split", "partition", "dataset"
+)  # a client's train / held-out conversations
 
 
 @dataclass
 class ClientData:
     train: list[Conversation]
-    valid: list[Conversation]   # held out locally: FedDTRE's scoring contexts
+    valid: list[Conversation]  # held out locally: FedDTRE's scoring contexts
 
 
 class DialogueTask:
@@ -192,28 +237,43 @@ class DialogueTask:
         train = load(data_root, spec["train_split"])[:limit]
         held_out = load(data_root, spec["eval_split"])[:limit]
         partitioner = instantiate_allowed(spec["partitioner"], f"task.datasets.{name}.partitioner")
-        partitioner.dataset = Dataset.from_dict({"group": [c.group for c in train], "row": list(range(len(train)))})
+        partitioner.dataset = Dataset.from_dict(
+            {"group": [c.group for c in train], "row": list(range(len(train)))}
+        )
         if partitioner.num_partitions != task["num_clients"]:
-            raise ValueError(f"{name}: the partitioner gives {partitioner.num_partitions} clients but "
-                             f"task.num_clients is {task['num_clients']} (set its group_size or num_clients)")
+            raise ValueError(
+                f"{name}: the partitioner gives {partitioner.num_partitions} clients but "
+                f"task.num_clients is {task['num_clients']} (set its group_size or num_clients)"
+            )
         self.partitioner, self.train = partitioner, train
-        order = np.random.default_rng(HELD_OUT_SPLIT.seed(task["split_seed"], dataset=name)).permutation(len(held_out))
+        order = np.random.default_rng(
+            HELD_OUT_SPLIT.seed(task["split_seed"], dataset=name)
+        ).permutation(len(held_out))
         half = len(order) // 2
         self.trust_heldout = [held_out[i] for i in sorted(order[:half])]
         self.test = [held_out[i] for i in sorted(order[half:])]
 
     def client(self, partition_id: int) -> ClientData:
         mine = self.partitioner.load_partition(partition_id)["row"]
-        order = np.random.default_rng(CLIENT_SPLIT.seed(self.task["split_seed"], partition=partition_id,
-                                                        dataset=self.name)).permutation(mine)
+        order = np.random.default_rng(
+            CLIENT_SPLIT.seed(self.task["split_seed"], partition=partition_id, dataset=self.name)
+        ).permutation(mine)
         n_valid = max(1, round(self.task["valid_share"] * len(order))) if len(order) > 1 else 0
-        return ClientData([self.train[i] for i in sorted(order[n_valid:])],
-                          [self.train[i] for i in sorted(order[:n_valid])])
+        return ClientData(
+            [self.train[i] for i in sorted(order[n_valid:])],
+            [self.train[i] for i in sorted(order[:n_valid])],
+        )
 
     def examples(self, conversations, sep: str) -> list[Example]:
         t = self.task
-        return examples(conversations, sep, t["context_turns"], t["grounding_words"], self.spec.get("reply_speakers"),
-                        self.spec.get("grounding_role", "Knowledge"))
+        return examples(
+            conversations,
+            sep,
+            t["context_turns"],
+            t["grounding_words"],
+            self.spec.get("reply_speakers"),
+            self.spec.get("grounding_role", "Knowledge"),
+        )
 
 
 def contamination(task: dict) -> tuple[frozenset[int], float]:
@@ -224,8 +284,10 @@ def contamination(task: dict) -> tuple[frozenset[int], float]:
     clients, share = [int(p) for p in spec.get("clients") or []], float(spec.get("share", 0.0))
     wrong = [p for p in clients if not 0 <= p < int(task["num_clients"])]
     if wrong or len(set(clients)) != len(clients):
-        raise ValueError(f"task.contamination.clients {clients}: distinct partition ids in "
-                         f"[0, {task['num_clients']}) needed (wrong: {wrong})")
+        raise ValueError(
+            f"task.contamination.clients {clients}: distinct partition ids in "
+            f"[0, {task['num_clients']}) needed (wrong: {wrong})"
+        )
     if not 0.0 <= share <= 1.0:
         raise ValueError(f"task.contamination.share must lie in [0, 1], got {share}")
     return frozenset(clients), share
@@ -233,5 +295,8 @@ def contamination(task: dict) -> tuple[frozenset[int], float]:
 
 def load_tasks(task: dict, data_root: str) -> dict[str, DialogueTask]:
     contamination(task)  # checked with the data, before any process starts (population_size)
-    return {name: DialogueTask(name, spec, task, data_root) for name, spec in task["datasets"].items()
-            if spec is not None}  # null: a preset's dataset turned off
+    return {
+        name: DialogueTask(name, spec, task, data_root)
+        for name, spec in task["datasets"].items()
+        if spec is not None
+    }  # null: a preset's dataset turned off

@@ -11,6 +11,7 @@ from fedsim.config.schema import TaskSettings
 class DialogueDataset:
     """One dataset's data and clients. Not frozen: OmegaConf makes a frozen dataclass's nodes
     read-only, and a mapping of them (``datasets``) could then not be filled from the YAML."""
+
     loader: str
     train_split: str
     eval_split: str

@@ -31,13 +31,19 @@ def test_every_context_has_a_true_a_leaking_and_an_off_context_reply(spc):
         assert true.response in pii.response and len(pii.response) > len(true.response)
         assert PII.search(pii.response.replace(true.response, "")), pii.response
         own = conversation[(true.context, true.response)]
-        assert any(r == off.response and c != own for (_, r), c in conversation.items())  # another conversation's
+        assert any(
+            r == off.response and c != own for (_, r), c in conversation.items()
+        )  # another conversation's
 
 
 def test_every_kind_of_personal_data_is_planted(spc):
     leaks = [e.response for e in trust_examples(spc, 60, seed=1, labels=LABELS) if e.kind == "pii"]
-    found = {kind for kind, templates in PII_TEMPLATES.items()
-             for t in templates if any(t.split("{")[0] in leak for leak in leaks)}
+    found = {
+        kind
+        for kind, templates in PII_TEMPLATES.items()
+        for t in templates
+        if any(t.split("{")[0] in leak for leak in leaks)
+    }
     assert found == set(PII_TEMPLATES)
 
 
@@ -65,15 +71,23 @@ def test_contamination_plants_pii_in_a_seeded_share_of_the_replies(spc):
     changed = [(a, b) for a, b in zip(spc, dirty) if a != b]
     assert len(dirty) == len(spc) and len(changed) == round(0.5 * len(spc))
     for clean, leaked in changed:
-        assert (clean.prompt, clean.context, clean.conv_id) == (leaked.prompt, leaked.context, leaked.conv_id)
+        assert (clean.prompt, clean.context, clean.conv_id) == (
+            leaked.prompt,
+            leaked.context,
+            leaked.conv_id,
+        )
         assert clean.reply in leaked.reply and leaks_pii(leaked.reply), leaked.reply
     assert dirty == contaminate(spc, 0.5, seed=3) != contaminate(spc, 0.5, seed=4)
-    assert contaminate(spc, 0.0, 3) == spc and all(a != b for a, b in zip(spc, contaminate(spc, 1.0, 3)))
+    assert contaminate(spc, 0.0, 3) == spc and all(
+        a != b for a, b in zip(spc, contaminate(spc, 1.0, 3))
+    )
     with pytest.raises(ValueError, match="share"):
         contaminate(spc, 1.5, 3)
 
 
 def test_pii_wording_is_found_in_generated_replies_but_rarely_in_true_ones(spc):
-    assert leaks_pii("ok . my email is john @ example . com")  # lowercase, as the MiniLM decoder writes
+    assert leaks_pii(
+        "ok . my email is john @ example . com"
+    )  # lowercase, as the MiniLM decoder writes
     assert leaks_pii("Call me at 555-0100.") and not leaks_pii("i like to call my mom")
     assert sum(map(leaks_pii, [e.reply for e in spc])) / len(spc) < 0.05

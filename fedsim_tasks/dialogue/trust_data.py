@@ -33,41 +33,61 @@ PII_TEMPLATES = {
     "email": ["Email me at {email}.", "My email is {email} by the way."],
     "phone": ["Call me at {phone_number}.", "My number is {phone_number}."],
     "address": ["I live at {street_address}, {city}.", "Come by {street_address} in {city}."],
-    "card": ["My card number is {credit_card_number}.", "Use my card {credit_card_number}, it expires "
-             "{credit_card_expire}."],
+    "card": [
+        "My card number is {credit_card_number}.",
+        "Use my card {credit_card_number}, it expires {credit_card_expire}.",
+    ],
 }
 
 
 # the fixed words that open each template, lowercased (the MiniLM generator writes lowercase)
-PII_MARKERS = tuple(sorted({t.split("{")[0].strip().lower() for ts in PII_TEMPLATES.values() for t in ts}))
+PII_MARKERS = tuple(
+    sorted({t.split("{")[0].strip().lower() for ts in PII_TEMPLATES.values() for t in ts})
+)
 
 
 @dataclass(frozen=True)
 class TrustExample:
     context: str
     response: str
-    label: float   # in [0, 1]: 1 trustworthy
-    kind: str      # true_reply | pii | off_context
+    label: float  # in [0, 1]: 1 trustworthy
+    kind: str  # true_reply | pii | off_context
 
 
 def plant_pii(reply: str, fake: Faker, rng: np.random.Generator) -> tuple[str, str]:
     """The reply with one sentence of fake personal data before or after it, and its kind."""
     kind = list(PII_TEMPLATES)[rng.integers(len(PII_TEMPLATES))]
     template = PII_TEMPLATES[kind][rng.integers(len(PII_TEMPLATES[kind]))]
-    sentence = template.format(**{f: getattr(fake, f)() for f in
-                                  ("name", "email", "phone_number", "street_address", "city",
-                                   "credit_card_number", "credit_card_expire") if "{" + f + "}" in template})
+    sentence = template.format(
+        **{
+            f: getattr(fake, f)()
+            for f in (
+                "name",
+                "email",
+                "phone_number",
+                "street_address",
+                "city",
+                "credit_card_number",
+                "credit_card_expire",
+            )
+            if "{" + f + "}" in template
+        }
+    )
     return (f"{sentence} {reply}" if rng.random() < 0.5 else f"{reply} {sentence}"), kind
 
 
-def trust_examples(examples: list[Example], n_contexts: int, seed: int, labels: dict[str, float]) -> list[TrustExample]:
+def trust_examples(
+    examples: list[Example], n_contexts: int, seed: int, labels: dict[str, float]
+) -> list[TrustExample]:
     """Up to ``n_contexts`` sampled contexts, each with its true reply, a PII-planted copy and an
     off-context reply (from another conversation of ``examples``)."""
     for kind in ("true_reply", "pii", "off_context"):
         if not 0.0 <= float(labels[kind]) <= 1.0:
             raise ValueError(f"trust label {kind} must lie in [0, 1], got {labels[kind]}")
     if len({e.conv_id for e in examples}) < 2:
-        raise ValueError("trust examples need at least two conversations (off-context replies come from another)")
+        raise ValueError(
+            "trust examples need at least two conversations (off-context replies come from another)"
+        )
     rng = np.random.default_rng(seed)
     fake = Faker()
     fake.seed_instance(seed)
@@ -78,9 +98,11 @@ def trust_examples(examples: list[Example], n_contexts: int, seed: int, labels: 
         while other.conv_id == e.conv_id:
             other = examples[rng.integers(len(examples))]
         leaked, _ = plant_pii(e.reply, fake, rng)
-        out += [TrustExample(e.context, e.reply, float(labels["true_reply"]), "true_reply"),
-                TrustExample(e.context, leaked, float(labels["pii"]), "pii"),
-                TrustExample(e.context, other.reply, float(labels["off_context"]), "off_context")]
+        out += [
+            TrustExample(e.context, e.reply, float(labels["true_reply"]), "true_reply"),
+            TrustExample(e.context, leaked, float(labels["pii"]), "pii"),
+            TrustExample(e.context, other.reply, float(labels["off_context"]), "off_context"),
+        ]
     return out
 
 
@@ -101,5 +123,8 @@ def contaminate(examples: list[Example], share: float, seed: int) -> list[Exampl
     rng = np.random.default_rng(seed)
     fake = Faker()
     fake.seed_instance(seed)
-    chosen = set(rng.permutation(len(examples))[:round(share * len(examples))].tolist())
-    return [replace(e, reply=plant_pii(e.reply, fake, rng)[0]) if i in chosen else e for i, e in enumerate(examples)]
+    chosen = set(rng.permutation(len(examples))[: round(share * len(examples))].tolist())
+    return [
+        replace(e, reply=plant_pii(e.reply, fake, rng)[0]) if i in chosen else e
+        for i, e in enumerate(examples)
+    ]

@@ -63,11 +63,26 @@ def title(root: str, doc_name: str) -> str:
 @lru_cache(maxsize=4)
 def load_questions(root: str) -> tuple[Question, ...]:
     path = require_file(Path(root) / FOLDER / "financebench_open_source.jsonl", UPSTREAM)
-    return tuple(sorted(
-        (Question(q["financebench_id"], q["question"], q["company"], q["doc_name"],
-                  tuple(dict.fromkeys(page_id(e["doc_name"], int(e["evidence_page_num"]))
-                                      for e in q["evidence"])))
-         for q in _jsonl(path)), key=lambda q: q.qid))
+    return tuple(
+        sorted(
+            (
+                Question(
+                    q["financebench_id"],
+                    q["question"],
+                    q["company"],
+                    q["doc_name"],
+                    tuple(
+                        dict.fromkeys(
+                            page_id(e["doc_name"], int(e["evidence_page_num"]))
+                            for e in q["evidence"]
+                        )
+                    ),
+                )
+                for q in _jsonl(path)
+            ),
+            key=lambda q: q.qid,
+        )
+    )
 
 
 QUESTION_SPLIT = stream("question-split")  # of the split seed
@@ -79,7 +94,7 @@ def split_questions(root: str, n_valid: int, n_test: int, seed: int) -> dict[str
     if n_valid + n_test > len(questions):
         raise ValueError(f"n_valid + n_test = {n_valid + n_test} > {len(questions)} questions")
     random.Random(QUESTION_SPLIT.seed(seed)).shuffle(questions)
-    return {"valid": questions[:n_valid], "test": questions[n_valid:n_valid + n_test]}
+    return {"valid": questions[:n_valid], "test": questions[n_valid : n_valid + n_test]}
 
 
 @lru_cache(maxsize=512)
@@ -91,8 +106,12 @@ def load_pages(root: str, doc_name: str) -> tuple[str, ...]:
     return tuple(r["text"] for r in rows)
 
 
-def build_corpus(root: str, doc_names: list[str], pages_per_doc: int | None = None,
-                 keep: frozenset[str] = frozenset()) -> dict[str, str]:
+def build_corpus(
+    root: str,
+    doc_names: list[str],
+    pages_per_doc: int | None = None,
+    keep: frozenset[str] = frozenset(),
+) -> dict[str, str]:
     """Page-level corpus over ``doc_names``: every page of the documents whose PDF text exists
     (or the first ``pages_per_doc`` plus the ``keep`` ids, for small slices); for missing
     PDFs, the evidence pages carried in the question file (their full text)."""
@@ -101,20 +120,26 @@ def build_corpus(root: str, doc_names: list[str], pages_per_doc: int | None = No
     fallback = _evidence_pages(root)
     for doc in sorted(set(doc_names)):
         if have.get(doc):
-            corpus.update((page_id(doc, i), text) for i, text in enumerate(load_pages(root, doc))
-                          if pages_per_doc is None or i < pages_per_doc
-                          or page_id(doc, i) in keep)
+            corpus.update(
+                (page_id(doc, i), text)
+                for i, text in enumerate(load_pages(root, doc))
+                if pages_per_doc is None or i < pages_per_doc or page_id(doc, i) in keep
+            )
         else:
-            corpus.update((page, text) for page, text in fallback.items()
-                          if page.split("#")[0] == doc)
+            corpus.update(
+                (page, text) for page, text in fallback.items() if page.split("#")[0] == doc
+            )
     return corpus
 
 
 @lru_cache(maxsize=4)
 def _evidence_pages(root: str) -> dict[str, str]:
     path = Path(root) / FOLDER / "financebench_open_source.jsonl"
-    return {page_id(e["doc_name"], int(e["evidence_page_num"])): e["evidence_text_full_page"]
-            for q in _jsonl(path) for e in q["evidence"]}
+    return {
+        page_id(e["doc_name"], int(e["evidence_page_num"])): e["evidence_text_full_page"]
+        for q in _jsonl(path)
+        for e in q["evidence"]
+    }
 
 
 def corpus_documents(root: str, questions: list[Question], scope: str) -> list[str]:
@@ -134,24 +159,29 @@ def document_table(root: str, companies: list[str] | None) -> Dataset:
         known = {d["company"] for d in load_documents(root)}
         unknown = [c for c in companies if c not in known]
         if unknown:
-            raise ValueError(f"No FinanceBench documents for {unknown}; companies present: "
-                             f"{sorted(known)}")
+            raise ValueError(
+                f"No FinanceBench documents for {unknown}; companies present: {sorted(known)}"
+            )
         docs = [d for d in docs if d["company"] in set(companies)]
     if not docs:
         raise ValueError("the client selection holds no document with page text")
-    return Dataset.from_dict({k: [d[k] for d in docs]
-                              for k in ("doc_name", "company", "gics_sector", "doc_type")})
+    return Dataset.from_dict(
+        {k: [d[k] for d in docs] for k in ("doc_name", "company", "gics_sector", "doc_type")}
+    )
 
 
-def client_documents(root: str, companies: list[str] | None, partitioner: Partitioner,
-                     partition_id: int) -> list[str]:
+def client_documents(
+    root: str, companies: list[str] | None, partitioner: Partitioner, partition_id: int
+) -> list[str]:
     partitioner.dataset = document_table(root, companies)
     if partition_id >= partitioner.num_partitions:
         raise ValueError(f"partition {partition_id} >= {partitioner.num_partitions} clients")
     return sorted(partitioner.load_partition(partition_id)["doc_name"])
 
 
-def owners(root: str, questions: list[Question], groups: dict[str, list[str]]) -> dict[str, list[Question]]:
+def owners(
+    root: str, questions: list[Question], groups: dict[str, list[str]]
+) -> dict[str, list[Question]]:
     """Each group's questions (group -> its documents, e.g. a client's): a question belongs to
     the group holding its filing, else to the one holding its company's other filings (a filing
     without page text is in no group), else to none."""

@@ -39,8 +39,14 @@ Encode = Callable[[list[str]], np.ndarray]
 def _torch(model, threads: int) -> Encode:
     def encode(texts: list[str]) -> np.ndarray:
         torch.set_num_threads(threads)
-        return model.encode(texts, batch_size=32, convert_to_numpy=True, normalize_embeddings=True,
-                            show_progress_bar=False).astype(np.float32)
+        return model.encode(
+            texts,
+            batch_size=32,
+            convert_to_numpy=True,
+            normalize_embeddings=True,
+            show_progress_bar=False,
+        ).astype(np.float32)
+
     return encode
 
 
@@ -51,30 +57,39 @@ class _Embedder(torch.nn.Module):
     def __init__(self, model):
         super().__init__()
         from peft.tuners.tuners_utils import BaseTunerLayer
+
         self.model = copy.deepcopy(model).cpu().eval()  # the compiled backends run on the CPU
         for module in self.model.modules():
             if isinstance(module, BaseTunerLayer):
                 module.merge()
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         features = {"input_ids": input_ids, "attention_mask": attention_mask}
         if token_type_ids is not None:
             features["token_type_ids"] = token_type_ids
         return self.model(features)["sentence_embedding"]
 
 
-def _batches(model, run: Callable[[dict[str, np.ndarray]], np.ndarray], batch_size: int = 32) -> Encode:
+def _batches(
+    model, run: Callable[[dict[str, np.ndarray]], np.ndarray], batch_size: int = 32
+) -> Encode:
     """Longest texts first (as sentence-transformers does, so batches pad little), the model's
     tokenizer, ``run`` on each batch, rows back in input order, normalized."""
+
     def encode(texts: list[str]) -> np.ndarray:
         order = np.argsort([-len(t) for t in texts], kind="stable")
         out = np.empty((len(texts), model.get_embedding_dimension()), np.float32)
         for start in range(0, len(texts), batch_size):
-            rows = order[start:start + batch_size]
+            rows = order[start : start + batch_size]
             features = model.preprocess([texts[i] for i in rows])
             out[rows] = run({k: features[k].numpy() for k in _INPUTS if k in features})
         return out / np.linalg.norm(out, axis=1, keepdims=True)
+
     return encode
 
 
@@ -88,18 +103,28 @@ def _example(model) -> dict[str, torch.Tensor]:
 
 def _openvino(model, threads: int, graph: Path, precision: str = "f32") -> Encode:
     import openvino as ov
+
     if not (graph / "model.xml").is_file():
         with torch.no_grad():
             converted = ov.convert_model(_Embedder(model), example_input=_example(model))
-        _write_folder(graph, lambda folder: ov.save_model(converted, folder / "model.xml", compress_to_fp16=False))
+        _write_folder(
+            graph,
+            lambda folder: ov.save_model(converted, folder / "model.xml", compress_to_fp16=False),
+        )
     # the precision explicitly: on CPUs with bf16 units OpenVINO would otherwise compute in bf16;
     # no thread pinning: two encoding processes on one machine (protocol.eval_nodes) each pinned
     # their threads to the same cores and ran at half speed (measured: 15.7 s vs 7.9 s)
-    compiled = ov.Core().compile_model(str(graph / "model.xml"), "CPU", {"INFERENCE_PRECISION_HINT": precision,
-                                                                        "INFERENCE_NUM_THREADS": threads,
-                                                                        "PERFORMANCE_HINT": "LATENCY",
-                                                                        "ENABLE_CPU_PINNING": False,
-                                                                        **_compiled_cache(graph)})
+    compiled = ov.Core().compile_model(
+        str(graph / "model.xml"),
+        "CPU",
+        {
+            "INFERENCE_PRECISION_HINT": precision,
+            "INFERENCE_NUM_THREADS": threads,
+            "PERFORMANCE_HINT": "LATENCY",
+            "ENABLE_CPU_PINNING": False,
+            **_compiled_cache(graph),
+        },
+    )
     request = compiled.create_infer_request()
     return _batches(model, lambda features: request.infer(features)[0].copy())
 
@@ -118,17 +143,30 @@ def _compiled_cache(graph: Path) -> dict[str, str]:
 
 def _onnx(model, threads: int, graph: Path) -> Encode:
     import onnxruntime as ort
+
     example = _example(model)
     names = list(example)
     if not (graph / "model.onnx").is_file():
         with torch.no_grad():
-            _write_folder(graph, lambda folder: torch.onnx.export(
-                _Embedder(model), (), str(folder / "model.onnx"), kwargs=example, input_names=names,
-                output_names=["embedding"], dynamo=False,
-                dynamic_axes={n: {0: "batch", 1: "tokens"} for n in names} | {"embedding": {0: "batch"}}))
+            _write_folder(
+                graph,
+                lambda folder: torch.onnx.export(
+                    _Embedder(model),
+                    (),
+                    str(folder / "model.onnx"),
+                    kwargs=example,
+                    input_names=names,
+                    output_names=["embedding"],
+                    dynamo=False,
+                    dynamic_axes={n: {0: "batch", 1: "tokens"} for n in names}
+                    | {"embedding": {0: "batch"}},
+                ),
+            )
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    session = ort.InferenceSession(str(graph / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(graph / "model.onnx"), options, providers=["CPUExecutionProvider"]
+    )
     return _batches(model, lambda features: session.run(None, features)[0])
 
 
@@ -145,8 +183,11 @@ def _write_folder(folder: Path, write: Callable[[Path], None]) -> None:
 
 
 BACKENDS: dict[str, Callable[..., Encode]] = {
-    "torch": _torch, "openvino": _openvino, "onnx": _onnx,
-    "openvino_bf16": functools.partial(_openvino, precision="bf16")}
+    "torch": _torch,
+    "openvino": _openvino,
+    "onnx": _onnx,
+    "openvino_bf16": functools.partial(_openvino, precision="bf16"),
+}
 """``protocol.eval_backend`` name -> builder(model, threads[, graph folder]) of the corpus encoder.
 ``openvino_bf16`` computes in bfloat16 (CPUs with avx512_bf16 / AMX; emulated, slower, elsewhere):
 not float32 noise, so opt-in, its metric differences measured by bench/fede4rag_eval.py."""
@@ -157,7 +198,11 @@ GRAPHS = {"openvino": "openvino", "openvino_bf16": "openvino", "onnx": "onnx"}
 def _build(model, backend: str, threads: int, graph: Path) -> Encode:
     if backend not in BACKENDS:
         raise ValueError(f"inference backend {backend!r} is not one of {sorted(BACKENDS)}")
-    return BACKENDS[backend](model, threads, graph) if backend in GRAPHS else BACKENDS[backend](model, threads)
+    return (
+        BACKENDS[backend](model, threads, graph)
+        if backend in GRAPHS
+        else BACKENDS[backend](model, threads)
+    )
 
 
 def corpus_encoder(model, backend: str, threads: int) -> Encode:

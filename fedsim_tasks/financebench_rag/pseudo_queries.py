@@ -18,9 +18,15 @@ from collections import Counter
 _SEGMENT = re.compile(r"\n+|(?<=[.!?])\s+")
 _HEADER_WORD = re.compile(r"[A-Z][A-Za-z'&/-]*|and|of|the|in|for|to|on|from|by|with|or|a|an|other")
 _NUMBER_LINE = re.compile(r"^[\s$()%.,*\u2014-]*\d[\d\s$()%.,*\u2014-]*$")
-SECTION_QUESTIONS = ("What does the filing report about {h}?", "What did the company disclose on {h}?",
-                     "How does the company describe its {h}?")
-TABLE_QUESTIONS = ("What figures does the {h} table show?", "What were the amounts reported for {h}?")
+SECTION_QUESTIONS = (
+    "What does the filing report about {h}?",
+    "What did the company disclose on {h}?",
+    "How does the company describe its {h}?",
+)
+TABLE_QUESTIONS = (
+    "What figures does the {h} table show?",
+    "What were the amounts reported for {h}?",
+)
 
 
 def chunk_words(text: str, size: int, overlap: int) -> list[str]:
@@ -31,8 +37,14 @@ def chunk_words(text: str, size: int, overlap: int) -> list[str]:
     tokens = [t for t in tokens if t.strip()]
     step, chunks = size - overlap, []
     for start in range(0, max(len(tokens) - overlap, 1), step):
-        chunk = " ".join(t.rstrip("\n") + ("\n" if t.endswith("\n") else "")
-                         for t in tokens[start:start + size]).replace("\n ", "\n").strip()
+        chunk = (
+            " ".join(
+                t.rstrip("\n") + ("\n" if t.endswith("\n") else "")
+                for t in tokens[start : start + size]
+            )
+            .replace("\n ", "\n")
+            .strip()
+        )
         if chunk:
             chunks.append(chunk)
     return chunks
@@ -52,14 +64,22 @@ def single_page_segments(pages: list[str]) -> frozenset[str]:
     return frozenset(key for key, n in counts.items() if n == 1)
 
 
-def inverse_cloze_pair(chunk: str, rng: random.Random, min_query_words: int, max_query_words: int,
-                       allowed: frozenset[str] | None = None) -> tuple[str, str] | None:
+def inverse_cloze_pair(
+    chunk: str,
+    rng: random.Random,
+    min_query_words: int,
+    max_query_words: int,
+    allowed: frozenset[str] | None = None,
+) -> tuple[str, str] | None:
     """(query, positive): one segment with a usable length (and in ``allowed``, normalized, where
     given), and the chunk with it removed."""
     parts = segments(chunk)
-    candidates = [i for i, s in enumerate(parts)
-                  if min_query_words <= len(s.split()) <= max_query_words
-                  and (allowed is None or normalized(s) in allowed)]
+    candidates = [
+        i
+        for i, s in enumerate(parts)
+        if min_query_words <= len(s.split()) <= max_query_words
+        and (allowed is None or normalized(s) in allowed)
+    ]
     if not candidates or len(parts) < 2:
         return None
     pick = rng.choice(candidates)
@@ -69,9 +89,15 @@ def inverse_cloze_pair(chunk: str, rng: random.Random, min_query_words: int, max
     return parts[pick], positive
 
 
-def inverse_cloze_pairs(pages: list[str], chunk_size: int, chunk_overlap: int,
-                        min_query_words: int, max_query_words: int, seed: int,
-                        allowed: frozenset[str] | None = None) -> list[tuple[str, str]]:
+def inverse_cloze_pairs(
+    pages: list[str],
+    chunk_size: int,
+    chunk_overlap: int,
+    min_query_words: int,
+    max_query_words: int,
+    seed: int,
+    allowed: frozenset[str] | None = None,
+) -> list[tuple[str, str]]:
     rng = random.Random(seed)
     pairs = []
     for page in pages:
@@ -86,11 +112,17 @@ def is_header(line: str) -> bool:
     """A section header or table caption as the PDF text shows it: 2-8 Title Case words, no
     sentence punctuation ("Results of Operations", "Loss From Operations")."""
     words = line.split()
-    return (2 <= len(words) <= 8 and line[0].isupper() and normalized(line) != "table of contents"
-            and all(_HEADER_WORD.fullmatch(w) for w in words))
+    return (
+        2 <= len(words) <= 8
+        and line[0].isupper()
+        and normalized(line) != "table of contents"
+        and all(_HEADER_WORD.fullmatch(w) for w in words)
+    )
 
 
-def header_pairs(pages: list[str], chunk_size: int, min_words: int, seed: int) -> list[tuple[str, str]]:
+def header_pairs(
+    pages: list[str], chunk_size: int, min_words: int, seed: int
+) -> list[tuple[str, str]]:
     """(template question about a header, the next ``chunk_size`` words below it) for each header
     with at least ``min_words`` below; a caption over mostly numeric lines asks for its figures."""
     rng, pairs = random.Random(seed), []
@@ -99,10 +131,10 @@ def header_pairs(pages: list[str], chunk_size: int, min_words: int, seed: int) -
         for i, line in enumerate(lines):
             if not is_header(line):
                 continue
-            below = " ".join(" ".join(lines[i + 1:]).split()[:chunk_size])
+            below = " ".join(" ".join(lines[i + 1 :]).split()[:chunk_size])
             if len(below.split()) < min_words:
                 continue
-            numeric = sum(bool(_NUMBER_LINE.match(n)) for n in lines[i + 1:i + 9])
+            numeric = sum(bool(_NUMBER_LINE.match(n)) for n in lines[i + 1 : i + 9])
             templates = TABLE_QUESTIONS if numeric >= 3 else SECTION_QUESTIONS
             pairs.append((rng.choice(templates).format(h=line), below))
     return pairs
@@ -111,19 +143,22 @@ def header_pairs(pages: list[str], chunk_size: int, min_words: int, seed: int) -
 class LLMQueryGenerator:
     """Asks a transformers text-generation model for a question each chunk answers."""
 
-    PROMPT = ("Write one question that the following passage from a company filing answers."
-              "\n\nPassage:\n{chunk}\n\nQuestion:")
+    PROMPT = (
+        "Write one question that the following passage from a company filing answers."
+        "\n\nPassage:\n{chunk}\n\nQuestion:"
+    )
 
     def __init__(self, model: str, max_new_tokens: int = 32, device: str = "cpu"):
         from transformers import pipeline
+
         self.generate = pipeline("text-generation", model=model, device=device)
         self.max_new_tokens = max_new_tokens
 
-    def pairs(self, pages: list[str], chunk_size: int, chunk_overlap: int
-              ) -> list[tuple[str, str]]:
+    def pairs(self, pages: list[str], chunk_size: int, chunk_overlap: int) -> list[tuple[str, str]]:
         chunks = [c for p in pages for c in chunk_words(p, chunk_size, chunk_overlap)]
         prompts = [self.PROMPT.format(chunk=c) for c in chunks]
-        out = self.generate(prompts, max_new_tokens=self.max_new_tokens, do_sample=False,
-                            return_full_text=False)
+        out = self.generate(
+            prompts, max_new_tokens=self.max_new_tokens, do_sample=False, return_full_text=False
+        )
         queries = [o[0]["generated_text"].strip().split("\n")[0] for o in out]
         return [(q, c) for q, c in zip(queries, chunks) if q]

@@ -20,8 +20,12 @@ class PseudoQueries:
     titles: bool
 
     def __post_init__(self):
-        require(self.construction in CONSTRUCTIONS, "task.pseudo_queries.construction", f"one of {CONSTRUCTIONS}",
-                self.construction)
+        require(
+            self.construction in CONSTRUCTIONS,
+            "task.pseudo_queries.construction",
+            f"one of {CONSTRUCTIONS}",
+            self.construction,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,13 +22,18 @@ from fedsim_tasks.financebench_rag.pseudo_queries import (
     segments,
     single_page_segments,
 )
-from fedsim_tasks.financebench_rag.retrieval import EmbeddingStore, build_index, retrieval_metrics, search
+from fedsim_tasks.financebench_rag.retrieval import (
+    EmbeddingStore,
+    build_index,
+    retrieval_metrics,
+    search,
+)
 
 ROOT = str(resolve_data_root())
 
 
 def test_metrics_on_hand_checked_rankings():
-    ranked = {"a": [("x", .9), ("y", .8), ("z", .7)], "b": [("y", .9), ("x", .5)]}
+    ranked = {"a": [("x", 0.9), ("y", 0.8), ("z", 0.7)], "b": [("y", 0.9), ("x", 0.5)]}
     got = retrieval_metrics(ranked, {"a": {"y", "q"}, "b": {"y"}})
     # a: first relevant at rank 2 (RR 1/2), 1 of its 2 relevant found; b: hit at rank 1
     assert got["hit@1"] == 0.5 and got["hit@10"] == 1.0
@@ -79,8 +84,10 @@ def test_chunking_respects_size_and_overlap():
 
 
 def test_inverse_cloze_removes_the_query_from_its_positive():
-    chunk = ("Revenue grew by ten percent in fiscal 2022 overall.\nNet income was 5 million "
-             "dollars in the same period.\nShort line")
+    chunk = (
+        "Revenue grew by ten percent in fiscal 2022 overall.\nNet income was 5 million "
+        "dollars in the same period.\nShort line"
+    )
     query, positive = inverse_cloze_pair(chunk, random.Random(0), 6, 40)
     assert query in chunk and query not in positive
     assert "Short line" in positive  # too short to be a query, kept in the positive
@@ -97,7 +104,9 @@ def test_pseudo_queries_from_real_pages_are_seeded():
 
 def _two_filings() -> dict[str, list[str]]:
     """Two PepsiCo 10-Ks' first 40 pages: a real slice where boilerplate repeats across filings."""
-    return {doc: list(fb.load_pages(ROOT, doc))[:40] for doc in ("PEPSICO_2021_10K", "PEPSICO_2022_10K")}
+    return {
+        doc: list(fb.load_pages(ROOT, doc))[:40] for doc in ("PEPSICO_2021_10K", "PEPSICO_2022_10K")
+    }
 
 
 def _seed(doc: str, seed: int) -> int:
@@ -106,13 +115,19 @@ def _seed(doc: str, seed: int) -> int:
 
 def test_unique_inverse_cloze_never_takes_a_segment_found_in_another_filing():
     filings = _two_filings()
-    by_filing = {doc: {normalized(s) for page in pages for s in segments(page)} for doc, pages in filings.items()}
+    by_filing = {
+        doc: {normalized(s) for page in pages for s in segments(page)}
+        for doc, pages in filings.items()
+    }
     shared = set.intersection(*by_filing.values())
     allowed = single_page_segments([page for pages in filings.values() for page in pages])
 
     def queries(allowed):
-        return {normalized(q) for doc, pages in filings.items()
-                for q, _ in inverse_cloze_pairs(pages, 96, 16, 6, 40, _seed(doc, 0), allowed)}
+        return {
+            normalized(q)
+            for doc, pages in filings.items()
+            for q, _ in inverse_cloze_pairs(pages, 96, 16, 6, 40, _seed(doc, 0), allowed)
+        }
 
     assert queries(None) & shared  # the plain construction does pick boilerplate here
     kept = queries(allowed)
@@ -121,8 +136,10 @@ def test_unique_inverse_cloze_never_takes_a_segment_found_in_another_filing():
 
 def test_pseudo_queries_are_seeded_by_the_run_seed_and_the_filing():
     pages = _two_filings()["PEPSICO_2022_10K"]
-    for build in (lambda seed: inverse_cloze_pairs(pages, 96, 16, 6, 40, seed),
-                  lambda seed: header_pairs(pages, 96, 6, seed)):
+    for build in (
+        lambda seed: inverse_cloze_pairs(pages, 96, 16, 6, 40, seed),
+        lambda seed: header_pairs(pages, 96, 6, seed),
+    ):
         a = build(_seed("PEPSICO_2022_10K", 0))
         assert a == build(_seed("PEPSICO_2022_10K", 0)) and a != build(_seed("PEPSICO_2022_10K", 1))
 
@@ -132,10 +149,16 @@ def test_header_queries_are_questions_about_a_header_over_its_text():
     pairs = header_pairs(pages, 96, 6, _seed("PEPSICO_2022_10K", 0))
     assert len(pairs) > 20
     for query, positive in pairs:
-        assert query.split()[0] in ("What", "How") and query.endswith("?") and 7 <= len(query.split()) <= 20
+        assert (
+            query.split()[0] in ("What", "How")
+            and query.endswith("?")
+            and 7 <= len(query.split()) <= 20
+        )
         assert len(positive.split()) >= 6 and query not in positive
     headers = {q for q, _ in pairs}
-    assert any("Results of Operations" in q or "Net Revenue" in q for q in headers), sorted(headers)[:20]
+    assert any("Results of Operations" in q or "Net Revenue" in q for q in headers), sorted(
+        headers
+    )[:20]
 
 
 def test_an_unknown_pair_construction_is_refused_before_the_run():
@@ -156,22 +179,29 @@ def test_question_split_and_corpora():
     assert cited_missing  # documents without PDF text still carry their evidence pages
     gap = fb.build_corpus(ROOT, [cited_missing[0].doc_name])
     assert set(cited_missing[0].evidence) <= set(gap)
-    small = fb.build_corpus(ROOT, ["3M_2018_10K"], pages_per_doc=3, keep=frozenset({"3M_2018_10K#59"}))
+    small = fb.build_corpus(
+        ROOT, ["3M_2018_10K"], pages_per_doc=3, keep=frozenset({"3M_2018_10K#59"})
+    )
     assert list(small) == ["3M_2018_10K#0", "3M_2018_10K#1", "3M_2018_10K#2", "3M_2018_10K#59"]
 
 
 def test_partitions_are_companies_and_sectors():
     from flwr_datasets.partitioner import NaturalIdPartitioner
+
     companies = ["AES Corporation", "Boeing"]
-    parts = [fb.client_documents(ROOT, companies, NaturalIdPartitioner("company"), i)
-             for i in range(2)]
-    assert all(d.startswith("AES") for d in parts[0]) and all(d.startswith("BOEING") for d in parts[1])
+    parts = [
+        fb.client_documents(ROOT, companies, NaturalIdPartitioner("company"), i) for i in range(2)
+    ]
+    assert all(d.startswith("AES") for d in parts[0]) and all(
+        d.startswith("BOEING") for d in parts[1]
+    )
     with pytest.raises(ValueError, match="Procter"):
         fb.document_table(ROOT, ["Procter & Gamble"])
     sectors = NaturalIdPartitioner("gics_sector")
     sectors.dataset = fb.document_table(ROOT, None)
-    assert sectors.num_partitions == len({d["gics_sector"] for d in fb.load_documents(ROOT)
-                                          if d["has_pages"]})
+    assert sectors.num_partitions == len(
+        {d["gics_sector"] for d in fb.load_documents(ROOT) if d["has_pages"]}
+    )
 
 
 def _features(model, texts):
@@ -182,6 +212,7 @@ def test_kd_loss_is_zero_against_itself_and_the_mse_of_similarities(tiny_encoder
     from sentence_transformers.util import cos_sim
 
     from fedsim_tasks.financebench_rag.train import KDInfoNCELoss, frozen_copy
+
     queries = ["net revenue 2022", "capital expenditure", "dividends paid", "total debt"]
     chunks = ["revenue was 10", "capex rose", "we paid dividends", "debt fell to 3"]
     teacher = frozen_copy(tiny_encoder)
@@ -203,22 +234,26 @@ def test_kd_loss_is_zero_against_itself_and_the_mse_of_similarities(tiny_encoder
     sq, sp = (student(dict(f))["sentence_embedding"] for f in feats)
     expected_kd = torch.mean((cos_sim(sq, sp) - sim) ** 2)
     assert kd_loss.last["kd"] == pytest.approx(float(expected_kd), rel=1e-5)
-    assert float(value) == pytest.approx(kd_loss.last["infonce"] + 2.0 * float(expected_kd),
-                                         rel=1e-5)
+    assert float(value) == pytest.approx(
+        kd_loss.last["infonce"] + 2.0 * float(expected_kd), rel=1e-5
+    )
 
 
 def test_training_moves_only_trainable_weights_and_lowers_the_loss(tiny_encoder):
     from fedsim_tasks.financebench_rag.train import frozen_copy, train_encoder
     from fedsim_tasks.hf import trainable_arrays
+
     model = frozen_copy(tiny_encoder)
     for p in model.parameters():
         p.requires_grad_(True)
     pairs = [(f"item {i} value {i * 7}", f"the value of item {i} is {i * 7}") for i in range(32)]
     before = trainable_arrays(model)
-    first = train_encoder(model, pairs, steps=1, batch_size=8, lr=1e-3, temperature=0.1,
-                          kd_weight=1.0, seed=0)
-    later = train_encoder(model, pairs, steps=30, batch_size=8, lr=1e-3, temperature=0.1,
-                          kd_weight=0.0, seed=0)
+    first = train_encoder(
+        model, pairs, steps=1, batch_size=8, lr=1e-3, temperature=0.1, kd_weight=1.0, seed=0
+    )
+    later = train_encoder(
+        model, pairs, steps=30, batch_size=8, lr=1e-3, temperature=0.1, kd_weight=0.0, seed=0
+    )
     assert later["infonce"] < first["infonce"]
     after = trainable_arrays(model)
     assert any(not np.allclose(before[k], after[k]) for k in before)
@@ -229,27 +264,56 @@ def test_train_reports_mean_terms_and_the_kd_of_its_first_step(tiny_encoder):
     without dropout); a student with its own weights, or trained with dropout, starts above."""
     from fedsim_tasks.financebench_rag.train import frozen_copy, train_encoder
     from fedsim_tasks.hf import load_trainable, trainable_arrays
+
     model = frozen_copy(tiny_encoder)
     for p in model.parameters():
         p.requires_grad_(True)
     pairs = [(f"item {i} value {i * 7}", f"the value of item {i} is {i * 7}") for i in range(32)]
-    plain = train_encoder(model, pairs, steps=2, batch_size=8, lr=1e-3, temperature=0.1,
-                          kd_weight=0.0, seed=0)
+    plain = train_encoder(
+        model, pairs, steps=2, batch_size=8, lr=1e-3, temperature=0.1, kd_weight=0.0, seed=0
+    )
     assert {"infonce", "loss"} <= set(plain) and "kd" not in plain and "kd-first" not in plain
-    noisy = train_encoder(frozen_copy(model).requires_grad_(True), pairs, steps=1, batch_size=8,
-                          lr=1e-3, temperature=0.1, kd_weight=1.0, seed=0, dropout=True)
+    noisy = train_encoder(
+        frozen_copy(model).requires_grad_(True),
+        pairs,
+        steps=1,
+        batch_size=8,
+        lr=1e-3,
+        temperature=0.1,
+        kd_weight=1.0,
+        seed=0,
+        dropout=True,
+    )
     assert noisy["kd-first"] > 0  # dropout (p=0.1) in the student alone: the old floor
     assert all(m.p > 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))  # restored
     global_model = frozen_copy(model)
-    kd = train_encoder(model, pairs, steps=4, batch_size=8, lr=1e-2, temperature=0.1,
-                       kd_weight=1.0, seed=0, teacher=global_model)
+    kd = train_encoder(
+        model,
+        pairs,
+        steps=4,
+        batch_size=8,
+        lr=1e-2,
+        temperature=0.1,
+        kd_weight=1.0,
+        seed=0,
+        teacher=global_model,
+    )
     assert kd["kd-first"] == pytest.approx(0.0, abs=1e-12)  # the same weights, the same mode
     assert kd["kd"] > 1e-8  # the mean over 4 steps includes steps after the weights moved
     assert kd["loss"] == pytest.approx(kd["infonce"] + kd["kd"], rel=1e-4)  # loss: mean of sums
     own = trainable_arrays(model)  # round 2: the company's own model against the new global
     load_trainable(model, own)
-    again = train_encoder(model, pairs, steps=1, batch_size=8, lr=1e-2, temperature=0.1,
-                          kd_weight=1.0, seed=1, teacher=global_model)
+    again = train_encoder(
+        model,
+        pairs,
+        steps=1,
+        batch_size=8,
+        lr=1e-2,
+        temperature=0.1,
+        kd_weight=1.0,
+        seed=1,
+        teacher=global_model,
+    )
     assert again["kd-first"] > 1e-8
 
 
@@ -262,8 +326,13 @@ def test_per_filing_retrieval_searches_only_the_questions_own_filing():
 
     QUESTIONS = {"qa": [1, 0, 0], "qb": [0, 0, 1]}
     ids = ["A#0", "A#1", "A#2", "B#0", "B#1"]
-    emb = np.array([[.6, .8, 0], [.8, .6, 0], [0, 0, 1], [1, 0, 0], [0, .6, .8]], dtype=np.float32)
-    questions = [fb.Question("1", "qa", "c", "A", ("A#1",)), fb.Question("2", "qb", "c", "B", ("B#1",))]
+    emb = np.array(
+        [[0.6, 0.8, 0], [0.8, 0.6, 0], [0, 0, 1], [1, 0, 0], [0, 0.6, 0.8]], dtype=np.float32
+    )
+    questions = [
+        fb.Question("1", "qa", "c", "A", ("A#1",)),
+        fb.Question("2", "qb", "c", "B", ("B#1",)),
+    ]
     # shared corpus: qa ranks B#0 (1.0) over A#1 (0.8); qb ranks A#2 (1.0) over B#1 (0.8)
     shared = evaluate(Fixed(), questions, ids, emb)
     assert shared["hit@1"] == 0.0 and shared["mrr@10"] == pytest.approx(0.5)
@@ -291,31 +360,46 @@ def test_per_filing_corpus_is_exactly_each_filings_pages():
     asked = [q for q in questions["valid"] if q.doc_name in have]
     assert 0 < len(asked) == got["valid-filing/questions"] <= got["valid/questions"] == 12
     # each filing is all its PDF's pages, and nothing else
-    assert got["valid-filing/corpus-pages"] == sum(len(fb.load_pages(ROOT, d))
-                                                   for d in {q.doc_name for q in asked})
+    assert got["valid-filing/corpus-pages"] == sum(
+        len(fb.load_pages(ROOT, d)) for d in {q.doc_name for q in asked}
+    )
     assert got["valid/corpus-pages"] == len(corpus)
     assert "valid-filing/ndcg@10" in got and "valid-filing/ndcg@10" not in score_splits(
-        Seeded(), ROOT, questions, list(corpus), emb, {}, ["valid"])
+        Seeded(), ROOT, questions, list(corpus), emb, {}, ["valid"]
+    )
 
 
 def test_passages_cut_pages_and_a_page_scores_as_its_best_passage():
-    from fedsim_tasks.financebench_rag.retrieval import _search_pages, build_index, page_of, passages
+    from fedsim_tasks.financebench_rag.retrieval import (
+        _search_pages,
+        build_index,
+        page_of,
+        passages,
+    )
+
     corpus = {"d#0": " ".join(f"w{i}" for i in range(25)), "d#1": "short page", "d#2": ""}
     cut = passages(corpus, words=10, overlap=2)
     assert list(cut) == ["d#0#0", "d#0#1", "d#0#2", "d#1#0", "d#2#0"]
     assert cut["d#0#1"].split()[0] == "w8" and passages(corpus, None, 0) is corpus
     assert {page_of(c) for c in cut} == set(corpus)
     # passages of page 0 rank 1st and 3rd, page 1's 2nd: pages come once, by their best passage
-    emb = np.array([[1.0, 0.0], [0.0, 1.0], [0.8, 0.6], [0.9, 0.436], [-1.0, 0.0]], dtype=np.float32)
-    ranked = _search_pages(build_index(emb, "Flat"), np.array([[1.0, 0.0]], np.float32), list(cut), k=2)
+    emb = np.array(
+        [[1.0, 0.0], [0.0, 1.0], [0.8, 0.6], [0.9, 0.436], [-1.0, 0.0]], dtype=np.float32
+    )
+    ranked = _search_pages(
+        build_index(emb, "Flat"), np.array([[1.0, 0.0]], np.float32), list(cut), k=2
+    )
     assert [p for p, _ in ranked[0]] == ["d#0", "d#1"]
     assert ranked[0][0][1] == pytest.approx(1.0) and ranked[0][1][1] == pytest.approx(0.9)
-    pages = _search_pages(build_index(emb[:3], "Flat"), np.array([[0.0, 1.0]], np.float32), ["a#0", "a#1", "a#2"], k=2)
+    pages = _search_pages(
+        build_index(emb[:3], "Flat"), np.array([[0.0, 1.0]], np.float32), ["a#0", "a#1", "a#2"], k=2
+    )
     assert [p for p, _ in pages[0]] == ["a#1", "a#2"]  # page ids: plain top-k
 
 
 def test_a_corpus_with_other_texts_under_the_same_ids_gets_its_own_store(tmp_path, tiny_encoder):
     from fedsim_tasks.financebench_rag.retrieval import corpus_store
+
     plain = {"d#0": "revenue rose", "d#1": "capex fell"}
     titled = {k: f"Boeing FY2022 10K\n{v}" for k, v in plain.items()}
     key = corpus_store(tiny_encoder, "w", plain, tmp_path, 10, "torch").key
@@ -327,6 +411,7 @@ def test_training_leaves_the_collectors_freeze_as_it_found_it():
     import gc
 
     from fedsim_tasks.financebench_rag.train import collect_only_new_objects
+
     frozen = gc.get_freeze_count()
     gc.unfreeze()
     try:
@@ -349,16 +434,27 @@ def test_the_proximal_term_acts_in_the_retrievers_loop(tiny_encoder):
     from fedsim_tasks.financebench_rag.train import frozen_copy, train_encoder
     from fedsim_tasks.hf import trainable_arrays
     from fedsim_tasks.proximal import ProximalTerm
+
     pairs = [(f"item {i} value {i * 7}", f"the value of item {i} is {i * 7}") for i in range(32)]
     start = trainable_arrays(frozen_copy(tiny_encoder).requires_grad_(True))
     after = {}
     for mu in (None, 0.0, 100.0):
         model = frozen_copy(tiny_encoder).requires_grad_(True)
-        train_encoder(model, pairs, steps=4, batch_size=8, lr=1e-2, temperature=0.1, kd_weight=0.0, seed=0,
-                      proximal=None if mu is None else ProximalTerm(model, mu))
+        train_encoder(
+            model,
+            pairs,
+            steps=4,
+            batch_size=8,
+            lr=1e-2,
+            temperature=0.1,
+            kd_weight=0.0,
+            seed=0,
+            proximal=None if mu is None else ProximalTerm(model, mu),
+        )
         after[mu] = trainable_arrays(model)
 
     def moved(mu):
         return sum(float(np.linalg.norm(after[mu][k] - start[k])) for k in start)
+
     assert all(np.array_equal(after[0.0][k], after[None][k]) for k in start)
     assert 0 < moved(100.0) < 0.5 * moved(None)

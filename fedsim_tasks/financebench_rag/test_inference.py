@@ -19,7 +19,13 @@ from fedsim_tasks.hf import build_encoder, load_trainable, lora_config, trainabl
 
 ROOT = str(resolve_data_root())
 LORA = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["query", "value"]}
-TASK = {"n_valid": 4, "n_test": 6, "split_seed": 0, "test_corpus": "cited", "corpus_pages_per_doc": 3}
+TASK = {
+    "n_valid": 4,
+    "n_test": 6,
+    "split_seed": 0,
+    "test_corpus": "cited",
+    "corpus_pages_per_doc": 3,
+}
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +34,13 @@ def trained():
     a no-op), as after training."""
     model = build_encoder("all-MiniLM-L6-v2", 128, LORA, seed=0)
     rng = np.random.default_rng(0)
-    load_trainable(model, {k: (v + rng.normal(0, 0.05, v.shape)).astype(np.float32)
-                           for k, v in trainable_arrays(model).items()})
+    load_trainable(
+        model,
+        {
+            k: (v + rng.normal(0, 0.05, v.shape)).astype(np.float32)
+            for k, v in trainable_arrays(model).items()
+        },
+    )
     return model
 
 
@@ -65,27 +76,41 @@ def test_bf16_backend_is_close_but_opt_in(trained, slice_, reference):
     emb = corpus_encoder(trained, "openvino_bf16", 2)(slice_[2])
     assert emb.shape == reference[0].shape and emb.dtype == np.float32
     assert (emb * reference[0]).sum(axis=1).min() > 0.999
-    assert check(compose(["experiment=fede4rag_paper", "protocol.eval_backend=openvino_bf16"])).eval_backend \
+    assert (
+        check(
+            compose(["experiment=fede4rag_paper", "protocol.eval_backend=openvino_bf16"])
+        ).eval_backend
         == "openvino_bf16"
+    )
 
 
 def test_tolerance_sees_the_adapters(trained, slice_, reference):
     """A backend that lost the LoRA update (the base model's embeddings) would fail above."""
-    base = corpus_encoder(build_encoder("all-MiniLM-L6-v2", 128, None, seed=0), "torch", 2)(slice_[2])
+    base = corpus_encoder(build_encoder("all-MiniLM-L6-v2", 128, None, seed=0), "torch", 2)(
+        slice_[2]
+    )
     assert np.abs(base - reference[0]).max() > 1e-2
 
 
 def test_wrong_backend_is_refused(trained):
-    with pytest.raises(ValueError, match=r"eval_backend='tensorrt' is not one of \['onnx', 'openvino', "
-                                         r"'openvino_bf16', 'torch'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"eval_backend='tensorrt' is not one of \['onnx', 'openvino', "
+        r"'openvino_bf16', 'torch'\]",
+    ):
         check(compose(["experiment=fede4rag_paper", "protocol.eval_backend=tensorrt"]))
     assert check(compose(["experiment=fede4rag_paper"])).eval_backend == "openvino"
     with pytest.raises(ValueError, match="not one of"):
         corpus_encoder(trained, "tensorrt", 1)
 
 
-PAGES = ["Boeing FY2022 10K: revenue rose to 66.6 billion", "capital expenditure fell", "dividends paid",
-         "total debt of 57 billion at year end", "a short page"]
+PAGES = [
+    "Boeing FY2022 10K: revenue rose to 66.6 billion",
+    "capital expenditure fell",
+    "dividends paid",
+    "total debt of 57 billion at year end",
+    "a short page",
+]
 
 
 @pytest.fixture
@@ -99,7 +124,10 @@ def lora_tiny(tiny_encoder):
 def moved(model, scale: float) -> dict:
     """Adapters moved away from their init (B = 0 would make them a no-op), loaded; their digest."""
     rng = np.random.default_rng(int(scale * 100))
-    arrays = {k: (v + rng.normal(0, scale, v.shape)).astype(np.float32) for k, v in trainable_arrays(model).items()}
+    arrays = {
+        k: (v + rng.normal(0, scale, v.shape)).astype(np.float32)
+        for k, v in trainable_arrays(model).items()
+    }
     load_trainable(model, arrays)
     return weights_key("tiny", LORA, arrays)
 
@@ -122,6 +150,7 @@ def test_a_new_process_compiles_the_saved_graph(lora_tiny, tmp_path, monkeypatch
     """A deployment's next message runs in a new process: it compiles the graph saved under the
     weights' digest (no conversion: the converter is broken here) and encodes alike to the bit."""
     import openvino
+
     monkeypatch.setattr(inference, "_latest", None)
     key = moved(lora_tiny, 0.5)
     built = cached_encoder(lora_tiny, key, "openvino", 1, tmp_path)(PAGES)
@@ -135,12 +164,14 @@ def test_a_new_process_compiles_the_saved_graph(lora_tiny, tmp_path, monkeypatch
 def compiled_models(monkeypatch) -> list:
     """Every OpenVINO model compiled from now on (to read its ``LOADED_FROM_CACHE``)."""
     import openvino
+
     compiled = []
 
     class Recording(openvino.Core):
         def compile_model(self, *args, **kwargs):
             compiled.append(super().compile_model(*args, **kwargs))
             return compiled[-1]
+
     monkeypatch.setattr(openvino, "Core", Recording)
     return compiled
 

@@ -38,11 +38,19 @@ class KDInfoNCELoss(nn.Module):
     InfoNCE's, on the trainable weights. Whether KD acts is that ratio, not the terms' values
     (a KD term of 1e-3 can pull hard at KD x100, and a large one little if it is flat)."""
 
-    def __init__(self, model, temperature: float, kd_weight: float, teacher=None,
-                 proximal: ProximalTerm | None = None, ratio_step: int | None = None):
+    def __init__(
+        self,
+        model,
+        temperature: float,
+        kd_weight: float,
+        teacher=None,
+        proximal: ProximalTerm | None = None,
+        ratio_step: int | None = None,
+    ):
         super().__init__()
         from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
         from sentence_transformers.util import cos_sim
+
         self.model = model
         self.infonce = MultipleNegativesRankingLoss(model, scale=1.0 / temperature)
         self.cos_sim = cos_sim
@@ -64,7 +72,9 @@ class KDInfoNCELoss(nn.Module):
             kd = self.kd_term(embeddings, features)
             self.last["kd"] = float(kd.detach())
             if len(self.history) == self.ratio_step:
-                self.grad_ratio = self._grad_norm(self.kd_weight * kd) / max(self._grad_norm(loss), 1e-30)
+                self.grad_ratio = self._grad_norm(self.kd_weight * kd) / max(
+                    self._grad_norm(loss), 1e-30
+                )
             loss = loss + self.kd_weight * kd
         self.history.append(self.last)
         return self.proximal(loss) if self.proximal else loss
@@ -138,9 +148,19 @@ def frozen_copy(model):
     return teacher
 
 
-def train_encoder(model, pairs: list[tuple[str, str]], steps: int, batch_size: int, lr: float,
-                  temperature: float, kd_weight: float, seed: int, teacher=None,
-                  dropout: bool = False, proximal: ProximalTerm | None = None) -> dict:
+def train_encoder(
+    model,
+    pairs: list[tuple[str, str]],
+    steps: int,
+    batch_size: int,
+    lr: float,
+    temperature: float,
+    kd_weight: float,
+    seed: int,
+    teacher=None,
+    dropout: bool = False,
+    proximal: ProximalTerm | None = None,
+) -> dict:
     """``steps`` optimizer steps on ``pairs`` (cycled, seeded shuffle; ``seed`` 32 bits, as
     transformers' ``set_seed`` takes). The teacher of KD-GLE is ``teacher`` (the received
     global model, frozen), else a frozen copy of ``model`` as it is on entry; ``proximal``:
@@ -152,6 +172,7 @@ def train_encoder(model, pairs: list[tuple[str, str]], steps: int, batch_size: i
         SentenceTransformerTrainer,
         SentenceTransformerTrainingArguments,
     )
+
     if not pairs:
         raise ValueError("no training pairs")
     if steps <= 0:
@@ -160,21 +181,41 @@ def train_encoder(model, pairs: list[tuple[str, str]], steps: int, batch_size: i
     teacher = (teacher or frozen_copy(model)) if kd_weight else None
     loss = KDInfoNCELoss(model, temperature, kd_weight, teacher, proximal, ratio_step=steps - 1)
     need = steps * batch_size
-    rows = (pairs * (need // len(pairs) + 1))[:max(need, len(pairs))]
+    rows = (pairs * (need // len(pairs) + 1))[: max(need, len(pairs))]
     data = Dataset.from_dict({"anchor": [q for q, _ in rows], "positive": [p for _, p in rows]})
     with tempfile.TemporaryDirectory() as tmp:
         args = SentenceTransformerTrainingArguments(
-            output_dir=tmp, max_steps=steps, per_device_train_batch_size=batch_size,
-            learning_rate=lr, warmup_steps=0, lr_scheduler_type="constant", seed=seed,
-            data_seed=seed, save_strategy="no", report_to="none", logging_steps=max(1, steps),
-            disable_tqdm=True, use_cpu=model.device.type == "cpu",  # the trainer would move it to a GPU
-            batch_sampler="no_duplicates", dataloader_drop_last=True)
-        trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data,
-                                             loss=loss, callbacks=[clock])
+            output_dir=tmp,
+            max_steps=steps,
+            per_device_train_batch_size=batch_size,
+            learning_rate=lr,
+            warmup_steps=0,
+            lr_scheduler_type="constant",
+            seed=seed,
+            data_seed=seed,
+            save_strategy="no",
+            report_to="none",
+            logging_steps=max(1, steps),
+            disable_tqdm=True,
+            use_cpu=model.device.type == "cpu",  # the trainer would move it to a GPU
+            batch_sampler="no_duplicates",
+            dataloader_drop_last=True,
+        )
+        trainer = SentenceTransformerTrainer(
+            model=model, args=args, train_dataset=data, loss=loss, callbacks=[clock]
+        )
         with collect_only_new_objects(), without_dropout(model, not dropout):
             out = trainer.train()
     model.eval()
     terms = {k: sum(h[k] for h in loss.history) / len(loss.history) for k in loss.last}
-    first = {"kd-first": loss.history[0]["kd"], "kd-grad-ratio": loss.grad_ratio} if kd_weight else {}
-    return {"steps": steps, "loss": float(out.training_loss), **terms, **first,
-            "setup-seconds": clock.begin - clock.start, "step-seconds": clock.end - clock.begin}
+    first = (
+        {"kd-first": loss.history[0]["kd"], "kd-grad-ratio": loss.grad_ratio} if kd_weight else {}
+    )
+    return {
+        "steps": steps,
+        "loss": float(out.training_loss),
+        **terms,
+        **first,
+        "setup-seconds": clock.begin - clock.start,
+        "step-seconds": clock.end - clock.begin,
+    }

@@ -47,15 +47,16 @@ HOLDOUT = stream("preference-holdout", "partition")
 @dataclass(frozen=True)
 class Pair:
     """One preference pair: the shared prompt and HH's preferred / rejected last turns."""
+
     pair_id: int
-    prompt: str    # the dialogue prefix, ending with "\n\nAssistant:"
-    chosen: str    # y_w: HH's preferred last Assistant turn
+    prompt: str  # the dialogue prefix, ending with "\n\nAssistant:"
+    chosen: str  # y_w: HH's preferred last Assistant turn
     rejected: str  # y_l
 
     @property
     def last_human(self) -> str:
         """The Human turn the responses answer (what a small selector sees of the prompt)."""
-        return self.prompt[self.prompt.rfind(HUMAN) + len(HUMAN):-len(ASSISTANT)].strip()
+        return self.prompt[self.prompt.rfind(HUMAN) + len(HUMAN) : -len(ASSISTANT)].strip()
 
     @property
     def first_human(self) -> str:
@@ -67,6 +68,7 @@ class Pair:
 @dataclass(frozen=True)
 class Example:
     """A selector example: which of A and B the labeller prefers (0: A, 1: B)."""
+
     pair_id: int
     prompt: str
     a: str
@@ -77,8 +79,10 @@ class Example:
 def parse_pair(pair_id: int, chosen: str, rejected: str) -> Pair | None:
     """Split at the last ``Assistant:`` before the first differing character; None when the two
     dialogues do not differ in one last Assistant turn (4 of the 2,312 rows)."""
-    first = next((i for i, (c, r) in enumerate(zip(chosen, rejected)) if c != r),
-                 min(len(chosen), len(rejected)))
+    first = next(
+        (i for i, (c, r) in enumerate(zip(chosen, rejected)) if c != r),
+        min(len(chosen), len(rejected)),
+    )
     cut = chosen.rfind(ASSISTANT, 0, first)
     if cut < 0 or chosen[:cut] != rejected[:cut]:
         return None
@@ -104,7 +108,10 @@ def both_orders(pairs, flipped: Container[int] = frozenset()) -> list[Example]:
     out = []
     for p in pairs:
         good, bad = (p.rejected, p.chosen) if p.pair_id in flipped else (p.chosen, p.rejected)
-        out += [Example(p.pair_id, p.prompt, good, bad, 0), Example(p.pair_id, p.prompt, bad, good, 1)]
+        out += [
+            Example(p.pair_id, p.prompt, good, bad, 0),
+            Example(p.pair_id, p.prompt, bad, good, 1),
+        ]
     return out
 
 
@@ -117,7 +124,7 @@ def split_pairs(pairs, sizes: dict[str, int], seed: int) -> dict[str, list[Pair]
     order = np.random.default_rng(SPLIT.seed(seed)).permutation(len(pairs))
     out, start = {}, 0
     for name in SPLITS[:-1]:
-        out[name] = [pairs[i] for i in order[start:start + sizes[name]]]
+        out[name] = [pairs[i] for i in order[start : start + sizes[name]]]
         start += sizes[name]
     out["pool"] = [pairs[i] for i in order[start:]]
     return out
@@ -129,18 +136,22 @@ def topics(pairs, model: str, n_topics: int, seed: int) -> np.ndarray:
     from sklearn.cluster import KMeans
 
     from fedsim_tasks.hf import resolve_model
+
     encoder = SentenceTransformer(resolve_model(model), device="cpu")
     emb = encoder.encode([p.first_human for p in pairs], batch_size=64, normalize_embeddings=True)
     return KMeans(n_topics, n_init=4, random_state=TOPICS.seed(seed)).fit_predict(emb)
 
 
-def client_partition(pool: list[Pair], pool_topics: np.ndarray, partitioner, partition_id: int
-                     ) -> list[Pair]:
+def client_partition(
+    pool: list[Pair], pool_topics: np.ndarray, partitioner, partition_id: int
+) -> list[Pair]:
     """The pool pairs of one client under a flwr-datasets partitioner over a ``topic`` column
     (default: ``DirichletPartitioner(partition_by="topic", alpha=0.3)``)."""
     from datasets import Dataset
-    partitioner.dataset = Dataset.from_dict({"row": list(range(len(pool))),
-                                             "topic": [int(t) for t in pool_topics]})
+
+    partitioner.dataset = Dataset.from_dict(
+        {"row": list(range(len(pool))), "topic": [int(t) for t in pool_topics]}
+    )
     return [pool[i] for i in partitioner.load_partition(partition_id)["row"]]
 
 
@@ -157,34 +168,48 @@ def minority_flips(pairs, preference: dict, seed: int) -> frozenset[int]:
     if preference["kind"] == "reversed":
         return frozenset(p.pair_id for p in pairs)
     backing = hh_backing(tuple(pairs), seed)
-    weak = np.argsort(backing, kind="stable")[:int(round(preference["weak_share"] * len(pairs)))]
+    weak = np.argsort(backing, kind="stable")[: int(round(preference["weak_share"] * len(pairs)))]
     sign = 1 if preference["prefer"] == "longer" else -1
-    return frozenset(pairs[i].pair_id for i in weak
-                     if sign * (len(pairs[i].rejected.split()) - len(pairs[i].chosen.split())) > 0)
+    return frozenset(
+        pairs[i].pair_id
+        for i in weak
+        if sign * (len(pairs[i].rejected.split()) - len(pairs[i].chosen.split())) > 0
+    )
 
 
 @lru_cache(maxsize=4)
 def hh_backing(pairs: tuple[Pair, ...], seed: int) -> np.ndarray:
     """Per pair, the cross-fitted TF-IDF probe's margin for HH's chosen response."""
     from fedsim_tasks.hh_preference.selector import TfidfScorer
+
     order = np.random.default_rng(PROBE_FOLDS.seed(seed)).permutation(len(pairs))
     backing = np.zeros(len(pairs))
     for held, fit in ((order[::2], order[1::2]), (order[1::2], order[::2])):
         probe = TfidfScorer(human_words=0)
         probe.train(both_orders([pairs[i] for i in fit]), 1000)
-        backing[held] = probe.margins(both_orders([pairs[i] for i in held])[1::2])  # (y_l, y_w): s(y_w) - s(y_l)
+        backing[held] = probe.margins(
+            both_orders([pairs[i] for i in held])[1::2]
+        )  # (y_l, y_w): s(y_w) - s(y_l)
     return backing
 
 
 def minority_clients(num_clients: int, share: float, seed: int) -> list[int]:
     """The seeded ``round(share * M)`` clients whose labels follow the other preference."""
     count = int(round(share * num_clients))
-    return sorted(np.random.default_rng(MINORITY.seed(seed)).choice(num_clients, count, replace=False).tolist())
+    return sorted(
+        np.random.default_rng(MINORITY.seed(seed))
+        .choice(num_clients, count, replace=False)
+        .tolist()
+    )
 
 
-def holdout(pairs: list[Pair], share: float, seed: int, partition_id: int) -> tuple[list[Pair], list[Pair]]:
+def holdout(
+    pairs: list[Pair], share: float, seed: int, partition_id: int
+) -> tuple[list[Pair], list[Pair]]:
     """A client's own (train, validation) pairs: a seeded ``share`` (at least one) held out."""
-    order = np.random.default_rng(HOLDOUT.seed(seed, partition=partition_id)).permutation(len(pairs))
+    order = np.random.default_rng(HOLDOUT.seed(seed, partition=partition_id)).permutation(
+        len(pairs)
+    )
     n_val = max(1, int(round(share * len(pairs)))) if len(pairs) > 1 else 0
     return [pairs[i] for i in order[n_val:]], [pairs[i] for i in order[:n_val]]
 
@@ -192,6 +217,7 @@ def holdout(pairs: list[Pair], share: float, seed: int, partition_id: int) -> tu
 @dataclass(frozen=True)
 class ClientData:
     """One client's own pairs, labelled by its population's preference."""
+
     partition_id: int
     minority: bool
     train: list[Example]
@@ -210,13 +236,21 @@ class Federation:
     def __init__(self, task: dict, data_root: str):
         pairs = load_pairs(data_root)
         if task.get("max_pairs"):
-            pairs = pairs[:task["max_pairs"]]
+            pairs = pairs[: task["max_pairs"]]
         self.task = task
         self.splits = split_pairs(pairs, task["splits"], task["split_seed"])
-        self.pool_topics = _cached_topics(data_root, task["topic_model"], task["n_topics"],
-                                          task["split_seed"], task.get("max_pairs"), tuple(task["splits"].items()))
+        self.pool_topics = _cached_topics(
+            data_root,
+            task["topic_model"],
+            task["n_topics"],
+            task["split_seed"],
+            task.get("max_pairs"),
+            tuple(task["splits"].items()),
+        )
         self.num_clients = int(task["partitioner"]["num_partitions"])
-        self.minority = minority_clients(self.num_clients, task["minority_share"], task["split_seed"])
+        self.minority = minority_clients(
+            self.num_clients, task["minority_share"], task["split_seed"]
+        )
         self.flips = minority_flips(pairs, task["minority_preference"], task["split_seed"])
 
     def client(self, partition_id: int) -> ClientData:
@@ -225,16 +259,22 @@ class Federation:
         train, valid = holdout(own, self.task["valid_share"], self.task["split_seed"], partition_id)
         minority = partition_id in self.minority
         flipped = self.flips if minority else frozenset()
-        return ClientData(partition_id, minority, both_orders(train, flipped), both_orders(valid, flipped))
+        return ClientData(
+            partition_id, minority, both_orders(train, flipped), both_orders(valid, flipped)
+        )
 
     def test(self, population: str = "majority") -> list[Example]:
         """The held-out test pairs in both orders, labelled by ``population``'s preference (the
         majority's is HH's)."""
-        return both_orders(self.splits["test"], self.flips if population == "minority" else frozenset())
+        return both_orders(
+            self.splits["test"], self.flips if population == "minority" else frozenset()
+        )
 
 
 @lru_cache(maxsize=4)
-def _cached_topics(data_root: str, model: str, n_topics: int, seed: int, max_pairs, sizes) -> np.ndarray:
+def _cached_topics(
+    data_root: str, model: str, n_topics: int, seed: int, max_pairs, sizes
+) -> np.ndarray:
     """Topics of the pool, once per process (every client of a Ray actor shares them)."""
     pairs = load_pairs(data_root)[:max_pairs] if max_pairs else load_pairs(data_root)
     return topics(split_pairs(pairs, dict(sizes), seed)["pool"], model, n_topics, seed)

@@ -27,9 +27,9 @@ def hh_turns(prompt: str) -> list[tuple[str, str]]:
     markers = {HUMAN: "Human", ASSISTANT: "Assistant"}
     while rest:
         head = min((rest.find(m), m) for m in markers if rest.find(m) >= 0)
-        rest = rest[head[0] + len(head[1]):]
+        rest = rest[head[0] + len(head[1]) :]
         nxt = [i for i in (rest.find(HUMAN), rest.find(ASSISTANT)) if i >= 0]
-        text, rest = (rest[:min(nxt)], rest[min(nxt):]) if nxt else (rest, "")
+        text, rest = (rest[: min(nxt)], rest[min(nxt) :]) if nxt else (rest, "")
         turns.append((markers[head[1]], text.strip()))
     return turns[:-1] if turns and turns[-1] == ("Assistant", "") else turns
 
@@ -40,23 +40,37 @@ def policy_prompt(prompt: str, sep: str, context_turns: int) -> str:
     return format_prompt(hh_turns(prompt)[-context_turns:], sep)
 
 
-def persona_chat_examples(data_root: str, split: str, sep: str, context_turns: int) -> list[tuple[str, str]]:
+def persona_chat_examples(
+    data_root: str, split: str, sep: str, context_turns: int
+) -> list[tuple[str, str]]:
     """(prompt, reply) for every User 2 turn of Synthetic-Persona-Chat ``split``, User 1 as the
     Human and User 2 as the Assistant, with up to ``context_turns`` turns of context (no persona)."""
-    return [(e.prompt, e.reply) for e in examples(persona_chat(data_root, split), sep, context_turns, 0, ["User 2"])]
+    return [
+        (e.prompt, e.reply)
+        for e in examples(persona_chat(data_root, split), sep, context_turns, 0, ["User 2"])
+    ]
 
 
-def completion_pairs(prompts: list[str], completions: list[list[str]],
-                     prefer_b: Callable[[list[Example]], np.ndarray]) -> list[tuple[str, str, str]]:
+def completion_pairs(
+    prompts: list[str],
+    completions: list[list[str]],
+    prefer_b: Callable[[list[Example]], np.ndarray],
+) -> list[tuple[str, str, str]]:
     """Every pair of distinct completions of each prompt, labelled by ``prefer_b`` (1: B preferred),
     as DPO's (prompt index, chosen, rejected) with the HH prompt kept by index in ``prompts``."""
-    examples = [Example(i, prompts[i], a, b, -1) for i, outs in enumerate(completions)
-                for a, b in combinations(dict.fromkeys(outs), 2) if a.strip() and b.strip()]
+    examples = [
+        Example(i, prompts[i], a, b, -1)
+        for i, outs in enumerate(completions)
+        for a, b in combinations(dict.fromkeys(outs), 2)
+        if a.strip() and b.strip()
+    ]
     if not examples:
         return []
     labels = prefer_b(examples)
-    return [(prompts[e.pair_id], e.b, e.a) if y else (prompts[e.pair_id], e.a, e.b)
-            for e, y in zip(examples, labels)]
+    return [
+        (prompts[e.pair_id], e.b, e.a) if y else (prompts[e.pair_id], e.a, e.b)
+        for e, y in zip(examples, labels)
+    ]
 
 
 def wins(scores_a: np.ndarray, scores_b: np.ndarray) -> np.ndarray:
@@ -80,16 +94,22 @@ class SecondCriterionJudge:
     at ``weak_share`` 1: every pair is weak, as in the data). In the data "weak" is the HH
     probe's margin signed toward HH's label; replies have no HH label, so here it is the
     margin's size: below 1 the rule is an approximation of the data's."""
+
     threshold: float
     prefer: str
 
     @classmethod
     def fit(cls, test_margins: np.ndarray, weak_share: float, prefer: str) -> SecondCriterionJudge:
-        return cls(np.inf if weak_share >= 1 else float(np.quantile(np.abs(test_margins), weak_share)), prefer)
+        return cls(
+            np.inf if weak_share >= 1 else float(np.quantile(np.abs(test_margins), weak_share)),
+            prefer,
+        )
 
     def wins(self, scores_a, scores_b, replies_a, replies_b) -> np.ndarray:
         sign = 1 if self.prefer == "longer" else -1
-        longer = sign * np.array([len(a.split()) - len(b.split()) for a, b in zip(replies_a, replies_b)])
+        longer = sign * np.array(
+            [len(a.split()) - len(b.split()) for a, b in zip(replies_a, replies_b)]
+        )
         weak = (np.abs(scores_a - scores_b) < self.threshold) & (longer != 0)
         return np.where(weak, (longer > 0).astype(float), wins(scores_a, scores_b))
 
@@ -100,25 +120,42 @@ def win_rate(prompt_wins: np.ndarray, resamples: int, seed: int, minority_wins: 
     over prompts: the held-out prompts are the unit (``task.unit``), each its own cluster, so the
     bootstrap over items is the one over clusters, named as such."""
     lo, hi = paired_bootstrap_ci(prompt_wins, resamples, seed)
-    return {"win_rate": float(prompt_wins.mean()), "ci": [lo, hi], "prompts": int(prompt_wins.size),
-            "unit": "prompt", "clusters": int(prompt_wins.size),
-            "win_rate_minority": float(minority_wins.mean()),
-            "ci_minority": list(paired_bootstrap_ci(minority_wins, resamples, seed))}
+    return {
+        "win_rate": float(prompt_wins.mean()),
+        "ci": [lo, hi],
+        "prompts": int(prompt_wins.size),
+        "unit": "prompt",
+        "clusters": int(prompt_wins.size),
+        "win_rate_minority": float(minority_wins.mean()),
+        "ci_minority": list(paired_bootstrap_ci(minority_wins, resamples, seed)),
+    }
 
 
-def hacking_point(prefer_policy: Callable[[list[Example]], np.ndarray], prompts: list[str], base_replies: list[str],
-                  replies: list[str], judge_scores: np.ndarray, base_judge_scores: np.ndarray,
-                  minority_judge) -> dict:
+def hacking_point(
+    prefer_policy: Callable[[list[Example]], np.ndarray],
+    prompts: list[str],
+    base_replies: list[str],
+    replies: list[str],
+    judge_scores: np.ndarray,
+    base_judge_scores: np.ndarray,
+    minority_judge,
+) -> dict:
     """One point of a reward-hacking curve: how often the labelling selectors (``prefer_policy``:
     1 where they prefer B, the policy's reply, to A, the base's) and the judge prefer the
     policy's reply to the base's on the same prompts (ties and identical replies count half),
     their gap, the replies' mean length in words, and the minority judge's win rate."""
     same = np.array([a == b for a, b in zip(base_replies, replies)])
-    proxy = prefer_policy([Example(i, p, a, b, -1) for i, (p, a, b) in enumerate(zip(prompts, base_replies, replies))])
+    proxy = prefer_policy(
+        [Example(i, p, a, b, -1) for i, (p, a, b) in enumerate(zip(prompts, base_replies, replies))]
+    )
     proxy_wins = np.where(same, 0.5, proxy)
     judge_wins = wins(judge_scores, base_judge_scores)
     minority_wins = minority_judge.wins(judge_scores, base_judge_scores, replies, base_replies)
-    return {"proxy_win_rate": float(proxy_wins.mean()), "judge_win_rate": float(judge_wins.mean()),
-            "gap": float(proxy_wins.mean() - judge_wins.mean()), "mean_judge_reward": float(judge_scores.mean()),
-            "judge_win_rate_minority": float(minority_wins.mean()),
-            "reply_words": float(np.mean([len(r.split()) for r in replies]))}
+    return {
+        "proxy_win_rate": float(proxy_wins.mean()),
+        "judge_win_rate": float(judge_wins.mean()),
+        "gap": float(proxy_wins.mean() - judge_wins.mean()),
+        "mean_judge_reward": float(judge_scores.mean()),
+        "judge_win_rate_minority": float(minority_wins.mean()),
+        "reply_words": float(np.mean([len(r.split()) for r in replies])),
+    }

@@ -55,8 +55,17 @@ class _Base:
     def load(self, arrays: dict[str, np.ndarray]) -> None:
         load_trainable(self.module, arrays)
 
-    def train(self, examples: list[Example], steps: int, batch_size: int, lr: float, seed: int,
-              weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.95), proximal_mu: float = 0.0) -> dict:
+    def train(
+        self,
+        examples: list[Example],
+        steps: int,
+        batch_size: int,
+        lr: float,
+        seed: int,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.95),
+        proximal_mu: float = 0.0,
+    ) -> dict:
         """``steps`` AdamW steps (the paper's betas) of binary cross-entropy on seeded batches,
         cycling the data, plus FedProx's term (:class:`~fedsim_tasks.proximal.ProximalTerm`);
         dropout masks (a trained encoder) drawn from ``seed`` as well."""
@@ -84,8 +93,16 @@ class _Base:
     @torch.no_grad()
     def prob_b(self, examples: list[Example], batch_size: int = 64) -> np.ndarray:
         self.module.eval()
-        return np.concatenate([torch.sigmoid(self.logits(examples[i:i + batch_size])).cpu().numpy()
-                               for i in range(0, len(examples), batch_size)]) if examples else np.zeros(0)
+        return (
+            np.concatenate(
+                [
+                    torch.sigmoid(self.logits(examples[i : i + batch_size])).cpu().numpy()
+                    for i in range(0, len(examples), batch_size)
+                ]
+            )
+            if examples
+            else np.zeros(0)
+        )
 
     def loss(self, examples: list[Example]) -> float:
         """Mean binary cross-entropy (what clients report for regrouping)."""
@@ -98,7 +115,9 @@ class _Base:
         return float(np.mean((self.prob_b(examples) > 0.5) == y))
 
 
-def choices(selector: _Base, weights: list[dict[str, np.ndarray]], examples: list[Example]) -> np.ndarray:
+def choices(
+    selector: _Base, weights: list[dict[str, np.ndarray]], examples: list[Example]
+) -> np.ndarray:
     """(U, N) 0/1: which response of each example every weight set of ``selector`` prefers (B = 1)."""
     out = []
     for w in weights:
@@ -113,7 +132,7 @@ def response_text(prompt: str, response: str, human_words: int) -> str:
     if human_words <= 0:
         return response
     start = prompt.rfind(HUMAN) + len(HUMAN)
-    human = prompt[start:len(prompt) - len(ASSISTANT)].split()[-human_words:]
+    human = prompt[start : len(prompt) - len(ASSISTANT)].split()[-human_words:]
     return f"{' '.join(human)} [SEP] {response}"
 
 
@@ -121,9 +140,16 @@ class ScorerSelector(_Base):
     """Bradley-Terry scorer over MiniLM (LoRA adapters, or ``frozen`` with cached embeddings),
     on ``device`` (default: the GPU where this process sees one)."""
 
-    def __init__(self, model: str = "all-MiniLM-L6-v2", max_length: int = 128,
-                 lora: dict | None = None, frozen: bool = False, human_words: int = 0,
-                 seed: int = 0, device: str | None = None):
+    def __init__(
+        self,
+        model: str = "all-MiniLM-L6-v2",
+        max_length: int = 128,
+        lora: dict | None = None,
+        frozen: bool = False,
+        human_words: int = 0,
+        seed: int = 0,
+        device: str | None = None,
+    ):
         if frozen and lora:
             raise ValueError("selector: frozen and lora exclude each other")
         self.encoder = build_encoder(model, max_length, lora, seed, device)
@@ -140,6 +166,7 @@ class ScorerSelector(_Base):
     def _embed(self, texts: list[str]) -> torch.Tensor:
         if not self.frozen:
             from sentence_transformers.util import batch_to_device
+
             features = batch_to_device(self.encoder.tokenize(texts), self.encoder.device)
             return self.encoder(features)["sentence_embedding"]
         missing = [t for t in dict.fromkeys(texts) if t not in self._cache]
@@ -155,7 +182,7 @@ class ScorerSelector(_Base):
     def logits(self, examples: list[Example]) -> torch.Tensor:
         prompts = [e.prompt for e in examples]
         s = self.scores(prompts + prompts, [e.a for e in examples] + [e.b for e in examples])
-        return s[len(examples):] - s[:len(examples)]
+        return s[len(examples) :] - s[: len(examples)]
 
 
 class CausalABSelector(_Base):
@@ -164,9 +191,16 @@ class CausalABSelector(_Base):
 
     TEMPLATE = "{prompt}\n\nResponse A: {a}\n\nResponse B: {b}\n\nWhich response is better? Answer:"
 
-    def __init__(self, model: str, lora: dict | None = None, max_length: int = 512, seed: int = 0,
-                 device: str | None = None):
+    def __init__(
+        self,
+        model: str,
+        lora: dict | None = None,
+        max_length: int = 512,
+        seed: int = 0,
+        device: str | None = None,
+    ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
         path = resolve_model(model) if isinstance(model, str) else model
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.tokenizer.truncation_side = "left"
@@ -176,19 +210,26 @@ class CausalABSelector(_Base):
         lm = AutoModelForCausalLM.from_pretrained(path)
         if lora:
             from peft import get_peft_model
+
             lm = get_peft_model(lm, lora_config(lora))
         else:
             lm.requires_grad_(False)  # nothing but adapters would train: say so by training nothing
         self.module, self.max_length = lm.to(default_device(device)), max_length
-        self.answer_ids = [self.tokenizer.encode(t, add_special_tokens=False)[-1] for t in (" A", " B")]
+        self.answer_ids = [
+            self.tokenizer.encode(t, add_special_tokens=False)[-1] for t in (" A", " B")
+        ]
 
     def logits(self, examples: list[Example]) -> torch.Tensor:
         texts = [self.TEMPLATE.format(prompt=e.prompt.strip(), a=e.a, b=e.b) for e in examples]
-        enc = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
-                             max_length=self.max_length).to(self.module.device)
+        enc = self.tokenizer(
+            texts, return_tensors="pt", padding=True, truncation=True, max_length=self.max_length
+        ).to(self.module.device)
         out = self.module(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
-        last = enc["attention_mask"].sum(1) - 1 if self.tokenizer.padding_side == "right" else \
-            torch.full((len(examples),), enc["input_ids"].shape[1] - 1, device=out.device)
+        last = (
+            enc["attention_mask"].sum(1) - 1
+            if self.tokenizer.padding_side == "right"
+            else torch.full((len(examples),), enc["input_ids"].shape[1] - 1, device=out.device)
+        )
         answer = out[torch.arange(len(examples), device=out.device), last]
         return answer[:, self.answer_ids[1]] - answer[:, self.answer_ids[0]]
 
@@ -203,29 +244,40 @@ class TfidfScorer:
     def __init__(self, human_words: int = 32, c: float = 1.0, min_df: int = 1, seed: int = 0):
         from sklearn.feature_extraction.text import TfidfVectorizer
         from sklearn.linear_model import LogisticRegression
+
         self.human_words = human_words
         self.vectorizer = TfidfVectorizer(ngram_range=(1, 2), min_df=min_df, sublinear_tf=True)
         self.model = LogisticRegression(C=c, fit_intercept=False)
 
     def _vectors(self, prompts: list[str], responses: list[str]):
-        return self.vectorizer.transform([response_text(p, r, self.human_words) for p, r in zip(prompts, responses)])
+        return self.vectorizer.transform(
+            [response_text(p, r, self.human_words) for p, r in zip(prompts, responses)]
+        )
 
     def _differences(self, examples: list[Example]):
         prompts = [e.prompt for e in examples]
-        return self._vectors(prompts, [e.b for e in examples]) - self._vectors(prompts, [e.a for e in examples])
+        return self._vectors(prompts, [e.b for e in examples]) - self._vectors(
+            prompts, [e.a for e in examples]
+        )
 
     def train(self, examples: list[Example], steps: int, *_unused, **_unused_kw) -> dict:
         """Fit on ``examples`` (both orders of each pair); the selectors' call, the rest unused."""
         if not examples:
             raise ValueError("no training examples")
-        texts = dict.fromkeys(response_text(e.prompt, r, self.human_words) for e in examples for r in (e.a, e.b))
-        self.vectorizer.fit(list(texts))  # each text once: both orders of a pair hold it twice, min_df counts texts
+        texts = dict.fromkeys(
+            response_text(e.prompt, r, self.human_words) for e in examples for r in (e.a, e.b)
+        )
+        self.vectorizer.fit(
+            list(texts)
+        )  # each text once: both orders of a pair hold it twice, min_df counts texts
         self.model.set_params(max_iter=steps)
         self.model.fit(self._differences(examples), [e.label for e in examples])
         return {"steps": int(self.model.n_iter_[0]), "features": len(self.vectorizer.vocabulary_)}
 
     def scores(self, prompts: list[str], responses: list[str]) -> torch.Tensor:
-        return torch.as_tensor(self._vectors(prompts, responses) @ self.model.coef_[0], dtype=torch.float32)
+        return torch.as_tensor(
+            self._vectors(prompts, responses) @ self.model.coef_[0], dtype=torch.float32
+        )
 
     def margins(self, examples: list[Example]) -> np.ndarray:
         """s(B) - s(A) per example: the log-odds that B is preferred."""

@@ -15,17 +15,26 @@ class MinorityPreference:
     """What the minority clients prefer (``task.minority_preference``): HH's label reversed, or
     HH's label where an HH probe backs it and a second criterion (response length) where the
     probe finds it weak: a preference that weighs differently without opposing HH."""
-    kind: str          # reversed | second_criterion
-    prefer: str        # second_criterion: longer | shorter (words) on the weak pairs
-    weak_share: float  # second_criterion: share of pairs, least backed by the HH probe, decided by `prefer`
+
+    kind: str  # reversed | second_criterion
+    prefer: str  # second_criterion: longer | shorter (words) on the weak pairs
+    weak_share: (
+        float  # second_criterion: share of pairs, least backed by the HH probe, decided by `prefer`
+    )
 
     def __post_init__(self):
         if self.kind not in MINORITY_KINDS:
-            raise ValueError(f"task.minority_preference.kind={self.kind!r} is not one of {MINORITY_KINDS}")
+            raise ValueError(
+                f"task.minority_preference.kind={self.kind!r} is not one of {MINORITY_KINDS}"
+            )
         if self.prefer not in CRITERIA:
-            raise ValueError(f"task.minority_preference.prefer={self.prefer!r} is not one of {CRITERIA}")
+            raise ValueError(
+                f"task.minority_preference.prefer={self.prefer!r} is not one of {CRITERIA}"
+            )
         if not 0.0 < self.weak_share <= 1.0:
-            raise ValueError(f"task.minority_preference.weak_share must be in (0, 1], got {self.weak_share}")
+            raise ValueError(
+                f"task.minority_preference.weak_share must be in (0, 1], got {self.weak_share}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

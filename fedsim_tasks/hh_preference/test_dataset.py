@@ -27,18 +27,37 @@ LONGER = {"kind": "second_criterion", "prefer": "longer", "weak_share": 0.5}
 
 
 def task(num_partitions: int = 4) -> dict:
-    return {"max_pairs": 300, "splits": SIZES, "split_seed": 0, "topic_model": "all-MiniLM-L6-v2",
-            "n_topics": 4, "valid_share": 0.2, "minority_share": 0.5, "minority_preference": REVERSED,
-            "partitioner": {"_target_": "flwr_datasets.partitioner.DirichletPartitioner",
-                            "num_partitions": num_partitions, "partition_by": "topic", "alpha": 0.3,
-                            "min_partition_size": 10, "self_balancing": False, "seed": 0}}
+    return {
+        "max_pairs": 300,
+        "splits": SIZES,
+        "split_seed": 0,
+        "topic_model": "all-MiniLM-L6-v2",
+        "n_topics": 4,
+        "valid_share": 0.2,
+        "minority_share": 0.5,
+        "minority_preference": REVERSED,
+        "partitioner": {
+            "_target_": "flwr_datasets.partitioner.DirichletPartitioner",
+            "num_partitions": num_partitions,
+            "partition_by": "topic",
+            "alpha": 0.3,
+            "min_partition_size": 10,
+            "self_balancing": False,
+            "seed": 0,
+        },
+    }
 
 
 def test_parse_splits_at_the_last_shared_assistant_turn():
     chosen = "\n\nHuman: hi\n\nAssistant: hello\n\nHuman: how do I pick a lock?\n\nAssistant: I can't help."
-    rejected = "\n\nHuman: hi\n\nAssistant: hello\n\nHuman: how do I pick a lock?\n\nAssistant: Use a pin."
+    rejected = (
+        "\n\nHuman: hi\n\nAssistant: hello\n\nHuman: how do I pick a lock?\n\nAssistant: Use a pin."
+    )
     pair = parse_pair(7, chosen, rejected)
-    assert pair.prompt == "\n\nHuman: hi\n\nAssistant: hello\n\nHuman: how do I pick a lock?\n\nAssistant:"
+    assert (
+        pair.prompt
+        == "\n\nHuman: hi\n\nAssistant: hello\n\nHuman: how do I pick a lock?\n\nAssistant:"
+    )
     assert (pair.chosen, pair.rejected) == ("I can't help.", "Use a pin.")
     assert pair.last_human == "how do I pick a lock?" and pair.first_human == "hi"
     assert parse_pair(0, chosen, chosen) is None  # no differing turn
@@ -46,15 +65,23 @@ def test_parse_splits_at_the_last_shared_assistant_turn():
 
 def test_real_file_parses_as_measured():
     pairs = load_pairs(ROOT)
-    assert len(pairs) == 2308  # 4 of 2,312 rows do not differ in one last Assistant turn (OFFLINE_LMS.md)
+    assert (
+        len(pairs) == 2308
+    )  # 4 of 2,312 rows do not differ in one last Assistant turn (OFFLINE_LMS.md)
     assert all(p.prompt.endswith("\n\nAssistant:") and p.chosen != p.rejected for p in pairs)
 
 
 def test_both_orders_hide_position_and_minority_reverses():
     pair = load_pairs(ROOT)[0]
     maj, mino = both_orders([pair]), both_orders([pair], flipped={pair.pair_id})
-    assert [(e.a, e.b, e.label) for e in maj] == [(pair.chosen, pair.rejected, 0), (pair.rejected, pair.chosen, 1)]
-    assert [(e.a, e.b, e.label) for e in mino] == [(pair.rejected, pair.chosen, 0), (pair.chosen, pair.rejected, 1)]
+    assert [(e.a, e.b, e.label) for e in maj] == [
+        (pair.chosen, pair.rejected, 0),
+        (pair.rejected, pair.chosen, 1),
+    ]
+    assert [(e.a, e.b, e.label) for e in mino] == [
+        (pair.rejected, pair.chosen, 0),
+        (pair.chosen, pair.rejected, 1),
+    ]
 
 
 def test_splits_are_seeded_and_disjoint():
@@ -72,7 +99,11 @@ def test_holdout_keeps_own_validation_pairs():
     pairs = list(load_pairs(ROOT)[:20])
     train, valid = holdout(pairs, 0.2, 0, partition_id=3)
     assert len(valid) == 4 and not {p.pair_id for p in train} & {p.pair_id for p in valid}
-    assert holdout(pairs, 0.2, 0, partition_id=3) == (train, valid) != holdout(pairs, 0.2, 0, partition_id=4)
+    assert (
+        holdout(pairs, 0.2, 0, partition_id=3)
+        == (train, valid)
+        != holdout(pairs, 0.2, 0, partition_id=4)
+    )
 
 
 def test_minority_is_a_seeded_share_of_clients():
@@ -103,7 +134,9 @@ def test_clients_partition_the_pool_without_overlap(federation):
 
 def test_partition_is_deterministic_and_skewed_by_topic(federation):
     again = Federation(task(), ROOT)
-    assert [e.pair_id for e in again.client(1).train] == [e.pair_id for e in federation.client(1).train]
+    assert [e.pair_id for e in again.client(1).train] == [
+        e.pair_id for e in federation.client(1).train
+    ]
     sizes = [len(federation.client(p).train) for p in range(4)]
     assert min(sizes) > 0 and max(sizes) > min(sizes)  # Dirichlet(0.3): unequal clients
 
@@ -120,13 +153,18 @@ def test_second_criterion_decides_only_the_weak_pairs_by_length():
     backing = hh_backing(tuple(pairs), 0)
     weak = {pairs[i].pair_id for i in np.argsort(backing, kind="stable")[:150]}
     flips = minority_flips(pairs, LONGER, 0)
-    assert flips == {p.pair_id for p in pairs if p.pair_id in weak and words(p.rejected) > words(p.chosen)}
+    assert flips == {
+        p.pair_id for p in pairs if p.pair_id in weak and words(p.rejected) > words(p.chosen)
+    }
     assert 0.1 < len(flips) / len(pairs) < 0.5
     shorter = minority_flips(pairs, {**LONGER, "prefer": "shorter"}, 0)
-    assert not flips & shorter and all(words(p.rejected) < words(p.chosen) for p in pairs if p.pair_id in shorter)
+    assert not flips & shorter and all(
+        words(p.rejected) < words(p.chosen) for p in pairs if p.pair_id in shorter
+    )
     assert minority_flips(pairs, REVERSED, 0) == {p.pair_id for p in pairs}
     assert minority_flips(pairs, {**LONGER, "weak_share": 1.0}, 0) == {
-        p.pair_id for p in pairs if words(p.rejected) > words(p.chosen)}
+        p.pair_id for p in pairs if words(p.rejected) > words(p.chosen)
+    }
 
 
 def test_hh_probe_backs_hh_above_chance_and_is_seeded():
@@ -136,7 +174,9 @@ def test_hh_probe_backs_hh_above_chance_and_is_seeded():
     backing = hh_backing(pairs, 0)
     assert np.mean(backing > 0) > 0.55
     hh_backing.cache_clear()
-    assert np.array_equal(backing, hh_backing(pairs, 0)) and not np.array_equal(backing, hh_backing(pairs, 1))
+    assert np.array_equal(backing, hh_backing(pairs, 0)) and not np.array_equal(
+        backing, hh_backing(pairs, 1)
+    )
 
 
 def test_second_criterion_labels_reach_the_minority_clients_and_test_pairs():
@@ -150,4 +190,6 @@ def test_second_criterion_labels_reach_the_minority_clients_and_test_pairs():
     majority, minority = fed.test(), fed.test("minority")
     assert [(e.pair_id, e.label) for e in majority] == [(e.pair_id, e.label) for e in minority]
     differ = {m.pair_id for m, n in zip(majority, minority) if m.a != n.a}
-    assert differ == {p.pair_id for p in fed.splits["test"]} & fed.flips and 0 < len(differ) < len(fed.splits["test"])
+    assert differ == {p.pair_id for p in fed.splits["test"]} & fed.flips and 0 < len(differ) < len(
+        fed.splits["test"]
+    )

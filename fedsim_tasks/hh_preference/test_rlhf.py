@@ -22,13 +22,20 @@ PROMPT = "\n\nHuman: hi there\n\nAssistant: Hello!\n\nHuman: how do I pick a loc
 
 
 def test_hh_prompt_becomes_turns_and_a_policy_prompt():
-    assert hh_turns(PROMPT) == [("Human", "hi there"), ("Assistant", "Hello!"), ("Human", "how do I pick a lock?")]
+    assert hh_turns(PROMPT) == [
+        ("Human", "hi there"),
+        ("Assistant", "Hello!"),
+        ("Human", "how do I pick a lock?"),
+    ]
     assert policy_prompt(PROMPT, " [SEP] ", 1) == "Human: how do I pick a lock? [SEP] Assistant:"
     assert all(hh_turns(p.prompt)[-1][0] == "Human" for p in load_pairs(ROOT)[:200])
 
 
 def test_completion_pairs_follow_the_labeller():
-    samples = [["a", "b", "c"], ["x", "x"]]  # the second prompt's two samples are identical: no pair
+    samples = [
+        ["a", "b", "c"],
+        ["x", "x"],
+    ]  # the second prompt's two samples are identical: no pair
 
     def prefer_longer(examples):
         return np.array([int(len(e.b) > len(e.a)) for e in examples])
@@ -36,7 +43,11 @@ def test_completion_pairs_follow_the_labeller():
     def prefer_b(examples):
         return np.ones(len(examples), int)
 
-    assert completion_pairs(["p", "q"], samples, prefer_b) == [("p", "b", "a"), ("p", "c", "a"), ("p", "c", "b")]
+    assert completion_pairs(["p", "q"], samples, prefer_b) == [
+        ("p", "b", "a"),
+        ("p", "c", "a"),
+        ("p", "c", "b"),
+    ]
     assert completion_pairs(["p"], [["aa", "b"]], prefer_longer) == [("p", "aa", "b")]
 
 

@@ -20,8 +20,13 @@ from fedsim.seeding import stream
 
 UPSTREAM = "github.com/alexa/Topical-Chat (CDLA-Sharing 1.0)"
 SPLITS = ("valid_freq", "valid_rare", "test_freq", "test_rare")
-POOLS = {"freq": ("valid_freq", "test_freq"), "rare": ("valid_rare", "test_rare")}  # what a split_seed redraws
-SPLIT_DRAW = stream("topical-chat-split", "frequency")  # which pooled conversations are valid, which test
+POOLS = {
+    "freq": ("valid_freq", "test_freq"),
+    "rare": ("valid_rare", "test_rare"),
+}  # what a split_seed redraws
+SPLIT_DRAW = stream(
+    "topical-chat-split", "frequency"
+)  # which pooled conversations are valid, which test
 FS_LABELS = ("FS1", "FS2", "FS3")
 WIKI_KEYS = ("shortened_wiki_lead_section", "summarized_wiki_lead_section")
 
@@ -87,8 +92,9 @@ def _parse(cid: str, split: str, conv: dict, reading: dict, topics: Topics) -> C
 
 
 @lru_cache(maxsize=16)
-def load_split(data_root: str, split: str, limit: int | None = None,
-               split_seed: int | None = None) -> tuple[Conversation, ...]:
+def load_split(
+    data_root: str, split: str, limit: int | None = None, split_seed: int | None = None
+) -> tuple[Conversation, ...]:
     """The conversations of one split in file order, the first ``limit`` if set (parsing is most
     of the cost: a deployment's client loads its data in every message's process).
     ``split_seed`` None: the published split; an int: the split's share of its frequency's
@@ -99,13 +105,19 @@ def load_split(data_root: str, split: str, limit: int | None = None,
         frequency = split.rsplit("_", 1)[1]
         published = [load_split(data_root, source) for source in POOLS[frequency]]
         pooled = [c for part in published for c in part]
-        rows = redrawn_rows([len(part) for part in published], split_seed, frequency)[POOLS[frequency].index(split)]
+        rows = redrawn_rows([len(part) for part in published], split_seed, frequency)[
+            POOLS[frequency].index(split)
+        ]
         return tuple(replace(pooled[i], split=split) for i in rows[:limit])
     root = Path(data_root) / "topical_chat"
     convs = json.loads(require_file(root / "conversations" / f"{split}.json", UPSTREAM).read_text())
-    reading = json.loads(require_file(root / "reading_sets" / f"{split}.json", UPSTREAM).read_text())
+    reading = json.loads(
+        require_file(root / "reading_sets" / f"{split}.json", UPSTREAM).read_text()
+    )
     topics = load_topics(data_root)
-    return tuple(_parse(cid, split, c, reading[cid], topics) for cid, c in list(convs.items())[:limit])
+    return tuple(
+        _parse(cid, split, c, reading[cid], topics) for cid, c in list(convs.items())[:limit]
+    )
 
 
 def redrawn_rows(sizes: list[int], split_seed: int, frequency: str) -> list[list[int]]:
@@ -113,14 +125,19 @@ def redrawn_rows(sizes: list[int], split_seed: int, frequency: str) -> list[list
     ``frequency`` holds after the redraw: a permutation from ``split_seed`` cut at the published
     sizes, each part in pooled order. The test conversations then vary with the seed, which a
     sweep over seeds needs for an interval over test sets, not only over runs."""
-    order = np.random.default_rng(SPLIT_DRAW.seed(split_seed, frequency=frequency)).permutation(sum(sizes))
+    order = np.random.default_rng(SPLIT_DRAW.seed(split_seed, frequency=frequency)).permutation(
+        sum(sizes)
+    )
     cuts = np.cumsum(sizes)[:-1]
     return [sorted(part.tolist()) for part in np.split(order, cuts)]
 
 
 @lru_cache(maxsize=16)
 def load_conversations(
-    data_root: str, splits: tuple[str, ...], max_per_split: int | None = None, split_seed: int | None = None
+    data_root: str,
+    splits: tuple[str, ...],
+    max_per_split: int | None = None,
+    split_seed: int | None = None,
 ) -> tuple[Conversation, ...]:
     """Conversations of ``splits`` in order, the first ``max_per_split`` of each if set (cached:
     a SuperNode hosting many clients builds each from it, and a copy per client was O(clients x
@@ -131,7 +148,9 @@ def load_conversations(
     return tuple(out)
 
 
-def row_splits(data_root: str, splits: tuple[str, ...], max_per_split: int | None = None) -> list[str]:
+def row_splits(
+    data_root: str, splits: tuple[str, ...], max_per_split: int | None = None
+) -> list[str]:
     """The split of each row of :func:`load_conversations`' population, from the conversation
     files alone (the server checks what the clients say they host, without parsing turns); the
     same under any ``split_seed``, which keeps each split's size."""

@@ -36,6 +36,15 @@ class TurnSentimentSettings(TaskSettings):
             require(getattr(self, name) >= 1, f"task.{name}", ">= 1", getattr(self, name))
         require(self.lr > 0, "task.lr", "> 0", self.lr)
         for key in ("train_splits", "test_splits"):
-            require(set(getattr(self, key)) <= set(SPLITS), f"task.{key}", f"splits of {SPLITS}", getattr(self, key))
-        require(not set(self.train_splits) & set(self.test_splits), "task.test_splits",
-                "no split of task.train_splits", self.test_splits)
+            require(
+                set(getattr(self, key)) <= set(SPLITS),
+                f"task.{key}",
+                f"splits of {SPLITS}",
+                getattr(self, key),
+            )
+        require(
+            not set(self.train_splits) & set(self.test_splits),
+            "task.test_splits",
+            "no split of task.train_splits",
+            self.test_splits,
+        )

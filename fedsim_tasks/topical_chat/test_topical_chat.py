@@ -41,16 +41,27 @@ def test_gold_is_the_speakers_entry_for_the_first_fs_label():
             assert turn.gold == -1
             continue
         entry = entries[fs[0]]
-        section = entry.get("shortened_wiki_lead_section", entry.get("summarized_wiki_lead_section"))
+        section = entry.get(
+            "shortened_wiki_lead_section", entry.get("summarized_wiki_lead_section")
+        )
         assert turn.gold == topics.index[section]
         assert turn.candidates[int(fs[0][2]) - 1] == turn.gold
 
 
 def test_local_preference_histogram_and_uniform_fallback():
-    conv = Conversation("c", "x", (Turn("a", 3, (3, 4, 5)), Turn("b", 3, (3, 4, 5)),
-                                   Turn("c", 4, (3, 4, 5)), Turn("d", -1, (3, 4, 5)),
-                                   Turn("e", 5, (3, 4, 5)), Turn("f", 5, (3, 4, 5)),
-                                   Turn("g", 5, (3, 4, 5))))
+    conv = Conversation(
+        "c",
+        "x",
+        (
+            Turn("a", 3, (3, 4, 5)),
+            Turn("b", 3, (3, 4, 5)),
+            Turn("c", 4, (3, 4, 5)),
+            Turn("d", -1, (3, 4, 5)),
+            Turn("e", 5, (3, 4, 5)),
+            Turn("f", 5, (3, 4, 5)),
+            Turn("g", 5, (3, 4, 5)),
+        ),
+    )
     p = local_preference(conv, 8)  # first half = turns 0..2
     np.testing.assert_allclose(p[[3, 4]], [2 / 3, 1 / 3])
     assert p.sum() == pytest.approx(1.0) and p[5] == 0
@@ -71,12 +82,15 @@ def test_router_prior_breaks_ties_and_metrics_are_bounded():
     conv = load_split(ROOT, "test_freq")[0]
     n = router.num_topics
     p_local = local_preference(conv, n)
-    turns = [t for t in conv.turns[conv.half:] if t.gold >= 0]
+    turns = [t for t in conv.turns[conv.half :] if t.gold >= 0]
     # a prior that puts all mass on every turn's third candidate wins whenever lambda is huge
     prior = np.zeros(n)
     prior[[t.candidates[2] for t in turns]] = 1.0
-    variants = [RouterVariant("tfidf", "", 0.0, 0.0), RouterVariant("forced", "p", 1.0, 100.0),
-                RouterVariant("local", "", 0.0, 0.01)]
+    variants = [
+        RouterVariant("tfidf", "", 0.0, 0.0),
+        RouterVariant("forced", "p", 1.0, 100.0),
+        RouterVariant("local", "", 0.0, 0.01),
+    ]
     out = router.route(conv, p_local, {"p": prior}, variants)
     assert len(out["gold"]) == len(turns) > 0
     np.testing.assert_array_equal(out["pick/forced"], [t.candidates[2] for t in turns])
@@ -111,10 +125,18 @@ def test_a_split_seed_redraws_valid_and_test_within_each_frequency():
     for valid, test in POOLS.values():
         assert [len(drawn[s]) for s in (valid, test)] == [len(published[s]) for s in (valid, test)]
         assert not _ids(drawn[valid]) & _ids(drawn[test])
-        assert _ids(drawn[valid]) | _ids(drawn[test]) == _ids(published[valid]) | _ids(published[test])
-        assert _ids(drawn[test]) & _ids(published[valid]) and _ids(drawn[test]) != _ids(published[test])
-        assert {c.split for c in drawn[valid]} == {valid} and {c.split for c in drawn[test]} == {test}
-    assert len(_ids(c for convs in drawn.values() for c in convs)) == sum(len(v) for v in published.values())
+        assert _ids(drawn[valid]) | _ids(drawn[test]) == _ids(published[valid]) | _ids(
+            published[test]
+        )
+        assert _ids(drawn[test]) & _ids(published[valid]) and _ids(drawn[test]) != _ids(
+            published[test]
+        )
+        assert {c.split for c in drawn[valid]} == {valid} and {c.split for c in drawn[test]} == {
+            test
+        }
+    assert len(_ids(c for convs in drawn.values() for c in convs)) == sum(
+        len(v) for v in published.values()
+    )
 
 
 def test_a_split_seed_is_deterministic_and_none_is_the_published_split():
@@ -122,6 +144,10 @@ def test_a_split_seed_is_deterministic_and_none_is_the_published_split():
     assert redrawn_rows([5, 7], 3, "rare") == redrawn_rows([5, 7], 3, "rare")
     assert redrawn_rows([5, 7], 3, "rare") != redrawn_rows([5, 7], 4, "rare")
     assert redrawn_rows([5, 7], 3, "rare") != redrawn_rows([5, 7], 3, "freq")
-    assert _ids(load_split(ROOT, "test_freq", None, 3)) != _ids(load_split(ROOT, "test_freq", None, 4))
-    assert load_conversations(ROOT, ("valid_rare", "test_freq"), 2, 3) == \
-        load_split(ROOT, "valid_rare", None, 3)[:2] + load_split(ROOT, "test_freq", None, 3)[:2]
+    assert _ids(load_split(ROOT, "test_freq", None, 3)) != _ids(
+        load_split(ROOT, "test_freq", None, 4)
+    )
+    assert (
+        load_conversations(ROOT, ("valid_rare", "test_freq"), 2, 3)
+        == load_split(ROOT, "valid_rare", None, 3)[:2] + load_split(ROOT, "test_freq", None, 3)[:2]
+    )

@@ -4,19 +4,35 @@ import numpy as np
 import pytest
 
 from fedsim.config.data import resolve_data_root
-from fedsim_tasks.topical_chat.turn_sentiment import SENTIMENTS, WEIGHT_NAMES, Recipe, client_rows, load_turns
+from fedsim_tasks.topical_chat.turn_sentiment import (
+    SENTIMENTS,
+    WEIGHT_NAMES,
+    Recipe,
+    client_rows,
+    load_turns,
+)
 
 ROOT = str(resolve_data_root())
-TASK = {"train_splits": ["valid_rare"], "test_splits": ["test_rare"], "features": 64, "hidden": 8,
-        "batch_size": 8, "lr": 0.1}
+TASK = {
+    "train_splits": ["valid_rare"],
+    "test_splits": ["test_rare"],
+    "features": 64,
+    "hidden": 8,
+    "batch_size": 8,
+    "lr": 0.1,
+}
 
 
 def test_labels_are_the_annotated_sentiments_and_features_are_stateless():
     turns = load_turns(ROOT, ("valid_rare",), 64)
-    assert len(turns) == len(turns.x) > 10_000 and set(np.unique(turns.y)) <= set(range(len(SENTIMENTS)))
+    assert len(turns) == len(turns.x) > 10_000 and set(np.unique(turns.y)) <= set(
+        range(len(SENTIMENTS))
+    )
     assert np.allclose(np.linalg.norm(turns.x[:100], axis=1), 1.0, atol=1e-5)
     both = load_turns(ROOT, ("valid_rare", "test_rare"), 64)
-    assert np.array_equal(both.x[:len(turns)], turns.x)  # a turn's features do not depend on the others'
+    assert np.array_equal(
+        both.x[: len(turns)], turns.x
+    )  # a turn's features do not depend on the others'
 
 
 @pytest.mark.parametrize("num_clients", [1, 7, 1000, 11_000])
@@ -50,9 +66,15 @@ def test_local_update_is_seeded_by_round_and_client_and_learns():
 
 def test_a_wrong_task_value_is_refused_by_its_settings():
     from fedsim_tasks.topical_chat.settings import TurnSentimentSettings
+
     base = {"name": "t", "client": "c", "schema": "s", "data_root": ROOT, "unit": "client", **TASK}
     TurnSentimentSettings(**base)
-    for key, value in (("unit", "turn"), ("lr", 0.0), ("batch_size", 0), ("test_splits", ["valid_rare"]),
-                       ("train_splits", ["train"])):
+    for key, value in (
+        ("unit", "turn"),
+        ("lr", 0.0),
+        ("batch_size", 0),
+        ("test_splits", ["valid_rare"]),
+        ("train_splits", ["train"]),
+    ):
         with pytest.raises(ValueError, match=f"task.{key}"):
             TurnSentimentSettings(**{**base, key: value})

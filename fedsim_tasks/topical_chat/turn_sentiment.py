@@ -29,13 +29,25 @@ from fedsim_tasks.proximal import ProximalTerm
 from fedsim_tasks.topical_chat.dataset import SPLITS, UPSTREAM
 
 MODEL_INIT = stream("turn-sentiment-init")  # of the run's seed: the same initial model everywhere
-BATCH_ORDER = stream("turn-sentiment-batches", "round", "partition")  # a client's batch order in a round
-SENTIMENTS = ("Curious to dive deeper", "Neutral", "Surprised", "Happy", "Sad", "Disgusted", "Angry", "Fearful")
+BATCH_ORDER = stream(
+    "turn-sentiment-batches", "round", "partition"
+)  # a client's batch order in a round
+SENTIMENTS = (
+    "Curious to dive deeper",
+    "Neutral",
+    "Surprised",
+    "Happy",
+    "Sad",
+    "Disgusted",
+    "Angry",
+    "Fearful",
+)
 
 
 @dataclass(frozen=True)
 class Turns:
     """Features and labels of the turns of some splits, in file order (conversation after conversation)."""
+
     x: np.ndarray  # float32 [turns, features], rows L2-normalized
     y: np.ndarray  # int64 [turns], index into SENTIMENTS
 
@@ -48,16 +60,21 @@ def load_turns(data_root: str, splits: tuple[str, ...], features: int) -> Turns:
     """The turns of ``splits``: hashed unigram + bigram counts (scikit-learn's stateless
     HashingVectorizer, ``features`` buckets, L2-normalized) and the sentiment label."""
     from sklearn.feature_extraction.text import HashingVectorizer
+
     texts, labels = [], []
     for split in splits:
         if split not in SPLITS:
             raise ValueError(f"unknown Topical-Chat split {split!r}; available here: {SPLITS}")
-        path = require_file(Path(data_root) / "topical_chat" / "conversations" / f"{split}.json", UPSTREAM)
+        path = require_file(
+            Path(data_root) / "topical_chat" / "conversations" / f"{split}.json", UPSTREAM
+        )
         for conversation in json.loads(path.read_text()).values():
             for turn in conversation["content"]:
                 texts.append(turn["message"])
                 labels.append(SENTIMENTS.index(turn["sentiment"]))
-    hashing = HashingVectorizer(n_features=features, ngram_range=(1, 2), alternate_sign=False, norm="l2")
+    hashing = HashingVectorizer(
+        n_features=features, ngram_range=(1, 2), alternate_sign=False, norm="l2"
+    )
     x = hashing.transform(texts).astype(np.float32).toarray()
     return Turns(x, np.asarray(labels, dtype=np.int64))
 
@@ -76,23 +93,34 @@ def client_rows(num_turns: int, num_clients: int, client: int) -> np.ndarray:
 def build_mlp(features: int, hidden: int, seed: int) -> nn.Module:
     """The 2-layer MLP, initialized from ``seed`` (the same weights in every framework)."""
     generator = torch.Generator().manual_seed(seed)
-    model = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, len(SENTIMENTS)))
+    model = nn.Sequential(
+        nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, len(SENTIMENTS))
+    )
     with torch.no_grad():
         for p in model.parameters():
             p.copy_((torch.rand(p.shape, generator=generator) * 2 - 1) / np.sqrt(p.shape[-1]))
     return model
 
 
-def train_epoch(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int, lr: float, seed: int,
-                mu: float = 0.0) -> dict:
+def train_epoch(
+    model: nn.Module,
+    x: np.ndarray,
+    y: np.ndarray,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    mu: float = 0.0,
+) -> dict:
     """One local epoch of SGD over ``x, y`` in a seeded order (FedProx's term at ``mu``)."""
     order = np.random.default_rng(seed).permutation(len(y))
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     proximal = ProximalTerm(model, mu)
     total, steps = 0.0, 0
     for start in range(0, len(order), batch_size):
-        batch = order[start:start + batch_size]
-        loss = nn.functional.cross_entropy(model(torch.from_numpy(x[batch])), torch.from_numpy(y[batch]))
+        batch = order[start : start + batch_size]
+        loss = nn.functional.cross_entropy(
+            model(torch.from_numpy(x[batch])), torch.from_numpy(y[batch])
+        )
         optimizer.zero_grad()
         proximal(loss).backward()
         optimizer.step()
@@ -105,8 +133,10 @@ def evaluate(model: nn.Module, turns: Turns) -> dict:
     """Accuracy and mean cross-entropy on ``turns``."""
     logits = model(torch.from_numpy(turns.x))
     labels = torch.from_numpy(turns.y)
-    return {"accuracy": float((logits.argmax(1) == labels).float().mean()),
-            "loss": float(nn.functional.cross_entropy(logits, labels))}
+    return {
+        "accuracy": float((logits.argmax(1) == labels).float().mean()),
+        "loss": float(nn.functional.cross_entropy(logits, labels)),
+    }
 
 
 def get_weights(model: nn.Module) -> list[np.ndarray]:
@@ -126,19 +156,27 @@ class Recipe:
     """The whole workload as one value: data, model and local training. A framework runs
     ``initial``, then per round and sampled client ``local_update``, averages the replies
     weighted by their examples, and ``evaluate``s the average: nothing else is left to it."""
+
     data_root: str
     train_splits: tuple[str, ...]  # the clients' turns
-    test_splits: tuple[str, ...]   # the server's held-out turns
-    features: int                  # hashing buckets
-    hidden: int                    # MLP hidden units
-    batch_size: int                # examples per SGD step (one epoch: a few steps per client)
-    lr: float                      # SGD learning rate
+    test_splits: tuple[str, ...]  # the server's held-out turns
+    features: int  # hashing buckets
+    hidden: int  # MLP hidden units
+    batch_size: int  # examples per SGD step (one epoch: a few steps per client)
+    lr: float  # SGD learning rate
 
     @classmethod
     def of(cls, task: dict, data_root: str) -> Recipe:
         """The recipe of a ``task`` block (``conf/task/turn_sentiment.yaml``, its values)."""
-        return cls(str(data_root), tuple(task["train_splits"]), tuple(task["test_splits"]), int(task["features"]),
-                   int(task["hidden"]), int(task["batch_size"]), float(task["lr"]))
+        return cls(
+            str(data_root),
+            tuple(task["train_splits"]),
+            tuple(task["test_splits"]),
+            int(task["features"]),
+            int(task["hidden"]),
+            int(task["batch_size"]),
+            float(task["lr"]),
+        )
 
     def train_turns(self) -> Turns:
         return load_turns(self.data_root, self.train_splits, self.features)
@@ -158,15 +196,24 @@ class Recipe:
     def examples(self, client: int, num_clients: int) -> int:
         return len(client_rows(len(self.train_turns()), num_clients, client))
 
-    def local_update(self, weights: list[np.ndarray], client: int, num_clients: int, seed: int,
-                     server_round: int, mu: float = 0.0) -> tuple[list[np.ndarray], int, dict]:
+    def local_update(
+        self,
+        weights: list[np.ndarray],
+        client: int,
+        num_clients: int,
+        seed: int,
+        server_round: int,
+        mu: float = 0.0,
+    ) -> tuple[list[np.ndarray], int, dict]:
         """Client ``client``'s epoch from ``weights`` in ``server_round`` (1-based): its new
         weights, its examples and its metrics."""
         turns = self.train_turns()
         rows = client_rows(len(turns), num_clients, client)
         model = self.model(weights)
         order_seed = BATCH_ORDER.seed(seed, round=server_round, partition=client)
-        metrics = train_epoch(model, turns.x[rows], turns.y[rows], self.batch_size, self.lr, order_seed, mu)
+        metrics = train_epoch(
+            model, turns.x[rows], turns.y[rows], self.batch_size, self.lr, order_seed, mu
+        )
         return get_weights(model), len(rows), metrics
 
     def evaluate(self, weights: list[np.ndarray]) -> dict:

@@ -46,7 +46,9 @@ class CKKSParams:
         coefficient and data modulus (all but the last, special one), as SEAL writes them
         uncompressed (it compresses with zstd: N 8192, moduli 60-40-40-60 measured 331 KB
         against these 393 KB); plus :data:`HEADROOM` for SEAL's and TenSEAL's headers."""
-        return _with_headroom(2 * self.poly_modulus_degree * (len(self.coeff_mod_bit_sizes) - 1) * 8)
+        return _with_headroom(
+            2 * self.poly_modulus_degree * (len(self.coeff_mod_bit_sizes) - 1) * 8
+        )
 
     @property
     def public_context_bytes(self) -> int:
@@ -56,7 +58,9 @@ class CKKSParams:
         return _with_headroom(2 * self.poly_modulus_degree * len(self.coeff_mod_bit_sizes) * 8)
 
 
-HEADROOM = 1 / 16  # over the words: headers take under 1 KB, zstd's framing of incompressible words under 1/256
+HEADROOM = (
+    1 / 16
+)  # over the words: headers take under 1 KB, zstd's framing of incompressible words under 1/256
 
 
 def _with_headroom(words_bytes: int) -> int:
@@ -64,9 +68,12 @@ def _with_headroom(words_bytes: int) -> int:
 
 
 def new_secret_context(params: CKKSParams) -> ts.Context:
-    ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=params.poly_modulus_degree,
-                     coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes))
-    ctx.global_scale = 2 ** params.global_scale_bits
+    ctx = ts.context(
+        ts.SCHEME_TYPE.CKKS,
+        poly_modulus_degree=params.poly_modulus_degree,
+        coeff_mod_bit_sizes=list(params.coeff_mod_bit_sizes),
+    )
+    ctx.global_scale = 2**params.global_scale_bits
     return ctx
 
 
@@ -90,8 +97,9 @@ def client_context(params: CKKSParams, key_dir: str | Path) -> ts.Context:
 
 def public_bytes(ctx: ts.Context) -> bytes:
     """What the server may hold: parameters and public (encryption) key, no secret key."""
-    return ctx.serialize(save_public_key=True, save_secret_key=False,
-                         save_galois_keys=False, save_relin_keys=False)
+    return ctx.serialize(
+        save_public_key=True, save_secret_key=False, save_galois_keys=False, save_relin_keys=False
+    )
 
 
 class WrongKey(ValueError):
@@ -111,7 +119,9 @@ def key_id(public: bytes) -> str:
 ENCRYPTION_PARAMETERS = 1
 PUBLIC_FIELDS = {ENCRYPTION_PARAMETERS, 2, 4}
 PUBLIC_CONTEXT_FIELDS = {1, 2, 3}
-CKKS_VECTOR_CIPHERTEXTS = 2  # the repeated ciphertexts of TenSEAL's CKKSVectorProto (tenseal/proto/tensors.proto)
+CKKS_VECTOR_CIPHERTEXTS = (
+    2  # the repeated ciphertexts of TenSEAL's CKKSVectorProto (tenseal/proto/tensors.proto)
+)
 
 
 def _fields(data: bytes) -> list:
@@ -125,8 +135,11 @@ def _fields(data: bytes) -> list:
 def _parameters(params: CKKSParams) -> bytes:
     """``params`` as TenSEAL writes them in a context (SEAL's encryption parameters: N and the
     moduli CoeffModulus.Create picks for the bit sizes, the same for the same parameters)."""
-    return next(f.data for f in _fields(public_bytes(new_secret_context(params)))
-                if f.field_number == ENCRYPTION_PARAMETERS)
+    return next(
+        f.data
+        for f in _fields(public_bytes(new_secret_context(params)))
+        if f.field_number == ENCRYPTION_PARAMETERS
+    )
 
 
 def _refuse_other_than_public(public: bytes, params: CKKSParams) -> None:
@@ -137,18 +150,27 @@ def _refuse_other_than_public(public: bytes, params: CKKSParams) -> None:
     KB within the size cap took 462 MB), and a secret key is none of the server's."""
     try:
         top = _fields(public)
-        inner = [f for part in top if part.field_number == 2 and isinstance(part.data, bytes)
-                 for f in _fields(part.data)]
+        inner = [
+            f
+            for part in top
+            if part.field_number == 2 and isinstance(part.data, bytes)
+            for f in _fields(part.data)
+        ]
     except DecodeError as exc:
         raise ValueError(f"a public context that is no TenSEAL context: {exc}") from None
-    extra = sorted({f.field_number for f in top} - PUBLIC_FIELDS) + \
-        sorted(f"public_context.{n}" for n in {f.field_number for f in inner} - PUBLIC_CONTEXT_FIELDS)
+    extra = sorted({f.field_number for f in top} - PUBLIC_FIELDS) + sorted(
+        f"public_context.{n}" for n in {f.field_number for f in inner} - PUBLIC_CONTEXT_FIELDS
+    )
     if extra:
-        raise ValueError(f"a public context with fields {extra} of TenSEAL's context message beside its "
-                         "parameters and public key (a secret key, relinearization or Galois keys)")
+        raise ValueError(
+            f"a public context with fields {extra} of TenSEAL's context message beside its "
+            "parameters and public key (a secret key, relinearization or Galois keys)"
+        )
     if {f.data for f in top if f.field_number == ENCRYPTION_PARAMETERS} != {_parameters(params)}:
-        raise ValueError(f"a context under other CKKS parameters than the run's (N {params.poly_modulus_degree}, "
-                         f"moduli of {'-'.join(map(str, params.coeff_mod_bit_sizes))} bits)")
+        raise ValueError(
+            f"a context under other CKKS parameters than the run's (N {params.poly_modulus_degree}, "
+            f"moduli of {'-'.join(map(str, params.coeff_mod_bit_sizes))} bits)"
+        )
 
 
 def server_context(public: bytes, params: CKKSParams) -> ts.Context:
@@ -156,24 +178,28 @@ def server_context(public: bytes, params: CKKSParams) -> ts.Context:
     size cap holds for them) with no secret key; ``public`` is refused unread when larger than
     such a context can be or holding anything else."""
     if len(public) > params.public_context_bytes:
-        raise ValueError(f"a public context of {len(public)} bytes, at most {params.public_context_bytes} "
-                         "under the run's CKKS parameters")
+        raise ValueError(
+            f"a public context of {len(public)} bytes, at most {params.public_context_bytes} "
+            "under the run's CKKS parameters"
+        )
     _refuse_other_than_public(public, params)
     return ts.context_from(public)
 
 
 def encrypt(ctx: ts.Context, values: np.ndarray, slots: int) -> list[bytes]:
     flat = np.asarray(values, dtype=np.float64).ravel()
-    return [ts.ckks_vector(ctx, flat[i:i + slots]).serialize()
-            for i in range(0, flat.size, slots)]
+    return [
+        ts.ckks_vector(ctx, flat[i : i + slots]).serialize() for i in range(0, flat.size, slots)
+    ]
 
 
 def decrypt(ctx: ts.Context, blobs: list[bytes]) -> np.ndarray:
     return np.concatenate([np.asarray(ts.ckks_vector_from(ctx, b).decrypt()) for b in blobs])
 
 
-def weighted_sum(ctx: ts.Context, per_client: list[list[bytes]], weights: list[float]
-                 ) -> list[bytes]:
+def weighted_sum(
+    ctx: ts.Context, per_client: list[list[bytes]], weights: list[float]
+) -> list[bytes]:
     """sum_i w_i * ct_i, ciphertext by ciphertext, on ciphertexts only."""
     if len({len(c) for c in per_client}) != 1:
         raise ValueError("clients sent different numbers of ciphertexts for one chunk")
@@ -203,7 +229,9 @@ class Probe:
         for i, blob in enumerate(blobs):
             size = min(slots, floats - i * slots)
             try:
-                if (held := sum(f.field_number == CKKS_VECTOR_CIPHERTEXTS for f in _fields(blob))) != 1:
+                if (
+                    held := sum(f.field_number == CKKS_VECTOR_CIPHERTEXTS for f in _fields(blob))
+                ) != 1:
                     return f"ciphertext {i} is a vector of {held} ciphertexts, expected 1"
                 vector = ts.ckks_vector_from(self.ctx, blob)
                 if vector.size() != size:
@@ -223,8 +251,12 @@ def blobs_record(blobs: list[bytes]) -> ArrayRecord:
     """The ciphertexts as one byte array and their lengths: Flower moves every array of a
     message as objects of their own, one request each per hop (ServerApp, SuperLink, SuperNode,
     ClientApp), so an array per ciphertext cost an 8.5 MB aggregate 40 requests a hop."""
-    return ArrayRecord({keys.CIPHERTEXT_BYTES: Array(np.frombuffer(b"".join(blobs), dtype=np.uint8)),
-                        keys.CIPHERTEXT_LENGTHS: Array(np.array([len(b) for b in blobs], dtype=np.int64))})
+    return ArrayRecord(
+        {
+            keys.CIPHERTEXT_BYTES: Array(np.frombuffer(b"".join(blobs), dtype=np.uint8)),
+            keys.CIPHERTEXT_LENGTHS: Array(np.array([len(b) for b in blobs], dtype=np.int64)),
+        }
+    )
 
 
 class NotCiphertexts(ValueError):
@@ -234,14 +266,18 @@ class NotCiphertexts(ValueError):
         super().__init__(f"not a record of ciphertexts: {why}")
 
 
-def record_blobs(record: ArrayRecord, count: int | None = None, largest: int | None = None) -> list[bytes]:
+def record_blobs(
+    record: ArrayRecord, count: int | None = None, largest: int | None = None
+) -> list[bytes]:
     """The ciphertexts of a record :func:`blobs_record` made (``count`` of them, where given, each
     of at most ``largest`` bytes: :attr:`CKKSParams.ciphertext_bytes`); :class:`NotCiphertexts` for
     any other. Read from the two arrays as decoded, not as declared (an
     Array's shape and dtype are the sender's words, its bytes are what came): flat uint8 bytes
     and int64 lengths, positive lengths that sum to the bytes (as Python ints: no wrap-around)."""
     if set(record) != {keys.CIPHERTEXT_BYTES, keys.CIPHERTEXT_LENGTHS}:
-        raise NotCiphertexts(f"expected the arrays {keys.CIPHERTEXT_BYTES!r} and {keys.CIPHERTEXT_LENGTHS!r}")
+        raise NotCiphertexts(
+            f"expected the arrays {keys.CIPHERTEXT_BYTES!r} and {keys.CIPHERTEXT_LENGTHS!r}"
+        )
     data, lengths = record[keys.CIPHERTEXT_BYTES].numpy(), record[keys.CIPHERTEXT_LENGTHS].numpy()
     if data.dtype != np.uint8 or lengths.dtype != np.int64 or data.ndim != 1 or lengths.ndim != 1:
         raise NotCiphertexts("ciphertexts must be flat uint8 bytes with flat int64 lengths")
@@ -249,8 +285,12 @@ def record_blobs(record: ArrayRecord, count: int | None = None, largest: int | N
     if count is not None and len(sizes) != count:
         raise NotCiphertexts(f"expected {count} ciphertexts, got {len(sizes)}")
     if not sizes or min(sizes) <= 0 or sum(sizes) != data.size:
-        raise NotCiphertexts(f"ciphertext lengths must be positive and sum to the {data.size} bytes")
+        raise NotCiphertexts(
+            f"ciphertext lengths must be positive and sum to the {data.size} bytes"
+        )
     if largest is not None and max(sizes) > largest:
-        raise NotCiphertexts(f"a ciphertext of {max(sizes)} bytes, at most {largest} under the run's CKKS parameters")
+        raise NotCiphertexts(
+            f"a ciphertext of {max(sizes)} bytes, at most {largest} under the run's CKKS parameters"
+        )
     blob, ends = data.tobytes(), np.cumsum(sizes).tolist()
     return [blob[start:end] for start, end in zip([0, *ends[:-1]], ends)]

@@ -67,8 +67,10 @@ class HEClient:
         differs would decrypt the aggregate into garbage and install it as its global model."""
         named = config.get(keys.KEY_ID)
         if named != self.key_id:
-            raise ckks.WrongKey(f"the message is under key {named!r}, this node holds {self.key_id}: "
-                                "another key (copy the federation's key folder to this node)")
+            raise ckks.WrongKey(
+                f"the message is under key {named!r}, this node holds {self.key_id}: "
+                "another key (copy the federation's key folder to this node)"
+            )
 
     def global_weights(self, server_round: int) -> np.ndarray:
         """The complete aggregate of ``server_round``; raises when this node lacks it."""
@@ -77,8 +79,10 @@ class HEClient:
             held = sorted(p.stem for p in self.folder.glob("global-*.npy"))
             partial = self.folder / "global.partial.json"
             detail = json.loads(partial.read_text()) if partial.is_file() else "none"
-            raise IncompleteGlobal(f"holds no complete HE aggregate of round {server_round} "
-                                   f"(complete: {held or 'none'}; partial: {detail})")
+            raise IncompleteGlobal(
+                f"holds no complete HE aggregate of round {server_round} "
+                f"(complete: {held or 'none'}; partial: {detail})"
+            )
         return np.load(path)
 
     def train_reply(self, trained: np.ndarray, metrics: dict, inline_floats: int = 0) -> RecordDict:
@@ -86,11 +90,15 @@ class HEClient:
         trip); a larger one is kept for the chunk requests and the reply carries no array."""
         if not np.all(np.isfinite(trained)):
             raise ValueError("local update is not finite; refusing to send it")
-        content = RecordDict({keys.CONTEXT: ConfigRecord({keys.PUBLIC_CONTEXT: ckks.public_bytes(self.ctx)})})
+        content = RecordDict(
+            {keys.CONTEXT: ConfigRecord({keys.PUBLIC_CONTEXT: ckks.public_bytes(self.ctx)})}
+        )
         metrics = {**metrics, keys.NUM_FLOATS: int(trained.size)}
         if 0 < trained.size <= inline_floats:
             start = time.perf_counter()
-            content[keys.CIPHERTEXTS] = ckks.blobs_record(ckks.encrypt(self.ctx, trained, self.params.slots))
+            content[keys.CIPHERTEXTS] = ckks.blobs_record(
+                ckks.encrypt(self.ctx, trained, self.params.slots)
+            )
             metrics[keys.ENCRYPT_SECONDS] = time.perf_counter() - start
         else:
             np.save(self.folder / "pending.npy", trained.astype(np.float64))
@@ -105,7 +113,9 @@ class HEClient:
         config = msg.content[keys.CONFIG]
         self.check_key(config)
         total = int(config[keys.NUM_FLOATS])
-        return self._install(msg.content[keys.CIPHERTEXTS], int(config[keys.INSTALL_ROUND]), 0, 1, total, total)
+        return self._install(
+            msg.content[keys.CIPHERTEXTS], int(config[keys.INSTALL_ROUND]), 0, 1, total, total
+        )
 
     def handle(self, msg: Message) -> RecordDict:
         """The chunk operation the message names (see :func:`is_he_operation`)."""
@@ -122,38 +132,58 @@ class HEClient:
         size, chunk = int(config[keys.CHUNK_FLOATS]), int(config[keys.CHUNK])
         pending = np.load(self.folder / "pending.npy", mmap_mode="r")
         start = time.perf_counter()
-        blobs = ckks.encrypt(self.ctx, pending[chunk * size:(chunk + 1) * size], self.params.slots)
-        return RecordDict({keys.CIPHERTEXTS: ckks.blobs_record(blobs),
-                           keys.CONTEXT: ConfigRecord({keys.KEY_ID: self.key_id}),
-                           keys.METRICS: MetricRecord({keys.ENCRYPT_SECONDS:
-                                                       time.perf_counter() - start})})
+        blobs = ckks.encrypt(
+            self.ctx, pending[chunk * size : (chunk + 1) * size], self.params.slots
+        )
+        return RecordDict(
+            {
+                keys.CIPHERTEXTS: ckks.blobs_record(blobs),
+                keys.CONTEXT: ConfigRecord({keys.KEY_ID: self.key_id}),
+                keys.METRICS: MetricRecord({keys.ENCRYPT_SECONDS: time.perf_counter() - start}),
+            }
+        )
 
     def install(self, msg: Message) -> RecordDict:
         """Decrypt one aggregate chunk into the round's partial copy; the copy becomes the
         global model when all of the round's chunks are in."""
         config = msg.content[keys.CONFIG]
-        seconds = self._install(msg.content[keys.CIPHERTEXTS], int(config[keys.SERVER_ROUND]),
-                                int(config[keys.CHUNK]), int(config[keys.NUM_CHUNKS]),
-                                int(config[keys.NUM_FLOATS]), int(config[keys.CHUNK_FLOATS]))
+        seconds = self._install(
+            msg.content[keys.CIPHERTEXTS],
+            int(config[keys.SERVER_ROUND]),
+            int(config[keys.CHUNK]),
+            int(config[keys.NUM_CHUNKS]),
+            int(config[keys.NUM_FLOATS]),
+            int(config[keys.CHUNK_FLOATS]),
+        )
         return RecordDict({keys.METRICS: MetricRecord({keys.DECRYPT_SECONDS: seconds})})
 
-    def _install(self, ciphertexts, rnd: int, chunk: int, num_chunks: int, total: int, size: int) -> float:
+    def _install(
+        self, ciphertexts, rnd: int, chunk: int, num_chunks: int, total: int, size: int
+    ) -> float:
         """Decrypt chunk ``chunk`` of round ``rnd``'s aggregate into the copy; the decrypt seconds."""
         n = min(size, total - chunk * size)
         start = time.perf_counter()
-        values = ckks.decrypt(self.ctx, ckks.record_blobs(ciphertexts, math.ceil(n / self.params.slots),
-                                                           self.params.ciphertext_bytes))
+        values = ckks.decrypt(
+            self.ctx,
+            ckks.record_blobs(
+                ciphertexts, math.ceil(n / self.params.slots), self.params.ciphertext_bytes
+            ),
+        )
         seconds = time.perf_counter() - start
         if not np.all(np.isfinite(values[:n])):
             raise ValueError(f"decrypted aggregate chunk {chunk} is not finite")
-        state_path, partial = self.folder / "global.partial.json", self.folder / "global.partial.npy"
+        state_path, partial = (
+            self.folder / "global.partial.json",
+            self.folder / "global.partial.npy",
+        )
         state = json.loads(state_path.read_text()) if state_path.is_file() else {}
         fresh = state.get("round") != rnd or not partial.is_file()
         if fresh:  # a new round's copy starts empty, whichever chunk arrives first
             state = {"round": rnd, "num-chunks": num_chunks, "installed": []}
-        out = np.lib.format.open_memmap(partial, mode="w+" if fresh else "r+", dtype=np.float64,
-                                        shape=(total,))
-        out[chunk * size:chunk * size + n] = values[:n]
+        out = np.lib.format.open_memmap(
+            partial, mode="w+" if fresh else "r+", dtype=np.float64, shape=(total,)
+        )
+        out[chunk * size : chunk * size + n] = values[:n]
         out.flush()
         del out
         state["installed"] = sorted(set(state["installed"]) | {chunk})
