@@ -12,6 +12,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig
 
+from fedsim.config.schema import dp_wrappers
 from fedsim.config.schema import entry as schema_entry
 from fedsim.message_keys import CONFIG, INFO, PARTITION_ID
 from fedsim.privacy.plan import PrivacyPlan
@@ -48,7 +49,7 @@ def build_strategy(
     if "num_sampled_clients" in wrapper and wrapper["num_sampled_clients"] is None:
         wrapper["num_sampled_clients"] = sampled(strategy, clients)
     wrapped = instantiate(wrapper, strategy=strategy)
-    if cfg.privacy.kind != "dp":
+    if not isinstance(wrapped, dp_wrappers()):  # the class decides, as schema.check_privacy does
         return wrapped
     return NumpyNoise(wrapped, plan.noise, plan.central.open(account(wrapped, float(plan.delta))))
 

@@ -52,6 +52,8 @@ class HEFedAvg(Strategy):
     """``strategy``'s sampling and weighting, CKKS-encrypted averaging (TenSEAL), under the
     clients' CKKS parameters (the task's ``he``): what a client sends is held to their sizes."""
 
+    privacy_kind = "he"  # what fedsim/config/schema.py's wrapper_kind reads: privacy.kind=he
+
     def __init__(
         self,
         strategy: Strategy,

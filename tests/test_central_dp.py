@@ -3,13 +3,15 @@ Ray), ends with what it spent in the results the ServerApp writes: the epsilon o
 the privacy entry's delta and noise multiplier, one release per round a client replied in."""
 
 import math
+import re
 
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from omegaconf import OmegaConf
 
-from fedsim.config.compose import CONF_DIR
+from fedsim.config.compose import CONF_DIR, compose
+from fedsim.config.schema import check
 from fedsim.flower.strategies import strategy_utils
 from fedsim.message_keys import DP_EPSILON, DP_EPSILON_PLD, DP_EPSILON_RDP
 from fedsim.privacy.dp import NoiseSource, adaptive_noise_multiplier, release_epsilon
@@ -260,3 +262,44 @@ def test_each_clients_dp_sgd_epsilon_is_kept_by_both_accountants():
     assert privacy["dp_sgd_epsilon"] == {"dp/train": {1: {1: 1.5, 3: 4.5}}}
     assert privacy["dp_sgd_epsilon_rdp"] == {"dp/train": {1: {1: 2.0, 3: 6.0}}}
     assert privacy["dp_sgd_epsilon_pld"] == {"dp/train": {1: {1: 1.5, 3: 4.5}}}
+
+
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        # a DP wrapper labelled none: Flower's noise from the public seed, no account, "private"
+        (["privacy=dp_server_fixed", "privacy.kind=none"], "privacy.kind=none"),
+        (["privacy=dp_client_adaptive", "privacy.kind=he"], "privacy.kind=he"),
+        # HEFedAvg labelled none: the server encrypts while the protocol and results say plaintext
+        (["privacy=he_fedavg", "privacy.kind=none"], "privacy.kind=none"),
+        (["privacy=he_fedavg", "privacy.kind=dp"], "privacy.kind=dp"),
+        # a label without its wrapper, and a wrapper that is neither DP nor HE
+        (["privacy=none", "privacy.kind=dp"], "privacy.kind=dp"),
+        (
+            [
+                "privacy=he_fedavg",
+                "privacy.wrapper._target_=fedsim_strategies.client_spread.ClientSpread",
+            ],
+            "ClientSpread",
+        ),
+    ],
+)
+def test_a_privacy_kind_that_is_not_its_wrappers_is_refused_before_the_run(overrides, named):
+    """``privacy.kind`` is a config key anyone can set: the run's privacy follows the wrapper it
+    builds, and a label that says otherwise is refused rather than reported."""
+    cfg = compose(["experiment=fede4rag_paper", *overrides])
+    with pytest.raises(ValueError, match=re.escape(named)):
+        check(cfg)
+
+
+@pytest.mark.parametrize(
+    "experiment, privacy",
+    [
+        ("turn_sentiment_fedavg", "none"),
+        ("turn_sentiment_fedavg", "dp_server_fixed"),
+        ("turn_sentiment_fedavg", "dp_client_adaptive"),
+        ("fede4rag_paper", "he_fedavg"),
+    ],
+)
+def test_each_shipped_privacy_kind_is_its_wrappers(experiment, privacy):
+    check(compose([f"experiment={experiment}", f"privacy={privacy}"]))

@@ -703,10 +703,45 @@ def type_name(kind) -> str:
     return kind.__name__ if plain else str(kind).replace("typing.", "")
 
 
+DP_WRAPPERS = tuple(
+    f"flwr.serverapp.strategy.DifferentialPrivacy{side}Side{clipping}Clipping"
+    for side in ("Server", "Client")
+    for clipping in ("Fixed", "Adaptive")
+)  # Flower's public central-DP wrappers (fedsim's own subclass them): privacy.kind=dp
+
+
+def dp_wrappers() -> tuple[type, ...]:
+    """The classes of ``DP_WRAPPERS``, resolved by name as every ``_target_`` is: the config
+    floor (which the Flower-free tasks layer reads) imports no Flower."""
+    return tuple(get_class(name) for name in DP_WRAPPERS)
+
+
+def wrapper_kind(wrapper) -> str:
+    """What a privacy wrapper does, read from its class: none (no wrapper), dp (a Flower DP
+    wrapper), he (a class declaring ``privacy_kind = "he"``: HEFedAvg), else other."""
+    if not wrapper:
+        return "none"
+    cls = get_class(wrapper["_target_"])
+    if issubclass(cls, dp_wrappers()):
+        return "dp"
+    return "he" if getattr(cls, "privacy_kind", None) == "he" else "other"
+
+
 def check_privacy(privacy: DictConfig) -> None:
-    """Refuse a DP wrapper whose reported (epsilon, delta) would mean nothing: a delta outside
-    (0, 1), or no noise (epsilon unbounded: a run without DP is ``privacy=none``)."""
-    if privacy.kind != "dp":
+    """Refuse a ``privacy.kind`` that is not its wrapper's (a label anyone can set: a DP wrapper
+    labelled none would noise from the public seed with nothing accounted, HEFedAvg labelled
+    none would encrypt while the protocol and results say plaintext), and a DP wrapper whose
+    reported (epsilon, delta) would mean nothing: a delta outside (0, 1), or no noise (epsilon
+    unbounded: a run without DP is ``privacy=none``)."""
+    kind = wrapper_kind(privacy.wrapper)
+    if kind != privacy.kind:
+        target = privacy.wrapper["_target_"] if privacy.wrapper else None
+        raise ValueError(
+            f"privacy.kind={privacy.kind} does not match privacy.wrapper {target} (a {kind} "
+            f"wrapper): the run's privacy follows the wrapper it builds; choose privacy=none, "
+            f"a dp_* wrapper or he_fedavg and leave privacy.kind as that file sets it"
+        )
+    if kind != "dp":
         return
     if privacy.delta is None or not 0 < privacy.delta < 1:
         raise ValueError(
