@@ -51,8 +51,17 @@ class CentralLedger:
         self.account: CentralDP | None = None
 
     def open(self, account: CentralDP) -> CentralDP:
-        """The open account; ``account`` (a wrapper's, empty) where none is open yet."""
+        """The open account; ``account`` (a wrapper's, empty) where none is open yet. A wrapper
+        of another mechanism, multiplier or delta is refused: its releases spent at the open
+        account's rate would report the wrong epsilon."""
         self.account = self.account or account
+        opened = (self.account.mechanism, self.account.noise_multiplier, self.account.delta)
+        if (account.mechanism, account.noise_multiplier, account.delta) != opened:
+            raise ValueError(
+                f"a second DP wrapper ({account.mechanism}, sigma {account.noise_multiplier}, "
+                f"delta {account.delta}) in a run whose central account is {opened}: one "
+                f"run, one DP mechanism"
+            )
         return self.account
 
 

@@ -8,8 +8,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from fedsim.config.compose import compose
-from fedsim.privacy.dp import RELEASE, NoiseSource, Release, clipped_sum, gaussian_mean
-from fedsim.privacy.plan import HE_ENTRY, PrivacyPlan
+from fedsim.privacy.dp import RELEASE, CentralDP, NoiseSource, Release, clipped_sum, gaussian_mean
+from fedsim.privacy.plan import HE_ENTRY, CentralLedger, PrivacyPlan
 
 
 def test_a_methods_he_is_the_one_yamls_entry_with_the_tasks_ckks_and_its_own_settings():
@@ -57,3 +57,12 @@ def test_the_public_seed_gives_the_attacker_the_noise_only_where_the_run_asked_f
     private = PrivacyPlan(NoiseSource.from_key(bytes(32)), 7)
     release, exact = _release(private.noise)
     assert np.abs(private.seed_noise(release) - (release.noised * 10 - exact)).max() > 0.5
+
+
+def test_a_second_dp_wrapper_at_another_sigma_cannot_spend_from_the_first_ones_account():
+    """Shared silently, the 0.5 releases would be reported at sigma 4: far too small an epsilon."""
+    ledger = CentralLedger()
+    first = ledger.open(CentralDP(1e-5, "DifferentialPrivacyServerSideFixedClipping", 4.0))
+    assert ledger.open(CentralDP(1e-5, "DifferentialPrivacyServerSideFixedClipping", 4.0)) is first
+    with pytest.raises(ValueError, match="one run, one DP mechanism"):
+        ledger.open(CentralDP(1e-5, "DifferentialPrivacyServerSideFixedClipping", 0.5))
