@@ -4,6 +4,7 @@ protocols that produced them: ``fedsim_experiments/fede4rag/protocol.py`` and ``
 from __future__ import annotations
 
 from fedsim.results.outputs import RunOutput, markdown_table, plain_log_scale
+from fedsim_tasks.financebench_rag.retrieval import METRICS
 
 
 def scored_in(method: dict) -> list[str]:
@@ -30,20 +31,7 @@ def cost_summary(rounds: list[dict]) -> dict:
 
 
 def summary(r: dict, out: RunOutput) -> str:
-    columns = [
-        "method",
-        "hit@1",
-        "hit@10",
-        "mrr@10",
-        "map@10",
-        "ndcg@10",
-        "recall@1",
-        "recall@5",
-        "recall@10",
-        "precision@1",
-        "precision@5",
-        "precision@10",
-    ]
+    columns = ["method", *METRICS]
     tables, labels = [], _labels(r)
     with_global = {
         name: m for name, m in r["methods"].items() if scored_in(m)
