@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import random
 import shlex
+import shutil
 import tempfile
 import traceback
 from pathlib import Path
@@ -37,6 +38,7 @@ from fedsim.config.compose import (
     hydra_config,
     population,
 )
+from fedsim.config.data import DataNotFoundError
 from fedsim.config.schema import typed_sweep
 from fedsim.flower.strategies import strategy_utils
 from fedsim.message_keys import CONFIG
@@ -50,6 +52,7 @@ from fedsim.results.comparison import headline
 from fedsim.results.mlflow_sink import MlflowSink
 from fedsim.results.outputs import RunOutput, markdown_table, ship_results
 from fedsim.results.sinks import Sinks
+from fedsim.runtime import flwr_cli
 from fedsim.runtime.client_state import FORGET, RUN_KEY, STATE_KEY, forget_request
 from fedsim.runtime.flower_waits import shorten_pull_backoff
 from fedsim.runtime.journal import Journal
@@ -82,23 +85,45 @@ def main(grid: Grid, context: Context) -> None:
         logger.setLevel(logging.INFO)
         logger.propagate = False
     overrides = run_overrides(context.run_config)
+    by_flwr = flwr_cli.started_by_flwr_cli()
     try:
         cfg = compose_checked(overrides)
+        if by_flwr and cfg.hardware.backend == "simulation":
+            flwr_cli.refuse_data_root_clients_miss(overrides, str(cfg.data_root))
     except REFUSED as exc:  # Flower marks the run failed and logs the traceback after this
-        logger.error("configuration error, nothing was sent:\n%s", exc)
+        note = f"\n{flwr_cli.superlink_note()}" if isinstance(exc, DataNotFoundError) else ""
+        logger.error("configuration error, nothing was sent:\n%s%s", exc, note if by_flwr else "")
+        if by_flwr:
+            logger.error(flwr_cli.failure_note(context.run_id))
         raise
     if cfg.hardware.backend == "deployment" and cfg.hardware.waits.pull_backoff is not None:
         shorten_pull_backoff(
             cfg.hardware.waits.pull_backoff
         )  # replies are pulled from the SuperLink
-    if cfg.ship_results:  # a remote SuperLink: results go back in the log, not to the user's path
-        with tempfile.TemporaryDirectory(prefix="fedsim-results-") as folder:
-            try:
-                _run(grid, cfg, RunOutput(folder), overrides)
-            finally:
-                print("\n".join(ship_results(Path(folder))), flush=True)
-    else:
-        _run(grid, cfg, RunOutput(cfg.results_dir), overrides)
+    # what `fedsim run` adds where it runs (fedsim/run/cli.py), the ServerApp adds under `flwr run`
+    origin = (
+        {
+            "git": flwr_cli.checkout(),
+            "command": flwr_cli.command(context.run_id, context.run_config),
+        }
+        if by_flwr
+        else {}
+    )
+    try:
+        if cfg.ship_results:  # a remote SuperLink: results go back in the log, not the user's path
+            with tempfile.TemporaryDirectory(prefix="fedsim-results-") as folder:
+                try:
+                    _run(grid, cfg, RunOutput(folder), overrides, origin)
+                finally:
+                    print("\n".join(ship_results(Path(folder))), flush=True)
+        else:
+            _run(grid, cfg, RunOutput(cfg.results_dir), overrides, origin)
+    except BaseException:
+        if by_flwr:
+            logger.error(flwr_cli.failure_note(context.run_id))
+        raise
+    if by_flwr and not cfg.checkpoint.keep:  # as `fedsim run`: a completed run is never resumed
+        shutil.rmtree(Path(cfg.results_dir) / "checkpoint", ignore_errors=True)
 
 
 def run_overrides(run_config) -> list[str]:
@@ -177,7 +202,9 @@ def _forget_client_state(messenger: Messenger, cfg) -> None:
         logging.getLogger("fedsim").warning("client state not removed: %s", exc)
 
 
-def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
+def _run(
+    grid: Grid, cfg, out: RunOutput, overrides: list[str] = (), origin: dict | None = None
+) -> None:
     log = logging.getLogger("fedsim")
     started = provenance.now()
     out.clear_outcome()
@@ -252,6 +279,7 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
             "started": started,
             "ended": provenance.now(),
             **({"ray_nodes": messenger.ray_nodes} if messenger.ray_nodes else {}),
+            **(origin or {}),
         }
         summary = f"{summary.rstrip()}\n\n{provenance.section(results['provenance'])}\n"
         out.write_results(results, summary)
