@@ -123,6 +123,7 @@ def test_plain_flwr_run_installs_nothing_and_fails_visibly(newcomer):
     assert run_status(newcomer, log) == "finished:failed"
 
 
+@pytest.mark.slow  # four runs through Flower's simulation: 4 min on 2 loaded cores
 def test_a_superlink_of_an_earlier_try_is_named_then_a_run_completes(newcomer, tmp_path):
     no_data = {DEPENDENCY_VAR: "1", "FEDSIM_DATA_ROOT": ""}
     log, _ = newcomer("run", ".", "--stream", env=no_data)
