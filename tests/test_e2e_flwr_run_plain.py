@@ -8,7 +8,8 @@ Flower's FLWR_LOCAL_* variables, so that runs elsewhere on the machine are not t
   SuperLink (pid) and how to stop it, also after the user exported the variable; a data_root
   override its clients would not see is refused.
 - Started again with both variables, the run completes with the clone's commit in its provenance,
-  and no checkpoint (no run.key) is left. Nothing stays running.
+  its log in fedsim.log without Flower's ConfigRecord dump, and no checkpoint (no run.key) left.
+  Nothing stays running.
 """
 
 import json
@@ -153,3 +154,5 @@ def test_a_superlink_of_an_earlier_try_is_named_then_a_run_completes(newcomer, t
     assert prov["git"]["commit"] == head and prov["command"]["line"].startswith("flwr run ."), prov
     assert f"commit {head}" in (out / "summary.md").read_text()
     assert not (out / "checkpoint").exists()  # run.key, the noise secret, is gone
+    assert "INFO fedsim: results ->" in (out / "fedsim.log").read_text()
+    assert "ConfigRecord (train)" not in log  # Flower's dump, at logging.level=debug only

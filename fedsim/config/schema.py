@@ -28,6 +28,7 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 
 from fedsim.code_policy import named_code, refuse_by_definition, refuse_by_name
 from fedsim.config.data import who_else_writes
+from fedsim.progress import LOG_LEVELS
 
 
 def require(ok: bool, key: str, rule: str, value) -> None:
@@ -194,6 +195,10 @@ class Logging:
     tensorboard: bool = MISSING  # TensorBoard event files in results_dir/tensorboard
     mlflow: bool = MISSING  # the same metrics to an MLflow store, one MLflow run per run
     mlflow_dir: str = MISSING  # the MLflow store's folder (SQLite, <dir>/mlflow.db)
+    level: str = MISSING  # info | debug: debug also shows Flower's lines of fedsim.progress.NOISE
+
+    def __post_init__(self):
+        require(self.level in LOG_LEVELS, "logging.level", f"one of {LOG_LEVELS}", self.level)
 
 
 @dataclass

@@ -47,6 +47,7 @@ from fedsim.privacy.audit import AuditReport
 from fedsim.privacy.dp import NOT_PRIVATE
 from fedsim.privacy.plan import PrivacyPlan
 from fedsim.privacy.secret import derive, run_secret
+from fedsim.progress import Quiet
 from fedsim.results import provenance
 from fedsim.results.comparison import headline
 from fedsim.results.mlflow_sink import MlflowSink
@@ -62,6 +63,7 @@ from fedsim.runtime.sharded_grid import ShardedGrid
 from fedsim.seeding import SERVER, SERVER_SAMPLING, reseed
 
 app = ServerApp()
+QUIET = Quiet()
 
 # [tool.flwr.app.config]'s keys for the common knobs -> the Hydra override each one sets ("" leaves
 # it to conf/); tests/test_docs.py checks that pyproject.toml declares exactly these and `overrides`
@@ -96,6 +98,15 @@ def main(grid: Grid, context: Context) -> None:
         if by_flwr:
             logger.error(flwr_cli.failure_note(context.run_id))
         raise
+    flower_log = logging.getLogger("flwr")
+    if cfg.logging.level == "debug":
+        flower_log.removeFilter(QUIET)
+    else:
+        flower_log.addFilter(QUIET)  # once: a filter added again is not added twice
+    if (
+        by_flwr and not cfg.ship_results
+    ):  # `fedsim run` keeps the log it streams (fedsim/run/launcher.py)
+        keep_log(Path(cfg.results_dir) / "fedsim.log", [logger, flower_log])
     if cfg.hardware.backend == "deployment" and cfg.hardware.waits.pull_backoff is not None:
         shorten_pull_backoff(
             cfg.hardware.waits.pull_backoff
@@ -124,6 +135,15 @@ def main(grid: Grid, context: Context) -> None:
         raise
     if by_flwr and not cfg.checkpoint.keep:  # as `fedsim run`: a completed run is never resumed
         shutil.rmtree(Path(cfg.results_dir) / "checkpoint", ignore_errors=True)
+
+
+def keep_log(path: Path, loggers: list[logging.Logger]) -> None:
+    """Every later record of ``loggers`` also to ``path`` (appended to)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    for log in loggers:
+        log.addHandler(handler)
 
 
 def run_overrides(run_config) -> list[str]:
