@@ -90,6 +90,7 @@ def test_a_sweep_points_log_is_written_once(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # one run through Ray: 2 min on 2 loaded cores
 def test_a_single_run_keeps_its_quiet_log(tmp_path):
     out = tmp_path / "results"
     code, log = fedsim_run(*TINY, f"results_dir={out}")

@@ -133,7 +133,7 @@ def main(grid: Grid, context: Context) -> None:
         if by_flwr:
             logger.error(flwr_cli.failure_note(context.run_id))
         raise
-    if by_flwr and not cfg.checkpoint.keep:  # as `fedsim run`: a completed run is never resumed
+    if by_flwr and not (cfg.checkpoint.keep or cfg.ship_results):  # as `fedsim run` does
         shutil.rmtree(Path(cfg.results_dir) / "checkpoint", ignore_errors=True)
 
 
