@@ -10,19 +10,13 @@ import sys
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
+from test_e2e_simulation import TINY
 
 from conftest import fedsim_run
 from fedsim.config.compose import REFUSED, compose_checked
 from fedsim.progress import Quiet
 from fedsim.run.launcher import _Results, run_log
 
-TINY = [
-    "experiment=fedtp_aggregate",
-    "task.client=fedsim_clients.state_probe.StateProbeClient",
-    "hardware.num_clients=2",
-    "strategy.noise_multiplier=0",
-    "num_rounds=1",
-]
 # lines of a real run's stream (fedsim run, 2026-12-02) that say nothing about the run
 FLOWER_NOISE = [
     "\x1b[93mWARNING \x1b[0m:   Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.",
