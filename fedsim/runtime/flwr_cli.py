@@ -18,10 +18,12 @@ from datetime import datetime
 from pathlib import Path
 
 import psutil
+from omegaconf import OmegaConf
 
 from fedsim.config.compose import ConfigError
 from fedsim.config.data import ENV_VAR as DATA_ROOT_ENV
 from fedsim.config.data import REPO_ROOT
+from fedsim.config.node_local import SETTINGS
 from fedsim.results import provenance
 
 RUN_TOKEN_ENV = "FEDSIM_RUN_TOKEN"  # set by `fedsim run` on every process of its runs
@@ -70,22 +72,28 @@ def failure_note(run_id: int) -> str:
     )
 
 
-def refuse_data_root_clients_miss(overrides: list[str], data_root: str) -> None:
-    """A ``data_root=`` override reaches this ServerApp only: the clients of Flower's local
-    simulation read ``$FEDSIM_DATA_ROOT`` of the SuperLink's environment (they take no folder
-    from the server, ``fedsim/config/node_local.py``). Refused unless that is the same folder,
-    before any client reads the other one."""
-    if not any(o.startswith("data_root=") for o in overrides):
-        return
-    theirs = os.environ.get(DATA_ROOT_ENV)
-    if theirs and Path(theirs).expanduser().resolve() == Path(data_root):
-        return
-    raise ConfigError(
-        f"data_root={data_root} reaches the ServerApp only: under `flwr run` the clients read "
-        f"${DATA_ROOT_ENV} of the SuperLink's environment, which is "
-        f"{theirs or 'unset'}. Export {DATA_ROOT_ENV}={data_root} before the SuperLink starts "
-        f"(or use `fedsim run data_root=...`, which hands it to its clients). {superlink_note()}"
-    )
+def refuse_settings_clients_miss(overrides: list[str], cfg) -> None:
+    """An override of a client's own folder (``data_root``, ``client_state.dir``,
+    ``task.he.key_dir``, ``task.embedding_cache``) reaches this ServerApp only: the clients of
+    Flower's local simulation read the variable of the SuperLink's environment for it and take no
+    folder from the server (``fedsim/config/node_local.py``). Refused unless that variable names
+    the same folder, before any client uses the other one."""
+    for var, path in SETTINGS.values():
+        if not any(o.startswith(f"{path}=") for o in overrides):
+            continue
+        ours, theirs = OmegaConf.select(cfg, path), os.environ.get(var)
+        if ours is None or (theirs and _same_folder(theirs, ours)):
+            continue
+        raise ConfigError(
+            f"{path}={ours} reaches the ServerApp only: under `flwr run` the clients read ${var} "
+            f"of the SuperLink's environment, which is {theirs or 'unset'}. Export "
+            f"{var}={ours} before the SuperLink starts (or use `fedsim run {path}=...`, which "
+            f"hands it to its clients). {superlink_note()}"
+        )
+
+
+def _same_folder(a: str, b: str) -> bool:
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
 
 
 def checkout() -> dict:

@@ -91,7 +91,7 @@ def main(grid: Grid, context: Context) -> None:
     try:
         cfg = compose_checked(overrides)
         if by_flwr and cfg.hardware.backend == "simulation":
-            flwr_cli.refuse_data_root_clients_miss(overrides, str(cfg.data_root))
+            flwr_cli.refuse_settings_clients_miss(overrides, cfg)
     except REFUSED as exc:  # Flower marks the run failed and logs the traceback after this
         note = f"\n{flwr_cli.superlink_note()}" if isinstance(exc, DataNotFoundError) else ""
         logger.error("configuration error, nothing was sent:\n%s%s", exc, note if by_flwr else "")
