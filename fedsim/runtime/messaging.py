@@ -413,6 +413,11 @@ class Messenger:
         for key, value in values.items():
             row[key] = row.get(key, 0) + value
 
+    def count(self, phase: str, server_round: int, **faults: int) -> None:
+        """Add faults a protocol finds after an exchange screened its replies (SecAgg+: a share
+        a node's neighbour could not decrypt) to that exchange's counts."""
+        self._record(self.faults, phase, server_round, faults)
+
     def round_traffic(self, phase: str, server_round: int) -> dict[str, float]:
         return dict(self.traffic.get(phase, {}).get(server_round, {}))
 

@@ -135,7 +135,23 @@ class Blob:
         )
 
 
-Field = Number | Numbers | Text | Texts | Blob
+@dataclass(frozen=True)
+class Blobs:
+    """A list of at most ``length`` ``bytes``, each an ``item``."""
+
+    item: Blob = Blob()
+    length: Bound = math.inf
+
+    def problem(self, value, node: int) -> str | None:
+        if not isinstance(value, list) or len(value) > at(self.length, node):
+            return "not a list of the expected length"
+        return next(
+            (f"item {i}: {why}" for i, v in enumerate(value) if (why := self.item.problem(v, node))),
+            None,
+        )
+
+
+Field = Number | Numbers | Text | Texts | Blob | Blobs
 
 
 @dataclass(frozen=True)
