@@ -185,7 +185,10 @@ class ClientRound:
                 f"a message of round {round_number} while in round {self.round}: replayed or stale"
             )
         if self.stage != stage:
-            raise Refused(f"round {self.round} is past '{stage}' (at '{self.stage}'): replayed")
+            raise Refused(
+                f"round {self.round} is at stage '{self.stage}', not '{stage}': a replayed or "
+                "out-of-order message"
+            )
 
 
 KINDS = ("mask", "share", "sign")
