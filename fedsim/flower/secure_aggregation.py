@@ -1,11 +1,9 @@
 """Flower's SecAgg+ primitives that fedsim's secure aggregation (``fedsim/privacy/secagg/``)
-reuses: Shamir sharing of mask seeds and keys (PyCryptodome's, 16-byte chunks), ECDH key
-agreement with HKDF and Fernet's authenticated encryption of the shares, the share's framing
-with its source and destination, the EC key pairs and ECDSA signatures of Flower's node
-authentication, and the stochastic quantization of its SecAgg+ mod. Flower keeps them outside its
+reuses: ECDH key agreement with HKDF and Fernet's authenticated encryption of the shares, the
+share's framing with its source and destination, the EC key pairs and ECDSA signatures of
+Flower's node authentication, and the stochastic quantization of its SecAgg+ mod. Flower keeps them outside its
 public API (``flwr.common.secure_aggregation``, ``flwr.supercore.primitives``)."""
 
-from flwr.common.secure_aggregation.crypto.shamir import combine_shares, create_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import (
     decrypt,
     encrypt,
@@ -29,8 +27,6 @@ from flwr.supercore.primitives.asymmetric import (
 __all__ = [
     "bytes_to_private_key",
     "bytes_to_public_key",
-    "combine_shares",
-    "create_shares",
     "decrypt",
     "encrypt",
     "generate_key_pairs",

@@ -29,8 +29,9 @@ What the server learns: the sum, who dropped, the plaintext weights and metrics 
 It picks the ring's order from the round's public seed; a server that chose the graph to
 surround a node with colluders is outside this model (as in Bell et al.).
 
-Flower's primitives are reused (``fedsim/flower/secure_aggregation.py``: Shamir, ECDH + HKDF,
-Fernet, the share framing, EC keys, ECDSA, quantization). Written here, and why: Flower's
+Flower's primitives are reused (``fedsim/flower/secure_aggregation.py``: ECDH + HKDF, Fernet,
+the share framing, EC keys, ECDSA, quantization). Written here, and why: Shamir's sharing
+(:func:`create_shares`: Flower's is too slow for a server rebuilding 100 seeds a round); Flower's
 ``secaggplus_mod`` reads legacy fit messages (``FitIns``/``FitRes`` through ``compat``) and keeps
 its state in the SuperNode's ``Context.state`` (one per SuperNode, shared by the logical clients
 of a sharded node, lost when a run resumes), and its server half needs ``LegacyContext``;
@@ -45,9 +46,11 @@ import base64
 import hashlib
 import math
 import os
+import secrets
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from fedsim.flower import secure_aggregation as fl
@@ -114,7 +117,8 @@ def neighbours(nodes: list[int], degree: int | None, seed: int) -> dict[int, lis
     """SecAgg+'s graph of a round: ``nodes`` in a random ring (from the round's ``seed``),
     each with itself and its ``degree`` nearest (``degree // 2`` on either side); every node
     where ``degree`` is null or reaches them all (SecAgg). Sorted lists."""
-    order = [int(n) for n in np.random.default_rng(seed).permutation(sorted(nodes))]
+    ranked = sorted(int(n) for n in nodes)  # node ids are 64-bit: permute positions, not ids
+    order = [ranked[i] for i in np.random.default_rng(seed).permutation(len(ranked))]
     count = len(order)
     if degree is None or degree >= count - 1:
         return {n: sorted(order) for n in order}
@@ -129,6 +133,54 @@ def threshold(fraction: float, neighbourhood: int) -> int:
     """t for a neighbourhood of ``neighbourhood`` nodes (itself included): more than half of it
     (the consistency check needs it) and at least 2."""
     return min(neighbourhood, max(2, math.floor(fraction * neighbourhood) + 1))
+
+
+PRIME = 2**521 - 1  # a Mersenne prime: a seed (32 bytes) or a P-384 scalar (48) is one element
+SHARE_BYTES = 66
+
+
+def create_shares(secret: bytes, t: int, n: int) -> list[bytes]:
+    """Shamir's ``n`` shares of ``secret`` (at most 65 bytes), any ``t`` of which rebuild it and
+    fewer tell nothing: ``f(1..n)`` of a random polynomial of degree ``t - 1`` over GF(2^521 - 1)
+    with ``f(0)`` the secret; a share is its 4-byte index and ``f(index)``. Hand-written, not
+    Flower's ``create_shares``: that one (PyCryptodome's GF(2^128), pure-Python multiplication,
+    in 16-byte chunks) took 0.25 s of server time to rebuild one 32-byte seed from 27 shares,
+    which at 100 clients is most of a round; Python's integers take microseconds."""
+    draw = secrets.SystemRandom()
+    coefficients = [int.from_bytes(secret, "big")] + [draw.randrange(PRIME) for _ in range(t - 1)]
+    shares = []
+    for x in range(1, n + 1):
+        y = 0
+        for c in reversed(coefficients):
+            y = (y * x + c) % PRIME
+        shares.append(x.to_bytes(4, "big") + y.to_bytes(SHARE_BYTES, "big"))
+    return shares
+
+
+def combine_shares(shares: list[bytes], size: int) -> bytes:
+    """The ``size``-byte secret of ``shares`` (Lagrange interpolation at 0)."""
+    points = [(int.from_bytes(s[:4], "big"), int.from_bytes(s[4:], "big")) for s in shares]
+    if len({x for x, _ in points}) != len(points):
+        raise ValueError("two shares of one index")
+    secret = 0
+    for i, (xi, yi) in enumerate(points):
+        num = den = 1
+        for j, (xj, _) in enumerate(points):
+            if j != i:
+                num, den = num * xj % PRIME, den * (xj - xi) % PRIME
+        secret = (secret + yi * num * pow(den, -1, PRIME)) % PRIME
+    if secret >= 256**size:
+        raise ValueError("the shares do not rebuild a secret of this size")
+    return secret.to_bytes(size, "big")
+
+
+def key_scalar(private_pem: bytes) -> bytes:
+    """A P-384 private key's scalar (48 bytes): what is shared of a mask key."""
+    return fl.bytes_to_private_key(private_pem).private_numbers().private_value.to_bytes(48, "big")
+
+
+def key_of_scalar(scalar: bytes):
+    return ec.derive_private_key(int.from_bytes(scalar, "big"), ec.SECP384R1())
 
 
 def digest(data: bytes) -> bytes:
@@ -226,8 +278,8 @@ def share(
     if not (len(ids) // 2 < t <= len(ids)) or t < 2:
         raise Refused(f"threshold {t} for {len(ids)} neighbours: needs more than half, >= 2")
     seed = os.urandom(32)
-    seed_shares = fl.create_shares(seed, t, len(ids))
-    key_shares = fl.create_shares(state.secret("mask"), t, len(ids))
+    seed_shares = create_shares(seed, t, len(ids))
+    key_shares = create_shares(key_scalar(state.secret("mask")), t, len(ids))
     share_key = fl.bytes_to_private_key(state.secret("share"))
     dsts, ciphertexts = [], []
     for node, seed_share, key_share in zip(ids, seed_shares, key_shares):
@@ -407,7 +459,10 @@ class Unmasker:
                     f"node {node}: {len(got)} shares came back, t={self.t[node]} needed to "
                     f"{'unmask its input' if node in live else 'remove its pairwise masks'}"
                 )
-            secret = fl.combine_shares(got)
+            try:
+                secret = combine_shares(got[: self.t[node]], 32 if node in live else 48)
+            except ValueError as exc:
+                raise Unrecoverable(f"node {node}: {exc}") from exc
             if node in live:
                 if digest(secret) != self.book[node].seed_commitment:
                     raise Unrecoverable(
@@ -416,8 +471,8 @@ class Unmasker:
                 seeds[node] = secret
                 continue
             try:
-                private_key = fl.bytes_to_private_key(secret)
-            except Exception as exc:
+                private_key = key_of_scalar(secret)
+            except ValueError as exc:
                 raise Unrecoverable(f"node {node}: its shares do not rebuild a key") from exc
             if fl.public_key_to_bytes(private_key.public_key()) != self.book[node].keys[0]:
                 raise Unrecoverable(f"node {node}: its shares rebuild another key than it sent")
