@@ -134,7 +134,11 @@ def test_every_pair_is_accepted_or_refused_with_a_reason_from_the_data(base):
                 why,
             )
         if traits.aggregation == "robust" and kind != "none":
-            assert why is not None, (exp, strategy, privacy)  # no robust aggregator under HE, DP, SecAgg
+            assert why is not None, (
+                exp,
+                strategy,
+                privacy,
+            )  # no robust aggregator under HE, DP, SecAgg
     ok = lambda e, s, p: matrix[(e, s, p)] is None  # noqa: E731
     assert ok("feddtre_paper", "fedadam", "none") and ok(
         "feddtre_paper", "trust_alpha", "dp_server_fixed"

@@ -328,7 +328,9 @@ class Privacy:
 
     reproducible_noise: bool = MISSING  # noise from the public seed: reproducible, not private
     audit: Audit = MISSING  # the measured lower bound beside the accountant's epsilon
-    kind: str = MISSING  # none | dp (Flower's central DP wrappers) | he (HEFedAvg) | secagg (SecAgg+)
+    kind: str = (
+        MISSING  # none | dp (Flower's central DP wrappers) | he (HEFedAvg) | secagg (SecAgg+)
+    )
     wrapper: Any = MISSING  # the wrapper's _target_ and settings; null: none
     he: str | None = MISSING  # why this wrapper cannot run inside HE (null: it can)
     delta: float | None = MISSING  # delta of the (epsilon, delta) a dp wrapper's run reports

@@ -127,10 +127,15 @@ def run_key_of(cfg: DictConfig) -> str:
 
 
 def payload_bytes(content: RecordDict) -> int:
-    """Bytes a message carries as data: array buffers and ``bytes`` config values."""
+    """Bytes a message carries as data: array buffers and ``bytes`` config values, alone or in
+    a list (SecAgg+'s keys, ciphertexts and shares)."""
     arrays = sum(len(a.data) for r in content.array_records.values() for a in r.values())
     blobs = sum(
-        len(v) for r in content.config_records.values() for v in r.values() if isinstance(v, bytes)
+        len(b)
+        for r in content.config_records.values()
+        for v in r.values()
+        for b in (v if isinstance(v, list) else [v])
+        if isinstance(b, bytes)
     )
     return arrays + blobs
 

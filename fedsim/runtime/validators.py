@@ -146,7 +146,11 @@ class Blobs:
         if not isinstance(value, list) or len(value) > at(self.length, node):
             return "not a list of the expected length"
         return next(
-            (f"item {i}: {why}" for i, v in enumerate(value) if (why := self.item.problem(v, node))),
+            (
+                f"item {i}: {why}"
+                for i, v in enumerate(value)
+                if (why := self.item.problem(v, node))
+            ),
             None,
         )
 

@@ -43,6 +43,7 @@ answer a second unmask request, which step 5 refuses.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import math
 import os
@@ -159,19 +160,28 @@ def create_shares(secret: bytes, t: int, n: int) -> list[bytes]:
 
 def combine_shares(shares: list[bytes], size: int) -> bytes:
     """The ``size``-byte secret of ``shares`` (Lagrange interpolation at 0)."""
-    points = [(int.from_bytes(s[:4], "big"), int.from_bytes(s[4:], "big")) for s in shares]
-    if len({x for x, _ in points}) != len(points):
+    xs = tuple(int.from_bytes(s[:4], "big") for s in shares)
+    if len(set(xs)) != len(xs):
         raise ValueError("two shares of one index")
-    secret = 0
-    for i, (xi, yi) in enumerate(points):
-        num = den = 1
-        for j, (xj, _) in enumerate(points):
-            if j != i:
-                num, den = num * xj % PRIME, den * (xj - xi) % PRIME
-        secret = (secret + yi * num * pow(den, -1, PRIME)) % PRIME
+    ys = [int.from_bytes(s[4:], "big") for s in shares]
+    secret = sum(y * c for y, c in zip(ys, _lagrange_at_zero(xs))) % PRIME
     if secret >= 256**size:
         raise ValueError("the shares do not rebuild a secret of this size")
     return secret.to_bytes(size, "big")
+
+
+@functools.lru_cache(maxsize=64)
+def _lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
+    """The Lagrange coefficients at 0 of the indices ``xs``: the same holders answer for many
+    nodes of a round, so they are computed once."""
+    out = []
+    for i, xi in enumerate(xs):
+        num = den = 1
+        for j, xj in enumerate(xs):
+            if j != i:
+                num, den = num * xj % PRIME, den * (xj - xi) % PRIME
+        out.append(num * pow(den, -1, PRIME) % PRIME)
+    return tuple(out)
 
 
 def key_scalar(private_pem: bytes) -> bytes:
