@@ -6,6 +6,7 @@ metrics within the quantization bound)."""
 import json
 
 import pytest
+
 from conftest import fedsim_refusal, fedsim_run
 
 

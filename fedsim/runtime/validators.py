@@ -136,23 +136,10 @@ class Blob:
 
 
 @dataclass(frozen=True)
-class Blobs:
-    """A list of at most ``length`` ``bytes``, each an ``item``."""
+class Blobs(Texts):
+    """A list of at most ``length`` ``bytes``, each a ``item``."""
 
     item: Blob = Blob()
-    length: Bound = math.inf
-
-    def problem(self, value, node: int) -> str | None:
-        if not isinstance(value, list) or len(value) > at(self.length, node):
-            return "not a list of the expected length"
-        return next(
-            (
-                f"item {i}: {why}"
-                for i, v in enumerate(value)
-                if (why := self.item.problem(v, node))
-            ),
-            None,
-        )
 
 
 Field = Number | Numbers | Text | Texts | Blob | Blobs
