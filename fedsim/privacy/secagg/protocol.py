@@ -77,9 +77,10 @@ def levels(num_clients: int) -> int:
     return min(2**31 - 1, (RING - 1) // max(num_clients, 1))
 
 
-def prg(seed: bytes, size: int) -> np.ndarray:
-    """``size`` uniform uint32 values from a 32-byte ``seed``: AES-256 in counter mode."""
-    key = hashlib.sha256(b"fedsim-secagg-prg" + seed).digest()
+def prg(secret: bytes, size: int) -> np.ndarray:
+    """``size`` uniform uint32 values from a 32-byte ``secret`` (a self-mask seed, a pairwise
+    key): AES-256 in counter mode under its SHA-256."""
+    key = hashlib.sha256(b"fedsim-secagg-prg" + secret).digest()
     stream = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
     return np.frombuffer(stream.update(bytes(4 * size)), dtype=np.uint32)
 
