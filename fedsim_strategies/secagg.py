@@ -173,7 +173,7 @@ class RoundRun:
         masked, masked_with, replies = self._mask(tokens)
         live, dropped = self._live(masked_with)
         signatures = self._check(live)
-        unmasker = protocol.Unmasker(self.book, self.graph, self.t)
+        unmasker = protocol.Unmasker(self.book, self.t)
         shares = self._unmask(unmasker, live, dropped, signatures)
         seeds, mask_keys = unmasker.secrets(shares, live, dropped)
         total = unmasker.total(
@@ -205,8 +205,8 @@ class RoundRun:
             },
             check=check,
         )
-        replies = self.grid.messenger.exchange(
-            f"{self.grid.label}/secagg-keys",
+        replies = self.grid.exchange(
+            "secagg-keys",
             [
                 _query(n, self.base, {keys.OP: keys.ADVERTISE, keys.ROUND: self.rnd, keys.SELF: n})
                 for n in self.train

@@ -434,8 +434,8 @@ class Unmasker:
     (a share that fails it is not used: :meth:`problem`), the live nodes' seeds and the dropped
     nodes' mask keys reconstructed from ``t`` of them, their masks removed from the sum."""
 
-    def __init__(self, book: dict[int, Advertised], graph: dict[int, list[int]], t: dict[int, int]):
-        self.book, self.graph, self.t = book, graph, t
+    def __init__(self, book: dict[int, Advertised], t: dict[int, int]):
+        self.book, self.t = book, t
 
     def problem(
         self, holder: int, ids: list[int], shares: list[bytes], live, dropped

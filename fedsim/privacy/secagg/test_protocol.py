@@ -52,9 +52,7 @@ def test_the_sum_of_live_clients_is_unmasked_and_nothing_else():
     live, dropped = [1, 2, 3, 4], [5]  # 5's masked input never arrived
     signatures = fed.signatures(live, live)
     replies = {n: p.unmask(fed.states[n], 1, live, dropped, signatures) for n in live}
-    unmasker = p.Unmasker(
-        fed.book, {n: sorted(fed.keys) for n in fed.keys}, dict.fromkeys(fed.keys, T)
-    )
+    unmasker = p.Unmasker(fed.book, dict.fromkeys(fed.keys, T))
     for holder, (ids, shares) in replies.items():
         assert unmasker.problem(holder, ids, shares, set(live), set(dropped)) is None
     seeds, keys = unmasker.secrets(replies, live, dropped)
@@ -92,9 +90,7 @@ def test_server_cannot_unmask_a_live_client_from_its_self_mask_alone():
     live = list(fed.keys)
     signatures = fed.signatures(live, live)
     replies = {n: p.unmask(fed.states[n], 1, live, [], signatures) for n in live}
-    unmasker = p.Unmasker(
-        fed.book, {n: sorted(fed.keys) for n in fed.keys}, dict.fromkeys(fed.keys, T)
-    )
+    unmasker = p.Unmasker(fed.book, dict.fromkeys(fed.keys, T))
     seeds, _ = unmasker.secrets(replies, live, [])
     guess = fed.masked[1] - p.prg(seeds[1], SIZE + 1)
     assert np.mean(guess.astype(np.int64) != fed.vectors[1].astype(np.int64)) > 0.9
@@ -109,9 +105,7 @@ def test_claiming_a_live_client_dropped_leaves_it_masked():
     live, dropped = [2, 3, 4, 5], [1]
     signatures = fed.signatures(live, live)
     replies = {n: p.unmask(fed.states[n], 1, live, dropped, signatures) for n in live}
-    unmasker = p.Unmasker(
-        fed.book, {n: sorted(fed.keys) for n in fed.keys}, dict.fromkeys(fed.keys, T)
-    )
+    unmasker = p.Unmasker(fed.book, dict.fromkeys(fed.keys, T))
     seeds, keys = unmasker.secrets(replies, live, dropped)
     assert 1 in keys and 1 not in seeds
     without_pairs = fed.masked[1]
