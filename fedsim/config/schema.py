@@ -333,7 +333,9 @@ class Privacy:
 
     reproducible_noise: bool = MISSING  # noise from the public seed: reproducible, not private
     audit: Audit = MISSING  # the measured lower bound beside the accountant's epsilon
-    kind: str = MISSING  # none | dp (Flower's central DP wrappers) | he (HEFedAvg)
+    kind: str = (
+        MISSING  # none | dp (Flower's central DP wrappers) | he (HEFedAvg) | secagg (SecAgg+)
+    )
     wrapper: Any = MISSING  # the wrapper's _target_ and settings; null: none
     he: str | None = MISSING  # why this wrapper cannot run inside HE (null: it can)
     delta: float | None = MISSING  # delta of the (epsilon, delta) a dp wrapper's run reports
@@ -723,13 +725,14 @@ def dp_wrappers() -> tuple[type, ...]:
 
 def wrapper_kind(wrapper) -> str:
     """What a privacy wrapper does, read from its class: none (no wrapper), dp (a Flower DP
-    wrapper), he (a class declaring ``privacy_kind = "he"``: HEFedAvg), else other."""
+    wrapper), he or secagg (a class declaring ``privacy_kind``: HEFedAvg, SecAggPlus), else other."""
     if not wrapper:
         return "none"
     cls = get_class(wrapper["_target_"])
     if issubclass(cls, dp_wrappers()):
         return "dp"
-    return "he" if getattr(cls, "privacy_kind", None) == "he" else "other"
+    declared = getattr(cls, "privacy_kind", None)
+    return declared if declared in ("he", "secagg") else "other"
 
 
 def check_privacy(privacy: DictConfig) -> None:
@@ -744,7 +747,7 @@ def check_privacy(privacy: DictConfig) -> None:
         raise ValueError(
             f"privacy.kind={privacy.kind} does not match privacy.wrapper {target} (a {kind} "
             f"wrapper): the run's privacy follows the wrapper it builds; choose privacy=none, "
-            f"a dp_* wrapper or he_fedavg and leave privacy.kind as that file sets it"
+            f"a dp_* wrapper, he_fedavg or secagg and leave privacy.kind as that file sets it"
         )
     if kind != "dp":
         return
@@ -874,6 +877,11 @@ def check_strategy(cfg: DictConfig, protocol: Protocol) -> None:
         raise ValueError(
             f"{here} cannot run strategy {name}: it aggregates '{traits.takes}' replies; "
             f"this experiment's clients send {slot.accepts or 'none a strategy can take'}"
+        )
+    if privacy.kind != "none" and privacy.kind not in traits:
+        raise ValueError(
+            f"strategy {name} has no traits.{privacy.kind}: fedsim cannot tell whether "
+            f"privacy={privacy.kind} can wrap it (null: it can; else why not)"
         )
     if privacy.kind != "none" and traits.get(privacy.kind):
         raise ValueError(

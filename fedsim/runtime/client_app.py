@@ -32,7 +32,7 @@ from fedsim.message_keys import (
     RAY_NODE,
     SERVER_ROUND,
 )
-from fedsim.runtime import client_state, exchange_trace, he_layer
+from fedsim.runtime import client_state, exchange_trace, he_layer, secagg_layer
 from fedsim.runtime.faults import fault_injection_mod
 from fedsim.runtime.journal import WHOAMI
 from fedsim.runtime.sharded_grid import SHARD, serve_batch
@@ -81,11 +81,14 @@ app = ClientApp(mods=MODS)
 @lru_cache(maxsize=64)
 def _client(task_json: str, data_root: str, partition_id: int, num_partitions: int):
     """The task's handler (``fedsim_clients/handler.py``), in the HE layer where the task carries
-    CKKS parameters (``fedsim/runtime/he_layer.py``). The message names it: only a class of fedsim's
-    may be built (``fedsim/code_policy.py``), else the message gets an error reply."""
+    CKKS parameters (``fedsim/runtime/he_layer.py``), in the SecAgg+ layer, which answers the
+    messages of a SecAgg+ round only (``fedsim/runtime/secagg_layer.py``). The message names it:
+    only a class of fedsim's may be built (``fedsim/code_policy.py``), else the message gets an
+    error reply."""
     task = json.loads(task_json)
     handler = allowed_code(task["client"], "task.client")
-    return he_layer.around(handler(task, data_root, partition_id, num_partitions), task)
+    inner = he_layer.around(handler(task, data_root, partition_id, num_partitions), task)
+    return secagg_layer.SecAggLayer(inner, partition_id)
 
 
 @lru_cache(maxsize=16)

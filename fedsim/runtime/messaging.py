@@ -127,10 +127,15 @@ def run_key_of(cfg: DictConfig) -> str:
 
 
 def payload_bytes(content: RecordDict) -> int:
-    """Bytes a message carries as data: array buffers and ``bytes`` config values."""
+    """Bytes a message carries as data: array buffers and ``bytes`` config values, alone or in
+    a list (SecAgg+'s keys, ciphertexts and shares)."""
     arrays = sum(len(a.data) for r in content.array_records.values() for a in r.values())
     blobs = sum(
-        len(v) for r in content.config_records.values() for v in r.values() if isinstance(v, bytes)
+        len(b)
+        for r in content.config_records.values()
+        for v in r.values()
+        for b in (v if isinstance(v, list) else [v])
+        if isinstance(b, bytes)
     )
     return arrays + blobs
 
@@ -412,6 +417,11 @@ class Messenger:
         row = table.setdefault(phase, {}).setdefault(server_round, {})
         for key, value in values.items():
             row[key] = row.get(key, 0) + value
+
+    def count(self, phase: str, server_round: int, **faults: int) -> None:
+        """Add faults a protocol finds after an exchange screened its replies (SecAgg+: a share
+        a node's neighbour could not decrypt) to that exchange's counts."""
+        self._record(self.faults, phase, server_round, faults)
 
     def round_traffic(self, phase: str, server_round: int) -> dict[str, float]:
         return dict(self.traffic.get(phase, {}).get(server_round, {}))
