@@ -1256,7 +1256,8 @@ def _run_verdicts(comparison: dict) -> str:
         else ""
     )
     if not judged:
-        return "### Verdicts (this run alone)\n\nNo verdict." + note
+        why = "" if unjudged else ": the experiment states no baseline and no contrast"
+        return f"### Verdicts (this run alone)\n\nNo verdict{why}." + note
     table = _verdicts({**comparison, "paired": judged, "contrasts": []})
     return table.replace("## Verdicts", "### Verdicts (this run alone)") + note
 
