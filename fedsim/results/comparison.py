@@ -48,7 +48,7 @@ from omegaconf.errors import OmegaConfBaseException
 from scipy import stats
 
 from fedsim.config.schema import EffectOfInterest, Sweep
-from fedsim.results.display import axis_label, context, label, measure
+from fedsim.results.display import axis_label, context, measure
 from fedsim.results.outputs import (
     MAX_FILE_BYTES,
     RunOutput,
@@ -870,7 +870,7 @@ def _verdicts(comparison: dict) -> str:
     and verdict; the full rows (p, Holm, MDE, basis) follow in their section."""
     rows = [
         {
-            "what": label(p["metric"])
+            "what": _what(p["metric"], p["family"])
             + ("" if "null" in p else f" - {comparison['settings']['baseline']}"),
             "group": p["label"],
             "mean diff": p["mean"],
@@ -884,14 +884,16 @@ def _verdicts(comparison: dict) -> str:
             "## Verdicts\n\nNo verdict: no baseline (sweep.baseline) and no contrast "
             "(sweep.contrasts) to judge a difference against; the headline metrics over seeds follow."
         )
-    return "## Verdicts\n\n" + markdown_table(rows, VERDICT_COLUMNS)
+    one_group = all(r["group"] == "(all runs)" for r in rows)
+    columns = [c for c in VERDICT_COLUMNS if c != "group" or not one_group]
+    return "## Verdicts\n\n" + markdown_table(rows, columns)
 
 
 def _over_seeds_rows(comparison: dict, family: str) -> list[dict]:
     return [
         {
             "group": g["label"],
-            "what": label(m),
+            "what": _what(m, d["family"]),
             "metric": m,
             "n": d["n"],
             "mean": d["mean"],
@@ -1087,7 +1089,7 @@ def _forest(axes, rows_by_family: dict[str, list[dict]], xlabel, zero: bool, lev
         # a record's names, shown as written: no mathtext ("$\\frac{$" refused the comparison)
         ax.set_yticks(y, [_plot_text(r["name"], TICK_CHARS) for r in rows], parse_math=False)
         ax.tick_params(labelsize=FONT["tick"])
-        ax.set_title(_plot_text(axis_label(family)), fontsize=FONT["title"], parse_math=False)
+        ax.set_title(_plot_text(_family_title(family)), fontsize=FONT["title"], parse_math=False)
         ax.set_xlabel(_plot_text(xlabel(family)), fontsize=FONT["label"], parse_math=False)
     kinds = {}  # one legend entry per marker kind, of every panel
     for ax in axes:
@@ -1115,12 +1117,12 @@ def plot(comparison: dict, out: RunOutput, suffix: str = "") -> dict:
         f: set() for f in comparison["families"]
     }  # a family may hold both kinds
     for p in comparison["paired"] + comparison["contrasts"]:
-        paired[p["family"]].append({**p, "name": _row_name(p["label"], p["metric"])})
+        paired[p["family"]].append({**p, "name": _row_name(p["label"], p["metric"], p["family"])})
         against[p["family"]].add("its null" if "null" in p else str(s["baseline"]))
     over: dict[str, list[dict]] = {f: [] for f in comparison["families"]}
     for g in comparison["groups"]:
         for m, d in g["metrics"].items():
-            over[d["family"]].append({**d, "name": _row_name(g["label"], m)})
+            over[d["family"]].append({**d, "name": _row_name(g["label"], m, d["family"])})
     seeds = max((d["n"] for g in comparison["groups"] for d in g["metrics"].values()), default=0)
     figures = {}
     for name, rows, xlabel, zero, title in (
@@ -1151,11 +1153,33 @@ def plot(comparison: dict, out: RunOutput, suffix: str = "") -> dict:
     return figures
 
 
-def _row_name(group: str, metric: str) -> str:
+def _apart(metric: str, family: str) -> str:
+    """What tells ``metric`` apart from the others of its family: the components its family's
+    pattern leaves open (``routers.*.overall.ehr``: "fedmix"), else its context
+    (:func:`fedsim.results.display.context`: a family named by a last component)."""
+    found = path_pattern(family).fullmatch(metric)
+    return ", ".join(found.groups()) if found and found.groups() else context(metric)
+
+
+def _what(metric: str, family: str) -> str:
+    """``metric`` in a reader's words: its family's measure, and what sets it apart."""
+    apart = _apart(metric, family)
+    return f"{apart}: {measure(family).name}" if apart else measure(family).name
+
+
+def _row_name(group: str, metric: str, family: str) -> str:
     """A plot row: its group's overrides (none when every run is one group) and what tells the
     metric apart from the others of its panel (the panel's title names the measure)."""
-    parts = [p for p in (group if group != "(all runs)" else "", context(metric)) if p]
+    parts = [p for p in (group if group != "(all runs)" else "", _apart(metric, family)) if p]
     return " ".join(parts) or "all runs"
+
+
+def _family_title(family: str) -> str:
+    """A panel's title: the family's measure and unit, after what its pattern fixes besides
+    (``rlhf.head_to_head.*.*.win_rate``: "head_to_head: win rate (win rate, 0 to 1)"), so two
+    families of one measure read apart."""
+    where = context(family)
+    return f"{where}: {axis_label(family)}" if where else axis_label(family)
 
 
 def _unit(family: str) -> str:
@@ -1229,7 +1253,7 @@ def run_headline(results: dict, settings: Sweep) -> str:
         return f"## Headline\n\nNo headline: {markdown_text(exc)}"
     (values,) = [g["metrics"] for g in comparison["groups"]]  # one run: one group
     rows = [
-        {"what": label(m), "value": values[m]["mean"], "metric": m}
+        {"what": _what(m, values[m]["family"]), "value": values[m]["mean"], "metric": m}
         for ms in comparison["families"].values()  # sweep.metrics' order
         for m in ms
         if m in values

@@ -67,7 +67,7 @@ def test_a_runs_summary_leads_with_its_headline_and_its_own_verdict():
     lead = run_headline(results, settings)
     assert lead.startswith("## Headline") and "| fedmix, overall: evidence hit rate |" in lead
     verdicts = lead.split("### Verdicts (this run alone)")[1]
-    assert "| fedmix, overall: evidence hit rate - tfidf | (all runs) | 0.0031 |" in verdicts
+    assert "| fedmix, overall: evidence hit rate - tfidf | 0.0031 |" in verdicts
     assert "excluded" in verdicts and "other differences: no claim from one run" in verdicts
     summary = comparison.lead_with("**Warning: x.**\n\n# fedtp\n\nbody\n", lead)
     assert summary.index("# fedtp") < summary.index("## Headline") < summary.index("body")
