@@ -17,8 +17,10 @@ from test_outputs import Kept
 from test_records import comparison as record_comparison
 
 from fedsim.config.data import REPO_ROOT
+from fedsim.privacy.audit import AuditReport, Bound
 from fedsim.results import comparison
 from fedsim.results.curves import learning_curve
+from fedsim.runtime.server_app import audit_section
 from fedsim_experiments.fedbiscuit import report as fedbiscuit_report
 from fedsim_experiments.feddtre import report as feddtre_report
 from fedsim_experiments.fede4rag import report as fede4rag_report
@@ -242,3 +244,27 @@ def test_the_bench_figures_of_the_docs(tmp_path):
     stats = feddtre_report.alpha_vs_gap(rounds, "client", seed=0)
     feddtre_alpha_pooled.plot(rounds, stats, len(runs), out, "alpha")
     _check_all(out.figures, {"hacking", "alpha"})
+
+
+def test_the_kd_sweep_and_privacy_audit_figures(tmp_path):
+    """The figures no kept record holds the input of: FedE4RAG's KD sweep per cell and a run's
+    privacy audit (``fedsim.runtime.server_app.audit_section``), on the shapes their runs give."""
+    cells = {
+        f"steps{s}_kd1": {
+            "local_steps": s,
+            "rounds": {k: {"kd": 1.2 + k, "client-distance": 2.0 * k} for k in (1, 2, 3)},
+        }
+        for s in (2, 4)
+    }
+    bounds = [
+        Bound("prior", sigma, upper, lower, 1e-5, 0.95, 256, 256, correct, "threshold")
+        for sigma, upper, lower, correct in [
+            (0.5, 15.5, 0.9, 180),
+            (1.0, 6.57, 0.5, 160),
+            (4.0, 1.36, 0.0, 130),
+        ]
+    ]
+    out = Kept(tmp_path)
+    fede4rag_report.kd_sweep_plot({"cells": cells}, out)
+    audit_section(AuditReport(bounds, "the prior"), out)
+    _check_all(out.figures, {"kd_by_round", "client-distance_by_round", "privacy_audit"})

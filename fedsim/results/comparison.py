@@ -24,9 +24,10 @@ difference from the null gets the same verdict and MDE as a paired row; an effec
 applies to it only when stated with ``baseline: equal_at`` (a difference from the null, never a
 paired row's "method minus baseline").
 
-The headline metrics (``sweep.metrics``, one family per pattern) lead the summary, one table
-and one plot panel (one unit per axis) per family; counters, bytes and timings
-(``sweep.bookkeeping``) get their own section and no paired rows.
+The summary leads with the verdicts, then the headline metrics (``sweep.metrics``, one family
+per pattern), one table and one plot panel (one unit per axis, titled with the measure's name and
+unit: ``fedsim/results/display.py``) per family; counters, bytes and timings
+(``sweep.bookkeeping``) close it as an appendix, with no CI and no paired rows.
 """
 
 from __future__ import annotations

@@ -320,7 +320,7 @@ def audit_section(audit: AuditReport, out: RunOutput) -> str:
     and ``privacy_audit.png``, both against sigma."""
     fig, ax, save = out.figure("privacy_audit")
     audit.plot(ax)
-    ax.set_title("Privacy audit: the accountant's epsilon and the measured lower bound")
+    ax.set_title("Privacy audit: the accountant's epsilon, the measured bound", fontsize=10)
     save()
     return "\n\n".join(
         [
