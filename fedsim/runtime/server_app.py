@@ -49,7 +49,8 @@ from fedsim.privacy.plan import PrivacyPlan
 from fedsim.privacy.secret import derive, run_secret
 from fedsim.progress import Quiet
 from fedsim.results import provenance
-from fedsim.results.comparison import headline
+from fedsim.results.comparison import headline, lead_with, run_headline
+from fedsim.results.curves import learning_curve
 from fedsim.results.mlflow_sink import MlflowSink
 from fedsim.results.outputs import RunOutput, markdown_table, ship_results
 from fedsim.results.sinks import Sinks
@@ -288,6 +289,11 @@ def _run(
             faults=messenger.faults,
             communication={**messenger.traffic, **results.get("communication", {})},
         )
+        summary = lead_with(summary, run_headline(results, typed_sweep(cfg.sweep)))
+        if learning_curve(results, out, str(cfg.protocol.name)) is not None:
+            summary = (
+                f"{summary.rstrip()}\n\nLearning curve (metric per round): `learning_curve.png`.\n"
+            )
         summary = f"{summary.rstrip()}\n\n{faults_section(messenger.faults)}\n"
         if journal is not None:
             results["checkpoint"] = {
@@ -331,7 +337,7 @@ def faults_section(faults: dict) -> str:
         for rnd, counts in rounds.items()
     ]
     columns = list(dict.fromkeys(k for row in rows for k in row))
-    return "## Replies per exchange\n\n" + (
+    return "## Appendix: replies per exchange\n\n" + (
         markdown_table(rows, columns) if rows else "(no exchange)"
     )
 
@@ -362,6 +368,7 @@ def audit_section(audit: AuditReport, out: RunOutput) -> str:
     and ``privacy_audit.png``, both against sigma."""
     fig, ax, save = out.figure("privacy_audit")
     audit.plot(ax)
+    ax.set_title("Privacy audit: the accountant's epsilon, the measured bound", fontsize=10)
     save()
     return "\n\n".join(
         [
