@@ -215,7 +215,12 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
         grid = isolate_reply_pulls(grid)
         state_layout(grid, cfg)
         if cfg.hardware.clients_per_supernode > 1:  # the protocol sees one node per logical client
-            grid = ShardedGrid(grid, int(cfg.hardware.num_clients), float(cfg.round_timeout))
+            grid = ShardedGrid(
+                grid,
+                int(cfg.hardware.num_clients),
+                float(cfg.round_timeout),
+                reply_rows=cfg.hardware.client_backend == "batched",
+            )
         messenger = Messenger(
             grid,
             float(cfg.round_timeout),

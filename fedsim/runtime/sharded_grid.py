@@ -33,11 +33,13 @@ from fedsim.flower.messages import make_message
 from fedsim.message_keys import NODE_NUM_PARTITIONS, NODE_PARTITION_ID
 from fedsim.runtime.journal import ask_partitions
 from fedsim.runtime.message_metadata import set_message_id
+from fedsim.runtime.row_batches import split_rows, stack
 
 SHARD = "fedsim-shard"  # the batch's manifest record
 CLIENTS = "clients"  # logical partition ids in the batch, in order
 NUM_CLIENTS = "num-clients"
 LAYOUT = "layout"  # JSON: per client, its record names -> packed names; errors by index
+REPLY_ROWS = "reply-rows"  # a request manifest: reply with stacked rows (row_batches.py)
 ERROR_CODE = 0  # Flower's "unknown" error code for a logical client that raised
 MALFORMED_CODE = (
     422  # an Error a grid makes for a reply it could not read: the Messenger counts it malformed
@@ -49,25 +51,34 @@ def pack(
     clients: list[int],
     num_clients: int,
     errors: dict[int, str] | None = None,
+    rows: bool = False,
 ) -> RecordDict:
     """One RecordDict for several clients' contents; a record object shared by several of them
     (a broadcast) is packed once. The manifest (``SHARD``) names the clients and, as one JSON
     string (thousands of per-client entries would cost more to check than to send), each
-    client's record names and where they are packed, or its error."""
-    packed, where, layout = RecordDict(), {}, []
-    for content in contents:
+    client's record names and where they are packed, or its error. With ``rows`` the contents
+    that stack are sent as rows of one array per key (``fedsim/runtime/row_batches.py``), the
+    manifest's ``groups`` naming their clients; the others as above."""
+    packed, single, groups = (
+        stack(contents) if rows else (RecordDict(), list(range(len(contents))), [])
+    )
+    where, layout = {}, [{} for _ in contents]
+    for i in single:
+        content = contents[i]
         names = list(content.keys())
         for name in names:
             record = content[name]
             if id(record) not in where:
                 where[id(record)] = f"r{len(where)}"
                 packed[where[id(record)]] = record
-        layout.append({name: where[id(content[name])] for name in names})
+        layout[i] = {name: where[id(content[name])] for name in names}
     packed[SHARD] = ConfigRecord(
         {
             CLIENTS: clients,
             NUM_CLIENTS: num_clients,
-            LAYOUT: json.dumps({"records": layout, "errors": errors or {}}),
+            LAYOUT: json.dumps(
+                {"records": layout, "errors": errors or {}, **({"groups": groups} if rows else {})}
+            ),
         }
     )
     return packed
@@ -109,7 +120,8 @@ def serve_batch(
         except Exception as exc:  # noqa: BLE001 - one client's crash is its own failed reply
             errors[i] = f"{type(exc).__name__}: {exc}"
             replies.append(RecordDict())
-    return Message(pack(replies, clients, num_clients, errors), reply_to=msg)
+    rows = bool(manifest.get(REPLY_ROWS, False))
+    return Message(pack(replies, clients, num_clients, errors, rows), reply_to=msg)
 
 
 def _parts(content: RecordDict, clients: list[int]) -> list[RecordDict | Error]:
@@ -136,7 +148,17 @@ def _parts(content: RecordDict, clients: list[int]) -> list[RecordDict | Error]:
     ):
         why = f"batch answers clients {answered!s:.200} with {records!s:.200}; sent to {clients}"
         return [Error(MALFORMED_CODE, why)] * len(clients)
-    return [_part(content, layout, i) for i in range(len(clients))]
+    stacked = split_rows(content, layout.get("groups") or []) if isinstance(layout, dict) else {}
+    return [
+        _stacked_part(stacked[i], i) if i in stacked else _part(content, layout, i)
+        for i in range(len(clients))
+    ]
+
+
+def _stacked_part(part: RecordDict | str, i: int) -> RecordDict | Error:
+    if isinstance(part, str):
+        return Error(MALFORMED_CODE, f"client part {i}: {part}")
+    return part
 
 
 def _part(content: RecordDict, layout: dict, i: int) -> RecordDict | Error:
@@ -170,8 +192,15 @@ def logical_partition(node_id: int) -> int:
 class ShardedGrid(Grid):
     """``num_clients`` logical clients over the SuperNodes of ``grid`` (see the module doc)."""
 
-    def __init__(self, grid: Grid, num_clients: int, timeout: float = 600.0, poll: float = 0.2):
-        self.raw, self.num_clients = grid, num_clients
+    def __init__(
+        self,
+        grid: Grid,
+        num_clients: int,
+        timeout: float = 600.0,
+        poll: float = 0.2,
+        reply_rows: bool = False,
+    ):
+        self.raw, self.num_clients, self.reply_rows = grid, num_clients, reply_rows
         partitions = ask_partitions(grid, timeout, poll)[0]  # a SuperNode left out hosts none
         if not partitions:
             raise RuntimeError("ShardedGrid: no SuperNode told its partition")
@@ -211,6 +240,8 @@ class ShardedGrid(Grid):
                 [logical_partition(m.metadata.dst_node_id) for m in group],
                 self.num_clients,
             )
+            if self.reply_rows:  # hardware.client_backend: batched
+                content[SHARD][REPLY_ROWS] = True
             batches.append(Message(content, dst_node_id=host, message_type=message_type))
             members.append([m.metadata.message_id for m in group])
         for batch_id, group_ids in zip(self.raw.push_messages(batches), members):

@@ -1,0 +1,142 @@
+"""``hardware.client_backend: batched``: a SuperNode's hosted clients reply as stacked rows
+(``fedsim/runtime/row_batches.py``). Real FedTP and turn-sentiment clients behind the real
+ClientApp handler (mods included), Flower's wire format between them: the results equal the
+``messages`` backend's, and a bad row is its own client's fault only."""
+
+import numpy as np
+import pytest
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from test_sharded_grid import SLICE, fedtp_round, supernodes, tampering_supernodes
+
+from conftest import data_root_override
+from fedsim.config.compose import compose
+from fedsim.privacy.plan import PrivacyPlan
+from fedsim.results.outputs import RunOutput
+from fedsim.runtime.messaging import ANY, Messenger, Policy
+from fedsim.runtime.row_batches import ROWS, split_rows, stack
+from fedsim.runtime.server_app import seed_server
+from fedsim.runtime.sharded_grid import ShardedGrid
+from fedsim.runtime.validators import finite_arrays
+from fedsim_experiments.turn_sentiment import protocol as turn_sentiment
+
+N, K = 12, 3
+
+
+def reply(i: int, rows: int = 1) -> RecordDict:
+    return RecordDict(
+        {
+            "arrays": ArrayRecord({"v": Array(np.full((rows, 4), i, dtype=np.float32))}),
+            "metrics": MetricRecord({"num-examples": i, "loss": i / 3}),
+        }
+    )
+
+
+def test_replies_of_one_shape_stack_and_split_back_to_the_same_bytes():
+    contents = [reply(i) for i in range(5)] + [reply(9, rows=2)]
+    packed, single, manifest = stack(contents)
+    assert single == [] and [g["members"] for g in manifest] == [[0, 1, 2, 3, 4], [5]]
+    assert packed[f"{ROWS}/0/arrays"]["v"].shape == (5, 1, 4)
+    parts = split_rows(packed, manifest)
+    for i, content in enumerate(contents):
+        assert parts[i]["arrays"]["v"].data == content["arrays"]["v"].data  # np.save's bytes
+        assert dict(parts[i]["metrics"]) == dict(content["metrics"])
+        assert type(parts[i]["metrics"]["num-examples"]) is int
+
+
+def test_fedtp_release_and_counts_equal_the_messages_backend():
+    cfg = compose(SLICE)
+    by_message = fedtp_round(ShardedGrid(supernodes(K), N, timeout=60.0, poll=0.0), cfg)
+    raw = supernodes(K)
+    by_rows = fedtp_round(ShardedGrid(raw, N, timeout=60.0, poll=0.0, reply_rows=True), cfg)
+    np.testing.assert_array_equal(by_rows[0], by_message[0])
+    assert by_rows[1] == by_message[1] and by_rows[1]["accepted"] == N
+    train = [m for m in raw.received if m.metadata.message_type == MessageType.TRAIN]
+    assert len(train) == K  # one reply per SuperNode, its clients' rows in one array
+    # whatever its client count: the vectors' and the metrics' stacked records, the manifest
+    assert all(len(m.content) == 3 for m in train)
+
+
+def test_a_malformed_row_is_counted_without_dropping_its_neighbours():
+    cfg = compose([*SLICE, "faults.nan=[7, 9]", "faults.crash=[4]"])
+    grid = ShardedGrid(supernodes(K), N, timeout=60.0, poll=0.0, reply_rows=True)
+    released, faults = fedtp_round(grid, cfg)
+    assert faults == {
+        "sent": N,
+        "failed": 1,
+        "malformed": 2,
+        "timed_out": 0,
+        "accepted": N - 3,
+        "examples": N - 3,
+    }
+    expected, _ = fedtp_round(ShardedGrid(supernodes(K), N, timeout=60.0, poll=0.0), cfg)
+    np.testing.assert_array_equal(released, expected)
+
+
+def _short_group(p: int, packed: RecordDict) -> RecordDict:
+    """SuperNode 1 sends its stacked array one row short: its clients cannot be told apart."""
+    if p == 1:
+        record = packed[f"{ROWS}/0/arrays"]
+        record["w"] = Array(record["w"].numpy()[:-1])
+    return packed
+
+
+def _nan_row(p: int, packed: RecordDict) -> RecordDict:
+    """SuperNode 1 puts a NaN in its second client's row of the stacked array."""
+    if p == 1:
+        record = packed[f"{ROWS}/0/arrays"]
+        matrix = record["w"].numpy().copy()
+        matrix[1] = np.nan
+        record["w"] = Array(matrix)
+    return packed
+
+
+@pytest.mark.parametrize("tamper, malformed", [(_short_group, 4), (_nan_row, 1)])
+def test_a_bad_row_group_or_row_costs_its_own_clients_only(tamper, malformed):
+    grid = ShardedGrid(tampering_supernodes(K, tamper), N, timeout=60.0, poll=0.0, reply_rows=True)
+    messenger = Messenger(grid, 60.0, poll_seconds=0.0)
+    messages = [
+        Message(
+            RecordDict({"config": ConfigRecord({})}), dst_node_id=n, message_type=MessageType.QUERY
+        )
+        for n in grid.get_node_ids()
+    ]
+    replies = messenger.exchange("probe", messages, Policy(ANY, finite_arrays))
+    counts = messenger.faults["probe"][1]
+    assert (counts["malformed"], counts["accepted"]) == (malformed, N - malformed)
+    for reply in replies:  # every accepted reply is its own client's row
+        assert reply.content["arrays"]["w"].numpy()[0] == reply.metadata.src_node_id - 1
+
+
+@pytest.mark.slow
+def test_turn_sentiment_fedavg_equals_the_messages_backend(tmp_path):
+    def run(backend: str) -> dict:
+        cfg = compose(
+            [
+                "experiment=turn_sentiment_fedavg",
+                data_root_override(),
+                "hardware.num_clients=40",
+                "hardware.clients_per_supernode=20",
+                f"hardware.client_backend={backend}",
+                "protocol.clients_per_round=4",
+                "num_rounds=2",
+                f"results_dir={tmp_path / backend}",
+            ]
+        )
+        grid = ShardedGrid(
+            supernodes(2), 40, timeout=60.0, poll=0.0, reply_rows=backend == "batched"
+        )
+        messenger = Messenger(grid, 60.0, poll_seconds=0.0, know_partitions=True)
+        seed_server(int(cfg.seed))
+        out = RunOutput(cfg.results_dir)
+        results, _ = turn_sentiment.run(messenger, cfg, out, PrivacyPlan.build(cfg, b"k" * 32))
+        return {"loss": results["loss"], "curve": results["curve"], "faults": messenger.faults}
+
+    assert run("batched") == run("messages")
