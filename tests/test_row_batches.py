@@ -3,6 +3,8 @@
 ClientApp handler (mods included), Flower's wire format between them: the results equal the
 ``messages`` backend's, and a bad row is its own client's fault only."""
 
+import json
+
 import numpy as np
 import pytest
 from flwr.app import (
@@ -20,10 +22,10 @@ from conftest import data_root_override
 from fedsim.config.compose import compose
 from fedsim.privacy.plan import PrivacyPlan
 from fedsim.results.outputs import RunOutput
+from fedsim.runtime import server_app
 from fedsim.runtime.messaging import ANY, Messenger, Policy
 from fedsim.runtime.row_batches import ROWS, split_rows, stack
-from fedsim.runtime.server_app import seed_server
-from fedsim.runtime.sharded_grid import ShardedGrid
+from fedsim.runtime.sharded_grid import LAYOUT, SHARD, ShardedGrid
 from fedsim.runtime.validators import finite_arrays
 from fedsim_experiments.turn_sentiment import protocol as turn_sentiment
 
@@ -134,9 +136,26 @@ def test_turn_sentiment_fedavg_equals_the_messages_backend(tmp_path):
             supernodes(2), 40, timeout=60.0, poll=0.0, reply_rows=backend == "batched"
         )
         messenger = Messenger(grid, 60.0, poll_seconds=0.0, know_partitions=True)
-        seed_server(int(cfg.seed))
+        server_app.seed_server(int(cfg.seed))
         out = RunOutput(cfg.results_dir)
         results, _ = turn_sentiment.run(messenger, cfg, out, PrivacyPlan.build(cfg, b"k" * 32))
         return {"loss": results["loss"], "curve": results["curve"], "faults": messenger.faults}
 
     assert run("batched") == run("messages")
+
+
+def test_whoami_asks_no_logical_client_and_forget_goes_once_per_supernode(tmp_path):
+    """The batched backend knows its clients' partitions from where it placed them (their
+    SuperNodes told theirs at the start) and removes the run's client state, one folder per
+    run and machine, with one forget per SuperNode."""
+    cfg = compose([*SLICE, f"results_dir={tmp_path}"])
+    raw = supernodes(K)
+    grid = ShardedGrid(raw, N, timeout=60.0, poll=0.0, reply_rows=True)
+    messenger = Messenger(grid, 60.0, poll_seconds=0.0, know_partitions=True)
+    assert messenger.partitions == {n: n - 1 for n in range(1, N + 1)}
+    assert messenger.faults["whoami"][1]["accepted"] == N
+    assert len(raw.received) == K  # the SuperNodes' own whoami, nothing per client
+    server_app._forget_client_state(messenger, cfg)
+    forgets = raw.received[K:]
+    assert len(forgets) == K and messenger.faults["forget"][1]["accepted"] == K
+    assert all(len(json.loads(m.content[SHARD][LAYOUT])["records"]) == 1 for m in forgets)

@@ -207,10 +207,13 @@ class Messenger:
         self._to_old = {n: o for o, n in self._to_new.items()}
 
     def _whoami(self) -> dict[int, int]:
-        placed = self.raw.placed() if isinstance(self.raw, ShardedGrid) else None
-        partitions, counts, self.ray_nodes = ask_partitions(
-            self.raw, self.timeout, self.poll_seconds, placed
-        )
+        sharded = isinstance(self.raw, ShardedGrid)
+        if sharded and self.raw.reply_rows:  # placed by the server, no message per client
+            partitions, counts, self.ray_nodes = self.raw.hosted()
+        else:
+            partitions, counts, self.ray_nodes = ask_partitions(
+                self.raw, self.timeout, self.poll_seconds, self.raw.placed() if sharded else None
+            )
         counts["examples"] = counts["accepted"]
         self._record(self.faults, "whoami", 1, counts)
         if not partitions:

@@ -163,13 +163,16 @@ def _forget_client_state(messenger: Messenger, cfg) -> None:
     config = ConfigRecord(
         {k: v for k, v in client_config(cfg).items() if k in (RUN_KEY, STATE_KEY)}
     )
+    nodes = messenger.node_ids()
+    if isinstance(messenger.raw, ShardedGrid) and messenger.raw.reply_rows:
+        nodes = messenger.raw.one_per_supernode(nodes)  # the state is per run and machine
     messages = [
         Message(
             RecordDict({CONFIG: config, FORGET: forget_request(str(config[RUN_KEY]))}),
             dst_node_id=n,
             message_type=MessageType.QUERY,
         )
-        for n in messenger.node_ids()
+        for n in nodes
     ]
     try:
         messenger.exchange("forget", messages, Policy(ANY))

@@ -201,7 +201,8 @@ class ShardedGrid(Grid):
         reply_rows: bool = False,
     ):
         self.raw, self.num_clients, self.reply_rows = grid, num_clients, reply_rows
-        partitions = ask_partitions(grid, timeout, poll)[0]  # a SuperNode left out hosts none
+        # a SuperNode left out hosts none
+        partitions, _, self.ray_nodes = ask_partitions(grid, timeout, poll)
         if not partitions:
             raise RuntimeError("ShardedGrid: no SuperNode told its partition")
         hosts = sorted(partitions, key=partitions.get)  # the SuperNodes in partition order
@@ -222,6 +223,23 @@ class ShardedGrid(Grid):
         """Each logical client's node id -> its partition: the server placed it, so a whoami reply
         naming another (its SuperNode's words) is refused."""
         return {node: logical_partition(node) for node in self.host}
+
+    def hosted(self) -> tuple[dict[int, int], dict[str, int], dict[str, int]]:
+        """What :func:`ask_partitions` would learn by asking every logical client, known without
+        a message per client (``hardware.client_backend: batched``): each client's partition is
+        where the server placed it, on a SuperNode that told its own partition at the start.
+        The Ray nodes count the SuperNodes each served."""
+        n = len(self.host)
+        counts = {"sent": n, "failed": 0, "malformed": 0, "duplicate": 0, "timed_out": 0}
+        return self.placed(), counts | {"accepted": n}, dict(self.ray_nodes)
+
+    def one_per_supernode(self, nodes: Iterable[int]) -> list[int]:
+        """The first of ``nodes`` hosted on each SuperNode: a message about the SuperNode's
+        machine, not its clients (the run's client state, one folder per run), needs no more."""
+        first: dict[int, int] = {}
+        for node in nodes:
+            first.setdefault(self.host[node], node)
+        return list(first.values())
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         groups: dict[tuple[int, str], list[Message]] = {}
