@@ -57,7 +57,8 @@ def test_fedtp_release_and_counts_equal_the_messages_backend():
     cfg = compose(SLICE)
     by_message = fedtp_round(ShardedGrid(supernodes(K), N, timeout=60.0, poll=0.0), cfg)
     raw = supernodes(K)
-    by_rows = fedtp_round(ShardedGrid(raw, N, timeout=60.0, poll=0.0, reply_rows=True), cfg)
+    grid = ShardedGrid(raw, N, timeout=60.0, poll=0.0, reply_rows=True, balance=True)
+    by_rows = fedtp_round(grid, cfg)
     np.testing.assert_array_equal(by_rows[0], by_message[0])
     assert by_rows[1] == by_message[1] and by_rows[1]["accepted"] == N
     train = [m for m in raw.received if m.metadata.message_type == MessageType.TRAIN]
@@ -103,14 +104,7 @@ def _nan_row(p: int, packed: RecordDict) -> RecordDict:
 @pytest.mark.parametrize("tamper, malformed", [(_short_group, 4), (_nan_row, 1)])
 def test_a_bad_row_group_or_row_costs_its_own_clients_only(tamper, malformed):
     grid = ShardedGrid(tampering_supernodes(K, tamper), N, timeout=60.0, poll=0.0, reply_rows=True)
-    messenger = Messenger(grid, 60.0, poll_seconds=0.0)
-    messages = [
-        Message(
-            RecordDict({"config": ConfigRecord({})}), dst_node_id=n, message_type=MessageType.QUERY
-        )
-        for n in grid.get_node_ids()
-    ]
-    replies = messenger.exchange("probe", messages, Policy(ANY, finite_arrays))
+    replies, messenger = _probe(grid, list(grid.get_node_ids()))
     counts = messenger.faults["probe"][1]
     assert (counts["malformed"], counts["accepted"]) == (malformed, N - malformed)
     for reply in replies:  # every accepted reply is its own client's row
@@ -132,8 +126,9 @@ def test_turn_sentiment_fedavg_equals_the_messages_backend(tmp_path):
                 f"results_dir={tmp_path / backend}",
             ]
         )
+        batched = backend == "batched"  # rows, and each round spread over the SuperNodes by load
         grid = ShardedGrid(
-            supernodes(2), 40, timeout=60.0, poll=0.0, reply_rows=backend == "batched"
+            supernodes(2), 40, timeout=60.0, poll=0.0, reply_rows=batched, balance=batched
         )
         messenger = Messenger(grid, 60.0, poll_seconds=0.0, know_partitions=True)
         server_app.seed_server(int(cfg.seed))
@@ -159,3 +154,34 @@ def test_whoami_asks_no_logical_client_and_forget_goes_once_per_supernode(tmp_pa
     forgets = raw.received[K:]
     assert len(forgets) == K and messenger.faults["forget"][1]["accepted"] == K
     assert all(len(json.loads(m.content[SHARD][LAYOUT])["records"]) == 1 for m in forgets)
+
+
+def _probe(grid: ShardedGrid, nodes: list[int]) -> tuple[list[Message], Messenger]:
+    messenger = Messenger(grid, 60.0, poll_seconds=0.0)
+    config = ConfigRecord({})
+    messages = [
+        Message(RecordDict({"config": config}), dst_node_id=n, message_type=MessageType.QUERY)
+        for n in nodes
+    ]
+    return messenger.exchange("probe", messages, Policy(ANY, finite_arrays)), messenger
+
+
+def test_balanced_serving_spreads_a_round_over_the_supernodes_with_the_same_replies():
+    """Clients 0, 3, 6, 9 all live on SuperNode 0 (l mod 3): balanced, a round of them goes to
+    every SuperNode, each client's reply still its own; unbalanced, to SuperNode 0 alone."""
+    nodes = [1, 4, 7, 10]
+    for balance, batches in ((False, 1), (True, K)):
+        raw = tampering_supernodes(K, lambda p, packed: packed)
+        grid = ShardedGrid(raw, N, timeout=60.0, poll=0.0, reply_rows=True, balance=balance)
+        raw.received.clear()
+        replies, _ = _probe(grid, nodes)
+        assert len(raw.received) == batches
+        assert [r.content["arrays"]["w"].numpy()[0] for r in replies] == [0.0, 3.0, 6.0, 9.0]
+
+
+def test_balanced_serving_weighs_clients_by_their_last_examples():
+    grid = ShardedGrid(supernodes(2), 6, timeout=60.0, poll=0.0, balance=True)
+    grid.load = {1: 10.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0, 6: 6.0}
+    servers = grid.servers(list(range(1, 7)))
+    heavy = servers[1]
+    assert [n for n, host in servers.items() if host == heavy] == [1]  # 10 against 6 + 4 x 1

@@ -223,6 +223,10 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
                 int(cfg.hardware.num_clients),
                 float(cfg.round_timeout),
                 reply_rows=cfg.hardware.client_backend == "batched",
+                # a local simulation's SuperNodes share one machine: any can serve any client
+                balance=cfg.hardware.client_backend == "batched"
+                and cfg.hardware.backend == "simulation"
+                and cfg.hardware.ray_address is None,
             )
         messenger = Messenger(
             grid,

@@ -20,17 +20,19 @@ ClientApp builds client ``l`` exactly as a SuperNode of its own would (``partiti
 
 from __future__ import annotations
 
+import heapq
 import json
+import math
 from collections.abc import Callable, Iterable
 from copy import copy
 from dataclasses import replace
 from uuid import uuid4
 
-from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from fedsim.flower.messages import make_message
-from fedsim.message_keys import NODE_NUM_PARTITIONS, NODE_PARTITION_ID
+from fedsim.message_keys import NODE_NUM_PARTITIONS, NODE_PARTITION_ID, NUM_EXAMPLES
 from fedsim.runtime.journal import ask_partitions
 from fedsim.runtime.message_metadata import set_message_id
 from fedsim.runtime.row_batches import split_rows, stack
@@ -199,8 +201,11 @@ class ShardedGrid(Grid):
         timeout: float = 600.0,
         poll: float = 0.2,
         reply_rows: bool = False,
+        balance: bool = False,
     ):
         self.raw, self.num_clients, self.reply_rows = grid, num_clients, reply_rows
+        self.balance = balance  # each exchange's clients spread over the SuperNodes by load
+        self.load: dict[int, float] = {}  # logical node id -> its last reply's examples
         # a SuperNode left out hosts none
         partitions, _, self.ray_nodes = ask_partitions(grid, timeout, poll)
         if not partitions:
@@ -241,14 +246,36 @@ class ShardedGrid(Grid):
             first.setdefault(self.host[node], node)
         return list(first.values())
 
+    def servers(self, nodes: list[int]) -> dict[int, int]:
+        """The SuperNode serving each of ``nodes`` in one exchange: its host, or with ``balance``
+        (a simulation, where any SuperNode can build any client: data and state are the
+        machine's) the least loaded SuperNode so far, the heaviest clients placed first (a
+        load is the examples of the client's last reply, the mean of the known ones before it
+        replied): a round's sample waits on no SuperNode holding most of it. Which SuperNode
+        serves a client changes no reply (a client is built and seeded by its partition)."""
+        if not self.balance:
+            return {node: self.host[node] for node in nodes}
+        known = self.load.values()
+        default = sum(known) / len(known) if known else 1.0
+        weight = {node: self.load.get(node, default) for node in nodes}
+        heap = [(0.0, host) for host in sorted(set(self.host.values()))]
+        servers = {}
+        for node in sorted(nodes, key=lambda n: (-weight[n], n)):
+            load, host = heapq.heappop(heap)
+            servers[node] = host
+            heapq.heappush(heap, (load + weight[node], host))
+        return servers
+
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         groups: dict[tuple[int, str], list[Message]] = {}
         ids = []
+        messages = list(messages)
+        servers = self.servers([m.metadata.dst_node_id for m in messages])
         for msg in messages:
             set_message_id(msg, uuid4().hex)
             self._sent[msg.metadata.message_id] = msg
             groups.setdefault(
-                (self.host[msg.metadata.dst_node_id], msg.metadata.message_type), []
+                (servers[msg.metadata.dst_node_id], msg.metadata.message_type), []
             ).append(msg)
             ids.append(msg.metadata.message_id)
         batches, members = [], []
@@ -295,6 +322,16 @@ class ShardedGrid(Grid):
             parts = _parts(reply.content, [logical_partition(m.metadata.dst_node_id) for m in sent])
         for message_id, msg, part in zip(group, sent, parts):
             self._replies[message_id] = Message(part, reply_to=msg)
+            if self.balance and isinstance(part, RecordDict):
+                self._learn_load(msg.metadata.dst_node_id, part)
+
+    def _learn_load(self, node: int, part: RecordDict) -> None:
+        """The client's examples (its reply's ``num-examples``, where a finite positive number)
+        as its load estimate."""
+        for record in part.values():
+            examples = record.get(NUM_EXAMPLES) if isinstance(record, MetricRecord) else None
+            if isinstance(examples, (int, float)) and 0 < examples < math.inf:
+                self.load[node] = float(examples)
 
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
