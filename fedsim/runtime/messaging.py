@@ -41,7 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
-from flwr.app import Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from omegaconf import DictConfig, OmegaConf
 
@@ -128,18 +128,20 @@ def run_key_of(cfg: DictConfig) -> str:
 
 def payload_bytes(content: RecordDict) -> int:
     """Bytes a message carries as data: array buffers and ``bytes`` config values."""
-    arrays = sum(len(a.data) for r in content.array_records.values() for a in r.values())
-    blobs = sum(
-        len(v) for r in content.config_records.values() for v in r.values() if isinstance(v, bytes)
-    )
-    return arrays + blobs
+    total = 0
+    for record in content.values():  # one pass (content.array_records builds a dict per call)
+        if isinstance(record, ArrayRecord):
+            total += sum(len(a.data) for a in record.values())
+        elif isinstance(record, ConfigRecord):
+            total += sum(len(v) for v in record.values() if isinstance(v, bytes))
+    return total
 
 
 def _num_examples(content: RecordDict) -> float:
     """How many clients / examples a reply stands for (FedAvg's weight key; 1 if absent). Its
     metrics are finite (screened); a list is no count."""
-    for record in content.metric_records.values():
-        if isinstance(record.get(NUM_EXAMPLES), (int, float)):
+    for record in content.values():
+        if isinstance(record, MetricRecord) and isinstance(record.get(NUM_EXAMPLES), (int, float)):
             return float(record[NUM_EXAMPLES])
     return 1.0
 
