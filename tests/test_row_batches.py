@@ -7,15 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from flwr.app import (
-    Array,
-    ArrayRecord,
-    ConfigRecord,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
 from test_sharded_grid import SLICE, fedtp_round, supernodes, tampering_supernodes
 
 from conftest import data_root_override
@@ -158,11 +150,7 @@ def test_whoami_asks_no_logical_client_and_forget_goes_once_per_supernode(tmp_pa
 
 def _probe(grid: ShardedGrid, nodes: list[int]) -> tuple[list[Message], Messenger]:
     messenger = Messenger(grid, 60.0, poll_seconds=0.0)
-    config = ConfigRecord({})
-    messages = [
-        Message(RecordDict({"config": config}), dst_node_id=n, message_type=MessageType.QUERY)
-        for n in nodes
-    ]
+    messages = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in nodes]
     return messenger.exchange("probe", messages, Policy(ANY, finite_arrays)), messenger
 
 
