@@ -137,6 +137,16 @@ def payload_bytes(content: RecordDict) -> int:
     return total
 
 
+def _sent_bytes(messages: list[Message]) -> int:
+    """The payload bytes of ``messages``, each content measured once: a strategy sends one
+    content object to every client it samples (100,000 measurements of one model otherwise)."""
+    sizes: dict[int, int] = {}
+    for m in messages:
+        if id(m.content) not in sizes:
+            sizes[id(m.content)] = payload_bytes(m.content)
+    return sum(sizes[id(m.content)] for m in messages)
+
+
 def _num_examples(content: RecordDict) -> float:
     """How many clients / examples a reply stands for (FedAvg's weight key; 1 if absent). Its
     metrics are finite (screened); a list is no count."""
@@ -280,7 +290,7 @@ class Messenger:
         traffic = {
             "messages": len(messages),
             "seconds": seconds,
-            "bytes_down": sum(payload_bytes(m.content) for m in messages),
+            "bytes_down": _sent_bytes(messages),
             "bytes_up": sum(payload_bytes(m.content) for m in replies if not m.has_error()),
         }
         need = policy.quorum.required(len(messages))
