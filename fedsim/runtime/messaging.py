@@ -41,7 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from omegaconf import DictConfig, OmegaConf
 
@@ -128,13 +128,11 @@ def run_key_of(cfg: DictConfig) -> str:
 
 def payload_bytes(content: RecordDict) -> int:
     """Bytes a message carries as data: array buffers and ``bytes`` config values."""
-    total = 0
-    for record in content.values():  # one pass (content.array_records builds a dict per call)
-        if isinstance(record, ArrayRecord):
-            total += sum(len(a.data) for a in record.values())
-        elif isinstance(record, ConfigRecord):
-            total += sum(len(v) for v in record.values() if isinstance(v, bytes))
-    return total
+    arrays = sum(len(a.data) for r in content.array_records.values() for a in r.values())
+    blobs = sum(
+        len(v) for r in content.config_records.values() for v in r.values() if isinstance(v, bytes)
+    )
+    return arrays + blobs
 
 
 def _sent_bytes(messages: list[Message]) -> int:
