@@ -139,6 +139,7 @@ class Hardware:
     clients_per_supernode: int = (
         MISSING  # logical clients a SuperNode hosts (at most); >1: one message per SuperNode
     )
+    client_backend: str = MISSING  # messages | batched: hosted clients' replies as stacked rows
     num_cpus: int = MISSING  # CPUs Ray may use in all
     ray_address: str | None = MISSING  # simulation: an existing Ray cluster's head host:port
     client_cpus: int = MISSING  # CPUs per ClientApp actor
@@ -165,6 +166,19 @@ class Hardware:
         count_or_null("hardware.num_clients", self.num_clients)
         for name in ("clients_per_supernode", "num_cpus", "client_cpus"):
             require(getattr(self, name) >= 1, f"hardware.{name}", ">= 1", getattr(self, name))
+        require(
+            self.client_backend in CLIENT_BACKENDS,
+            "hardware.client_backend",
+            f"one of {CLIENT_BACKENDS}",
+            self.client_backend,
+        )
+        require(
+            self.client_backend == "messages" or self.clients_per_supernode > 1,
+            "hardware.client_backend",
+            "messages unless hardware.clients_per_supernode > 1 (batched stacks a SuperNode's "
+            "hosted clients' replies; one client per SuperNode has none to stack)",
+            self.client_backend,
+        )
         require(
             self.client_gpus >= 0,
             "hardware.client_gpus",
@@ -458,6 +472,7 @@ class TaskSettings:
 ConfigStore.instance().store(name="fedsim_schema", node=RunConfig)
 
 BACKENDS = ("simulation", "deployment")
+CLIENT_BACKENDS = ("messages", "batched")  # hardware.client_backend
 MESSAGE_TYPES = ("train", "evaluate", "query")
 INTERVALS = ("t", "bootstrap")
 SPENDING = ("obrien_fleming", "pocock")  # Lan-DeMets alpha spending (fedsim/results/stats.py)

@@ -41,7 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
-from flwr.app import Message, RecordDict
+from flwr.app import Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from omegaconf import DictConfig, OmegaConf
 
@@ -140,11 +140,21 @@ def payload_bytes(content: RecordDict) -> int:
     return arrays + blobs
 
 
+def _sent_bytes(messages: list[Message]) -> int:
+    """The payload bytes of ``messages``, each content measured once: a strategy sends one
+    content object to every client it samples (100,000 measurements of one model otherwise)."""
+    sizes: dict[int, int] = {}
+    for m in messages:
+        if id(m.content) not in sizes:
+            sizes[id(m.content)] = payload_bytes(m.content)
+    return sum(sizes[id(m.content)] for m in messages)
+
+
 def _num_examples(content: RecordDict) -> float:
     """How many clients / examples a reply stands for (FedAvg's weight key; 1 if absent). Its
     metrics are finite (screened); a list is no count."""
-    for record in content.metric_records.values():
-        if isinstance(record.get(NUM_EXAMPLES), (int, float)):
+    for record in content.values():
+        if isinstance(record, MetricRecord) and isinstance(record.get(NUM_EXAMPLES), (int, float)):
             return float(record[NUM_EXAMPLES])
     return 1.0
 
@@ -212,10 +222,13 @@ class Messenger:
         self._to_old = {n: o for o, n in self._to_new.items()}
 
     def _whoami(self) -> dict[int, int]:
-        placed = self.raw.placed() if isinstance(self.raw, ShardedGrid) else None
-        partitions, counts, self.ray_nodes = ask_partitions(
-            self.raw, self.timeout, self.poll_seconds, placed
-        )
+        sharded = isinstance(self.raw, ShardedGrid)
+        if sharded and self.raw.reply_rows:  # placed by the server, no message per client
+            partitions, counts, self.ray_nodes = self.raw.hosted()
+        else:
+            partitions, counts, self.ray_nodes = ask_partitions(
+                self.raw, self.timeout, self.poll_seconds, self.raw.placed() if sharded else None
+            )
         counts["examples"] = counts["accepted"]
         self._record(self.faults, "whoami", 1, counts)
         if not partitions:
@@ -280,7 +293,7 @@ class Messenger:
         traffic = {
             "messages": len(messages),
             "seconds": seconds,
-            "bytes_down": sum(payload_bytes(m.content) for m in messages),
+            "bytes_down": _sent_bytes(messages),
             "bytes_up": sum(payload_bytes(m.content) for m in replies if not m.has_error()),
         }
         need = policy.quorum.required(len(messages))

@@ -209,13 +209,16 @@ def _forget_client_state(messenger: Messenger, cfg) -> None:
     config = ConfigRecord(
         {k: v for k, v in client_config(cfg).items() if k in (RUN_KEY, STATE_KEY)}
     )
+    nodes = messenger.node_ids()
+    if isinstance(messenger.raw, ShardedGrid) and messenger.raw.reply_rows:
+        nodes = messenger.raw.one_per_supernode(nodes)  # the state is per run and machine
     messages = [
         Message(
             RecordDict({CONFIG: config, FORGET: forget_request(str(config[RUN_KEY]))}),
             dst_node_id=n,
             message_type=MessageType.QUERY,
         )
-        for n in messenger.node_ids()
+        for n in nodes
     ]
     try:
         messenger.exchange("forget", messages, Policy(ANY))
@@ -263,7 +266,16 @@ def _run(
         grid = isolate_reply_pulls(grid)
         state_layout(grid, cfg)
         if cfg.hardware.clients_per_supernode > 1:  # the protocol sees one node per logical client
-            grid = ShardedGrid(grid, int(cfg.hardware.num_clients), float(cfg.round_timeout))
+            grid = ShardedGrid(
+                grid,
+                int(cfg.hardware.num_clients),
+                float(cfg.round_timeout),
+                reply_rows=cfg.hardware.client_backend == "batched",
+                # a local simulation's SuperNodes share one machine: any can serve any client
+                balance=cfg.hardware.client_backend == "batched"
+                and cfg.hardware.backend == "simulation"
+                and cfg.hardware.ray_address is None,
+            )
         messenger = Messenger(
             grid,
             float(cfg.round_timeout),
