@@ -155,7 +155,7 @@ def availability_row(row) -> Availability:
             f"'active' and 'inactive' must be non-empty and of one length, got {len(active)} "
             f"and {len(inactive)}"
         )
-    previous = -math.inf
+    previous = 0.0
     for start, end in zip(active, inactive):
         if not previous <= start <= end <= period:
             raise ValueError(
