@@ -8,8 +8,10 @@ only dilute it). Both arms take the run's one messaging path (``Messenger``, ``P
 Flower's FedAvg; the clock arm adds what a run with ``clock=trace`` adds: every round the
 availability of all 10,000 clients at the round's start, the sampled clients' finish times,
 the round's record. Over-selection 1 and no deadline, so that both arms train as many clients
-a round. The arms alternate, ``--repeats`` blocks of ``--rounds`` rounds each, and the ratio is
-of the medians of their blocks' seconds per round. The traces are written by this script in
+a round. The arms alternate, ``--repeats`` blocks of ``--rounds`` rounds each; printed: the
+ratio of the medians of their blocks' seconds per round, the median of each repeat's paired
+ratio, and the seconds per round spent inside the clock itself (its ``wait_for`` and
+``close_round``, timed in the trace arm), which a loaded machine's noise does not move. The traces are written by this script in
 FedScale's format (pickled dicts, lognormal capacities, two to four online windows a day) and
 read back by the clock's readers; their reading, once per run, is reported apart.
 
@@ -88,7 +90,9 @@ def handlers(task: dict, data_root: str, clients: int) -> dict:
     return {p + 1: handler(p) for p in range(clients)}
 
 
-def block(messenger: Messenger, label: str, initial, per_round: int, rounds: int, seed: int) -> float:
+def block(
+    messenger: Messenger, label: str, initial, per_round: int, rounds: int, seed: int
+) -> float:
     """Seconds per round of ``rounds`` FedAvg rounds."""
     strategy_utils.random = random.Random(seed)
     strategy = FedAvg(
@@ -104,6 +108,21 @@ def block(messenger: Messenger, label: str, initial, per_round: int, rounds: int
         train_config=ConfigRecord({SEED: seed, TORCH_THREADS: 1}),
     )
     return (time.perf_counter() - start) / rounds
+
+
+def timed(clock: VirtualClock, spent: list[float]) -> None:
+    """Add the seconds of the clock's calls from the round loop to ``spent[0]``."""
+    for name in ("wait_for", "close_round"):
+        call = getattr(clock, name)
+
+        def wrapper(*args, call=call, **kwargs):
+            start = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - start
+
+        setattr(clock, name, wrapper)
 
 
 def main() -> None:
@@ -135,6 +154,8 @@ def main() -> None:
         clock = VirtualClock.of(settings, args.clients, 0)
         read_seconds = time.perf_counter() - start
     block(messenger, "warm-up", initial, args.per_round, 1, 99)  # the data and torch loaded once
+    spent = [0.0]
+    timed(clock, spent)
     seconds = {"none": [], "trace": []}
     for repeat in range(args.repeats):
         for arm in ("none", "trace"):
@@ -153,6 +174,11 @@ def main() -> None:
                 "seconds_per_round": seconds,
                 "median_seconds_per_round": medians,
                 "ratio_trace_to_none": medians["trace"] / medians["none"],
+                "median_paired_ratio": statistics.median(
+                    t / n for t, n in zip(seconds["trace"], seconds["none"])
+                ),
+                "clock_seconds_per_round": spent[0] / (args.repeats * args.rounds),
+                "clock_share_of_trace_round": spent[0] / (args.rounds * sum(seconds["trace"])),
                 "trace_read_seconds": read_seconds,
                 "virtual_seconds": clock.now,
                 "stragglers": clock.report()["stragglers"],

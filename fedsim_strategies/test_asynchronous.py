@@ -78,7 +78,9 @@ def _fedasync():
 def _run(make, seed=0, journal=None, kill_after=None, node_ids=range(11, 11 + CLIENTS)):
     """(the clock's report, the final weights, the clients' calls) of 6 rounds of ``make()``."""
     calls = []
-    messenger = Messenger(_grid(node_ids, calls, kill_after), 5, journal=journal, know_partitions=True)
+    messenger = Messenger(
+        _grid(node_ids, calls, kill_after), 5, journal=journal, know_partitions=True
+    )
     messenger.clock = VirtualClock.of(CLOCK, CLIENTS, seed)
     strategy_utils.random = random.Random(seed)  # as the ServerApp seeds Flower's sampler
     result = make().start(

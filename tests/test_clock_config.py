@@ -33,7 +33,10 @@ def test_a_trace_with_a_bad_row_is_refused_naming_the_row(tmp_path):
             ["experiment=feddtre_paper", "strategy=fedasync", "clock=synthetic"],
             "cannot run strategy FedAsync: FedDTRE's trust schedule",
         ),
-        (["experiment=fedtp", "clock=synthetic"], "clock=synthetic is refused for experiment fedtp"),
+        (
+            ["experiment=fedtp", "clock=synthetic"],
+            "clock=synthetic is refused for experiment fedtp",
+        ),
         (["clock=synthetic", "privacy=dp_server_fixed"], "cannot run under privacy=dp"),
         (["clock=trace"], "No value for clock.trace.device_capacity"),
         (["clock=synthetic", "clock.over_selection=0.5"], "clock.over_selection must be >= 1"),

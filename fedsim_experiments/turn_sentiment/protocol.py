@@ -91,7 +91,9 @@ def on_the_clock(messenger: Messenger, curve: list[dict], target_loss: float | N
     ends = {r["round"]: r["virtual_end"] for r in messenger.clock.rounds}
     for point in curve:
         point["virtual_time"] = ends.get(point["round"], 0.0)
-    reached = [p["virtual_time"] for p in curve if target_loss is not None and p["loss"] <= target_loss]
+    reached = [
+        p["virtual_time"] for p in curve if target_loss is not None and p["loss"] <= target_loss
+    ]
     return {
         "virtual_time": messenger.clock.now,
         "virtual_time_to_target": reached[0] if reached else None,

@@ -13,7 +13,9 @@ class TurnSentimentProtocol(Protocol):
     """Settings of ``conf/experiment/turn_sentiment_fedavg.yaml``."""
 
     clients_per_round: int | None  # clients sampled per round (null: every client)
-    target_loss: float | None  # under a virtual clock: the test loss whose first virtual time is reported
+    target_loss: (
+        float | None
+    )  # under a virtual clock: the test loss whose first virtual time is reported
 
     def __post_init__(self):
         require(
