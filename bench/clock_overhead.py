@@ -11,9 +11,10 @@ the round's record. Over-selection 1 and no deadline, so that both arms train as
 a round. The arms alternate, ``--repeats`` blocks of ``--rounds`` rounds each; printed: the
 ratio of the medians of their blocks' seconds per round, the median of each repeat's paired
 ratio, and the seconds per round spent inside the clock itself (its ``wait_for`` and
-``close_round``, timed in the trace arm), which a loaded machine's noise does not move. The traces are written by this script in
-FedScale's format (pickled dicts, lognormal capacities, two to four online windows a day) and
-read back by the clock's readers; their reading, once per run, is reported apart.
+``close_round``, timed in the trace arm), which a loaded machine's noise does not move. The
+traces are written by this script in FedScale's format (pickled dicts, lognormal capacities, two
+to four online windows a day) and read back by the clock's readers; their reading, once per run,
+is reported apart.
 
     .venv/bin/python bench/clock_overhead.py [--clients 10000] [--per-round 100] [--rounds 5] [--repeats 3]
 """

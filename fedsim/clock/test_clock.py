@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from fedsim.clock.schedule import Task, VirtualClock
+from fedsim.clock.schedule import ClockError, Task, VirtualClock
 from fedsim.clock.traces import (
     Availability,
     Synthetic,
@@ -73,7 +73,6 @@ def test_an_online_window_across_the_period_end_holds():
     that runs across the period's end."""
     window = Availability((0.0, 80.0), (10.0, 100.0), 100.0)
     assert window.online_until(95.0) == 110.0 and window.online_until(50.0) is None
-    assert window.next_online(50.0) == 80.0 and window.next_online(150.0) == 180.0
 
 
 def test_synthetic_profiles_follow_the_seed_per_client():
@@ -134,3 +133,16 @@ def test_a_pickled_trace_naming_code_runs_none(tmp_path):
     assert not marker.exists()
     trace.write_bytes(pickle.dumps({1: {"computation": 10.0, "communication": 5.0}}))
     assert read_trace(trace, device_row)[0].seconds_per_example == pytest.approx(0.03)
+
+
+def test_a_quota_never_online_at_once_is_refused(tmp_path):
+    """Two clients online apart, [0, 10] and [50, 60] of every 100 s: a round needing both never
+    starts, and the clock says so rather than waiting forever."""
+    windows = {
+        "0": {"active": [0], "inactive": [10], "finish_time": 100},
+        "1": {"active": [50], "inactive": [60], "finish_time": 100},
+    }
+    clock = VirtualClock(trace_profiles(2, *_traces(tmp_path, windows=windows)), None, 1.0)
+    assert clock.wait_for([0, 1], 1) == [0]
+    with pytest.raises(ClockError, match="never has 2 of 2 online at once"):
+        clock.wait_for([0, 1], 2)

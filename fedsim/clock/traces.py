@@ -82,14 +82,6 @@ class Availability:
             return math.inf
         return base + self.period + self.inactive[0]  # the window goes on past the period's end
 
-    def next_online(self, t: float) -> float:
-        """The first time at or after ``t`` the client is online."""
-        if self.online_until(t) is not None:
-            return t
-        base = t - t % self.period
-        i = bisect.bisect_right(self.active, t - base)
-        return base + (self.active[i] if i < len(self.active) else self.period + self.active[0])
-
 
 ALWAYS = Availability()
 
