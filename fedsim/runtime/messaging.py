@@ -28,6 +28,10 @@ same path, as phases ``<label>/train`` and ``<label>/evaluate``.
 
 Every node first tells its partition (``WHOAMI``, counted as phase ``whoami``); a node that
 cannot, or claims a partition another node claims too, is left out of the federation.
+
+Under a virtual clock (``Messenger.clock``, ``fedsim/clock/``) a PhaseGrid lists only the
+clients online at the round's virtual start, and a training round's replies keep only the
+updates that arrived by its close; stragglers and dropouts are added to the round's ``faults``.
 """
 
 from __future__ import annotations
