@@ -112,7 +112,7 @@ def block(
 
 
 def timed(clock: VirtualClock, spent: list[float]) -> None:
-    """Add the seconds of the clock's calls from the round loop to ``spent[0]``."""
+    """Append the seconds of each of the clock's calls from the round loop to ``spent``."""
     for name in ("wait_for", "close_round"):
         call = getattr(clock, name)
 
@@ -121,7 +121,7 @@ def timed(clock: VirtualClock, spent: list[float]) -> None:
             try:
                 return call(*args, **kwargs)
             finally:
-                spent[0] += time.perf_counter() - start
+                spent.append(time.perf_counter() - start)
 
         setattr(clock, name, wrapper)
 
@@ -155,7 +155,7 @@ def main() -> None:
         clock = VirtualClock.of(settings, args.clients, 0)
         read_seconds = time.perf_counter() - start
     block(messenger, "warm-up", initial, args.per_round, 1, 99)  # the data and torch loaded once
-    spent = [0.0]
+    spent: list[float] = []
     timed(clock, spent)
     seconds = {"none": [], "trace": []}
     for repeat in range(args.repeats):
