@@ -141,10 +141,12 @@ class VirtualClock:
         """The updates a round waits for: the sampled count over the over-selection factor."""
         return max(1, math.floor(sampled / self.over_selection + 1e-9))
 
-    def close_round(self, phase: str, server_round: int, tasks: list[Task]) -> set[int]:
-        """Schedule a synchronous round of ``tasks`` from now; move ``now`` to its close; the
-        partitions whose updates count."""
-        start, quota = self.now, self.quota(len(tasks))
+    def close_round(
+        self, phase: str, server_round: int, tasks: list[Task], sampled: int | None = None
+    ) -> set[int]:
+        """Schedule a synchronous round of ``tasks`` (the usable replies of ``sampled`` clients,
+        default as many) from now; move ``now`` to its close; the partitions whose updates count."""
+        start, quota = self.now, self.quota(len(tasks) if sampled is None else sampled)
         close_by = math.inf if self.deadline is None else start + self.deadline
         timed = [(task.partition, *self.finish(task, start)) for task in tasks]
         done = sorted((end, p) for p, end, stays in timed if stays and end <= close_by)

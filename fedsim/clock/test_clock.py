@@ -146,3 +146,11 @@ def test_a_quota_never_online_at_once_is_refused(tmp_path):
     assert clock.wait_for([0, 1], 1) == [0]
     with pytest.raises(ClockError, match="never has 2 of 2 online at once"):
         clock.wait_for([0, 1], 2)
+
+
+def test_the_quota_follows_the_sampled_clients_not_the_replies(tmp_path):
+    """A sampled client whose reply failed (counted by the Messenger) still counts in the quota:
+    6 sampled at over-selection 1.5 wait for 4, whether or not all 6 replied."""
+    clock = VirtualClock(trace_profiles(5, *_traces(tmp_path)), None, 1.5)
+    clock.close_round("t", 1, _tasks([0, 1, 3, 4]), sampled=6)
+    assert clock.rounds[0]["quota"] == 4 and clock.rounds[0]["accepted"] == 4

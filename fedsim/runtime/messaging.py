@@ -608,7 +608,7 @@ class PhaseGrid(Grid):
         phase = f"{self.label}/{MessageType.TRAIN}"
         down = self.bytes_down(messages)
         replies = self.dispatch(messages, server_round, timeout)
-        accepted = clock.close_round(phase, server_round, self.tasks(down, replies))
+        accepted = clock.close_round(phase, server_round, self.tasks(down, replies), len(messages))
         entry = clock.rounds[-1]
         self.messenger.count(
             phase, server_round, {"stragglers": entry["stragglers"], "dropouts": entry["dropouts"]}
