@@ -20,7 +20,7 @@ from fedsim.config import schema  # registers the typed schema with Hydra
 from fedsim.config.data import REPO_ROOT, DataNotFoundError, reads_data, resolve_data_root
 
 CONF_DIR = REPO_ROOT / "conf"
-GROUPS = ("task", "strategy", "privacy", "hardware", "experiment")
+GROUPS = ("task", "strategy", "privacy", "hardware", "clock", "experiment")
 
 
 class ConfigError(ValueError):

@@ -30,6 +30,7 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from omegaconf import DictConfig
 
+from fedsim.clock.schedule import VirtualClock
 from fedsim.code_policy import allowed_code
 from fedsim.config.compose import (
     REFUSED,
@@ -284,6 +285,7 @@ def _run(
             ledgers=[plan.dp_sgd.record],
             know_partitions=True,
         )
+        messenger.clock = VirtualClock.of(cfg.clock, int(cfg.hardware.num_clients), int(cfg.seed))
         seed_server(int(cfg.seed))
         results, summary = allowed_code(cfg.protocol.run, "protocol.run")(messenger, cfg, out, plan)
         audit: AuditReport | None = results.pop("audit", None)
@@ -307,6 +309,9 @@ def _run(
                 f"{summary.rstrip()}\n\nLearning curve (metric per round): `learning_curve.png`.\n"
             )
         summary = f"{summary.rstrip()}\n\n{faults_section(messenger.faults)}\n"
+        if messenger.clock is not None:
+            results["clock"] = messenger.clock.report()
+            summary = f"{summary.rstrip()}\n\n{clock_section(results['clock'])}\n"
         if journal is not None:
             results["checkpoint"] = {
                 "exchanges": len(journal.recorded),
@@ -351,6 +356,31 @@ def faults_section(faults: dict) -> str:
     columns = list(dict.fromkeys(k for row in rows for k in row))
     return "## Appendix: replies per exchange\n\n" + (
         markdown_table(rows, columns) if rows else "(no exchange)"
+    )
+
+
+def clock_section(clock: dict) -> str:
+    """The summary's virtual schedule: one row per round (or asynchronous server step)."""
+    rows = [
+        {
+            k: r[k]
+            for k in (
+                "phase",
+                "round",
+                "virtual_start",
+                "virtual_end",
+                "accepted",
+                "stragglers",
+                "dropouts",
+            )
+        }
+        for r in clock["rounds"]
+    ]
+    return (
+        f"## Virtual clock\n\n{clock['virtual_seconds']:.1f} virtual seconds in all; "
+        f"{clock['stragglers']} stragglers, {clock['dropouts']} dropouts (deadline "
+        f"{clock['deadline']}, over-selection {clock['over_selection']:g}).\n\n"
+        + markdown_table(rows, list(rows[0]) if rows else ["phase"], digits=1)
     )
 
 
