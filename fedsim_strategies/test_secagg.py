@@ -4,6 +4,8 @@ left out, the round completes; a clear failure when too few remain), and a sum-o
 with a server step (FedAdam) on the unmasked mean. Clients are served as the ClientApp serves
 them, through the SecAgg layer around a handler (``fedsim/runtime/secagg_layer.py``)."""
 
+import json
+
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
@@ -188,3 +190,16 @@ def test_sum_only_strategy_with_a_server_step_runs_on_the_unmasked_mean(tmp_path
     # Adam's step is 1e-1 / (sqrt(v) + 1e-9) per unit of the mean's change: scale the bound by it
     assert np.abs(secure - from_record(plain.arrays)["w"]).max() < 1e-3
     assert bound < 1e-6
+
+
+def test_a_completed_round_leaves_no_secret_on_the_clients_disk(tmp_path):
+    """The attack: who reads a client's state folder after its round (a run that keeps client
+    state, or one killed before its clients forget it) gets, with the server's copy of the
+    masked input, the client's seed and mask key (its update) and both shares of every
+    neighbour's seed and key. A client that answered the unmask keeps none of them."""
+    nodes, _, _ = federation(tmp_path, 5)
+    secure_fedavg(nodes)
+    states = [json.loads(f.read_text()) for f in tmp_path.rglob("secagg-round.json")]
+    assert len(states) == 5 and {s["stage"] for s in states} == {"unmask"}
+    for state in states:
+        assert state["secrets"] == state["seed_shares"] == state["key_shares"] == {}
