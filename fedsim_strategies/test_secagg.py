@@ -203,3 +203,19 @@ def test_a_completed_round_leaves_no_secret_on_the_clients_disk(tmp_path):
     assert len(states) == 5 and {s["stage"] for s in states} == {"unmask"}
     for state in states:
         assert state["secrets"] == state["seed_shares"] == state["key_shares"] == {}
+
+
+def test_a_masked_weight_other_than_the_reported_one_fails_the_round(tmp_path):
+    """The attack: a client masks a weight level other than the ``num-examples`` it reports in
+    plaintext (masks are additive: adding to the first value of its masked vector adds to its
+    weight). Its reply is well-formed, so the mean would silently be off by the weight it made
+    up; the server compares the unmasked weight sum with the reported one and stops the round."""
+
+    def inflate(content):
+        vector = content[keys.MASKED][keys.VECTOR].numpy().copy()
+        vector[0] += np.uint32(2**20)
+        content[keys.MASKED] = to_record({keys.VECTOR: vector})
+
+    nodes, _, _ = federation(tmp_path, 6, corrupt={2: {keys.MASK: inflate}})
+    with pytest.raises(PhaseFailed, match="masked weights sum to .* reported"):
+        secure_fedavg(nodes)
