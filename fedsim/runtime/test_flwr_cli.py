@@ -73,3 +73,11 @@ def test_the_run_log_is_never_written_through_a_planted_link(tmp_path):
         keep_log(tmp_path / "fedsim.log", [logger])
     logger.error("through the link?")
     assert victim.read_text() == "mine\n"
+
+
+def test_the_tasks_copy_of_the_data_root_cannot_be_overridden(tmp_path):
+    """The attack: `task.data_root=` sets the folder the ServerApp's task reads while every
+    client (under `fedsim run` and `flwr run` alike) reads `data_root`'s; no check named it."""
+    for override in (f"task.data_root={tmp_path}", f"++task.data_root={tmp_path}"):
+        with pytest.raises(REFUSED, match="task.data_root is the task's copy of data_root"):
+            compose_checked([override])
