@@ -444,6 +444,16 @@ class RoundRun:
         values, weight = protocol.decode(total, len(replies), self.s.clip, self.levels)
         if weight <= 0:
             raise protocol.Unrecoverable("the live clients' weights sum to 0")
+        reported = sum(float(m.content[keys.METRICS][self.s.weight_key]) for m in replies)
+        # each weight is rounded to a level (half a level off at most): more is a client's lie
+        if (
+            abs(weight * self.s.max_weight - reported)
+            > len(replies) * self.s.max_weight / self.levels
+        ):
+            raise protocol.Unrecoverable(
+                f"the masked weights sum to {weight * self.s.max_weight:.6g}, the replies "
+                f"reported {reported:.6g}: a live client masked a weight it did not report"
+            )
         mean = unflatten(values / weight, self.sent)
         metrics = {
             k: float(v)
@@ -453,9 +463,7 @@ class RoundRun:
             if isinstance(v, (int, float))
         }
         figures = {
-            self.s.weight_key: float(
-                sum(m.content[keys.METRICS][self.s.weight_key] for m in replies)
-            ),
+            self.s.weight_key: reported,
             "secagg-live": len(replies),
             "secagg-dropped": dropped,
             "secagg-error-bound": protocol.error_bound(len(replies), self.s.clip, self.levels)

@@ -4,9 +4,11 @@ left out, the round completes; a clear failure when too few remain), and a sum-o
 with a server step (FedAdam) on the unmasked mean. Clients are served as the ClientApp serves
 them, through the SecAgg layer around a handler (``fedsim/runtime/secagg_layer.py``)."""
 
+import json
+
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAdam, FedAvg
 
 from fedsim.config import node_local
@@ -188,3 +190,101 @@ def test_sum_only_strategy_with_a_server_step_runs_on_the_unmasked_mean(tmp_path
     # Adam's step is 1e-1 / (sqrt(v) + 1e-9) per unit of the mean's change: scale the bound by it
     assert np.abs(secure - from_record(plain.arrays)["w"]).max() < 1e-3
     assert bound < 1e-6
+
+
+def test_a_completed_round_leaves_no_secret_on_the_clients_disk(tmp_path):
+    """The attack: who reads a client's state folder after its round (a run that keeps client
+    state, or one killed before its clients forget it) gets, with the server's copy of the
+    masked input, the client's seed and mask key (its update) and both shares of every
+    neighbour's seed and key. A client that answered the unmask keeps none of them."""
+    nodes, _, _ = federation(tmp_path, 5)
+    secure_fedavg(nodes)
+    states = [json.loads(f.read_text()) for f in tmp_path.rglob("secagg-round.json")]
+    assert len(states) == 5 and {s["stage"] for s in states} == {"unmask"}
+    for state in states:
+        assert state["secrets"] == state["seed_shares"] == state["key_shares"] == {}
+
+
+def test_a_masked_weight_other_than_the_reported_one_fails_the_round(tmp_path):
+    """The attack: a client masks a weight level other than the ``num-examples`` it reports in
+    plaintext (masks are additive: adding to the first value of its masked vector adds to its
+    weight). Its reply is well-formed, so the mean would silently be off by the weight it made
+    up; the server compares the unmasked weight sum with the reported one and stops the round."""
+
+    def inflate(content):
+        vector = content[keys.MASKED][keys.VECTOR].numpy().copy()
+        vector[0] += np.uint32(2**20)
+        content[keys.MASKED] = to_record({keys.VECTOR: vector})
+
+    nodes, _, _ = federation(tmp_path, 6, corrupt={2: {keys.MASK: inflate}})
+    with pytest.raises(PhaseFailed, match="masked weights sum to .* reported"):
+        secure_fedavg(nodes)
+
+
+def test_two_mask_requests_at_once_get_one_masked_input(tmp_path):
+    """The attack: a server sends one node two train messages (two models) at once. Flower's
+    simulation serves a node's messages on several workers and a SuperNode may run several
+    ClientApp processes, so both could read the round's state at stage 'share' and mask two
+    updates under the same masks: their difference, unmasked, is the difference of the two
+    updates, and with one model known the other. The layer serves one stage of a node at a
+    time: the second request finds the round masked and is refused."""
+    import threading
+
+    arrived = threading.Barrier(2, timeout=2)
+
+    class Trainer:
+        def handle(self, msg):
+            try:
+                arrived.wait()  # both requests are past the stage check (without the lock)
+            except threading.BrokenBarrierError:
+                pass  # the other waits for this one: served one at a time
+            trained = from_record(msg.content[ARRAYS])["w"] + 1.0
+            return RecordDict(
+                {ARRAYS: to_record({"w": trained}), METRICS: MetricRecord({NUM_EXAMPLES: 10})}
+            )
+
+    layers = {n: SecAggLayer(Trainer(), n - 1) for n in (1, 2, 3)}
+
+    def ask(node, config, arrays=None, kind=MessageType.QUERY):
+        content = RecordDict({keys.CONFIG: ConfigRecord({RUN_KEY: "race", **config})})
+        if arrays is not None:
+            content[ARRAYS] = to_record({"w": arrays})
+        msg = Message(content, dst_node_id=node, message_type=kind)
+        node_local.attach(msg, {"state-dir": str(tmp_path)})
+        return layers[node].handle(msg)[keys.CONFIG]
+
+    public = {n: ask(n, {keys.OP: keys.ADVERTISE, keys.ROUND: 1, keys.SELF: n}) for n in layers}
+    hood = {keys.IDS: [1, 2, 3], keys.THRESHOLD: 2}
+    for name in (keys.MASK_KEYS, keys.SHARE_KEYS, keys.SIGN_KEYS):
+        hood[name] = [public[n][name][0] for n in layers]
+    tokens = {}
+    for n in layers:
+        shared = ask(n, {keys.OP: keys.SHARE, keys.ROUND: 1, **hood})
+        tokens.update(
+            {(n, d): t for d, t in zip(shared[keys.DESTINATIONS], shared[keys.CIPHERTEXTS])}
+        )
+    mask = {
+        keys.OP: keys.MASK,
+        keys.ROUND: 1,
+        keys.SOURCES: [2, 3],
+        keys.CIPHERTEXTS: [tokens[(2, 1)], tokens[(3, 1)]],
+        keys.CLIP: 4.0,
+        keys.LEVELS: 1000,
+        keys.MAX_WEIGHT: 100.0,
+        keys.WEIGHT_KEY: NUM_EXAMPLES,
+    }
+    outcomes = []
+
+    def train(model):
+        try:
+            outcomes.append(ask(1, mask, np.full(SIZE, model), MessageType.TRAIN))
+        except Exception as exc:  # noqa: BLE001 - the refusal is the outcome looked for
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=train, args=(m,)) for m in (0.0, 1.0)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    refused = [o for o in outcomes if isinstance(o, Exception)]
+    assert len(refused) == 1 and "at stage 'mask', not 'share'" in str(refused[0]), outcomes

@@ -79,7 +79,7 @@ def refuse_settings_clients_miss(overrides: list[str], cfg) -> None:
     folder from the server (``fedsim/config/node_local.py``). Refused unless that variable names
     the same folder, before any client uses the other one."""
     for var, path in SETTINGS.values():
-        if not any(o.startswith(f"{path}=") for o in overrides):
+        if not any(o.lstrip("+").startswith(f"{path}=") for o in overrides):  # `++key=` too
             continue
         ours, theirs = OmegaConf.select(cfg, path), os.environ.get(var)
         if ours is None or (theirs and _same_folder(theirs, ours)):

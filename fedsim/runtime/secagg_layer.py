@@ -14,6 +14,7 @@ simulation another process may serve the next stage; it never leaves the node. T
 
 from __future__ import annotations
 
+import fcntl
 import json
 
 import numpy as np
@@ -27,6 +28,7 @@ from fedsim.runtime.he_layer import flatten
 from fedsim.runtime.records import from_record
 
 STATE_FILE = "secagg-round.json"
+LOCK_FILE = ".secagg-round.lock"
 
 
 class SecAggLayer:
@@ -40,7 +42,16 @@ class SecAggLayer:
         op = config.get(keys.OP)
         if op is None:
             return self.handler.handle(msg)
-        path = client_state.of(msg, self.partition_id).folder / STATE_FILE
+        folder = client_state.of(msg, self.partition_id).folder
+        # one stage of a node at a time: Flower may serve a node's messages in parallel, and two
+        # requests that both read the round at one stage (two masks: one pad on two updates)
+        # would each be answered
+        with open(folder / LOCK_FILE, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return self._serve(op, folder / STATE_FILE, msg)
+
+    def _serve(self, op: str, path, msg: Message) -> RecordDict:
+        config = msg.content[keys.CONFIG]
         state = protocol.ClientRound.load(json.loads(path.read_text())) if path.exists() else None
         round_number = int(config[keys.ROUND])
         if op == keys.ADVERTISE:

@@ -19,6 +19,7 @@ so that the same seed samples, sends and sums in the same order in every run.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import shlex
 import shutil
@@ -140,9 +141,11 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def keep_log(path: Path, loggers: list[logging.Logger]) -> None:
-    """Every later record of ``loggers`` also to ``path`` (appended to)."""
+    """Every later record of ``loggers`` also to ``path`` (appended to), never through a link
+    planted there (as ``fedsim run``'s log, fedsim/run/launcher.py)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, encoding="utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
+    handler = logging.StreamHandler(os.fdopen(fd, "a", buffering=1, encoding="utf-8"))
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     for log in loggers:
         log.addHandler(handler)

@@ -44,3 +44,40 @@ def test_a_client_folder_the_clients_would_not_see_is_refused(tmp_path, monkeypa
     ):
         refuse_settings_clients_miss(overrides, cfg)
     refuse_settings_clients_miss([], cfg)  # nothing overridden: the clients' own values stand
+
+
+def test_a_forced_override_of_a_client_folder_is_refused_too(tmp_path, monkeypatch):
+    """The attack: Hydra's `++key=` (force) and `+key=` spell the same override; a check that
+    reads only `key=` lets the ServerApp use a folder its clients never see."""
+    monkeypatch.setenv("FEDSIM_DATA_ROOT", str(resolve_data_root(None)))
+    monkeypatch.delenv("FEDSIM_STATE_DIR", raising=False)
+    overrides = [f"++client_state.dir={tmp_path}"]
+    cfg = compose_checked(overrides)
+    assert cfg.client_state.dir == str(tmp_path)
+    with pytest.raises(REFUSED, match=rf"client_state.dir={tmp_path} reaches the ServerApp only"):
+        refuse_settings_clients_miss(overrides, cfg)
+
+
+def test_the_run_log_is_never_written_through_a_planted_link(tmp_path):
+    """The attack: a link planted as results_dir/fedsim.log would have the ServerApp append its
+    log to the file it points at."""
+    import logging
+
+    from fedsim.runtime.server_app import keep_log
+
+    victim = tmp_path / "victim"
+    victim.write_text("mine\n")
+    (tmp_path / "fedsim.log").symlink_to(victim)
+    logger = logging.getLogger("fedsim-test-planted")
+    with pytest.raises(OSError):
+        keep_log(tmp_path / "fedsim.log", [logger])
+    logger.error("through the link?")
+    assert victim.read_text() == "mine\n"
+
+
+def test_the_tasks_copy_of_the_data_root_cannot_be_overridden(tmp_path):
+    """The attack: `task.data_root=` sets the folder the ServerApp's task reads while every
+    client (under `fedsim run` and `flwr run` alike) reads `data_root`'s; no check named it."""
+    for override in (f"task.data_root={tmp_path}", f"++task.data_root={tmp_path}"):
+        with pytest.raises(REFUSED, match="task.data_root is the task's copy of data_root"):
+            compose_checked([override])

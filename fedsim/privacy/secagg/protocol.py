@@ -387,7 +387,9 @@ def unmask(
 ) -> tuple[list[int], list[bytes]]:
     """Step 5, the consistency check first: ``live`` is the set this node signed, ``dropped``
     shares no node with it, and at least ``t`` of its neighbours signed the same set. Then the
-    seed share of each live neighbour and the key share of each dropped one, once."""
+    seed share of each live neighbour and the key share of each dropped one, once; the round's
+    secrets (private keys, seed, the shares held) are then forgotten, so its state on disk
+    unmasks nothing (with the server's copy of the masked input, they would)."""
     state.expect(round_number, "check")
     if sorted(live) != state.live:
         raise Refused("the live set differs from the one this node signed")
@@ -416,6 +418,7 @@ def unmask(
             ids.append(node)
             shares.append(_unb64(state.key_shares[str(node)]))
     state.stage = "unmask"
+    state.secrets, state.seed_shares, state.key_shares = {}, {}, {}
     return ids, shares
 
 

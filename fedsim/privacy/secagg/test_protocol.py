@@ -193,3 +193,44 @@ def _fresh_pair():
     private_key, _ = fl.generate_key_pairs()
     _, public_key = fl.generate_key_pairs()
     return private_key, public_key
+
+
+def test_split_live_sets_in_a_forged_sparse_graph_still_leave_one_secret_of_each_node():
+    """The attack: the server forges a sparse graph (each node a neighbourhood of 2 or 3, t = 2)
+    and shows two groups different live sets, node 1 live to {1, 2, 4} and dropped to {3, 5}.
+    Each group's neighbourhoods hold t signatures of its own set, so the consistency check
+    passes everywhere; still, a node's shares lie with fewer than 2t holders, each giving one:
+    the server rebuilds node 1's seed, never also its mask key (nor any node's both)."""
+    hoods = {1: [1, 2, 3], 2: [1, 2, 4], 3: [1, 3, 5], 4: [2, 4], 5: [3, 5]}
+    states, keys, book = {}, {}, {}
+    for n in hoods:
+        states[n], public = p.advertise(None, 1, n)
+        keys[n] = tuple(public[k] for k in p.KINDS)
+        book[n] = p.Advertised(keys[n])
+    tokens = {}
+    for n, hood in hoods.items():
+        dsts, cts, seed_hashes, key_hashes, commitment = p.share(
+            states[n], 1, {m: keys[m] for m in hood}, 2
+        )
+        book[n].seed_hashes, book[n].key_hashes = (
+            dict(zip(hood, seed_hashes)),
+            dict(zip(hood, key_hashes)),
+        )
+        book[n].seed_commitment = commitment
+        tokens.update({(n, d): t for d, t in zip(dsts, cts)})
+    for n, state in states.items():
+        forwarded = {s: t for (s, d), t in tokens.items() if d == n}
+        p.mask(state, 1, forwarded, p.encode(np.ones(SIZE), 1.0, 1.0, CLIP, LEVELS)[0])
+    views = {1: ([1, 2, 4], [3, 5]), 2: ([1, 2, 4], [3, 5]), 4: ([1, 2, 4], [3, 5])}
+    views |= {3: ([3, 5], [1, 2, 4]), 5: ([3, 5], [1, 2, 4])}
+    signatures = {n: p.check(states[n], 1, live) for n, (live, _) in views.items()}
+    replies = {
+        n: p.unmask(states[n], 1, live, dropped, signatures) for n, (live, dropped) in views.items()
+    }
+    seed_shares, key_shares = {}, {}
+    for holder, (ids, shares) in replies.items():
+        for node, share in zip(ids, shares):
+            kind = seed_shares if p.digest(share) == book[node].seed_hashes[holder] else key_shares
+            kind.setdefault(node, []).append(share)
+    assert len(seed_shares[1]) == 2 and len(key_shares[1]) == 1  # the seed, not the key
+    assert all(min(len(seed_shares.get(n, [])), len(key_shares.get(n, []))) < 2 for n in hoods)
