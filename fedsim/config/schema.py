@@ -390,6 +390,9 @@ class StrategySlot:
 
     role: str  # the methods / phases that run it
     accepts: list[str]  # reply contracts its clients speak (a strategy's traits.takes)
+    honours: list[
+        str
+    ]  # train-config keys a strategy sends that its clients act on (traits.client_keys); [] = none
     refuses: dict[
         str, str
     ]  # a reply contract, aggregation, client key or privacy kind -> why not here
@@ -409,6 +412,13 @@ class Protocol:
     def he_methods(self) -> list[str]:
         """The methods that run the strategy under HE whatever ``privacy`` says."""
         return []
+
+    def method_names(self) -> list[str]:
+        """The names its results give the arms they compare: what a method-name
+        ``sweep.baseline`` can be, checked before a sweep's first run, and the methods a
+        comparison lists. Here the non-null entries of a ``methods`` block (none without one);
+        a protocol whose results name arms otherwise adds them."""
+        return [name for name, spec in (getattr(self, "methods", None) or {}).items() if spec]
 
     def refuses_strategy(self, settings: dict) -> str | None:
         """Why this protocol's own settings cannot run the slot's strategy (its constructor
@@ -870,6 +880,7 @@ def check_strategy(cfg: DictConfig, protocol: Protocol) -> None:
             f"{here} cannot run strategy {name}: it aggregates '{traits.takes}' replies; "
             f"this experiment's clients send {slot.accepts or 'none a strategy can take'}"
         )
+    refuse_inert(cfg, protocol, name, here)
     if privacy.kind != "none" and traits.get(privacy.kind):
         raise ValueError(
             f"privacy={privacy.kind} cannot wrap strategy {name}: {traits.get(privacy.kind)}"
@@ -886,3 +897,33 @@ def check_strategy(cfg: DictConfig, protocol: Protocol) -> None:
                 f"{here}: methods {under_he} run under HE, which cannot take {layer}: {why} "
                 "(leave them out, or run them in plaintext)"
             )
+
+
+def refuse_inert(cfg: DictConfig, protocol: Protocol, name: str, here: str) -> None:
+    """Refuse what would act on nothing, by default: a method honours only what its slot
+    declares. A train-config key the strategy sends (``traits.client_keys``: FedProx's
+    ``proximal-mu``) that the slot's clients do not act on (``strategy_slot.honours``) would run
+    the plain aggregation under another name; a loss-weighted aggregation needs the clients'
+    training loss (``strategy_slot.loss_key``); HE needs clients that encrypt (``task.he``)."""
+    slot, traits = protocol.strategy_slot, cfg.strategy.traits
+    for key in traits.get("client_keys") or []:
+        if key not in slot.honours:
+            settings = [k for k in cfg.strategy if k.replace("_", "-") == key] or [key]
+            raise ValueError(
+                f"strategy.{settings[0]}: {here} cannot run strategy {name}: it sends '{key}' to "
+                f"clients that act on none of it (strategy_slot.honours: "
+                f"{list(slot.honours) or 'none'}), so the run would be the plain aggregation "
+                f"under {name}'s name"
+            )
+    if traits.aggregation == "loss_weighted" and not (
+        cfg.strategy.get("train_loss_key") or slot.loss_key
+    ):
+        raise ValueError(
+            f"strategy.train_loss_key: {here} cannot run strategy {name}: its clients report no "
+            "training loss to weight by (strategy_slot.loss_key is null)"
+        )
+    if cfg.privacy.kind == "he" and not cfg.task.get("he"):
+        raise ValueError(
+            f"privacy.wrapper: {here} cannot run privacy kind 'he': task {cfg.task.name} "
+            "carries no CKKS parameters (task.he), so no client would encrypt"
+        )

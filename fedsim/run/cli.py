@@ -52,6 +52,7 @@ from fedsim.run.sweep import (
     earlier_looks,
     read_manifest,
     record_look,
+    recorded_methods,
     refuse_changed_plan,
     refuse_other_writers,
 )
@@ -365,11 +366,12 @@ def compare(
         folder = refuse_other_writers(
             folder, "record", inside=True
         )  # resolved: the path checked is the one used
-        stated = {
-            str(run.relative_to(folder)): read_config(run / "config.yaml").get("sweep", {})
+        configs = {
+            str(run.relative_to(folder)): read_config(run / "config.yaml")
             for run in counted_runs(folder)
             if (run / "config.yaml").is_file()
         }
+        stated = {run: config.get("sweep", {}) for run, config in configs.items()}
         if not stated:
             raise ConfigError(
                 f"no completed sweep run (a {POINT_FILE} beside a results.json and a config.yaml, "
@@ -384,13 +386,16 @@ def compare(
             o.startswith("sweep.metrics=") for o in overrides
         )  # the user's patterns must match
         settings = typed_sweep(sweep)
+        methods = recorded_methods(next(iter(configs.values())))
         if manifest := read_manifest(folder):
             refuse_changed_plan(*manifest, settings.planned())
         if pilot:
-            print(plan(build_comparison(folder, settings, metrics_given)), end="")
+            print(plan(build_comparison(folder, settings, metrics_given, methods=methods)), end="")
             return 0
         looks = earlier_looks(manifest[1]) if manifest else ()
-        result, written = write_comparison(folder, settings, output, force, metrics_given, looks)
+        result, written = write_comparison(
+            folder, settings, output, force, metrics_given, looks, methods
+        )
         if manifest:  # a look at the record counts wherever its outputs go
             record_look(*manifest, result)
     except REFUSED as exc:

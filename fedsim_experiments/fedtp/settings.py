@@ -24,6 +24,10 @@ class FedTPProtocol(Protocol):
     dp_seeds: int  # noise seeds per sigma
     bootstrap: int  # paired bootstrap resamples (of conversations) of the EHR gain CI
 
+    def method_names(self) -> list[str]:
+        """Its arms are the routers (``routers.<router>.<split>.ehr``)."""
+        return list(ROUTERS)
+
     def refuses_audit(self, cfg: DictConfig) -> str | None:
         """The audit puts canary clients into DPMean's one release of every client's row (and so
         into each sigma's sweep release of them), each canary on a topic of its own."""
