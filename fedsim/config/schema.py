@@ -27,7 +27,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
 from fedsim.code_policy import named_code, refuse_by_definition, refuse_by_name
-from fedsim.config.data import who_else_writes
+from fedsim.config.data import REPO_ROOT, who_else_writes
 
 
 def require(ok: bool, key: str, rule: str, value) -> None:
@@ -335,6 +335,24 @@ class Privacy:
 
 
 @dataclass
+class About:
+    """What ``fedsim experiments`` lists of an experiment: each ``conf/experiment/*.yaml`` states
+    its own (``tests/test_configs.py``); nothing in a run reads it."""
+
+    shows: str | None = MISSING  # one line: what the experiment shows
+    seconds: float | None = MISSING  # wall time of one run on 2 CPU cores; null: not measured
+    measured: str | None = MISSING  # where that time was measured (a record's sweep.json)
+
+    def __post_init__(self):
+        require(
+            (self.seconds is None) == (self.measured is None),
+            "about.measured",
+            "set exactly when about.seconds is (where the time was measured)",
+            self.measured,
+        )
+
+
+@dataclass
 class RunConfig:
     task: Any = MISSING  # conf/task/*.yaml: data, client handler, metrics
     strategy: Any = MISSING  # conf/strategy/*.yaml: a Flower Strategy _target_
@@ -353,6 +371,7 @@ class RunConfig:
     faults: Faults = MISSING
     sweep: Sweep = MISSING
     client_state: ClientStateSettings = MISSING
+    about: About = MISSING
 
     def __post_init__(self):
         require(self.num_rounds >= 1, "num_rounds", ">= 1", self.num_rounds)
@@ -393,6 +412,9 @@ class StrategySlot:
     honours: list[
         str
     ]  # train-config keys a strategy sends that its clients act on (traits.client_keys); [] = none
+    sets: list[
+        str
+    ]  # strategy arguments its protocol sets itself: strategy.<key> would act on nothing
     refuses: dict[
         str, str
     ]  # a reply contract, aggregation, client key or privacy kind -> why not here
@@ -904,7 +926,9 @@ def refuse_inert(cfg: DictConfig, protocol: Protocol, name: str, here: str) -> N
     declares. A train-config key the strategy sends (``traits.client_keys``: FedProx's
     ``proximal-mu``) that the slot's clients do not act on (``strategy_slot.honours``) would run
     the plain aggregation under another name; a loss-weighted aggregation needs the clients'
-    training loss (``strategy_slot.loss_key``); HE needs clients that encrypt (``task.he``)."""
+    training loss (``strategy_slot.loss_key``); HE needs clients that encrypt (``task.he``); an
+    argument the protocol sets itself (``strategy_slot.sets``: the clients sampled per round)
+    keeps the value of the strategy's file."""
     slot, traits = protocol.strategy_slot, cfg.strategy.traits
     for key in traits.get("client_keys") or []:
         if key not in slot.honours:
@@ -914,6 +938,13 @@ def refuse_inert(cfg: DictConfig, protocol: Protocol, name: str, here: str) -> N
                 f"clients that act on none of it (strategy_slot.honours: "
                 f"{list(slot.honours) or 'none'}), so the run would be the plain aggregation "
                 f"under {name}'s name"
+            )
+    stated = strategy_file(cfg.strategy.get("_target_"))
+    for key in slot.sets:
+        if stated is not None and key in cfg.strategy and cfg.strategy[key] != stated.get(key):
+            raise ValueError(
+                f"strategy.{key}={cfg.strategy[key]}: {here} sets {key} itself (strategy_slot.sets), "
+                f"so this value would act on nothing; leave it at {stated.get(key)}"
             )
     if traits.aggregation == "loss_weighted" and not (
         cfg.strategy.get("train_loss_key") or slot.loss_key
@@ -927,3 +958,13 @@ def refuse_inert(cfg: DictConfig, protocol: Protocol, name: str, here: str) -> N
             f"privacy.wrapper: {here} cannot run privacy kind 'he': task {cfg.task.name} "
             "carries no CKKS parameters (task.he), so no client would encrypt"
         )
+
+
+def strategy_file(target: str | None) -> DictConfig | None:
+    """The ``conf/strategy/*.yaml`` entry of the class ``target`` (None: no file names it), whose
+    values are the ones a run takes unless an override changes them."""
+    for path in sorted((REPO_ROOT / "conf" / "strategy").glob("*.yaml")):
+        entry = OmegaConf.load(path)
+        if entry.get("_target_") == target:
+            return entry
+    return None

@@ -16,6 +16,7 @@ from fedsim.config.compose import (
     REFUSED,
     RESUMABLE,
     ConfigError,
+    about,
     choices,
     compose_checked,
     hydra_config,
@@ -211,9 +212,35 @@ def groups_help() -> str:
     """The config groups and their options, as Hydra's ``--help`` lists them."""
     groups = [*GROUPS[:1], "task/selector", *GROUPS[1:]]
     return (
-        "config groups (pick one with GROUP=OPTION; keys in conf/, docs/usage.md):\n"
+        "config groups (pick one with GROUP=OPTION; keys in conf/, docs/usage.md; "
+        "`fedsim experiments` says what each experiment shows and costs):\n"
         + "\n".join(f"  {g}: {', '.join(choices(g))}" for g in groups)
     )
+
+
+def experiments() -> int:
+    """``fedsim experiments``: every experiment, one line of what it shows, and the wall time of
+    one run on 2 CPU cores where one was measured (its YAML's ``about``, with where)."""
+    try:
+        rows = [(name, about(name)) for name in choices("experiment")]
+    except ConfigError as exc:
+        print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    width = max(len(name) for name, _ in rows)
+    for name, stated in rows:
+        print(f"{name:<{width}}  {stated.shows} [{run_time(stated)}]")
+    print(
+        "\nrun one: fedsim run experiment=NAME (its config: fedsim run --cfg job experiment=NAME)"
+    )
+    return 0
+
+
+def run_time(stated) -> str:
+    """An experiment's measured time as ``fedsim experiments`` prints it."""
+    if stated.seconds is None:
+        return "not measured"
+    minutes = f"{stated.seconds / 60:.0f} min" if stated.seconds >= 120 else None
+    return f"{minutes or f'{stated.seconds:.0f} s'} a run on 2 cores, measured: {stated.measured}"
 
 
 def run(overrides: list[str]) -> int:
@@ -482,6 +509,10 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated names / IPs the SuperLink is reached by",
     )
     certs_p.add_argument("--nodes", type=int, default=2, help="SuperNode key pairs to make")
+    sub.add_parser(
+        "experiments",
+        help="list the experiments: what each shows and its measured time on 2 CPU cores",
+    )
     fed_p = sub.add_parser(
         "federations",
         help="write Flower's named connections local-simulation and "
@@ -491,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
         "overrides", nargs="*", help="Hydra overrides KEY=VALUE of the run to size for"
     )
     args = _parse(parser, argv)
+    if args.command == "experiments":
+        return experiments()
     if args.command == "federations":
         return federations(args.overrides)
     if args.command == "certs":
