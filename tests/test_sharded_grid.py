@@ -26,9 +26,11 @@ from fedsim_clients import fedtp_messages as keys
 from fedsim_strategies.dp_mean import DPMean
 from fedsim_tasks.topical_chat.dataset import load_topics
 
-DATA = data_root_override()
 
-SLICE = ["task.max_per_split=3", DATA]
+def fedtp_slice() -> list[str]:
+    """A small FedTP slice; its data root is found when a test asks, not at import: a test that
+    imports only :func:`supernodes` (the walkthrough's toy) needs no data."""
+    return ["task.max_per_split=3", data_root_override()]
 
 
 def supernodes(k: int, crash_batches: bool = False, node: dict | None = None) -> InProcessGrid:
@@ -85,7 +87,7 @@ def test_pack_sends_a_shared_record_once():
 
 
 def test_logical_clients_release_the_same_prior_as_one_supernode_each():
-    cfg = compose(SLICE)
+    cfg = compose(fedtp_slice())
     n = 12
     one_each, faults_one = fedtp_round(supernodes(n), cfg)
     sharded_grid = supernodes(3)
@@ -106,7 +108,7 @@ def test_logical_clients_release_the_same_prior_as_one_supernode_each():
 
 
 def test_a_failing_logical_client_is_its_own_failed_reply():
-    cfg = compose([*SLICE, "faults.crash=[4]", "faults.nan=[7]"])
+    cfg = compose([*fedtp_slice(), "faults.crash=[4]", "faults.nan=[7]"])
     released, faults = fedtp_round(ShardedGrid(supernodes(3), 12, timeout=60.0, poll=0.0), cfg)
     assert faults == {
         "sent": 12,
@@ -120,7 +122,7 @@ def test_a_failing_logical_client_is_its_own_failed_reply():
 
 
 def test_a_failing_supernode_fails_each_of_its_clients():
-    cfg = compose(SLICE)
+    cfg = compose(fedtp_slice())
     grid = ShardedGrid(supernodes(3, crash_batches=True), 12, timeout=60.0, poll=0.0)
     messenger = Messenger(grid, 60.0, poll_seconds=0.0)
     config = ConfigRecord(client_config(cfg))

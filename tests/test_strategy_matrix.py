@@ -2,7 +2,7 @@
 
 1. The refusals (config only): each pair is checked exactly as ``fedsim run`` checks it before
    anything starts (``fedsim.config.schema.check``); a refused pair names its reason, which comes from
-   the entries' data (``traits``, the slot's ``refuses``), never from a name check.
+   the entries' data (``traits``, the slot's ``honours`` and ``refuses``), never from a name check.
 2. The runs (in process, no Ray: the Ray path of each experiment is covered by its
    ``test_e2e_*``), five clients of which one crashes (``faults.crash``, the real ClientApp's
    fault injection), two rounds. The weight slots run every accepted pair with their real
@@ -170,6 +170,30 @@ def test_every_pair_is_accepted_or_refused_with_a_reason_from_the_data(base):
         for e in ("fedtp", "feddtre_paper", "fedbiscuit_paper")
         for s in STRATEGIES
     )
+
+
+def test_a_slot_refuses_by_default_what_its_clients_would_not_act_on(base):
+    """A method honours nothing it does not declare: FedProx's key where the slot lists none, a
+    loss-weighted aggregation without a loss key, HE without the task's CKKS parameters."""
+    cfg = with_pair(base["fede4rag_paper"], "fedprox", "none")
+    assert verdict(cfg) is None
+    cfg.protocol.strategy_slot.honours = []
+    assert "strategy.proximal_mu:" in verdict(cfg) and "honours: none" in verdict(cfg)
+    cfg = with_pair(base["fedbiscuit_paper"], "qfedavg", "none")
+    assert verdict(cfg) is None
+    cfg.protocol.strategy_slot.loss_key = None
+    assert "strategy.train_loss_key:" in verdict(cfg)
+    cfg.strategy.train_loss_key = "train-loss"  # named on the strategy itself: it acts
+    assert verdict(cfg) is None
+    cfg = with_pair(base["feddtre_paper"], "fedavg", "none")
+    cfg.strategy.fraction_train = 0.3  # the protocol samples protocol.clients_per_round itself
+    assert "strategy.fraction_train=0.3:" in verdict(cfg) and "act on nothing" in verdict(cfg)
+    cfg = with_pair(base["fede4rag_paper"], "fedavg", "none")
+    cfg.strategy.fraction_train = 0.5  # FedE4RAG's methods sample as the strategy says
+    assert verdict(cfg) is None
+    cfg = with_pair(base["fedbiscuit_paper"], "fedavg", "he_fedavg")
+    del cfg.protocol.strategy_slot.refuses["he"]  # no stated reason: refused all the same
+    assert "carries no CKKS parameters (task.he)" in verdict(cfg)
 
 
 def test_dp_around_fede4rag_needs_its_he_method_left_out(base):

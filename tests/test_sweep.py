@@ -16,11 +16,13 @@ from functools import cache
 
 import pytest
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 
 from conftest import FEDSIM, SMALL, fedsim_run, private_tmpdir, stop_sweep_mid_point
-from fedsim.config.compose import ConfigError
+from fedsim.config.compose import CONF_DIR, ConfigError
 from fedsim.config.data import REPO_ROOT
-from fedsim.results import provenance
+from fedsim.config.schema import typed_sweep
+from fedsim.results import comparison, provenance
 from fedsim.results.mlflow_sink import SweepRun, store_uri
 from fedsim.run import cli
 from fedsim.run.cli import prepare
@@ -65,6 +67,48 @@ def test_a_baseline_value_the_sweep_does_not_run_is_refused_before_anything_runs
         is False
     )
     assert not out.exists()
+
+
+def test_a_typod_baseline_exits_2_before_any_point_runs_naming_the_choices(tmp_path):
+    """``sweep.baseline=fedmixx`` ran minutes of full runs before the comparison refused it
+    (exit 1), listing path parts (``0, 1, ehr, overall, test_freq``) as methods."""
+    out = tmp_path / "sweep"
+    code = subprocess.run(
+        [FEDSIM, "run", "-m", "seed=0,1", "sweep.baseline=fedmixx", f"results_dir={out}"],
+        capture_output=True,
+        text=True,
+    )
+    assert code.returncode == 2 and not out.exists(), code.stderr
+    assert "sweep.baseline=fedmixx" in code.stderr
+    assert "methods of this experiment: fedmix, global, local, tfidf;" in code.stderr
+    assert "seed=0|1" in code.stderr and "overall" not in code.stderr
+    for wrong, named in [
+        ("sweep.plan={primary: [routers.fedmix.overall.ehrr], seeds: 2}", "sweep.plan.primary[0]"),
+        ("sweep.contrasts=[{metric: ehr_gian, equal_at: 0}]", "sweep.contrasts[0].metric"),
+        ("sweep.effect_of_interest=[{metric: x, size: 1, source: s, baseline: fedmx}]", "fedmx"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(named)):
+            Sweep(["seed=0,1", wrong, f"results_dir={out}"], prepare)
+    assert Sweep(["seed=0,1", "sweep.baseline=fedmix", f"results_dir={out}"], prepare).methods == [
+        "fedmix",
+        "global",
+        "local",
+        "tfidf",
+    ]
+    assert not out.exists()
+
+
+def test_a_comparison_lists_the_experiments_methods_not_parts_of_paths(tmp_path):
+    _record(tmp_path / "sweep")
+    split = {r: {"overall": {"ehr": 0.5}, "test_freq": {"ehr": 0.4}} for r in ("tfidf", "fedmix")}
+    for seed in ("seed-0", "seed-1"):
+        (tmp_path / "sweep" / seed / "results.json").write_text(json.dumps({"routers": split}))
+    settings = typed_sweep(OmegaConf.load(CONF_DIR / "config.yaml").sweep, {"baseline": "fedmx"})
+    with pytest.raises(comparison.ComparisonRefused) as found:
+        comparison.build(tmp_path / "sweep", settings, methods=["fedmix", "tfidf"])
+    assert "methods: fedmix, tfidf;" in str(found.value)
+    with pytest.raises(comparison.ComparisonRefused, match="overall"):  # what it listed before
+        comparison.build(tmp_path / "sweep", settings)
 
 
 def test_a_plan_is_hashed_before_the_first_run_and_a_resume_with_another_is_refused(tmp_path):
@@ -360,15 +404,17 @@ def test_a_records_names_reach_the_terminal_escaped_from_a_resumed_sweeps_compar
     tmp_path, capsys
 ):
     """The attack: a completed record's metric name holding an ANSI escape reached the terminal
-    in the final comparison's refusal (its list of methods) as it was."""
-    _record(tmp_path / "sweep", extra=["sweep.baseline=nomethod"])
+    in the final comparison's refusal (its list of methods, now the nearest paths to a metric
+    pattern: a baseline that names no method is refused before the sweep runs) as it was."""
+    narrowed = "sweep.metrics=[routers.nomethod.overall.ehr]"
+    _record(tmp_path / "sweep", extra=[narrowed])
     results = tmp_path / "sweep" / "seed-1" / "results.json"
     routers = {
         **json.loads(results.read_text())["routers"],
         "\x1b]0;owned\x07": {"overall": {"ehr": 0.5}},
     }
     results.write_text(json.dumps({"routers": routers}))
-    sweep = Sweep(["seed=0,1", "sweep.baseline=nomethod", f"resume={tmp_path / 'sweep'}"], prepare)
+    sweep = Sweep(["seed=0,1", narrowed, f"resume={tmp_path / 'sweep'}"], prepare)
     assert sweep.run() == 1
     err = capsys.readouterr().err
     assert "sweep comparison refused" in err and "\\x1b]0;owned\\x07" in err and "\x1b" not in err

@@ -63,14 +63,15 @@ def copy_of_checkout(tmp_path):
     return root
 
 
-def run_in(root, command: str) -> subprocess.CompletedProcess:
-    """``command`` in bash from ``root``, the copy first on the path, no data root set."""
+def run_in(root, command: str, exit_code: int = 0) -> subprocess.CompletedProcess:
+    """``command`` in bash from ``root``, the copy first on the path, no data root set; it must
+    exit with ``exit_code``."""
     env = {**{k: v for k, v in os.environ.items() if k != ENV_VAR}, "PYTHONPATH": str(root)}
     proc = subprocess.run(
         ["bash", "-c", command], cwd=root, env=env, capture_output=True, text=True, timeout=900
     )
-    assert proc.returncode == 0, (
-        f"`{command}` failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == exit_code, (
+        f"`{command}` exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     )
     return proc
 
@@ -121,6 +122,12 @@ def test_the_page_followed_literally_passes_its_own_checks(tmp_path):
     (tmp_path / "shared" / "data").unlink()  # the toy task reads no data: it needs no data root
     cfg_job = run_in(root, ".venv/bin/fedsim run --cfg job experiment=toy_mean").stdout
     assert "name: toy_mean" in cfg_job and "data_root: null" in cfg_job
+    toy = run_in(root, ".venv/bin/python -m pytest -p no:cacheprovider -n 0 tests/test_toy_mean.py")
+    assert re.search(r"\b2 passed\b", toy.stdout), toy.stdout[-3000:]  # no data root either
+    # a method honours no strategy key it does not list: FedProx's term would act on nothing
+    fedprox = "experiment=toy_mean strategy=fedprox strategy.proximal_mu=10"
+    refused = run_in(root, f".venv/bin/fedsim run --cfg job {fedprox}", exit_code=2)
+    assert "strategy.proximal_mu" in refused.stderr, refused.stderr
     (checks,) = [out for cmd, out in outputs.items() if "-m pytest" in cmd]
     # the page's pytest step: every check it names ran, none was skipped (the toy's commands exist)
     assert re.search(r"\b\d+ passed\b", checks) and "skipped" not in checks, checks[-3000:]

@@ -38,11 +38,25 @@ RUN_STATE = (
     "resume",
     "sweep",
     "client_state",
-)  # a run's bookkeeping
+    "about",
+)  # a run's bookkeeping, and what `fedsim experiments` says of it
 
 
 def choices(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def about(experiment: str) -> schema.About:
+    """The ``about`` block of ``conf/experiment/<experiment>.yaml`` as that file states it (each
+    states its own: an inherited one would describe another experiment), typed; nothing composed."""
+    path = CONF_DIR / "experiment" / f"{experiment}.yaml"
+    stated = OmegaConf.load(path).get("about")
+    if stated is None:
+        raise ConfigError(f"{path} states no about block (shows, seconds, measured)")
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema.About), stated))
+    except (OmegaConfBaseException, ValueError) as exc:
+        raise ConfigError(f"{path}: about: {exc}") from exc
 
 
 def _explain(overrides: list[str], exc: Exception) -> str:

@@ -28,7 +28,7 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 
 from fedsim.clock import traces
 from fedsim.code_policy import named_code, refuse_by_definition, refuse_by_name
-from fedsim.config.data import who_else_writes
+from fedsim.config.data import REPO_ROOT, who_else_writes
 from fedsim.progress import LOG_LEVELS
 
 
@@ -383,6 +383,24 @@ class ClockSynthetic:
 
 
 @dataclass
+class About:
+    """What ``fedsim experiments`` lists of an experiment: each ``conf/experiment/*.yaml`` states
+    its own (``tests/test_configs.py``); nothing in a run reads it."""
+
+    shows: str | None = MISSING  # one line: what the experiment shows
+    seconds: float | None = MISSING  # wall time of one run on 2 CPU cores; null: not measured
+    measured: str | None = MISSING  # where that time was measured (a record's sweep.json)
+
+    def __post_init__(self):
+        require(
+            (self.seconds is None) == (self.measured is None),
+            "about.measured",
+            "set exactly when about.seconds is (where the time was measured)",
+            self.measured,
+        )
+
+
+@dataclass
 class ClockTrace:
     """FedScale's trace files of ``clock=trace`` (docs/clock.md)."""
 
@@ -438,6 +456,7 @@ class RunConfig:
     sweep: Sweep = MISSING
     client_state: ClientStateSettings = MISSING
     clock: Clock = MISSING  # conf/clock/*.yaml: the virtual clock
+    about: About = MISSING
 
     def __post_init__(self):
         require(self.num_rounds >= 1, "num_rounds", ">= 1", self.num_rounds)
@@ -475,6 +494,12 @@ class StrategySlot:
 
     role: str  # the methods / phases that run it
     accepts: list[str]  # reply contracts its clients speak (a strategy's traits.takes)
+    honours: list[
+        str
+    ]  # train-config keys a strategy sends that its clients act on (traits.client_keys); [] = none
+    sets: list[
+        str
+    ]  # strategy arguments its protocol sets itself: strategy.<key> would act on nothing
     refuses: dict[
         str, str
     ]  # a reply contract, aggregation, client key or privacy kind -> why not here
@@ -494,6 +519,13 @@ class Protocol:
     def he_methods(self) -> list[str]:
         """The methods that run the strategy under HE whatever ``privacy`` says."""
         return []
+
+    def method_names(self) -> list[str]:
+        """The names its results give the arms they compare: what a method-name
+        ``sweep.baseline`` can be, checked before a sweep's first run, and the methods a
+        comparison lists. Here the non-null entries of a ``methods`` block (none without one);
+        a protocol whose results name arms otherwise adds them."""
+        return [name for name, spec in (getattr(self, "methods", None) or {}).items() if spec]
 
     def refuses_strategy(self, settings: dict) -> str | None:
         """Why this protocol's own settings cannot run the slot's strategy (its constructor
@@ -1000,6 +1032,7 @@ def check_strategy(cfg: DictConfig, protocol: Protocol) -> None:
             f"strategy {name} has no traits.{privacy.kind}: fedsim cannot tell whether "
             f"privacy={privacy.kind} can wrap it (null: it can; else why not)"
         )
+    refuse_inert(cfg, protocol, name, here)
     if privacy.kind != "none" and traits.get(privacy.kind):
         raise ValueError(
             f"privacy={privacy.kind} cannot wrap strategy {name}: {traits.get(privacy.kind)}"
@@ -1016,3 +1049,52 @@ def check_strategy(cfg: DictConfig, protocol: Protocol) -> None:
                 f"{here}: methods {under_he} run under HE, which cannot take {layer}: {why} "
                 "(leave them out, or run them in plaintext)"
             )
+
+
+def refuse_inert(cfg: DictConfig, protocol: Protocol, name: str, here: str) -> None:
+    """Refuse what would act on nothing, by default: a method honours only what its slot
+    declares. A train-config key the strategy sends (``traits.client_keys``: FedProx's
+    ``proximal-mu``) that the slot's clients do not act on (``strategy_slot.honours``) would run
+    the plain aggregation under another name; a loss-weighted aggregation needs the clients'
+    training loss (``strategy_slot.loss_key``); HE needs clients that encrypt (``task.he``); an
+    argument the protocol sets itself (``strategy_slot.sets``: the clients sampled per round)
+    keeps the value of the strategy's file."""
+    slot, traits = protocol.strategy_slot, cfg.strategy.traits
+    for key in traits.get("client_keys") or []:
+        if key not in slot.honours:
+            settings = [k for k in cfg.strategy if k.replace("_", "-") == key] or [key]
+            raise ValueError(
+                f"strategy.{settings[0]}: {here} cannot run strategy {name}: it sends '{key}' to "
+                f"clients that act on none of it (strategy_slot.honours: "
+                f"{list(slot.honours) or 'none'}), so the run would be the plain aggregation "
+                f"under {name}'s name"
+            )
+    stated = strategy_file(cfg.strategy.get("_target_"))
+    for key in slot.sets:
+        if stated is not None and key in cfg.strategy and cfg.strategy[key] != stated.get(key):
+            raise ValueError(
+                f"strategy.{key}={cfg.strategy[key]}: {here} sets {key} itself (strategy_slot.sets), "
+                f"so this value would act on nothing; leave it at {stated.get(key)}"
+            )
+    if traits.aggregation == "loss_weighted" and not (
+        cfg.strategy.get("train_loss_key") or slot.loss_key
+    ):
+        raise ValueError(
+            f"strategy.train_loss_key: {here} cannot run strategy {name}: its clients report no "
+            "training loss to weight by (strategy_slot.loss_key is null)"
+        )
+    if cfg.privacy.kind == "he" and not cfg.task.get("he"):
+        raise ValueError(
+            f"privacy.wrapper: {here} cannot run privacy kind 'he': task {cfg.task.name} "
+            "carries no CKKS parameters (task.he), so no client would encrypt"
+        )
+
+
+def strategy_file(target: str | None) -> DictConfig | None:
+    """The ``conf/strategy/*.yaml`` entry of the class ``target`` (None: no file names it), whose
+    values are the ones a run takes unless an override changes them."""
+    for path in sorted((REPO_ROOT / "conf" / "strategy").glob("*.yaml")):
+        entry = OmegaConf.load(path)
+        if entry.get("_target_") == target:
+            return entry
+    return None

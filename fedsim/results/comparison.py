@@ -533,7 +533,8 @@ def _baseline_path(path: str, name: str, known: set[str]) -> str | None:
 
 def method_names(paths) -> list[str]:
     """The path components a method-name baseline can be: those at a position where paths that
-    agree everywhere else hold two or more names."""
+    agree everywhere else hold two or more names (a record whose experiment does not say which
+    names its arms: besides methods, parts such as split names and client numbers)."""
     at: dict[tuple, set[str]] = {}
     for path in paths:
         parts = path.split(".")
@@ -542,8 +543,11 @@ def method_names(paths) -> list[str]:
     return sorted({n for names in at.values() if len(names) > 1 for n in names})
 
 
-def _check_baseline(settings: Sweep, headline: set[str], varying: dict[str, list[str]]) -> None:
-    """Refuse a baseline that pairs nothing, naming the choices."""
+def _check_baseline(
+    settings: Sweep, headline: set[str], varying: dict[str, list[str]], methods: list[str] | None
+) -> None:
+    """Refuse a baseline that pairs nothing, naming the choices: the experiment's ``methods``
+    (its protocol's ``method_names``), or, where they are not known, :func:`method_names`."""
     if not settings.baseline:
         return
     key, sep, value = settings.baseline.partition("=")
@@ -558,7 +562,7 @@ def _check_baseline(settings: Sweep, headline: set[str], varying: dict[str, list
                 f"in these runs; overrides that vary: {swept}"
             )
         return
-    names = method_names(headline)
+    names = methods if methods is not None else method_names(headline)
     if key not in names:
         raise ComparisonRefused(
             f"sweep.baseline {key!r} names no method in the headline metrics' paths; methods: "
@@ -567,14 +571,18 @@ def _check_baseline(settings: Sweep, headline: set[str], varying: dict[str, list
 
 
 def compare(
-    runs: list[Run], settings: Sweep, strict: bool = True, earlier_looks: tuple[int, ...] = ()
+    runs: list[Run],
+    settings: Sweep,
+    strict: bool = True,
+    earlier_looks: tuple[int, ...] = (),
+    methods: list[str] | None = None,
 ) -> dict:
     """Per group and headline metric: mean, std and CI over seeds; per baseline pair: the
     paired difference per seed, its CI and verdict; bookkeeping metrics over seeds apart. The
     primary rows of ``settings.plan`` are judged at this look (``earlier_looks``: the seed
     counts at which the sweep was read before), every other row Holm-adjusted (:func:`judge_family`).
-    Raises :class:`ComparisonRefused` for a baseline the runs do not have, and (``strict``) a
-    metric pattern."""
+    Raises :class:`ComparisonRefused` for a baseline the runs do not have (``methods``: the arms
+    the experiment names), and (``strict``) a metric pattern."""
     by_group: dict[tuple, dict[tuple, Run]] = {}
     for run in runs:
         by_group.setdefault(_group_key(run, settings.seed_keys), {})[
@@ -583,7 +591,7 @@ def compare(
     varying = _varying(runs, settings.seed_keys)
     family_of, bookkeeping = families({k for r in runs for k in r.values}, settings, strict)
     headline = {m: f for f, ms in family_of.items() for m in ms}
-    _check_baseline(settings, set(headline), varying)
+    _check_baseline(settings, set(headline), varying, methods)
     groups = []
     for group, by_seed in sorted(by_group.items()):
         present = sorted({k for r in by_seed.values() for k in r.values})
@@ -1204,7 +1212,11 @@ def _named(name: str, suffix: str) -> str:
 
 
 def build(
-    folder: str | Path, settings: Sweep, strict: bool = True, earlier_looks: tuple[int, ...] = ()
+    folder: str | Path,
+    settings: Sweep,
+    strict: bool = True,
+    earlier_looks: tuple[int, ...] = (),
+    methods: list[str] | None = None,
 ) -> dict:
     """The comparison of the runs under ``folder``; writes nothing (refusals happen here)."""
     runs = load_runs(folder)
@@ -1212,7 +1224,7 @@ def build(
         raise ComparisonRefused(
             f"no completed run (a {POINT_FILE} beside a results.json) under {folder}"
         )
-    return compare(runs, settings, strict, earlier_looks)
+    return compare(runs, settings, strict, earlier_looks, methods)
 
 
 def write(
@@ -1222,11 +1234,12 @@ def write(
     force: bool = False,
     strict: bool = True,
     earlier_looks: tuple[int, ...] = (),
+    methods: list[str] | None = None,
 ) -> tuple[dict, list[Path]]:
     """Compare the runs under ``folder`` and write ``summary.md``, ``comparison.json`` and the
     plots to ``output`` (default: ``folder``), under new names (``summary-2.md``...) when an
     earlier comparison is there, unless ``force``. Returns the comparison and the files written."""
-    result = build(folder, settings, strict, earlier_looks)
+    result = build(folder, settings, strict, earlier_looks, methods)
     out = RunOutput(output or folder)
     suffix = _suffix(out.path, force)
     if folders := [

@@ -16,6 +16,7 @@ from fedsim.config.compose import (
     REFUSED,
     RESUMABLE,
     ConfigError,
+    about,
     choices,
     compose_checked,
     hydra_config,
@@ -52,6 +53,7 @@ from fedsim.run.sweep import (
     earlier_looks,
     read_manifest,
     record_look,
+    recorded_methods,
     refuse_changed_plan,
     refuse_other_writers,
 )
@@ -210,9 +212,35 @@ def groups_help() -> str:
     """The config groups and their options, as Hydra's ``--help`` lists them."""
     groups = [*GROUPS[:1], "task/selector", *GROUPS[1:]]
     return (
-        "config groups (pick one with GROUP=OPTION; keys in conf/, docs/usage.md):\n"
+        "config groups (pick one with GROUP=OPTION; keys in conf/, docs/usage.md; "
+        "`fedsim experiments` says what each experiment shows and costs):\n"
         + "\n".join(f"  {g}: {', '.join(choices(g))}" for g in groups)
     )
+
+
+def experiments() -> int:
+    """``fedsim experiments``: every experiment, one line of what it shows, and the wall time of
+    one run on 2 CPU cores where one was measured (its YAML's ``about``, with where)."""
+    try:
+        rows = [(name, about(name)) for name in choices("experiment")]
+    except ConfigError as exc:
+        print(f"fedsim: configuration error:\n{exc}", file=sys.stderr)
+        return 2
+    width = max(len(name) for name, _ in rows)
+    for name, stated in rows:
+        print(f"{name:<{width}}  {stated.shows} [{run_time(stated)}]")
+    print(
+        "\nrun one: fedsim run experiment=NAME (its config: fedsim run --cfg job experiment=NAME)"
+    )
+    return 0
+
+
+def run_time(stated) -> str:
+    """An experiment's measured time as ``fedsim experiments`` prints it."""
+    if stated.seconds is None:
+        return "not measured"
+    minutes = f"{stated.seconds / 60:.0f} min" if stated.seconds >= 120 else None
+    return f"{minutes or f'{stated.seconds:.0f} s'} a run on 2 cores, measured: {stated.measured}"
 
 
 def run(overrides: list[str]) -> int:
@@ -365,11 +393,12 @@ def compare(
         folder = refuse_other_writers(
             folder, "record", inside=True
         )  # resolved: the path checked is the one used
-        stated = {
-            str(run.relative_to(folder)): read_config(run / "config.yaml").get("sweep", {})
+        configs = {
+            str(run.relative_to(folder)): read_config(run / "config.yaml")
             for run in counted_runs(folder)
             if (run / "config.yaml").is_file()
         }
+        stated = {run: config.get("sweep", {}) for run, config in configs.items()}
         if not stated:
             raise ConfigError(
                 f"no completed sweep run (a {POINT_FILE} beside a results.json and a config.yaml, "
@@ -384,13 +413,16 @@ def compare(
             o.startswith("sweep.metrics=") for o in overrides
         )  # the user's patterns must match
         settings = typed_sweep(sweep)
+        methods = recorded_methods(next(iter(configs.values())))
         if manifest := read_manifest(folder):
             refuse_changed_plan(*manifest, settings.planned())
         if pilot:
-            print(plan(build_comparison(folder, settings, metrics_given)), end="")
+            print(plan(build_comparison(folder, settings, metrics_given, methods=methods)), end="")
             return 0
         looks = earlier_looks(manifest[1]) if manifest else ()
-        result, written = write_comparison(folder, settings, output, force, metrics_given, looks)
+        result, written = write_comparison(
+            folder, settings, output, force, metrics_given, looks, methods
+        )
         if manifest:  # a look at the record counts wherever its outputs go
             record_look(*manifest, result)
     except REFUSED as exc:
@@ -477,6 +509,10 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated names / IPs the SuperLink is reached by",
     )
     certs_p.add_argument("--nodes", type=int, default=2, help="SuperNode key pairs to make")
+    sub.add_parser(
+        "experiments",
+        help="list the experiments: what each shows and its measured time on 2 CPU cores",
+    )
     fed_p = sub.add_parser(
         "federations",
         help="write Flower's named connections local-simulation and "
@@ -486,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
         "overrides", nargs="*", help="Hydra overrides KEY=VALUE of the run to size for"
     )
     args = _parse(parser, argv)
+    if args.command == "experiments":
+        return experiments()
     if args.command == "federations":
         return federations(args.overrides)
     if args.command == "certs":

@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from fedsim import progress
 from fedsim.config.compose import ConfigError
 from fedsim.config.data import who_else_writes
-from fedsim.config.schema import typed_sweep
+from fedsim.config.schema import protocol_of, typed_sweep
 from fedsim.results import comparison, provenance
 from fedsim.results.mlflow_sink import SweepRun
 from fedsim.results.outputs import escape_controls, write_file
@@ -121,7 +121,8 @@ class Sweep:
         self.strict = any(
             o.startswith("sweep.metrics=") for o in overrides
         )  # the user's patterns must match
-        _check_swept_baseline(self.settings.baseline, self.points)
+        self.methods = sorted({m for c in checked for m in method_names(c)})
+        check_against_experiment(self.settings, self.points, self.methods, overrides)
         self.first = checked[0]  # where the points' MLflow runs go (logging.*, protocol.name)
         self.session = {
             "git": provenance.git_state(),
@@ -346,6 +347,7 @@ class Sweep:
                 force=True,
                 strict=self.strict,
                 earlier_looks=earlier_looks(self.manifest),
+                methods=self.methods,
             )
         except comparison.ComparisonRefused as exc:
             why = escape_controls(exc, keep="\n")  # the record's names, to a terminal
@@ -483,18 +485,100 @@ def _paired_means(result: dict | None) -> dict[str, float]:
     }
 
 
-def _check_swept_baseline(baseline: str | None, points: list[list[str]]) -> None:
-    """A ``KEY=VALUE`` baseline names a swept key and one of its values: else refused before
-    any run (a method-name baseline is checked against the results, at the comparison)."""
-    key, sep, value = (baseline or "").partition("=")
-    if not sep:
+def method_names(cfg) -> list[str]:
+    """The arms a point's results name (its protocol's ``method_names``)."""
+    return protocol_of(cfg).method_names()
+
+
+def recorded_methods(config) -> list[str] | None:
+    """The arms a recorded run names, from its config.yaml; None where that config has no
+    protocol block that types today (a record of an older fedsim): the comparison then reads
+    candidates off the results' paths."""
+    try:
+        return method_names(config)
+    except Exception:  # any refusal of an old or partial config: fall back, never fail the compare
+        return None
+
+
+def check_against_experiment(
+    settings, points: list[list[str]], methods: list[str], overrides: list[str]
+) -> None:
+    """The sweep settings against the experiment, before any run, naming the valid choices: the
+    baseline (and each effect of interest's) is one of the experiment's ``methods`` or
+    ``KEY=VALUE`` of a key swept over two or more values; with headline metrics named, every
+    primary endpoint names one of them, and so does every contrast and effect of interest the
+    command line sets (the comparison judges headline metrics only; an experiment's own entry
+    for a metric left out of a narrowed ``sweep.metrics`` is named in the summary instead)."""
+    swept = _swept_choices(points)
+    choices = (
+        f"methods of this experiment: {', '.join(methods) or '(none: its results name no arms)'}"
+        f"; or KEY=VALUE of a key the sweep varies: {swept or '(none varies)'}"
+    )
+    for key, baseline in [
+        ("sweep.baseline", settings.baseline),
+        *(
+            (f"sweep.effect_of_interest[{i}].baseline", e.baseline)
+            for i, e in enumerate(settings.effect_of_interest)
+            if e.baseline != comparison.CONTRAST_BASELINE
+        ),
+    ]:
+        if baseline is None:
+            continue
+        name, sep, value = baseline.partition("=")
+        if sep:
+            values = [v for k, vs in _swept_values_by_key(points).items() if k == name for v in vs]
+            if len(values) < 2 or value not in values:
+                raise ConfigError(
+                    f"{key}={baseline}: the sweep gives {name} the values {values or 'none'}; "
+                    f"the baseline must be one of two or more swept values. Choices: {choices}"
+                )
+        elif name not in methods:
+            raise ConfigError(
+                f"{key}={baseline} names no arm of this experiment. Choices: {choices}"
+            )
+    if not settings.metrics:  # every number is a headline metric: nothing to check against
         return
-    values = sorted({v for p in points for k, _, v in (o.partition("=") for o in p) if k == key})
-    if len(values) < 2 or value not in values:
-        raise ConfigError(
-            f"sweep.baseline={baseline}: the sweep gives {key} the values {values or 'none'}; the "
-            f"baseline must be one of two or more swept values (KEY=VALUE)"
-        )
+    given = lambda key: any(o.startswith(f"sweep.{key}") for o in overrides)  # noqa: E731
+    named = [
+        *((f"sweep.plan.primary[{i}]", p) for i, p in enumerate(settings.plan.primary)),
+        *(
+            (f"sweep.contrasts[{i}].metric", c.metric)
+            for i, c in enumerate(settings.contrasts)
+            if given("contrasts")
+        ),
+        *(
+            (f"sweep.effect_of_interest[{i}].metric", e.metric)
+            for i, e in enumerate(settings.effect_of_interest)
+            if given("effect_of_interest")
+        ),
+    ]
+    for key, pattern in named:
+        if not any(_overlap(pattern, m) for m in settings.metrics):
+            raise ConfigError(
+                f"{key}={pattern} matches none of the headline metrics, the only ones a "
+                f"comparison judges; sweep.metrics: {', '.join(settings.metrics)}"
+            )
+
+
+def _overlap(pattern: str, other: str) -> bool:
+    """Whether two results path patterns can match one path (each read as a path by the other;
+    ``*`` is a character a path component may hold)."""
+    return bool(
+        comparison.path_pattern(pattern).fullmatch(other)
+        or comparison.path_pattern(other).fullmatch(pattern)
+    )
+
+
+def _swept_values_by_key(points: list[list[str]]) -> dict[str, list[str]]:
+    by_key: dict[str, set[str]] = {}
+    for point in points:
+        for key, _, value in (o.partition("=") for o in point):
+            by_key.setdefault(key, set()).add(value)
+    return {k: sorted(vs) for k, vs in by_key.items() if len(vs) > 1}
+
+
+def _swept_choices(points: list[list[str]]) -> str:
+    return "; ".join(f"{k}={'|'.join(vs)}" for k, vs in _swept_values_by_key(points).items())
 
 
 def exit_code(code: int, received: list[int]) -> int:

@@ -104,6 +104,11 @@ class FedBiscuitProtocol(Protocol):
     rlhf: RLHF
     """the policy phase (``fedsim_experiments/fedbiscuit/rlhf.py``)"""
 
+    def method_names(self) -> list[str]:
+        """Its methods, and the policy phase's untuned policy and federated baselines
+        (``policy.raw``, ``policy.fedavg``, ``policy.feddpo``)."""
+        return [*super().method_names(), "raw", "fedavg", "feddpo"]
+
     def __post_init__(self):
         if self.client_weights not in WEIGHT_KEYS:
             raise ValueError(

@@ -87,6 +87,11 @@ class FedDTREProtocol(Protocol):
     methods: dict[str, Any]
     """name -> {run: runner function, strategy: Flower strategy (federated runners)}, in run order"""
 
+    def method_names(self) -> list[str]:
+        """Its methods, and the client groups of ``task.contamination`` (``contamination.methods.
+        <method>.<dataset>.<group>``)."""
+        return [*super().method_names(), "contaminated", "clean"]
+
     def __post_init__(self):
         """Method names are components of dotted results paths and overrides, so they hold no
         dot; DP-SGD clips per-record gradients only: FedProx's proximal term would escape it."""

@@ -30,6 +30,10 @@ class FedTPProtocol(Protocol):
             "accounting fixed by who was sampled; a straggler left out would change both"
         )
 
+    def method_names(self) -> list[str]:
+        """Its arms are the routers (``routers.<router>.<split>.ehr``)."""
+        return list(ROUTERS)
+
     def refuses_audit(self, cfg: DictConfig) -> str | None:
         """The audit puts canary clients into DPMean's one release of every client's row (and so
         into each sigma's sweep release of them), each canary on a topic of its own."""
