@@ -74,18 +74,36 @@ def plot(data: dict, out: RunOutput, name: str) -> None:
                 label=f"{method} {key.split('_')[0]}",
             )
             ax.fill_between(
-                steps, [c[0] for c in cis], [c[1] for c in cis], color=f"C{i}", alpha=0.12
+                steps,
+                [c[0] for c in cis],
+                [c[1] for c in cis],
+                color=f"C{i}",
+                alpha=0.12,
+                label="95% CI over seeds (band)",
             )
-            for s in steps:  # each seed's point
-                ax.scatter(
-                    [s] * len(by_step[s][key]), by_step[s][key], color=f"C{i}", s=8, alpha=0.5
-                )
+            ax.scatter(  # each seed's point
+                [s for s in steps for _ in by_step[s][key]],
+                [v for s in steps for v in by_step[s][key]],
+                color=f"C{i}",
+                s=8,
+                alpha=0.5,
+                label="each seed (dot)",
+            )
     ax.axhline(0.5, color="grey", lw=0.8, ls=":", label="the base (0.5)")
     ax.set_ylim(0, 1)  # a win rate; a t band over few seeds reaches past it
     ax.set_xlabel("DPO steps")
-    ax.set_ylabel("win rate against the base policy (mean over seeds)")
-    ax.set_title("Reward hacking: proxy (dashed), judge (solid), seeds (dots)", fontsize=10)
-    ax.legend(fontsize=6)
+    ax.set_ylabel("win rate against the base policy")
+    seeds = max(len(v["gap"]) for by_step in data.values() for v in by_step.values())
+    ax.set_title(f"Reward hacking over {seeds} seeds: proxy (dashed), judge (solid)", fontsize=10)
+    kinds = dict(zip(*ax.get_legend_handles_labels()[::-1]))  # one entry per band and dot kind
+    ax.legend(
+        kinds.values(),
+        kinds.keys(),
+        fontsize=8,
+        ncols=3,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.15),
+    )
     save()
 
 

@@ -18,14 +18,11 @@ import argparse
 import json
 from pathlib import Path
 
-import matplotlib
+from scipy.stats import spearmanr
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 (after the backend)
-from scipy.stats import spearmanr  # noqa: E402
-
-from fedsim_clients import feddtre_messages as keys  # noqa: E402
-from fedsim_experiments.feddtre.report import alpha_vs_gap  # noqa: E402
+from fedsim.results.outputs import RunOutput
+from fedsim_clients import feddtre_messages as keys
+from fedsim_experiments.feddtre.report import alpha_vs_gap
 
 
 def completed_runs(sweeps: list[Path]) -> dict[str, dict]:
@@ -45,6 +42,32 @@ def pooled(runs: dict[str, dict], method: str, dataset: str) -> dict[tuple[str, 
         for name, r in runs.items()
         for rnd, rows in r["alpha"][method][dataset].items()
     }
+
+
+def plot(client_rounds: dict, stats: dict, seeds: int, out: RunOutput, name: str):
+    """``<name>.png`` in ``out``: every pooled client-round's alpha against its overfitting gap,
+    Pearson's r and its cluster-bootstrap CI (over clients, ``stats``) in the title, as numbers:
+    an interval of r, not of any point drawn. Returns the figure."""
+    rows = [row for rs in client_rounds.values() for row in rs]
+    fig, ax, save = out.figure(name)
+    ax.scatter(
+        [row[keys.HELDOUT_NLL] - row[keys.TRAIN_NLL] for row in rows],
+        [row[keys.ALPHA] for row in rows],
+        s=12,
+        alpha=0.6,
+        label=f"a client in a round ({len(rows)})",
+    )
+    ax.set_xlabel("local model: held-out minus train NLL (nats per token)")
+    ax.set_ylabel("alpha (weight of the global model)")
+    ax.set_title(
+        f"FedDTRE alpha against overfitting, {seeds} seeds\nPearson r "
+        f"{stats['pearson_r']:+.2f} [{stats['ci'][0]:+.2f}, {stats['ci'][1]:+.2f}] "
+        f"(95% bootstrap over {stats['clusters']} clients)",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
+    save()
+    return fig
 
 
 def main() -> None:
@@ -85,18 +108,8 @@ def main() -> None:
         },
     )
     if args.plot:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.scatter(gap, alpha, s=12, alpha=0.6)
-        ax.set_xlabel("local model: held-out minus train nll per token")
-        ax.set_ylabel("alpha")
-        ax.set_title(
-            f"FedDTRE, {len(runs)} seeds, {len(rows)} client-rounds: "
-            f"r {stats['pearson_r']:+.2f} [{stats['ci'][0]:+.2f}, {stats['ci'][1]:+.2f}] "
-            f"over {stats['clusters']} clients",
-            fontsize=9,
-        )
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
+        out = RunOutput(args.plot.parent)
+        plot(client_rounds, stats, len(runs), out, args.plot.stem)
 
 
 if __name__ == "__main__":

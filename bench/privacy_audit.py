@@ -1,5 +1,6 @@
 """The privacy audit's measured lower bounds beside the accountants' epsilons, against sigma
-(docs/privacy-audit.md's tables and plot).
+(docs/privacy-audit.md's tables; the plot is written beside them, not kept in docs: its FedTP input,
+an audited run, is not a kept record).
 
 (a) FedTP's DPMean, client level: read from the results.json of
     ``fedsim run experiment=fedtp_paper privacy.audit.enabled=true`` (``--fedtp``).
@@ -12,7 +13,7 @@ Prints both tables (markdown), an ideal attacker's bound on the same Gaussian me
 for FedTP's), and writes the plot of both bounds against sigma.
 
     .venv/bin/python bench/privacy_audit.py --fedtp <results_dir> [--sigmas 0.5 1 2 4] [--seed 0] \
-        [--out docs/privacy_audit.png]
+        [--out privacy_audit.png]
 """
 
 from __future__ import annotations
@@ -192,7 +193,7 @@ def main() -> None:
     parser.add_argument(
         "--ideal-trials", type=int, default=100, help="trials of the ideal attacker's reference"
     )
-    parser.add_argument("--out", type=Path, default=Path("docs/privacy_audit.png"))
+    parser.add_argument("--out", type=Path, default=Path("privacy_audit.png"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     fedtp = fedtp_bounds(args.fedtp)

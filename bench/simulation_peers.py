@@ -6,7 +6,9 @@ by examples, the same seed and split), run by each framework's own simulation, o
 at a time (``bench/peers/``):
 
 - fedsim with one SuperNode per client, and with two SuperNodes hosting every client
-  (``hardware.clients_per_supernode``: one message per SuperNode, one SuperNode per CPU);
+  (``hardware.clients_per_supernode``: one message per SuperNode, one SuperNode per CPU), the
+  latter also under ``hardware.client_backend=batched`` (the hosted clients' replies stacked as
+  rows, ``fedsim/runtime/row_batches.py``);
 - plain Flower 1.41: a ServerApp / ClientApp of Flower's API alone in Flower's simulation;
 - pfl-research and FLGo, each with its own simulator (``pip install -e ".[bench]"``).
 
@@ -45,6 +47,11 @@ FRAMEWORKS = {  # name -> (runner script, its extra arguments for N clients, the
     "fedsim, 2 SuperNodes": (
         "fedsim_run.py",
         lambda n: ["--clients-per-supernode", str(-(-n // 2))],
+        "fedsim",
+    ),
+    "fedsim, 2 SuperNodes, batched": (
+        "fedsim_run.py",
+        lambda n: ["--clients-per-supernode", str(-(-n // 2)), "--client-backend", "batched"],
         "fedsim",
     ),
     "plain Flower": ("flower_app.py", lambda n: [], "flwr"),
@@ -155,6 +162,14 @@ def goals(rows: list[dict]) -> list[str]:
                 f"N={clients}, {per_round}/round: fedsim (1 client / SuperNode) over plain Flower "
                 f"{fedsim / flower:.2f}x (goal <= 1.1x: {'met' if fedsim / flower <= 1.1 else 'missed'})"
             )
+        pfl = s("pfl", clients, per_round)
+        for name in ("fedsim, 2 SuperNodes", "fedsim, 2 SuperNodes, batched"):
+            ours = s(name, clients, per_round)
+            if ours and pfl:
+                out.append(
+                    f"N={clients}, {per_round}/round: {name} over pfl {ours / pfl:.2f}x "
+                    f"(issue 60's goal <= 1.0x: {'met' if ours <= pfl else 'missed'})"
+                )
         many = s("fedsim, 2 SuperNodes", clients, per_round)
         peers = [
             v

@@ -74,3 +74,30 @@ class Bars:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+LOG_LEVELS = ("debug", "info")  # logging.level: debug shows the lines of NOISE too
+# Lines every run prints that say nothing about it: Flower's dump of a strategy's ConfigRecords (the
+# whole task config, ~1,000 characters), its warning about a default the run does not use (fedsim
+# sizes the federation), and Ray's tip about a variable fedsim does not set (with its source line).
+NOISE = re.compile(
+    r"ConfigRecord \((train|evaluate)\): "
+    r"|Since flwr 1\.32, default simulated SuperNodes changed"
+    r"|To change federation size, use the following command"
+    r"|flwr federation simulation-config "
+    r"|FutureWarning: Tip: In future versions of Ray"
+    r"|^\s*warnings\.warn\($"
+)
+
+
+def is_noise(text: str) -> bool:
+    """Whether a log line is one of :data:`NOISE`, shown at ``logging.level=debug`` only."""
+    return NOISE.search(text) is not None
+
+
+class Quiet:
+    """A filter for Flower's logger: a record of :data:`NOISE` is dropped (``logging.level=info``).
+    Flower logs it at INFO or WARNING itself, and has no setting for either."""
+
+    def filter(self, record) -> bool:
+        return not is_noise(record.getMessage())

@@ -32,6 +32,7 @@ import hashlib
 import random
 import sys
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -93,5 +94,20 @@ def reseed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(np.array([seed], dtype=np.uint64).view(np.uint32))  # the seed's two 32-bit words
     torch = sys.modules.get("torch")
-    if torch is not None:
+    if torch is None:
+        return
+    if _accelerators(torch):
         torch.manual_seed(seed)
+    else:  # the same CPU state: torch.manual_seed also queues a seed for a CUDA not initialized,
+        torch.random.default_generator.manual_seed(seed)  # formatting the stack (5 ms a call)
+
+
+@cache
+def _accelerators(torch) -> bool:
+    """Whether this process's torch has a device besides the CPU to seed (CUDA, MPS, XPU)."""
+    xpu = getattr(torch, "xpu", None)
+    return (
+        torch.cuda.is_available()
+        or torch.backends.mps.is_available()
+        or bool(xpu is not None and xpu.is_available())
+    )

@@ -4,6 +4,7 @@ gets."""
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -12,6 +13,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig
 
+from fedsim.clock.schedule import VirtualClock
 from fedsim.config.schema import dp_wrappers
 from fedsim.config.schema import entry as schema_entry
 from fedsim.message_keys import CONFIG, INFO, PARTITION_ID
@@ -60,6 +62,18 @@ def sampled(strategy, clients: int) -> int:
     return max(int(clients * strategy.fraction_train), strategy.min_train_nodes)
 
 
+def over_select(strategy: Strategy, clock: VirtualClock | None) -> int:
+    """Make a FedAvg-style ``strategy`` sample ``clock.over_selection`` times the clients it
+    would (its fraction and its minimum), so that the clock's quota (the sampled count over the
+    factor) is what it sampled before; the clients a round needs online to start."""
+    if not hasattr(strategy, "min_train_nodes"):
+        return 1
+    factor = 1.0 if clock is None else clock.over_selection
+    strategy.fraction_train = min(1.0, strategy.fraction_train * factor)
+    strategy.min_train_nodes = math.ceil(strategy.min_train_nodes * factor)
+    return max(strategy.min_train_nodes, getattr(strategy, "min_available_nodes", 1))
+
+
 def innermost(strategy: Strategy) -> Strategy:
     """The strategy inside every wrapper (privacy, HE, client spread): where a method reads
     what its own strategy records (alphas, releases)."""
@@ -83,12 +97,12 @@ class RunContext:
     def partition_of(self, node: int) -> int:
         return next(partition_id for partition_id, n in self.nodes.items() if n == node)
 
-    def grid(self, label: str, policy: Policy | None = None):
+    def grid(self, label: str, policy: Policy | None = None, need: int = 1):
         """A Grid over every client in partition order. Flower samples nodes by position and
         node ids are random per run, so this order makes the same seed sample the same clients
-        in every run."""
+        in every run. Under a virtual clock a round starts once ``need`` clients are online."""
         return self.messenger.grid(
-            label, policy or Policy(ANY), [self.nodes[p] for p in sorted(self.nodes)]
+            label, policy or Policy(ANY), [self.nodes[p] for p in sorted(self.nodes)], need
         )
 
     def declared(self, key: str) -> Callable[[int], float]:
@@ -112,7 +126,8 @@ class RunContext:
         with ``strategy_args`` over ``fraction_train`` of the clients per round; replies must be
         ``reply(initial)`` (the model's arrays, a weight within the node's declaration), a round
         goes on with any of them. ``evaluate_fn``: Flower's server-side evaluation, before round
-        1 and after each round."""
+        1 and after each round. Under a virtual clock the strategy samples ``clock.over_selection``
+        times as many clients (:func:`over_select`)."""
         strategy = build_strategy(
             self.cfg,
             self.plan,
@@ -122,8 +137,9 @@ class RunContext:
             fraction_evaluate=0.0,
             **strategy_args,
         )
+        need = over_select(innermost(strategy), self.messenger.clock)
         return strategy.start(
-            self.grid(label, Policy(ANY, reply(initial))),
+            self.grid(label, Policy(ANY, reply(initial)), need),
             initial,
             rounds,
             self.cfg.round_timeout,

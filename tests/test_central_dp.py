@@ -273,6 +273,9 @@ def test_each_clients_dp_sgd_epsilon_is_kept_by_both_accountants():
         # HEFedAvg labelled none: the server encrypts while the protocol and results say plaintext
         (["privacy=he_fedavg", "privacy.kind=none"], "privacy.kind=none"),
         (["privacy=he_fedavg", "privacy.kind=dp"], "privacy.kind=dp"),
+        # SecAggPlus labelled none (results would say plaintext), a secagg label without it
+        (["privacy=secagg", "privacy.kind=none"], "privacy.kind=none"),
+        (["privacy=none", "privacy.kind=secagg"], "privacy.kind=secagg"),
         # a label without its wrapper, and a wrapper that is neither DP nor HE
         (["privacy=none", "privacy.kind=dp"], "privacy.kind=dp"),
         (
@@ -299,6 +302,7 @@ def test_a_privacy_kind_that_is_not_its_wrappers_is_refused_before_the_run(overr
         ("turn_sentiment_fedavg", "dp_server_fixed"),
         ("turn_sentiment_fedavg", "dp_client_adaptive"),
         ("fede4rag_paper", "he_fedavg"),
+        ("turn_sentiment_fedavg", "secagg"),
     ],
 )
 def test_each_shipped_privacy_kind_is_its_wrappers(experiment, privacy):

@@ -108,6 +108,11 @@ def test_a_client_layout_that_leaves_a_supernode_empty_is_refused():
             "Unknown config key 'task.splitz'. Did you mean: splits, split_seed?",
         ),
         (["hardware.num_clients=0"], "hardware.num_clients must be >= 1 (null: all), got 0"),
+        (["hardware.client_backend=rows"], "hardware.client_backend must be one of"),
+        (
+            ["hardware.client_backend=batched"],
+            "hardware.client_backend must be messages unless hardware.clients_per_supernode > 1",
+        ),
         (
             ["experiment=fedtp_paper", "protocol.lambdas=0.1"],
             "protocol.lambdas: expected list[float], got 0.1",

@@ -20,9 +20,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.exhaustive]
 SLICE = ["experiment=fedtp_aggregate", "strategy.noise_multiplier=0", "task.max_per_split=6"]
 
 
-def test_fedtp_release_is_the_same_with_many_clients_per_supernode(tmp_path):
+@pytest.mark.parametrize("backend", ["messages", "batched"])
+def test_fedtp_release_is_the_same_with_many_clients_per_supernode(tmp_path, backend):
     out = tmp_path / "sharded"
-    code, log = fedsim_run(*SLICE, f"results_dir={out}", "hardware.clients_per_supernode=6")
+    code, log = fedsim_run(
+        *SLICE,
+        f"results_dir={out}",
+        "hardware.clients_per_supernode=6",
+        f"hardware.client_backend={backend}",
+    )
     assert code == 0, log[-3000:]
     sharded = read_results(out)
     assert (sharded["clients"], sharded["supernodes"]) == (24, 4)

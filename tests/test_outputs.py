@@ -130,8 +130,8 @@ def test_ehr_vs_epsilon_has_units_readable_ticks_cis_and_every_line(fedtp_figure
     assert "share of turns" in ax.get_ylabel()
     (bars,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
     assert (
-        bars.has_yerr and len(bars.lines[0].get_xdata()) == 2
-    )  # the two DP sigmas, each with its CI
+        bars.has_yerr and len(bars.lines[2][0].get_segments()) == 2
+    )  # the two DP sigmas, each with its CI over its 3 draws
     ticks = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
     assert ticks == ["6.57", "1.36"] and not any(
         t.get_text() for t in ax.get_xticklabels(minor=True)
@@ -143,16 +143,14 @@ def test_ehr_vs_epsilon_has_units_readable_ticks_cis_and_every_line(fedtp_figure
     noiseless, tfidf = [
         line
         for line in ax.get_lines()
-        if len(line.get_xdata()) == 2
-        and line not in bars.lines
-        and line.get_label().startswith(("FedMix, no", "TF-IDF"))
+        if len(line.get_xdata()) == 2 and line.get_label().startswith(("FedMix, no", "TF-IDF"))
     ]
     assert noiseless.get_ydata()[0] == tfidf.get_ydata()[0]
     assert (
         noiseless.get_linewidth() > 3 * tfidf.get_linewidth()
         and tfidf.get_zorder() > noiseless.get_zorder()
     )
-    assert len(ax.get_legend().get_texts()) == 3
+    assert len(ax.get_legend().get_texts()) == 5  # the two lines, the mean, the draws, the CI
 
 
 def test_gain_histogram_keeps_unchanged_apart_from_small_gains(fedtp_figures):
@@ -212,7 +210,9 @@ def test_the_sweep_plots_have_a_labelled_point_and_interval_per_row(tmp_path):
     comparison.plot(result, out)
     for name, rows in (("paired_differences", 2), ("metrics", 3)):
         (ax,) = out.figures[name].axes
-        assert ax.get_xlabel() and "95% CI" in ax.get_xlabel()
+        assert ax.get_xlabel() and ax.get_title() and out.figures[name]._suptitle.get_text()
+        (legend,) = out.figures[name].legends
+        assert "mean, 95% CI over seeds" in [t.get_text() for t in legend.get_texts()]
         assert len([t for t in ax.get_yticklabels() if t.get_text()]) == rows
         assert (
             len([c for c in ax.containers if isinstance(c, ErrorbarContainer) and c.has_xerr])
@@ -331,8 +331,6 @@ def test_the_sweep_plots_cut_a_records_long_names(tmp_path):
         for ax in fig.axes
         for t in [ax.get_xlabel(), *(t.get_text() for t in ax.get_yticklabels())]
     ]
-    assert (
-        labels
-        and max(map(len, labels)) <= comparison.PLOT_CHARS
-        and all(t.endswith("…") for t in labels)
-    )
+    titles = [fig.axes[0].get_title() for fig in out.figures.values()]  # the name: the measure
+    assert labels and max(map(len, labels + titles)) <= comparison.PLOT_CHARS
+    assert titles and all(t.endswith("…") for t in titles)

@@ -38,24 +38,33 @@ RUN = [
 ]
 
 
-def _kill_after(out, entries: int, root: str) -> None:
+BATCHED = [  # the 20 clients on 2 SuperNodes, their replies stacked as rows
+    "hardware.clients_per_supernode=10",
+    "hardware.client_backend=batched",
+]
+
+
+def _kill_after(out, entries: int, root: str, layout: list[str]) -> None:
     """Start the run, SIGKILL ``fedsim run`` once ``entries`` exchanges are journaled."""
     journal = out / "checkpoint" / "journal"
     kill_when(
-        [*RUN, f"results_dir={out}"], root, lambda: len(list(journal.glob("*.exchange"))) >= entries
+        [*RUN, *layout, f"results_dir={out}"],
+        root,
+        lambda: len(list(journal.glob("*.exchange"))) >= entries,
     )
 
 
 @pytest.mark.exhaustive  # 170 s; by default tests/test_e2e_client_state.py resumes a SIGKILLed run to the same end
-def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("layout", [[], BATCHED], ids=["one-client-per-supernode", "batched"])
+def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path, layout):
     whole = tmp_path / "whole"
-    code, log = fedsim_run(*RUN, f"results_dir={whole}")
+    code, log = fedsim_run(*RUN, *layout, f"results_dir={whole}")
     assert code == 0, log[-3000:]
     phases = [(e["phase"], e["round"]) for e in journaled(whole)]
     kill_at = phases.index(("prior/train", 2)) + 1  # rounds 1 and 2 complete, 3 and 4 not
     cut = tmp_path / "cut"
     root = private_tmpdir()
-    _kill_after(cut, kill_at, root)
+    _kill_after(cut, kill_at, root, layout)
     assert not (cut / "results.json").exists()
     done = len(list((cut / "checkpoint" / "journal").glob("*.exchange")))
     assert kill_at <= done < len(phases)

@@ -63,6 +63,7 @@ DATA = data_root_override()
 SLOTS = ["fedtp", "fede4rag_paper", "feddtre_paper", "fedbiscuit_paper"]  # one per method's task
 STRATEGIES, PRIVACY = choices("strategy"), choices("privacy")
 CLIENTS, CRASH, ROUNDS = 5, 4, 2
+SUM_ONLY = ("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad")  # SecAgg+ sums them
 
 
 @cache  # collection reads them for every pair; a config takes a copy of what it is given
@@ -117,7 +118,11 @@ def test_every_pair_is_accepted_or_refused_with_a_reason_from_the_data(base):
     for (exp, strategy, privacy), why in matrix.items():
         traits = _load("strategy", strategy).traits
         kind = _load("privacy", privacy).kind
-        reasons = [r for r in (traits.he, traits.dp, _load("privacy", privacy).get("he")) if r]
+        reasons = [
+            r
+            for r in (traits.he, traits.dp, traits.secagg, _load("privacy", privacy).get("he"))
+            if r
+        ]
         reasons += list(OmegaConf.to_container(base[exp].protocol.strategy_slot.refuses).values())
         if (
             why is not None
@@ -129,7 +134,11 @@ def test_every_pair_is_accepted_or_refused_with_a_reason_from_the_data(base):
                 why,
             )
         if traits.aggregation == "robust" and kind != "none":
-            assert why is not None, (exp, strategy, privacy)  # no robust aggregator under HE or DP
+            assert why is not None, (
+                exp,
+                strategy,
+                privacy,
+            )  # no robust aggregator under HE, DP, SecAgg
     ok = lambda e, s, p: matrix[(e, s, p)] is None  # noqa: E731
     assert ok("feddtre_paper", "fedadam", "none") and ok(
         "feddtre_paper", "trust_alpha", "dp_server_fixed"
@@ -153,6 +162,9 @@ def test_every_pair_is_accepted_or_refused_with_a_reason_from_the_data(base):
         "train no model" in matrix[("fedtp", "fedprox", "none")]
     )  # its clients would ignore proximal-mu
     assert all(not ok(e, "selector_groups", p) for e in SLOTS for p in PRIVACY)
+    assert all(ok(e, s, "secagg") for e in ("feddtre_paper", "fedbiscuit_paper") for s in SUM_ONLY)
+    assert "SecAgg+ gives the server their sum only" in matrix[("feddtre_paper", "krum", "secagg")]
+    assert "FedDTRE's trust" in matrix[("feddtre_paper", "trust_alpha", "secagg")]
     assert all(
         not ok(e, s, "he_fedavg")
         for e in ("fedtp", "feddtre_paper", "fedbiscuit_paper")

@@ -1,6 +1,7 @@
 """fedsim: the workload as ``fedsim run experiment=turn_sentiment_fedavg`` (its CLI, own SuperLink,
 Flower's Ray simulation, the replies' checks, the journal; everything a user's run does), with
-one SuperNode per client or ``--clients-per-supernode`` logical clients per SuperNode.
+one SuperNode per client or ``--clients-per-supernode`` logical clients per SuperNode (their
+replies stacked as rows with ``--client-backend batched``).
 
     python bench/peers/fedsim_run.py --clients 1000 --per-round 100 --rounds 3 --clients-per-supernode 100
 """
@@ -21,6 +22,7 @@ FEDSIM = str(Path(sys.executable).parent / "fedsim")
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--clients-per-supernode", type=int, default=1)
+    p.add_argument("--client-backend", default="messages", choices=["messages", "batched"])
     args = p.parse_args()
     s = setting(args)
     with tempfile.TemporaryDirectory(prefix="fedsim-peers-") as out:
@@ -32,6 +34,7 @@ def main() -> None:
                 f"data_root={s.recipe.data_root}",
                 f"hardware.num_clients={s.clients}",
                 f"hardware.clients_per_supernode={args.clients_per_supernode}",
+                f"hardware.client_backend={args.client_backend}",
                 f"protocol.clients_per_round={s.per_round}",
                 f"num_rounds={s.rounds}",
                 f"seed={s.seed}",

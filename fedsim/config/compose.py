@@ -20,7 +20,7 @@ from fedsim.config import schema  # registers the typed schema with Hydra
 from fedsim.config.data import REPO_ROOT, DataNotFoundError, reads_data, resolve_data_root
 
 CONF_DIR = REPO_ROOT / "conf"
-GROUPS = ("task", "strategy", "privacy", "hardware", "experiment")
+GROUPS = ("task", "strategy", "privacy", "hardware", "clock", "experiment")
 
 
 class ConfigError(ValueError):
@@ -76,6 +76,11 @@ def _check_keys(cfg: DictConfig, overrides: list[str]) -> None:
 def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Compose conf/config.yaml with ``overrides``; resolve data_root and the output folders."""
     overrides = list(overrides)
+    if any(o.lstrip("+").startswith("task.data_root=") for o in overrides):
+        raise ConfigError(  # the server's task would read one folder, its clients another
+            "task.data_root is the task's copy of data_root (the clients read data_root's): "
+            "set data_root=..."
+        )
     try:
         with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
             cfg = hydra_compose("config", overrides=overrides, return_hydra_config=False)

@@ -78,7 +78,7 @@ def resolve(node_config: Mapping) -> dict[str, str | None]:
 
 def attach(msg: Message, node_config: Mapping) -> None:
     """Write the node's values into ``msg``'s config, over anything the server sent there."""
-    if CONFIG not in msg.content.config_records:
+    if not isinstance(msg.content.get(CONFIG), ConfigRecord):  # one lookup, not every record
         msg.content[CONFIG] = ConfigRecord()
     msg.content[CONFIG][NODE_KEY] = json.dumps(resolve(node_config))
 
@@ -86,8 +86,8 @@ def attach(msg: Message, node_config: Mapping) -> None:
 def setting(msg: Message, key: str) -> str | None:
     """The node's value of ``key`` for a handler serving ``msg`` (:func:`attach` put it there;
     a handler called directly, as in tests, gets this process's own)."""
-    config = msg.content.config_records.get(CONFIG)
-    raw = config.get(NODE_KEY) if config is not None else None
+    config = msg.content.get(CONFIG)
+    raw = config.get(NODE_KEY) if isinstance(config, ConfigRecord) else None
     return (json.loads(raw) if raw else resolve({}))[key]
 
 

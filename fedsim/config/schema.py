@@ -26,8 +26,10 @@ from hydra.utils import get_class, get_method, get_object, instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
+from fedsim.clock import traces
 from fedsim.code_policy import named_code, refuse_by_definition, refuse_by_name
 from fedsim.config.data import who_else_writes
+from fedsim.progress import LOG_LEVELS
 
 
 def require(ok: bool, key: str, rule: str, value) -> None:
@@ -138,6 +140,7 @@ class Hardware:
     clients_per_supernode: int = (
         MISSING  # logical clients a SuperNode hosts (at most); >1: one message per SuperNode
     )
+    client_backend: str = MISSING  # messages | batched: hosted clients' replies as stacked rows
     num_cpus: int = MISSING  # CPUs Ray may use in all
     ray_address: str | None = MISSING  # simulation: an existing Ray cluster's head host:port
     client_cpus: int = MISSING  # CPUs per ClientApp actor
@@ -164,6 +167,19 @@ class Hardware:
         count_or_null("hardware.num_clients", self.num_clients)
         for name in ("clients_per_supernode", "num_cpus", "client_cpus"):
             require(getattr(self, name) >= 1, f"hardware.{name}", ">= 1", getattr(self, name))
+        require(
+            self.client_backend in CLIENT_BACKENDS,
+            "hardware.client_backend",
+            f"one of {CLIENT_BACKENDS}",
+            self.client_backend,
+        )
+        require(
+            self.client_backend == "messages" or self.clients_per_supernode > 1,
+            "hardware.client_backend",
+            "messages unless hardware.clients_per_supernode > 1 (batched stacks a SuperNode's "
+            "hosted clients' replies; one client per SuperNode has none to stack)",
+            self.client_backend,
+        )
         require(
             self.client_gpus >= 0,
             "hardware.client_gpus",
@@ -194,6 +210,10 @@ class Logging:
     tensorboard: bool = MISSING  # TensorBoard event files in results_dir/tensorboard
     mlflow: bool = MISSING  # the same metrics to an MLflow store, one MLflow run per run
     mlflow_dir: str = MISSING  # the MLflow store's folder (SQLite, <dir>/mlflow.db)
+    level: str = MISSING  # info | debug: debug also shows Flower's lines of fedsim.progress.NOISE
+
+    def __post_init__(self):
+        require(self.level in LOG_LEVELS, "logging.level", f"one of {LOG_LEVELS}", self.level)
 
 
 @dataclass
@@ -328,10 +348,74 @@ class Privacy:
 
     reproducible_noise: bool = MISSING  # noise from the public seed: reproducible, not private
     audit: Audit = MISSING  # the measured lower bound beside the accountant's epsilon
-    kind: str = MISSING  # none | dp (Flower's central DP wrappers) | he (HEFedAvg)
+    kind: str = (
+        MISSING  # none | dp (Flower's central DP wrappers) | he (HEFedAvg) | secagg (SecAgg+)
+    )
     wrapper: Any = MISSING  # the wrapper's _target_ and settings; null: none
     he: str | None = MISSING  # why this wrapper cannot run inside HE (null: it can)
     delta: float | None = MISSING  # delta of the (epsilon, delta) a dp wrapper's run reports
+
+
+@dataclass
+class ClockSynthetic:
+    """The seeded synthetic clients of ``clock=synthetic`` (``fedsim/clock/traces.py``)."""
+
+    seconds_per_example: float = MISSING  # median training seconds per example
+    speed_sigma: float = MISSING  # lognormal sigma of the speed
+    kbps: float = MISSING  # median bandwidth, kbit/s each way
+    bandwidth_sigma: float = MISSING  # lognormal sigma of the bandwidth
+    online_hours: float = MISSING  # hours online a day (24: always)
+    day_seconds: float = MISSING  # the availability's period
+
+    def __post_init__(self):
+        for name in ("seconds_per_example", "kbps", "day_seconds"):
+            require(getattr(self, name) > 0, f"clock.synthetic.{name}", "> 0", getattr(self, name))
+        for name in ("speed_sigma", "bandwidth_sigma"):
+            require(
+                getattr(self, name) >= 0, f"clock.synthetic.{name}", ">= 0", getattr(self, name)
+            )
+        require(
+            0 < self.online_hours <= 24,
+            "clock.synthetic.online_hours",
+            "in (0, 24]",
+            self.online_hours,
+        )
+
+
+@dataclass
+class ClockTrace:
+    """FedScale's trace files of ``clock=trace`` (docs/clock.md)."""
+
+    device_capacity: str = MISSING  # client_device_capacity: speed and bandwidth per client
+    availability: str | None = MISSING  # client_behave_trace: online intervals; null: always online
+
+
+@dataclass
+class Clock:
+    """The virtual clock (``fedsim/clock/``): clients' speed, bandwidth, availability."""
+
+    kind: str = MISSING  # none | synthetic | trace
+    deadline: float | None = MISSING  # virtual seconds a synchronous round stays open
+    over_selection: float = MISSING  # sampled / awaited per synchronous round
+    synthetic: ClockSynthetic | None = MISSING  # clock=synthetic's generator
+    trace: ClockTrace | None = MISSING  # clock=trace's files
+
+    def __post_init__(self):
+        require(self.kind in CLOCKS, "clock.kind", f"one of {CLOCKS}", self.kind)
+        require(
+            self.deadline is None or self.deadline > 0,
+            "clock.deadline",
+            "> 0 virtual seconds (null: none)",
+            self.deadline,
+        )
+        require(self.over_selection >= 1, "clock.over_selection", ">= 1", self.over_selection)
+        for block in ("synthetic", "trace"):
+            require(
+                (getattr(self, block) is not None) == (self.kind == block),
+                f"clock.{block}",
+                f"set with clock={block} only (choose the group: clock={block})",
+                getattr(self, block),
+            )
 
 
 @dataclass
@@ -353,6 +437,7 @@ class RunConfig:
     faults: Faults = MISSING
     sweep: Sweep = MISSING
     client_state: ClientStateSettings = MISSING
+    clock: Clock = MISSING  # conf/clock/*.yaml: the virtual clock
 
     def __post_init__(self):
         require(self.num_rounds >= 1, "num_rounds", ">= 1", self.num_rounds)
@@ -420,6 +505,16 @@ class Protocol:
         clients, None until the population is known): a cross-field rule, checked with the other
         checks before any process starts, not minutes into the run."""
 
+    def refuses_clock(self) -> str | None:
+        """Why this protocol cannot run on the virtual clock (None: it can). Refused unless a
+        protocol says otherwise: one that builds a grid of its own (not ``RunContext.fedavg``)
+        asks Flower for its clients without the clock's quorum, and Flower's sampling would wait
+        forever for clients the clock keeps offline."""
+        return (
+            "its exchanges are not built on the clock's quorum (RunContext.fedavg), so a round "
+            "could wait forever for clients the clock keeps offline"
+        )
+
     def refuses_audit(self, cfg: DictConfig) -> str | None:
         """Why ``privacy.audit`` cannot run here (None: it can): an experiment audits only the
         releases it puts canaries into."""
@@ -451,6 +546,8 @@ class TaskSettings:
 ConfigStore.instance().store(name="fedsim_schema", node=RunConfig)
 
 BACKENDS = ("simulation", "deployment")
+CLIENT_BACKENDS = ("messages", "batched")  # hardware.client_backend
+CLOCKS = ("none", "synthetic", "trace")
 MESSAGE_TYPES = ("train", "evaluate", "query")
 INTERVALS = ("t", "bootstrap")
 SPENDING = ("obrien_fleming", "pocock")  # Lan-DeMets alpha spending (fedsim/results/stats.py)
@@ -584,12 +681,39 @@ def check(cfg: DictConfig) -> Protocol:
     typed_block(cfg, "task", TaskSettings)
     protocol = protocol_of(cfg)
     check_strategy(cfg, protocol)
+    check_clock(cfg, protocol)
     protocol.check_run(cfg, hw.num_clients)
     if cfg.privacy.audit.enabled and (why := protocol.refuses_audit(cfg)):
         raise ValueError(
             f"privacy.audit.enabled=true is refused for experiment {protocol.name}: {why}"
         )
     return protocol
+
+
+def check_clock(cfg: DictConfig, protocol: Protocol) -> None:
+    """Refuse a clock the run cannot keep, naming why: an asynchronous strategy without one, a
+    clock under a privacy wrapper or where the protocol needs every sampled client, and a trace
+    file that does not read (a bad row named)."""
+    clock, name = cfg.clock, str(cfg.strategy.get("_target_", "?")).rsplit(".", 1)[-1]
+    if cfg.strategy.traits.aggregation == "async" and clock.kind == "none":
+        raise ValueError(
+            f"strategy {name} is asynchronous: it runs on the virtual clock (clock=synthetic or "
+            "clock=trace), which says when each update arrives; clock=none has no time"
+        )
+    if clock.kind == "none":
+        return
+    if cfg.privacy.kind != "none":
+        raise ValueError(
+            f"clock={clock.kind} cannot run under privacy={cfg.privacy.kind}: the clock leaves "
+            "stragglers' updates out after the wrapper sampled them, so its noise and accounting "
+            "would be calibrated to clients that did not contribute"
+        )
+    if why := protocol.refuses_clock():
+        raise ValueError(f"clock={clock.kind} is refused for experiment {protocol.name}: {why}")
+    if clock.kind == "trace":  # a bad row is refused here, named, before anything starts
+        traces.read_trace(clock.trace.device_capacity, traces.device_row)
+        if clock.trace.availability is not None:
+            traces.read_trace(clock.trace.availability, traces.availability_row)
 
 
 def protocol_of(cfg: DictConfig) -> Protocol:
@@ -718,13 +842,14 @@ def dp_wrappers() -> tuple[type, ...]:
 
 def wrapper_kind(wrapper) -> str:
     """What a privacy wrapper does, read from its class: none (no wrapper), dp (a Flower DP
-    wrapper), he (a class declaring ``privacy_kind = "he"``: HEFedAvg), else other."""
+    wrapper), he or secagg (a class declaring ``privacy_kind``: HEFedAvg, SecAggPlus), else other."""
     if not wrapper:
         return "none"
     cls = get_class(wrapper["_target_"])
     if issubclass(cls, dp_wrappers()):
         return "dp"
-    return "he" if getattr(cls, "privacy_kind", None) == "he" else "other"
+    declared = getattr(cls, "privacy_kind", None)
+    return declared if declared in ("he", "secagg") else "other"
 
 
 def check_privacy(privacy: DictConfig) -> None:
@@ -739,7 +864,7 @@ def check_privacy(privacy: DictConfig) -> None:
         raise ValueError(
             f"privacy.kind={privacy.kind} does not match privacy.wrapper {target} (a {kind} "
             f"wrapper): the run's privacy follows the wrapper it builds; choose privacy=none, "
-            f"a dp_* wrapper or he_fedavg and leave privacy.kind as that file sets it"
+            f"a dp_* wrapper, he_fedavg or secagg and leave privacy.kind as that file sets it"
         )
     if kind != "dp":
         return
@@ -869,6 +994,11 @@ def check_strategy(cfg: DictConfig, protocol: Protocol) -> None:
         raise ValueError(
             f"{here} cannot run strategy {name}: it aggregates '{traits.takes}' replies; "
             f"this experiment's clients send {slot.accepts or 'none a strategy can take'}"
+        )
+    if privacy.kind != "none" and privacy.kind not in traits:
+        raise ValueError(
+            f"strategy {name} has no traits.{privacy.kind}: fedsim cannot tell whether "
+            f"privacy={privacy.kind} can wrap it (null: it can; else why not)"
         )
     if privacy.kind != "none" and traits.get(privacy.kind):
         raise ValueError(

@@ -24,9 +24,10 @@ difference from the null gets the same verdict and MDE as a paired row; an effec
 applies to it only when stated with ``baseline: equal_at`` (a difference from the null, never a
 paired row's "method minus baseline").
 
-The headline metrics (``sweep.metrics``, one family per pattern) lead the summary, one table
-and one plot panel (one unit per axis) per family; counters, bytes and timings
-(``sweep.bookkeeping``) get their own section and no paired rows.
+The summary leads with the verdicts, then the headline metrics (``sweep.metrics``, one family
+per pattern), one table and one plot panel (one unit per axis, titled with the measure's name and
+unit: ``fedsim/results/display.py``) per family; counters, bytes and timings
+(``sweep.bookkeeping``) close it as an appendix, with no CI and no paired rows.
 """
 
 from __future__ import annotations
@@ -48,12 +49,14 @@ from omegaconf.errors import OmegaConfBaseException
 from scipy import stats
 
 from fedsim.config.schema import EffectOfInterest, Sweep
+from fedsim.results.display import axis_label, context, measure
 from fedsim.results.outputs import (
     MAX_FILE_BYTES,
     RunOutput,
     escape_controls,
     markdown_table,
     markdown_text,
+    number_text,
     write_file,
 )
 from fedsim.results.stats import (
@@ -750,12 +753,25 @@ def _contrasts_all(
 
 
 def _ci_text(ci) -> str:
-    return "" if ci is None else f"[{ci[0]:.4f}, {ci[1]:.4f}]"
+    return "" if ci is None else f"[{number_text(ci[0])}, {number_text(ci[1])}]"
+
+
+def _count_ci_text(ci, metric: str) -> str:
+    """A headline metric's CI over seeds, its lower end clipped at 0 for a count
+    (:func:`fedsim.results.display.measure`): a t interval of a count over few seeds reaches below
+    0, where no count lies; marked ``(clipped at 0)``."""
+    if ci is None or not measure(metric).count or ci[0] >= 0:
+        return _ci_text(ci)
+    return f"{_ci_text([0.0, ci[1]])} (clipped at 0)"
 
 
 def _num(value, digits: int = 4) -> str:
     return (
-        "" if value is None else f"{value:+.{digits}f}" if isinstance(value, float) else str(value)
+        ""
+        if value is None
+        else number_text(value, digits, sign=True)
+        if isinstance(value, float)
+        else str(value)
     )
 
 
@@ -847,7 +863,73 @@ def _plan_text(comparison: dict) -> str:
     return f"Plan (sweep.plan): primary {markdown_text(', '.join(plan['primary']))}. {at}. {family}"
 
 
+VERDICT_COLUMNS = ["what", "group", "mean diff", "CI", "verdict"]
+
+
+def _verdicts(comparison: dict) -> str:
+    """The summary's lead: each paired or contrast row in a reader's words, its difference, CI
+    and verdict; the full rows (p, Holm, MDE, basis) follow in their section."""
+    rows = [
+        {
+            "what": _what(p["metric"], p["family"])
+            + ("" if "null" in p else f" - {comparison['settings']['baseline']}"),
+            "group": p["label"],
+            "mean diff": p["mean"],
+            "CI": _ci_text(p["ci"]),
+            "verdict": _verdict_text(p),
+        }
+        for p in comparison["paired"] + comparison["contrasts"]
+    ]
+    if not rows:
+        return (
+            "## Verdicts\n\nNo verdict: no baseline (sweep.baseline) and no contrast "
+            "(sweep.contrasts) to judge a difference against; the headline metrics over seeds follow."
+        )
+    one_group = all(r["group"] == "(all runs)" for r in rows)
+    columns = [c for c in VERDICT_COLUMNS if c != "group" or not one_group]
+    return "## Verdicts\n\n" + markdown_table(rows, columns)
+
+
+def _over_seeds_rows(comparison: dict, family: str) -> list[dict]:
+    return [
+        {
+            "group": g["label"],
+            "what": _what(m, d["family"]),
+            "metric": m,
+            "n": d["n"],
+            "mean": d["mean"],
+            "std": d["std"],
+            "CI": _count_ci_text(d["ci"], m),
+            "basis": d["basis"],
+        }
+        for g in comparison["groups"]
+        for m, d in g["metrics"].items()
+        if d["family"] == family
+    ]
+
+
+def _bookkeeping(comparison: dict) -> str | None:
+    """The appendix: counters, bytes and timings over seeds, mean and spread without a CI (a t
+    interval of a count over few seeds reaches below 0, and no claim rests on them)."""
+    rows = [
+        {"group": g["label"], "metric": m, "n": d["n"], "mean": d["mean"], "std": d["std"]}
+        for g in comparison["groups"]
+        for m, d in g["bookkeeping"].items()
+    ]
+    if not rows:
+        return None
+    return (
+        "## Appendix: bookkeeping (counters, bytes, timings: sweep.bookkeeping)\n\nMean and "
+        "standard deviation over seeds, no CI: these are counts and durations, which no claim "
+        "rests on, and a t interval over few seeds reaches below 0, where none lies.\n\n"
+        + markdown_table(rows, ["group", "metric", "n", "mean", "std"])
+    )
+
+
 def summary_markdown(comparison: dict) -> str:
+    """The comparison's summary.md: the verdicts first, then the headline metrics over seeds
+    (in a reader's words, :mod:`fedsim.results.display`), the paired rows in full, and the
+    bookkeeping as an appendix."""
     s = comparison["settings"]
     how = (
         "Student t interval over seeds"
@@ -859,6 +941,7 @@ def summary_markdown(comparison: dict) -> str:
         f"# Sweep comparison\n\n{comparison['runs']} completed runs; replicates: "
         f"{markdown_text(', '.join(s['seed_keys']))}; {level}% CI: {how}.",
         *[f"**Warning: {markdown_text(w)}.**" for w in comparison["warnings"]],
+        _verdicts(comparison),
     ]
     legend = (
         f"Verdict: **shown** (the CI excludes 0), **excluded** (it excludes the effect of interest: the "
@@ -870,6 +953,17 @@ def summary_markdown(comparison: dict) -> str:
     )
     if comparison["paired"] or comparison["contrasts"]:
         text.append(_plan_text(comparison))
+    text.append(
+        "## Headline metrics over seeds\n\nA count's CI (turns, words, seconds) is clipped at 0, "
+        "and says so."
+    )
+    for family in comparison["families"]:
+        text.append(
+            f"### {markdown_text(axis_label(family))}: {markdown_text(family)}\n\n"
+            + markdown_table(
+                _over_seeds_rows(comparison, family), ["group", "what", *OVER_SEEDS_COLUMNS[1:]]
+            )
+        )
     if comparison["paired"]:
         baseline = markdown_text(s["baseline"])
         text.append(
@@ -888,40 +982,6 @@ def summary_markdown(comparison: dict) -> str:
             f"judged as a paired difference is. {legend}\n\n"
             + markdown_table([_paired_row(p) for p in comparison["contrasts"]], PAIRED_COLUMNS)
         )
-    text.append("## Headline metrics over seeds")
-    for family in comparison["families"]:
-        rows = [
-            {
-                "group": g["label"],
-                "metric": m,
-                "n": d["n"],
-                "mean": d["mean"],
-                "std": d["std"],
-                "CI": _ci_text(d["ci"]),
-                "basis": d["basis"],
-            }
-            for g in comparison["groups"]
-            for m, d in g["metrics"].items()
-            if d["family"] == family
-        ]
-        text.append(f"### {markdown_text(family)}\n\n" + markdown_table(rows, OVER_SEEDS_COLUMNS))
-    rows = [
-        {
-            "group": g["label"],
-            "metric": m,
-            "n": d["n"],
-            "mean": d["mean"],
-            "std": d["std"],
-            "CI": _ci_text(d["ci"]),
-        }
-        for g in comparison["groups"]
-        for m, d in g["bookkeeping"].items()
-    ]
-    if rows:
-        text.append(
-            "## Bookkeeping (counters, bytes, timings: sweep.bookkeeping)\n\n"
-            + markdown_table(rows, OVER_SEEDS_COLUMNS[:-1])
-        )
     if comparison["not_in_runs"]:
         text.append(
             f"Headline patterns these runs hold no number for: "
@@ -931,6 +991,8 @@ def summary_markdown(comparison: dict) -> str:
         text.append(
             f"The plots show the first {MAX_PANELS} of {len(comparison['families'])} families."
         )
+    if appendix := _bookkeeping(comparison):
+        text.append(appendix)
     return "\n\n".join(text) + "\n"
 
 
@@ -981,68 +1043,148 @@ def plan(comparison: dict) -> str:
     )
 
 
-def _forest(axes, rows_by_family: dict[str, list[dict]], xlabel, zero: bool) -> None:
-    """Each family its own panel and axis: each row's mean with its CI as the error bar (a
-    hollow point without one); 0 and the effect of interest marked."""
+TICK_CHARS = 56  # a row's tick label at most (8 pt on a 7-inch figure); the summary has it whole
+FONT = {"tick": 8, "label": 9, "title": 10}  # points at the saved size: 8 at least
+
+
+def _interval_kind(row: dict, level: float) -> str:
+    """What a row's drawn interval is, as its legend says: the CI over seeds at its level (a
+    primary row at a look: the repeated CI's), or the run's own interval."""
+    pct = f"{100 * row.get('level', level):.4g}% CI"
+    if "run_interval" in row:
+        return f"mean, {pct}: the run's own {row['run_interval']['method']}"
+    return f"mean, {pct} over seeds"
+
+
+def _forest(axes, rows_by_family: dict[str, list[dict]], xlabel, zero: bool, level: float) -> None:
+    """Each family its own panel, titled with its measure: each row's mean with its CI as the
+    error bar (a hollow point where there is no interval: one seed, or every seed the same); 0
+    and the effect of interest marked. A legend names every marker drawn."""
     for ax, (family, rows) in zip(axes, rows_by_family.items()):
         y = np.arange(len(rows))[::-1]
-        means = np.array([r["mean"] for r in rows])
-        for yi, r, m in zip(y, rows, means):
+        for yi, r in zip(y, rows):
+            m = r["mean"]
             if r["ci"] is None:
-                ax.plot(m, yi, "o", mfc="none", color="C0")
+                ax.plot(
+                    m,
+                    yi,
+                    "o",
+                    mfc="none",
+                    color="C7",
+                    label="mean, no interval (one seed or no spread)",
+                )
             else:
                 ax.errorbar(
-                    m, yi, xerr=[[m - r["ci"][0]], [r["ci"][1] - m]], fmt="o", capsize=3, color="C0"
+                    m,
+                    yi,
+                    xerr=[[m - r["ci"][0]], [r["ci"][1] - m]],
+                    fmt="o",
+                    capsize=3,
+                    color="C1" if "run_interval" in r else "C0",
+                    label=_interval_kind(r, level),
                 )
             if r.get("effect"):
-                ax.plot(r["effect"]["size"], yi, "x", color="C3")
+                ax.plot(r["effect"]["size"], yi, "x", color="C3", label="effect of interest")
         if zero:
-            ax.axvline(0.0, color="grey", lw=0.8, ls="--")
+            ax.axvline(0.0, color="grey", lw=0.8, ls="--", label="no difference")
         # a record's names, shown as written: no mathtext ("$\\frac{$" refused the comparison)
-        ax.set_yticks(y, [_plot_text(r["name"]) for r in rows], fontsize=6, parse_math=False)
-        ax.set_xlabel(_plot_text(xlabel(family)), fontsize=7, parse_math=False)
+        ax.set_yticks(y, [_plot_text(r["name"], TICK_CHARS) for r in rows], parse_math=False)
+        ax.tick_params(labelsize=FONT["tick"])
+        ax.set_title(_plot_text(_family_title(family)), fontsize=FONT["title"], parse_math=False)
+        ax.set_xlabel(_plot_text(xlabel(family)), fontsize=FONT["label"], parse_math=False)
+    kinds = {}  # one legend entry per marker kind, of every panel
+    for ax in axes:
+        kinds.update(zip(*ax.get_legend_handles_labels()[::-1]))
+    axes[0].figure.legend(
+        kinds.values(), kinds.keys(), loc="outside lower center", ncols=2, fontsize=FONT["tick"]
+    )
 
 
-def _plot_text(text: str) -> str:
+def _plot_text(text: str, chars: int = 0) -> str:
     """A record's name as a plot label: control characters escaped (a lone surrogate raised in the
-    font code), cut to :data:`PLOT_CHARS` (one of 100,000 characters took 51 s to draw)."""
-    text = escape_controls(text)
-    return text if len(text) <= PLOT_CHARS else text[: PLOT_CHARS - 1] + "…"
+    font code), cut to ``chars`` (default :data:`PLOT_CHARS`; one of 100,000 characters took 51 s
+    to draw)."""
+    text, chars = escape_controls(text), chars or PLOT_CHARS
+    return text if len(text) <= chars else text[: chars - 1] + "…"
 
 
-def plot(comparison: dict, out: RunOutput, suffix: str = "") -> None:
-    """``paired_differences.png`` and ``metrics.png``: one panel per headline family."""
+def plot(comparison: dict, out: RunOutput, suffix: str = "") -> dict:
+    """``paired_differences.png`` and ``metrics.png``: one panel per headline family, titled
+    with its measure and unit (:mod:`fedsim.results.display`); rows named by their group and
+    what tells them apart. Returns the figures drawn, by name."""
     s = comparison["settings"]
-    ci = f"{int(round(s['level'] * 100))}% CI"
     paired: dict[str, list[dict]] = {f: [] for f in comparison["families"]}  # the families' order
     against: dict[str, set[str]] = {
         f: set() for f in comparison["families"]
     }  # a family may hold both kinds
     for p in comparison["paired"] + comparison["contrasts"]:
-        paired[p["family"]].append({**p, "name": f"{p['label']} {_row_metric(p)}"})
-        against[p["family"]].add(
-            "its null (rows 'metric - equal_at')" if "null" in p else str(s["baseline"])
-        )
+        paired[p["family"]].append({**p, "name": _row_name(p["label"], p["metric"], p["family"])})
+        against[p["family"]].add("its null" if "null" in p else str(s["baseline"]))
     over: dict[str, list[dict]] = {f: [] for f in comparison["families"]}
     for g in comparison["groups"]:
         for m, d in g["metrics"].items():
-            over[d["family"]].append({**d, "name": f"{g['label']} {m}"})
-    for name, rows, xlabel, zero in (
+            over[d["family"]].append({**d, "name": _row_name(g["label"], m, d["family"])})
+    seeds = max((d["n"] for g in comparison["groups"] for d in g["metrics"].values()), default=0)
+    figures = {}
+    for name, rows, xlabel, zero, title in (
         (
             "paired_differences",
             paired,
-            lambda f: (
-                f"{f}: difference against {' or '.join(sorted(against[f]))} ({ci}; x: effect of interest)"
-            ),
+            lambda f: f"difference against {' or '.join(sorted(against[f]))} ({_unit(f)})",
             True,
+            f"Paired differences per seed against {s['baseline'] or 'the null'}",
         ),
-        ("metrics", over, lambda f: f"{f} ({ci} over seeds)", False),
+        (
+            "metrics",
+            over,
+            lambda f: f"mean over seeds ({_unit(f)})",
+            False,
+            f"Headline metrics over {seeds} seeds",
+        ),
     ):
         rows = dict([(f, r) for f, r in rows.items() if r][:MAX_PANELS])
         if rows:
             fig, axes, save = out.panels(f"{name}{suffix}", [len(r) for r in rows.values()])
-            _forest(axes, rows, xlabel, zero)
+            fig.suptitle(
+                _plot_text(title, TICK_CHARS * 2), fontsize=FONT["title"] + 1, parse_math=False
+            )
+            _forest(axes, rows, xlabel, zero, s["level"])
             save()
+            figures[name] = fig
+    return figures
+
+
+def _apart(metric: str, family: str) -> str:
+    """What tells ``metric`` apart from the others of its family: the components its family's
+    pattern leaves open (``routers.*.overall.ehr``: "fedmix"), else its context
+    (:func:`fedsim.results.display.context`: a family named by a last component)."""
+    found = path_pattern(family).fullmatch(metric)
+    return ", ".join(found.groups()) if found and found.groups() else context(metric)
+
+
+def _what(metric: str, family: str) -> str:
+    """``metric`` in a reader's words: its family's measure, and what sets it apart."""
+    apart = _apart(metric, family)
+    return f"{apart}: {measure(family).name}" if apart else measure(family).name
+
+
+def _row_name(group: str, metric: str, family: str) -> str:
+    """A plot row: its group's overrides (none when every run is one group) and what tells the
+    metric apart from the others of its panel (the panel's title names the measure)."""
+    parts = [p for p in (group if group != "(all runs)" else "", _apart(metric, family)) if p]
+    return " ".join(parts) or "all runs"
+
+
+def _family_title(family: str) -> str:
+    """A panel's title: the family's measure and unit, after what its pattern fixes besides
+    (``rlhf.head_to_head.*.*.win_rate``: "head_to_head: win rate (win rate, 0 to 1)"), so two
+    families of one measure read apart."""
+    where = context(family)
+    return f"{where}: {axis_label(family)}" if where else axis_label(family)
+
+
+def _unit(family: str) -> str:
+    return measure(family).unit or "value"
 
 
 def _suffix(folder: Path, force: bool) -> str:
@@ -1099,3 +1241,56 @@ def write(
     write_file(out.path / _named("comparison.json", suffix), json.dumps(result, indent=1))
     plot(result, out, suffix)
     return result, [p for p in (out.path / _named(n, suffix) for n in OUTPUTS) if p.is_file()]
+
+
+def run_headline(results: dict, settings: Sweep) -> str:
+    """A single run's summary.md lead: its headline metrics (``sweep.metrics``) in a reader's
+    words, then the verdict of each paired and contrast row the experiment's sweep settings judge,
+    from this one run (:func:`compare` over it: the run's own interval, ``sweep.run_intervals``,
+    where the experiment has one; else no claim from one seed)."""
+    try:
+        comparison = compare([Run("run", {}, flatten(results))], settings, strict=False)
+    except ComparisonRefused as exc:
+        return f"## Headline\n\nNo headline: {markdown_text(exc)}"
+    (values,) = [g["metrics"] for g in comparison["groups"]]  # one run: one group
+    rows = [
+        {"what": _what(m, values[m]["family"]), "value": values[m]["mean"], "metric": m}
+        for ms in comparison["families"].values()  # sweep.metrics' order
+        for m in ms
+        if m in values
+    ]
+    if not rows:
+        return "## Headline\n\nNo headline metric (sweep.metrics) in this run's results."
+    return (
+        "## Headline\n\n"
+        + markdown_table(rows, ["what", "value", "metric"])
+        + "\n\n"
+        + _run_verdicts(comparison)
+    )
+
+
+def _run_verdicts(comparison: dict) -> str:
+    """One run's verdicts: the rows with an interval (the run's own, ``sweep.run_intervals``);
+    the others are counted, as one seed supports no claim about them."""
+    judged = [p for p in comparison["paired"] + comparison["contrasts"] if p["ci"] is not None]
+    unjudged = len(comparison["paired"]) + len(comparison["contrasts"]) - len(judged)
+    note = (
+        f"\n\n{unjudged} other differences: no claim from one run (no interval of their own; "
+        "a sweep over seeds, `fedsim compare`, gives one)."
+        if unjudged
+        else ""
+    )
+    if not judged:
+        why = "" if unjudged else ": the experiment states no baseline and no contrast"
+        return f"### Verdicts (this run alone)\n\nNo verdict{why}." + note
+    table = _verdicts({**comparison, "paired": judged, "contrasts": []})
+    return table.replace("## Verdicts", "### Verdicts (this run alone)") + note
+
+
+def lead_with(summary: str, section: str) -> str:
+    """``summary`` with ``section`` right after its title (its first ``# `` line), or first."""
+    lines = summary.split("\n")
+    at = next((i for i, line in enumerate(lines) if line.startswith("# ")), None)
+    if at is None:
+        return f"{section}\n\n{summary}"
+    return "\n".join([*lines[: at + 1], "", section, *lines[at + 1 :]])

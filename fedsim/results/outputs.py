@@ -240,10 +240,11 @@ class RunOutput:
         fig, axes = plt.subplots(
             len(rows),
             1,
-            figsize=(7, 0.9 * len(rows) + 0.22 * sum(rows)),
+            figsize=(7, 1.0 + 1.0 * len(rows) + 0.22 * sum(rows)),
             dpi=120,
             squeeze=False,
             gridspec_kw={"height_ratios": [r + 2 for r in rows]},
+            layout="constrained",  # room for the title and a legend outside the panels
         )
         return fig, list(axes[:, 0]), self._saving(fig, name)
 
@@ -252,7 +253,8 @@ class RunOutput:
         path = self.path / f"{name}.png"
 
         def save():
-            fig.tight_layout()
+            if fig.get_layout_engine() is None:
+                fig.tight_layout()
             with replacing(path) as fh:
                 fig.savefig(fh, format="png")
             plt.close(fig)
@@ -292,13 +294,24 @@ def markdown_text(text) -> str:
     return "".join("\\" + c if c in "\\|" else escape_controls(c) for c in str(text))
 
 
+def number_text(value: float, digits: int = 4, sign: bool = False) -> str:
+    """``value`` with ``digits`` decimals, or, when it is not 0 and under the last decimal's unit
+    (a delta of 1e-5 printed as 0.0000), in ``digits - 1`` significant digits, scientific where
+    small (``1e-05``, ``1.98e-05``). ``sign``: a ``+`` before a positive number."""
+    plus = "+" if sign else ""
+    if value != 0 and math.isfinite(value) and abs(value) < 10.0**-digits:
+        return f"{value:{plus}.{max(digits - 1, 1)}g}"
+    return f"{value:{plus}.{digits}f}"
+
+
 def markdown_table(rows: list[dict], columns: list[str], digits: int = 4) -> str:
-    """A markdown table of ``rows``' ``columns``, every cell and header through :func:`markdown_text`."""
+    """A markdown table of ``rows``' ``columns``, every cell and header through :func:`markdown_text`,
+    floats through :func:`number_text`."""
 
     def fmt(v):
         if v is None:
             return "inf"
-        return markdown_text(f"{v:.{digits}f}" if isinstance(v, float) else v)
+        return markdown_text(number_text(v, digits) if isinstance(v, float) else v)
 
     lines = ["| " + " | ".join(map(markdown_text, columns)) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(fmt(r[c]) if c in r else "" for c in columns) + " |" for r in rows]

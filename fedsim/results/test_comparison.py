@@ -553,8 +553,14 @@ def test_headline_families_lead_and_bookkeeping_stands_apart():
         "m.new.f1",
     }  # bookkeeping is never paired
     text = comparison.summary_markdown(out)
-    assert text.index("### acc") < text.index("### f1") < text.index("## Bookkeeping")
-    assert "communication.fit.bytes" in text.split("## Bookkeeping")[1]
+    assert (
+        text.index("## Verdicts")
+        < text.index("### acc")
+        < text.index("### f1")
+        < text.index("## Appendix: bookkeeping")
+    )
+    appendix = text.split("## Appendix: bookkeeping")[1]
+    assert "communication.fit.bytes" in appendix and "| CI |" not in appendix  # counts: no CI
     named = compare(runs, settings(baseline="old", metrics=("m.*.f1", "m.*.acc")))["families"]
     assert list(named) == ["m.*.f1", "m.*.acc"]  # the experiment's order
 

@@ -40,7 +40,7 @@ from omegaconf import DictConfig
 
 from fedsim.config.data import REPO_ROOT, who_else_writes
 from fedsim.config.node_local import SETTINGS, environment, from_run, supernode_config
-from fedsim.progress import Bars
+from fedsim.progress import Bars, is_noise
 from fedsim.results.outputs import RESULTS_MARKER, unpack_results
 from fedsim.results.provenance import HOST_ENV
 from fedsim.run.netns import HOST, Host, Namespace, NamespaceUnavailable, listening
@@ -659,17 +659,33 @@ def _start_local(
 
 class _Results:
     """Echoes the run's log (the ServerApp's, as ``flwr run --stream`` relays it) and writes it to
-    ``log``; keeps the results a remote ServerApp ships in it."""
+    each of ``logs``; keeps the results a remote ServerApp ships in it. A line of Flower's noise
+    (``fedsim.progress.NOISE``) is written, and echoed at ``logging.level=debug`` only."""
 
-    def __init__(self, echo, log: TextIO):
-        self.echo, self.log, self.lines = echo, log, []
+    def __init__(self, echo, logs: list[TextIO], quiet: bool):
+        self.echo, self.logs, self.quiet, self.lines = echo, logs, quiet, []
 
     def __call__(self, line: str) -> None:
         if line.startswith(RESULTS_MARKER):
             self.lines.append(line)
-        else:
+            return
+        if not (self.quiet and is_noise(line)):
             self.echo(line)
-            self.log.write(line + "\n")
+        for log in self.logs:
+            log.write(line + "\n")
+
+
+def run_log(results_dir: Path) -> TextIO | None:
+    """``results_dir/fedsim.log``, appended to (a resumed run's log keeps its first part), never
+    through a link; None where this process's output already goes there (a sweep's point)."""
+    path = results_dir / "fedsim.log"
+    try:
+        if path.exists() and os.path.samestat(os.fstat(sys.stdout.fileno()), path.lstat()):
+            return None
+    except (OSError, ValueError):  # stdout without a file (captured)
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
+    return os.fdopen(fd, "a", buffering=1)
 
 
 def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=print) -> dict:
@@ -739,9 +755,12 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
             f"fedsim: {num_supernodes} SuperNodes, {hw.backend} via SuperLink {address} "
             f"({security}){where}; results -> {results_dir}"
         )
+        kept = run_log(results_dir)
         shipped = _Results(
             stack.enter_context(Bars(echo)),
-            stack.enter_context(open(workdir / "serverapp.log", "w")),
+            [stack.enter_context(open(workdir / "serverapp.log", "w"))]
+            + ([stack.enter_context(kept)] if kept else []),
+            quiet=cfg.logging.level != "debug",
         )
         code, run_id = _stream(cmd, workdir, env, shipped, net)
         if shipped.lines:

@@ -32,7 +32,8 @@ from pathlib import Path
 
 import psutil
 
-ENV_KEY = "FEDSIM_RUN_TOKEN"
+from fedsim.runtime.flwr_cli import RUN_TOKEN_ENV as ENV_KEY
+
 SERVER_APPS = {"flwr-serverapp", "flwr-simulation"}  # Flower's commands that run a ServerApp
 
 

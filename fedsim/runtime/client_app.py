@@ -32,9 +32,10 @@ from fedsim.message_keys import (
     RAY_NODE,
     SERVER_ROUND,
 )
-from fedsim.runtime import client_state, exchange_trace, he_layer
+from fedsim.runtime import client_state, exchange_trace, he_layer, secagg_layer
 from fedsim.runtime.faults import fault_injection_mod
 from fedsim.runtime.journal import WHOAMI
+from fedsim.runtime.records import config_record
 from fedsim.runtime.sharded_grid import SHARD, serve_batch
 from fedsim.seeding import PROCESS, reseed
 
@@ -52,7 +53,7 @@ def dp_clipping_mod(msg: Message, context: Context, call_next) -> Message:
     needs and the fixed one ignores, so one mod serves both. Flower's clipping writes the
     update in the dtype of the model received (float64 after FedAdam, say); the reply keeps the
     dtype the client trained in, which the server's reply check expects."""
-    config = msg.content.config_records.get(CONFIG, {})
+    config = config_record(msg.content, CONFIG) or {}
     if msg.metadata.message_type != MessageType.TRAIN or KEY_CLIPPING_NORM not in config:
         return call_next(msg, context)
     dtypes = {}
@@ -81,11 +82,14 @@ app = ClientApp(mods=MODS)
 @lru_cache(maxsize=64)
 def _client(task_json: str, data_root: str, partition_id: int, num_partitions: int):
     """The task's handler (``fedsim_clients/handler.py``), in the HE layer where the task carries
-    CKKS parameters (``fedsim/runtime/he_layer.py``). The message names it: only a class of fedsim's
-    may be built (``fedsim/code_policy.py``), else the message gets an error reply."""
+    CKKS parameters (``fedsim/runtime/he_layer.py``), in the SecAgg+ layer, which answers the
+    messages of a SecAgg+ round only (``fedsim/runtime/secagg_layer.py``). The message names it:
+    only a class of fedsim's may be built (``fedsim/code_policy.py``), else the message gets an
+    error reply."""
     task = json.loads(task_json)
     handler = allowed_code(task["client"], "task.client")
-    return he_layer.around(handler(task, data_root, partition_id, num_partitions), task)
+    inner = he_layer.around(handler(task, data_root, partition_id, num_partitions), task)
+    return secagg_layer.SecAggLayer(inner, partition_id)
 
 
 @lru_cache(maxsize=16)
@@ -102,7 +106,7 @@ def message_seed(msg: Message, partition_id: int) -> int:
     """The seed of one client's work on one message: the run's seed (``client_config``), the
     round (Flower's strategies put ``server-round`` in the config; 0 for other phases), the
     partition and the message type. Nothing in it depends on scheduling or node ids."""
-    config = msg.content.config_records[CONFIG]
+    config = msg.content[CONFIG]
     return PROCESS.seed(
         config.get(SEED_KEY, 0),
         round=config.get(SERVER_ROUND, 0),
@@ -122,13 +126,15 @@ def ray_node() -> dict[str, str]:
 
 
 def _client_reply(msg: Message, context: Context) -> Message:
-    if WHOAMI in msg.content.config_records:  # the Messenger maps node ids to partitions
+    if config_record(msg.content, WHOAMI) is not None:  # the Messenger maps node ids to partitions
         record = ConfigRecord(
             {PARTITION_ID: int(context.node_config[NODE_PARTITION_ID]), **ray_node()}
         )
         return Message(RecordDict({WHOAMI: record}), reply_to=msg)
     node_local.attach(msg, context.node_config)  # this node's folders, never the server's
-    if client_state.FORGET in msg.content.config_records:  # the run ended: its client state goes
+    if (
+        config_record(msg.content, client_state.FORGET) is not None
+    ):  # the run ended: its client state goes
         removed = client_state.forget(msg)
         return Message(
             RecordDict({client_state.FORGET: ConfigRecord({"removed": removed})}), reply_to=msg
@@ -154,6 +160,8 @@ def _client_reply(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def handle(msg: Message, context: Context) -> Message:
     """Every message type: the handler dispatches by type (``fedsim_clients/handler.py``)."""
-    if SHARD in msg.content.config_records:  # several logical clients: each through the mods
+    if (
+        config_record(msg.content, SHARD) is not None
+    ):  # several logical clients: each through the mods
         return serve_batch(msg, context, make_ffn(_client_reply, MODS))
     return _client_reply(msg, context)

@@ -44,6 +44,7 @@ from flwr.app import ConfigRecord, Message
 from fedsim.config.node_local import setting
 from fedsim.message_keys import CONFIG
 from fedsim.privacy.secret import private_folder
+from fedsim.runtime.records import config_record
 
 RUN_KEY = "fedsim-run-key"  # config: the run's key, stable across a resume
 STATE_KEY = "fedsim-client-state"  # config: JSON {"keep": bool}, in every message
@@ -54,7 +55,7 @@ KEPT_VERSIONS = 2
 def run_key(msg: Message) -> str:
     """The key of the run a message belongs to, stable across a resume (``client_config``);
     Flower's run id where the server sent none."""
-    config = msg.content.config_records.get(CONFIG)
+    config = config_record(msg.content, CONFIG)
     return (
         str(config[RUN_KEY])
         if config is not None and RUN_KEY in config
@@ -64,7 +65,7 @@ def run_key(msg: Message) -> str:
 
 def _kept(msg: Message) -> bool:
     """Whether the run asks its clients to keep their state after it completes."""
-    config = msg.content.config_records.get(CONFIG)
+    config = config_record(msg.content, CONFIG)
     raw = config.get(STATE_KEY) if config is not None else None
     return bool(json.loads(raw).get("keep", False)) if raw else False
 

@@ -17,6 +17,7 @@ import numpy as np
 from flwr.app import Array, Context, Message, MetricRecord
 
 from fedsim.message_keys import CONFIG, NODE_PARTITION_ID
+from fedsim.runtime.records import config_record
 
 FAULTS_KEY = "fedsim-faults"
 KINDS = ("crash", "timeout", "nan", "wrong_length", "negative", "uninflatable")
@@ -73,7 +74,7 @@ def _spec(text: str) -> dict:
 
 
 def fault_injection_mod(msg: Message, context: Context, call_next) -> Message:
-    config = msg.content.config_records.get(CONFIG)
+    config = config_record(msg.content, CONFIG)
     spec = _spec(str(config[FAULTS_KEY])) if config and FAULTS_KEY in config else {}
     partition_id = int(context.node_config.get(NODE_PARTITION_ID, -1))
     hits = [kind for kind in KINDS if partition_id in spec.get(kind, [])]

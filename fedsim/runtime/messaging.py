@@ -28,6 +28,10 @@ same path, as phases ``<label>/train`` and ``<label>/evaluate``.
 
 Every node first tells its partition (``WHOAMI``, counted as phase ``whoami``); a node that
 cannot, or claims a partition another node claims too, is left out of the federation.
+
+Under a virtual clock (``Messenger.clock``, ``fedsim/clock/``) a PhaseGrid lists only the
+clients online at the round's virtual start, and a training round's replies keep only the
+updates that arrived by its close; stragglers and dropouts are added to the round's ``faults``.
 """
 
 from __future__ import annotations
@@ -41,11 +45,12 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
-from flwr.app import Message, RecordDict
+from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from omegaconf import DictConfig, OmegaConf
 
 from fedsim import progress
+from fedsim.clock.schedule import Task, VirtualClock
 from fedsim.config.data import reads_data
 from fedsim.config.node_local import sent_task
 from fedsim.message_keys import NUM_EXAMPLES, SERVER_ROUND
@@ -127,19 +132,34 @@ def run_key_of(cfg: DictConfig) -> str:
 
 
 def payload_bytes(content: RecordDict) -> int:
-    """Bytes a message carries as data: array buffers and ``bytes`` config values."""
+    """Bytes a message carries as data: array buffers and ``bytes`` config values, alone or in
+    a list (SecAgg+'s keys, ciphertexts and shares)."""
     arrays = sum(len(a.data) for r in content.array_records.values() for a in r.values())
     blobs = sum(
-        len(v) for r in content.config_records.values() for v in r.values() if isinstance(v, bytes)
+        len(b)
+        for r in content.config_records.values()
+        for v in r.values()
+        for b in (v if isinstance(v, list) else [v])
+        if isinstance(b, bytes)
     )
     return arrays + blobs
+
+
+def _sent_bytes(messages: list[Message]) -> int:
+    """The payload bytes of ``messages``, each content measured once: a strategy sends one
+    content object to every client it samples (100,000 measurements of one model otherwise)."""
+    sizes: dict[int, int] = {}
+    for m in messages:
+        if id(m.content) not in sizes:
+            sizes[id(m.content)] = payload_bytes(m.content)
+    return sum(sizes[id(m.content)] for m in messages)
 
 
 def _num_examples(content: RecordDict) -> float:
     """How many clients / examples a reply stands for (FedAvg's weight key; 1 if absent). Its
     metrics are finite (screened); a list is no count."""
-    for record in content.metric_records.values():
-        if isinstance(record.get(NUM_EXAMPLES), (int, float)):
+    for record in content.values():
+        if isinstance(record, MetricRecord) and isinstance(record.get(NUM_EXAMPLES), (int, float)):
             return float(record[NUM_EXAMPLES])
     return 1.0
 
@@ -185,6 +205,7 @@ class Messenger:
         self.ray_nodes: dict[
             str, int
         ] = {}  # Ray node id -> the clients whose whoami it served (simulation)
+        self.clock: VirtualClock | None = None  # the run's virtual clock (fedsim/clock/)
         if journal is not None or know_partitions:
             self._map_nodes(journal)
 
@@ -207,10 +228,13 @@ class Messenger:
         self._to_old = {n: o for o, n in self._to_new.items()}
 
     def _whoami(self) -> dict[int, int]:
-        placed = self.raw.placed() if isinstance(self.raw, ShardedGrid) else None
-        partitions, counts, self.ray_nodes = ask_partitions(
-            self.raw, self.timeout, self.poll_seconds, placed
-        )
+        sharded = isinstance(self.raw, ShardedGrid)
+        if sharded and self.raw.reply_rows:  # placed by the server, no message per client
+            partitions, counts, self.ray_nodes = self.raw.hosted()
+        else:
+            partitions, counts, self.ray_nodes = ask_partitions(
+                self.raw, self.timeout, self.poll_seconds, self.raw.placed() if sharded else None
+            )
         counts["examples"] = counts["accepted"]
         self._record(self.faults, "whoami", 1, counts)
         if not partitions:
@@ -238,10 +262,15 @@ class Messenger:
         return len(list(self.raw.get_node_ids()))
 
     def grid(
-        self, label: str, policy: Policy = Policy(ANY), nodes: Iterable[int] | None = None
+        self,
+        label: str,
+        policy: Policy = Policy(ANY),
+        nodes: Iterable[int] | None = None,
+        need: int = 1,
     ) -> PhaseGrid:
-        """A Grid for a Strategy's own round loop: ``nodes`` (default all) are its population."""
-        return PhaseGrid(self, label, policy, None if nodes is None else list(nodes))
+        """A Grid for a Strategy's own round loop: ``nodes`` (default all) are its population;
+        under a virtual clock a round starts once ``need`` of them are online."""
+        return PhaseGrid(self, label, policy, None if nodes is None else list(nodes), need=need)
 
     def exchange(
         self,
@@ -275,7 +304,7 @@ class Messenger:
         traffic = {
             "messages": len(messages),
             "seconds": seconds,
-            "bytes_down": sum(payload_bytes(m.content) for m in messages),
+            "bytes_down": _sent_bytes(messages),
             "bytes_up": sum(payload_bytes(m.content) for m in replies if not m.has_error()),
         }
         need = policy.quorum.required(len(messages))
@@ -413,6 +442,11 @@ class Messenger:
         for key, value in values.items():
             row[key] = row.get(key, 0) + value
 
+    def count(self, phase: str, server_round: int, **faults: int) -> None:
+        """Add faults found after an exchange screened its replies (SecAgg+: a share a node's
+        neighbour could not decrypt; the clock's stragglers and dropouts) to its counts."""
+        self._record(self.faults, phase, server_round, faults)
+
     def round_traffic(self, phase: str, server_round: int) -> dict[str, float]:
         return dict(self.traffic.get(phase, {}).get(server_round, {}))
 
@@ -486,8 +520,10 @@ class PhaseGrid(Grid):
         policy: Policy,
         nodes: list[int] | None,
         checks: dict[str, Validator] | None = None,
+        need: int = 1,
     ):
         self.messenger, self.label, self.policy, self._nodes = messenger, label, policy, nodes
+        self.need = need  # under a virtual clock: the clients a round waits to have online
         self._checks = (
             checks or {}
         )  # sub-phase (a message type, or a strategy's own) -> a further check
@@ -503,6 +539,7 @@ class PhaseGrid(Grid):
             self.policy,
             self._nodes,
             {**self._checks, suffix: both(self._checks.get(suffix), validator)},
+            self.need,
         )
 
     def _policy(self, message_type: str) -> Policy:
@@ -537,18 +574,79 @@ class PhaseGrid(Grid):
         if not messages:
             return []
         message_type = messages[0].metadata.message_type
-        return common_metrics(
-            self.messenger.exchange(
-                f"{self.label}/{message_type}",
-                messages,
-                self._policy(message_type),
-                _round_of(messages),
-                timeout,
-            )
+        clock = self.messenger.clock if message_type == MessageType.TRAIN else None
+        if clock is None:
+            return common_metrics(self.dispatch(messages, _round_of(messages), timeout))
+        return common_metrics(self._on_clock(clock, messages, timeout))
+
+    def dispatch(
+        self, messages: list[Message], server_round: int, timeout: float | None = None
+    ) -> list[Message]:
+        """The usable replies to ``messages``, all of them, whatever the clock says (an
+        asynchronous strategy schedules them itself)."""
+        message_type = messages[0].metadata.message_type
+        return self.messenger.exchange(
+            f"{self.label}/{message_type}",
+            messages,
+            self._policy(message_type),
+            server_round,
+            timeout,
         )
 
-    def get_node_ids(self) -> Iterable[int]:
+    def bytes_down(self, messages: list[Message]) -> dict[int, int]:
+        """Each message's payload by its client's partition (read before the exchange: a
+        resumed run readdresses the messages it sends)."""
+        return {
+            self.messenger.partition_of(m.metadata.dst_node_id): payload_bytes(m.content)
+            for m in messages
+        }
+
+    def tasks(self, down: dict[int, int], replies: list[Message]) -> list[Task]:
+        """Each reply's work as the clock times it: its examples, the bytes of its message
+        (``down``, by partition) and its own."""
+        tasks = []
+        for reply in replies:
+            partition = self.messenger.partition_of(reply.metadata.src_node_id)
+            tasks.append(
+                Task(
+                    partition,
+                    _num_examples(reply.content),
+                    down[partition],
+                    payload_bytes(reply.content),
+                )
+            )
+        return tasks
+
+    def _on_clock(
+        self, clock: VirtualClock, messages: list[Message], timeout: float | None
+    ) -> list[Message]:
+        """A synchronous round on the virtual clock: every sampled client trains, the clock
+        says whose updates arrived by the round's close; stragglers and dropouts are counted
+        (``faults``) and left out."""
+        server_round = _round_of(messages)
+        phase = f"{self.label}/{MessageType.TRAIN}"
+        down = self.bytes_down(messages)
+        replies = self.dispatch(messages, server_round, timeout)
+        accepted = clock.close_round(phase, server_round, self.tasks(down, replies), len(messages))
+        entry = clock.rounds[-1]
+        self.messenger.count(
+            phase, server_round, stragglers=entry["stragglers"], dropouts=entry["dropouts"]
+        )
+        return [
+            r for r in replies if self.messenger.partition_of(r.metadata.src_node_id) in accepted
+        ]
+
+    def population(self) -> list[int]:
+        """Every node of this view, online or not."""
         return self.messenger.node_ids() if self._nodes is None else list(self._nodes)
+
+    def get_node_ids(self) -> Iterable[int]:
+        nodes = self.population()
+        clock = self.messenger.clock
+        if clock is None:
+            return nodes
+        partitions = {self.messenger.partition_of(n): n for n in nodes}
+        return [partitions[p] for p in clock.wait_for(sorted(partitions), self.need)]
 
     def set_run(self, run) -> None:
         self.messenger.raw.set_run(run)

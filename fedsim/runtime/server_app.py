@@ -19,8 +19,10 @@ so that the same seed samples, sends and sums in the same order in every run.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import shlex
+import shutil
 import tempfile
 import traceback
 from pathlib import Path
@@ -29,6 +31,7 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from omegaconf import DictConfig
 
+from fedsim.clock.schedule import VirtualClock
 from fedsim.code_policy import allowed_code
 from fedsim.config.compose import (
     REFUSED,
@@ -37,6 +40,7 @@ from fedsim.config.compose import (
     hydra_config,
     population,
 )
+from fedsim.config.data import DataNotFoundError
 from fedsim.config.schema import typed_sweep
 from fedsim.flower.strategies import strategy_utils
 from fedsim.message_keys import CONFIG
@@ -45,11 +49,14 @@ from fedsim.privacy.audit import AuditReport
 from fedsim.privacy.dp import NOT_PRIVATE
 from fedsim.privacy.plan import PrivacyPlan
 from fedsim.privacy.secret import derive, run_secret
+from fedsim.progress import Quiet
 from fedsim.results import provenance
-from fedsim.results.comparison import headline
+from fedsim.results.comparison import headline, lead_with, run_headline
+from fedsim.results.curves import learning_curve
 from fedsim.results.mlflow_sink import MlflowSink
 from fedsim.results.outputs import RunOutput, markdown_table, ship_results
 from fedsim.results.sinks import Sinks
+from fedsim.runtime import flwr_cli
 from fedsim.runtime.client_state import FORGET, RUN_KEY, STATE_KEY, forget_request
 from fedsim.runtime.flower_waits import shorten_pull_backoff
 from fedsim.runtime.journal import Journal
@@ -59,6 +66,7 @@ from fedsim.runtime.sharded_grid import ShardedGrid
 from fedsim.seeding import SERVER, SERVER_SAMPLING, reseed
 
 app = ServerApp()
+QUIET = Quiet()
 
 # [tool.flwr.app.config]'s keys for the common knobs -> the Hydra override each one sets ("" leaves
 # it to conf/); tests/test_docs.py checks that pyproject.toml declares exactly these and `overrides`
@@ -82,23 +90,65 @@ def main(grid: Grid, context: Context) -> None:
         logger.setLevel(logging.INFO)
         logger.propagate = False
     overrides = run_overrides(context.run_config)
+    by_flwr = flwr_cli.started_by_flwr_cli()
     try:
         cfg = compose_checked(overrides)
+        if by_flwr and cfg.hardware.backend == "simulation":
+            flwr_cli.refuse_settings_clients_miss(overrides, cfg)
     except REFUSED as exc:  # Flower marks the run failed and logs the traceback after this
-        logger.error("configuration error, nothing was sent:\n%s", exc)
+        note = f"\n{flwr_cli.superlink_note()}" if isinstance(exc, DataNotFoundError) else ""
+        logger.error("configuration error, nothing was sent:\n%s%s", exc, note if by_flwr else "")
+        if by_flwr:
+            logger.error(flwr_cli.failure_note(context.run_id))
         raise
+    flower_log = logging.getLogger("flwr")
+    if cfg.logging.level == "debug":
+        flower_log.removeFilter(QUIET)
+    else:
+        flower_log.addFilter(QUIET)  # once: a filter added again is not added twice
+    if (
+        by_flwr and not cfg.ship_results
+    ):  # `fedsim run` keeps the log it streams (fedsim/run/launcher.py)
+        keep_log(Path(cfg.results_dir) / "fedsim.log", [logger, flower_log])
     if cfg.hardware.backend == "deployment" and cfg.hardware.waits.pull_backoff is not None:
         shorten_pull_backoff(
             cfg.hardware.waits.pull_backoff
         )  # replies are pulled from the SuperLink
-    if cfg.ship_results:  # a remote SuperLink: results go back in the log, not to the user's path
-        with tempfile.TemporaryDirectory(prefix="fedsim-results-") as folder:
-            try:
-                _run(grid, cfg, RunOutput(folder), overrides)
-            finally:
-                print("\n".join(ship_results(Path(folder))), flush=True)
-    else:
-        _run(grid, cfg, RunOutput(cfg.results_dir), overrides)
+    # what `fedsim run` adds where it runs (fedsim/run/cli.py), the ServerApp adds under `flwr run`
+    origin = (
+        {
+            "git": flwr_cli.checkout(),
+            "command": flwr_cli.command(context.run_id, context.run_config),
+        }
+        if by_flwr
+        else {}
+    )
+    try:
+        if cfg.ship_results:  # a remote SuperLink: results go back in the log, not the user's path
+            with tempfile.TemporaryDirectory(prefix="fedsim-results-") as folder:
+                try:
+                    _run(grid, cfg, RunOutput(folder), overrides, origin)
+                finally:
+                    print("\n".join(ship_results(Path(folder))), flush=True)
+        else:
+            _run(grid, cfg, RunOutput(cfg.results_dir), overrides, origin)
+    except BaseException:
+        if by_flwr:
+            logger.error(flwr_cli.failure_note(context.run_id))
+        raise
+    if by_flwr and not (cfg.checkpoint.keep or cfg.ship_results):  # as `fedsim run` does
+        shutil.rmtree(Path(cfg.results_dir) / "checkpoint", ignore_errors=True)
+
+
+def keep_log(path: Path, loggers: list[logging.Logger]) -> None:
+    """Every later record of ``loggers`` also to ``path`` (appended to), never through a link
+    planted there (as ``fedsim run``'s log, fedsim/run/launcher.py)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
+    handler = logging.StreamHandler(os.fdopen(fd, "a", buffering=1, encoding="utf-8"))
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    for log in loggers:
+        log.addHandler(handler)
 
 
 def run_overrides(run_config) -> list[str]:
@@ -163,13 +213,16 @@ def _forget_client_state(messenger: Messenger, cfg) -> None:
     config = ConfigRecord(
         {k: v for k, v in client_config(cfg).items() if k in (RUN_KEY, STATE_KEY)}
     )
+    nodes = messenger.node_ids()
+    if isinstance(messenger.raw, ShardedGrid) and messenger.raw.reply_rows:
+        nodes = messenger.raw.one_per_supernode(nodes)  # the state is per run and machine
     messages = [
         Message(
             RecordDict({CONFIG: config, FORGET: forget_request(str(config[RUN_KEY]))}),
             dst_node_id=n,
             message_type=MessageType.QUERY,
         )
-        for n in messenger.node_ids()
+        for n in nodes
     ]
     try:
         messenger.exchange("forget", messages, Policy(ANY))
@@ -177,7 +230,9 @@ def _forget_client_state(messenger: Messenger, cfg) -> None:
         logging.getLogger("fedsim").warning("client state not removed: %s", exc)
 
 
-def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
+def _run(
+    grid: Grid, cfg, out: RunOutput, overrides: list[str] = (), origin: dict | None = None
+) -> None:
     log = logging.getLogger("fedsim")
     started = provenance.now()
     out.clear_outcome()
@@ -215,7 +270,16 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
         grid = isolate_reply_pulls(grid)
         state_layout(grid, cfg)
         if cfg.hardware.clients_per_supernode > 1:  # the protocol sees one node per logical client
-            grid = ShardedGrid(grid, int(cfg.hardware.num_clients), float(cfg.round_timeout))
+            grid = ShardedGrid(
+                grid,
+                int(cfg.hardware.num_clients),
+                float(cfg.round_timeout),
+                reply_rows=cfg.hardware.client_backend == "batched",
+                # a local simulation's SuperNodes share one machine: any can serve any client
+                balance=cfg.hardware.client_backend == "batched"
+                and cfg.hardware.backend == "simulation"
+                and cfg.hardware.ray_address is None,
+            )
         messenger = Messenger(
             grid,
             float(cfg.round_timeout),
@@ -224,6 +288,7 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
             ledgers=[plan.dp_sgd.record],
             know_partitions=True,
         )
+        messenger.clock = VirtualClock.of(cfg.clock, int(cfg.hardware.num_clients), int(cfg.seed))
         seed_server(int(cfg.seed))
         results, summary = allowed_code(cfg.protocol.run, "protocol.run")(messenger, cfg, out, plan)
         audit: AuditReport | None = results.pop("audit", None)
@@ -241,7 +306,15 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
             faults=messenger.faults,
             communication={**messenger.traffic, **results.get("communication", {})},
         )
+        summary = lead_with(summary, run_headline(results, typed_sweep(cfg.sweep)))
+        if learning_curve(results, out, str(cfg.protocol.name)) is not None:
+            summary = (
+                f"{summary.rstrip()}\n\nLearning curve (metric per round): `learning_curve.png`.\n"
+            )
         summary = f"{summary.rstrip()}\n\n{faults_section(messenger.faults)}\n"
+        if messenger.clock is not None:
+            results["clock"] = messenger.clock.report()
+            summary = f"{summary.rstrip()}\n\n{clock_section(results['clock'])}\n"
         if journal is not None:
             results["checkpoint"] = {
                 "exchanges": len(journal.recorded),
@@ -252,6 +325,7 @@ def _run(grid: Grid, cfg, out: RunOutput, overrides: list[str] = ()) -> None:
             "started": started,
             "ended": provenance.now(),
             **({"ray_nodes": messenger.ray_nodes} if messenger.ray_nodes else {}),
+            **(origin or {}),
         }
         summary = f"{summary.rstrip()}\n\n{provenance.section(results['provenance'])}\n"
         out.write_results(results, summary)
@@ -283,8 +357,33 @@ def faults_section(faults: dict) -> str:
         for rnd, counts in rounds.items()
     ]
     columns = list(dict.fromkeys(k for row in rows for k in row))
-    return "## Replies per exchange\n\n" + (
+    return "## Appendix: replies per exchange\n\n" + (
         markdown_table(rows, columns) if rows else "(no exchange)"
+    )
+
+
+def clock_section(clock: dict) -> str:
+    """The summary's virtual schedule: one row per round (or asynchronous server step)."""
+    rows = [
+        {
+            k: r[k]
+            for k in (
+                "phase",
+                "round",
+                "virtual_start",
+                "virtual_end",
+                "accepted",
+                "stragglers",
+                "dropouts",
+            )
+        }
+        for r in clock["rounds"]
+    ]
+    return (
+        f"## Virtual clock\n\n{clock['virtual_seconds']:.1f} virtual seconds in all; "
+        f"{clock['stragglers']} stragglers, {clock['dropouts']} dropouts (deadline "
+        f"{clock['deadline']}, over-selection {clock['over_selection']:g}).\n\n"
+        + markdown_table(rows, list(rows[0]) if rows else ["phase"], digits=1)
     )
 
 
@@ -314,6 +413,7 @@ def audit_section(audit: AuditReport, out: RunOutput) -> str:
     and ``privacy_audit.png``, both against sigma."""
     fig, ax, save = out.figure("privacy_audit")
     audit.plot(ax)
+    ax.set_title("Privacy audit: the accountant's epsilon, the measured bound", fontsize=10)
     save()
     return "\n\n".join(
         [

@@ -20,24 +20,28 @@ ClientApp builds client ``l`` exactly as a SuperNode of its own would (``partiti
 
 from __future__ import annotations
 
+import heapq
 import json
+import math
 from collections.abc import Callable, Iterable
 from copy import copy
 from dataclasses import replace
 from uuid import uuid4
 
-from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from fedsim.flower.messages import make_message
-from fedsim.message_keys import NODE_NUM_PARTITIONS, NODE_PARTITION_ID
+from fedsim.message_keys import NODE_NUM_PARTITIONS, NODE_PARTITION_ID, NUM_EXAMPLES
 from fedsim.runtime.journal import ask_partitions
 from fedsim.runtime.message_metadata import set_message_id
+from fedsim.runtime.row_batches import split_rows, stack
 
 SHARD = "fedsim-shard"  # the batch's manifest record
 CLIENTS = "clients"  # logical partition ids in the batch, in order
 NUM_CLIENTS = "num-clients"
 LAYOUT = "layout"  # JSON: per client, its record names -> packed names; errors by index
+REPLY_ROWS = "reply-rows"  # a request manifest: reply with stacked rows (row_batches.py)
 ERROR_CODE = 0  # Flower's "unknown" error code for a logical client that raised
 MALFORMED_CODE = (
     422  # an Error a grid makes for a reply it could not read: the Messenger counts it malformed
@@ -49,25 +53,34 @@ def pack(
     clients: list[int],
     num_clients: int,
     errors: dict[int, str] | None = None,
+    rows: bool = False,
 ) -> RecordDict:
     """One RecordDict for several clients' contents; a record object shared by several of them
     (a broadcast) is packed once. The manifest (``SHARD``) names the clients and, as one JSON
     string (thousands of per-client entries would cost more to check than to send), each
-    client's record names and where they are packed, or its error."""
-    packed, where, layout = RecordDict(), {}, []
-    for content in contents:
+    client's record names and where they are packed, or its error. With ``rows`` the contents
+    that stack are sent as rows of one array per key (``fedsim/runtime/row_batches.py``), the
+    manifest's ``groups`` naming their clients; the others as above."""
+    packed, single, groups = (
+        stack(contents) if rows else (RecordDict(), list(range(len(contents))), [])
+    )
+    where, layout = {}, [{} for _ in contents]
+    for i in single:
+        content = contents[i]
         names = list(content.keys())
         for name in names:
             record = content[name]
             if id(record) not in where:
                 where[id(record)] = f"r{len(where)}"
                 packed[where[id(record)]] = record
-        layout.append({name: where[id(content[name])] for name in names})
+        layout[i] = {name: where[id(content[name])] for name in names}
     packed[SHARD] = ConfigRecord(
         {
             CLIENTS: clients,
             NUM_CLIENTS: num_clients,
-            LAYOUT: json.dumps({"records": layout, "errors": errors or {}}),
+            LAYOUT: json.dumps(
+                {"records": layout, "errors": errors or {}, **({"groups": groups} if rows else {})}
+            ),
         }
     )
     return packed
@@ -109,7 +122,8 @@ def serve_batch(
         except Exception as exc:  # noqa: BLE001 - one client's crash is its own failed reply
             errors[i] = f"{type(exc).__name__}: {exc}"
             replies.append(RecordDict())
-    return Message(pack(replies, clients, num_clients, errors), reply_to=msg)
+    rows = bool(manifest.get(REPLY_ROWS, False))
+    return Message(pack(replies, clients, num_clients, errors, rows), reply_to=msg)
 
 
 def _parts(content: RecordDict, clients: list[int]) -> list[RecordDict | Error]:
@@ -136,7 +150,17 @@ def _parts(content: RecordDict, clients: list[int]) -> list[RecordDict | Error]:
     ):
         why = f"batch answers clients {answered!s:.200} with {records!s:.200}; sent to {clients}"
         return [Error(MALFORMED_CODE, why)] * len(clients)
-    return [_part(content, layout, i) for i in range(len(clients))]
+    stacked = split_rows(content, layout.get("groups") or []) if isinstance(layout, dict) else {}
+    return [
+        _stacked_part(stacked[i], i) if i in stacked else _part(content, layout, i)
+        for i in range(len(clients))
+    ]
+
+
+def _stacked_part(part: RecordDict | str, i: int) -> RecordDict | Error:
+    if isinstance(part, str):
+        return Error(MALFORMED_CODE, f"client part {i}: {part}")
+    return part
 
 
 def _part(content: RecordDict, layout: dict, i: int) -> RecordDict | Error:
@@ -170,9 +194,20 @@ def logical_partition(node_id: int) -> int:
 class ShardedGrid(Grid):
     """``num_clients`` logical clients over the SuperNodes of ``grid`` (see the module doc)."""
 
-    def __init__(self, grid: Grid, num_clients: int, timeout: float = 600.0, poll: float = 0.2):
-        self.raw, self.num_clients = grid, num_clients
-        partitions = ask_partitions(grid, timeout, poll)[0]  # a SuperNode left out hosts none
+    def __init__(
+        self,
+        grid: Grid,
+        num_clients: int,
+        timeout: float = 600.0,
+        poll: float = 0.2,
+        reply_rows: bool = False,
+        balance: bool = False,
+    ):
+        self.raw, self.num_clients, self.reply_rows = grid, num_clients, reply_rows
+        self.balance = balance  # each exchange's clients spread over the SuperNodes by load
+        self.load: dict[int, float] = {}  # logical node id -> its last reply's examples
+        # a SuperNode left out hosts none
+        partitions, _, self.ray_nodes = ask_partitions(grid, timeout, poll)
         if not partitions:
             raise RuntimeError("ShardedGrid: no SuperNode told its partition")
         hosts = sorted(partitions, key=partitions.get)  # the SuperNodes in partition order
@@ -194,14 +229,53 @@ class ShardedGrid(Grid):
         naming another (its SuperNode's words) is refused."""
         return {node: logical_partition(node) for node in self.host}
 
+    def hosted(self) -> tuple[dict[int, int], dict[str, int], dict[str, int]]:
+        """What :func:`ask_partitions` would learn by asking every logical client, known without
+        a message per client (``hardware.client_backend: batched``): each client's partition is
+        where the server placed it, on a SuperNode that told its own partition at the start.
+        The Ray nodes count the SuperNodes each served."""
+        n = len(self.host)
+        counts = {"sent": n, "failed": 0, "malformed": 0, "duplicate": 0, "timed_out": 0}
+        return self.placed(), counts | {"accepted": n}, dict(self.ray_nodes)
+
+    def one_per_supernode(self, nodes: Iterable[int]) -> list[int]:
+        """The first of ``nodes`` hosted on each SuperNode: a message about the SuperNode's
+        machine, not its clients (the run's client state, one folder per run), needs no more."""
+        first: dict[int, int] = {}
+        for node in nodes:
+            first.setdefault(self.host[node], node)
+        return list(first.values())
+
+    def servers(self, nodes: list[int]) -> dict[int, int]:
+        """The SuperNode serving each of ``nodes`` in one exchange: its host, or with ``balance``
+        (a simulation, where any SuperNode can build any client: data and state are the
+        machine's) the least loaded SuperNode so far, the heaviest clients placed first (a
+        load is the examples of the client's last reply, the mean of the known ones before it
+        replied): a round's sample waits on no SuperNode holding most of it. Which SuperNode
+        serves a client changes no reply (a client is built and seeded by its partition)."""
+        if not self.balance:
+            return {node: self.host[node] for node in nodes}
+        known = self.load.values()
+        default = sum(known) / len(known) if known else 1.0
+        weight = {node: self.load.get(node, default) for node in nodes}
+        heap = [(0.0, host) for host in sorted(set(self.host.values()))]
+        servers = {}
+        for node in sorted(nodes, key=lambda n: (-weight[n], n)):
+            load, host = heapq.heappop(heap)
+            servers[node] = host
+            heapq.heappush(heap, (load + weight[node], host))
+        return servers
+
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         groups: dict[tuple[int, str], list[Message]] = {}
         ids = []
+        messages = list(messages)
+        servers = self.servers([m.metadata.dst_node_id for m in messages])
         for msg in messages:
             set_message_id(msg, uuid4().hex)
             self._sent[msg.metadata.message_id] = msg
             groups.setdefault(
-                (self.host[msg.metadata.dst_node_id], msg.metadata.message_type), []
+                (servers[msg.metadata.dst_node_id], msg.metadata.message_type), []
             ).append(msg)
             ids.append(msg.metadata.message_id)
         batches, members = [], []
@@ -211,6 +285,8 @@ class ShardedGrid(Grid):
                 [logical_partition(m.metadata.dst_node_id) for m in group],
                 self.num_clients,
             )
+            if self.reply_rows:  # hardware.client_backend: batched
+                content[SHARD][REPLY_ROWS] = True
             batches.append(Message(content, dst_node_id=host, message_type=message_type))
             members.append([m.metadata.message_id for m in group])
         for batch_id, group_ids in zip(self.raw.push_messages(batches), members):
@@ -246,6 +322,16 @@ class ShardedGrid(Grid):
             parts = _parts(reply.content, [logical_partition(m.metadata.dst_node_id) for m in sent])
         for message_id, msg, part in zip(group, sent, parts):
             self._replies[message_id] = Message(part, reply_to=msg)
+            if self.balance and isinstance(part, RecordDict):
+                self._learn_load(msg.metadata.dst_node_id, part)
+
+    def _learn_load(self, node: int, part: RecordDict) -> None:
+        """The client's examples (its reply's ``num-examples``, where a finite positive number)
+        as its load estimate."""
+        for record in part.values():
+            examples = record.get(NUM_EXAMPLES) if isinstance(record, MetricRecord) else None
+            if isinstance(examples, (int, float)) and 0 < examples < math.inf:
+                self.load[node] = float(examples)
 
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None

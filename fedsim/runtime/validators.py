@@ -135,7 +135,14 @@ class Blob:
         )
 
 
-Field = Number | Numbers | Text | Texts | Blob
+@dataclass(frozen=True)
+class Blobs(Texts):
+    """A list of at most ``length`` ``bytes``, each a ``item``."""
+
+    item: Blob = Blob()
+
+
+Field = Number | Numbers | Text | Texts | Blob | Blobs
 
 
 @dataclass(frozen=True)

@@ -170,7 +170,7 @@ def _plot_accuracy(r: dict, out: RunOutput) -> None:
     ax.set_xlabel("selector")
     ax.set_ylabel("test accuracy (share of held-out pairs)")
     ax.set_title("Selector accuracy by population")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)
     save()
 
 
@@ -186,7 +186,7 @@ def _plot_purity(r: dict, out: RunOutput) -> None:
     ax.set_xlabel("round")
     ax.set_ylabel("minority share of the group's clients")
     ax.set_title("Group purity after each regroup")
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=8)
     save()
 
 
@@ -213,5 +213,5 @@ def _plot_reward_hacking(curves: dict, out: RunOutput) -> None:
     ax.set_xlabel("DPO steps")
     ax.set_ylabel("win rate against the base policy")
     ax.set_title("Reward hacking: labellers (proxy) vs judge")
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=8)
     save()

@@ -266,7 +266,7 @@ def _plot_alpha(r: dict, out: RunOutput) -> None:
     ax.set_xlabel("round")
     ax.set_ylabel("alpha (mean, min-max over clients)")
     ax.set_title("FedDTRE: weight of the global model in each client's mix")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)
     save()
 
 
@@ -295,5 +295,5 @@ def _plot_alpha_gap(r: dict, out: RunOutput) -> None:
     ax.set_xlabel("local model: held-out minus train nll per token")
     ax.set_ylabel("alpha")
     ax.set_title("FedDTRE: alpha against each client's overfitting, per client-round")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)
     save()

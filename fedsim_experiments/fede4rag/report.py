@@ -176,7 +176,7 @@ def plot(r: dict, out: RunOutput) -> None:
     ax.set_xlabel("method")
     ax.set_ylabel("retrieval score on test questions (0 to 1)")
     ax.set_title("FinanceBench retrieval by method")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)
     save()
 
 
@@ -237,6 +237,9 @@ def kd_sweep_plot(r: dict, out: RunOutput) -> None:
                 ax.plot([k * cell["local_steps"] for k in rounds], y, marker="o", label=name)
         ax.set_xlabel("optimizer steps per client")
         ax.set_ylabel(what)
+        ax.set_title(
+            f"{what.split(' (')[0]} by optimizer steps, per cell (local steps x KD weight)"
+        )
         plain_log_scale(ax)
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=8)
         save()

@@ -3,14 +3,20 @@ that produced them: ``protocol.py``)."""
 
 from __future__ import annotations
 
+import argparse
+import json
+from pathlib import Path
+
 import numpy as np
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator, NullFormatter
 
-from fedsim.results.outputs import RunOutput, markdown_table
+from fedsim.results.outputs import RunOutput, markdown_table, plain_log_scale
 from fedsim.results.stats import GAIN_TOL, t_interval
 from fedsim_experiments.fedtp.settings import ROUTERS
 
 SCORE_COLUMNS = ["turns", "ehr", "err", "support_ratio"]
+MIN_DRAWS = 3  # noise draws an interval is drawn over, at least
+DOMINANT = 10  # a bar this many times the next tallest puts the histogram on a log axis
 
 
 def plots(out: RunOutput, results: dict, gains: np.ndarray) -> None:
@@ -18,12 +24,12 @@ def plots(out: RunOutput, results: dict, gains: np.ndarray) -> None:
     _plot_gains(out, results["per_conversation_gain"], gains)
 
 
-def _plot_privacy(out: RunOutput, results: dict) -> None:
-    """Test EHR against epsilon: each DP sigma's mean with its 95% CI over noise seeds, the
+def _plot_privacy(out: RunOutput, results: dict, name: str = "ehr_vs_epsilon") -> None:
+    """Test EHR against epsilon: each DP sigma's noise draws and their mean (:func:`_draws`), the
     noiseless FedMix and TF-IDF as lines. They often coincide (a small slice, a prior that
     changes no decision): the noiseless line is a wide band under the thin dashed TF-IDF line,
     so both stay visible, and the legend sits outside the data."""
-    fig, ax, save = out.figure("ehr_vs_epsilon")
+    fig, ax, save = out.figure(name)
     rows = [
         r for r in results["dp_sweep"] if r["epsilon"] is not None and np.isfinite(r["epsilon"])
     ]
@@ -43,27 +49,14 @@ def _plot_privacy(out: RunOutput, results: dict) -> None:
     )
     if rows:
         eps, means = [r["epsilon"] for r in rows], np.array([r["ehr_mean"] for r in rows])
-        half = [
-            0.0 if (ci := t_interval(r["ehr_per_seed"], 0.95)) is None else (ci[1] - ci[0]) / 2
-            for r in rows
-        ]
-        ax.errorbar(
-            eps,
-            means,
-            yerr=half,
-            marker="o",
-            capsize=4,
-            color="tab:blue",
-            zorder=3,
-            label=f"FedMix, DP prior (mean, 95% CI over {rows[0]['seeds']} noise draws)",
-        )
+        _draws(ax, rows, eps, means)
         for r in rows:
             ax.annotate(
                 f"sigma = {r['sigma']:g}",
                 (r["epsilon"], r["ehr_mean"]),
                 textcoords="offset points",
                 xytext=(8, -12),
-                fontsize=7,
+                fontsize=8,
             )
         ax.set_xscale("log")
         ax.set_xticks(eps, [f"{e:.3g}" for e in eps])
@@ -83,11 +76,44 @@ def _plot_privacy(out: RunOutput, results: dict) -> None:
     save()
 
 
+def _draws(ax, rows: list[dict], eps: list[float], means: np.ndarray) -> None:
+    """Each DP sigma's noise draws as points and their mean; a 95% t interval only over
+    :data:`MIN_DRAWS` draws or more (over 2 the t quantile is 12.7: an interval that says
+    nothing the two points do not)."""
+    draws = rows[0]["seeds"]
+    ax.plot(eps, means, marker="o", color="tab:blue", zorder=3, label="FedMix, DP prior: mean")
+    ax.scatter(
+        [e for e, r in zip(eps, rows) for _ in r["ehr_per_seed"]],
+        [v for r in rows for v in r["ehr_per_seed"]],
+        s=14,
+        color="tab:blue",
+        alpha=0.5,
+        zorder=3,
+        label=f"FedMix, DP prior: each of {draws} noise draws",
+    )
+    if draws >= MIN_DRAWS:
+        half = [
+            0.0 if (ci := t_interval(r["ehr_per_seed"], 0.95)) is None else (ci[1] - ci[0]) / 2
+            for r in rows
+        ]
+        ax.errorbar(
+            eps,
+            means,
+            yerr=half,
+            fmt="none",
+            capsize=4,
+            color="tab:blue",
+            zorder=3,
+            label=f"95% CI over {draws} noise draws",
+        )
+
+
 def _plot_gains(out: RunOutput, d: dict, gains: np.ndarray) -> None:
     """Per-conversation gains in bins of 1/8 centred on its multiples, so 0 is a bin's centre,
     not an edge, and the common gains (1/2, 1/4, 1/8 of a conversation's turns) are centres too;
     the unchanged conversations (gain exactly 0) are their own grey part of the centre bar,
-    apart from small gains."""
+    apart from small gains. On a log axis where one bar is :data:`DOMINANT` times the next (947
+    unchanged conversations hid the 113 changed ones)."""
     fig, ax, save = out.figure("gain_histogram")
     unchanged = np.abs(gains) <= GAIN_TOL
     ax.hist(
@@ -101,10 +127,18 @@ def _plot_gains(out: RunOutput, d: dict, gains: np.ndarray) -> None:
             f"changed: {d['improved']} improved, {d['worsened']} worsened",
         ],
     )
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    heights = sorted(sum(c.get_height() for c in bar) for bar in zip(*ax.containers))
+    if heights[-1] > DOMINANT * max(heights[-2], 1):  # one bar would hide the rest
+        plain_log_scale(ax)
+        ax.set_ylabel("conversations (log scale)")
+    else:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("conversations")
     ax.set_xlabel("per-conversation gain in evidence hit rate, FedMix - TF-IDF (share of turns)")
-    ax.set_ylabel("conversations")
-    ax.set_title(f"{d['groups']} test conversations, mean gain {d['mean_gain']:+.3f}")
+    ax.set_title(
+        f"EHR gain per conversation: {d['groups']} test conversations, mean {d['mean_gain']:+.3f}",
+        fontsize=10,
+    )
     ax.legend(fontsize=8)
     save()
 
@@ -163,3 +197,21 @@ def summary(r: dict, test: list[str]) -> str:
         )
         + "\n"
     )
+
+
+def main() -> None:
+    """``ehr_vs_epsilon.png`` of a kept run's results.json (its ``dp_sweep``), e.g. the docs' figure:
+    ``python -m fedsim_experiments.fedtp.report records/fedtp_paper-58/run --into docs
+    --name fedtp_ehr_vs_epsilon``. The gain histogram needs the per-conversation gains, which
+    results.json does not keep."""
+    ap = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
+    ap.add_argument("run", type=Path, help="a run folder holding results.json")
+    ap.add_argument("--into", type=Path, default=Path("."))
+    ap.add_argument("--name", default="ehr_vs_epsilon", help="the PNG's name, without .png")
+    args = ap.parse_args()
+    results = json.loads((args.run / "results.json").read_text())
+    _plot_privacy(RunOutput(args.into), results, args.name)
+
+
+if __name__ == "__main__":
+    main()

@@ -24,6 +24,12 @@ class FedTPProtocol(Protocol):
     dp_seeds: int  # noise seeds per sigma
     bootstrap: int  # paired bootstrap resamples (of conversations) of the EHR gain CI
 
+    def refuses_clock(self) -> str | None:
+        return (
+            "its DP prior is one release of every sampled client's row, its sensitivity and "
+            "accounting fixed by who was sampled; a straggler left out would change both"
+        )
+
     def refuses_audit(self, cfg: DictConfig) -> str | None:
         """The audit puts canary clients into DPMean's one release of every client's row (and so
         into each sigma's sweep release of them), each canary on a topic of its own."""

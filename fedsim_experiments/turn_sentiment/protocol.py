@@ -77,5 +77,24 @@ def run(
         "seconds_per_round": sum(clock.seconds) / max(len(clock.seconds), 1),
         **{k: v for k, v in clock.curve[-1].items() if k != "round"},
         "curve": clock.curve,
+        **on_the_clock(messenger, clock.curve, cfg.protocol.target_loss),
     }
     return results, report.summary(results)
+
+
+def on_the_clock(messenger: Messenger, curve: list[dict], target_loss: float | None) -> dict:
+    """Under a virtual clock: each curve point's virtual time (the end of its round, or of its
+    asynchronous server step), the run's, and the first at which the test loss reached
+    ``target_loss`` (None: never, or no target)."""
+    if messenger.clock is None:
+        return {}
+    ends = {r["round"]: r["virtual_end"] for r in messenger.clock.rounds}
+    for point in curve:
+        point["virtual_time"] = ends.get(point["round"], 0.0)
+    reached = [
+        p["virtual_time"] for p in curve if target_loss is not None and p["loss"] <= target_loss
+    ]
+    return {
+        "virtual_time": messenger.clock.now,
+        "virtual_time_to_target": reached[0] if reached else None,
+    }

@@ -13,6 +13,11 @@ class TurnSentimentProtocol(Protocol):
     """Settings of ``conf/experiment/turn_sentiment_fedavg.yaml``."""
 
     clients_per_round: int | None  # clients sampled per round (null: every client)
+    target_loss: float | None
+    """under a virtual clock: the test loss whose first virtual time is reported"""
+
+    def refuses_clock(self) -> str | None:
+        return None  # every round is RunContext.fedavg's, sampled on the clock's quorum
 
     def __post_init__(self):
         require(

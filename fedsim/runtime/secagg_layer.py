@@ -1,0 +1,133 @@
+"""SecAgg+ as a layer around any client handler that exchanges weights, as the HE layer is
+(``fedsim/runtime/he_layer.py``): the handler never sees a SecAgg message and its update never
+leaves the node unmasked.
+
+A message whose config names a SecAgg stage (``secagg-op``) is this layer's: the key, share,
+check and unmask stages it answers itself (``fedsim/privacy/secagg/protocol.py``); a mask stage
+is the strategy's train message, which the handler trains on, and whose reply the layer turns
+into the masked, quantized update (its metrics stay plaintext). Every other message goes to the
+handler untouched. The node's round state (its private keys, seed and the shares it holds) is
+kept in its client-state folder between stages (``fedsim/runtime/client_state.py``): in a
+simulation another process may serve the next stage; it never leaves the node. The server half:
+``fedsim_strategies/secagg.py``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from fedsim.message_keys import ARRAYS
+from fedsim.privacy.secagg import messages as keys
+from fedsim.privacy.secagg import protocol
+from fedsim.runtime import client_state
+from fedsim.runtime.he_layer import flatten
+from fedsim.runtime.records import from_record
+
+STATE_FILE = "secagg-round.json"
+LOCK_FILE = ".secagg-round.lock"
+
+
+class SecAggLayer:
+    """``handler``'s messages through this node's SecAgg+ state."""
+
+    def __init__(self, handler, partition_id: int):
+        self.handler, self.partition_id = handler, partition_id
+
+    def handle(self, msg: Message) -> RecordDict:
+        config = msg.content[keys.CONFIG]
+        op = config.get(keys.OP)
+        if op is None:
+            return self.handler.handle(msg)
+        folder = client_state.of(msg, self.partition_id).folder
+        # one stage of a node at a time: Flower may serve a node's messages in parallel, and two
+        # requests that both read the round at one stage (two masks: one pad on two updates)
+        # would each be answered
+        with open(folder / LOCK_FILE, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return self._serve(op, folder / STATE_FILE, msg)
+
+    def _serve(self, op: str, path, msg: Message) -> RecordDict:
+        config = msg.content[keys.CONFIG]
+        state = protocol.ClientRound.load(json.loads(path.read_text())) if path.exists() else None
+        round_number = int(config[keys.ROUND])
+        if op == keys.ADVERTISE:
+            state, public = protocol.advertise(
+                state and state.round, round_number, int(config[keys.SELF])
+            )
+            out = {
+                keys.MASK_KEYS: [public["mask"]],
+                keys.SHARE_KEYS: [public["share"]],
+                keys.SIGN_KEYS: [public["sign"]],
+            }
+            content = RecordDict()
+        elif state is None:
+            raise protocol.Refused(f"a '{op}' message before any key of this node: replayed")
+        else:
+            content, out = self._stage(op, state, round_number, msg)
+        path.write_text(json.dumps(state.dump()))
+        content[keys.CONFIG] = ConfigRecord({keys.ROUND: round_number, **out})
+        return content
+
+    def _stage(self, op: str, state, round_number: int, msg: Message) -> tuple[RecordDict, dict]:
+        config = msg.content[keys.CONFIG]
+        if op == keys.SHARE:
+            trios = zip(config[keys.MASK_KEYS], config[keys.SHARE_KEYS], config[keys.SIGN_KEYS])
+            neighbourhood = dict(zip(config[keys.IDS], trios, strict=True))
+            dsts, tokens, seed_hashes, key_hashes, commitment = protocol.share(
+                state, round_number, neighbourhood, int(config[keys.THRESHOLD])
+            )
+            return RecordDict(), {
+                keys.DESTINATIONS: dsts,
+                keys.CIPHERTEXTS: tokens,
+                keys.SEED_HASHES: seed_hashes,
+                keys.KEY_HASHES: key_hashes,
+                keys.SEED_COMMITMENT: commitment,
+            }
+        if op == keys.MASK:
+            return self._mask(state, round_number, msg)
+        if op == keys.CHECK:
+            signature = protocol.check(state, round_number, list(config[keys.LIVE]))
+            return RecordDict(), {keys.SIGNATURES: [signature]}
+        if op == keys.UNMASK:
+            signatures = dict(zip(config[keys.IDS], config[keys.SIGNATURES], strict=True))
+            ids, shares = protocol.unmask(
+                state,
+                round_number,
+                list(config[keys.LIVE]),
+                list(config.get(keys.DROPPED, [])),
+                signatures,
+            )
+            return RecordDict(), {keys.IDS: ids, keys.SHARES: shares}
+        raise protocol.Refused(f"unknown SecAgg stage {op!r:.40}")
+
+    def _mask(self, state, round_number: int, msg: Message) -> tuple[RecordDict, dict]:
+        """Train on the message, then mask the reply's update (in the order of the arrays sent)."""
+        config = msg.content[keys.CONFIG]
+        state.expect(round_number, "share")  # before training: a replay costs no work
+        sent = from_record(msg.content[ARRAYS])
+        reply = self.handler.handle(msg)
+        trained = from_record(reply[ARRAYS])
+        if set(trained) != set(sent) or any(trained[k].shape != sent[k].shape for k in sent):
+            raise ValueError("the trained arrays differ from the model sent")
+        metrics = dict(reply[keys.METRICS])
+        num_levels, clip = int(config[keys.LEVELS]), float(config[keys.CLIP])
+        vector, clipped = protocol.encode(
+            flatten({k: trained[k] for k in sent}),
+            float(metrics[config[keys.WEIGHT_KEY]]),
+            float(config[keys.MAX_WEIGHT]),
+            clip,
+            num_levels,
+        )
+        forwarded = dict(zip(config[keys.SOURCES], config[keys.CIPHERTEXTS], strict=True))
+        masked, kept = protocol.mask(state, round_number, forwarded, vector)
+        content = RecordDict(
+            {
+                keys.MASKED: ArrayRecord({keys.VECTOR: Array(np.asarray(masked, np.uint32))}),
+                keys.METRICS: MetricRecord({**metrics, keys.CLIPPED: clipped}),
+            }
+        )
+        return content, {keys.MASKED_WITH: kept}

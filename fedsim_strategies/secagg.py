@@ -1,0 +1,482 @@
+"""SecAgg+ as a wrapper around any strategy that needs only the weighted sum of the updates
+(FedAvg, FedProx, FedAvgM, FedAdam, FedYogi, FedAdagrad): the server learns that sum, never one
+client's update. The protocol: ``fedsim/privacy/secagg/protocol.py``; the client layer:
+``fedsim/runtime/secagg_layer.py``.
+
+Flower's own round loop runs (``Strategy.start``: the wrapped strategy's sampling, train config,
+aggregation, evaluation); its grid is a :class:`SecAggGrid`, which turns the train exchange of a
+round into SecAgg+'s five, each a phase of the one messaging path (faults and bytes counted per
+phase and round): ``<label>/secagg-keys``, ``<label>/secagg-share``, ``<label>/train`` (the
+strategy's train messages, masked replies), ``<label>/secagg-check``, ``<label>/secagg-unmask``.
+It hands the strategy one reply: the unmasked weighted mean, weighing the sum of the live
+clients' weights, so the strategy's aggregate (and its server step) is that mean's.
+
+Why not Flower's ``SecAggPlusWorkflow``: it drives legacy strategies through ``LegacyContext``
+and fit messages; fedsim's strategies run on the Message API (issue 64).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from fedsim.flower.secure_aggregation import bytes_to_public_key, verify_signature
+from fedsim.flower.strategies import aggregate_metricrecords
+from fedsim.message_keys import ARRAYS, NUM_EXAMPLES
+from fedsim.privacy.secagg import messages as keys
+from fedsim.privacy.secagg import protocol
+from fedsim.runtime.client_app import SEED_KEY
+from fedsim.runtime.he_layer import unflatten
+from fedsim.runtime.messaging import ANY, PhaseFailed, PhaseGrid, Policy, phase_grid
+from fedsim.runtime.records import from_record, to_record
+from fedsim.runtime.validators import Arrays, Blob, Blobs, Config, Metrics, Number, Numbers, Reply
+
+log = logging.getLogger("fedsim")
+
+KEY_BYTES = 1024  # a PEM EC public key (P-384: 215 bytes)
+TOKEN_BYTES = 8192  # a Fernet token of two shares (a P-384 private key's share: ~300 bytes)
+
+
+class SecAggPlus(Strategy):
+    """``strategy``'s sampling and aggregation, its train replies summed under SecAgg+.
+
+    ``degree``: each node's neighbours (even; null: every sampled node, SecAgg);
+    ``threshold``: t as a share of a neighbourhood (t is the largest whole number not above
+    ``threshold x size``, plus one: more than half); ``clip_range``: c, each value of a
+    client's weighted update (its update times weight / ``max_weight``) clipped to [-c, c];
+    ``max_weight``: the largest weight (``num-examples``) a reply may carry."""
+
+    privacy_kind = (
+        "secagg"  # what fedsim/config/schema.py's wrapper_kind reads: privacy.kind=secagg
+    )
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        degree: int | None = None,
+        threshold: float = 0.5,
+        clip_range: float = 4.0,
+        max_weight: float = 10_000.0,
+    ):
+        if degree is not None and (degree < 2 or degree % 2):
+            raise ValueError(f"degree must be an even number >= 2 or null, got {degree}")
+        if not 0.5 <= threshold < 1:
+            raise ValueError(f"threshold must be in [0.5, 1) (t above half), got {threshold}")
+        if clip_range <= 0 or max_weight <= 0:
+            raise ValueError("clip_range and max_weight must be > 0")
+        self.strategy, self.degree, self.fraction = strategy, degree, float(threshold)
+        self.clip, self.max_weight = float(clip_range), float(max_weight)
+        self.weight_key = getattr(strategy, "weighted_by_key", NUM_EXAMPLES)
+        self.rounds: dict[int, dict] = {}
+
+    def summary(self) -> None:
+        log.info(
+            "SecAgg+ (degree %s, t > %.2f of a neighbourhood, clip %g) around:",
+            self.degree or "all",
+            self.fraction,
+            self.clip,
+        )
+        self.strategy.summary()
+
+    def configure_train(self, server_round, arrays, config, grid):
+        return self.strategy.configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round, replies):
+        return self.strategy.aggregate_train(server_round, replies)
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round, replies):
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn=None,
+    ) -> Result:
+        """Flower's loop over a :class:`SecAggGrid` of ``grid``."""
+        view = phase_grid(grid, "secagg", timeout)
+        return super().start(
+            SecAggGrid(view, self),
+            initial_arrays,
+            num_rounds,
+            timeout,
+            train_config,
+            evaluate_config,
+            evaluate_fn,
+        )
+
+    def secure_round(self, grid: PhaseGrid, messages: list[Message]) -> list[Message]:
+        """One round's train exchange under SecAgg+: the unmasked mean as one reply."""
+        rnd = int(messages[0].content[keys.CONFIG][keys.SERVER_ROUND])
+        try:
+            return [RoundRun(self, grid, rnd, messages).run()]
+        except protocol.Unrecoverable as exc:
+            raise PhaseFailed(f"{grid.label}/secagg round {rnd}: {exc}") from exc
+
+
+class SecAggGrid(PhaseGrid):
+    """A view whose train exchange is :meth:`SecAggPlus.secure_round`; the rest is the view's."""
+
+    def __init__(self, view: PhaseGrid, secagg: SecAggPlus):
+        super().__init__(view.messenger, view.label, view.policy, view._nodes, view._checks)
+        self.secagg = secagg
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        if messages and messages[0].metadata.message_type == MessageType.TRAIN:
+            return self.secagg.secure_round(self, messages)
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+def _query(node: int, base: dict, config: dict) -> Message:
+    return Message(
+        RecordDict({keys.CONFIG: ConfigRecord({**base, **config})}),
+        dst_node_id=node,
+        message_type=MessageType.QUERY,
+    )
+
+
+class RoundRun:
+    """One SecAgg+ round on the server: what it learned so far, stage by stage."""
+
+    def __init__(self, secagg: SecAggPlus, grid: PhaseGrid, rnd: int, messages: list[Message]):
+        self.s, self.grid, self.rnd = secagg, grid, rnd
+        self.train = {m.metadata.dst_node_id: m for m in messages}
+        self.base = {
+            k: v for k, v in messages[0].content[keys.CONFIG].items() if k != keys.SERVER_ROUND
+        }
+        self.sent = from_record(messages[0].content[ARRAYS])
+        self.size = 1 + sum(a.size for a in self.sent.values())
+        self.book: dict[int, protocol.Advertised] = {}
+
+    def _exchange(self, phase: str, messages: list[Message], check) -> list[Message]:
+        return self.grid.exchange(phase, messages, Policy(ANY, check), self.rnd)
+
+    def run(self) -> Message:
+        self._advertise()
+        nodes = sorted(self.book)
+        seed = protocol.GRAPH.seed(int(self.base.get(SEED_KEY, 0)), round=self.rnd)
+        self.graph = protocol.neighbours(nodes, self.s.degree, seed)
+        self.t = {n: protocol.threshold(self.s.fraction, len(self.graph[n])) for n in nodes}
+        tokens = self._share()
+        masked, masked_with, replies = self._mask(tokens)
+        live, dropped = self._live(masked_with)
+        signatures = self._check(live)
+        unmasker = protocol.Unmasker(self.book, self.t)
+        shares = self._unmask(unmasker, live, dropped, signatures)
+        seeds, mask_keys = unmasker.secrets(shares, live, dropped)
+        total = unmasker.total(
+            {n: masked[n] for n in live}, {n: masked_with[n] for n in live}, seeds, mask_keys
+        )
+        return self._aggregate_reply(total, [replies[n] for n in live], len(dropped))
+
+    def _advertise(self) -> None:
+        def check(content: RecordDict, node: int) -> str | None:
+            record = content[keys.CONFIG]
+            try:
+                for name in (keys.MASK_KEYS, keys.SHARE_KEYS, keys.SIGN_KEYS):
+                    bytes_to_public_key(record[name][0])
+            except Exception:  # noqa: BLE001 - anything that is not a PEM EC public key
+                return "a public key that does not parse"
+            return None
+
+        schema = Reply(
+            {
+                keys.CONFIG: Config(
+                    {
+                        keys.ROUND: Number(self.rnd, self.rnd, whole=True),
+                        **{
+                            k: Blobs(Blob(KEY_BYTES), 1)
+                            for k in (keys.MASK_KEYS, keys.SHARE_KEYS, keys.SIGN_KEYS)
+                        },
+                    }
+                )
+            },
+            check=check,
+        )
+        replies = self.grid.exchange(
+            "secagg-keys",
+            [
+                _query(n, self.base, {keys.OP: keys.ADVERTISE, keys.ROUND: self.rnd, keys.SELF: n})
+                for n in self.train
+            ],
+            Policy(ANY, schema, claim=_key_trio),
+            self.rnd,
+        )
+        self.book = {
+            m.metadata.src_node_id: protocol.Advertised(_key_trio(m.content)) for m in replies
+        }
+
+    def _share(self) -> dict[tuple[int, int], bytes]:
+        """Step 2; the ciphertexts by (source, destination)."""
+
+        def check(content: RecordDict, node: int) -> str | None:
+            record, hood = content[keys.CONFIG], self.graph[node]
+            others = [n for n in hood if n != node]
+            if list(record[keys.DESTINATIONS]) != others:
+                return "its ciphertexts are not for its neighbours, one each, in order"
+            if len(record[keys.CIPHERTEXTS]) != len(others):
+                return "one ciphertext per neighbour expected"
+            hashes = list(record[keys.SEED_HASHES]) + list(record[keys.KEY_HASHES])
+            if len(hashes) != 2 * len(hood) or any(len(h) != 32 for h in hashes):
+                return "a SHA-256 of each share expected"
+            return None if len(record[keys.SEED_COMMITMENT]) == 32 else "no seed commitment"
+
+        schema = Reply(
+            {
+                keys.CONFIG: Config(
+                    {
+                        keys.ROUND: Number(self.rnd, self.rnd, whole=True),
+                        keys.DESTINATIONS: Numbers(Number(whole=True)),
+                        keys.CIPHERTEXTS: Blobs(Blob(TOKEN_BYTES)),
+                        keys.SEED_HASHES: Blobs(Blob(32)),
+                        keys.KEY_HASHES: Blobs(Blob(32)),
+                        keys.SEED_COMMITMENT: Blob(32),
+                    }
+                )
+            },
+            check=check,
+        )
+        messages = []
+        for node in self.book:
+            hood = self.graph[node]
+            messages.append(
+                _query(
+                    node,
+                    self.base,
+                    {
+                        keys.OP: keys.SHARE,
+                        keys.ROUND: self.rnd,
+                        keys.THRESHOLD: self.t[node],
+                        keys.IDS: hood,
+                        keys.MASK_KEYS: [self.book[n].keys[0] for n in hood],
+                        keys.SHARE_KEYS: [self.book[n].keys[1] for n in hood],
+                        keys.SIGN_KEYS: [self.book[n].keys[2] for n in hood],
+                    },
+                )
+            )
+        tokens = {}
+        shared = self._exchange("secagg-share", messages, schema)
+        for reply in shared:
+            node, record = reply.metadata.src_node_id, reply.content[keys.CONFIG]
+            entry = self.book[node]
+            entry.seed_hashes = dict(zip(self.graph[node], record[keys.SEED_HASHES]))
+            entry.key_hashes = dict(zip(self.graph[node], record[keys.KEY_HASHES]))
+            entry.seed_commitment = record[keys.SEED_COMMITMENT]
+            for dst, token in zip(record[keys.DESTINATIONS], record[keys.CIPHERTEXTS]):
+                tokens[(node, dst)] = token
+        self.shared = sorted(m.metadata.src_node_id for m in shared)
+        return tokens
+
+    def _mask(self, tokens):
+        """Step 3: the strategy's train messages to the nodes that shared, each with the
+        ciphertexts its neighbours sent it; their masked vectors, whom each masked with, and
+        their replies."""
+        levels = protocol.levels(len(self.shared))
+        self.levels = levels
+        sources = {
+            n: [m for m in self.graph[n] if m != n and (m, n) in tokens] for n in self.shared
+        }
+        messages = []
+        for node in self.shared:
+            msg = self.train[node]
+            msg.content = RecordDict(  # a strategy's messages may share one content
+                {
+                    **{name: msg.content[name] for name in msg.content.keys()},
+                    keys.CONFIG: ConfigRecord(
+                        {
+                            **msg.content[keys.CONFIG],
+                            keys.OP: keys.MASK,
+                            keys.ROUND: self.rnd,
+                            keys.SOURCES: sources[node],
+                            keys.CIPHERTEXTS: [tokens[(m, node)] for m in sources[node]],
+                            keys.CLIP: self.s.clip,
+                            keys.LEVELS: levels,
+                            keys.MAX_WEIGHT: self.s.max_weight,
+                            keys.WEIGHT_KEY: self.s.weight_key,
+                        }
+                    ),
+                }
+            )
+            messages.append(msg)
+
+        def check(content: RecordDict, node: int) -> str | None:
+            record = content[keys.MASKED]
+            if list(record) != [keys.VECTOR]:
+                return f"one array {keys.VECTOR!r} expected"
+            vector = record[keys.VECTOR]
+            if str(vector.dtype) != "uint32" or list(vector.shape) != [self.size]:
+                return f"a uint32 vector of {self.size} values expected"
+            if not set(content[keys.CONFIG][keys.MASKED_WITH]) <= set(sources[node]):
+                return "it claims masks with nodes that sent it no shares"
+            return None
+
+        schema = Reply(
+            {
+                keys.MASKED: Arrays(),
+                keys.METRICS: Metrics({self.s.weight_key: Number(0, self.s.max_weight)}),
+                keys.CONFIG: Config(
+                    {
+                        keys.ROUND: Number(self.rnd, self.rnd, whole=True),
+                        keys.MASKED_WITH: Numbers(Number(whole=True)),
+                    }
+                ),
+            },
+            check=check,
+        )
+        replies = self._exchange("train", messages, schema)
+        masked = {
+            m.metadata.src_node_id: m.content[keys.MASKED][keys.VECTOR].numpy() for m in replies
+        }
+        masked_with = {
+            m.metadata.src_node_id: [int(n) for n in m.content[keys.CONFIG][keys.MASKED_WITH]]
+            for m in replies
+        }
+        self.sources = sources
+        return masked, masked_with, {m.metadata.src_node_id: m for m in replies}
+
+    def _live(self, masked_with: dict[int, list[int]]) -> tuple[list[int], list[int]]:
+        """The nodes whose inputs are summed: those that sent one, less any whose share a live
+        neighbour could not use (that neighbour left its pairwise mask out; counted malformed
+        in ``<label>/secagg-share``). The rest of those that shared are dropped."""
+        accused = {
+            src for node, kept in masked_with.items() for src in set(self.sources[node]) - set(kept)
+        }
+        if accused:
+            log.warning(
+                "secagg round %d: nodes %s sent shares a neighbour could not use; left out",
+                self.rnd,
+                sorted(accused),
+            )
+            self.grid.messenger.count(
+                f"{self.grid.label}/secagg-share", self.rnd, malformed=len(accused)
+            )
+        live = sorted(set(masked_with) - accused)
+        if not live:
+            raise protocol.Unrecoverable("no node's masked input is left to sum")
+        return live, sorted(set(self.shared) - set(live))
+
+    def _check(self, live: list[int]) -> dict[int, bytes]:
+        message = protocol.check_message(self.rnd, live)
+
+        def check(content: RecordDict, node: int) -> str | None:
+            signature = content[keys.CONFIG][keys.SIGNATURES][0]
+            public = bytes_to_public_key(self.book[node].keys[2])
+            return None if verify_signature(public, message, signature) else "a bad signature"
+
+        schema = Reply(
+            {
+                keys.CONFIG: Config(
+                    {
+                        keys.ROUND: Number(self.rnd, self.rnd, whole=True),
+                        keys.SIGNATURES: Blobs(Blob(256), 1),
+                    }
+                )
+            },
+            check=check,
+        )
+        signed = self._exchange(
+            "secagg-check",
+            [
+                _query(n, self.base, {keys.OP: keys.CHECK, keys.ROUND: self.rnd, keys.LIVE: live})
+                for n in live
+            ],
+            schema,
+        )
+        return {m.metadata.src_node_id: m.content[keys.CONFIG][keys.SIGNATURES][0] for m in signed}
+
+    def _unmask(
+        self, unmasker, live, dropped, signatures
+    ) -> dict[int, tuple[list[int], list[bytes]]]:
+        def check(content: RecordDict, node: int) -> str | None:
+            record = content[keys.CONFIG]
+            ids, shares = list(record[keys.IDS]), list(record[keys.SHARES])
+            if len(ids) != len(shares):
+                return "one share per id expected"
+            return unmasker.problem(node, ids, shares, set(live), set(dropped))
+
+        schema = Reply(
+            {
+                keys.CONFIG: Config(
+                    {
+                        keys.ROUND: Number(self.rnd, self.rnd, whole=True),
+                        keys.IDS: Numbers(Number(whole=True)),
+                        keys.SHARES: Blobs(Blob(TOKEN_BYTES)),
+                    }
+                )
+            },
+            check=check,
+        )
+        signers = sorted(signatures)
+        config = {
+            keys.OP: keys.UNMASK,
+            keys.ROUND: self.rnd,
+            keys.LIVE: live,
+            keys.DROPPED: dropped,
+            keys.IDS: signers,
+            keys.SIGNATURES: [signatures[n] for n in signers],
+        }
+        replies = self._exchange(
+            "secagg-unmask", [_query(n, self.base, config) for n in signers], schema
+        )
+        return {
+            m.metadata.src_node_id: (
+                [int(i) for i in m.content[keys.CONFIG][keys.IDS]],
+                list(m.content[keys.CONFIG][keys.SHARES]),
+            )
+            for m in replies
+        }
+
+    def _aggregate_reply(self, total: np.ndarray, replies: list[Message], dropped: int) -> Message:
+        """The strategy's one reply: the mean, weighing the live replies' weights together, their
+        metrics aggregated as FedAvg does, the round's SecAgg figures."""
+        values, weight = protocol.decode(total, len(replies), self.s.clip, self.levels)
+        if weight <= 0:
+            raise protocol.Unrecoverable("the live clients' weights sum to 0")
+        reported = sum(float(m.content[keys.METRICS][self.s.weight_key]) for m in replies)
+        # each weight is rounded to a level (half a level off at most): more is a client's lie
+        if (
+            abs(weight * self.s.max_weight - reported)
+            > len(replies) * self.s.max_weight / self.levels
+        ):
+            raise protocol.Unrecoverable(
+                f"the masked weights sum to {weight * self.s.max_weight:.6g}, the replies "
+                f"reported {reported:.6g}: a live client masked a weight it did not report"
+            )
+        mean = unflatten(values / weight, self.sent)
+        metrics = {
+            k: float(v)
+            for k, v in aggregate_metricrecords(
+                [m.content for m in replies], self.s.weight_key
+            ).items()
+            if isinstance(v, (int, float))
+        }
+        figures = {
+            self.s.weight_key: reported,
+            "secagg-live": len(replies),
+            "secagg-dropped": dropped,
+            "secagg-error-bound": protocol.error_bound(len(replies), self.s.clip, self.levels)
+            / weight,
+        }
+        self.s.rounds[self.rnd] = dict(figures)
+        out = replies[0]
+        out.content = RecordDict(
+            {ARRAYS: to_record(dict(mean)), keys.METRICS: MetricRecord({**metrics, **figures})}
+        )
+        return out
+
+
+def _key_trio(content: RecordDict) -> tuple[bytes, bytes, bytes]:
+    record = content[keys.CONFIG]
+    return tuple(record[k][0] for k in (keys.MASK_KEYS, keys.SHARE_KEYS, keys.SIGN_KEYS))

@@ -1,0 +1,175 @@
+"""``hardware.client_backend: batched``: a SuperNode's hosted clients reply as stacked rows
+(``fedsim/runtime/row_batches.py``). Real FedTP and turn-sentiment clients behind the real
+ClientApp handler (mods included), Flower's wire format between them: the results equal the
+``messages`` backend's, and a bad row is its own client's fault only."""
+
+import json
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
+from test_sharded_grid import SLICE, fedtp_round, supernodes, tampering_supernodes
+
+from conftest import data_root_override
+from fedsim.config.compose import compose
+from fedsim.privacy.plan import PrivacyPlan
+from fedsim.results.outputs import RunOutput
+from fedsim.runtime import server_app
+from fedsim.runtime.messaging import ANY, Messenger, Policy
+from fedsim.runtime.row_batches import ROWS, split_rows, stack
+from fedsim.runtime.sharded_grid import LAYOUT, SHARD, ShardedGrid
+from fedsim.runtime.validators import finite_arrays
+from fedsim_experiments.turn_sentiment import protocol as turn_sentiment
+
+N, K = 12, 3
+
+
+def reply(i: int, rows: int = 1) -> RecordDict:
+    return RecordDict(
+        {
+            "arrays": ArrayRecord({"v": Array(np.full((rows, 4), i, dtype=np.float32))}),
+            "metrics": MetricRecord({"num-examples": i, "loss": i / 3}),
+        }
+    )
+
+
+def test_replies_of_one_shape_stack_and_split_back_to_the_same_bytes():
+    contents = [reply(i) for i in range(5)] + [reply(9, rows=2)]
+    packed, single, manifest = stack(contents)
+    assert single == [] and [g["members"] for g in manifest] == [[0, 1, 2, 3, 4], [5]]
+    assert packed[f"{ROWS}/0/arrays"]["v"].shape == (5, 1, 4)
+    parts = split_rows(packed, manifest)
+    for i, content in enumerate(contents):
+        assert parts[i]["arrays"]["v"].data == content["arrays"]["v"].data  # np.save's bytes
+        assert dict(parts[i]["metrics"]) == dict(content["metrics"])
+        assert type(parts[i]["metrics"]["num-examples"]) is int
+
+
+def test_fedtp_release_and_counts_equal_the_messages_backend():
+    cfg = compose(SLICE)
+    by_message = fedtp_round(ShardedGrid(supernodes(K), N, timeout=60.0, poll=0.0), cfg)
+    raw = supernodes(K)
+    grid = ShardedGrid(raw, N, timeout=60.0, poll=0.0, reply_rows=True, balance=True)
+    by_rows = fedtp_round(grid, cfg)
+    np.testing.assert_array_equal(by_rows[0], by_message[0])
+    assert by_rows[1] == by_message[1] and by_rows[1]["accepted"] == N
+    train = [m for m in raw.received if m.metadata.message_type == MessageType.TRAIN]
+    assert len(train) == K  # one reply per SuperNode, its clients' rows in one array
+    # whatever its client count: the vectors' and the metrics' stacked records, the manifest
+    assert all(len(m.content) == 3 for m in train)
+
+
+def test_a_malformed_row_is_counted_without_dropping_its_neighbours():
+    cfg = compose([*SLICE, "faults.nan=[7, 9]", "faults.crash=[4]"])
+    grid = ShardedGrid(supernodes(K), N, timeout=60.0, poll=0.0, reply_rows=True)
+    released, faults = fedtp_round(grid, cfg)
+    assert faults == {
+        "sent": N,
+        "failed": 1,
+        "malformed": 2,
+        "timed_out": 0,
+        "accepted": N - 3,
+        "examples": N - 3,
+    }
+    expected, _ = fedtp_round(ShardedGrid(supernodes(K), N, timeout=60.0, poll=0.0), cfg)
+    np.testing.assert_array_equal(released, expected)
+
+
+def _short_group(p: int, packed: RecordDict) -> RecordDict:
+    """SuperNode 1 sends its stacked array one row short: its clients cannot be told apart."""
+    if p == 1:
+        record = packed[f"{ROWS}/0/arrays"]
+        record["w"] = Array(record["w"].numpy()[:-1])
+    return packed
+
+
+def _nan_row(p: int, packed: RecordDict) -> RecordDict:
+    """SuperNode 1 puts a NaN in its second client's row of the stacked array."""
+    if p == 1:
+        record = packed[f"{ROWS}/0/arrays"]
+        matrix = record["w"].numpy().copy()
+        matrix[1] = np.nan
+        record["w"] = Array(matrix)
+    return packed
+
+
+@pytest.mark.parametrize("tamper, malformed", [(_short_group, 4), (_nan_row, 1)])
+def test_a_bad_row_group_or_row_costs_its_own_clients_only(tamper, malformed):
+    grid = ShardedGrid(tampering_supernodes(K, tamper), N, timeout=60.0, poll=0.0, reply_rows=True)
+    replies, messenger = _probe(grid, list(grid.get_node_ids()))
+    counts = messenger.faults["probe"][1]
+    assert (counts["malformed"], counts["accepted"]) == (malformed, N - malformed)
+    for reply in replies:  # every accepted reply is its own client's row
+        assert reply.content["arrays"]["w"].numpy()[0] == reply.metadata.src_node_id - 1
+
+
+@pytest.mark.slow
+def test_turn_sentiment_fedavg_equals_the_messages_backend(tmp_path):
+    def run(backend: str) -> dict:
+        cfg = compose(
+            [
+                "experiment=turn_sentiment_fedavg",
+                data_root_override(),
+                "hardware.num_clients=40",
+                "hardware.clients_per_supernode=20",
+                f"hardware.client_backend={backend}",
+                "protocol.clients_per_round=4",
+                "num_rounds=2",
+                f"results_dir={tmp_path / backend}",
+            ]
+        )
+        batched = backend == "batched"  # rows, and each round spread over the SuperNodes by load
+        grid = ShardedGrid(
+            supernodes(2), 40, timeout=60.0, poll=0.0, reply_rows=batched, balance=batched
+        )
+        messenger = Messenger(grid, 60.0, poll_seconds=0.0, know_partitions=True)
+        server_app.seed_server(int(cfg.seed))
+        out = RunOutput(cfg.results_dir)
+        results, _ = turn_sentiment.run(messenger, cfg, out, PrivacyPlan.build(cfg, b"k" * 32))
+        return {"loss": results["loss"], "curve": results["curve"], "faults": messenger.faults}
+
+    assert run("batched") == run("messages")
+
+
+def test_whoami_asks_no_logical_client_and_forget_goes_once_per_supernode(tmp_path):
+    """The batched backend knows its clients' partitions from where it placed them (their
+    SuperNodes told theirs at the start) and removes the run's client state, one folder per
+    run and machine, with one forget per SuperNode."""
+    cfg = compose([*SLICE, f"results_dir={tmp_path}"])
+    raw = supernodes(K)
+    grid = ShardedGrid(raw, N, timeout=60.0, poll=0.0, reply_rows=True)
+    messenger = Messenger(grid, 60.0, poll_seconds=0.0, know_partitions=True)
+    assert messenger.partitions == {n: n - 1 for n in range(1, N + 1)}
+    assert messenger.faults["whoami"][1]["accepted"] == N
+    assert len(raw.received) == K  # the SuperNodes' own whoami, nothing per client
+    server_app._forget_client_state(messenger, cfg)
+    forgets = raw.received[K:]
+    assert len(forgets) == K and messenger.faults["forget"][1]["accepted"] == K
+    assert all(len(json.loads(m.content[SHARD][LAYOUT])["records"]) == 1 for m in forgets)
+
+
+def _probe(grid: ShardedGrid, nodes: list[int]) -> tuple[list[Message], Messenger]:
+    messenger = Messenger(grid, 60.0, poll_seconds=0.0)
+    messages = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in nodes]
+    return messenger.exchange("probe", messages, Policy(ANY, finite_arrays)), messenger
+
+
+def test_balanced_serving_spreads_a_round_over_the_supernodes_with_the_same_replies():
+    """Clients 0, 3, 6, 9 all live on SuperNode 0 (l mod 3): balanced, a round of them goes to
+    every SuperNode, each client's reply still its own; unbalanced, to SuperNode 0 alone."""
+    nodes = [1, 4, 7, 10]
+    for balance, batches in ((False, 1), (True, K)):
+        raw = tampering_supernodes(K, lambda p, packed: packed)
+        grid = ShardedGrid(raw, N, timeout=60.0, poll=0.0, reply_rows=True, balance=balance)
+        raw.received.clear()
+        replies, _ = _probe(grid, nodes)
+        assert len(raw.received) == batches
+        assert [r.content["arrays"]["w"].numpy()[0] for r in replies] == [0.0, 3.0, 6.0, 9.0]
+
+
+def test_balanced_serving_weighs_clients_by_their_last_examples():
+    grid = ShardedGrid(supernodes(2), 6, timeout=60.0, poll=0.0, balance=True)
+    grid.load = {1: 10.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0, 6: 6.0}
+    servers = grid.servers(list(range(1, 7)))
+    heavy = servers[1]
+    assert [n for n, host in servers.items() if host == heavy] == [1]  # 10 against 6 + 4 x 1
