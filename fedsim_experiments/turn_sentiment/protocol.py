@@ -75,7 +75,7 @@ def run(
         "rounds": int(cfg.num_rounds),
         "round_seconds": clock.seconds,
         "seconds_per_round": sum(clock.seconds) / max(len(clock.seconds), 1),
-        **{k: clock.curve[-1][k] for k in ("accuracy", "loss")},
+        **{k: v for k, v in clock.curve[-1].items() if k != "round"},
         "curve": clock.curve,
         **on_the_clock(messenger, clock.curve, cfg.protocol.target_loss),
     }

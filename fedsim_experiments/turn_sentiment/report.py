@@ -16,7 +16,15 @@ def summary(results: dict) -> str:
             "rounds",
             "seconds_per_round",
             "accuracy",
+            "balanced_accuracy",
+            "macro_f1",
             "loss",
         ],
     )
-    return f"# {results['experiment']}\n\n{table}\n"
+    curve = markdown_table(
+        results["curve"], ["round", "accuracy", "balanced_accuracy", "macro_f1", "loss"]
+    )
+    return (
+        f"# {results['experiment']}\n\n{table}\n\n"
+        f"Test metrics after each round (round 0: the initial model):\n\n{curve}\n"
+    )

@@ -20,6 +20,16 @@ from fedsim.seeding import stream
 
 UPSTREAM = "github.com/alexa/Topical-Chat (CDLA-Sharing 1.0)"
 SPLITS = ("valid_freq", "valid_rare", "test_freq", "test_rare")
+SENTIMENTS = (
+    "Curious to dive deeper",
+    "Neutral",
+    "Surprised",
+    "Happy",
+    "Sad",
+    "Disgusted",
+    "Angry",
+    "Fearful",
+)  # the sentiments a turn's writer annotated it with
 POOLS = {
     "freq": ("valid_freq", "test_freq"),
     "rare": ("valid_rare", "test_rare"),

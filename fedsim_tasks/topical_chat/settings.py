@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedsim.config.schema import TaskSettings, require
-from fedsim_tasks.topical_chat.dataset import SPLITS
+from fedsim_tasks.topical_chat.dataset import SENTIMENTS, SPLITS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,6 +27,7 @@ class TurnSentimentSettings(TaskSettings):
     test_splits: list[str]
     features: int
     hidden: int
+    classes: dict[str, list[str]]
     batch_size: int
     lr: float
 
@@ -34,6 +35,13 @@ class TurnSentimentSettings(TaskSettings):
         super().__post_init__()
         for name in ("features", "hidden", "batch_size"):
             require(getattr(self, name) >= 1, f"task.{name}", ">= 1", getattr(self, name))
+        held = sorted(s for sentiments in self.classes.values() for s in sentiments)
+        require(
+            len(self.classes) >= 2 and held == sorted(SENTIMENTS),
+            "task.classes",
+            f"2 or more classes holding each of the sentiments {list(SENTIMENTS)} exactly once",
+            self.classes,
+        )
         require(self.lr > 0, "task.lr", "> 0", self.lr)
         for key in ("train_splits", "test_splits"):
             require(
