@@ -79,12 +79,14 @@ class Bars:
 LOG_LEVELS = ("debug", "info")  # logging.level: debug shows the lines of NOISE too
 # Lines every run prints that say nothing about it: Flower's dump of a strategy's ConfigRecords (the
 # whole task config, ~1,000 characters), its warning about a default the run does not use (fedsim
-# sizes the federation), and Ray's tip about a variable fedsim does not set (with its source line).
+# sizes the federation), its warning that federated evaluation is skipped (fedsim evaluates on
+# the server or in its own exchanges), and Ray's tip about a variable fedsim does not set (with its source line).
 NOISE = re.compile(
     r"ConfigRecord \((train|evaluate)\): "
     r"|Since flwr 1\.32, default simulated SuperNodes changed"
     r"|To change federation size, use the following command"
     r"|flwr federation simulation-config "
+    r"|fraction_evaluate is set to 0\.0\. Federated evaluation will be skipped"
     r"|FutureWarning: Tip: In future versions of Ray"
     r"|^\s*warnings\.warn\($"
 )

@@ -24,6 +24,7 @@ FLOWER_NOISE = [
     "\x1b[92mINFO \x1b[0m:      \tflwr federation simulation-config @none/default <superlink> --num-supernodes <N>",
     "/x/ray/_private/worker.py:2051: FutureWarning: Tip: In future versions of Ray, Ray will no longer",
     "  warnings.warn(",
+    "\x1b[93mWARNING \x1b[0m:   fraction_evaluate is set to 0.0. Federated evaluation will be skipped.",
 ]
 KEPT = ["INFO fedsim: results -> /tmp/out", "\x1b[92mINFO \x1b[0m:      [ROUND 1/3]"]
 

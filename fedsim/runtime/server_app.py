@@ -327,7 +327,10 @@ def _run(
             **({"ray_nodes": messenger.ray_nodes} if messenger.ray_nodes else {}),
             **(origin or {}),
         }
-        summary = f"{summary.rstrip()}\n\n{provenance.section(results['provenance'])}\n"
+        body, summary = (
+            summary,
+            f"{summary.rstrip()}\n\n{provenance.section(results['provenance'])}\n",
+        )
         out.write_results(results, summary)
         sinks.finish(
             headline(results, typed_sweep(cfg.sweep)),
@@ -336,7 +339,9 @@ def _run(
             summary,
             out.files(),
         )
-        print(summary, flush=True)
+        # the terminal gets no provenance: the launcher stamps the commit and command into
+        # summary.md after the run, so a section printed here would read "(no git checkout)"
+        print(f"{body.rstrip()}\n\nProvenance: summary.md\n", flush=True)
         _forget_client_state(messenger, cfg)
         if audit:
             audit.enforce()  # a measured epsilon above the reported one fails the run, results written
