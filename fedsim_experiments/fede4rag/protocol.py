@@ -260,7 +260,7 @@ def matched_lr(ctx: Context, match: DictConfig | None) -> dict[int, dict]:
     gradient's size, so over the same steps the update, and to first order what the LoRA pairs
     add (``B @ A``), scales with ``lr``: the control then moves each round as far from the global
     model it received as ``method``'s clients did, with no KD. What it reached is in its own
-    ``rounds`` (``delta-update-norm``) beside ``lr_by_round``. None: no schedule."""
+    ``rounds`` (``delta-update-norm``) beside ``lr_by_round``. No match: no schedule ({})."""
     if not match:
         return {}
     target, reference = (ctx.finished[match[k]]["rounds"] for k in ("method", "reference"))
