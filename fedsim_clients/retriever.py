@@ -35,6 +35,7 @@ from fedsim_tasks.financebench_rag.dataset import (
     client_documents,
     load_documents,
     load_pages,
+    question_texts,
     title,
 )
 from fedsim_tasks.financebench_rag.inference import cached_encoder
@@ -42,6 +43,7 @@ from fedsim_tasks.financebench_rag.pseudo_queries import (
     LLMQueryGenerator,
     header_pairs,
     inverse_cloze_pairs,
+    line_item_pairs,
     single_page_segments,
 )
 from fedsim_tasks.financebench_rag.retrieval import (
@@ -107,6 +109,10 @@ class RetrieverClient(ClientHandler):
                 found = generator.pairs(texts, pq["chunk_size"], pq["chunk_overlap"])
             elif construction == "headers":
                 found = header_pairs(texts, pq["chunk_size"], pq["min_query_words"], seed)
+            elif construction == "line_item_questions":
+                found = line_item_pairs(
+                    texts, *self._company_year(doc), question_texts(self.data_root)
+                )
             else:
                 found = inverse_cloze_pairs(
                     texts,
@@ -126,6 +132,10 @@ class RetrieverClient(ClientHandler):
                 for q, positive in found
             ]
         return pairs
+
+    def _company_year(self, doc: str) -> tuple[str, int]:
+        row = next(d for d in load_documents(self.data_root) if d["doc_name"] == doc)
+        return row["company"], row["doc_period"]
 
     @cached_property
     def pairs(self) -> list[tuple[str, str]]:

@@ -12,6 +12,7 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
+from flwr.app import MessageType
 from flwr_datasets.partitioner import NaturalIdPartitioner
 from omegaconf import OmegaConf
 from test_determinism import serve
@@ -42,6 +43,12 @@ from fedsim_tasks.test_causal_lm import encoder_dir  # noqa: F401 (fixture: the 
 DATA = data_root_override()
 
 COMPANIES = ["AES Corporation", "Boeing"]  # 3 and 8 of FinanceBench's questions
+ANCHORED = {  # the anchoring control: FedAvg at the lr that moves it as far as FedE4RAG each round
+    "run": "fedsim_experiments.fede4rag.protocol.federated",
+    "kd_weight": 0.0,
+    "he": False,
+    "match_update_norm": {"method": "fede4rag_no_he", "reference": "fedavg"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +72,7 @@ def run(encoder_dir, tmp_path_factory):  # noqa: F811 (the imported fixture)
             "protocol.eval_backend=torch",
             "protocol.eval_pages_per_message=4096",
             "hardware.num_cpus=1",
+            "protocol.eval_every_round=true",
         ]
     )
     sent = []
@@ -81,6 +89,7 @@ def run(encoder_dir, tmp_path_factory):  # noqa: F811 (the imported fixture)
         name: fede4rag.train_and_evaluate(ctx, name, cfg.protocol.methods[name])
         for name in ("fedavg", "local_only", "persistent_no_kd", "fede4rag_no_he")
     }
+    methods["anchored"] = fede4rag.train_and_evaluate(ctx, "anchored", OmegaConf.create(ANCHORED))
     grid.keep_replies = True  # the last round's replies, which the product average averages
     product = fede4rag.federated(
         ctx,
@@ -94,7 +103,7 @@ def run(encoder_dir, tmp_path_factory):  # noqa: F811 (the imported fixture)
     )
     last = [
         (from_record(m.content[keys.ARRAYS]), float(m.content[keys.METRICS][keys.NUM_EXAMPLES]))
-        for m in grid.received[-2:]
+        for m in [m for m in grid.received if m.metadata.message_type == MessageType.TRAIN][-2:]
     ]
     return cfg, methods | {"product": {"global": from_record(product.arrays), "last": last}}, sent
 
@@ -166,6 +175,77 @@ def test_fede4rag_logs_the_kd_gradient_ratio_and_the_distance_to_the_global_mode
     assert methods["fedavg"]["rounds"][1]["update-norm"] > 0
 
 
+def test_the_anchoring_control_moves_each_round_as_far_as_fede4rag(run):
+    """Its lr each round is protocol.lr x FedE4RAG's delta-update-norm over FedAvg's (what its
+    clients were sent), and what its clients then add moves as far from the global model they
+    received as FedE4RAG's did, with no KD: AdamW's step scales with the lr (here to 1%)."""
+    cfg, methods, sent = run
+    lr, rounds = cfg.protocol.lr, {n: methods[n]["rounds"] for n in ("fedavg", "fede4rag_no_he")}
+    target = {r: rounds["fede4rag_no_he"][r]["delta-update-norm"] for r in (1, 2)}
+    ratio = {r: target[r] / rounds["fedavg"][r]["delta-update-norm"] for r in (1, 2)}
+    assert methods["anchored"]["lr_by_round"] == pytest.approx({r: lr * ratio[r] for r in (1, 2)})
+    assert ratio[2] != pytest.approx(
+        1.0, abs=0.1
+    )  # FedE4RAG's own retrievers drift: a change of lr
+    got = [
+        (p, c[keys.SERVER_ROUND], c[keys.LR], c[keys.KD_WEIGHT])
+        for p, c in _trained(sent, "anchored")
+    ]
+    assert sorted(got) == sorted(
+        (p, r, pytest.approx(lr * ratio[r]), 0.0) for p in (0, 1) for r in (1, 2)
+    )
+    moved = {r: methods["anchored"]["rounds"][r]["delta-update-norm"] for r in (1, 2)}
+    assert moved == pytest.approx(target, rel=0.01)
+
+
+def test_every_federated_arm_is_evaluated_after_every_round(run):
+    """The last round's evaluation is the final one (the same global model); round 1's is
+    another model's."""
+    cfg, methods, sent = run
+    for name in ("fedavg", "persistent_no_kd", "fede4rag_no_he", "anchored"):
+        by_round = methods[name]["by_round"]
+        assert sorted(by_round) == [1, 2], name
+        assert by_round[2]["valid"] == pytest.approx(
+            {m: methods[name]["valid"][m] for m in by_round[2]["valid"]}
+        )
+        assert set(by_round[1]) == {"valid", "test"}
+    assert "by_round" not in methods["local_only"]  # no global model
+    assert list(report.trajectories({"methods": methods})["fedavg"]) == [1, 2]
+
+
+def test_an_anchoring_control_names_arms_run_before_it():
+    base = [
+        "experiment=fede4rag_paper",
+        "+protocol.methods.anchored.run=fedsim_experiments.fede4rag.protocol.federated",
+        "+protocol.methods.anchored.kd_weight=0.0",
+        "+protocol.methods.anchored.he=false",
+    ]
+    check(
+        compose(
+            [
+                *base,
+                "+protocol.methods.anchored.match_update_norm={method: fede4rag_no_he, reference: fedavg}",
+            ]
+        )
+    )
+    for match, key in (
+        ("{method: fede4rag, reference: fedavg}", "method"),  # under HE: no update seen
+        ("{method: fede4rag_no_he, reference: nothing}", "reference"),
+        ("{method: fede4rag_no_he}", "method"),
+    ):
+        with pytest.raises(ValueError, match=rf"match_update_norm\.{key}=.* must name a plaintext"):
+            check(compose([*base, f"+protocol.methods.anchored.match_update_norm={match}"]))
+    with pytest.raises(ValueError, match=r"match_update_norm\.method='fede4rag_no_he' must name"):
+        check(
+            compose(
+                [
+                    "experiment=fede4rag_paper",
+                    "+protocol.methods.fedavg.match_update_norm={method: fede4rag_no_he, reference: persistent_no_kd}",
+                ]
+            )
+        )
+
+
 def test_each_company_is_scored_on_its_own_and_the_others_questions(run):
     cfg, methods, sent = run
     for name in ("fedavg", "local_only", "fede4rag_no_he"):
@@ -227,6 +307,8 @@ def test_the_summary_tables_every_arm(run, tmp_path):
     assert "| local_only | valid | own |" in text and "| local_only | test |" in text
     assert "kd-grad-ratio" in text and "| fede4rag_no_he | 2 |" in text
     assert (tmp_path / "retrieval_by_method.png").is_file()
+    assert "| fedavg | valid | " in text.split("## NDCG@10 of the global model after each round")[1]
+    assert (tmp_path / "ndcg_by_round.png").is_file()
 
 
 def test_a_wrong_arm_is_refused_before_the_run():

@@ -15,6 +15,14 @@ from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.records import from_record, to_record
 from fedsim_clients import fede4rag_messages as keys
 from fedsim_clients.retriever import RetrieverClient
+from fedsim_tasks.financebench_rag.dataset import (
+    load_pages,
+    load_questions,
+    page_id,
+    question_texts,
+    title,
+)
+from fedsim_tasks.financebench_rag.pseudo_queries import normalized
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +105,32 @@ def test_messages_on_one_client_train_as_fresh_clients(cfg, monkeypatch):
     assert len(trainer_passes) == 4  # one per message
     assert all(frozen > 10 * scanned for frozen, scanned in trainer_passes), trainer_passes
     assert gc.get_freeze_count() == 0
+
+
+def test_a_nodes_line_item_pairs_hold_no_evaluation_question_over_its_pages(cfg):
+    """Boeing's node with ``line_item_questions``: every query is a template question on one
+    of its statement lines, every positive one of its pages as the corpus holds it (titled);
+    its pages include its evaluation questions' evidence pages, yet no query, nor any
+    (query, page) pair, is one of the 150 questions'."""
+    task = OmegaConf.to_container(cfg.task, resolve=True)
+    task["pages_per_client"] = None
+    task["pseudo_queries"]["construction"] = "line_item_questions"
+    client = RetrieverClient(task, cfg.data_root, 1, 2)
+    assert client.documents and all(d.startswith("BOEING_") for d in client.documents)
+    page_of = {
+        f"{title(cfg.data_root, doc)}\n{text}": page_id(doc, i)
+        for doc in client.documents
+        for i, text in enumerate(load_pages(cfg.data_root, doc))
+    }
+    pairs = [
+        (normalized(query.partition(": ")[2]), page_of[positive])
+        for query, positive in client.pairs
+    ]
+    assert len(pairs) > 1000 and all(q.startswith("what was boeing's ") for q, _ in pairs)
+    questions = [q for q in load_questions(cfg.data_root) if q.company == "Boeing"]
+    evidence = {page for q in questions for page in q.evidence}
+    assert evidence & {page for _, page in pairs}  # the evidence pages do train
+    asked = {
+        (normalized(q.text), page) for q in load_questions(cfg.data_root) for page in q.evidence
+    }
+    assert not {q for q, _ in pairs} & question_texts(cfg.data_root) and not set(pairs) & asked

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig
 
@@ -45,6 +45,7 @@ from fedsim_experiments.fede4rag import report
 from fedsim_experiments.fede4rag.settings import scored, splits
 from fedsim_strategies.client_spread import ClientSpread, model_spread
 from fedsim_strategies.lora_product import LoraProductAvg
+from fedsim_strategies.round_config import RoundConfig
 from fedsim_tasks.financebench_rag.dataset import client_documents
 from fedsim_tasks.financebench_rag.retrieval import METRICS, weights_key
 
@@ -98,12 +99,13 @@ def train_and_evaluate(ctx: Context, name: str, spec: DictConfig) -> dict:
         ),
         time.perf_counter() - start,
     )
-    return {
+    ctx.finished[name] = {
         **scores,
         "train_seconds": train_s,
         "eval_seconds": time.perf_counter() - start - train_s,
         **trained.details,
     }
+    return ctx.finished[name]
 
 
 def context(messenger: Messenger, cfg: DictConfig, plan: PrivacyPlan) -> Context:
@@ -222,10 +224,17 @@ def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
             name, keys.FROM_ARRAYS, spec.kd_weight, ctx.cfg.protocol.local_steps, threads, local
         )
     )
+    schedule = matched_lr(ctx, spec.get("match_update_norm"))
+    every_round = _every_round(ctx, name) if ctx.cfg.protocol.eval_every_round else None
     start = time.perf_counter()
     reply = keys.train_reply(_initial(ctx), ctx.pairs, ctx.cfg.protocol.strategy_slot.loss_key)
-    result = ClientSpread(strategy).start(
-        ctx.grid(name, Policy(ANY, reply)), _initial(ctx), rounds, ctx.cfg.round_timeout, config
+    result = RoundConfig(ClientSpread(strategy), schedule).start(
+        ctx.grid(name, Policy(ANY, reply)),
+        _initial(ctx),
+        rounds,
+        ctx.cfg.round_timeout,
+        config,
+        evaluate_fn=every_round,
     )
     seconds = (time.perf_counter() - start) / rounds
     traffic = [ctx.messenger.round_traffic(f"{name}/train", r) for r in range(1, rounds + 1)]
@@ -233,12 +242,61 @@ def federated(ctx: Context, name: str, spec: DictConfig) -> Trained:
         {"round-seconds": seconds, "bytes-up-per-client": t["bytes_up"] / t["messages"]}
         for t in traffic
     ]
-    return Trained(
-        keys.FROM_ARRAYS,
-        {"steps": ctx.budget, "rounds": _round_metrics(result)},
-        result.arrays,
-        local=local,
-    )
+    details = {"steps": ctx.budget, "rounds": _round_metrics(result)}
+    if schedule:
+        details["lr_by_round"] = {r: v[keys.LR] for r, v in schedule.items()}
+    if every_round:
+        details["by_round"] = {
+            r: _nested(m) for r, m in sorted(result.evaluate_metrics_serverapp.items())
+        }
+    return Trained(keys.FROM_ARRAYS, details, result.arrays, local=local)
+
+
+def matched_lr(ctx: Context, match: DictConfig | None) -> dict[int, dict]:
+    """The anchoring control's learning rate per round (``match_update_norm: {method,
+    reference}``): ``protocol.lr`` times ``method``'s per-round ``delta-update-norm`` over
+    ``reference``'s, both run before it in this run, ``reference`` being this method at
+    ``protocol.lr`` (FedAvg). AdamW moves each weight by about ``lr`` per step whatever the
+    gradient's size, so over the same steps the update, and to first order what the LoRA pairs
+    add (``B @ A``), scales with ``lr``: the control then moves each round as far from the global
+    model it received as ``method``'s clients did, with no KD. What it reached is in its own
+    ``rounds`` (``delta-update-norm``) beside ``lr_by_round``. No match: no schedule ({})."""
+    if not match:
+        return {}
+    target, reference = (ctx.finished[match[k]]["rounds"] for k in ("method", "reference"))
+    lr = float(ctx.cfg.protocol.lr)
+    return {
+        r: {keys.LR: lr * target[r]["delta-update-norm"] / reference[r]["delta-update-norm"]}
+        for r in sorted(target)
+    }
+
+
+def _every_round(ctx: Context, name: str) -> Callable[[int, ArrayRecord], MetricRecord | None]:
+    """Flower's server-side ``evaluate_fn``: after each round the global model is evaluated as
+    the method's final one is (on the evaluator, every split), ``<split>/<metric>`` flat; not
+    before the first (that is ``vanilla``). The last round's corpus encoding is the final
+    evaluation's (the embedding store is keyed by the weights)."""
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        if server_round == 0:
+            return None
+        scores = _evaluate(
+            ctx, f"{name}/round-{server_round}", Trained(keys.FROM_ARRAYS, {}, arrays)
+        )
+        return MetricRecord(
+            {f"{split}/{m}": scores[split][m] for split in scored(ctx.cfg) for m in METRICS}
+        )
+
+    return evaluate
+
+
+def _nested(metrics) -> dict:
+    """``<split>/<metric>`` flat metrics as ``{split: {metric: value}}``."""
+    out: dict = {}
+    for key, value in metrics.items():
+        split, _, metric = key.rpartition("/")
+        out.setdefault(split, {})[metric] = float(value)
+    return out
 
 
 def local_only(ctx: Context, name: str, spec: DictConfig) -> Trained:
@@ -525,6 +583,7 @@ class Context(RunContext):
 
     budget: int
     initial: ArrayRecord | None = None  # the clients' common initial weights (plain FedAvg)
+    finished: dict = field(default_factory=dict)  # method -> its results, as each one ends
     cost: dict = field(
         default_factory=dict
     )  # method -> its rounds' costs, filled by federated runs

@@ -81,6 +81,11 @@ def summary(r: dict, out: RunOutput) -> str:
             "lora_aggregation=product's, leave as it is), kd-grad-ratio = |grad KD x weight| / "
             "|grad InfoNCE| at the round's last step\n" + markdown_table(drift, list(drift[0]))
         )
+    if trajectory := _trajectory_rows(r):
+        tables.append(
+            "## NDCG@10 of the global model after each round (round 0: the untrained encoder)\n"
+            + markdown_table(trajectory, list(trajectory[0]))
+        )
     cost = [{"method": k, **v} for k, v in r["round_cost"].items()]
     if cost:
         tables.append(
@@ -98,6 +103,7 @@ def summary(r: dict, out: RunOutput) -> str:
             )
         )
     plot(r, out)
+    trajectory_plot(r, out)
     return (
         f"# FedE4RAG on FinanceBench\n\nBudget: {r['budget_steps']} optimizer steps per "
         f"trained method.\n\n" + "\n\n".join(tables) + "\n"
@@ -152,6 +158,41 @@ def _drift_rows(r: dict) -> list[dict]:
         for name, m in r["methods"].items()
         for rnd, stats in sorted(m.get("rounds", {}).items())
     ]
+
+
+def trajectories(r: dict, split: str = "valid", metric: str = "ndcg@10") -> dict[str, dict]:
+    """Each method evaluated after every round (``by_round``): round -> its ``split`` ``metric``,
+    round 0 the untrained encoder's where ``vanilla`` ran (every method starts from it)."""
+    start = r["methods"].get("vanilla", {}).get(split, {}).get(metric)
+    return {
+        name: ({0: start} if start is not None else {})
+        | {int(k): v[split][metric] for k, v in m["by_round"].items() if split in v}
+        for name, m in r["methods"].items()
+        if m.get("by_round")
+    }
+
+
+def _trajectory_rows(r: dict) -> list[dict]:
+    return [
+        {"method": name, "split": split} | {f"round {k}": f"{v:.4f}" for k, v in sorted(t.items())}
+        for split in _labels(r)
+        for name, t in trajectories(r, split).items()
+    ]
+
+
+def trajectory_plot(r: dict, out: RunOutput) -> None:
+    lines = trajectories(r)
+    if not lines:
+        return
+    fig, ax, save = out.figure("ndcg_by_round")
+    for name, t in lines.items():
+        rounds = sorted(t)
+        ax.plot(rounds, [t[k] for k in rounds], marker="o", label=name)
+    ax.set_xlabel("federated round (0: the untrained encoder)")
+    ax.set_ylabel("validation NDCG@10 of the global model (0 to 1)")
+    ax.set_title("FinanceBench retrieval after each round")
+    ax.legend(fontsize=7)
+    save()
 
 
 def plot(r: dict, out: RunOutput) -> None:

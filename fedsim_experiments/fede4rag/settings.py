@@ -5,6 +5,7 @@ checked before a run, and what an evaluation scores under them. The protocol tha
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,9 @@ class FedE4RAGProtocol(Protocol):
     eval_per_client: (
         bool  # also score each client's questions within its own filings (own / others / global)
     )
+    eval_every_round: (
+        bool  # also evaluate a plaintext federated method's global model after every round
+    )
     methods: dict[str, Any]
     """name -> {run: runner function, ...its settings}, in run order; null leaves a method out"""
 
@@ -57,10 +61,35 @@ class FedE4RAGProtocol(Protocol):
                     f"protocol.methods.{name} (local_only) has no global model: only its "
                     f"companies' own retrievers can be evaluated, so it needs protocol.eval_local=true"
                 )
+            if spec and spec.get("match_update_norm"):
+                self._check_match(name, spec)
             if spec and spec.get("lora_aggregation", "factors") not in LORA_AGGREGATIONS:
                 raise ValueError(
                     f"protocol.methods.{name}.lora_aggregation={spec.get('lora_aggregation')!r} "
                     f"is not one of {LORA_AGGREGATIONS}"
+                )
+
+    def _check_match(self, name: str, spec) -> None:
+        """An anchoring control's ``match_update_norm: {method, reference}``: both plaintext
+        federated methods that run before it (their rounds' update norms set its learning rate),
+        and it plaintext too (under HE the server sees no update)."""
+        match = spec["match_update_norm"]
+        order = [n for n, s in self.methods.items() if s]
+        before = order[: order.index(name)]
+        named = isinstance(match, Mapping) and set(match) == {"method", "reference"}
+        for key in ("method", "reference"):
+            other = match[key] if named else None
+            runs = self.methods[other] if other in before else None
+            if (
+                spec.get("he")
+                or runs is None
+                or not str(runs.get("run", "")).endswith(".federated")
+                or runs.get("he")
+            ):
+                raise ValueError(
+                    f"protocol.methods.{name}.match_update_norm.{key}={other!r} must name a "
+                    f"plaintext federated method run before {name} (match_update_norm takes "
+                    f"method and reference; {name} itself plaintext)"
                 )
 
     def check_run(self, cfg: DictConfig, clients: int | None) -> None:

@@ -85,6 +85,15 @@ def load_questions(root: str) -> tuple[Question, ...]:
     )
 
 
+@lru_cache(maxsize=4)
+def question_texts(root: str) -> frozenset[str]:
+    """Every FinanceBench question's text, normalized, whichever split holds it: what a pair
+    builder must never train on."""
+    from fedsim_tasks.financebench_rag.pseudo_queries import normalized
+
+    return frozenset(normalized(q.text) for q in load_questions(root))
+
+
 QUESTION_SPLIT = stream("question-split")  # of the split seed
 
 

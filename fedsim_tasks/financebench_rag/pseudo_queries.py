@@ -5,8 +5,11 @@ chunk without it is the positive, so the pair needs no labeller. 10-K boilerplat
 a company's filings, so ``unique_inverse_cloze`` only takes a segment that occurs whole on one
 page of the client's filings (else the filing title is all that tells the pairs apart).
 ``headers`` asks template questions about the section headers and table captions the page text
-exposes (Title Case lines), the text below as the positive. An LLM generator (any transformers
-text-generation model) is the option for users who have one.
+exposes (Title Case lines), the text below as the positive. ``line_item_questions`` asks a
+template question for each line item of the statement tables on a page ("What was Boeing's total
+revenues in FY2022?"), the page itself as the positive, as FinanceBench's metric questions ask for
+a statement line of a company and year. An LLM generator (any transformers text-generation model)
+is the option for users who have one; none loads offline, so the templates are the stand-in.
 """
 
 from __future__ import annotations
@@ -26,6 +29,16 @@ SECTION_QUESTIONS = (
 TABLE_QUESTIONS = (
     "What figures does the {h} table show?",
     "What were the amounts reported for {h}?",
+)
+LINE_ITEM_QUESTION = "What was {company}'s {item} in FY{year}?"
+_YEAR = re.compile(r"^(19|20)\d\d$")
+_LETTER = re.compile(r"[A-Za-z]")
+# an amount (1.25, 55,893, $9, (43)), not a page number
+_AMOUNT = re.compile(r"\d[\d,]*\.\d|\d,\d{3}|[$(]\s*\d")
+_STATEMENT = re.compile(
+    r"(statements?|summary) of (consolidated )?(operations|income|earnings|cash flows|"
+    r"financial (position|condition)|comprehensive|(changes in )?\w+ equity)|balance sheets?",
+    re.IGNORECASE,
 )
 
 
@@ -138,6 +151,55 @@ def header_pairs(
             templates = TABLE_QUESTIONS if numeric >= 3 else SECTION_QUESTIONS
             pairs.append((rng.choice(templates).format(h=line), below))
     return pairs
+
+
+def statement_lines(page: str, min_items: int = 5, max_words: int = 12) -> list[str]:
+    """The line items of a financial statement's table as a page's PDF text shows it, in page
+    order, each once. The page names a statement (``Consolidated Statements of Operations``,
+    ``Balance Sheets``, ...); a line item is a label line (letters, at most ``max_words`` words,
+    not a sentence ending in a full stop) directly followed by a figure line (``$55,893``,
+    ``(4,187)``; a bare year is a column header). A page with fewer than ``min_items`` labels
+    over amounts (a separator, a sign or a decimal: not a table of contents' page numbers) is no
+    statement table: []."""
+    if not _STATEMENT.search(page):
+        return []
+    lines = [line.strip() for line in page.split("\n") if line.strip()]
+    found = [
+        (label.rstrip(" ,:;"), below)
+        for label, below in zip(lines, lines[1:])
+        if _LETTER.search(label)
+        and not _NUMBER_LINE.match(label)
+        and len(label.split()) <= max_words
+        and not label.endswith(".")
+        and _NUMBER_LINE.match(below)
+        and not _YEAR.match(below)
+    ]
+    if sum(bool(_AMOUNT.search(below)) for _, below in found) < min_items:
+        return []
+    return list(dict.fromkeys(label for label, _ in found if label))
+
+
+def line_item_question(company: str, item: str, year: int | str) -> str:
+    """The template question for one statement line: its label lower-cased unless an acronym
+    leads it (``EBITDA`` stays)."""
+    if len(item) > 1 and not item[1].isupper():
+        item = item[0].lower() + item[1:]
+    return LINE_ITEM_QUESTION.format(company=company, item=item, year=year)
+
+
+def line_item_pairs(
+    pages: list[str], company: str, year: int | str, exclude: frozenset[str] = frozenset()
+) -> list[tuple[str, str]]:
+    """(template question on a statement line, the page it is on) for every line item of every
+    statement-table page of one filing (``company``, fiscal ``year``). A question whose
+    normalized text is in ``exclude`` (the evaluation questions) is dropped, so no evaluation
+    question, nor any (evaluation question, page) pair, ever trains."""
+    return [
+        (question, page)
+        for page in pages
+        for item in statement_lines(page)
+        if normalized(question := line_item_question(company, item, year)) not in exclude
+    ]
 
 
 class LLMQueryGenerator:

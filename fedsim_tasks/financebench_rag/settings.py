@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from fedsim.config.schema import TaskSettings, require
 
-CONSTRUCTIONS = ("inverse_cloze", "unique_inverse_cloze", "headers")  # pseudo_queries.py
+# pseudo_queries.py
+CONSTRUCTIONS = ("inverse_cloze", "unique_inverse_cloze", "headers", "line_item_questions")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,9 +18,11 @@ from fedsim_tasks.financebench_rag.pseudo_queries import (
     header_pairs,
     inverse_cloze_pair,
     inverse_cloze_pairs,
+    line_item_pairs,
     normalized,
     segments,
     single_page_segments,
+    statement_lines,
 )
 from fedsim_tasks.financebench_rag.retrieval import (
     EmbeddingStore,
@@ -159,6 +161,50 @@ def test_header_queries_are_questions_about_a_header_over_its_text():
     assert any("Results of Operations" in q or "Net Revenue" in q for q in headers), sorted(
         headers
     )[:20]
+
+
+def test_line_item_questions_ask_for_a_statements_lines_over_its_page():
+    pages = fb.load_pages(ROOT, "BOEING_2022_10K")
+    operations = statement_lines(pages[54])  # Consolidated Statements of Operations
+    assert operations[:3] == ["Sales of products", "Sales of services", "Total revenues"]
+    assert {"Research and development expense, net", "Net loss", "Diluted loss per share"} <= set(
+        operations
+    )
+    assert "Years ended December 31" not in operations  # over the years: a column header
+    assert statement_lines(pages[53]) == []  # the statements' index: labels over page numbers
+    assert statement_lines(pages[45]) == []  # prose that names a statement
+    pairs = line_item_pairs(list(pages), "Boeing", 2022)
+    assert ("What was Boeing's total revenues in FY2022?", pages[54]) in pairs
+    assert len(pairs) > 100 and {p for _, p in pairs} <= set(pages)
+    assert all(q.startswith("What was Boeing's ") and q.endswith(" in FY2022?") for q, _ in pairs)
+
+
+def test_an_evaluation_question_never_trains_as_a_line_item_question():
+    """The builder drops a question the evaluation holds (planted: one of its own questions
+    turned into an evaluation question), and on FinanceBench's filings no line-item question,
+    nor any (question, page) pair, is one of the 150 questions' (with its evidence pages)."""
+    pages = list(fb.load_pages(ROOT, "BOEING_2022_10K"))
+    planted = normalized("What was Boeing's  total revenues in FY2022?")
+    assert ("What was Boeing's total revenues in FY2022?", pages[54]) not in line_item_pairs(
+        pages, "Boeing", 2022, frozenset({planted})
+    )
+    evaluation = fb.load_questions(ROOT)
+    texts = fb.question_texts(ROOT)
+    assert texts == {normalized(q.text) for q in evaluation} and len(texts) == 150
+    asked = {(normalized(q.text), page) for q in evaluation for page in q.evidence}
+    cited = sorted({page.split("#")[0] for q in evaluation for page in q.evidence})
+    docs = {d["doc_name"]: d for d in fb.load_documents(ROOT) if d["has_pages"]}
+    trained = {
+        (normalized(question), fb.page_id(doc, i))
+        for doc in cited
+        if doc in docs
+        for i, page in enumerate(fb.load_pages(ROOT, doc))
+        for question, _ in line_item_pairs(
+            [page], docs[doc]["company"], docs[doc]["doc_period"], texts
+        )
+    }
+    assert len(trained) > 5000
+    assert not {q for q, _ in trained} & texts and not trained & asked
 
 
 def test_an_unknown_pair_construction_is_refused_before_the_run():
