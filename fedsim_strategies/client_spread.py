@@ -24,6 +24,7 @@ from flwr.serverapp.strategy import Strategy
 from fedsim.message_keys import NUM_EXAMPLES
 from fedsim.runtime.records import from_record
 from fedsim_strategies.lora_product import A_MARK, B_MARK
+from fedsim_strategies.wrapper import StrategyWrapper
 
 
 def _spread_of_blocks(blocks, weights: list[float]) -> dict[str, float]:
@@ -97,7 +98,7 @@ def factor_average_gap(
     return float(np.sqrt(gap / norm)) if norm else 0.0
 
 
-class ClientSpread(Strategy):
+class ClientSpread(StrategyWrapper):
     """``strategy`` as it is, plus :func:`model_spread` of the round's valid replies in its train
     metrics. The spread is taken before the wrapped strategy aggregates, and from a copy of the
     weights sent: Flower's QFedAvg and Bulyan read records with ``keep_input=False``, which
@@ -106,9 +107,6 @@ class ClientSpread(Strategy):
     def __init__(self, strategy: Strategy):
         self.strategy = strategy
         self.sent: dict[str, np.ndarray] | None = None
-
-    def summary(self) -> None:
-        self.strategy.summary()
 
     def configure_train(self, server_round, arrays, config, grid):
         self.sent = from_record(arrays)  # fresh arrays: what QFedAvg empties is the record
@@ -132,9 +130,3 @@ class ClientSpread(Strategy):
         return model_spread(
             [from_record(next(iter(c.array_records.values()))) for c in valid], weights, self.sent
         )
-
-    def configure_evaluate(self, server_round, arrays, config, grid):
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
-
-    def aggregate_evaluate(self, server_round, replies):
-        return self.strategy.aggregate_evaluate(server_round, replies)

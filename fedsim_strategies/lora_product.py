@@ -20,6 +20,7 @@ from flwr.serverapp.strategy import Strategy
 
 from fedsim.message_keys import NUM_EXAMPLES
 from fedsim.runtime.records import from_record
+from fedsim_strategies.wrapper import StrategyWrapper
 
 A_MARK, B_MARK = "lora_A", "lora_B"
 
@@ -46,19 +47,13 @@ def product_average(
     return out
 
 
-class LoraProductAvg(Strategy):
+class LoraProductAvg(StrategyWrapper):
     """``strategy``'s aggregate with every LoRA pair replaced by :func:`product_average` of the
     round's valid replies, weighted as the wrapped strategy weights them."""
 
     def __init__(self, strategy: Strategy):
         self.strategy = strategy
         self.weighted_by_key = getattr(strategy, "weighted_by_key", NUM_EXAMPLES)
-
-    def summary(self) -> None:
-        self.strategy.summary()
-
-    def configure_train(self, server_round, arrays, config, grid):
-        return self.strategy.configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round, replies):
         replies = list(replies)
@@ -75,9 +70,3 @@ class LoraProductAvg(Strategy):
         return ArrayRecord(
             {k: Array(merged[k]) if k in merged else v for k, v in arrays.items()}
         ), metrics
-
-    def configure_evaluate(self, server_round, arrays, config, grid):
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
-
-    def aggregate_evaluate(self, server_round, replies):
-        return self.strategy.aggregate_evaluate(server_round, replies)

@@ -58,6 +58,7 @@ from fedsim.privacy.dp import (
 from fedsim.runtime.messaging import phase_grid
 from fedsim.runtime.validators import Metrics, Number
 from fedsim.seeding import derived_seed
+from fedsim_strategies.wrapper import StrategyWrapper
 
 log = logging.getLogger("fedsim")
 
@@ -127,7 +128,7 @@ def _clipped_bit(content: RecordDict, node: int) -> str | None:
     )
 
 
-class NumpyNoise(Strategy):
+class NumpyNoise(StrategyWrapper):
     """``strategy`` (a Flower DP wrapper) with its global-numpy noise and its clients' sample from
     ``noise``; its releases counted in ``spent``."""
 
@@ -141,9 +142,6 @@ class NumpyNoise(Strategy):
         )  # trains every client this wrapper samples, at the rate it asked for
         self.rate = inner.fraction_train
         inner.fraction_train, inner.min_train_nodes, inner.min_available_nodes = 1.0, 0, 0
-
-    def summary(self) -> None:
-        self.strategy.summary()
 
     def rng(self, use: int, server_round: int) -> np.random.Generator:
         """The noise source's stream for ``use`` in this phase's round ``server_round``."""
@@ -190,9 +188,3 @@ class NumpyNoise(Strategy):
                 return self.strategy.aggregate_train(server_round, replies)
         finally:
             self.strategy.num_sampled_clients = sampled
-
-    def configure_evaluate(self, server_round, arrays, config, grid):
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
-
-    def aggregate_evaluate(self, server_round, replies):
-        return self.strategy.aggregate_evaluate(server_round, replies)

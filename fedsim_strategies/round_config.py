@@ -13,26 +13,16 @@ from __future__ import annotations
 from flwr.app import ConfigRecord
 from flwr.serverapp.strategy import Strategy
 
+from fedsim_strategies.wrapper import StrategyWrapper
 
-class RoundConfig(Strategy):
+
+class RoundConfig(StrategyWrapper):
     """``strategy`` with ``schedule[round]`` (key -> value) put over the train config of that
     round; a round the schedule does not name gets the config as given."""
 
     def __init__(self, strategy: Strategy, schedule: dict[int, dict]):
         self.strategy, self.schedule = strategy, schedule
 
-    def summary(self) -> None:
-        self.strategy.summary()
-
     def configure_train(self, server_round, arrays, config, grid):
         config = ConfigRecord({**config, **self.schedule.get(server_round, {})})
         return self.strategy.configure_train(server_round, arrays, config, grid)
-
-    def aggregate_train(self, server_round, replies):
-        return self.strategy.aggregate_train(server_round, replies)
-
-    def configure_evaluate(self, server_round, arrays, config, grid):
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
-
-    def aggregate_evaluate(self, server_round, replies):
-        return self.strategy.aggregate_evaluate(server_round, replies)

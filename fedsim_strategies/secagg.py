@@ -34,6 +34,7 @@ from fedsim.runtime.he_layer import unflatten
 from fedsim.runtime.messaging import ANY, PhaseFailed, PhaseGrid, Policy, phase_grid
 from fedsim.runtime.records import from_record, to_record
 from fedsim.runtime.validators import Arrays, Blob, Blobs, Config, Metrics, Number, Numbers, Reply
+from fedsim_strategies.wrapper import StrategyWrapper
 
 log = logging.getLogger("fedsim")
 
@@ -41,7 +42,7 @@ KEY_BYTES = 1024  # a PEM EC public key (P-384: 215 bytes)
 TOKEN_BYTES = 8192  # a Fernet token of two shares (a P-384 private key's share: ~300 bytes)
 
 
-class SecAggPlus(Strategy):
+class SecAggPlus(StrategyWrapper):
     """``strategy``'s sampling and aggregation, its train replies summed under SecAgg+.
 
     ``degree``: each node's neighbours (even; null: every sampled node, SecAgg);
@@ -81,18 +82,6 @@ class SecAggPlus(Strategy):
             self.clip,
         )
         self.strategy.summary()
-
-    def configure_train(self, server_round, arrays, config, grid):
-        return self.strategy.configure_train(server_round, arrays, config, grid)
-
-    def aggregate_train(self, server_round, replies):
-        return self.strategy.aggregate_train(server_round, replies)
-
-    def configure_evaluate(self, server_round, arrays, config, grid):
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
-
-    def aggregate_evaluate(self, server_round, replies):
-        return self.strategy.aggregate_evaluate(server_round, replies)
 
     def start(
         self,
