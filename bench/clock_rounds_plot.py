@@ -1,9 +1,9 @@
 """Virtual time per round on the clock: the synchronous rounds and FedBuff's server steps of a
-sweep pair (``docs/clock.md``), from their runs' ``results.json`` (the ``clock`` block and the
+sweep over ``strategy=fedavg,fedbuff`` (``docs/clock.md``), from its runs' ``results.json`` (the ``clock`` block and the
 turn-sentiment curve), for one seed: each round's virtual duration, and the test loss against
 virtual time.
 
-    .venv/bin/python bench/clock_rounds_plot.py SYNC_SWEEP FEDBUFF_SWEEP [--seed 0] [--out docs/clock_virtual_time.png]
+    .venv/bin/python bench/clock_rounds_plot.py SWEEP [--seed 0] [--out docs/clock_virtual_time.png]
 """
 
 from __future__ import annotations
@@ -18,24 +18,24 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (after the backend)
 
 
-def run_of(sweep: Path, seed: int) -> dict:
-    """The results of the sweep's completed run of ``seed``."""
+def run_of(sweep: Path, strategy: str, seed: int) -> dict:
+    """The results of the sweep's completed run of ``strategy`` and ``seed``."""
     for run in json.loads((sweep / "sweep.json").read_text())["runs"]:
-        if run["status"] == "completed" and f"seed={seed}" in run["overrides"]:
+        wanted = {f"strategy={strategy}", f"seed={seed}"}
+        if run["status"] == "completed" and wanted <= set(run["overrides"]):
             return json.loads((sweep / run["name"] / "results.json").read_text())
-    raise SystemExit(f"{sweep}: no completed run of seed {seed}")
+    raise SystemExit(f"{sweep}: no completed run of strategy={strategy} seed={seed}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("sync", type=Path)
-    parser.add_argument("fedbuff", type=Path)
+    parser.add_argument("sweep", type=Path)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("docs/clock_virtual_time.png"))
     args = parser.parse_args()
     fig, (steps, curve) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=120)
-    for name, sweep in (("synchronous FedAvg", args.sync), ("FedBuff", args.fedbuff)):
-        results = run_of(sweep, args.seed)
+    for name, strategy in (("synchronous FedAvg", "fedavg"), ("FedBuff", "fedbuff")):
+        results = run_of(args.sweep, strategy, args.seed)
         rounds = results["clock"]["rounds"]
         steps.bar(
             [r["round"] + (0.2 if name == "FedBuff" else -0.2) for r in rounds],

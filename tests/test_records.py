@@ -1,5 +1,5 @@
 """Every number a page marks is rebuilt from its record under records/, so a page cannot drift
-from the runs behind it: README.md and docs/methods/*.md are scanned for markers, each marker's
+from the runs behind it: README.md, docs/clock.md and docs/methods/*.md are scanned for markers, each marker's
 number recomputed, and any difference at the printed precision fails.
 
 A marker is an HTML comment (invisible when rendered) right after the number it holds:
@@ -43,7 +43,11 @@ from fedsim.config.data import REPO_ROOT
 from fedsim.config.schema import typed_sweep
 from fedsim.results.comparison import compare, counted_runs, load_runs, read_config
 
-PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs" / "methods").glob("*.md"))]
+PAGES = [
+    REPO_ROOT / "README.md",
+    REPO_ROOT / "docs" / "clock.md",
+    *sorted((REPO_ROOT / "docs" / "methods").glob("*.md")),
+]
 MARKER = re.compile(r"<!--\s*record:\s*(.*?)\s*-->", re.S)
 NUMBER = re.compile(r"([+-]?)(\d[\d,]*(?:\.(\d+))?)(%?)\s*$")
 ASSIGN = re.compile(r"^([A-Za-z_]\w*)=(.*)$", re.M)
