@@ -86,7 +86,7 @@ def test_the_server_app_refuses_what_flwr_runs_config_names(planted, monkeypatch
         "'+strategy.inner={_target_: os.system, command: id}'",
     ):
         with pytest.raises(REFUSED, match=r"strategy(\.inner)?\._target_: '.*' is outside"):
-            server_app.main(None, SimpleNamespace(run_config={"overrides": overrides}))
+            server_app.main(None, SimpleNamespace(run_id=1, run_config={"overrides": overrides}))
     assert not marker.exists() and target.split(".")[0] not in sys.modules
     assert "configuration error, nothing was sent" in capsys.readouterr().err
 

@@ -12,6 +12,7 @@ Flower's FLWR_LOCAL_* variables, so that runs elsewhere on the machine are not t
   Nothing stays running.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -59,12 +60,16 @@ def superlinks(port: int) -> list[psutil.Process]:
 
 
 def stop(proc: psutil.Process) -> None:
+    """The SuperLink and its children; a child that exits with its parent first is gone already
+    (the SuperExec watches its parent's pid)."""
     tree = [proc, *proc.children(recursive=True)]
     for p in tree:
-        p.terminate()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
     gone, alive = psutil.wait_procs(tree, timeout=15)
     for p in alive:
-        p.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
 
 
 @pytest.fixture

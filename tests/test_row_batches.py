@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
-from test_sharded_grid import SLICE, fedtp_round, supernodes, tampering_supernodes
+from test_sharded_grid import fedtp_round, fedtp_slice, supernodes, tampering_supernodes
 
 from conftest import data_root_override
 from fedsim.config.compose import compose
@@ -46,7 +46,7 @@ def test_replies_of_one_shape_stack_and_split_back_to_the_same_bytes():
 
 
 def test_fedtp_release_and_counts_equal_the_messages_backend():
-    cfg = compose(SLICE)
+    cfg = compose(fedtp_slice())
     by_message = fedtp_round(ShardedGrid(supernodes(K), N, timeout=60.0, poll=0.0), cfg)
     raw = supernodes(K)
     grid = ShardedGrid(raw, N, timeout=60.0, poll=0.0, reply_rows=True, balance=True)
@@ -60,7 +60,7 @@ def test_fedtp_release_and_counts_equal_the_messages_backend():
 
 
 def test_a_malformed_row_is_counted_without_dropping_its_neighbours():
-    cfg = compose([*SLICE, "faults.nan=[7, 9]", "faults.crash=[4]"])
+    cfg = compose([*fedtp_slice(), "faults.nan=[7, 9]", "faults.crash=[4]"])
     grid = ShardedGrid(supernodes(K), N, timeout=60.0, poll=0.0, reply_rows=True)
     released, faults = fedtp_round(grid, cfg)
     assert faults == {
@@ -135,7 +135,7 @@ def test_whoami_asks_no_logical_client_and_forget_goes_once_per_supernode(tmp_pa
     """The batched backend knows its clients' partitions from where it placed them (their
     SuperNodes told theirs at the start) and removes the run's client state, one folder per
     run and machine, with one forget per SuperNode."""
-    cfg = compose([*SLICE, f"results_dir={tmp_path}"])
+    cfg = compose([*fedtp_slice(), f"results_dir={tmp_path}"])
     raw = supernodes(K)
     grid = ShardedGrid(raw, N, timeout=60.0, poll=0.0, reply_rows=True)
     messenger = Messenger(grid, 60.0, poll_seconds=0.0, know_partitions=True)

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord
-from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 from test_e2e_simulation import TINY
 
 from conftest import fedsim_run
 from fedsim.config.compose import REFUSED, compose_checked
+from fedsim.flower.strategies import log_strategy_start_info
 from fedsim.progress import Quiet
 from fedsim.run.launcher import _Results, run_log
 
