@@ -32,24 +32,13 @@ import torch
 from transformers import BertConfig, BertModel
 
 from fedsim.config.data import resolve_data_root
-from fedsim.privacy.audit import AuditReport, Bound, audit_release, fair_coins
+from fedsim.privacy.audit import BOUND_COLUMNS, AuditReport, Bound, audit_release, fair_coins
 from fedsim.results.outputs import markdown_table
 from fedsim_tasks.causal_lm import load_policy, load_tokenizer, prepare_base, sft_train
 from fedsim_tasks.dialogue.dataset import examples, persona_chat
 from fedsim_tasks.dp_sgd import DP_EPSILON, DPSGD, GradientCanaries
 
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["query", "value"]}
-COLUMNS = [
-    "release",
-    "noise_multiplier",
-    "epsilon_upper",
-    "epsilon_lower",
-    "canaries",
-    "guesses",
-    "correct",
-    "confidence",
-    "attack",
-]
 
 
 def fedtp_bounds(results_dir: Path) -> list[Bound]:
@@ -222,7 +211,7 @@ def main() -> None:
             print(f"DP-SGD sigma {sigma:g}: {seconds:.0f} s", flush=True)
             dp_sgd.append(bound)
     print(
-        f"\n## FedTP DPMean (client level)\n\n{markdown_table([b.as_dict() for b in fedtp], COLUMNS, digits=3)}"
+        f"\n## FedTP DPMean (client level)\n\n{markdown_table([b.as_dict() for b in fedtp], BOUND_COLUMNS, digits=3)}"
     )
     # the FedTP run's share of 1 - confidence per attack: its releases x its two attackers
     ideal = ideal_gaussian_bounds(
@@ -240,7 +229,7 @@ def main() -> None:
     )
     print(
         f"\n## DP-SGD, tiny causal LM, {len(records)} records, rate {args.batch_size / len(records):g}, "
-        f"{args.steps} steps (record level)\n\n{markdown_table([b.as_dict() for b in dp_sgd], COLUMNS, digits=3)}"
+        f"{args.steps} steps (record level)\n\n{markdown_table([b.as_dict() for b in dp_sgd], BOUND_COLUMNS, digits=3)}"
     )
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=120)
     sweep = [

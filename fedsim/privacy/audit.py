@@ -110,6 +110,20 @@ class Bound:
         return {**asdict(self), "holds": self.holds}
 
 
+# A table of bounds, in this order (a run's summary adds "holds"; the audit bench prints these)
+BOUND_COLUMNS = (
+    "release",
+    "noise_multiplier",
+    "epsilon_upper",
+    "epsilon_lower",
+    "canaries",
+    "guesses",
+    "correct",
+    "confidence",
+    "attack",
+)
+
+
 def guesses_at(scores: np.ndarray, included: np.ndarray, share: float) -> tuple[int, int]:
     """(guesses, right ones) when ``share`` of the canaries are guessed: "in" for the highest
     half of those, "out" for the lowest half. Ties go by canary index, which the coins do not

@@ -44,8 +44,8 @@ from fedsim.config.data import DataNotFoundError
 from fedsim.config.schema import typed_sweep
 from fedsim.flower.strategies import strategy_utils
 from fedsim.message_keys import CONFIG
+from fedsim.privacy.audit import BOUND_COLUMNS, AuditReport
 from fedsim.privacy.audit import METHOD as AUDIT_METHOD
-from fedsim.privacy.audit import AuditReport
 from fedsim.privacy.dp import NOT_PRIVATE
 from fedsim.privacy.plan import PrivacyPlan
 from fedsim.privacy.secret import derive, run_secret
@@ -426,18 +426,7 @@ def audit_section(audit: AuditReport, out: RunOutput) -> str:
             f"{AUDIT_METHOD}. Canaries: {audit.covers}. A release holds when epsilon_lower <= epsilon_upper.",
             markdown_table(
                 [b.as_dict() for b in audit.bounds],
-                [
-                    "release",
-                    "noise_multiplier",
-                    "epsilon_upper",
-                    "epsilon_lower",
-                    "canaries",
-                    "guesses",
-                    "correct",
-                    "confidence",
-                    "attack",
-                    "holds",
-                ],
+                [*BOUND_COLUMNS, "holds"],
                 digits=3,
             ),
             *([noise_section(audit)] if audit.noise else []),
