@@ -10,22 +10,32 @@ availability of all 10,000 clients at the round's start, the sampled clients' fi
 the round's record. Over-selection 1 and no deadline, so that both arms train as many clients
 a round. The arms alternate, ``--repeats`` blocks of ``--rounds`` rounds each; printed: the
 ratio of the medians of their blocks' seconds per round, the median of each repeat's paired
-ratio, and the seconds per round spent inside the clock itself (its ``wait_for`` and
-``close_round``, timed in the trace arm), which a loaded machine's noise does not move. The
+ratio, the seconds per round spent inside the clock itself (its ``wait_mask`` and
+``close_round``, timed in the trace arm), and in the whole path the trace arm adds on the server
+(``clock_path_seconds_per_round``: PhaseGrid's sampling among the online clients and its
+round's tasks, schedule and record, timed in the trace arm; ``ratio_none_plus_clock_path`` adds
+it to the no-clock arm's median), which a loaded machine's noise moves much less than the
+arms' ratio; the load average at the start and end; with ``--profile``, one more block an arm
+under cProfile (milliseconds per round in the functions of that path). The
 traces are written by this script in FedScale's format (pickled dicts, lognormal capacities, two
 to four online windows a day) and read back by the clock's readers; their reading, once per run,
 is reported apart.
 
-    .venv/bin/python bench/clock_overhead.py [--clients 10000] [--per-round 100] [--rounds 5] [--repeats 3]
+    .venv/bin/python bench/clock_overhead.py [--clients 10000] [--per-round 100] [--rounds 5] [--repeats 3] \
+        [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import os
 import pickle
+import pstats
 import random
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -42,7 +52,7 @@ from fedsim.flower.strategies import strategy_utils
 from fedsim.message_keys import PARTITION_ID, SEED, TORCH_THREADS
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.journal import WHOAMI
-from fedsim.runtime.messaging import ANY, Messenger, Policy
+from fedsim.runtime.messaging import ANY, Messenger, PhaseGrid, Policy
 from fedsim.runtime.records import to_record
 from fedsim_clients.turn_sentiment import TurnSentimentClient
 from fedsim_tasks.topical_chat.turn_sentiment import WEIGHT_NAMES, Recipe
@@ -113,7 +123,7 @@ def block(
 
 def timed(clock: VirtualClock, spent: list[float]) -> None:
     """Append the seconds of each of the clock's calls from the round loop to ``spent``."""
-    for name in ("wait_for", "close_round"):
+    for name in ("wait_mask", "close_round"):
         call = getattr(clock, name)
 
         def wrapper(*args, call=call, **kwargs):
@@ -126,12 +136,86 @@ def timed(clock: VirtualClock, spent: list[float]) -> None:
         setattr(clock, name, wrapper)
 
 
+PATH = ("get_node_ids", "population", "_on_clock", "dispatch")
+
+
+def timed_path(spent: dict[str, float]) -> None:
+    """Add to ``spent`` the seconds of PhaseGrid's calls on a clock: what the trace arm adds on
+    the server is ``get_node_ids`` beyond ``population`` (who is online, among all clients)
+    and ``_on_clock`` beyond ``dispatch`` (the replies' tasks, the round's schedule and record)."""
+    for name in PATH:
+        call = getattr(PhaseGrid, name)
+
+        def wrapper(self, *args, call=call, name=name, **kwargs):
+            start = time.perf_counter()
+            try:
+                return call(self, *args, **kwargs)
+            finally:
+                if self.messenger.clock is not None:
+                    spent[name] += time.perf_counter() - start
+
+        setattr(PhaseGrid, name, wrapper)
+
+
+def profiled(messenger: Messenger, clock: VirtualClock, initial, args) -> dict:
+    """One more block an arm under cProfile: each arm's milliseconds per round in the functions
+    of the clock's path and of the sampling both arms share (cumulative, the profiler's own
+    cost included)."""
+    names = {
+        "get_node_ids",
+        "population",
+        "node_ids",
+        "sample_nodes",
+        "_on_clock",
+        "bytes_down",
+        "tasks",
+        "close_round",
+        "wait_mask",
+        "online_mask",
+        "count",
+    }
+    table = {}
+    for arm in ("none", "trace"):
+        messenger.clock = clock if arm == "trace" else None
+        profile = cProfile.Profile()
+        profile.enable()
+        block(messenger, f"profile-{arm}", initial, args.per_round, args.rounds, 7)
+        profile.disable()
+        stats = pstats.Stats(profile).stats
+        table[arm] = {
+            f"{Path(file).name}:{function}": round(1000 * row[3] / args.rounds, 3)
+            for (file, _, function), row in stats.items()
+            if function in names and ("fedsim" in file or "strategy_utils" in file)
+        }
+    return table
+
+
+def commit() -> str:
+    """The code's commit (with ``+dirty`` for uncommitted changes), or ``unknown``."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=10_000)
     parser.add_argument("--per-round", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--profile", action="store_true", help="then one block an arm under cProfile"
+    )
     args = parser.parse_args()
     data_root = str(resolve_data_root(None))
     cfg = compose(["experiment=turn_sentiment_fedavg", f"data_root={data_root}"])
@@ -157,7 +241,10 @@ def main() -> None:
     block(messenger, "warm-up", initial, args.per_round, 1, 99)  # the data and torch loaded once
     spent: list[float] = []
     timed(clock, spent)
+    path = dict.fromkeys(PATH, 0.0)
+    timed_path(path)
     seconds = {"none": [], "trace": []}
+    load_start = os.getloadavg()
     for repeat in range(args.repeats):
         for arm in ("none", "trace"):
             messenger.clock = clock if arm == "trace" else None
@@ -165,6 +252,11 @@ def main() -> None:
                 block(messenger, f"{arm}-{repeat}", initial, args.per_round, args.rounds, repeat)
             )
     medians = {arm: statistics.median(s) for arm, s in seconds.items()}
+    rounds = args.repeats * args.rounds
+    path_seconds = (
+        path["get_node_ids"] - path["population"] + path["_on_clock"] - path["dispatch"]
+    ) / rounds
+    after_first = path_seconds - spent[0] / rounds  # the first wait, once a run, left out
     print(
         json.dumps(
             {
@@ -178,13 +270,28 @@ def main() -> None:
                 "median_paired_ratio": statistics.median(
                     t / n for t, n in zip(seconds["trace"], seconds["none"])
                 ),
-                "clock_seconds_per_round": sum(spent) / (args.repeats * args.rounds),
+                "clock_seconds_per_round": sum(spent) / rounds,
+                "clock_path_seconds_per_round": path_seconds,
+                "ratio_none_plus_clock_path": (medians["none"] + path_seconds) / medians["none"],
+                "clock_path_seconds_per_round_after_first_wait": after_first,
+                "ratio_none_plus_clock_path_after_first_wait": (medians["none"] + after_first)
+                / medians["none"],
                 "clock_share_of_trace_round": sum(spent) / (args.rounds * sum(seconds["trace"])),
                 "clock_first_wait_seconds": spent[0],  # from virtual second 0, before any window
                 "clock_median_call_seconds": statistics.median(spent),
                 "trace_read_seconds": read_seconds,
                 "virtual_seconds": clock.now,
                 "stragglers": clock.report()["stragglers"],
+                "load_average_1_5_15": {
+                    "start": [round(x, 2) for x in load_start],
+                    "end": [round(x, 2) for x in os.getloadavg()],
+                },
+                "commit": commit(),
+                **(
+                    {"profile_ms_per_round": profiled(messenger, clock, initial, args)}
+                    if args.profile
+                    else {}
+                ),
             },
             indent=2,
         )

@@ -105,6 +105,14 @@ class RunContext:
             label, policy or Policy(ANY), [self.nodes[p] for p in sorted(self.nodes)], need
         )
 
+    def clock_grid(self, label: str, policy: Policy, strategy: Strategy):
+        """:meth:`grid` for a FedAvg-style ``strategy`` (sampling by ``fraction_train`` and
+        ``min_train_nodes``): under a virtual clock the strategy samples ``clock.over_selection``
+        times as many clients, and a round starts once as many as it needs are online
+        (:func:`over_select`); without the clock's quorum Flower's sampling would wait forever
+        for clients the clock keeps offline."""
+        return self.grid(label, policy, over_select(innermost(strategy), self.messenger.clock))
+
     def declared(self, key: str) -> Callable[[int], float]:
         """What each node declared at discovery under ``key`` (its examples): the bound of its
         replies' weight."""
@@ -137,9 +145,8 @@ class RunContext:
             fraction_evaluate=0.0,
             **strategy_args,
         )
-        need = over_select(innermost(strategy), self.messenger.clock)
         return strategy.start(
-            self.grid(label, Policy(ANY, reply(initial)), need),
+            self.clock_grid(label, Policy(ANY, reply(initial)), strategy),
             initial,
             rounds,
             self.cfg.round_timeout,

@@ -338,10 +338,11 @@ class SelectorGroups(FedAvg):
 
     def _regroup(self, rnd, selectors, config, grid) -> dict:
         """Every client's validation loss on every selector, then balanced groups; a regroup
-        survives clients that crash or time out (quorum), they keep their group."""
-        nodes = list(
-            grid.get_node_ids()
-        )  # the grid's order (partition order), not node ids: random per run
+        survives clients that crash or time out (quorum), they keep their group. Under a
+        virtual clock only the clients online at the round's start are asked; every client of
+        the population is grouped, those not asked as those that did not answer."""
+        nodes = list(grid.population())  # in partition order: node ids are random per run
+        asked = set(grid.get_node_ids())  # those online (all of them without a clock)
         content = {f"{self.model_prefix}{u}": s for u, s in enumerate(selectors)}
         messages = [
             Message(
@@ -357,6 +358,7 @@ class SelectorGroups(FedAvg):
                 message_type=MessageType.EVALUATE,
             )
             for n in nodes
+            if n in asked
         ]
         replies = grid.exchange(
             "regroup", messages, Policy(Quorum(self.regroup_quorum), self._valid_report), rnd

@@ -38,8 +38,9 @@ def test_a_trace_with_a_bad_row_is_refused_naming_the_row(tmp_path):
             "clock=synthetic is refused for experiment fedtp",
         ),
         (
-            ["experiment=feddtre_paper", "clock=synthetic"],
-            "clock=synthetic is refused for experiment feddtre_paper: its exchanges are not built",
+            ["experiment=fede4rag_paper", "clock=synthetic"],
+            "clock=synthetic is refused for experiment fede4rag_paper: its methods are compared "
+            "at one budget of optimizer steps",
         ),
         (["clock=synthetic", "privacy=dp_server_fixed"], "cannot run under privacy=dp"),
         (["clock=trace"], "No value for clock.trace.device_capacity"),

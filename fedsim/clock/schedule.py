@@ -93,6 +93,7 @@ class VirtualClock:
         self.windows = Windows(profiles)
         self.now = 0.0
         self.rounds: list[dict] = []
+        self._online_now: tuple[float, np.ndarray] | None = None  # (now, who is online then)
 
     @classmethod
     def of(cls, settings: Mapping, clients: int, seed: int) -> VirtualClock | None:
@@ -101,18 +102,36 @@ class VirtualClock:
             return None
         return cls(profiles, settings["deadline"], float(settings["over_selection"]))
 
+    def online_mask(self, t: float | None = None) -> np.ndarray:
+        """Whether each client is online at ``t`` (default: now; kept until ``now`` moves, as a
+        round's sampling asks it more than once)."""
+        if t is not None and t != self.now:
+            return self.windows.online([t])[0]
+        if self._online_now is None or self._online_now[0] != self.now:
+            self._online_now = self.now, self.windows.online([self.now])[0]
+        return self._online_now[1]
+
     def online(self, partitions: Iterable[int], t: float | None = None) -> list[int]:
         """Those of ``partitions`` online at ``t`` (default: now)."""
         partitions = np.asarray(list(partitions), dtype=np.int64)
-        mask = self.windows.online([self.now if t is None else t])[0]
-        return partitions[mask[partitions]].tolist()
+        return partitions[self.online_mask(t)[partitions]].tolist()
 
-    def wait_for(self, partitions: list[int], need: int) -> list[int]:
+    def wait_for(self, partitions: Iterable[int] | np.ndarray, need: int) -> list[int]:
         """Move ``now`` on to the first moment at least ``need`` of ``partitions`` are online
         (the count rises only when an interval opens: those times are tried in order, in
-        batches growing from 16, for up to one longest period); those online then."""
+        batches growing from 16, for up to one longest period); those online then, in the
+        order given."""
+        partitions = np.asarray(partitions, dtype=np.int64)
+        return partitions[self.wait_mask(partitions, need)].tolist()
+
+    def wait_mask(self, partitions: np.ndarray, need: int) -> np.ndarray:
+        """:meth:`wait_for` as a mask over ``partitions`` (an array): a round's sampling among
+        10,000 clients then builds no Python list of them."""
+        online = self.online_mask()[partitions]
+        if online.sum() >= need:  # the usual case: enough online now, no search
+            return online
         chosen = np.zeros(self.windows.clients, dtype=bool)
-        chosen[np.asarray(partitions, dtype=np.int64)] = True
+        chosen[partitions] = True
         horizon = self.now + float(self.windows.period.max(initial=0.0))
         most, batch = max(16, 4_000_000 // max(len(self.windows.owner), 1)), 16
         times = np.array([self.now])
@@ -120,7 +139,7 @@ class VirtualClock:
             counts = (self.windows.online(times) & chosen).sum(axis=1)
             if (counts >= need).any():
                 self.now = float(times[np.argmax(counts >= need)])
-                return self.online(partitions)
+                return self.online_mask()[partitions]
             later = self.windows.next_starts(float(times[-1]), chosen)
             if not len(later) or times[-1] > horizon:
                 raise ClockError(

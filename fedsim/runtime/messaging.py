@@ -45,7 +45,8 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
-from flwr.app import Message, MessageType, MetricRecord, RecordDict
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from omegaconf import DictConfig, OmegaConf
 
@@ -133,25 +134,36 @@ def run_key_of(cfg: DictConfig) -> str:
 
 def payload_bytes(content: RecordDict) -> int:
     """Bytes a message carries as data: array buffers and ``bytes`` config values, alone or in
-    a list (SecAgg+'s keys, ciphertexts and shares)."""
-    arrays = sum(len(a.data) for r in content.array_records.values() for a in r.values())
-    blobs = sum(
-        len(b)
-        for r in content.config_records.values()
-        for v in r.values()
-        for b in (v if isinstance(v, list) else [v])
-        if isinstance(b, bytes)
-    )
-    return arrays + blobs
+    a list (SecAgg+'s keys, ciphertexts and shares). One pass over the records (a RecordDict's
+    ``array_records`` and ``config_records`` each build a new dict)."""
+    total = 0
+    for record in content.values():
+        if isinstance(record, ArrayRecord):
+            total += sum(len(a.data) for a in record.values())
+        elif isinstance(record, ConfigRecord):
+            total += sum(
+                len(b)
+                for v in record.values()
+                for b in (v if isinstance(v, list) else [v])
+                if isinstance(b, bytes)
+            )
+    return total
 
 
-def _sent_bytes(messages: list[Message]) -> int:
-    """The payload bytes of ``messages``, each content measured once: a strategy sends one
-    content object to every client it samples (100,000 measurements of one model otherwise)."""
+def _sizes(messages: list[Message]) -> dict[int, int]:
+    """The payload bytes of each of ``messages``' contents, by ``id``, each content measured
+    once: a strategy sends one content object to every client it samples (100,000 measurements
+    of one model otherwise)."""
     sizes: dict[int, int] = {}
     for m in messages:
         if id(m.content) not in sizes:
             sizes[id(m.content)] = payload_bytes(m.content)
+    return sizes
+
+
+def _sent_bytes(messages: list[Message]) -> int:
+    """The payload bytes of ``messages``."""
+    sizes = _sizes(messages)
     return sum(sizes[id(m.content)] for m in messages)
 
 
@@ -206,6 +218,9 @@ class Messenger:
             str, int
         ] = {}  # Ray node id -> the clients whose whoami it served (simulation)
         self.clock: VirtualClock | None = None  # the run's virtual clock (fedsim/clock/)
+        self._listed: tuple[tuple, list[int]] | None = None  # the grid's nodes -> node_ids()
+        # a population -> its partitions sorted and their nodes (in_partition_order)
+        self._ordered: tuple[list[int], np.ndarray, np.ndarray] | None = None
         if journal is not None or know_partitions:
             self._map_nodes(journal)
 
@@ -244,12 +259,30 @@ class Messenger:
     def node_ids(self) -> list[int]:
         """The nodes, in partition order where the partitions are known (those that told one of
         their own; else every node as the grid lists them)."""
-        nodes = list(self.raw.get_node_ids())
-        if self._to_old:
-            nodes = [self._to_old[n] for n in nodes if n in self._to_old]
-        if self.partitions:
-            nodes = [n for n in nodes if n in self.partitions]
-        return sorted(nodes, key=lambda n: self.partitions.get(n, -1))
+        listed = list(self.raw.get_node_ids())
+        key = (listed, id(self.partitions), id(self._to_old))
+        if self._listed is None or self._listed[0] != key:  # a round asks twice: sorted once
+            nodes = listed
+            if self._to_old:
+                nodes = [self._to_old[n] for n in nodes if n in self._to_old]
+            if self.partitions:
+                nodes = [n for n in nodes if n in self.partitions]
+            self._listed = key, sorted(nodes, key=lambda n: self.partitions.get(n, -1))
+        return list(self._listed[1])
+
+    def in_partition_order(self, nodes: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The partitions of ``nodes``, sorted, and their nodes (arrays); the last population
+        asked is kept: a clock's round asks it twice, and a Python lookup of each of 10,000
+        clients every round was most of what a clock added to a round
+        (``bench/clock_overhead.py``)."""
+        if self._ordered is None or self._ordered[0] != nodes:
+            order = sorted((self.partition_of(n), n) for n in nodes)
+            self._ordered = (
+                list(nodes),
+                np.array([p for p, _ in order], dtype=np.int64),
+                np.array([n for _, n in order], dtype=np.uint64),
+            )
+        return self._ordered[1], self._ordered[2]
 
     def partition_of(self, node: int) -> int | None:
         """The partition ``node`` told at ``whoami`` (None where the partitions are not asked)."""
@@ -596,8 +629,9 @@ class PhaseGrid(Grid):
     def bytes_down(self, messages: list[Message]) -> dict[int, int]:
         """Each message's payload by its client's partition (read before the exchange: a
         resumed run readdresses the messages it sends)."""
+        sizes = _sizes(messages)
         return {
-            self.messenger.partition_of(m.metadata.dst_node_id): payload_bytes(m.content)
+            self.messenger.partition_of(m.metadata.dst_node_id): sizes[id(m.content)]
             for m in messages
         }
 
@@ -645,8 +679,8 @@ class PhaseGrid(Grid):
         clock = self.messenger.clock
         if clock is None:
             return nodes
-        partitions = {self.messenger.partition_of(n): n for n in nodes}
-        return [partitions[p] for p in clock.wait_for(sorted(partitions), self.need)]
+        partitions, by_partition = self.messenger.in_partition_order(nodes)
+        return by_partition[clock.wait_mask(partitions, self.need)].tolist()
 
     def set_run(self, run) -> None:
         self.messenger.raw.set_run(run)

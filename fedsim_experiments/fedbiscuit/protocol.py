@@ -185,7 +185,7 @@ def _group_args(ctx: Context) -> dict:
 
 def _selector_groups(ctx: Context, name: str, num_selectors: int, strategy: SelectorGroups) -> dict:
     initial = to_record(ctx.initial)
-    grid = ctx.grid(name, Policy(ANY, ctx.train_reply(initial))).checked(
+    grid = ctx.clock_grid(name, Policy(ANY, ctx.train_reply(initial)), strategy).checked(
         "regroup", keys.report_weight(ctx.declared(keys.NUM_EXAMPLES))
     )
     result = strategy.start(

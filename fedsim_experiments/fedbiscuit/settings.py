@@ -109,6 +109,12 @@ class FedBiscuitProtocol(Protocol):
         (``policy.raw``, ``policy.fedavg``, ``policy.feddpo``)."""
         return [*super().method_names(), "raw", "fedavg", "feddpo"]
 
+    def refuses_clock(self) -> str | None:
+        """None: FedBis, SelectorGroups and the policy phase sample on the clock's quorum
+        (``RunContext.clock_grid``); a regroup asks the clients online at its round's start,
+        the others keep their group (as a regroup's clients that do not answer)."""
+        return None
+
     def __post_init__(self):
         if self.client_weights not in WEIGHT_KEYS:
             raise ValueError(

@@ -151,7 +151,7 @@ def federated(ctx: Context, name: str, spec: DictConfig, dataset: str) -> dict:
         loss_gap=ctx.protocol.generator.gap_examples() > 0,
     )
     result = strategy.start(
-        ctx.grid(f"{dataset}/{name}", Policy(ANY, reply)),
+        ctx.clock_grid(f"{dataset}/{name}", Policy(ANY, reply), strategy),
         initial,
         int(ctx.cfg.num_rounds),
         ctx.cfg.round_timeout,

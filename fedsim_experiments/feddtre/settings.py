@@ -92,6 +92,12 @@ class FedDTREProtocol(Protocol):
         <method>.<dataset>.<group>``)."""
         return [*super().method_names(), "contaminated", "clean"]
 
+    def refuses_clock(self) -> str | None:
+        """None: the evaluator's and every federated method's rounds sample on the clock's
+        quorum (``RunContext.clock_grid``); the per-client evaluation after them asks every
+        client, as a measurement outside the clock's time."""
+        return None
+
     def __post_init__(self):
         """Method names are components of dotted results paths and overrides, so they hold no
         dot; DP-SGD clips per-record gradients only: FedProx's proximal term would escape it."""

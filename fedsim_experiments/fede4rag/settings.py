@@ -48,6 +48,15 @@ class FedE4RAGProtocol(Protocol):
     def he_methods(self) -> list[str]:
         return [name for name, spec in self.methods.items() if spec and spec.get("he")]
 
+    def refuses_clock(self) -> str | None:
+        return (
+            "its methods are compared at one budget of optimizer steps over all companies "
+            "(a straggler's dropped steps would spend it unevenly between arms), its HE rounds "
+            "sum one encrypted update of every sampled company over several sub-phases, and "
+            "its local and KD arms ask every company in each exchange: synchronous "
+            "cross-silo rounds"
+        )
+
     def __post_init__(self):
         if self.eval_backend not in BACKENDS:
             raise ValueError(
