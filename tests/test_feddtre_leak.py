@@ -3,6 +3,7 @@ and trust data stay clean), the endpoint's alpha gap by hand, and the fixed-alph
 exactly its alpha, FedDTRE's mean alpha on the old pilot."""
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,13 +16,16 @@ from fedsim.config.compose import compose
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.messaging import Messenger
 from fedsim.runtime.records import from_record, to_record
-from fedsim.trust_mixing import ALPHA
+from fedsim.trust_mixing import ALPHA, HELDOUT_NLL, TRAIN_NLL
 from fedsim_clients.dialogue import DialogueClient
 from fedsim_experiments.feddtre.report import late_alpha_gap
 from fedsim_strategies.test_trust_alpha import _client
 from fedsim_tasks.dialogue.trust_data import leaks_pii
 
 RECORDS = Path(__file__).resolve().parents[1] / "records"
+sys.path.insert(0, str(RECORDS.parent / "bench"))
+import feddtre_alpha_pooled  # noqa: E402
+
 LEAKING, CLIENTS, SPC = (1, 4), 6, "persona_chat"
 
 
@@ -100,3 +104,28 @@ def test_the_fixed_alpha_arm_mixes_exactly_the_pilots_mean_alpha(cfg):
     np.testing.assert_allclose(
         from_record(result.arrays)["w"], [(1 - alpha) * 3.0 + alpha * w1] * 3, rtol=1e-6
     )
+
+
+def test_the_mixed_model_finds_a_planted_slope_through_seed_and_client_effects():
+    """alpha = 0.1 + 0.2 gap + a seed's shift + a client's shift + noise: the slope's CI holds
+    0.2 and not 0, with 4 seeds x 6 clients as its groups."""
+    rng = np.random.default_rng(0)
+    rounds = {}
+    for seed in range(4):
+        shift, clients = rng.normal(0, 0.05), rng.normal(0, 0.03, CLIENTS)
+        for rnd in range(2, 7):
+            rows = []
+            for p in range(CLIENTS):
+                gap = rng.uniform(0, 1)
+                rows.append(
+                    {
+                        "partition": p,
+                        ALPHA: 0.1 + 0.2 * gap + shift + clients[p] + rng.normal(0, 0.02),
+                        TRAIN_NLL: 2.0,
+                        HELDOUT_NLL: 2.0 + gap,
+                    }
+                )
+            rounds[(f"seed-{seed}", str(rnd))] = rows
+    out = feddtre_alpha_pooled.mixed_model(rounds)
+    assert (out["seeds"], out["clients"], out["client_rounds"]) == (4, 24, 120)
+    assert out["ci"][0] < 0.2 < out["ci"][1] and out["ci"][0] > 0 and out["p"] < 0.001
