@@ -455,7 +455,7 @@ def run(
                 )
             if contaminated and personal:
                 results["contamination"]["methods"].setdefault(name, {})[dataset] = (
-                    contamination_rows(trained, contaminated)
+                    contamination_rows(trained, contaminated, protocol.alpha_gap_from_round)
                 )
             results["communication"].setdefault(name, {})[dataset] = communication(
                 messenger, f"{dataset}/{name}"

@@ -77,10 +77,36 @@ def alpha_vs_gap(alphas: dict[int, list[dict]], unit: str, seed: int) -> dict:
     return out
 
 
-def contamination_rows(trained: dict, contaminated: frozenset[int]) -> dict:
+def late_alpha_gap(alphas: dict[int, list[dict]], contaminated: frozenset[int], first: int) -> dict:
+    """The pre-registered endpoint of ``feddtre_leak``: the contaminated clients' alpha minus the
+    clean ones', over rounds ``>= first`` (round 1 mixes every local model with the untrained
+    global one). The unit is the client: each client's mean alpha over those rounds, then the
+    mean over the group's clients (a client sampled more often weighs no more). Empty where a
+    group has no client-round from ``first`` on."""
+    per_client: dict[int, list[float]] = {}
+    for rnd, rows in alphas.items():
+        if int(rnd) >= first:
+            for r in rows:
+                per_client.setdefault(int(r["partition"]), []).append(r[keys.ALPHA])
+    means = {p: float(np.mean(a)) for p, a in per_client.items()}
+    leaking = [a for p, a in means.items() if p in contaminated]
+    clean = [a for p, a in means.items() if p not in contaminated]
+    if not leaking or not clean:
+        return {}
+    return {
+        "from_round": first,
+        "contaminated": float(np.mean(leaking)),
+        "clean": float(np.mean(clean)),
+        "gap": float(np.mean(leaking) - np.mean(clean)),
+        "clients": {str(p): a for p, a in sorted(means.items())},
+    }
+
+
+def contamination_rows(trained: dict, contaminated: frozenset[int], first: int = 2) -> dict:
     """The contaminated clients beside the clean ones: mean alpha, s_l and s_g over their
     client-rounds (mixing methods), and their personalized models' mean trust score and PII
-    rate (every method)."""
+    rate (every method); under a mixing, ``alpha_late`` (:func:`late_alpha_gap` from round
+    ``first``)."""
     rounds = [row for rows in trained.get("alphas", {}).values() for row in rows]
     clients = trained["personalized"]["clients"]
     out = {}
@@ -104,6 +130,8 @@ def contamination_rows(trained: dict, contaminated: frozenset[int]) -> dict:
                 if personal
             },
         }
+    if late := late_alpha_gap(trained.get("alphas", {}), contaminated, first):
+        out["alpha_late"] = late
     return out
 
 

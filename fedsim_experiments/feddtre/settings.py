@@ -84,6 +84,7 @@ class FedDTREProtocol(Protocol):
     personal_contexts: int  # own held-out contexts per client of the personalized evaluation
     generator: Generator
     evaluator: EvaluatorTraining
+    alpha_gap_from_round: int  # first round of contamination alpha_late (leaking minus clean)
     methods: dict[str, Any]
     """name -> {run: runner function, strategy: Flower strategy (federated runners)}, in run order"""
 
@@ -115,6 +116,7 @@ class FedDTREProtocol(Protocol):
             ("generator.local_steps", g.local_steps, 1),
             ("generator.loss_gap_examples", g.loss_gap_examples, 0),
             ("personal_contexts", self.personal_contexts, 1),
+            ("alpha_gap_from_round", self.alpha_gap_from_round, 1),
         ):
             if value < least:
                 raise ValueError(f"protocol.{key}={value}: at least {least}")
