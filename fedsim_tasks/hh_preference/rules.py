@@ -201,7 +201,7 @@ def rule_report(pairs: Sequence[Pair], rules: dict[str, Rule]) -> dict:
                 for k in calls[a]
                 if calls[a][k] is not None and calls[b][k] is not None
             ]
-            out[f"agreement.{a}.{b}"] = {
+            out.setdefault("agreement", {})[f"{a}/{b}"] = {
                 "both_decisive": len(both),
                 "agree": float(np.mean([x == y for x, y in both])) if both else None,
             }

@@ -54,7 +54,7 @@ class HHRLHFSettings(TaskSettings):
     minority_share: float
     minority_preference: MinorityPreference
     judge: dict
-    rules: dict | None = None
+    rules: dict | None
     """population -> its preference rule's entry (``_target_``, issue 63): the majority's and the
     minority's labels both come from their rules, ties dropped; null: HH's label and
     ``minority_preference``"""

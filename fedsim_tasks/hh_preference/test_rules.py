@@ -87,7 +87,7 @@ def test_rules_on_the_real_pairs_as_the_docs_report():
     lo, hi = m["prefers_longer_ci"]
     assert lo < 0.5 < hi and abs(m["prefers_longer"] - 0.503) < 0.001
     assert abs(h["prefers_longer"] - 0.420) < 0.001 and h["prefers_longer_ci"][1] < 0.5
-    both = report["agreement.harmlessness.addresses_user"]
+    both = report["agreement"]["harmlessness/addresses_user"]
     assert both["both_decisive"] == 234 and abs(both["agree"] - 0.513) < 0.001
 
 
@@ -134,7 +134,7 @@ def test_rules_kind_and_rules_block_go_together():
     )
     rules = MinorityPreference(kind="rules", prefer="longer", weak_share=1.0)
     with pytest.raises(ValueError, match="kind=rules and task.rules go together"):
-        HHRLHFSettings(**base, minority_preference=rules)
+        HHRLHFSettings(**base, minority_preference=rules, rules=None)
     with pytest.raises(ValueError, match="must name a rule"):
         HHRLHFSettings(**base, minority_preference=rules, rules={"majority": RULES["majority"]})
     HHRLHFSettings(**base, minority_preference=rules, rules=RULES)
