@@ -250,25 +250,21 @@ def evaluate_selectors(
 ) -> dict:
     """Accuracy on the held-out test pairs for each population (its own preference as label):
     of the majority vote, and of each selector alone when there are several."""
-    test = fed.test()
-    majority = np.array([e.label for e in test])
-    labels = {
-        "majority": majority,
-        "minority": majority ^ np.array([e.pair_id in fed.flips for e in test]),
-    }
-    votes = choices(selector, weights, test)
+    tests = {pop: fed.test(pop) for pop in ("majority", "minority")}
+    labels = {pop: np.array([e.label for e in test]) for pop, test in tests.items()}
+    votes = {pop: choices(selector, weights, test) for pop, test in tests.items()}
 
-    def scores(pred: np.ndarray) -> dict:
-        acc = {pop: float(np.mean(pred == y)) for pop, y in labels.items()}
+    def scores(pred: dict[str, np.ndarray]) -> dict:
+        acc = {pop: float(np.mean(pred[pop] == y)) for pop, y in labels.items()}
         return {
             "accuracy_majority": acc["majority"],
             "accuracy_minority": acc["minority"],
             "accuracy": (1 - minority_share) * acc["majority"] + minority_share * acc["minority"],
         }
 
-    out = scores(majority_vote(votes))
+    out = scores({pop: majority_vote(v) for pop, v in votes.items()})
     if len(weights) > 1:
-        out["each"] = [scores(v) for v in votes]
+        out["each"] = [scores({pop: v[u] for pop, v in votes.items()}) for u in range(len(weights))]
     return out
 
 
@@ -324,6 +320,7 @@ def run(
         "minority": federation.minority,
         "minority_share": {"clients": share, "training_pairs": pair_share},
         "minority_preference": OmegaConf.to_container(cfg.task.minority_preference),
+        "ties": federation.ties(),  # pairs each population's labels tie, dropped, per split
         "client_weights": cfg.protocol.client_weights,
         "selectors": {},
         "warmup": {},

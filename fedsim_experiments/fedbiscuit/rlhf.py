@@ -28,11 +28,12 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from fedsim.code_policy import instantiate_allowed
 from fedsim.results.stats import paired_bootstrap_ci
 from fedsim.runtime.records import from_record, to_record
 from fedsim.seeding import stream
 from fedsim_clients import preference_messages as keys
-from fedsim_experiments.fedbiscuit.settings import RLHF
+from fedsim_experiments.fedbiscuit.settings import BASELINES, RLHF
 from fedsim_strategies.selector_groups import majority_vote
 from fedsim_tasks.causal_lm import (
     dpo_train,
@@ -49,11 +50,14 @@ from fedsim_tasks.hh_preference.rlhf import (
     SecondCriterionJudge,
     completion_pairs,
     hacking_point,
+    labeller_accuracy,
     persona_chat_examples,
     policy_prompt,
     win_rate,
     wins,
+    words,
 )
+from fedsim_tasks.hh_preference.rules import RuleJudge
 from fedsim_tasks.hh_preference.selector import choices
 
 log = logging.getLogger("fedsim")
@@ -188,8 +192,10 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
                 max_length=r.max_length,
                 seed=DPO_TRAINING.seed(seed),
             )
+            accuracy = labeller_accuracy(pairs, judge, minority)
             policy.setdefault(method, {})[str(n)] = {
                 **compare(model, method, str(n)),
+                **{f"labeller_{k}": v for k, v in accuracy.items() if k != "pairs"},
                 "pairs": len(pairs),
                 "dpo": stats,
                 "seconds": time.perf_counter() - start,
@@ -229,7 +235,7 @@ def run_rlhf(ctx, selectors: dict[str, list[dict]], selector) -> dict:
                     for p in out["reward_hacking"][method]
                 ),
             )
-    for name, objective in (("fedavg", keys.SFT), ("feddpo", keys.DPO)):
+    for name, objective in ((b, BASELINES[b]) for b in r.baselines):
         start = time.perf_counter()
         weights = _federated_policy(ctx, name, objective, base_path, r, seed)
         model = load_policy(base_path, dict(r.lora), seed)
@@ -252,7 +258,13 @@ def versus(
 ) -> dict:
     """Replies ``a`` against replies ``b`` (judge scores, texts) on the same prompts: win rates
     for the majority's judge and the minority's."""
-    return win_rate(wins(a[0], b[0]), resamples, seed, minority.wins(a[0], b[0], a[1], b[1]))
+    return win_rate(
+        wins(a[0], b[0]),
+        resamples,
+        seed,
+        minority.wins(a[0], b[0], a[1], b[1]),
+        words(a[1]) - words(b[1]),
+    )
 
 
 def raw_rows(
@@ -284,13 +296,14 @@ def judges(
         )
 
     test, score_a, score_b = scored("majority")
-    minority = (
-        ReversedJudge()
-        if preference.kind == "reversed"
-        else SecondCriterionJudge.fit(
+    if preference.kind == "rules":  # the minority's rule itself: exact (issue 63)
+        minority = RuleJudge(instantiate_allowed(fed.task["rules"]["minority"], "task.rules"))
+    elif preference.kind == "reversed":
+        minority = ReversedJudge()
+    else:
+        minority = SecondCriterionJudge.fit(
             score_b[::2] - score_a[::2], preference.weak_share, preference.prefer
         )
-    )
     own, own_a, own_b = scored("minority")
     prefers_b = {
         "majority": score_b > score_a,

@@ -15,6 +15,10 @@ RUNNERS = (
 )
 
 
+BASELINES = {"fedavg": keys.SFT, "feddpo": keys.DPO}
+"""the policy phase's federated baselines and the clients' objective each runs"""
+
+
 @dataclass(frozen=True, kw_only=True)
 class RLHF:
     """Settings of the policy phase (``protocol.rlhf``)."""
@@ -55,6 +59,9 @@ class RLHF:
     hacking_n: int  # the completions setting (one of ``completions``) whose labelled pairs train the curves
     hacking_methods: list[str] | None
     """the selector methods whose policies get curves (each a DPO run of max(hacking_steps)); null: every one"""
+    baselines: list[str]
+    """the federated policy baselines run after the selector-labelled policies: fedavg (SFT on
+    the clients' preferred replies) and / or feddpo (the clients' DPO); []: none"""
     base_seed: int | None
     """seed of the raw model's SFT; null: the run's. A fixed one gives every seed of a sweep the same raw
     model, as the paper's seeds share one pretrained base"""
@@ -70,6 +77,12 @@ class RLHF:
         if sorted(set(self.hacking_steps)) != self.hacking_steps:
             raise ValueError(
                 f"protocol.rlhf.hacking_steps {self.hacking_steps} must ascend without repeats"
+            )
+        if not set(self.baselines) <= set(BASELINES) or len(set(self.baselines)) < len(
+            self.baselines
+        ):
+            raise ValueError(
+                f"protocol.rlhf.baselines {self.baselines} must be distinct of {list(BASELINES)}"
             )
         methods = self.hacking_methods
         if methods is not None and (

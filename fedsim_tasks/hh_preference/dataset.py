@@ -251,24 +251,52 @@ class Federation:
         self.minority = minority_clients(
             self.num_clients, task["minority_share"], task["split_seed"]
         )
-        self.flips = minority_flips(pairs, task["minority_preference"], task["split_seed"])
+        self.labels = population_labels(pairs, task)
+        self.flips = self.labels["minority"][1]
 
     def client(self, partition_id: int) -> ClientData:
         partitioner = instantiate_allowed(self.task["partitioner"], "task.partitioner")
         own = client_partition(self.splits["pool"], self.pool_topics, partitioner, partition_id)
-        train, valid = holdout(own, self.task["valid_share"], self.task["split_seed"], partition_id)
         minority = partition_id in self.minority
-        flipped = self.flips if minority else frozenset()
+        ties, flipped = self.labels["minority" if minority else "majority"]
+        own = [p for p in own if p.pair_id not in ties]  # a tie teaches nothing: dropped, counted
+        train, valid = holdout(own, self.task["valid_share"], self.task["split_seed"], partition_id)
         return ClientData(
             partition_id, minority, both_orders(train, flipped), both_orders(valid, flipped)
         )
 
     def test(self, population: str = "majority") -> list[Example]:
         """The held-out test pairs in both orders, labelled by ``population``'s preference (the
-        majority's is HH's)."""
-        return both_orders(
-            self.splits["test"], self.flips if population == "minority" else frozenset()
-        )
+        majority's is HH's or its rule's); the pairs its rule ties are left out."""
+        ties, flipped = self.labels[population]
+        return both_orders([p for p in self.splits["test"] if p.pair_id not in ties], flipped)
+
+    def ties(self) -> dict:
+        """Per population, how many pairs its labels tie (dropped) in each split."""
+        return {
+            population: {
+                split: sum(p.pair_id in ties for p in pairs) for split, pairs in self.splits.items()
+            }
+            for population, (ties, _) in self.labels.items()
+        }
+
+
+def population_labels(pairs, task: dict) -> dict[str, tuple[frozenset[int], frozenset[int]]]:
+    """Per population, (ties, flips): the pair ids its labels drop and those it labels HH's
+    rejected reply as preferred. With ``task.rules`` each population's rule labels every pair
+    (:func:`~fedsim_tasks.hh_preference.rules.rule_labels`); without, the majority keeps HH's
+    label and the minority flips :func:`minority_flips`'s pairs, nothing tied."""
+    if task.get("rules"):
+        from fedsim_tasks.hh_preference.rules import rule_labels
+
+        return {
+            population: rule_labels(
+                pairs, instantiate_allowed(spec, f"task.rules.{population}", seed=0)
+            )
+            for population, spec in task["rules"].items()
+        }
+    flips = minority_flips(pairs, task["minority_preference"], task["split_seed"])
+    return {"majority": (frozenset(), frozenset()), "minority": (frozenset(), flips)}
 
 
 @lru_cache(maxsize=4)

@@ -114,13 +114,20 @@ class SecondCriterionJudge:
         return np.where(weak, (longer > 0).astype(float), wins(scores_a, scores_b))
 
 
-def win_rate(prompt_wins: np.ndarray, resamples: int, seed: int, minority_wins: np.ndarray) -> dict:
+def win_rate(
+    prompt_wins: np.ndarray,
+    resamples: int,
+    seed: int,
+    minority_wins: np.ndarray,
+    length_diff: np.ndarray | None = None,
+) -> dict:
     """How often reply A beats reply B on the same prompts (``prompt_wins``, ties counted half),
     and the same by the minority's judge (``minority_wins``), each with a paired bootstrap 95% CI
     over prompts: the held-out prompts are the unit (``task.unit``), each its own cluster, so the
-    bootstrap over items is the one over clusters, named as such."""
+    bootstrap over items is the one over clusters, named as such. With ``length_diff`` (A's words
+    minus B's, per prompt) each also length-controlled (:func:`length_controlled`: ``*_lc``)."""
     lo, hi = paired_bootstrap_ci(prompt_wins, resamples, seed)
-    return {
+    out = {
         "win_rate": float(prompt_wins.mean()),
         "ci": [lo, hi],
         "prompts": int(prompt_wins.size),
@@ -129,6 +136,38 @@ def win_rate(prompt_wins: np.ndarray, resamples: int, seed: int, minority_wins: 
         "win_rate_minority": float(minority_wins.mean()),
         "ci_minority": list(paired_bootstrap_ci(minority_wins, resamples, seed)),
     }
+    if length_diff is not None:
+        for key, w in (("win_rate", prompt_wins), ("win_rate_minority", minority_wins)):
+            lc = length_controlled(w, length_diff)
+            out[f"{key}_lc"], out[f"{key.replace('win_rate', 'ci')}_lc"] = lc["value"], lc["ci"]
+            out[f"{key}_length_slope"] = lc["slope"]
+        out["length_diff_words"] = float(np.mean(length_diff))
+    return out
+
+
+def length_controlled(prompt_wins: np.ndarray, length_diff: np.ndarray) -> dict:
+    """The win rate at equal length: the intercept of an OLS regression (statsmodels) of each
+    prompt's win (1, 0.5, 0) on the two replies' difference in words, with its HC3 heteroscedasticity-
+    robust 95% CI and the slope (win per word). Where every difference is the same, no slope can
+    be fitted: the mean, the interval of a constant-only fit, slope null."""
+    import statsmodels.api as sm
+
+    y = np.asarray(prompt_wins, dtype=float)
+    d = np.asarray(length_diff, dtype=float)
+    if y.size < 3 or np.ptp(y) == 0:
+        return {"value": float(y.mean()), "ci": [float(y.mean())] * 2, "slope": None}
+    design = np.ones((y.size, 1)) if np.ptp(d) == 0 else sm.add_constant(d, has_constant="add")
+    fit = sm.OLS(y, design).fit(cov_type="HC3")
+    lo, hi = fit.conf_int(0.05)[0]
+    return {
+        "value": float(fit.params[0]),
+        "ci": [float(lo), float(hi)],
+        "slope": None if design.shape[1] == 1 else float(fit.params[1]),
+    }
+
+
+def words(replies) -> np.ndarray:
+    return np.array([len(r.split()) for r in replies], dtype=float)
 
 
 def hacking_point(
@@ -151,11 +190,36 @@ def hacking_point(
     proxy_wins = np.where(same, 0.5, proxy)
     judge_wins = wins(judge_scores, base_judge_scores)
     minority_wins = minority_judge.wins(judge_scores, base_judge_scores, replies, base_replies)
+    diff = words(replies) - words(base_replies)
     return {
         "proxy_win_rate": float(proxy_wins.mean()),
         "judge_win_rate": float(judge_wins.mean()),
         "gap": float(proxy_wins.mean() - judge_wins.mean()),
+        "gap_minority": float(proxy_wins.mean() - minority_wins.mean()),
+        "judge_win_rate_lc": length_controlled(judge_wins, diff)["value"],
         "mean_judge_reward": float(judge_scores.mean()),
         "judge_win_rate_minority": float(minority_wins.mean()),
+        "judge_win_rate_minority_lc": length_controlled(minority_wins, diff)["value"],
         "reply_words": float(np.mean([len(r.split()) for r in replies])),
     }
+
+
+def labeller_accuracy(pairs: list[tuple[str, str, str]], judge, minority_judge) -> dict:
+    """How often a labeller's DPO pairs (prompt, chosen, rejected) put first the reply each
+    population's judge prefers (with rule judges: the exact accuracy against each rule), over
+    the pairs that judge does not tie; the decided pairs counted."""
+    if not pairs:
+        return {}
+    prompts, chosen, rejected = (list(c) for c in zip(*pairs))
+    sc = judge.scores(prompts, chosen).detach().numpy()
+    sr = judge.scores(prompts, rejected).detach().numpy()
+    out = {}
+    for pop, w in (
+        ("majority", wins(sc, sr)),
+        ("minority", minority_judge.wins(sc, sr, chosen, rejected)),
+    ):
+        decided = w != 0.5
+        out[f"accuracy_{pop}"] = float(w[decided].mean()) if decided.any() else None
+        out[f"decided_{pop}"] = int(decided.sum())
+    out["pairs"] = len(pairs)
+    return out

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from fedsim.config.schema import TaskSettings
 
-MINORITY_KINDS = ("reversed", "second_criterion")
+MINORITY_KINDS = ("reversed", "second_criterion", "rules")
+POPULATIONS = ("majority", "minority")
 CRITERIA = ("longer", "shorter")
 
 
@@ -16,7 +17,7 @@ class MinorityPreference:
     HH's label where an HH probe backs it and a second criterion (response length) where the
     probe finds it weak: a preference that weighs differently without opposing HH."""
 
-    kind: str  # reversed | second_criterion
+    kind: str  # reversed | second_criterion | rules (each population's rule: ``task.rules``)
     prefer: str  # second_criterion: longer | shorter (words) on the weak pairs
     weak_share: (
         float  # second_criterion: share of pairs, least backed by the HH probe, decided by `prefer`
@@ -53,3 +54,24 @@ class HHRLHFSettings(TaskSettings):
     minority_share: float
     minority_preference: MinorityPreference
     judge: dict
+    rules: dict | None
+    """population -> its preference rule's entry (``_target_``, issue 63): the majority's and the
+    minority's labels both come from their rules, ties dropped; null: HH's label and
+    ``minority_preference``"""
+
+    def __post_init__(self):
+        super().__post_init__()
+        ruled = self.minority_preference.kind == "rules"
+        if ruled != (self.rules is not None):
+            raise ValueError(
+                "task.minority_preference.kind=rules and task.rules go together: set both "
+                f"(got kind={self.minority_preference.kind!r}, rules={self.rules!r})"
+            )
+        if self.rules is not None and (
+            sorted(self.rules) != sorted(POPULATIONS)
+            or not all(isinstance(v, dict) and "_target_" in v for v in self.rules.values())
+        ):
+            raise ValueError(
+                f"task.rules must name a rule (a _target_) for each of {POPULATIONS}, got "
+                f"{self.rules!r}"
+            )
