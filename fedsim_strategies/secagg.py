@@ -54,6 +54,7 @@ class SecAggPlus(StrategyWrapper):
     privacy_kind = (
         "secagg"  # what fedsim/config/schema.py's wrapper_kind reads: privacy.kind=secagg
     )
+    round_class: type[RoundRun]  # one round on the server (set below: RoundRun)
 
     def __init__(
         self,
@@ -109,7 +110,7 @@ class SecAggPlus(StrategyWrapper):
         """One round's train exchange under SecAgg+: the unmasked mean as one reply."""
         rnd = int(messages[0].content[keys.CONFIG][keys.SERVER_ROUND])
         try:
-            return [RoundRun(self, grid, rnd, messages).run()]
+            return [self.round_class(self, grid, rnd, messages).run()]
         except protocol.Unrecoverable as exc:
             raise PhaseFailed(f"{grid.label}/secagg round {rnd}: {exc}") from exc
 
@@ -272,8 +273,7 @@ class RoundRun:
         """Step 3: the strategy's train messages to the nodes that shared, each with the
         ciphertexts its neighbours sent it; their masked vectors, whom each masked with, and
         their replies."""
-        levels = protocol.levels(len(self.shared))
-        self.levels = levels
+        self.levels = protocol.levels(len(self.shared))
         sources = {
             n: [m for m in self.graph[n] if m != n and (m, n) in tokens] for n in self.shared
         }
@@ -290,10 +290,7 @@ class RoundRun:
                             keys.ROUND: self.rnd,
                             keys.SOURCES: sources[node],
                             keys.CIPHERTEXTS: [tokens[(m, node)] for m in sources[node]],
-                            keys.CLIP: self.s.clip,
-                            keys.LEVELS: levels,
-                            keys.MAX_WEIGHT: self.s.max_weight,
-                            keys.WEIGHT_KEY: self.s.weight_key,
+                            **self.mask_config(),
                         }
                     ),
                 }
@@ -334,6 +331,16 @@ class RoundRun:
         }
         self.sources = sources
         return masked, masked_with, {m.metadata.src_node_id: m for m in replies}
+
+    def mask_config(self) -> dict:
+        """What the mask stage tells every client about encoding its update (after
+        :attr:`levels` is set): the clip, the levels, the weight's scale and key."""
+        return {
+            keys.CLIP: self.s.clip,
+            keys.LEVELS: self.levels,
+            keys.MAX_WEIGHT: self.s.max_weight,
+            keys.WEIGHT_KEY: self.s.weight_key,
+        }
 
     def _live(self, masked_with: dict[int, list[int]]) -> tuple[list[int], list[int]]:
         """The nodes whose inputs are summed: those that sent one, less any whose share a live
@@ -464,6 +471,9 @@ class RoundRun:
             {ARRAYS: to_record(dict(mean)), keys.METRICS: MetricRecord({**metrics, **figures})}
         )
         return out
+
+
+SecAggPlus.round_class = RoundRun
 
 
 def _key_trio(content: RecordDict) -> tuple[bytes, bytes, bytes]:

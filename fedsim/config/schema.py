@@ -348,9 +348,7 @@ class Privacy:
 
     reproducible_noise: bool = MISSING  # noise from the public seed: reproducible, not private
     audit: Audit = MISSING  # the measured lower bound beside the accountant's epsilon
-    kind: str = (
-        MISSING  # none | dp (Flower's central DP wrappers) | he (HEFedAvg) | secagg (SecAgg+)
-    )
+    kind: str = MISSING  # none | dp (Flower DP wrappers) | he | secagg | secagg_ddp
     wrapper: Any = MISSING  # the wrapper's _target_ and settings; null: none
     he: str | None = MISSING  # why this wrapper cannot run inside HE (null: it can)
     delta: float | None = MISSING  # delta of the (epsilon, delta) a dp wrapper's run reports
@@ -881,7 +879,7 @@ def wrapper_kind(wrapper) -> str:
     if issubclass(cls, dp_wrappers()):
         return "dp"
     declared = getattr(cls, "privacy_kind", None)
-    return declared if declared in ("he", "secagg") else "other"
+    return declared if declared in ("he", "secagg", "secagg_ddp") else "other"
 
 
 def check_privacy(privacy: DictConfig) -> None:
@@ -896,8 +894,11 @@ def check_privacy(privacy: DictConfig) -> None:
         raise ValueError(
             f"privacy.kind={privacy.kind} does not match privacy.wrapper {target} (a {kind} "
             f"wrapper): the run's privacy follows the wrapper it builds; choose privacy=none, "
-            f"a dp_* wrapper, he_fedavg or secagg and leave privacy.kind as that file sets it"
+            f"a dp_* wrapper, he_fedavg, secagg or secagg_ddp and leave privacy.kind as that "
+            "file sets it"
         )
+    if kind == "secagg_ddp":
+        refuse_ddp(privacy)
     if kind != "dp":
         return
     if privacy.delta is None or not 0 < privacy.delta < 1:
@@ -910,6 +911,23 @@ def check_privacy(privacy: DictConfig) -> None:
         raise ValueError(
             f"privacy.wrapper.noise_multiplier must be > 0 for a run that reports an "
             f"epsilon, got {sigma} (no noise: no DP; privacy=none runs without a wrapper)"
+        )
+
+
+def refuse_ddp(privacy: DictConfig) -> None:
+    """What distributed DP cannot do: the in-run audit (it needs the exact clipped sum, which only
+    the clients hold; ``bench/privacy_audit.py --ddp`` audits the mechanism), and noise from the
+    public seed (each client draws its share from its own entropy)."""
+    if privacy.audit.enabled:
+        raise ValueError(
+            "privacy=secagg_ddp cannot run privacy.audit.enabled=true: the audit needs the "
+            "exact clipped sum, which only the clients hold; audit the mechanism with "
+            "bench/privacy_audit.py --ddp"
+        )
+    if privacy.reproducible_noise:
+        raise ValueError(
+            "privacy=secagg_ddp cannot run privacy.reproducible_noise=true: each client draws "
+            "its noise share from its own entropy, which no seed reproduces"
         )
 
 

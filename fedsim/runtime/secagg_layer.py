@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import fcntl
 import json
+import secrets
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedsim.message_keys import ARRAYS
+from fedsim.privacy.secagg import ddp, protocol
 from fedsim.privacy.secagg import messages as keys
-from fedsim.privacy.secagg import protocol
 from fedsim.runtime import client_state
 from fedsim.runtime.he_layer import flatten
 from fedsim.runtime.records import from_record
@@ -111,17 +112,20 @@ class SecAggLayer:
         sent = from_record(msg.content[ARRAYS])
         reply = self.handler.handle(msg)
         trained = from_record(reply[ARRAYS])
-        if set(trained) != set(sent) or any(trained[k].shape != sent[k].shape for k in sent):
-            raise ValueError("the trained arrays differ from the model sent")
         metrics = dict(reply[keys.METRICS])
-        num_levels, clip = int(config[keys.LEVELS]), float(config[keys.CLIP])
-        vector, clipped = protocol.encode(
-            flatten({k: trained[k] for k in sent}),
-            float(metrics[config[keys.WEIGHT_KEY]]),
-            float(config[keys.MAX_WEIGHT]),
-            clip,
-            num_levels,
-        )
+        if keys.DDP_NOISE in config:  # distributed DP: noised integer rows (ddp.py)
+            vector, clipped = self._noised_rows(state, config, trained), 0
+        else:
+            if set(trained) != set(sent) or any(trained[k].shape != sent[k].shape for k in sent):
+                raise ValueError("the trained arrays differ from the model sent")
+            num_levels, clip = int(config[keys.LEVELS]), float(config[keys.CLIP])
+            vector, clipped = protocol.encode(
+                flatten({k: trained[k] for k in sent}),
+                float(metrics[config[keys.WEIGHT_KEY]]),
+                float(config[keys.MAX_WEIGHT]),
+                clip,
+                num_levels,
+            )
         forwarded = dict(zip(config[keys.SOURCES], config[keys.CIPHERTEXTS], strict=True))
         masked, kept = protocol.mask(state, round_number, forwarded, vector)
         content = RecordDict(
@@ -131,3 +135,22 @@ class SecAggLayer:
             }
         )
         return content, {keys.MASKED_WITH: kept}
+
+    @staticmethod
+    def _noised_rows(state, config, trained: dict) -> np.ndarray:
+        """Distributed DP: the reply's rows clipped, as integers, with this node's Skellam share
+        of the round's noise (``ddp.encode_rows``), from this node's own entropy (nobody else
+        can draw it again). The node then signs no live set below the count the share is sized
+        for (``protocol.check``)."""
+        plan = ddp.NoisePlan(
+            float(config[keys.DDP_NOISE]),
+            int(config[keys.DDP_BOUND]),
+            int(config[keys.DDP_MIN_LIVE]),
+            int(config[keys.DDP_COLLUDERS]),
+        )
+        rows = trained[str(config[keys.DDP_ARRAY])]
+        state.min_live = plan.min_live
+        rng = np.random.default_rng(secrets.randbits(128))
+        return ddp.encode_rows(
+            rows, float(config[keys.DDP_CLIP]), bool(config[keys.DDP_SIMPLEX]), plan, rng
+        )

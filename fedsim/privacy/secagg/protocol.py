@@ -230,6 +230,7 @@ class ClientRound:
     seed_shares: dict[str, str] = field(default_factory=dict)  # source id -> its share for me
     key_shares: dict[str, str] = field(default_factory=dict)
     live: list[int] = field(default_factory=list)  # the live set it signed
+    min_live: int = 0  # the least live set it signs: the count its DP noise share is sized for
 
     def dump(self) -> dict:
         return asdict(self)
@@ -366,12 +367,24 @@ def pairwise_seed(private_key, public_pem: bytes) -> bytes:
 
 def check(state: ClientRound, round_number: int, live: list[int]) -> bytes:
     """Step 4: sign the live set, once per round; refused where this node is not in it (the
-    server has its masked input) or lists fewer than ``t`` of its neighbours."""
+    server has its masked input) or lists fewer than ``t`` of its neighbours; under distributed DP
+    (``min_live`` set at the mask stage, ``ddp.py``) also a live set smaller than ``min_live``, or
+    one naming a neighbour whose shares it does not hold (a ghost padding the count: it sent no
+    masked input that carries noise)."""
     state.expect(round_number, "mask")
     if state.self_id not in live:
         raise Refused("the live set leaves out this node, whose masked input the server holds")
     if len(set(live) & {int(n) for n in state.neighbours}) < state.threshold:
         raise Refused(f"fewer than t={state.threshold} of this node's neighbours are live")
+    if len(set(live)) < state.min_live:
+        raise Refused(
+            f"a live set of {len(set(live))}: this node's DP noise share is sized for at least "
+            f"{state.min_live} (ddp.py)"
+        )
+    if state.min_live and not {n for n in live if str(n) in state.neighbours} <= {
+        int(n) for n in state.seed_shares
+    }:
+        raise Refused("the live set names a neighbour that sent this node no shares")
     state.live, state.stage = sorted(live), "check"
     return fl.sign_message(
         fl.bytes_to_private_key(state.secret("sign")), check_message(round_number, live)
