@@ -70,6 +70,10 @@ def summary(r: dict, out: RunOutput) -> str:
     return text + (_policy_summary(r) if "policy" in r else "")
 
 
+def _or_blank(value):
+    return "" if value is None else value
+
+
 def _policy_summary(r: dict) -> str:
     def ci(v, key):
         return "" if v.get(key) is None else f"[{v[key][0]:.3f}, {v[key][1]:.3f}]"
@@ -84,6 +88,10 @@ def _policy_summary(r: dict) -> str:
             "minority CI": ci(v, "ci_minority"),
             "mean judge reward": v["mean_reward"],
             "DPO pairs": v.get("pairs", ""),
+            "win rate at equal length": v.get("win_rate_lc", ""),
+            "minority at equal length": v.get("win_rate_minority_lc", ""),
+            "labeller accuracy (majority)": _or_blank(v.get("labeller_accuracy_majority")),
+            "labeller accuracy (minority)": _or_blank(v.get("labeller_accuracy_minority")),
         }
         for m, by_n in r["policy"].items()
         for n, v in by_n.items()
@@ -125,6 +133,10 @@ def _policy_summary(r: dict) -> str:
                 "minority CI",
                 "mean judge reward",
                 "DPO pairs",
+                "win rate at equal length",
+                "minority at equal length",
+                "labeller accuracy (majority)",
+                "labeller accuracy (minority)",
             ],
         )
         + f"\n\n## Policies against {reference}'s, on the same prompts (paired bootstrap over the "
