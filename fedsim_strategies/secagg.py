@@ -11,6 +11,10 @@ strategy's train messages, masked replies), ``<label>/secagg-check``, ``<label>/
 It hands the strategy one reply: the unmasked weighted mean, weighing the sum of the live
 clients' weights, so the strategy's aggregate (and its server step) is that mean's.
 
+What a client encodes is the mask stage's config (:meth:`RoundRun.mask_config`) and what the
+server makes of the sum :meth:`RoundRun._aggregate_reply`: ``fedsim_strategies/secagg_ddp.py``
+overrides both (DPMean as distributed DP).
+
 Why not Flower's ``SecAggPlusWorkflow``: it drives legacy strategies through ``LegacyContext``
 and fit messages; fedsim's strategies run on the Message API (issue 64).
 """

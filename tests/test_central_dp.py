@@ -303,6 +303,7 @@ def test_a_privacy_kind_that_is_not_its_wrappers_is_refused_before_the_run(overr
         ("turn_sentiment_fedavg", "dp_client_adaptive"),
         ("fede4rag_paper", "he_fedavg"),
         ("turn_sentiment_fedavg", "secagg"),
+        ("fedtp", "secagg_ddp"),
     ],
 )
 def test_each_shipped_privacy_kind_is_its_wrappers(experiment, privacy):

@@ -120,7 +120,13 @@ def test_every_pair_is_accepted_or_refused_with_a_reason_from_the_data(base):
         kind = _load("privacy", privacy).kind
         reasons = [
             r
-            for r in (traits.he, traits.dp, traits.secagg, _load("privacy", privacy).get("he"))
+            for r in (
+                traits.he,
+                traits.dp,
+                traits.secagg,
+                traits.secagg_ddp,
+                _load("privacy", privacy).get("he"),
+            )
             if r
         ]
         reasons += list(OmegaConf.to_container(base[exp].protocol.strategy_slot.refuses).values())
@@ -165,6 +171,10 @@ def test_every_pair_is_accepted_or_refused_with_a_reason_from_the_data(base):
     assert all(ok(e, s, "secagg") for e in ("feddtre_paper", "fedbiscuit_paper") for s in SUM_ONLY)
     assert "SecAgg+ gives the server their sum only" in matrix[("feddtre_paper", "krum", "secagg")]
     assert "FedDTRE's trust" in matrix[("feddtre_paper", "trust_alpha", "secagg")]
+    assert ok("fedtp", "dp_mean", "secagg_ddp") and not ok("fedtp", "dp_mean", "secagg")
+    assert all(
+        not ok(e, s, "secagg_ddp") for e in SLOTS for s in STRATEGIES if s != "dp_mean"
+    )  # distributed DP releases DPMean's mean only
     assert all(
         not ok(e, s, "he_fedavg")
         for e in ("fedtp", "feddtre_paper", "fedbiscuit_paper")

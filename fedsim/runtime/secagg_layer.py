@@ -5,7 +5,9 @@ leaves the node unmasked.
 A message whose config names a SecAgg stage (``secagg-op``) is this layer's: the key, share,
 check and unmask stages it answers itself (``fedsim/privacy/secagg/protocol.py``); a mask stage
 is the strategy's train message, which the handler trains on, and whose reply the layer turns
-into the masked, quantized update (its metrics stay plaintext). Every other message goes to the
+into the masked, quantized update (its metrics stay plaintext); under distributed DP
+(``privacy=secagg_ddp``: the mask config names the noise) into its rows as integers plus this
+node's Skellam noise share (``fedsim/privacy/secagg/ddp.py``), masked. Every other message goes to the
 handler untouched. The node's round state (its private keys, seed and the shares it holds) is
 kept in its client-state folder between stages (``fedsim/runtime/client_state.py``): in a
 simulation another process may serve the next stage; it never leaves the node. The server half:
