@@ -137,6 +137,22 @@ def test_malformed_ciphertext_counted_and_its_sender_left_out(tmp_path):
     assert np.abs(mean - want).max() <= secagg.rounds[1]["secagg-error-bound"]
 
 
+def test_packed_ciphertexts_that_do_not_unpack_count_malformed(tmp_path):
+    """Node 3's share reply packs its ciphertexts with a length that does not add up (one byte
+    cut off): the reply is counted malformed, node 3 never shared, and the round sums the rest."""
+
+    def cut(reply):
+        record = reply[keys.CONFIG]
+        record[keys.CIPHERTEXTS] = record[keys.CIPHERTEXTS][:-1]
+
+    nodes, vectors, examples = federation(tmp_path, 8, corrupt={3: {keys.SHARE: cut}})
+    mean, secagg, messenger = secure_fedavg(nodes)
+    assert messenger.faults["fl/secagg-share"][1]["malformed"] == 1
+    assert secagg.rounds[1]["secagg-live"] == 7
+    want = plain_mean(vectors, examples, [i for i in nodes if i != 3])
+    assert np.abs(mean - want).max() <= secagg.rounds[1]["secagg-error-bound"]
+
+
 def test_malformed_share_at_unmask_counted_round_completes(tmp_path):
     """A share that does not match the hash its owner sent is counted malformed and not used;
     the other neighbours' shares suffice."""
