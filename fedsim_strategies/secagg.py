@@ -32,18 +32,28 @@ from fedsim.flower.secure_aggregation import bytes_to_public_key, verify_signatu
 from fedsim.flower.strategies import aggregate_metricrecords
 from fedsim.message_keys import ARRAYS, NUM_EXAMPLES
 from fedsim.privacy.secagg import messages as keys
-from fedsim.privacy.secagg import protocol
+from fedsim.privacy.secagg import protocol, wire
 from fedsim.runtime.client_app import SEED_KEY
 from fedsim.runtime.he_layer import unflatten
 from fedsim.runtime.messaging import ANY, PhaseFailed, PhaseGrid, Policy, phase_grid
 from fedsim.runtime.records import from_record, to_record
-from fedsim.runtime.validators import Arrays, Blob, Blobs, Config, Metrics, Number, Numbers, Reply
+from fedsim.runtime.validators import Blob, Config, Metrics, Number, Reply, decoded
 from fedsim_strategies.wrapper import StrategyWrapper
 
 log = logging.getLogger("fedsim")
 
-KEY_BYTES = 1024  # a PEM EC public key (P-384: 215 bytes)
-TOKEN_BYTES = 8192  # a Fernet token of two shares (a P-384 private key's share: ~300 bytes)
+KEY_BYTES = 1024  # a PEM EC public key (P-256: 178 bytes)
+TOKEN_BYTES = 8192  # a Fernet token of two shares (~300 bytes), a share, a signature
+
+
+def ids_of(count: int) -> Blob:
+    """At most ``count`` node ids, packed (``wire.ids``)."""
+    return Blob(8 * count)
+
+
+def blobs_of(count: int, size: int) -> Blob:
+    """At most ``count`` items of at most ``size`` bytes, packed (``wire.blobs``)."""
+    return Blob(4 + (4 + size) * count)
 
 
 class SecAggPlus(StrategyWrapper):
@@ -133,12 +143,28 @@ class SecAggGrid(PhaseGrid):
         return super().send_and_receive(messages, timeout=timeout)
 
 
+def _content(base: dict, config: dict) -> RecordDict:
+    return RecordDict({keys.CONFIG: ConfigRecord({**base, **config})})
+
+
+def _to(node: int, content: RecordDict) -> Message:
+    """A query of ``content`` to ``node`` (a stage that asks every node the same shares one
+    content, as a strategy's train messages do: built and measured once)."""
+    return Message(content, dst_node_id=node, message_type=MessageType.QUERY)
+
+
 def _query(node: int, base: dict, config: dict) -> Message:
-    return Message(
-        RecordDict({keys.CONFIG: ConfigRecord({**base, **config})}),
-        dst_node_id=node,
-        message_type=MessageType.QUERY,
-    )
+    return _to(node, _content(base, config))
+
+
+class MaskedVector:
+    """A mask reply's ArrayRecord; its one array is checked and decoded once, by the mask
+    stage's reply check (``Arrays()`` would decode it, and the server again)."""
+
+    kind = "array_records"
+
+    def problem(self, record, node: int) -> str | None:
+        return None
 
 
 class RoundRun:
@@ -180,7 +206,7 @@ class RoundRun:
             record = content[keys.CONFIG]
             try:
                 for name in (keys.MASK_KEYS, keys.SHARE_KEYS, keys.SIGN_KEYS):
-                    bytes_to_public_key(record[name][0])
+                    bytes_to_public_key(record[name])
             except Exception:  # noqa: BLE001 - anything that is not a PEM EC public key
                 return "a public key that does not parse"
             return None
@@ -191,7 +217,7 @@ class RoundRun:
                     {
                         keys.ROUND: Number(self.rnd, self.rnd, whole=True),
                         **{
-                            k: Blobs(Blob(KEY_BYTES), 1)
+                            k: Blob(KEY_BYTES)
                             for k in (keys.MASK_KEYS, keys.SHARE_KEYS, keys.SIGN_KEYS)
                         },
                     }
@@ -215,36 +241,57 @@ class RoundRun:
     def _share(self) -> dict[tuple[int, int], bytes]:
         """Step 2; the ciphertexts by (source, destination)."""
 
+        unpacked: dict[int, tuple] = {}  # a reply's lists, unpacked once by its check
+
         def check(content: RecordDict, node: int) -> str | None:
             record, hood = content[keys.CONFIG], self.graph[node]
             others = [n for n in hood if n != node]
-            if list(record[keys.DESTINATIONS]) != others:
+            try:
+                dsts = wire.unpack_ids(record[keys.DESTINATIONS])
+                tokens = wire.unpack_blobs(record[keys.CIPHERTEXTS], TOKEN_BYTES)
+                seed_hashes = wire.unpack_blobs(record[keys.SEED_HASHES], 32)
+                key_hashes = wire.unpack_blobs(record[keys.KEY_HASHES], 32)
+            except ValueError as exc:
+                return f"its packed lists do not unpack: {exc}"
+            if dsts != others:
                 return "its ciphertexts are not for its neighbours, one each, in order"
-            if len(record[keys.CIPHERTEXTS]) != len(others):
+            if len(tokens) != len(others):
                 return "one ciphertext per neighbour expected"
-            hashes = list(record[keys.SEED_HASHES]) + list(record[keys.KEY_HASHES])
+            hashes = seed_hashes + key_hashes
             if len(hashes) != 2 * len(hood) or any(len(h) != 32 for h in hashes):
                 return "a SHA-256 of each share expected"
-            return None if len(record[keys.SEED_COMMITMENT]) == 32 else "no seed commitment"
+            if len(record[keys.SEED_COMMITMENT]) != 32:
+                return "no seed commitment"
+            unpacked[node] = (dsts, tokens, seed_hashes, key_hashes)
+            return None
 
+        most = max(len(hood) for hood in self.graph.values())
         schema = Reply(
             {
                 keys.CONFIG: Config(
                     {
                         keys.ROUND: Number(self.rnd, self.rnd, whole=True),
-                        keys.DESTINATIONS: Numbers(Number(whole=True)),
-                        keys.CIPHERTEXTS: Blobs(Blob(TOKEN_BYTES)),
-                        keys.SEED_HASHES: Blobs(Blob(32)),
-                        keys.KEY_HASHES: Blobs(Blob(32)),
+                        keys.DESTINATIONS: ids_of(most),
+                        keys.CIPHERTEXTS: blobs_of(most, TOKEN_BYTES),
+                        keys.SEED_HASHES: blobs_of(most, 32),
+                        keys.KEY_HASHES: blobs_of(most, 32),
                         keys.SEED_COMMITMENT: Blob(32),
                     }
                 )
             },
             check=check,
         )
-        messages = []
+        messages, packed = [], {}
         for node in self.book:
-            hood = self.graph[node]
+            hood = tuple(self.graph[node])
+            if hood not in packed:  # SecAgg: one neighbourhood, every node's
+                packed[hood] = {
+                    keys.IDS: wire.ids(hood),
+                    **{
+                        name: wire.blobs(self.book[n].keys[i] for n in hood)
+                        for i, name in enumerate((keys.MASK_KEYS, keys.SHARE_KEYS, keys.SIGN_KEYS))
+                    },
+                }
             messages.append(
                 _query(
                     node,
@@ -253,10 +300,7 @@ class RoundRun:
                         keys.OP: keys.SHARE,
                         keys.ROUND: self.rnd,
                         keys.THRESHOLD: self.t[node],
-                        keys.IDS: hood,
-                        keys.MASK_KEYS: [self.book[n].keys[0] for n in hood],
-                        keys.SHARE_KEYS: [self.book[n].keys[1] for n in hood],
-                        keys.SIGN_KEYS: [self.book[n].keys[2] for n in hood],
+                        **packed[hood],
                     },
                 )
             )
@@ -264,11 +308,12 @@ class RoundRun:
         shared = self._exchange("secagg-share", messages, schema)
         for reply in shared:
             node, record = reply.metadata.src_node_id, reply.content[keys.CONFIG]
+            dsts, sent, seed_hashes, key_hashes = unpacked[node]
             entry = self.book[node]
-            entry.seed_hashes = dict(zip(self.graph[node], record[keys.SEED_HASHES]))
-            entry.key_hashes = dict(zip(self.graph[node], record[keys.KEY_HASHES]))
+            entry.seed_hashes = dict(zip(self.graph[node], seed_hashes))
+            entry.key_hashes = dict(zip(self.graph[node], key_hashes))
             entry.seed_commitment = record[keys.SEED_COMMITMENT]
-            for dst, token in zip(record[keys.DESTINATIONS], record[keys.CIPHERTEXTS]):
+            for dst, token in zip(dsts, sent):
                 tokens[(node, dst)] = token
         self.shared = sorted(m.metadata.src_node_id for m in shared)
         return tokens
@@ -292,14 +337,17 @@ class RoundRun:
                             **msg.content[keys.CONFIG],
                             keys.OP: keys.MASK,
                             keys.ROUND: self.rnd,
-                            keys.SOURCES: sources[node],
-                            keys.CIPHERTEXTS: [tokens[(m, node)] for m in sources[node]],
+                            keys.SOURCES: wire.ids(sources[node]),
+                            keys.CIPHERTEXTS: wire.blobs(tokens[(m, node)] for m in sources[node]),
                             **self.mask_config(),
                         }
                     ),
                 }
             )
             messages.append(msg)
+
+        vectors: dict[int, np.ndarray] = {}  # decoded once, by the check
+        kept: dict[int, list[int]] = {}
 
         def check(content: RecordDict, node: int) -> str | None:
             record = content[keys.MASKED]
@@ -308,31 +356,34 @@ class RoundRun:
             vector = record[keys.VECTOR]
             if str(vector.dtype) != "uint32" or list(vector.shape) != [self.size]:
                 return f"a uint32 vector of {self.size} values expected"
-            if not set(content[keys.CONFIG][keys.MASKED_WITH]) <= set(sources[node]):
+            try:
+                with_nodes = wire.unpack_ids(content[keys.CONFIG][keys.MASKED_WITH])
+            except ValueError as exc:
+                return f"{keys.MASKED_WITH}: {exc}"
+            if not set(with_nodes) <= set(sources[node]):
                 return "it claims masks with nodes that sent it no shares"
+            values = decoded(keys.VECTOR, vector)  # undecodable, or not what it declares
+            if isinstance(values, str):
+                return values
+            vectors[node], kept[node] = values, with_nodes
             return None
 
         schema = Reply(
             {
-                keys.MASKED: Arrays(),
+                keys.MASKED: MaskedVector(),
                 keys.METRICS: Metrics({self.s.weight_key: Number(0, self.s.max_weight)}),
                 keys.CONFIG: Config(
                     {
                         keys.ROUND: Number(self.rnd, self.rnd, whole=True),
-                        keys.MASKED_WITH: Numbers(Number(whole=True)),
+                        keys.MASKED_WITH: ids_of(len(self.graph)),
                     }
                 ),
             },
             check=check,
         )
         replies = self._exchange("train", messages, schema)
-        masked = {
-            m.metadata.src_node_id: m.content[keys.MASKED][keys.VECTOR].numpy() for m in replies
-        }
-        masked_with = {
-            m.metadata.src_node_id: [int(n) for n in m.content[keys.CONFIG][keys.MASKED_WITH]]
-            for m in replies
-        }
+        masked = {m.metadata.src_node_id: vectors[m.metadata.src_node_id] for m in replies}
+        masked_with = {m.metadata.src_node_id: kept[m.metadata.src_node_id] for m in replies}
         self.sources = sources
         return masked, masked_with, {m.metadata.src_node_id: m for m in replies}
 
@@ -371,7 +422,7 @@ class RoundRun:
         message = protocol.check_message(self.rnd, live)
 
         def check(content: RecordDict, node: int) -> str | None:
-            signature = content[keys.CONFIG][keys.SIGNATURES][0]
+            signature = content[keys.CONFIG][keys.SIGNATURES]
             public = bytes_to_public_key(self.book[node].keys[2])
             return None if verify_signature(public, message, signature) else "a bad signature"
 
@@ -380,63 +431,65 @@ class RoundRun:
                 keys.CONFIG: Config(
                     {
                         keys.ROUND: Number(self.rnd, self.rnd, whole=True),
-                        keys.SIGNATURES: Blobs(Blob(256), 1),
+                        keys.SIGNATURES: Blob(256),
                     }
                 )
             },
             check=check,
         )
-        signed = self._exchange(
-            "secagg-check",
-            [
-                _query(n, self.base, {keys.OP: keys.CHECK, keys.ROUND: self.rnd, keys.LIVE: live})
-                for n in live
-            ],
-            schema,
+        content = _content(
+            self.base, {keys.OP: keys.CHECK, keys.ROUND: self.rnd, keys.LIVE: wire.ids(live)}
         )
-        return {m.metadata.src_node_id: m.content[keys.CONFIG][keys.SIGNATURES][0] for m in signed}
+        signed = self._exchange("secagg-check", [_to(n, content) for n in live], schema)
+        return {m.metadata.src_node_id: m.content[keys.CONFIG][keys.SIGNATURES] for m in signed}
 
     def _unmask(
         self, unmasker, live, dropped, signatures
     ) -> dict[int, tuple[list[int], list[bytes]]]:
+        unpacked: dict[int, tuple[list[int], list[bytes]]] = {}
+        live_set, dropped_set = set(live), set(dropped)
+
         def check(content: RecordDict, node: int) -> str | None:
             record = content[keys.CONFIG]
-            ids, shares = list(record[keys.IDS]), list(record[keys.SHARES])
+            try:
+                ids = wire.unpack_ids(record[keys.IDS])
+                shares = wire.unpack_blobs(record[keys.SHARES], TOKEN_BYTES)
+            except ValueError as exc:
+                return f"its packed lists do not unpack: {exc}"
             if len(ids) != len(shares):
                 return "one share per id expected"
-            return unmasker.problem(node, ids, shares, set(live), set(dropped))
+            if why := unmasker.problem(node, ids, shares, live_set, dropped_set):
+                return why
+            unpacked[node] = ids, shares
+            return None
 
+        most = len(self.graph)
         schema = Reply(
             {
                 keys.CONFIG: Config(
                     {
                         keys.ROUND: Number(self.rnd, self.rnd, whole=True),
-                        keys.IDS: Numbers(Number(whole=True)),
-                        keys.SHARES: Blobs(Blob(TOKEN_BYTES)),
+                        keys.IDS: ids_of(most),
+                        keys.SHARES: blobs_of(most, TOKEN_BYTES),
                     }
                 )
             },
             check=check,
         )
         signers = sorted(signatures)
-        config = {
-            keys.OP: keys.UNMASK,
-            keys.ROUND: self.rnd,
-            keys.LIVE: live,
-            keys.DROPPED: dropped,
-            keys.IDS: signers,
-            keys.SIGNATURES: [signatures[n] for n in signers],
-        }
-        replies = self._exchange(
-            "secagg-unmask", [_query(n, self.base, config) for n in signers], schema
+        content = _content(
+            self.base,
+            {
+                keys.OP: keys.UNMASK,
+                keys.ROUND: self.rnd,
+                keys.LIVE: wire.ids(live),
+                keys.DROPPED: wire.ids(dropped),
+                keys.IDS: wire.ids(signers),
+                keys.SIGNATURES: wire.blobs(signatures[n] for n in signers),
+            },
         )
-        return {
-            m.metadata.src_node_id: (
-                [int(i) for i in m.content[keys.CONFIG][keys.IDS]],
-                list(m.content[keys.CONFIG][keys.SHARES]),
-            )
-            for m in replies
-        }
+        replies = self._exchange("secagg-unmask", [_to(n, content) for n in signers], schema)
+        return {m.metadata.src_node_id: unpacked[m.metadata.src_node_id] for m in replies}
 
     def _aggregate_reply(self, total: np.ndarray, replies: list[Message], dropped: int) -> Message:
         """The strategy's one reply: the mean, weighing the live replies' weights together, their
@@ -482,4 +535,4 @@ SecAggPlus.round_class = RoundRun
 
 def _key_trio(content: RecordDict) -> tuple[bytes, bytes, bytes]:
     record = content[keys.CONFIG]
-    return tuple(record[k][0] for k in (keys.MASK_KEYS, keys.SHARE_KEYS, keys.SIGN_KEYS))
+    return tuple(record[k] for k in (keys.MASK_KEYS, keys.SHARE_KEYS, keys.SIGN_KEYS))

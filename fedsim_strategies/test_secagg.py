@@ -14,6 +14,7 @@ from flwr.serverapp.strategy import FedAdam, FedAvg
 from fedsim.config import node_local
 from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
 from fedsim.privacy.secagg import messages as keys
+from fedsim.privacy.secagg import wire
 from fedsim.runtime.client_app import SEED_KEY
 from fedsim.runtime.client_state import RUN_KEY
 from fedsim.runtime.inprocess_grid import InProcessGrid
@@ -125,14 +126,30 @@ def test_malformed_ciphertext_counted_and_its_sender_left_out(tmp_path):
 
     def spoil(reply):
         record = reply[keys.CONFIG]
-        tokens = list(record[keys.CIPHERTEXTS])
+        tokens = wire.unpack_blobs(record[keys.CIPHERTEXTS])
         tokens[0] = tokens[0][:-8] + b"AAAAAAAA"
-        record[keys.CIPHERTEXTS] = tokens
+        record[keys.CIPHERTEXTS] = wire.blobs(tokens)
 
     nodes, vectors, examples = federation(tmp_path, 8, corrupt={1: {keys.SHARE: spoil}})
     mean, secagg, messenger = secure_fedavg(nodes)
     assert messenger.faults["fl/secagg-share"][1]["malformed"] == 1
     want = plain_mean(vectors, examples, range(2, 9))
+    assert np.abs(mean - want).max() <= secagg.rounds[1]["secagg-error-bound"]
+
+
+def test_packed_ciphertexts_that_do_not_unpack_count_malformed(tmp_path):
+    """Node 3's share reply packs its ciphertexts with a length that does not add up (one byte
+    cut off): the reply is counted malformed, node 3 never shared, and the round sums the rest."""
+
+    def cut(reply):
+        record = reply[keys.CONFIG]
+        record[keys.CIPHERTEXTS] = record[keys.CIPHERTEXTS][:-1]
+
+    nodes, vectors, examples = federation(tmp_path, 8, corrupt={3: {keys.SHARE: cut}})
+    mean, secagg, messenger = secure_fedavg(nodes)
+    assert messenger.faults["fl/secagg-share"][1]["malformed"] == 1
+    assert secagg.rounds[1]["secagg-live"] == 7
+    want = plain_mean(vectors, examples, [i for i in nodes if i != 3])
     assert np.abs(mean - want).max() <= secagg.rounds[1]["secagg-error-bound"]
 
 
@@ -142,7 +159,8 @@ def test_malformed_share_at_unmask_counted_round_completes(tmp_path):
 
     def spoil(reply):
         record = reply[keys.CONFIG]
-        record[keys.SHARES] = [s[:-1] + bytes([s[-1] ^ 1]) for s in record[keys.SHARES]]
+        shares = wire.unpack_blobs(record[keys.SHARES])
+        record[keys.SHARES] = wire.blobs(s[:-1] + bytes([s[-1] ^ 1]) for s in shares)
 
     nodes, vectors, examples = federation(tmp_path, 8, corrupt={4: {keys.UNMASK: spoil}})
     mean, secagg, messenger = secure_fedavg(nodes)
@@ -169,7 +187,8 @@ def test_too_few_valid_shares_fail_the_round_clearly(tmp_path):
 
     def spoil(reply):
         record = reply[keys.CONFIG]
-        record[keys.SHARES] = [s[:-1] + bytes([s[-1] ^ 1]) for s in record[keys.SHARES]]
+        shares = wire.unpack_blobs(record[keys.SHARES])
+        record[keys.SHARES] = wire.blobs(s[:-1] + bytes([s[-1] ^ 1]) for s in shares)
 
     corrupt = {n: {keys.UNMASK: spoil} for n in (1, 2, 3)}
     nodes, _, _ = federation(tmp_path, 5, corrupt=corrupt)
@@ -254,20 +273,26 @@ def test_two_mask_requests_at_once_get_one_masked_input(tmp_path):
         return layers[node].handle(msg)[keys.CONFIG]
 
     public = {n: ask(n, {keys.OP: keys.ADVERTISE, keys.ROUND: 1, keys.SELF: n}) for n in layers}
-    hood = {keys.IDS: [1, 2, 3], keys.THRESHOLD: 2}
+    hood = {keys.IDS: wire.ids([1, 2, 3]), keys.THRESHOLD: 2}
     for name in (keys.MASK_KEYS, keys.SHARE_KEYS, keys.SIGN_KEYS):
-        hood[name] = [public[n][name][0] for n in layers]
+        hood[name] = wire.blobs(public[n][name] for n in layers)
     tokens = {}
     for n in layers:
         shared = ask(n, {keys.OP: keys.SHARE, keys.ROUND: 1, **hood})
         tokens.update(
-            {(n, d): t for d, t in zip(shared[keys.DESTINATIONS], shared[keys.CIPHERTEXTS])}
+            {
+                (n, d): t
+                for d, t in zip(
+                    wire.unpack_ids(shared[keys.DESTINATIONS]),
+                    wire.unpack_blobs(shared[keys.CIPHERTEXTS]),
+                )
+            }
         )
     mask = {
         keys.OP: keys.MASK,
         keys.ROUND: 1,
-        keys.SOURCES: [2, 3],
-        keys.CIPHERTEXTS: [tokens[(2, 1)], tokens[(3, 1)]],
+        keys.SOURCES: wire.ids([2, 3]),
+        keys.CIPHERTEXTS: wire.blobs([tokens[(2, 1)], tokens[(3, 1)]]),
         keys.CLIP: 4.0,
         keys.LEVELS: 1000,
         keys.MAX_WEIGHT: 100.0,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import read_results
+from conftest import fedsim_run, read_results
 from fedsim.config.data import REPO_ROOT, resolve_data_root
 from fedsim.run.launcher import free_port, wait_healthy, write_connection
 from fedsim.run.tls import make_federation
@@ -167,15 +167,19 @@ def federation(tmp_path_factory):
         assert left.stdout.strip() == "", f"containers left: {left.stdout}"
 
 
-def remote(federation: Federation) -> list[str]:
-    """The overrides of a small FedTP run submitted to the compose federation."""
+def connection(federation: Federation) -> list[str]:
+    """The overrides that submit a run to the compose federation."""
     return [
         "hardware=deploy_remote",
         f"hardware.superlink={federation.address}",
         f"hardware.certificates={federation.certs.folder}",
         f"hardware.num_supernodes={NODES}",
-        "task.max_per_split=2",
     ]
+
+
+def remote(federation: Federation) -> list[str]:
+    """The overrides of a small FedTP run submitted to the compose federation."""
+    return [*connection(federation), "task.max_per_split=2"]
 
 
 CERT_PATH = re.compile(r"/certs/[\w.-]+")
@@ -232,6 +236,36 @@ def test_fedtp_through_compose_federation(federation, run_small):
     assert res["supernodes"] == NODES and res["conversations"] == 8
     assert res["prior_clients"]["count"] == 4 and res["prior_clients"]["nodes"] == NODES
     assert res["routers"]["fedmix"]["overall"]["turns"] > 0
+
+
+# turn sentiment's 6 clients on the 2 SuperNode containers (3 each), 2 rounds, every client a
+# SecAgg neighbour (docs/secure-aggregation.md, Deployments)
+SECAGG = [
+    "experiment=turn_sentiment_fedavg",
+    "privacy=secagg",
+    "num_rounds=2",
+    "hardware.num_clients=6",
+    "hardware.clients_per_supernode=3",
+    "seed=0",
+]
+SECAGG_PHASES = ("secagg-keys", "secagg-share", "train", "secagg-check", "secagg-unmask")
+
+
+@pytest.mark.docker
+@pytest.mark.e2e
+def test_secagg_through_compose_federation(federation, tmp_path):
+    """SecAgg+ across the containers: each round's five exchanges reach every client through
+    the SuperLink container (TLS, node authentication), and the unmasked means train the model
+    above the majority class (0.414 of the test turns)."""
+    out = tmp_path / "secagg"
+    code, log = fedsim_run(*SECAGG, *connection(federation), f"results_dir={out}", timeout=900)
+    assert code == 0, f"{log[-4000:]}\n--- compose logs ---\n{federation.logs()[-6000:]}"
+    assert f"deployment via SuperLink {federation.address} (TLS + node authentication)" in log
+    res = read_results(out)
+    assert res["supernodes"] == NODES
+    for rnd in ("1", "2"):
+        assert all(res["faults"][f"train/{p}"][rnd]["accepted"] == 6 for p in SECAGG_PHASES)
+    assert res["accuracy"] > 0.414
 
 
 @pytest.mark.docker

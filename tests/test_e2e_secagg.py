@@ -1,13 +1,16 @@
 """``privacy=secagg`` through ``fedsim run``: refused before the run (exit 2, the strategy's own
 reason) where the strategy needs single updates, and run for real in Flower's Ray simulation,
 where the unmasked mean trains the model plaintext FedAvg trains (the same seed, the same
-metrics within the quantization bound)."""
+metrics within the quantization bound), and through ``hardware=deploy_local`` (a SuperLink and 2
+SuperNodes, TLS and node authentication), where it gives the simulation's results. The Docker
+topology's run is ``tests/test_docker.py``'s."""
 
 import json
 
 import pytest
+from test_e2e_parity import comparable
 
-from conftest import fedsim_refusal, fedsim_run
+from conftest import fedsim_refusal, fedsim_run, read_results
 
 
 @pytest.mark.parametrize(
@@ -49,3 +52,49 @@ def test_secagg_trains_the_model_plaintext_fedavg_trains(tmp_path):
     phases = secure["faults"]
     for phase in ("secagg-keys", "secagg-share", "train", "secagg-check", "secagg-unmask"):
         assert phases[f"train/{phase}"]["2"]["accepted"] == 6, phases
+
+
+# the simulation's and the deployment's federation alike: 6 clients on 2 SuperNodes, 3 each
+LAYOUT = [
+    "experiment=turn_sentiment_fedavg",
+    "privacy=secagg",
+    "num_rounds=2",
+    "hardware.num_clients=6",
+    "hardware.clients_per_supernode=3",
+    "hardware.num_supernodes=2",
+    "seed=0",
+]
+
+
+def signature_bytes(results: dict) -> dict:
+    """results.json less the bytes of the phases that carry ECDSA signatures (the check's
+    replies, the unmask's requests): a DER signature is 70 to 72 bytes, by its random nonce."""
+    for phase, direction in (("secagg-check", "bytes_up"), ("secagg-unmask", "bytes_down")):
+        for row in results["communication"][f"train/{phase}"].values():
+            row.pop(direction)
+    return results
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_secagg_deployed_gives_the_simulations_results(tmp_path):
+    """SecAgg+ over TLS with node authentication, a process per SuperNode, ends where the Ray
+    simulation of the same seed and layout ends: results.json equal number for number but for
+    timings and the signatures' bytes."""
+    results, log = {}, ""
+    for backend in ("cpu_2", "deploy_local"):
+        out = tmp_path / backend
+        code, log = fedsim_run(
+            *LAYOUT,
+            f"hardware={backend}",
+            f"results_dir={out}",
+            f"client_state.dir={tmp_path / 'state'}",
+            timeout=900,
+        )
+        assert code == 0, log[-3000:]
+        results[backend] = read_results(out)
+    assert "(TLS + node authentication)" in log
+    deployed = results["deploy_local"]
+    phases = ("secagg-keys", "secagg-share", "train", "secagg-check", "secagg-unmask")
+    assert all(deployed["faults"][f"train/{p}"]["2"]["accepted"] == 6 for p in phases)
+    assert signature_bytes(comparable(deployed)) == signature_bytes(comparable(results["cpu_2"]))

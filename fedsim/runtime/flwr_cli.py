@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 from datetime import datetime
 from pathlib import Path
@@ -99,8 +100,11 @@ def _same_folder(a: str, b: str) -> bool:
 def checkout() -> dict:
     """The git state of the checkout the app was submitted from, as far as this process can
     tell: the SuperLink's folder (where ``flwr run .`` started it), when its tracked files are
-    the app's (Flower's installed copy holds no git metadata). Else commit None, with why."""
+    the app's (Flower's installed copy holds no git metadata). Else commit None, with why (a
+    host without git, as the Docker images are, is one: its run goes on)."""
     folder = Path.cwd()
+    if shutil.which("git") is None:
+        return {"commit": None, "dirty": None, "note": "no git on the ServerApp's host"}
     top = subprocess.run(
         ["git", "-C", str(folder), "rev-parse", "--show-toplevel"],
         capture_output=True,

@@ -24,7 +24,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedsim.message_keys import ARRAYS
-from fedsim.privacy.secagg import ddp, protocol
+from fedsim.privacy.secagg import ddp, protocol, wire
 from fedsim.privacy.secagg import messages as keys
 from fedsim.runtime import client_state
 from fedsim.runtime.he_layer import flatten
@@ -62,9 +62,9 @@ class SecAggLayer:
                 state and state.round, round_number, int(config[keys.SELF])
             )
             out = {
-                keys.MASK_KEYS: [public["mask"]],
-                keys.SHARE_KEYS: [public["share"]],
-                keys.SIGN_KEYS: [public["sign"]],
+                keys.MASK_KEYS: public["mask"],
+                keys.SHARE_KEYS: public["share"],
+                keys.SIGN_KEYS: public["sign"],
             }
             content = RecordDict()
         elif state is None:
@@ -78,33 +78,45 @@ class SecAggLayer:
     def _stage(self, op: str, state, round_number: int, msg: Message) -> tuple[RecordDict, dict]:
         config = msg.content[keys.CONFIG]
         if op == keys.SHARE:
-            trios = zip(config[keys.MASK_KEYS], config[keys.SHARE_KEYS], config[keys.SIGN_KEYS])
-            neighbourhood = dict(zip(config[keys.IDS], trios, strict=True))
+            trios = zip(
+                *(
+                    wire.unpack_blobs(config[k])
+                    for k in (keys.MASK_KEYS, keys.SHARE_KEYS, keys.SIGN_KEYS)
+                ),
+                strict=True,
+            )
+            neighbourhood = dict(zip(wire.unpack_ids(config[keys.IDS]), trios, strict=True))
             dsts, tokens, seed_hashes, key_hashes, commitment = protocol.share(
                 state, round_number, neighbourhood, int(config[keys.THRESHOLD])
             )
             return RecordDict(), {
-                keys.DESTINATIONS: dsts,
-                keys.CIPHERTEXTS: tokens,
-                keys.SEED_HASHES: seed_hashes,
-                keys.KEY_HASHES: key_hashes,
+                keys.DESTINATIONS: wire.ids(dsts),
+                keys.CIPHERTEXTS: wire.blobs(tokens),
+                keys.SEED_HASHES: wire.blobs(seed_hashes),
+                keys.KEY_HASHES: wire.blobs(key_hashes),
                 keys.SEED_COMMITMENT: commitment,
             }
         if op == keys.MASK:
             return self._mask(state, round_number, msg)
         if op == keys.CHECK:
-            signature = protocol.check(state, round_number, list(config[keys.LIVE]))
-            return RecordDict(), {keys.SIGNATURES: [signature]}
+            signature = protocol.check(state, round_number, wire.unpack_ids(config[keys.LIVE]))
+            return RecordDict(), {keys.SIGNATURES: signature}
         if op == keys.UNMASK:
-            signatures = dict(zip(config[keys.IDS], config[keys.SIGNATURES], strict=True))
+            signatures = dict(
+                zip(
+                    wire.unpack_ids(config[keys.IDS]),
+                    wire.unpack_blobs(config[keys.SIGNATURES]),
+                    strict=True,
+                )
+            )
             ids, shares = protocol.unmask(
                 state,
                 round_number,
-                list(config[keys.LIVE]),
-                list(config.get(keys.DROPPED, [])),
+                wire.unpack_ids(config[keys.LIVE]),
+                wire.unpack_ids(config.get(keys.DROPPED, b"")),
                 signatures,
             )
-            return RecordDict(), {keys.IDS: ids, keys.SHARES: shares}
+            return RecordDict(), {keys.IDS: wire.ids(ids), keys.SHARES: wire.blobs(shares)}
         raise protocol.Refused(f"unknown SecAgg stage {op!r:.40}")
 
     def _mask(self, state, round_number: int, msg: Message) -> tuple[RecordDict, dict]:
@@ -128,7 +140,13 @@ class SecAggLayer:
                 clip,
                 num_levels,
             )
-        forwarded = dict(zip(config[keys.SOURCES], config[keys.CIPHERTEXTS], strict=True))
+        forwarded = dict(
+            zip(
+                wire.unpack_ids(config[keys.SOURCES]),
+                wire.unpack_blobs(config[keys.CIPHERTEXTS]),
+                strict=True,
+            )
+        )
         masked, kept = protocol.mask(state, round_number, forwarded, vector)
         content = RecordDict(
             {
@@ -136,7 +154,7 @@ class SecAggLayer:
                 keys.METRICS: MetricRecord({**metrics, keys.CLIPPED: clipped}),
             }
         )
-        return content, {keys.MASKED_WITH: kept}
+        return content, {keys.MASKED_WITH: wire.ids(kept)}
 
     @staticmethod
     def _noised_rows(state, config, trained: dict) -> np.ndarray:

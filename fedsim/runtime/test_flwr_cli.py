@@ -10,7 +10,7 @@ import pytest
 
 from fedsim.config.compose import REFUSED, compose_checked
 from fedsim.config.data import resolve_data_root
-from fedsim.runtime.flwr_cli import refuse_settings_clients_miss
+from fedsim.runtime.flwr_cli import checkout, refuse_settings_clients_miss
 
 PROBE = "from fedsim.runtime.flwr_cli import superlink_note; print(superlink_note())"
 
@@ -81,3 +81,10 @@ def test_the_tasks_copy_of_the_data_root_cannot_be_overridden(tmp_path):
     for override in (f"task.data_root={tmp_path}", f"++task.data_root={tmp_path}"):
         with pytest.raises(REFUSED, match="task.data_root is the task's copy of data_root"):
             compose_checked([override])
+
+
+def test_a_serverapp_host_without_git_records_no_commit(monkeypatch):
+    """The Docker images have no git: the ServerApp's provenance says so and the run goes on
+    (it failed with FileNotFoundError before any exchange)."""
+    monkeypatch.setenv("PATH", "")
+    assert checkout() == {"commit": None, "dirty": None, "note": "no git on the ServerApp's host"}
