@@ -81,6 +81,14 @@ def runs(encoder_dir, tmp_path_factory):  # noqa: F811 (the imported fixture)
     return out
 
 
+@pytest.fixture(scope="module")
+def leaking_run(encoder_dir, tmp_path_factory):  # noqa: F811 (the imported fixture)
+    """The tiny run with client 1 leaking PII in every training reply: its results.json."""
+    tmp = tmp_path_factory.mktemp("feddtre-leak")
+    leak = ["task.contamination.clients=[1]", "task.contamination.share=1.0"]
+    return play(_cfg(encoder_dir, tmp, *leak), CLIENTS)
+
+
 def _rows(results: dict) -> list[dict]:
     return [
         row
@@ -134,6 +142,22 @@ def test_alpha_against_the_overfitting_gap_is_logged(runs):
     assert "ci" not in logged or -1 <= logged["ci"][0] <= logged["ci"][1] <= 1
     assert "alpha against the local model's overfitting" in (folder / "summary.md").read_text()
     assert (folder / "alpha_vs_gap.png").stat().st_size > 0
+
+
+def test_the_leaking_clients_late_alpha_gap_is_in_the_results(leaking_run):
+    """task.contamination's run: results.json's alpha_late is the leaking minus the clean
+    client's mean alpha over rounds >= protocol.alpha_gap_from_round (2), from its alpha rows."""
+    per_round = leaking_run["alpha"]["feddtre"]["persona_chat"]
+    alphas = {int(rnd): v["clients"] for rnd, v in per_round.items()}
+    late = leaking_run["contamination"]["methods"]["feddtre"]["persona_chat"]["alpha_late"]
+    assert late == feddtre_report.late_alpha_gap(alphas, frozenset({1}), 2)
+    leaking, clean = (
+        np.mean(
+            [r["alpha"] for rnd in range(2, ROUNDS + 1) for r in alphas[rnd] if r["partition"] == p]
+        )
+        for p in (1, 0)
+    )
+    assert late["from_round"] == 2 and late["gap"] == pytest.approx(leaking - clean)
 
 
 def test_alpha_vs_gap_by_hand():
