@@ -73,7 +73,7 @@ def test_a_preset_is_declared_keys_and_composes(preset):
         ("num-server-rounds=0", "num_rounds"),
         (
             "experiment='fedtpp'",
-            "'fedtpp' is not a experiment; valid choices: clock_fedbuff_sync, fedbiscuit_length,",
+            "'fedtpp' is not a experiment; valid choices: clock_fedbuff_sync, clock_feddtre_stragglers,",
         ),
         ("hardware='gpu'", "valid choices: cpu_2, deploy_local, deploy_remote, gpu_1"),
         ("overrides='num_round=3'", "Did you mean: num_rounds"),
