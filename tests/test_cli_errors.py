@@ -176,7 +176,7 @@ def test_a_client_layout_that_leaves_a_supernode_empty_is_refused():
         ),
         (
             ["experiment=fedbiscuit_paper", "task.minority_preference.kind=opposite"],
-            "task.minority_preference.kind='opposite' is not one of ('reversed', 'second_criterion')",
+            "task.minority_preference.kind='opposite' is not one of ('reversed', 'second_criterion', 'rules')",
         ),
     ],
 )
