@@ -18,6 +18,7 @@ from fedsim.runtime.validators import (
     finite_arrays,
     metric_values,
     model_reply,
+    npy_view,
     weight,
 )
 
@@ -118,3 +119,34 @@ def test_an_array_is_read_by_what_it_holds_and_refused_where_it_declares_otherwi
     for name, value in declared.items():
         setattr(record["w"], name, value)  # Flower keeps the sender's metadata as sent
     assert "declares" in Arrays().problem(record, 1)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.asfortranarray(np.arange(12, dtype=np.float64).reshape(3, 4)),
+        np.arange(5, dtype=">i4"),
+        np.array(7, dtype=np.uint32),
+        np.zeros((0, 3), np.float32),
+    ],
+)
+def test_a_view_of_an_array_holds_what_flower_decodes(values):
+    array = Array(values)
+    view = npy_view(array)
+    assert view.dtype == array.numpy().dtype and np.array_equal(view, array.numpy())
+    assert not view.flags.writeable  # the reply's bytes: nothing may change them
+
+
+def test_a_buffer_shorter_than_its_header_says_is_refused():
+    array = Array(np.arange(100, dtype=np.float32))
+    array.data = array.data[:-4]
+    with pytest.raises(ValueError):
+        npy_view(array)
+    assert "undecodable" in Arrays().problem(ArrayRecord({"w": array}), 1)
+
+
+def test_an_object_array_is_refused_without_unpickling():
+    array = Array(np.zeros(2, np.float32))
+    array.data = array.data.replace(b"'<f4'", b"'|O' ")
+    assert Arrays().problem(ArrayRecord({"w": array}), 1) is not None
