@@ -3,16 +3,18 @@ dropping after they sent their masked inputs (they answer neither the check nor 
 process through Flower's protobuf wire format (``fedsim/runtime/inprocess_grid.py``) and the one
 messaging path, each client through the SecAgg layer.
 
-Prints, per aggregation, medians over ``--repeats`` rounds of each (the two alternate, after one
-round of each not counted: the first pays for imports and caches): the server's CPU seconds per
-round, the process's CPU time less the time spent inside the clients' handlers and the wire's
-client halves (decoding a message, encoding its reply: ``InProcessGrid.client_wire_seconds``),
-and, as the first version of this bench counted it, with the wire both ways counted as the
-server's; the clients' mean CPU seconds; bytes up and down per client as Flower's protobuf
-messages on the wire; for SecAgg, the largest difference between its mean and the exact
-weighted mean of every client whose input was summed, against the bound the round states.
-The ratios are the medians of each repeat's SecAgg over its plaintext round (the machine is
-shared: paired, alternating rounds see the same load). ``--json`` keeps every round's figures.
+Prints, per aggregation, medians over ``--repeats`` runs of ``--rounds`` rounds each (the two
+alternate, after one run of each not counted: the first pays for imports and caches), each
+figure per round (a run's total over its rounds): the server's CPU seconds, the process's CPU
+time less the time spent inside the clients' handlers and the wire's client halves (decoding a
+message, encoding its reply: ``InProcessGrid.client_wire_seconds``), and, as the first version
+of this bench counted it, with the wire both ways counted as the server's; the clients' mean CPU
+seconds; bytes up and down per client as Flower's protobuf messages on the wire; for SecAgg, the
+largest difference between its mean and the exact weighted mean of every client whose input was
+summed, against the largest bound a round states. The ratios are the medians of each repeat's
+SecAgg run over its plaintext run (the machine is shared: paired, alternating runs see the same
+load). ``--json`` keeps every run's figures. With ``--rounds`` above 1, rounds after the first
+run on the keys the clients sent with their last unmask reply.
 
     PYTHONPATH=. .venv/bin/python bench/secagg_cost.py --clients 100 --drop 0.1 --floats 100000
 """
@@ -69,7 +71,10 @@ class Client:
         )
 
 
-def one_round(args, secure: bool, updates, examples, dropped) -> dict:
+def one_run(args, secure: bool, updates, examples, dropped) -> dict:
+    """``args.rounds`` rounds of one aggregation; figures per round. Under SecAgg+ round 1 asks
+    every client for keys, later rounds only those that sent none with their last unmask reply
+    (here the clients that drop after masking)."""
     spent: list[float] = []
     drop_at = (keys.CHECK, keys.UNMASK)
     with tempfile.TemporaryDirectory() as state:
@@ -96,22 +101,22 @@ def one_round(args, secure: bool, updates, examples, dropped) -> dict:
         result = strategy.start(
             messenger.grid("bench"),
             to_record({"w": np.zeros(args.floats, np.float32)}),
-            1,
+            args.rounds,
             30,
             ConfigRecord({SEED_KEY: 0, RUN_KEY: "secagg-bench"}),
         )
         both_ways = time.process_time() - cpu - sum(spent)
     up, down = grid.bytes_up, grid.bytes_down  # on the wire: Flower's protobuf messages
     out = {
-        "server_cpu_s": both_ways - grid.client_wire_seconds,
-        "server_cpu_wire_both_ways_s": both_ways,
-        "client_cpu_s": (sum(spent) + grid.client_wire_seconds) / args.clients,
-        "kb_up_per_client": up / args.clients / 1e3,
-        "kb_down_per_client": down / args.clients / 1e3,
+        "server_cpu_s": (both_ways - grid.client_wire_seconds) / args.rounds,
+        "server_cpu_wire_both_ways_s": both_ways / args.rounds,
+        "client_cpu_s": (sum(spent) + grid.client_wire_seconds) / args.clients / args.rounds,
+        "kb_up_per_client": up / args.clients / 1e3 / args.rounds,
+        "kb_down_per_client": down / args.clients / 1e3 / args.rounds,
         "mean": from_record(result.arrays)["w"].astype(np.float64),
     }
     if secure:
-        out["bound"] = strategy.rounds[1]["secagg-error-bound"]
+        out["bound"] = max(r["secagg-error-bound"] for r in strategy.rounds.values())
     return out
 
 
@@ -124,7 +129,8 @@ def main() -> None:
     parser.add_argument("--drop", type=float, default=0.1)
     parser.add_argument("--floats", type=int, default=100_000)
     parser.add_argument("--degree", type=int, default=None, help="SecAgg+ neighbours (null: all)")
-    parser.add_argument("--repeats", type=int, default=5, help="rounds of each, after a warm-up")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each, after a warm-up")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds a run")
     parser.add_argument("--json", default=None, help="write every round's figures here")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
@@ -135,7 +141,7 @@ def main() -> None:
     rounds: dict[str, list[dict]] = {"plaintext": [], "secagg": []}
     for repeat in range(args.repeats + 1):
         for name, secure in (("plaintext", False), ("secagg", True)):
-            row = one_round(args, secure, updates, examples, dropped)
+            row = one_run(args, secure, updates, examples, dropped)
             if secure:
                 row["max_error"] = float(np.abs(row["mean"] - exact).max())
             del row["mean"]
@@ -153,7 +159,8 @@ def main() -> None:
     error = max(r["max_error"] for r in secure)
     print(
         f"{args.clients} clients, {len(dropped)} dropping after their masked inputs, "
-        f"{args.floats} floats, degree {args.degree or 'all'}; medians of {args.repeats} rounds"
+        f"{args.floats} floats, degree {args.degree or 'all'}; medians of {args.repeats} runs of "
+        f"{args.rounds} round(s), per round"
     )
     print(
         "| aggregation | server CPU s / round | (wire both ways) | client CPU s | kB up / client "

@@ -8,6 +8,8 @@ aggregation, evaluation); its grid is a :class:`SecAggGrid`, which turns the tra
 round into SecAgg+'s five, each a phase of the one messaging path (faults and bytes counted per
 phase and round): ``<label>/secagg-keys``, ``<label>/secagg-share``, ``<label>/train`` (the
 strategy's train messages, masked replies), ``<label>/secagg-check``, ``<label>/secagg-unmask``.
+A client's unmask reply carries the public keys of its next round, so the key exchange goes only
+to clients the server holds no such keys of (:meth:`RoundRun._advertise`).
 It hands the strategy one reply: the unmasked weighted mean, weighing the sum of the live
 clients' weights, so the strategy's aggregate (and its server step) is that mean's.
 
@@ -22,6 +24,7 @@ and fit messages; fedsim's strategies run on the Message API (issue 64).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -88,6 +91,7 @@ class SecAggPlus(StrategyWrapper):
         self.clip, self.max_weight = float(clip_range), float(max_weight)
         self.weight_key = getattr(strategy, "weighted_by_key", NUM_EXAMPLES)
         self.rounds: dict[int, dict] = {}
+        self.ahead: dict[int, tuple[bytes, bytes, bytes]] = {}  # node -> keys for its next round
 
     def summary(self) -> None:
         log.info(
@@ -202,41 +206,43 @@ class RoundRun:
         return self._aggregate_reply(total, [replies[n] for n in live], len(dropped))
 
     def _advertise(self) -> None:
-        def check(content: RecordDict, node: int) -> str | None:
-            record = content[keys.CONFIG]
-            try:
-                for name in (keys.MASK_KEYS, keys.SHARE_KEYS, keys.SIGN_KEYS):
-                    bytes_to_public_key(record[name])
-            except Exception:  # noqa: BLE001 - anything that is not a PEM EC public key
-                return "a public key that does not parse"
-            return None
+        """Step 1 for the sampled nodes whose keys the server does not hold from their last unmask
+        reply (:attr:`SecAggPlus.ahead`, each trio used for one round). A node whose key is
+        another's is left out with it (``duplicate``): honest neighbours refuse a neighbourhood
+        with a key twice (``protocol.share``), which would stop the round."""
+        ahead = {n: self.s.ahead.pop(n) for n in self.train if n in self.s.ahead}
+        trios = ahead | self._fresh_keys([n for n in self.train if n not in ahead])
+        seen = Counter(key for trio in trios.values() for key in trio)
+        clashing = {n for n, trio in trios.items() if any(seen[k] > 1 for k in trio)}
+        if clashing:
+            self.grid.messenger.count(
+                f"{self.grid.label}/secagg-keys", self.rnd, duplicate=len(clashing)
+            )
+        self.book = {n: protocol.Advertised(trio) for n, trio in trios.items() if n not in clashing}
 
+    def _fresh_keys(self, nodes: list[int]) -> dict[int, tuple[bytes, bytes, bytes]]:
+        """Step 1's exchange with ``nodes``: the public keys each made for this round."""
+        if not nodes:
+            return {}
         schema = Reply(
             {
                 keys.CONFIG: Config(
                     {
                         keys.ROUND: Number(self.rnd, self.rnd, whole=True),
-                        **{
-                            k: Blob(KEY_BYTES)
-                            for k in (keys.MASK_KEYS, keys.SHARE_KEYS, keys.SIGN_KEYS)
-                        },
+                        **{k: Blob(KEY_BYTES) for k in keys.KEY_TRIO},
                     }
                 )
             },
-            check=check,
+            check=_keys_problem,
         )
+        asks = [
+            _query(n, self.base, {keys.OP: keys.ADVERTISE, keys.ROUND: self.rnd, keys.SELF: n})
+            for n in nodes
+        ]
         replies = self.grid.exchange(
-            "secagg-keys",
-            [
-                _query(n, self.base, {keys.OP: keys.ADVERTISE, keys.ROUND: self.rnd, keys.SELF: n})
-                for n in self.train
-            ],
-            Policy(ANY, schema, claim=_key_trio),
-            self.rnd,
+            "secagg-keys", asks, Policy(ANY, schema, claim=_key_trio), self.rnd
         )
-        self.book = {
-            m.metadata.src_node_id: protocol.Advertised(_key_trio(m.content)) for m in replies
-        }
+        return {m.metadata.src_node_id: _key_trio(m.content) for m in replies}
 
     def _share(self) -> dict[tuple[int, int], bytes]:
         """Step 2; the ciphertexts by (source, destination)."""
@@ -289,7 +295,7 @@ class RoundRun:
                     keys.IDS: wire.ids(hood),
                     **{
                         name: wire.blobs(self.book[n].keys[i] for n in hood)
-                        for i, name in enumerate((keys.MASK_KEYS, keys.SHARE_KEYS, keys.SIGN_KEYS))
+                        for i, name in enumerate(keys.KEY_TRIO)
                     },
                 }
             messages.append(
@@ -460,6 +466,8 @@ class RoundRun:
                 return "one share per id expected"
             if why := unmasker.problem(node, ids, shares, live_set, dropped_set):
                 return why
+            if why := _keys_problem(content, node):
+                return f"its keys for the next round: {why}"
             unpacked[node] = ids, shares
             return None
 
@@ -471,6 +479,7 @@ class RoundRun:
                         keys.ROUND: Number(self.rnd, self.rnd, whole=True),
                         keys.IDS: ids_of(most),
                         keys.SHARES: blobs_of(most, TOKEN_BYTES),
+                        **{k: Blob(KEY_BYTES) for k in keys.KEY_TRIO},
                     }
                 )
             },
@@ -489,6 +498,7 @@ class RoundRun:
             },
         )
         replies = self._exchange("secagg-unmask", [_to(n, content) for n in signers], schema)
+        self.s.ahead.update({m.metadata.src_node_id: _key_trio(m.content) for m in replies})
         return {m.metadata.src_node_id: unpacked[m.metadata.src_node_id] for m in replies}
 
     def _aggregate_reply(self, total: np.ndarray, replies: list[Message], dropped: int) -> Message:
@@ -533,6 +543,16 @@ class RoundRun:
 SecAggPlus.round_class = RoundRun
 
 
+def _keys_problem(content: RecordDict, node: int) -> str | None:
+    """Why a reply's three public keys are unusable (None: each a PEM EC public key)."""
+    try:
+        for name in keys.KEY_TRIO:
+            bytes_to_public_key(content[keys.CONFIG][name])
+    except Exception:  # noqa: BLE001 - anything that is not a PEM EC public key
+        return "a public key that does not parse"
+    return None
+
+
 def _key_trio(content: RecordDict) -> tuple[bytes, bytes, bytes]:
     record = content[keys.CONFIG]
-    return tuple(record[k] for k in (keys.MASK_KEYS, keys.SHARE_KEYS, keys.SIGN_KEYS))
+    return tuple(record[k] for k in keys.KEY_TRIO)

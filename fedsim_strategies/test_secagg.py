@@ -15,12 +15,13 @@ from fedsim.config import node_local
 from fedsim.message_keys import ARRAYS, METRICS, NUM_EXAMPLES
 from fedsim.privacy.secagg import messages as keys
 from fedsim.privacy.secagg import wire
+from fedsim.runtime import client_state
 from fedsim.runtime.client_app import SEED_KEY
 from fedsim.runtime.client_state import RUN_KEY
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.messaging import Messenger, PhaseFailed
 from fedsim.runtime.records import from_record, to_record
-from fedsim.runtime.secagg_layer import SecAggLayer
+from fedsim.runtime.secagg_layer import STATE_FILE, SecAggLayer
 from fedsim_strategies.secagg import SecAggPlus
 
 SIZE = 50
@@ -222,6 +223,82 @@ def test_a_completed_round_leaves_no_secret_on_the_clients_disk(tmp_path):
     assert len(states) == 5 and {s["stage"] for s in states} == {"unmask"}
     for state in states:
         assert state["secrets"] == state["seed_shares"] == state["key_shares"] == {}
+        # what is left are the fresh keys of its next round, sent with its unmask reply
+        assert set(state["ahead"]["public"].values()).isdisjoint(state["public"].values())
+
+
+def test_keys_sent_with_the_unmask_reply_spare_the_next_rounds_key_exchange(tmp_path):
+    """A node that answers a round's unmask sends its next round's keys with it: rounds 2 and 3
+    ask only node 6 (which drops at every unmask) for keys, and sum all 8 as round 1 did."""
+    nodes, vectors, examples = federation(tmp_path, 8, {6: keys.UNMASK})
+    mean, secagg, messenger = secure_fedavg(nodes, rounds=3)
+    asked = {r: row["accepted"] for r, row in messenger.faults["fl/secagg-keys"].items()}
+    assert asked == {1: 8, 2: 1, 3: 1}
+    assert [secagg.rounds[r]["secagg-live"] for r in (1, 2, 3)] == [8, 8, 8]
+    want = plain_mean(vectors, examples, nodes)
+    assert np.abs(mean - want).max() <= secagg.rounds[3]["secagg-error-bound"]
+
+
+class ForgetfulNode(VectorNode):
+    """A node whose state folder is wiped after round 1 (a SuperNode back on a fresh disk)."""
+
+    def __call__(self, msg):
+        reply = super().__call__(msg)
+        config = msg.content[keys.CONFIG]
+        if config.get(keys.OP) == keys.UNMASK and config[keys.ROUND] == 1:
+            (client_state.of(msg, self.layer.partition_id).folder / STATE_FILE).unlink()
+        return reply
+
+
+def test_a_node_that_lost_its_keys_sent_ahead_misses_one_round_not_the_run(tmp_path):
+    """The server asks node 3 to share under the keys it sent ahead, which node 3 no longer
+    holds: node 3 refuses (counted), round 2 sums the other 7, and round 3 asks node 3 for
+    fresh keys and sums all 8 again."""
+    nodes, vectors, examples = federation(tmp_path, 8)
+    old = nodes[3]
+    nodes[3] = ForgetfulNode(tmp_path, 2, old.vector, old.examples)
+    _, secagg, messenger = secure_fedavg(nodes, rounds=3)
+    assert messenger.faults["fl/secagg-share"][2]["failed"] == 1
+    assert [secagg.rounds[r]["secagg-live"] for r in (1, 2, 3)] == [8, 7, 8]
+    assert messenger.faults["fl/secagg-keys"][3]["accepted"] == 1
+
+
+def test_a_node_that_sends_anothers_keys_for_its_next_round_is_left_out_with_it(tmp_path):
+    """The attack: node 2 sends node 1's keys for the next round as its own. A neighbourhood
+    holding a key twice is refused by every honest neighbour (``protocol.share``), which would
+    stop round 2 for all; the server leaves both out of round 2 (counted ``duplicate``) and
+    sums the other 6."""
+    sent = {}
+
+    def keep(reply):
+        sent.update({k: reply[keys.CONFIG][k] for k in keys.KEY_TRIO})
+
+    def copy(reply):
+        for k in keys.KEY_TRIO:
+            reply[keys.CONFIG][k] = sent[k]
+
+    corrupt = {1: {keys.UNMASK: keep}, 2: {keys.UNMASK: copy}}
+    nodes, vectors, examples = federation(tmp_path, 8, corrupt=corrupt)
+    mean, secagg, messenger = secure_fedavg(nodes, rounds=2)
+    assert messenger.faults["fl/secagg-keys"][2]["duplicate"] == 2
+    assert secagg.rounds[2]["secagg-live"] == 6
+    want = plain_mean(vectors, examples, range(3, 9))
+    assert np.abs(mean - want).max() <= secagg.rounds[2]["secagg-error-bound"]
+
+
+def test_unparsable_keys_for_the_next_round_make_the_unmask_reply_malformed(tmp_path):
+    """Node 5's unmask reply carries a next-round key that is no EC public key: the reply is
+    counted malformed (its shares unused, the others suffice) and nothing of it is kept."""
+
+    def spoil(reply):
+        reply[keys.CONFIG][keys.SIGN_KEYS] = b"-----BEGIN PUBLIC KEY-----\nnot a key"
+
+    nodes, vectors, examples = federation(tmp_path, 8, corrupt={5: {keys.UNMASK: spoil}})
+    mean, secagg, messenger = secure_fedavg(nodes)
+    assert messenger.faults["fl/secagg-unmask"][1]["malformed"] == 1
+    assert 5 not in secagg.ahead and len(secagg.ahead) == 7
+    want = plain_mean(vectors, examples, nodes)
+    assert np.abs(mean - want).max() <= secagg.rounds[1]["secagg-error-bound"]
 
 
 def test_a_masked_weight_other_than_the_reported_one_fails_the_round(tmp_path):

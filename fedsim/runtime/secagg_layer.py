@@ -61,15 +61,13 @@ class SecAggLayer:
             state, public = protocol.advertise(
                 state and state.round, round_number, int(config[keys.SELF])
             )
-            out = {
-                keys.MASK_KEYS: public["mask"],
-                keys.SHARE_KEYS: public["share"],
-                keys.SIGN_KEYS: public["sign"],
-            }
+            out = {name: public[kind] for kind, name in zip(protocol.KINDS, keys.KEY_TRIO)}
             content = RecordDict()
         elif state is None:
             raise protocol.Refused(f"a '{op}' message before any key of this node: replayed")
         else:
+            if op == keys.SHARE:  # on the keys sent with the last unmask reply, if any
+                state = protocol.take_ahead(state, round_number)
             content, out = self._stage(op, state, round_number, msg)
         path.write_text(json.dumps(state.dump()))
         content[keys.CONFIG] = ConfigRecord({keys.ROUND: round_number, **out})
@@ -78,13 +76,7 @@ class SecAggLayer:
     def _stage(self, op: str, state, round_number: int, msg: Message) -> tuple[RecordDict, dict]:
         config = msg.content[keys.CONFIG]
         if op == keys.SHARE:
-            trios = zip(
-                *(
-                    wire.unpack_blobs(config[k])
-                    for k in (keys.MASK_KEYS, keys.SHARE_KEYS, keys.SIGN_KEYS)
-                ),
-                strict=True,
-            )
+            trios = zip(*(wire.unpack_blobs(config[k]) for k in keys.KEY_TRIO), strict=True)
             neighbourhood = dict(zip(wire.unpack_ids(config[keys.IDS]), trios, strict=True))
             dsts, tokens, seed_hashes, key_hashes, commitment = protocol.share(
                 state, round_number, neighbourhood, int(config[keys.THRESHOLD])
@@ -116,7 +108,12 @@ class SecAggLayer:
                 wire.unpack_ids(config.get(keys.DROPPED, b"")),
                 signatures,
             )
-            return RecordDict(), {keys.IDS: wire.ids(ids), keys.SHARES: wire.blobs(shares)}
+            ahead = protocol.advertise_ahead(state)
+            return RecordDict(), {
+                keys.IDS: wire.ids(ids),
+                keys.SHARES: wire.blobs(shares),
+                **{name: ahead[kind] for kind, name in zip(protocol.KINDS, keys.KEY_TRIO)},
+            }
         raise protocol.Refused(f"unknown SecAgg stage {op!r:.40}")
 
     def _mask(self, state, round_number: int, msg: Message) -> tuple[RecordDict, dict]:

@@ -5,7 +5,8 @@ them, with clients dropping out at any stage.
 A round, per sampled client ``u`` (each step one exchange on the messaging path):
 
 1. **advertise**: ``u`` makes three EC key pairs (mask agreement, share encryption, signatures)
-   and sends their public halves;
+   and sends their public halves; or, where ``u`` sent them with its last unmask reply
+   (:func:`advertise_ahead`), the server already holds them and this exchange is skipped;
 2. **share**: the server names ``u``'s neighbours (:func:`neighbours`: a random ring of the
    round, each node with its ``degree`` nearest; all nodes when ``degree`` is null, SecAgg);
    ``u`` draws a self-mask seed ``b_u``, Shamir-shares ``b_u`` and its mask key among them with
@@ -17,9 +18,9 @@ A round, per sampled client ``u`` (each step one exchange on the messaging path)
 4. **check**: the server names the live set (those whose masked input it accepted); each signs it;
 5. **unmask**: with the signatures of its neighbours on the same set (at least ``t``), ``u``
    returns the seed share of each live neighbour and the key share of each dropped one; never
-   both for one neighbour, once per round. The server checks every share against its hash,
-   reconstructs ``b`` of the live and the mask keys of the dropped (:class:`Unmasker`), removes
-   their masks and dequantizes (:func:`decode`).
+   both for one neighbour, once per round, and the public keys of its next round. The server
+   checks every share against its hash, reconstructs ``b`` of the live and the mask keys of the
+   dropped (:class:`Unmasker`), removes their masks and dequantizes (:func:`decode`).
 
 **Threat model.** The server alone holds no share in plaintext before step 5 and then, for each
 node, shares of its seed or of its key, never both (step 5's rule, the check's signatures with
@@ -248,6 +249,7 @@ class ClientRound:
     key_shares: dict[str, str] = field(default_factory=dict)
     live: list[int] = field(default_factory=list)  # the live set it signed
     min_live: int = 0  # the least live set it signs: the count its DP noise share is sized for
+    ahead: dict[str, dict[str, str]] = field(default_factory=dict)  # next round's keys (unmask)
 
     def dump(self) -> dict:
         return asdict(self)
@@ -275,19 +277,46 @@ class ClientRound:
 KINDS = ("mask", "share", "sign")
 
 
+def _fresh_keys() -> tuple[dict[str, str], dict[str, str]]:
+    """Three fresh key pairs (:data:`KINDS`): private halves (PEM) and public halves, base64."""
+    secrets, public = {}, {}
+    for kind in KINDS:
+        private_key, public_key = key_pair()
+        secrets[kind] = _b64(fl.private_key_to_bytes(private_key))
+        public[kind] = _b64(fl.public_key_to_bytes(public_key))
+    return secrets, public
+
+
 def advertise(last_round: int | None, round_number: int, self_id: int) -> tuple[ClientRound, dict]:
     """Step 1: this round's key pairs; refused for a round not after the last one this client
     took part in (a replayed or stale advertise would restart a round and reuse nothing, but
     it must not let a server run one round twice)."""
     if last_round is not None and round_number <= last_round:
         raise Refused(f"round {round_number} after round {last_round}: replayed or stale")
-    secrets, public = {}, {}
-    for kind in KINDS:
-        private_key, public_key = key_pair()
-        secrets[kind] = _b64(fl.private_key_to_bytes(private_key))
-        public[kind] = _b64(fl.public_key_to_bytes(public_key))
+    secrets, public = _fresh_keys()
     state = ClientRound(round_number, self_id, "advertise", secrets, public)
     return state, {kind: _unb64(public[kind]) for kind in KINDS}
+
+
+def advertise_ahead(state: ClientRound) -> dict[str, bytes]:
+    """Step 1 of this node's next round, done at the end of this one: fresh key pairs, sent with
+    the unmask reply, so that a server sampling the node again skips the key exchange
+    (:func:`take_ahead`). They share nothing with the round just unmasked, whose secrets are gone."""
+    if state.stage != "unmask":
+        raise Refused(f"keys for a next round while round {state.round} is at '{state.stage}'")
+    secrets, public = _fresh_keys()
+    state.ahead = {"secrets": secrets, "public": public}
+    return {kind: _unb64(public[kind]) for kind in KINDS}
+
+
+def take_ahead(state: ClientRound, round_number: int) -> ClientRound:
+    """Round ``round_number`` on the keys sent ahead (:func:`advertise_ahead`) where this node
+    holds them and the round is later than its last; else ``state`` as it is (the share step then
+    refuses what is out of order). The new round holds no keys ahead: each pair serves once."""
+    if not state.ahead or state.stage != "unmask" or round_number <= state.round:
+        return state
+    ahead = state.ahead
+    return ClientRound(round_number, state.self_id, "advertise", ahead["secrets"], ahead["public"])
 
 
 def share(

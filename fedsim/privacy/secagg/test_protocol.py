@@ -167,6 +167,34 @@ def test_replayed_round_messages_are_refused():
         p.mask(state, 3, replayed, new.vectors[1])
 
 
+def test_keys_sent_ahead_serve_one_later_round():
+    """The attack: a server that holds a node's keys for its next round (sent with its unmask
+    reply) replays an old share request, or uses the keys for two rounds, to make the node mask
+    twice under one key pair (two inputs under the same pairwise masks: their difference is the
+    difference of the updates). The keys serve one round after the last, once; they are fresh,
+    not the finished round's; no node makes them before its round is unmasked."""
+    fed = Federation(1)
+    live = sorted(fed.keys)
+    signatures = fed.signatures(live, live)
+    with pytest.raises(p.Refused, match="keys for a next round while round 1 is at 'check'"):
+        p.advertise_ahead(fed.states[1])
+    state = fed.states[1]
+    p.unmask(state, 1, live, [], signatures)
+    public = p.advertise_ahead(state)
+    ahead = tuple(public[k] for k in p.KINDS)
+    assert set(ahead).isdisjoint(fed.keys[1])
+    assert p.take_ahead(state, 1) is state  # round 1 again: the share step refuses it
+    with pytest.raises(p.Refused, match="at stage 'unmask', not 'advertise'"):
+        p.share(p.take_ahead(state, 1), 1, fed.keys, T)
+    keys = {**fed.keys, 1: ahead}
+    round_2 = p.take_ahead(state, 2)
+    assert round_2.round == 2 and not round_2.ahead
+    p.share(round_2, 2, keys, T)
+    assert p.take_ahead(round_2, 3) is round_2  # the pairs are spent: round 3 needs fresh ones
+    with pytest.raises(p.Refused, match="of round 3 while in round 2"):
+        p.share(round_2, 3, keys, T)
+
+
 def test_a_neighbourhood_without_this_nodes_keys_or_with_a_low_threshold_is_refused():
     state, public = p.advertise(None, 1, 1)
     others = {n: p.advertise(None, 1, n)[1] for n in (2, 3)}
