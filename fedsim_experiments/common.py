@@ -62,15 +62,18 @@ def sampled(strategy, clients: int) -> int:
     return max(int(clients * strategy.fraction_train), strategy.min_train_nodes)
 
 
-def over_select(strategy: Strategy, clock: VirtualClock | None) -> int:
+def over_select(strategy: Strategy, clock: VirtualClock | None, clients: int) -> int:
     """Make a FedAvg-style ``strategy`` sample ``clock.over_selection`` times the clients it
-    would (its fraction and its minimum), so that the clock's quota (the sampled count over the
-    factor) is what it sampled before; the clients a round needs online to start."""
+    would of ``clients`` (:func:`sampled`), rounded up and at most ``clients``, so that the
+    clock's quota (the sampled count over the factor, rounded down) is what it sampled before;
+    the clients a round needs online to start. The count is set as the strategy's minimum:
+    Flower truncates ``fraction x clients``, and 1.5 x 3 sampled 4, whose quota is 2, not 3."""
     if not hasattr(strategy, "min_train_nodes"):
         return 1
     factor = 1.0 if clock is None else clock.over_selection
+    before = sampled(strategy, clients)
     strategy.fraction_train = min(1.0, strategy.fraction_train * factor)
-    strategy.min_train_nodes = math.ceil(strategy.min_train_nodes * factor)
+    strategy.min_train_nodes = min(clients, math.ceil(before * factor - 1e-9))
     return max(strategy.min_train_nodes, getattr(strategy, "min_available_nodes", 1))
 
 
@@ -111,7 +114,8 @@ class RunContext:
         times as many clients, and a round starts once as many as it needs are online
         (:func:`over_select`); without the clock's quorum Flower's sampling would wait forever
         for clients the clock keeps offline."""
-        return self.grid(label, policy, over_select(innermost(strategy), self.messenger.clock))
+        need = over_select(innermost(strategy), self.messenger.clock, len(self.nodes))
+        return self.grid(label, policy, need)
 
     def declared(self, key: str) -> Callable[[int], float]:
         """What each node declared at discovery under ``key`` (its examples): the bound of its
