@@ -61,7 +61,7 @@ class SecAggLayer:
             state, public = protocol.advertise(
                 state and state.round, round_number, int(config[keys.SELF])
             )
-            out = {name: public[kind] for kind, name in zip(protocol.KINDS, keys.KEY_TRIO)}
+            out = _key_fields(public)
             content = RecordDict()
         elif state is None:
             raise protocol.Refused(f"a '{op}' message before any key of this node: replayed")
@@ -112,7 +112,7 @@ class SecAggLayer:
             return RecordDict(), {
                 keys.IDS: wire.ids(ids),
                 keys.SHARES: wire.blobs(shares),
-                **{name: ahead[kind] for kind, name in zip(protocol.KINDS, keys.KEY_TRIO)},
+                **_key_fields(ahead),
             }
         raise protocol.Refused(f"unknown SecAgg stage {op!r:.40}")
 
@@ -171,3 +171,8 @@ class SecAggLayer:
         return ddp.encode_rows(
             rows, float(config[keys.DDP_CLIP]), bool(config[keys.DDP_SIMPLEX]), plan, rng
         )
+
+
+def _key_fields(public: dict[str, bytes]) -> dict[str, bytes]:
+    """A node's public keys by kind (``protocol.KINDS``) as the reply's fields (``keys.KEY_TRIO``)."""
+    return {name: public[kind] for kind, name in zip(protocol.KINDS, keys.KEY_TRIO, strict=True)}

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.constant import SType
 
 from fedsim.message_keys import ARRAYS, INFO, METRICS, PARTITION_ID
 
@@ -230,8 +231,8 @@ def npy_view(array) -> np.ndarray:
     sums them (SecAgg+'s masked vectors, 100 of 400 kB a round) faults in fresh memory for each,
     0.9 ms an array here against 0.03 ms a view. Header parsing is numpy's (its size limit and
     literal-only reading); no pickle; a buffer shorter than its header says is refused."""
-    if array.stype != "numpy.ndarray":
-        raise TypeError(f"serialization {array.stype!r:.40}, not numpy.ndarray")
+    if array.stype != SType.NUMPY:
+        raise TypeError(f"serialization {array.stype!r:.40}, not {SType.NUMPY}")
     stream = io.BytesIO(array.data)
     version = np.lib.format.read_magic(stream)
     if version not in _NPY_HEADERS:
