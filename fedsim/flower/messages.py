@@ -4,8 +4,9 @@ uses (``flwr.app`` imports all of them but the Runtime API's protobufs, so this 
 # A Message with the metadata the SuperLink stored (a reply pull's Error, a shard's forwarded reply).
 from flwr.app.message import make_message
 
-# Flower's Error codes (MESSAGE_UNAVAILABLE) and the SuperLink's node id on a reply addressed to it.
-from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+# Flower's Error codes (MESSAGE_UNAVAILABLE), the SuperLink's node id on a reply addressed to it, and an
+# Array's serialization types (a reply array read in place only when it is Flower's numpy form).
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode, SType
 
 # The journal and the in-process grid store and copy a Message as Flower's own protobuf bytes.
 from flwr.common.serde import message_from_proto, message_to_proto, metadata_to_proto

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.common.constant import SType
 
+from fedsim.flower.messages import SType
 from fedsim.message_keys import ARRAYS, INFO, METRICS, PARTITION_ID
 
 Validator = Callable[
