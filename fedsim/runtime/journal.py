@@ -55,6 +55,7 @@ from fedsim.flower.messages import ProtoMessage, message_from_proto, message_to_
 from fedsim.message_keys import PARTITION_ID, RAY_NODE
 from fedsim.privacy.secret import Tampered, open_sealed, open_sealed_bytes, private_folder, seal
 from fedsim.results.outputs import write_file
+from fedsim.runtime.polling import Poller
 
 WHOAMI = "fedsim-whoami"  # the core query every ClientApp answers with its partition id
 HEAD = "head"  # the journal's sealed count and last digest
@@ -93,8 +94,9 @@ def ask_partitions(
     )
     claims, counts, start = {}, {"sent": len(nodes), "failed": 0, "malformed": 0}, time.monotonic()
     ray_nodes = Counter()
+    poller = Poller(poll)
     while pending and time.monotonic() - start < timeout:
-        for reply in grid.pull_messages(list(pending)):
+        for reply in poller.pull(grid.pull_messages, pending):
             pending.discard(reply.metadata.reply_to_message_id)
             if reply.has_error():
                 counts["failed"] += 1
@@ -114,7 +116,7 @@ def ask_partitions(
                 claims[reply.metadata.src_node_id] = partition
                 ray_nodes[_ray_node(reply.content)] += 1
         if pending:
-            time.sleep(poll)
+            poller.pause()
     claimed = Counter(claims.values())
     partitions = {n: p for n, p in claims.items() if claimed[p] == 1}
     counts |= {

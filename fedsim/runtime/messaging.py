@@ -62,6 +62,7 @@ from fedsim.runtime.client_state import RUN_KEY, STATE_KEY
 from fedsim.runtime.faults import FAULTS_KEY
 from fedsim.runtime.journal import Journal, ResumeMismatch, ask_partitions
 from fedsim.runtime.message_metadata import set_src_node_id
+from fedsim.runtime.polling import Poller
 from fedsim.runtime.sharded_grid import MALFORMED_CODE, ShardedGrid
 from fedsim.runtime.validators import Validator, both, common_metrics, metric_values
 
@@ -189,8 +190,8 @@ class Messenger:
     Every exchange's usable replies (live or replayed) also go to each of ``ledgers``
     (``ledger(phase, round, replies)``: the privacy plan's DP-SGD account,
     ``fedsim/privacy/plan.py``), whose returned columns join the exchange's sink row. Replies are
-    pulled every ``poll_seconds``: each exchange waits half of it on average, 0.1 s as Flower's
-    InMemoryGrid."""
+    pulled at most ``poll_seconds`` apart, sooner where a pull is cheap
+    (``fedsim/runtime/polling.py``)."""
 
     def __init__(
         self,
@@ -395,8 +396,9 @@ class Messenger:
         pending, position = set(sent), {mid: i for i, mid in enumerate(sent)}
         total, replies = len(pending), []
         start = last = time.monotonic()
+        poller = Poller(self.poll_seconds)
         while pending and time.monotonic() - start < timeout:
-            got = list(self.raw.pull_messages(list(pending)))
+            got = poller.pull(self.raw.pull_messages, pending)
             for m in got if self._to_old else ():  # back to the journaled run's node ids (resume)
                 set_src_node_id(m, self._to_old[m.metadata.src_node_id])
             replies.extend(got)
@@ -408,7 +410,7 @@ class Messenger:
                 log.info("%s", progress.line(phase, total - len(pending), total, now - start))
                 last = now
             if pending:
-                time.sleep(self.poll_seconds)
+                poller.pause()
         log.info(
             "[%s] %d/%d replies in %.1f s%s",
             phase,
