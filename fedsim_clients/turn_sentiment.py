@@ -8,7 +8,7 @@ from flwr.app import Message, RecordDict
 from fedsim_clients import turn_sentiment_messages as keys
 from fedsim_clients.handler import ClientHandler
 from fedsim_tasks.proximal import proximal_mu
-from fedsim_tasks.topical_chat.turn_sentiment import WEIGHT_NAMES, Recipe
+from fedsim_tasks.topical_chat.turn_sentiment import WEIGHT_NAMES, Recipe, count_turns
 
 
 class TurnSentimentClient(ClientHandler):
@@ -19,7 +19,8 @@ class TurnSentimentClient(ClientHandler):
     @staticmethod
     def population_size(task: dict, data_root: str) -> int:
         """Natural number of clients: one per training turn."""
-        return len(Recipe.of(task, data_root).train_turns())
+        recipe = Recipe.of(task, data_root)
+        return count_turns(recipe.data_root, recipe.train_splits)
 
     def discover(self) -> dict:
         return {keys.NUM_EXAMPLES: self.recipe.examples(self.partition_id, self.num_partitions)}

@@ -12,6 +12,7 @@ from fedsim_tasks.topical_chat.turn_sentiment import (
     Recipe,
     classes_of,
     client_rows,
+    count_turns,
     load_turns,
 )
 
@@ -44,6 +45,15 @@ def test_labels_are_the_classes_of_the_annotated_sentiments_and_features_are_sta
     annotated = load_turns(ROOT, ("valid_rare",), 64, each).y
     grouped = np.array([0, 1, 2, 2, 2, 2, 2, 2])[annotated]  # curious, neutral, the 6 emotions
     assert np.array_equal(turns.y, grouped) and set(np.unique(annotated)) == set(range(8))
+
+
+def test_the_counted_turns_are_the_loaded_ones_and_give_each_client_its_rows():
+    splits = ("valid_rare", "test_rare")
+    assert count_turns(ROOT, splits) == len(load_turns(ROOT, splits, 64, CLASSES))
+    recipe = Recipe.of({**TASK, "train_splits": list(splits)}, ROOT)
+    assert [recipe.examples(c, 700) for c in (0, 350, 699)] == [
+        len(client_rows(len(recipe.train_turns()), 700, c)) for c in (0, 350, 699)
+    ]
 
 
 @pytest.mark.parametrize("num_clients", [1, 7, 1000, 11_000])

@@ -69,6 +69,23 @@ def classes_of(block: dict) -> Classes:
     return tuple((str(name), tuple(held)) for name, held in block.items())
 
 
+def _conversations(data_root: str, split: str) -> list[dict]:
+    """The conversations of one Topical-Chat split, in file order."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown Topical-Chat split {split!r}; available here: {SPLITS}")
+    path = require_file(
+        Path(data_root) / "topical_chat" / "conversations" / f"{split}.json", UPSTREAM
+    )
+    return list(json.loads(path.read_text()).values())
+
+
+@lru_cache(maxsize=4)
+def count_turns(data_root: str, splits: tuple[str, ...]) -> int:
+    """How many turns ``splits`` hold: what a client's rows need (:func:`client_rows`), without
+    hashing 35,000 texts (3.5 s) on a server that only checks each client's count."""
+    return sum(len(c["content"]) for split in splits for c in _conversations(data_root, split))
+
+
 @lru_cache(maxsize=4)
 def load_turns(data_root: str, splits: tuple[str, ...], features: int, classes: Classes) -> Turns:
     """The turns of ``splits``: hashed unigram + bigram counts (scikit-learn's stateless
@@ -79,12 +96,7 @@ def load_turns(data_root: str, splits: tuple[str, ...], features: int, classes: 
     label_of = {s: i for i, (_, held) in enumerate(classes) for s in held}
     texts, labels = [], []
     for split in splits:
-        if split not in SPLITS:
-            raise ValueError(f"unknown Topical-Chat split {split!r}; available here: {SPLITS}")
-        path = require_file(
-            Path(data_root) / "topical_chat" / "conversations" / f"{split}.json", UPSTREAM
-        )
-        for conversation in json.loads(path.read_text()).values():
+        for conversation in _conversations(data_root, split):
             for turn in conversation["content"]:
                 texts.append(turn["message"])
                 labels.append(label_of[turn["sentiment"]])
@@ -219,7 +231,7 @@ class Recipe:
         return get_weights(self.model(seed=seed))
 
     def examples(self, client: int, num_clients: int) -> int:
-        return len(client_rows(len(self.train_turns()), num_clients, client))
+        return len(client_rows(count_turns(self.data_root, self.train_splits), num_clients, client))
 
     def local_update(
         self,
