@@ -123,3 +123,27 @@ def test_a_wrong_task_value_is_refused_by_its_settings():
     ):
         with pytest.raises(ValueError, match=f"task.{key}"):
             TurnSentimentSettings(**{**base, key: value})
+
+
+@pytest.mark.parametrize("mu", [0.0, 0.5])
+def test_batched_epochs_equal_the_per_client_loop_to_float_order(one_thread, mu):  # noqa: F811
+    recipe = Recipe.of(TASK, ROOT)
+    num_clients = 1500  # 7-8 turns a client: one step of 8 for some, 7 for others
+    clients = [0, 1, 2, 700, 1499]
+    weights = recipe.initial(3)
+    stacked, examples, losses = recipe.local_updates(weights, clients, num_clients, 3, 2, mu)
+    wide = Recipe.of({**TASK, "batch_size": 3}, ROOT)  # 3 steps, the last one short
+    wide_stacked, wide_examples, wide_losses = wide.local_updates(
+        weights, clients, num_clients, 3, 2, mu
+    )
+    for recipe_, got, counts, means in (
+        (recipe, stacked, examples, losses),
+        (wide, wide_stacked, wide_examples, wide_losses),
+    ):
+        for i, client in enumerate(clients):
+            alone, n, metrics = recipe_.local_update(weights, client, num_clients, 3, 2, mu)
+            assert counts[i] == n
+            assert means[i] == pytest.approx(metrics["loss"], rel=1e-5)
+            for tensor, one in zip(got, alone):
+                assert np.allclose(tensor[i], one, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(stacked[0][0], weights[0])  # they trained

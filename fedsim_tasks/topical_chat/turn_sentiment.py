@@ -158,6 +158,54 @@ def train_epoch(
     return {"loss": total / max(len(y), 1), "steps": steps}
 
 
+def train_epochs(
+    model: nn.Module,
+    weights: list[np.ndarray],
+    batches: list[list[tuple[np.ndarray, np.ndarray]]],
+    lr: float,
+    mu: float = 0.0,
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """Many clients' epochs at once, each from ``weights``: client ``c`` takes one SGD step on
+    each of its ``batches[c]`` (rows, labels), as :func:`train_epoch` does for one client. Step
+    ``s`` of every client runs as one batched call (``torch.func.vmap``); a client with fewer
+    steps has its later ones masked out (zero gradient). Returns each weight tensor stacked
+    over the clients and each client's summed batch losses. Equal to the per-client loop to
+    float order, not to the bit (batched matrix products add in another order)."""
+    from torch.func import functional_call, grad, vmap
+
+    names = list(dict(model.named_parameters()))
+    anchor = [torch.from_numpy(np.asarray(w)) for w in weights]
+
+    def loss(params, x, y, m):
+        logits = functional_call(model, dict(zip(names, params)), (x,))
+        ce = (nn.functional.cross_entropy(logits, y, reduction="none") * m).sum()
+        taken = m.sum()
+        near = sum(((p - a) ** 2).sum() for p, a in zip(params, anchor))
+        return ce / taken.clamp(min=1) + (taken > 0) * mu / 2 * near, ce
+
+    step = vmap(grad(loss, has_aux=True))
+    clients, width = len(batches), max(len(b) for b in batches)
+    size = max(len(y) for b in batches for _, y in b)
+    params = [a.unsqueeze(0).repeat(clients, *[1] * a.dim()) for a in anchor]
+    losses = torch.zeros(clients)
+    for s in range(width):
+        x = torch.zeros(clients, size, batches[0][0][0].shape[1])
+        y = torch.zeros(clients, size, dtype=torch.int64)
+        m = torch.zeros(clients, size)
+        for c, held in enumerate(batches):
+            if s < len(held):
+                rows, labels = held[s]
+                x[c, : len(labels)], y[c, : len(labels)] = (
+                    torch.from_numpy(rows),
+                    torch.from_numpy(labels),
+                )
+                m[c, : len(labels)] = 1
+        grads, ce = step(params, x, y, m)
+        params = [p - lr * g for p, g in zip(params, grads)]
+        losses += ce
+    return [p.detach().numpy() for p in params], losses.numpy()
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, turns: Turns) -> dict:
     """Accuracy, balanced accuracy (the mean of the classes' recalls: 1 / classes for a model
@@ -253,6 +301,37 @@ class Recipe:
             model, turns.x[rows], turns.y[rows], self.batch_size, self.lr, order_seed, mu
         )
         return get_weights(model), len(rows), metrics
+
+    def local_updates(
+        self,
+        weights: list[np.ndarray],
+        clients: list[int],
+        num_clients: int,
+        seed: int,
+        server_round: int,
+        mu: float = 0.0,
+    ) -> tuple[list[np.ndarray], list[int], list[float]]:
+        """:meth:`local_update` of several clients from the same ``weights`` as one batched
+        computation (:func:`train_epochs`): each weight tensor stacked over ``clients``, their
+        examples and mean losses. What a SuperNode hosting many clients could run per round
+        (issue 60; ``bench/vectorized_clients.py`` times it against the loop)."""
+        turns, batches, examples = self.train_turns(), [], []
+        for client in clients:
+            rows = client_rows(len(turns), num_clients, client)
+            order = np.random.default_rng(
+                BATCH_ORDER.seed(seed, round=server_round, partition=client)
+            ).permutation(len(rows))
+            rows, size = rows[order], self.batch_size
+            batches.append(
+                [
+                    (turns.x[rows[a : a + size]], turns.y[rows[a : a + size]])
+                    for a in range(0, len(rows), size)
+                ]
+            )
+            examples.append(len(rows))
+        model = _worker_model(self.features, self.hidden, len(self.classes))
+        stacked, losses = train_epochs(model, weights, batches, self.lr, mu)
+        return stacked, examples, [float(t) / max(n, 1) for t, n in zip(losses, examples)]
 
     def evaluate(self, weights: list[np.ndarray]) -> dict:
         return evaluate(self.model(weights), self.test_turns())
