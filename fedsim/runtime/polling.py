@@ -8,6 +8,11 @@ pull is :data:`PAUSE_PER_PULL` times what an empty pull took (polling keeps at m
 server's thread), never more than the run's ``ceiling``: in a simulation a reply is pulled a
 few milliseconds after it arrives, over a network as before. A pull that brought replies also
 paid for reading them, so it does not set the pace.
+
+The SuperLink answers every pull too, so a wait that has lasted a while polls less: the pause
+is at least :data:`WAITED_SHARE` of the time waited so far (a reply then waits at most ~5% of
+the exchange's length more), which brings a long exchange (minutes of training) back to the
+ceiling within its first seconds instead of pulling hundreds of times a second throughout.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 
 PAUSE_PER_PULL = 20.0  # seconds paused per second a pull took: polling costs <= 1/21 of a thread
+WAITED_SHARE = 0.05  # the pause is at least this share of the time waited so far
 
 
 class Poller:
@@ -23,6 +29,7 @@ class Poller:
 
     def __init__(self, ceiling: float, clock: Callable[[], float] = time.monotonic):
         self.ceiling, self.clock = ceiling, clock
+        self.started = clock()
         self.cost: float | None = None  # the last empty pull's seconds (the first pull's before)
 
     def pull(self, pull_messages: Callable[[list[str]], Iterable], pending: Iterable[str]) -> list:
@@ -34,7 +41,8 @@ class Poller:
 
     def seconds(self) -> float:
         """The pause before the next pull."""
-        return min(self.ceiling, PAUSE_PER_PULL * (self.cost or 0.0))
+        waited = self.clock() - self.started
+        return min(self.ceiling, max(PAUSE_PER_PULL * (self.cost or 0.0), WAITED_SHARE * waited))
 
     def pause(self) -> None:
         time.sleep(self.seconds())

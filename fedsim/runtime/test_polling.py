@@ -1,7 +1,7 @@
 """The pause between pulls follows what an empty pull costs, capped at the run's interval
 (a fake clock: each pull takes the seconds the test says)."""
 
-from fedsim.runtime.polling import PAUSE_PER_PULL, Poller
+from fedsim.runtime.polling import PAUSE_PER_PULL, WAITED_SHARE, Poller
 
 
 class Clock:
@@ -51,3 +51,14 @@ def test_a_zero_ceiling_never_waits():
     poller = Poller(0.0, clock)
     poller.pull(pull_taking(clock, 0.01, []), ["a"])
     assert poller.seconds() == 0.0
+
+
+def test_a_long_wait_polls_less_the_longer_it_lasts():
+    clock = Clock()
+    poller = Poller(0.1, clock)
+    poller.pull(pull_taking(clock, 0.0001, []), ["a"])
+    assert poller.seconds() == PAUSE_PER_PULL * 0.0001  # 2 ms at the start
+    clock.now = 0.5
+    assert poller.seconds() == WAITED_SHARE * 0.5  # half a second in: 25 ms
+    clock.now = 600.0
+    assert poller.seconds() == 0.1  # minutes of training: the ceiling, as before
