@@ -132,6 +132,13 @@ def build_mlp(features: int, hidden: int, classes: int, seed: int) -> nn.Module:
     return model
 
 
+def epoch_batches(n: int, batch_size: int, seed: int) -> list[np.ndarray]:
+    """One epoch's batches over ``n`` examples: their indices in a seeded order, ``batch_size``
+    at a time (the last one shorter)."""
+    order = np.random.default_rng(seed).permutation(n)
+    return [order[start : start + batch_size] for start in range(0, n, batch_size)]
+
+
 def train_epoch(
     model: nn.Module,
     x: np.ndarray,
@@ -142,12 +149,10 @@ def train_epoch(
     mu: float = 0.0,
 ) -> dict:
     """One local epoch of SGD over ``x, y`` in a seeded order (FedProx's term at ``mu``)."""
-    order = np.random.default_rng(seed).permutation(len(y))
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     proximal = ProximalTerm(model, mu)
     total, steps = 0.0, 0
-    for start in range(0, len(order), batch_size):
-        batch = order[start : start + batch_size]
+    for batch in epoch_batches(len(y), batch_size, seed):
         loss = nn.functional.cross_entropy(
             model(torch.from_numpy(x[batch])), torch.from_numpy(y[batch])
         )
@@ -170,7 +175,9 @@ def train_epochs(
     ``s`` of every client runs as one batched call (``torch.func.vmap``); a client with fewer
     steps has its later ones masked out (zero gradient). Returns each weight tensor stacked
     over the clients and each client's summed batch losses. Equal to the per-client loop to
-    float order, not to the bit (batched matrix products add in another order)."""
+    float order, not to the bit (batched matrix products add in another order). FedProx's term
+    is written out here: :class:`~fedsim_tasks.proximal.ProximalTerm` anchors a module's own
+    parameters, and these are per-client tensors passed to ``functional_call``."""
     from torch.func import functional_call, grad, vmap
 
     names = list(dict(model.named_parameters()))
@@ -318,15 +325,10 @@ class Recipe:
         turns, batches, examples = self.train_turns(), [], []
         for client in clients:
             rows = client_rows(len(turns), num_clients, client)
-            order = np.random.default_rng(
-                BATCH_ORDER.seed(seed, round=server_round, partition=client)
-            ).permutation(len(rows))
-            rows, size = rows[order], self.batch_size
+            x, y = turns.x[rows], turns.y[rows]
+            seed_of = BATCH_ORDER.seed(seed, round=server_round, partition=client)
             batches.append(
-                [
-                    (turns.x[rows[a : a + size]], turns.y[rows[a : a + size]])
-                    for a in range(0, len(rows), size)
-                ]
+                [(x[b], y[b]) for b in epoch_batches(len(rows), self.batch_size, seed_of)]
             )
             examples.append(len(rows))
         model = _worker_model(self.features, self.hidden, len(self.classes))
