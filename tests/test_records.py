@@ -1,7 +1,7 @@
 """Every number a page marks is rebuilt from its record under records/, so a page cannot drift
-from the runs behind it: README.md, docs/clock.md, docs/secure-aggregation.md and
-docs/methods/*.md are scanned for markers, each marker's number recomputed, and any difference at
-the printed precision fails.
+from the runs behind it: README.md, docs/clock.md, docs/secure-aggregation.md,
+docs/benchmarks/simulation-peers.md and docs/methods/*.md are scanned for markers, each marker's
+number recomputed, and any difference at the printed precision fails.
 
 A marker is an HTML comment (invisible when rendered) right after the number it holds:
 
@@ -48,6 +48,7 @@ PAGES = [
     REPO_ROOT / "README.md",
     REPO_ROOT / "docs" / "clock.md",
     REPO_ROOT / "docs" / "secure-aggregation.md",
+    REPO_ROOT / "docs" / "benchmarks" / "simulation-peers.md",
     *sorted((REPO_ROOT / "docs" / "methods").glob("*.md")),
 ]
 MARKER = re.compile(r"<!--\s*record:\s*(.*?)\s*-->", re.S)
