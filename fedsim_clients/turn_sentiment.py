@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from flwr.app import Message, RecordDict
 
+from fedsim.runtime import hosted_work
 from fedsim_clients import turn_sentiment_messages as keys
 from fedsim_clients.handler import ClientHandler
 from fedsim_tasks.proximal import proximal_mu
@@ -26,18 +27,28 @@ class TurnSentimentClient(ClientHandler):
         return {keys.NUM_EXAMPLES: self.recipe.examples(self.partition_id, self.num_partitions)}
 
     def train(self, msg: Message) -> RecordDict:
-        config = msg.content[keys.CONFIG]
-        self.threads(config)
-        sent = self.weights(msg)
-        weights, examples, stats = self.recipe.local_update(
-            [sent[name] for name in WEIGHT_NAMES],
-            self.partition_id,
-            self.num_partitions,
-            int(config[keys.SEED]),
-            self.server_round(config),
-            proximal_mu(config),
-        )
+        self.threads(msg.content[keys.CONFIG])
+        weights, examples, loss = hosted_work.result(self.partition_id, msg, self.epochs)
         return self.weights_reply(
             dict(zip(WEIGHT_NAMES, weights)),
-            {keys.NUM_EXAMPLES: examples, keys.TRAIN_LOSS: stats["loss"]},
+            {keys.NUM_EXAMPLES: examples, keys.TRAIN_LOSS: loss},
         )
+
+    def epochs(self, msg: Message, partitions: list[int]) -> list[tuple[list, int, float]]:
+        """The epochs ``msg`` asks of each of ``partitions`` (this client's and, under the
+        batched backend, its peers', ``fedsim/runtime/hosted_work.py``): one client's as
+        :meth:`Recipe.local_update`, several as one batched computation."""
+        config = msg.content[keys.CONFIG]
+        sent = self.weights(msg)
+        weights = [sent[name] for name in WEIGHT_NAMES]
+        args = (self.num_partitions, int(config[keys.SEED]), self.server_round(config))
+        if len(partitions) == 1:
+            new, examples, stats = self.recipe.local_update(
+                weights, partitions[0], *args, proximal_mu(config)
+            )
+            return [(new, examples, stats["loss"])]
+        stacked, examples, losses = self.recipe.local_updates(
+            weights, partitions, *args, proximal_mu(config)
+        )
+        rows = [[w[c] for w in stacked] for c in range(len(partitions))]
+        return list(zip(rows, examples, losses))

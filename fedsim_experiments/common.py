@@ -7,6 +7,7 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Result, Strategy
@@ -98,7 +99,12 @@ class RunContext:
     plan: PrivacyPlan = field(kw_only=True)  # the ServerApp's (fedsim/privacy/plan.py)
 
     def partition_of(self, node: int) -> int:
-        return next(partition_id for partition_id, n in self.nodes.items() if n == node)
+        return self._partitions[node]
+
+    @cached_property
+    def _partitions(self) -> dict[int, int]:
+        """Node id -> partition (``nodes`` inverted once: a round asks it for every reply)."""
+        return {n: partition_id for partition_id, n in self.nodes.items()}
 
     def grid(self, label: str, policy: Policy | None = None, need: int = 1):
         """A Grid over every client in partition order. Flower samples nodes by position and

@@ -20,6 +20,7 @@ from fedsim.runtime.row_batches import ROWS, split_rows, stack
 from fedsim.runtime.sharded_grid import LAYOUT, SHARD, ShardedGrid
 from fedsim.runtime.validators import finite_arrays
 from fedsim_experiments.turn_sentiment import protocol as turn_sentiment
+from fedsim_tasks.topical_chat.turn_sentiment import Recipe
 
 N, K = 12, 3
 
@@ -104,7 +105,19 @@ def test_a_bad_row_group_or_row_costs_its_own_clients_only(tamper, malformed):
 
 
 @pytest.mark.slow
-def test_turn_sentiment_fedavg_equals_the_messages_backend(tmp_path):
+def test_turn_sentiment_fedavg_equals_the_messages_backend(tmp_path, monkeypatch):
+    """The batched backend runs each SuperNode's sampled clients' epochs as one batched
+    computation (``fedsim/runtime/hosted_work.py``): the same run to float order, the same
+    fault counts, and the epochs were batched (6 clients a round on 2 SuperNodes)."""
+    batches = []
+    batched_epochs = Recipe.local_updates
+
+    def spy(self, weights, clients, *args):
+        batches.append(len(clients))
+        return batched_epochs(self, weights, clients, *args)
+
+    monkeypatch.setattr(Recipe, "local_updates", spy)
+
     def run(backend: str) -> dict:
         cfg = compose(
             [
@@ -113,7 +126,7 @@ def test_turn_sentiment_fedavg_equals_the_messages_backend(tmp_path):
                 "hardware.num_clients=40",
                 "hardware.clients_per_supernode=20",
                 f"hardware.client_backend={backend}",
-                "protocol.clients_per_round=4",
+                "protocol.clients_per_round=6",
                 "num_rounds=2",
                 f"results_dir={tmp_path / backend}",
             ]
@@ -128,7 +141,18 @@ def test_turn_sentiment_fedavg_equals_the_messages_backend(tmp_path):
         results, _ = turn_sentiment.run(messenger, cfg, out, PrivacyPlan.build(cfg, b"k" * 32))
         return {"loss": results["loss"], "curve": results["curve"], "faults": messenger.faults}
 
-    assert run("batched") == run("messages")
+    by_message = run("messages")
+    assert batches == []
+    by_rows = run("batched")
+    assert sum(batches) == 12 and max(batches) > 1, batches
+    assert by_rows["faults"] == by_message["faults"]
+    assert by_rows["loss"] == pytest.approx(by_message["loss"], rel=1e-6)
+    for ours, theirs in zip(by_rows["curve"], by_message["curve"], strict=True):
+        assert ours.keys() == theirs.keys()
+        for key, value in ours.items():
+            assert value == (
+                pytest.approx(theirs[key], rel=1e-6) if isinstance(value, float) else theirs[key]
+            )
 
 
 def test_whoami_asks_no_logical_client_and_forget_goes_once_per_supernode(tmp_path):

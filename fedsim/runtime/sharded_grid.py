@@ -24,6 +24,7 @@ import heapq
 import json
 import math
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from copy import copy
 from dataclasses import replace
 from uuid import uuid4
@@ -33,6 +34,7 @@ from flwr.serverapp import Grid
 
 from fedsim.flower.messages import make_message
 from fedsim.message_keys import NODE_NUM_PARTITIONS, NODE_PARTITION_ID, NUM_EXAMPLES
+from fedsim.runtime import hosted_work
 from fedsim.runtime.journal import ask_partitions
 from fedsim.runtime.message_metadata import set_message_id
 from fedsim.runtime.row_batches import split_rows, stack
@@ -100,30 +102,36 @@ def serve_batch(
 ) -> Message:
     """ClientApp side: run ``handler`` (mods included) once per logical client of a batch, each
     with its own partition id, and pack the replies; a client that raises becomes an
-    ``error/i`` entry (its own ``failed`` reply on the server), not the batch's failure."""
+    ``error/i`` entry (its own ``failed`` reply on the server), not the batch's failure. Under
+    the batched backend the handlers may share their clients' work (``hosted_work.py``)."""
     manifest, layout = msg.content[SHARD], _layout(msg.content)
     clients, num_clients = list(manifest[CLIENTS]), int(manifest[NUM_CLIENTS])
-    replies, errors = [], {}
-    for i, client in enumerate(clients):
-        sub = make_message(
-            copy(msg.metadata), unpack(msg.content, layout, i)
-        )  # as if sent on its own
-        set_message_id(sub, f"{msg.metadata.message_id}/{i}")
-        sub_context = replace(
-            context,
-            node_config={
-                **context.node_config,
-                NODE_PARTITION_ID: client,
-                NODE_NUM_PARTITIONS: num_clients,
-            },
-        )
-        try:
-            replies.append(handler(sub, sub_context).content)
-        except Exception as exc:  # noqa: BLE001 - one client's crash is its own failed reply
-            errors[i] = f"{type(exc).__name__}: {exc}"
-            replies.append(RecordDict())
     rows = bool(manifest.get(REPLY_ROWS, False))
+    subs = [_sub_message(msg, layout, i) for i in range(len(clients))]
+    replies, errors = [], {}
+    with hosted_work.batch(list(zip(subs, clients))) if rows else nullcontext():
+        for i, (sub, client) in enumerate(zip(subs, clients)):
+            sub_context = replace(
+                context,
+                node_config={
+                    **context.node_config,
+                    NODE_PARTITION_ID: client,
+                    NODE_NUM_PARTITIONS: num_clients,
+                },
+            )
+            try:
+                replies.append(handler(sub, sub_context).content)
+            except Exception as exc:  # noqa: BLE001 - one client's crash is its own failed reply
+                errors[i] = f"{type(exc).__name__}: {exc}"
+                replies.append(RecordDict())
     return Message(pack(replies, clients, num_clients, errors, rows), reply_to=msg)
+
+
+def _sub_message(msg: Message, layout: dict, i: int) -> Message:
+    """Client ``i``'s message of a batch, as if sent on its own."""
+    sub = make_message(copy(msg.metadata), unpack(msg.content, layout, i))
+    set_message_id(sub, f"{msg.metadata.message_id}/{i}")
+    return sub
 
 
 def _parts(content: RecordDict, clients: list[int]) -> list[RecordDict | Error]:
