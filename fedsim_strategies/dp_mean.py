@@ -57,6 +57,7 @@ from fedsim.privacy.dp import (
     poisson_sample,
     release_epsilon,
 )
+from fedsim.runtime.validators import npy_view
 
 log = logging.getLogger("fedsim")
 
@@ -152,8 +153,10 @@ class DPMean(Strategy):
         ]
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        rows = [
-            msg.content.array_records[next(iter(msg.content.array_records))][self.array_key].numpy()
+        rows = [  # each reply's one ArrayRecord (the Messenger checked it), read in place
+            npy_view(
+                next(r for r in msg.content.values() if isinstance(r, ArrayRecord))[self.array_key]
+            )
             for msg in replies
             if not msg.has_error()
         ]

@@ -165,7 +165,7 @@ class MaskedVector:
     """A mask reply's ArrayRecord; its one array is checked and decoded once, by the mask
     stage's reply check (``Arrays()`` would decode it, and the server again)."""
 
-    kind = "array_records"
+    kind = ArrayRecord
 
     def problem(self, record, node: int) -> str | None:
         return None

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+from flwr.app import MetricRecord
 from omegaconf import OmegaConf
 
 from fedsim.config.compose import CONF_DIR
@@ -84,8 +85,8 @@ class DPSGDLedger:
             return {
                 m.metadata.src_node_id: float(r[key])
                 for m in replies
-                for r in m.content.metric_records.values()
-                if isinstance(r.get(key), (int, float))
+                for r in m.content.values()  # its metric records (not Flower's checked dict of them)
+                if isinstance(r, MetricRecord) and isinstance(r.get(key), (int, float))
             }
 
         spent = by_node(DP_EPSILON)

@@ -18,7 +18,7 @@ import shutil
 import time
 from pathlib import Path
 
-from flwr.app import Message
+from flwr.app import Message, MetricRecord
 from matplotlib.image import imread
 
 from fedsim.results.mlflow_sink import MlflowSink
@@ -29,8 +29,10 @@ def reply_metrics(replies: list[Message]) -> dict[str, float]:
     """The mean of each finite scalar metric over the replies that carry it."""
     values: dict[str, list[float]] = {}
     for msg in replies:
-        for record in msg.content.metric_records.values():
-            for key, value in record.items():
+        for (
+            record
+        ) in msg.content.values():  # its metric records (not Flower's checked dict of them)
+            for key, value in record.items() if isinstance(record, MetricRecord) else ():
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     values.setdefault(f"metric/{key}", []).append(float(value))
     return {k: sum(v) / len(v) for k, v in values.items()}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 
 def config_record(content: RecordDict, name: str) -> ConfigRecord | None:
@@ -14,6 +14,13 @@ def config_record(content: RecordDict, name: str) -> ConfigRecord | None:
     per client message)."""
     record = content.get(name)
     return record if isinstance(record, ConfigRecord) else None
+
+
+def metric_records(content: RecordDict) -> dict[str, MetricRecord]:
+    """The metric records of ``content`` by name, as a plain dict: ``content.metric_records``
+    builds Flower's type-checked dict of them (35 us), several times for every reply a server
+    screens and counts."""
+    return {name: r for name, r in content.items() if isinstance(r, MetricRecord)}
 
 
 def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:

@@ -3,6 +3,8 @@ pass a check of finite arrays alone (a weight of NaN, 1e12, above the node's dec
 < 0; an array broadcast by ``+=``; a key missing or added; a string dtype) and would each move
 the average or stop it; each is rejected, counted as malformed."""
 
+import struct
+
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
@@ -143,6 +145,26 @@ def test_a_buffer_shorter_than_its_header_says_is_refused():
     array.data = array.data[:-4]
     with pytest.raises(ValueError):
         npy_view(array)
+    assert "undecodable" in Arrays().problem(ArrayRecord({"w": array}), 1)
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        lambda data: data[:9],  # cut inside the header's length
+        lambda data: data[:20],  # cut inside the header
+        lambda data: data[:8] + struct.pack("<H", 200) + data[10:],  # a length past the header
+        lambda data: data[:8] + struct.pack("<H", 20) + data[10:],  # a length inside it
+        lambda data: data[:6] + bytes([3, 0]) + data[8:],  # a version numpy never wrote
+        lambda data: b"\x93NUMPY\x02\x00" + struct.pack("<I", 10**6) + bytes(10**6 + 64),
+    ],
+)
+def test_a_header_that_lies_about_itself_is_refused(tamper):
+    """Each distinct header is read once (a cache by its bytes): a header the cache never saw,
+    or one whose length field lies, is read by numpy or refused, never taken from another's."""
+    array = Array(np.arange(100, dtype=np.float32))
+    npy_view(array)  # its true header read and cached
+    array.data = tamper(array.data)
     assert "undecodable" in Arrays().problem(ArrayRecord({"w": array}), 1)
 
 

@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import io
 import math
+import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedsim.flower.messages import SType
 from fedsim.message_keys import ARRAYS, INFO, METRICS, PARTITION_ID
+from fedsim.runtime.records import metric_records
 
 Validator = Callable[
     [RecordDict, int], "str | None"
@@ -182,7 +185,7 @@ class Keys:
 class Metrics(Keys):
     """A MetricRecord."""
 
-    kind = "metric_records"
+    kind = MetricRecord
 
 
 @dataclass(frozen=True)
@@ -190,7 +193,7 @@ class Config(Keys):
     """A ConfigRecord (no informational keys)."""
 
     informational: bool = False
-    kind = "config_records"
+    kind = ConfigRecord
 
 
 @dataclass(frozen=True)
@@ -200,7 +203,7 @@ class Arrays:
     ``+=``; a missing key would silently keep the old weights), else any non-empty set."""
 
     like: ArrayRecord | None = None
-    kind = "array_records"
+    kind = ArrayRecord
 
     def problem(self, record: ArrayRecord, node: int) -> str | None:
         if not len(record):
@@ -219,9 +222,10 @@ class Arrays:
         return None
 
 
+NPY_HEADER_LIMIT = 10_000  # numpy's own default (read_array_header's max_header_size)
 _NPY_HEADERS = {
-    (1, 0): np.lib.format.read_array_header_1_0,
-    (2, 0): np.lib.format.read_array_header_2_0,
+    (1, 0): (np.lib.format.read_array_header_1_0, "<H"),
+    (2, 0): (np.lib.format.read_array_header_2_0, "<I"),
 }
 
 
@@ -230,17 +234,36 @@ def npy_view(array) -> np.ndarray:
     ``Array.numpy()`` (``np.load``) copies them: a server that keeps every reply's copy until it
     sums them (SecAgg+'s masked vectors, 100 of 400 kB a round) faults in fresh memory for each,
     0.9 ms an array here against 0.03 ms a view. Header parsing is numpy's (its size limit and
-    literal-only reading); no pickle; a buffer shorter than its header says is refused."""
+    literal-only reading), once per distinct header (:func:`_npy_header`); no pickle; a buffer
+    shorter than its header says is refused."""
     if array.stype != SType.NUMPY:
         raise TypeError(f"serialization {array.stype!r:.40}, not {SType.NUMPY}")
-    stream = io.BytesIO(array.data)
-    version = np.lib.format.read_magic(stream)
-    if version not in _NPY_HEADERS:
-        raise ValueError(f".npy version {version} not read")
-    shape, fortran, dtype = _NPY_HEADERS[version](stream)
-    count = math.prod(shape)
-    values = np.frombuffer(array.data, dtype=dtype, count=count, offset=stream.tell())
+    data = array.data
+    version = tuple(data[6:8])
+    if data[:6] != b"\x93NUMPY" or version not in _NPY_HEADERS:
+        raise ValueError(f"not a .npy buffer of a version read (1.0, 2.0): {data[:8]!r:.40}")
+    size_format = _NPY_HEADERS[version][1]
+    start = 8 + struct.calcsize(size_format)
+    end = start + struct.unpack(size_format, data[8:start])[0]
+    if end - start > NPY_HEADER_LIMIT:
+        raise ValueError(
+            f"a .npy header of {end - start} bytes (numpy reads at most {NPY_HEADER_LIMIT})"
+        )
+    shape, fortran, dtype = _npy_header(bytes(data[:end]))
+    values = np.frombuffer(data, dtype=dtype, count=math.prod(shape), offset=end)
     return values.reshape(shape, order="F" if fortran else "C")
+
+
+@lru_cache(maxsize=256)
+def _npy_header(header: bytes) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """numpy's reading of one ``.npy`` header (shape, Fortran order, dtype): every reply of a
+    round carries the same few headers, and numpy reads each with ``ast.literal_eval`` (50 us)."""
+    stream = io.BytesIO(header)
+    version = np.lib.format.read_magic(stream)
+    shape, fortran, dtype = _NPY_HEADERS[version][0](stream)
+    if stream.tell() != len(header):
+        raise ValueError("the .npy header is not where its length says")
+    return shape, fortran, dtype
 
 
 def decoded(name: str, array) -> np.ndarray | str:
@@ -297,8 +320,8 @@ class Reply:
         for name, spec in self.records.items():
             if name not in names:
                 continue
-            if name not in getattr(content, spec.kind):
-                return f"record {name!r} is not a {spec.kind.removesuffix('_records')} record"
+            if not isinstance(content[name], spec.kind):
+                return f"record {name!r} is not a {spec.kind.__name__[:-6].lower()} record"
             if why := spec.problem(content[name], node):
                 return f"{name}: {why}"
         return self.check(content, node) if self.check else None
@@ -314,7 +337,7 @@ def both(*validators: Validator | None) -> Validator | None:
 
 def metric_values(content: RecordDict) -> str | None:
     """Every reply's metrics: finite numbers, or lists of them."""
-    for name, record in content.metric_records.items():
+    for name, record in metric_records(content).items():
         for key, value in record.items():
             values = value if isinstance(value, list) else [value]
             if not all(_is_number(v) and math.isfinite(v) for v in values):
@@ -326,11 +349,12 @@ def common_metrics(replies: list[Message]) -> list[Message]:
     """``replies`` whose metric records keep only the keys every reply's record of that name
     carries: Flower's strategies raise on replies whose keys differ (``InconsistentMessageReplies``).
     Only informational keys can differ: what is read is required of every reply."""
-    names = {name for m in replies for name in m.content.metric_records}
+    records = [metric_records(m.content) for m in replies]
+    names = {name for r in records for name in r}
     for name in names:
-        shared = set.intersection(*(set(m.content.metric_records.get(name, {})) for m in replies))
-        for m in replies:
-            record = m.content.metric_records.get(name)
+        shared = set.intersection(*(set(r.get(name, {})) for r in records))
+        for m, held in zip(replies, records):
+            record = held.get(name)
             if record is not None and set(record) != shared:
                 m.content[name] = MetricRecord({k: v for k, v in record.items() if k in shared})
     return replies
