@@ -28,27 +28,38 @@ class TurnSentimentClient(ClientHandler):
 
     def train(self, msg: Message) -> RecordDict:
         self.threads(msg.content[keys.CONFIG])
-        weights, examples, loss = hosted_work.result(self.partition_id, msg, self.epochs)
+        weights, examples, loss = hosted_work.result(
+            self.partition_id, msg, self.epoch, self.epochs
+        )
         return self.weights_reply(
             dict(zip(WEIGHT_NAMES, weights)),
             {keys.NUM_EXAMPLES: examples, keys.TRAIN_LOSS: loss},
         )
 
+    def _inputs(self, msg: Message) -> tuple[list, int, int, float]:
+        """The weights ``msg`` sends, its seed, round and FedProx ``mu``."""
+        config, sent = msg.content[keys.CONFIG], self.weights(msg)
+        return (
+            [sent[name] for name in WEIGHT_NAMES],
+            int(config[keys.SEED]),
+            self.server_round(config),
+            proximal_mu(config),
+        )
+
+    def epoch(self, msg: Message) -> tuple[list, int, float]:
+        """This client's epoch (:meth:`Recipe.local_update`): the ``messages`` backend's."""
+        weights, seed, server_round, mu = self._inputs(msg)
+        new, examples, stats = self.recipe.local_update(
+            weights, self.partition_id, self.num_partitions, seed, server_round, mu
+        )
+        return new, examples, stats["loss"]
+
     def epochs(self, msg: Message, partitions: list[int]) -> list[tuple[list, int, float]]:
-        """The epochs ``msg`` asks of each of ``partitions`` (this client's and, under the
-        batched backend, its peers', ``fedsim/runtime/hosted_work.py``): one client's as
-        :meth:`Recipe.local_update`, several as one batched computation."""
-        config = msg.content[keys.CONFIG]
-        sent = self.weights(msg)
-        weights = [sent[name] for name in WEIGHT_NAMES]
-        args = (self.num_partitions, int(config[keys.SEED]), self.server_round(config))
-        if len(partitions) == 1:
-            new, examples, stats = self.recipe.local_update(
-                weights, partitions[0], *args, proximal_mu(config)
-            )
-            return [(new, examples, stats["loss"])]
+        """The epochs ``msg`` asks of each of ``partitions`` (this client and its peers under the
+        batched backend, ``fedsim/runtime/hosted_work.py``) as one batched computation."""
+        weights, seed, server_round, mu = self._inputs(msg)
         stacked, examples, losses = self.recipe.local_updates(
-            weights, partitions, *args, proximal_mu(config)
+            weights, partitions, self.num_partitions, seed, server_round, mu
         )
         rows = [[w[c] for w in stacked] for c in range(len(partitions))]
         return list(zip(rows, examples, losses))

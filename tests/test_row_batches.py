@@ -108,17 +108,19 @@ def test_a_bad_row_group_or_row_costs_its_own_clients_only(tamper, malformed):
 def test_turn_sentiment_fedavg_equals_the_messages_backend(tmp_path, monkeypatch):
     """The batched backend runs each SuperNode's sampled clients' epochs as one batched
     computation (``fedsim/runtime/hosted_work.py``): the same run to float order, the same
-    fault counts, and the epochs were batched (6 clients a round on 2 SuperNodes)."""
+    fault counts, and the epochs were batched (6 clients a round on 2 SuperNodes). Served by
+    other SuperNodes (unbalanced: each client by its host, as a resumed run may serve them),
+    the batched run is the same to the bit: a reply depends on no peer."""
     batches = []
     batched_epochs = Recipe.local_updates
 
     def spy(self, weights, clients, *args):
-        batches.append(len(clients))
+        batches.append(tuple(clients))
         return batched_epochs(self, weights, clients, *args)
 
     monkeypatch.setattr(Recipe, "local_updates", spy)
 
-    def run(backend: str) -> dict:
+    def run(backend: str, balance: bool = True) -> dict:
         cfg = compose(
             [
                 "experiment=turn_sentiment_fedavg",
@@ -128,12 +130,17 @@ def test_turn_sentiment_fedavg_equals_the_messages_backend(tmp_path, monkeypatch
                 f"hardware.client_backend={backend}",
                 "protocol.clients_per_round=6",
                 "num_rounds=2",
-                f"results_dir={tmp_path / backend}",
+                f"results_dir={tmp_path / backend / str(balance)}",
             ]
         )
         batched = backend == "batched"  # rows, and each round spread over the SuperNodes by load
         grid = ShardedGrid(
-            supernodes(2), 40, timeout=60.0, poll=0.0, reply_rows=batched, balance=batched
+            supernodes(2),
+            40,
+            timeout=60.0,
+            poll=0.0,
+            reply_rows=batched,
+            balance=batched and balance,
         )
         messenger = Messenger(grid, 60.0, poll_seconds=0.0, know_partitions=True)
         server_app.seed_server(int(cfg.seed))
@@ -144,7 +151,12 @@ def test_turn_sentiment_fedavg_equals_the_messages_backend(tmp_path, monkeypatch
     by_message = run("messages")
     assert batches == []
     by_rows = run("batched")
-    assert sum(batches) == 12 and max(batches) > 1, batches
+    assert sum(map(len, batches)) == 12 and max(map(len, batches)) > 1, batches
+    balanced = list(batches)
+    batches.clear()
+    assert run("batched", balance=False) == by_rows
+    assert batches != balanced  # other clients shared each computation
+
     assert by_rows["faults"] == by_message["faults"]
     assert by_rows["loss"] == pytest.approx(by_message["loss"], rel=1e-6)
     for ours, theirs in zip(by_rows["curve"], by_message["curve"], strict=True):

@@ -9,9 +9,12 @@ MLP's epochs, ``Recipe.local_updates``) asks :func:`result` for its own: the fir
 run of peers computes theirs with it, ``chunk`` clients at a time, and each later one takes
 what was computed for it. Peers are the batch's clients whose messages carry the very same
 records (a broadcast: FedAvg's global model and config, packed once), so their work differs
-by the partition alone; a client whose message a mod replaced, or that the handler sees outside
-a batch, computes its own. A result is equal to the client's own computation to float order
-(batched matrix products add in another order), and the seed fixes which peers share a chunk.
+by the partition alone; a client whose message a mod replaced computes its own, batched alone.
+The batched computation must give a client the same result whoever shares it (turn sentiment:
+every step over the batch size's rows, tested), so that a reply depends on the client, its
+message and the seed, not on which SuperNode served it: a resumed run, whose clients may be
+served elsewhere, ends where the uninterrupted one does. It equals the ``messages`` backend's
+per-client computation (outside a batch) to float order.
 
 Hand-written: Flower serves one message per call and knows nothing of peers.
 """
@@ -59,21 +62,22 @@ def batch(peers: list[tuple[Message, int]]) -> Iterator[None]:
 def result(
     partition: int,
     msg: Message,
-    compute: Callable[[Message, list[int]], list[Any]],
+    alone: Callable[[Message], Any],
+    together: Callable[[Message, list[int]], list[Any]],
     chunk: int = CHUNK,
 ) -> Any:
-    """Client ``partition``'s result for ``msg``: computed for it with its next peers by
-    ``compute(msg, partitions)`` (one result per partition, in order), or computed earlier for
-    it with a peer's identical message."""
+    """Client ``partition``'s result for ``msg``: ``alone(msg)`` outside a batch; in one,
+    computed for it with its next peers by ``together(msg, partitions)`` (one result per
+    partition, in order), or computed earlier for it with a peer's identical message."""
     current = _batch.get()
-    asked = inputs(msg)
     if current is None:
-        return compute(msg, [partition])[0]
+        return alone(msg)
+    asked = inputs(msg)
     if partition in current.results and current.results[partition][0] == asked:
         return current.results.pop(partition)[1]
     later = current.peers[current.position.get(partition, len(current.peers)) + 1 :]
     peers = (p for m, p in later if p not in current.results and inputs(m) == asked)
-    together = [partition, *islice(peers, chunk - 1)]
-    computed = compute(msg, together)
-    current.results.update((p, (asked, r)) for p, r in zip(together[1:], computed[1:]))
+    group = [partition, *islice(peers, chunk - 1)]
+    computed = together(msg, group)
+    current.results.update((p, (asked, r)) for p, r in zip(group[1:], computed[1:]))
     return computed[0]

@@ -20,10 +20,14 @@ def message(weights: ArrayRecord, config: ConfigRecord) -> Message:
 
 class Work:
     """A task's work: each partition's result is the partition times the sent weight; records
-    every call's partitions."""
+    every batched call's partitions (``alone``: the sent weight, call recorded as ``None``)."""
 
     def __init__(self):
-        self.calls: list[list[int]] = []
+        self.calls: list[list[int] | None] = []
+
+    def alone(self, msg: Message) -> float:
+        self.calls.append(None)
+        return -float(msg.content["arrays"]["w"].numpy()[0])
 
     def __call__(self, msg: Message, partitions: list[int]) -> list[float]:
         self.calls.append(list(partitions))
@@ -38,13 +42,13 @@ def broadcast(n: int, value: float = 2.0) -> list[Message]:
 
 def serve(peers: list[tuple[Message, int]], work: Work, chunk: int = 64) -> list[float]:
     with hosted_work.batch(peers):
-        return [hosted_work.result(p, m, work, chunk) for m, p in peers]
+        return [hosted_work.result(p, m, work.alone, work, chunk) for m, p in peers]
 
 
 def test_outside_a_batch_each_client_computes_its_own():
     work = Work()
-    assert [hosted_work.result(p, m, work) for p, m in enumerate(broadcast(3))] == [0, 2, 4]
-    assert work.calls == [[0], [1], [2]]
+    got = [hosted_work.result(p, m, work.alone, work) for p, m in enumerate(broadcast(3))]
+    assert got == [-2, -2, -2] and work.calls == [None] * 3
 
 
 def test_peers_with_the_same_records_are_computed_once_in_chunks():
@@ -73,9 +77,9 @@ def test_a_message_a_mod_replaced_is_computed_alone_not_taken_from_its_peers_res
     replaced = broadcast(1, 10.0)[0]
     with hosted_work.batch(peers):
         got = [
-            hosted_work.result(0, peers[0][0], work),
-            hosted_work.result(1, replaced, work),
-            hosted_work.result(2, peers[2][0], work),
+            hosted_work.result(0, peers[0][0], work.alone, work),
+            hosted_work.result(1, replaced, work.alone, work),
+            hosted_work.result(2, peers[2][0], work.alone, work),
         ]
     assert got == [0, 10, 4]
     assert work.calls == [[0, 1, 2], [1]]
@@ -85,6 +89,6 @@ def test_results_go_with_their_batch():
     work = Work()
     peers = list(zip(broadcast(3), [0, 1, 2]))
     with hosted_work.batch(peers):
-        hosted_work.result(0, peers[0][0], work)
-    assert hosted_work.result(1, peers[1][0], work) == 2  # computed again, alone
-    assert work.calls == [[0, 1, 2], [1]]
+        hosted_work.result(0, peers[0][0], work.alone, work)
+    assert hosted_work.result(1, peers[1][0], work.alone, work) == -2  # computed again, alone
+    assert work.calls == [[0, 1, 2], None]

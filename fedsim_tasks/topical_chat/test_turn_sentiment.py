@@ -147,3 +147,27 @@ def test_batched_epochs_equal_the_per_client_loop_to_float_order(one_thread, mu)
             for tensor, one in zip(got, alone):
                 assert np.allclose(tensor[i], one, rtol=1e-5, atol=1e-6)
     assert not np.allclose(stacked[0][0], weights[0])  # they trained
+
+
+def test_a_clients_batched_epoch_is_the_same_to_the_bit_whoever_shares_it(one_thread):  # noqa: F811
+    """The batched backend's reply must not depend on which SuperNode served a client or who
+    shared its computation (a resumed run serves clients elsewhere): every step runs over
+    ``batch_size`` rows a client, whatever its peers hold."""
+    recipe = Recipe.of(TASK, ROOT)
+    num_clients = 10_000  # 3-4 turns a client: one step, shorter than a batch
+    weights = recipe.initial(3)
+    pool = [5, 17, 80, 120, 199, 3, 44, 9_999]
+    counts = {recipe.examples(c, num_clients) for c in pool}
+    assert len(counts) > 1  # peers holding more rows than client 5 widen a step's batch
+
+    def of_client_5(clients):
+        stacked, _, losses = recipe.local_updates(weights, clients, num_clients, 3, 2, 0.5)
+        i = clients.index(5)
+        return [t[i] for t in stacked], losses[i]
+
+    alone, loss = of_client_5([5])
+    for clients in ([5, 17], pool, pool[::-1], [9_999, 5]):
+        got, got_loss = of_client_5(clients)
+        assert got_loss == loss
+        for tensor, one in zip(got, alone):
+            assert np.array_equal(tensor, one)

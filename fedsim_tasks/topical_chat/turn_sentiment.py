@@ -169,15 +169,19 @@ def train_epochs(
     batches: list[list[tuple[np.ndarray, np.ndarray]]],
     lr: float,
     mu: float = 0.0,
+    size: int | None = None,
 ) -> tuple[list[np.ndarray], np.ndarray]:
     """Many clients' epochs at once, each from ``weights``: client ``c`` takes one SGD step on
     each of its ``batches[c]`` (rows, labels), as :func:`train_epoch` does for one client. Step
-    ``s`` of every client runs as one batched call (``torch.func.vmap``); a client with fewer
-    steps has its later ones masked out (zero gradient). Returns each weight tensor stacked
-    over the clients and each client's summed batch losses. Equal to the per-client loop to
-    float order, not to the bit (batched matrix products add in another order). FedProx's term
-    is written out here: :class:`~fedsim_tasks.proximal.ProximalTerm` anchors a module's own
-    parameters, and these are per-client tensors passed to ``functional_call``."""
+    ``s`` of every client runs as one batched call (``torch.func.vmap``) over ``size`` rows a
+    client (default: the largest batch), the rows past a client's batch masked out, and a
+    client with fewer steps has its later ones masked out too (zero gradient). Returns each
+    weight tensor stacked over the clients and each client's summed batch losses. Equal to the
+    per-client loop to float order, not to the bit (batched matrix products add in another
+    order); at a fixed ``size``, a client's result is the same to the bit whoever else is in
+    the call (each client's products have the same shapes). FedProx's term is written out
+    here: :class:`~fedsim_tasks.proximal.ProximalTerm` anchors a module's own parameters, and
+    these are per-client tensors passed to ``functional_call``."""
     from torch.func import functional_call, grad, vmap
 
     names = list(dict(model.named_parameters()))
@@ -192,7 +196,7 @@ def train_epochs(
 
     step = vmap(grad(loss, has_aux=True))
     clients, width = len(batches), max(len(b) for b in batches)
-    size = max(len(y) for b in batches for _, y in b)
+    size = size or max(len(y) for b in batches for _, y in b)
     params = [a.unsqueeze(0).repeat(clients, *[1] * a.dim()) for a in anchor]
     losses = torch.zeros(clients)
     for s in range(width):
@@ -319,9 +323,11 @@ class Recipe:
         mu: float = 0.0,
     ) -> tuple[list[np.ndarray], list[int], list[float]]:
         """:meth:`local_update` of several clients from the same ``weights`` as one batched
-        computation (:func:`train_epochs`): each weight tensor stacked over ``clients``, their
-        examples and mean losses. What a SuperNode hosting many clients could run per round
-        (issue 60; ``bench/vectorized_clients.py`` times it against the loop)."""
+        computation (:func:`train_epochs`, every step over ``batch_size`` rows: a client's
+        result is the same to the bit whichever clients share the call): each weight tensor
+        stacked over ``clients``, their examples and mean losses. What the batched backend runs
+        for a SuperNode's clients (``fedsim_clients/turn_sentiment.py``;
+        ``bench/vectorized_clients.py`` times it against the loop)."""
         turns, batches, examples = self.train_turns(), [], []
         for client in clients:
             rows = client_rows(len(turns), num_clients, client)
@@ -332,7 +338,7 @@ class Recipe:
             )
             examples.append(len(rows))
         model = _worker_model(self.features, self.hidden, len(self.classes))
-        stacked, losses = train_epochs(model, weights, batches, self.lr, mu)
+        stacked, losses = train_epochs(model, weights, batches, self.lr, mu, self.batch_size)
         return stacked, examples, [float(t) / max(n, 1) for t, n in zip(losses, examples)]
 
     def evaluate(self, weights: list[np.ndarray]) -> dict:
