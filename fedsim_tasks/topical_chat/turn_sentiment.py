@@ -168,20 +168,20 @@ def train_epochs(
     weights: list[np.ndarray],
     batches: list[list[tuple[np.ndarray, np.ndarray]]],
     lr: float,
-    mu: float = 0.0,
-    size: int | None = None,
+    mu: float,
+    size: int,
 ) -> tuple[list[np.ndarray], np.ndarray]:
     """Many clients' epochs at once, each from ``weights``: client ``c`` takes one SGD step on
     each of its ``batches[c]`` (rows, labels), as :func:`train_epoch` does for one client. Step
     ``s`` of every client runs as one batched call (``torch.func.vmap``) over ``size`` rows a
-    client (default: the largest batch), the rows past a client's batch masked out, and a
+    client (at least its largest batch), the rows past a client's batch masked out, and a
     client with fewer steps has its later ones masked out too (zero gradient). Returns each
     weight tensor stacked over the clients and each client's summed batch losses. Equal to the
     per-client loop to float order, not to the bit (batched matrix products add in another
-    order); at a fixed ``size``, a client's result is the same to the bit whoever else is in
-    the call (each client's products have the same shapes). FedProx's term is written out
-    here: :class:`~fedsim_tasks.proximal.ProximalTerm` anchors a module's own parameters, and
-    these are per-client tensors passed to ``functional_call``."""
+    order); a client's result is the same to the bit whoever else is in the call (each
+    client's products have the same shapes). FedProx's term is written out here:
+    :class:`~fedsim_tasks.proximal.ProximalTerm` anchors a module's own parameters, and these
+    are per-client tensors passed to ``functional_call``."""
     from torch.func import functional_call, grad, vmap
 
     names = list(dict(model.named_parameters()))
@@ -196,7 +196,6 @@ def train_epochs(
 
     step = vmap(grad(loss, has_aux=True))
     clients, width = len(batches), max(len(b) for b in batches)
-    size = size or max(len(y) for b in batches for _, y in b)
     params = [a.unsqueeze(0).repeat(clients, *[1] * a.dim()) for a in anchor]
     losses = torch.zeros(clients)
     for s in range(width):
