@@ -29,10 +29,10 @@ def reply_metrics(replies: list[Message]) -> dict[str, float]:
     """The mean of each finite scalar metric over the replies that carry it."""
     values: dict[str, list[float]] = {}
     for msg in replies:
-        for (
-            record
-        ) in msg.content.values():  # its metric records (not Flower's checked dict of them)
-            for key, value in record.items() if isinstance(record, MetricRecord) else ():
+        for record in msg.content.values():  # not .metric_records: Flower builds a checked dict
+            if not isinstance(record, MetricRecord):
+                continue
+            for key, value in record.items():
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     values.setdefault(f"metric/{key}", []).append(float(value))
     return {k: sum(v) / len(v) for k, v in values.items()}
