@@ -1,6 +1,11 @@
 """The ``flwr`` CLI's config, the FAB, Flower's run config and the Control API: what ``fedsim
 federations`` and the tests of ``flwr run .``, packaging and a local SuperLink use."""
 
+# `flwr` itself, run by fedsim/run/flwr_run.py with the file walk of the module that builds its FAB
+# (flwr.cli.build) kept out of the top-level .venv; Flower's own walk, for the test comparing the two.
+from flwr.cli import build as fab_build
+from flwr.cli.app import app as flwr_cli
+
 # A FAB built and installed as `flwr run` and a SuperNode do (tests: the FAB runs its own code).
 from flwr.cli.build import build_fab_from_disk
 
@@ -26,6 +31,7 @@ from flwr.cli.typing import (
     SuperLinkConnection,
     SuperLinkSimulationOptions,
 )
+from flwr.cli.utils import collect_files
 
 # `flwr run --run-config`'s parsing and the app's [tool.flwr.app.config] fused with it (tests: fedsim's
 # keys, presets and documented commands pass Flower's own parsing).

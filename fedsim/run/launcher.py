@@ -731,8 +731,11 @@ def launch(cfg: DictConfig, overrides: list[str], num_supernodes: int, echo=prin
                 {"overrides": shlex.join([*overrides, *(["ship_results=true"] if remote else [])])}
             )
         )
-        cmd = [
-            str(BIN / "flwr"),
+        cmd = [  # `flwr run` whose FAB build skips .venv (fedsim/run/flwr_run.py)
+            sys.executable,
+            "-P",
+            "-m",
+            "fedsim.run.flwr_run",
             "run",
             str(REPO_ROOT),
             "fedsim",
