@@ -17,8 +17,9 @@ asked for weights it does not hold must not report another model's metrics.
 
 from __future__ import annotations
 
+import json
 import time
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 import torch
@@ -64,6 +65,17 @@ PSEUDO_QUERIES = stream(
 )  # a filing's inverse-cloze pairs, whichever client holds it
 
 
+@lru_cache(maxsize=1)
+def _encoder(name: str, max_seq_length: int, lora_json: str, seed: int):
+    """One encoder per process with its initial trainable weights, shared by every client a
+    SuperNode or Ray actor hosts (the OpenFedLLM pattern): each message loads its client's
+    weights into it, as ``_load_weights`` does on every path. The initial weights are the same
+    for every client: the adapters' init is seeded by the task's seed. One encoder per client
+    held a model per cached handler (64) and built one for each other client served."""
+    model = build_encoder(name, max_seq_length, json.loads(lora_json), seed)
+    return model, trainable_arrays(model)
+
+
 class MissingWeights(RuntimeError):
     """The message names weights this node was not given or does not hold."""
 
@@ -72,10 +84,12 @@ class RetrieverClient(ClientHandler):
     def __init__(self, task: dict, data_root: str, partition_id: int, num_partitions: int):
         super().__init__(task, data_root, partition_id, num_partitions)
         self.documents = self._documents(partition_id)
-        self.model = build_encoder(
-            task["model"], task["max_seq_length"], task["lora"], task["seed"]
+        self.model, self.initial = _encoder(
+            task["model"],
+            task["max_seq_length"],
+            json.dumps(task["lora"], sort_keys=True),
+            task["seed"],
         )
-        self.initial = trainable_arrays(self.model)
 
     def _documents(self, partition_id: int) -> list[str]:
         return client_documents(

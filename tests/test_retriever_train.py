@@ -14,7 +14,7 @@ from fedsim.config.compose import compose
 from fedsim.runtime.inprocess_grid import InProcessGrid
 from fedsim.runtime.records import from_record, to_record
 from fedsim_clients import fede4rag_messages as keys
-from fedsim_clients.retriever import RetrieverClient
+from fedsim_clients.retriever import RetrieverClient, _encoder
 from fedsim_tasks.financebench_rag.dataset import (
     load_pages,
     load_questions,
@@ -41,8 +41,10 @@ def cfg(tmp_path_factory):
     )
 
 
-def _client(cfg) -> RetrieverClient:
-    return RetrieverClient(OmegaConf.to_container(cfg.task, resolve=True), cfg.data_root, 0, 2)
+def _client(cfg, partition: int = 0) -> RetrieverClient:
+    return RetrieverClient(
+        OmegaConf.to_container(cfg.task, resolve=True), cfg.data_root, partition, 2
+    )
 
 
 def _train(client: RetrieverClient, weights: dict, server_round: int) -> tuple[dict, dict]:
@@ -105,6 +107,27 @@ def test_messages_on_one_client_train_as_fresh_clients(cfg, monkeypatch):
     assert len(trainer_passes) == 4  # one per message
     assert all(frozen > 10 * scanned for frozen, scanned in trainer_passes), trainer_passes
     assert gc.get_freeze_count() == 0
+
+
+def test_the_clients_of_a_process_share_one_encoder_and_train_as_on_their_own(cfg):
+    """A SuperNode hosting many companies holds one encoder (``retriever._encoder``): each
+    client trains from the weights its message names, whatever the client before it left in
+    the shared model, and ends where it ends on an encoder of its own."""
+    first, second = _client(cfg, 0), _client(cfg, 1)
+    assert first.model is second.model and first.initial is second.initial
+    rng = np.random.default_rng(1)
+    other = {
+        k: (v + rng.normal(scale=0.05, size=v.shape)).astype(v.dtype)
+        for k, v in first.initial.items()
+    }
+    _train(first, other, 2)  # the shared model now holds what the first client trained
+    shared, metrics = _train(second, second.initial, 1)
+    _encoder.cache_clear()
+    alone = _client(cfg, 1)
+    assert alone.model is not first.model
+    own, own_metrics = _train(alone, alone.initial, 1)
+    _same(shared, own)
+    assert (metrics["loss"], metrics["kd"]) == (own_metrics["loss"], own_metrics["kd"])
 
 
 def test_a_nodes_line_item_pairs_hold_no_evaluation_question_over_its_pages(cfg):
