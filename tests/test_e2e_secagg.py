@@ -5,8 +5,6 @@ metrics within the quantization bound), and through ``hardware=deploy_local`` (a
 SuperNodes, TLS and node authentication), where it gives the simulation's results. The Docker
 topology's run is ``tests/test_docker.py``'s."""
 
-import json
-
 import pytest
 from test_e2e_parity import comparable
 
@@ -29,27 +27,46 @@ def test_a_strategy_that_needs_single_updates_is_refused_before_the_run(
     assert code == 2 and reason in err, err
 
 
-SETTING = [
+# the simulation's and the deployment's federation alike: 6 clients on 2 SuperNodes, 3 each
+LAYOUT = [
     "experiment=turn_sentiment_fedavg",
-    "hardware.num_clients=6",
-    "protocol.clients_per_round=6",
     "num_rounds=2",
+    "hardware.num_clients=6",
+    "hardware.clients_per_supernode=3",
+    "hardware.num_supernodes=2",
+    "seed=0",
 ]
+
+
+def run_on(tmp_path, backend: str, privacy: str) -> tuple[dict, str]:
+    out = tmp_path / f"{backend}-{privacy}"
+    code, log = fedsim_run(
+        *LAYOUT,
+        f"privacy={privacy}",
+        f"hardware={backend}",
+        f"results_dir={out}",
+        f"client_state.dir={tmp_path / 'state'}",
+        timeout=900,
+    )
+    assert code == 0, log[-3000:]
+    return read_results(out), log
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory) -> dict:
+    """The SecAgg+ run in Flower's Ray simulation, once for both tests that compare with it
+    (they share an xdist group, so one worker runs it)."""
+    return run_on(tmp_path_factory.mktemp("secagg"), "cpu_2", "secagg")[0]
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_secagg_trains_the_model_plaintext_fedavg_trains(tmp_path):
-    results = {}
-    for privacy in ("none", "secagg"):
-        out = tmp_path / privacy
-        code, log = fedsim_run(*SETTING, f"privacy={privacy}", f"results_dir={out}")
-        assert code == 0, log[-3000:]
-        results[privacy] = json.loads((out / "results.json").read_text())
-    plain, secure = results["none"], results["secagg"]
-    assert secure["accuracy"] == pytest.approx(plain["accuracy"], abs=1e-3)
-    assert secure["loss"] == pytest.approx(plain["loss"], abs=1e-3)
-    assert every_exchange_reached_all(secure["faults"], 6, rounds=2)
+@pytest.mark.xdist_group("secagg-simulated")
+def test_secagg_trains_the_model_plaintext_fedavg_trains(tmp_path, simulated):
+    plain = run_on(tmp_path, "cpu_2", "none")[0]
+    assert simulated["accuracy"] == pytest.approx(plain["accuracy"], abs=1e-3)
+    assert simulated["loss"] == pytest.approx(plain["loss"], abs=1e-3)
+    assert every_exchange_reached_all(simulated["faults"], 6, rounds=2)
 
 
 def every_exchange_reached_all(faults: dict, clients: int, rounds: int) -> bool:
@@ -67,18 +84,6 @@ def every_exchange_reached_all(faults: dict, clients: int, rounds: int) -> bool:
     )
 
 
-# the simulation's and the deployment's federation alike: 6 clients on 2 SuperNodes, 3 each
-LAYOUT = [
-    "experiment=turn_sentiment_fedavg",
-    "privacy=secagg",
-    "num_rounds=2",
-    "hardware.num_clients=6",
-    "hardware.clients_per_supernode=3",
-    "hardware.num_supernodes=2",
-    "seed=0",
-]
-
-
 def signature_bytes(results: dict) -> dict:
     """results.json less the bytes of the phases that carry ECDSA signatures (the check's
     replies, the unmask's requests): a DER signature is 70 to 72 bytes, by its random nonce."""
@@ -90,23 +95,12 @@ def signature_bytes(results: dict) -> dict:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_secagg_deployed_gives_the_simulations_results(tmp_path):
+@pytest.mark.xdist_group("secagg-simulated")
+def test_secagg_deployed_gives_the_simulations_results(tmp_path, simulated):
     """SecAgg+ over TLS with node authentication, a process per SuperNode, ends where the Ray
     simulation of the same seed and layout ends: results.json equal number for number but for
     timings and the signatures' bytes."""
-    results, log = {}, ""
-    for backend in ("cpu_2", "deploy_local"):
-        out = tmp_path / backend
-        code, log = fedsim_run(
-            *LAYOUT,
-            f"hardware={backend}",
-            f"results_dir={out}",
-            f"client_state.dir={tmp_path / 'state'}",
-            timeout=900,
-        )
-        assert code == 0, log[-3000:]
-        results[backend] = read_results(out)
+    deployed, log = run_on(tmp_path, "deploy_local", "secagg")
     assert "(TLS + node authentication)" in log
-    deployed = results["deploy_local"]
     assert every_exchange_reached_all(deployed["faults"], 6, rounds=2)
-    assert signature_bytes(comparable(deployed)) == signature_bytes(comparable(results["cpu_2"]))
+    assert signature_bytes(comparable(deployed)) == signature_bytes(comparable(simulated))
