@@ -61,6 +61,17 @@ class ClientHandler:
     def evaluate(self, msg: Message) -> RecordDict:
         raise ValueError(f"{type(self).__name__} answers no evaluate messages")
 
+    @classmethod
+    def train_rows(
+        cls, task: dict, data_root: str, partitions: list[int], num_partitions: int, msg: Message
+    ) -> list | None:
+        """The train replies of the clients ``partitions``, all sent ``msg``, as columns (one
+        ``(record name, kind, {key: one row per client})`` per record of a reply,
+        ``fedsim/runtime/row_batches.py``'s ``columns``): what each client's ``train`` returns,
+        computed without a client object or reply per client (a SuperNode hosting thousands
+        under ``hardware.client_backend: batched``). None: served client by client."""
+        return None
+
     def initial_weights(self, msg: Message) -> dict[str, np.ndarray]:
         """The common weights a training of ``msg`` starts from before any aggregate (HE's round 0:
         the server holds no model); a handler that HE may wrap says which."""

@@ -15,6 +15,7 @@ from datasets import Dataset
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedsim.runtime.partitioners import RoundRobinResamplingPartitioner
+from fedsim.runtime.row_batches import ARRAY, METRIC
 from fedsim_clients import fedtp_messages as keys
 from fedsim_clients.handler import ClientHandler
 from fedsim_tasks.topical_chat.dataset import load_conversations, load_topics, local_preference
@@ -64,6 +65,30 @@ class TopicPreferenceClient(ClientHandler):
                 keys.METRICS: MetricRecord({keys.NUM_EXAMPLES: len(selected)}),
             }
         )
+
+    @classmethod
+    def train_rows(cls, task, data_root, partitions, num_partitions, msg):
+        """Every client's ``train`` reply as rows: its p_c over the same conversations, where
+        each client holds as many of the requested splits as the others (else None: replies
+        of other shapes, served one by one)."""
+        population = load_conversations(
+            data_root, tuple(task["splits"]), task.get("max_per_split"), task.get("split_seed")
+        )
+        splits = set(msg.content[keys.CONFIG][keys.SPLITS])
+        held = [
+            [population[r] for r in hosted_rows(len(population), num_partitions, p)]
+            for p in partitions
+        ]
+        selected = [[c for c in convs if c.split in splits] for convs in held]
+        if not selected[0] or len({len(s) for s in selected}) != 1:
+            return None
+        num_topics = len(load_topics(data_root))
+        vectors = np.array([[local_preference(c, num_topics) for c in s] for s in selected])
+        examples = np.full(len(selected), len(selected[0]), dtype=np.int64)
+        return [
+            (keys.ARRAYS, ARRAY, {keys.VECTORS: vectors}),
+            (keys.METRICS, METRIC, {keys.NUM_EXAMPLES: examples}),
+        ]
 
     def evaluate(self, msg: Message) -> RecordDict:
         config = msg.content[keys.CONFIG]

@@ -7,18 +7,33 @@ import json
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from test_sharded_grid import fedtp_round, fedtp_slice, supernodes, tampering_supernodes
 
 from conftest import data_root_override
 from fedsim.config.compose import compose
+from fedsim.flower.strategies import KEY_CLIPPING_NORM
 from fedsim.privacy.plan import PrivacyPlan
+from fedsim.privacy.secagg import messages as secagg_keys
 from fedsim.results.outputs import RunOutput
-from fedsim.runtime import server_app
-from fedsim.runtime.messaging import ANY, Messenger, Policy
+from fedsim.runtime import client_app, server_app
+from fedsim.runtime.faults import FAULTS_KEY
+from fedsim.runtime.inprocess_grid import InProcessGrid
+from fedsim.runtime.messaging import ANY, Messenger, Policy, client_config
 from fedsim.runtime.row_batches import ROWS, split_rows, stack
 from fedsim.runtime.sharded_grid import LAYOUT, SHARD, ShardedGrid
 from fedsim.runtime.validators import finite_arrays
+from fedsim_clients import fedtp_messages as fedtp_keys
+from fedsim_clients.topic_preference import TopicPreferenceClient
 from fedsim_experiments.turn_sentiment import protocol as turn_sentiment
 from fedsim_tasks.topical_chat.turn_sentiment import Recipe
 
@@ -58,6 +73,74 @@ def test_fedtp_release_and_counts_equal_the_messages_backend():
     assert len(train) == K  # one reply per SuperNode, its clients' rows in one array
     # whatever its client count: the vectors' and the metrics' stacked records, the manifest
     assert all(len(m.content) == 3 for m in train)
+
+
+def _train_replies(cfg, monkeypatch, served_alone: bool) -> list[RecordDict]:
+    """The SuperNodes' FedTP train replies under the batched backend; ``served_alone``: each
+    client through its own handler (the task's ``train_rows`` gives none)."""
+    if served_alone:
+        monkeypatch.setattr(TopicPreferenceClient, "train_rows", classmethod(lambda *a: None))
+    raw = supernodes(K)
+    fedtp_round(ShardedGrid(raw, N, timeout=60.0, poll=0.0, reply_rows=True), cfg)
+    monkeypatch.undo()
+    return [m.content for m in raw.received if m.metadata.message_type == MessageType.TRAIN]
+
+
+def test_fedtp_clients_answered_as_rows_reply_what_they_reply_one_by_one(monkeypatch):
+    """A SuperNode answers its hosted FedTP clients' train message from their columns
+    (``TopicPreferenceClient.train_rows``) with no handler object or reply per client, and
+    sends the very bytes it sends serving them one by one."""
+    cfg = compose(fedtp_slice())
+    one_by_one = _train_replies(cfg, monkeypatch, served_alone=True)
+    trained = []
+    monkeypatch.setattr(
+        TopicPreferenceClient, "train", lambda self, msg: trained.append(self) or 1 / 0
+    )
+    as_rows = _train_replies(cfg, monkeypatch, served_alone=False)
+    assert not trained and len(as_rows) == K
+    for rows, alone in zip(as_rows, one_by_one):
+        assert list(rows.keys()) == list(alone.keys())
+        assert rows[SHARD][LAYOUT] == alone[SHARD][LAYOUT]
+        for name, record in rows.array_records.items():
+            assert {k: a.data for k, a in record.items()} == {
+                k: a.data for k, a in alone[name].items()
+            }
+
+
+def _fedtp_train(**config) -> Message:
+    InProcessGrid({})  # this process plays the run (message metadata needs a run id)
+    cfg = compose(fedtp_slice())
+    base = {**client_config(cfg), fedtp_keys.SPLITS: list(cfg.task.splits)}
+    return Message(
+        RecordDict({"config": ConfigRecord({**base, **config})}),
+        dst_node_id=1,
+        message_type=MessageType.TRAIN,
+    )
+
+
+@pytest.mark.parametrize(
+    "why, msg",
+    [
+        (
+            "a fault on one of them",
+            lambda: _fedtp_train(
+                **{FAULTS_KEY: json.dumps({"nan": [3], "message_types": ["train"]})}
+            ),
+        ),
+        ("client-side clipping", lambda: _fedtp_train(**{KEY_CLIPPING_NORM: 1.0})),
+        ("a SecAgg+ stage", lambda: _fedtp_train(**{secagg_keys.OP: secagg_keys.SHARE})),
+        (
+            "not a train message",
+            lambda: Message(
+                _fedtp_train().content, dst_node_id=1, message_type=MessageType.EVALUATE
+            ),
+        ),
+    ],
+)
+def test_clients_a_layer_would_touch_are_not_answered_as_rows(why, msg):
+    context = Context(run_id=1, node_id=100, state=RecordDict(), run_config={}, node_config={})
+    assert client_app._rows_reply(_fedtp_train(), [2, 3], N, context) is not None
+    assert client_app._rows_reply(msg(), [2, 3], N, context) is None, why
 
 
 def test_a_malformed_row_is_counted_without_dropping_its_neighbours():

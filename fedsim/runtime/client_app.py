@@ -33,7 +33,7 @@ from fedsim.message_keys import (
     SERVER_ROUND,
 )
 from fedsim.runtime import client_state, exchange_trace, he_layer, secagg_layer
-from fedsim.runtime.faults import fault_injection_mod
+from fedsim.runtime.faults import fault_injection_mod, hits
 from fedsim.runtime.journal import WHOAMI
 from fedsim.runtime.records import config_record
 from fedsim.runtime.sharded_grid import SHARD, serve_batch
@@ -163,6 +163,29 @@ def _client_reply(msg: Message, context: Context) -> Message:
     return reply
 
 
+def _rows_reply(msg: Message, partitions: list[int], num_partitions: int, context: Context):
+    """The train replies of the clients ``partitions`` of a batch that all got ``msg``, as
+    their columns, from the task's handler class's ``train_rows`` (``fedsim_clients/
+    handler.py``) where every layer a client's message goes through would pass it unchanged:
+    no fault injected on any of them, no client-side clipping, no SecAgg+ stage, no HE. None
+    (served client by client): any of those, or a handler whose ``train_rows`` gives none."""
+    config = config_record(msg.content, CONFIG)
+    if msg.metadata.message_type != MessageType.TRAIN or config is None or TASK_KEY not in config:
+        return None
+    task = json.loads(config[TASK_KEY])
+    if (
+        KEY_CLIPPING_NORM in config
+        or task.get("he")
+        or not secagg_layer.SecAggLayer.passes(msg)
+        or any(hits(msg, p) for p in partitions)
+    ):
+        return None
+    node_local.attach(msg, context.node_config)
+    data_root = _data_root(node_local.setting(msg, "data-root"), config[TASK_KEY])
+    rows = _handler_class(task["client"]).train_rows
+    return rows(task, data_root, partitions, num_partitions, msg)
+
+
 @app.query()
 @app.train()
 @app.evaluate()
@@ -170,6 +193,6 @@ def handle(msg: Message, context: Context) -> Message:
     """Every message type: the handler dispatches by type (``fedsim_clients/handler.py``)."""
     if (
         config_record(msg.content, SHARD) is not None
-    ):  # several logical clients: each through the mods
-        return serve_batch(msg, context, make_ffn(_client_reply, MODS))
+    ):  # several logical clients: each through the mods, or all at once where they would pass
+        return serve_batch(msg, context, make_ffn(_client_reply, MODS), _rows_reply)
     return _client_reply(msg, context)

@@ -73,19 +73,29 @@ def _spec(text: str) -> dict:
     return json.loads(text)
 
 
-def fault_injection_mod(msg: Message, context: Context, call_next) -> Message:
+def _spec_of(msg: Message) -> dict:
     config = config_record(msg.content, CONFIG)
-    spec = _spec(str(config[FAULTS_KEY])) if config and FAULTS_KEY in config else {}
+    return _spec(str(config[FAULTS_KEY])) if config and FAULTS_KEY in config else {}
+
+
+def hits(msg: Message, partition_id: int) -> list[str]:
+    """The faults the message's spec injects on partition ``partition_id`` (none: it passes)."""
+    spec = _spec_of(msg)
+    found = [kind for kind in KINDS if partition_id in spec.get(kind, [])]
+    return found if found and msg.metadata.message_type in spec["message_types"] else []
+
+
+def fault_injection_mod(msg: Message, context: Context, call_next) -> Message:
     partition_id = int(context.node_config.get(NODE_PARTITION_ID, -1))
-    hits = [kind for kind in KINDS if partition_id in spec.get(kind, [])]
-    if not hits or msg.metadata.message_type not in spec["message_types"]:
+    hits_here = hits(msg, partition_id)
+    if not hits_here:
         return call_next(msg, context)
-    if "crash" in hits:
+    if "crash" in hits_here:
         raise InjectedFault(f"injected crash on partition {partition_id}")
-    if "timeout" in hits:
-        time.sleep(float(spec["timeout_seconds"]))
+    if "timeout" in hits_here:
+        time.sleep(float(_spec_of(msg)["timeout_seconds"]))
     reply = call_next(msg, context)
-    for kind in hits:
+    for kind in hits_here:
         if kind != "timeout":
             reply = _corrupt(reply, kind)
     return reply

@@ -10,6 +10,12 @@ holds O(groups) records whatever N is. A reply that does not stack (a config rec
 metric, an array of another shape, say one a faulty client sent) travels as :func:`pack` sends
 it, beside the groups: it is still that client's own reply.
 
+A handler class that can compute its clients' train replies as columns (``train_rows``,
+``fedsim_clients/handler.py``; FedTP's topic preferences) gives the group without a client
+object or reply per client (:func:`columns`, the same bytes), where every layer a client's
+message passes (faults, client-side clipping, SecAgg+, HE) would pass it unchanged
+(``fedsim/runtime/client_app.py``'s ``_rows_reply``).
+
 On the server, :func:`split_rows` gives each client its reply back, exactly what the client's
 handler returned (same bytes of every array: a row's serialization is the stacked array's
 header for one row and the row's own bytes), so every per-client check, clipping and strategy
@@ -110,6 +116,30 @@ def stack(contents: list[RecordDict]) -> tuple[RecordDict, list[int], list[dict]
             records.append([name, kind, [key for key, *_ in keys]])
         manifest.append({"members": members, "records": records})
     return packed, single, manifest
+
+
+def columns(records: list[tuple[str, str, dict[str, np.ndarray]]], count: int):
+    """What :func:`stack` gives for ``count`` replies that stack as one group, built from their
+    columns (a handler's ``train_rows``: each record's name, kind and, per key, the matrix or
+    metric vector of one row per client) without a reply object per client: the group's
+    records and its manifest entry. The same bytes as :func:`stack` of the replies."""
+    packed, names = RecordDict(), []
+    for name, kind, arrays in records:
+        if any(len(a) != count for a in arrays.values()):
+            raise ValueError(f"record {name!r}: not {count} rows in every column")
+        packed[f"{ROWS}/0/{name}"] = ArrayRecord(
+            {key: _column_array(np.asarray(a), kind) for key, a in arrays.items()}
+        )
+        names.append([name, kind, list(arrays)])
+    return packed, {"members": list(range(count)), "records": names}
+
+
+def _column_array(matrix: np.ndarray, kind: str) -> Array:
+    if kind == METRIC:
+        return Array(matrix)
+    dtype, shape = str(matrix.dtype), tuple(matrix.shape)
+    data = header(dtype, shape) + np.ascontiguousarray(matrix).tobytes()
+    return Array(dtype=dtype, shape=shape, stype="numpy.ndarray", data=data)
 
 
 def _stacked_array(column: list, kind: str, meta: list) -> Array:

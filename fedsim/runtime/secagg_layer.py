@@ -40,11 +40,15 @@ class SecAggLayer:
     def __init__(self, handler, partition_id: int):
         self.handler, self.partition_id = handler, partition_id
 
+    @staticmethod
+    def passes(msg: Message) -> bool:
+        """Whether the message is the handler's own: no SecAgg+ stage asked."""
+        return msg.content[keys.CONFIG].get(keys.OP) is None
+
     def handle(self, msg: Message) -> RecordDict:
-        config = msg.content[keys.CONFIG]
-        op = config.get(keys.OP)
-        if op is None:
+        if self.passes(msg):
             return self.handler.handle(msg)
+        op = msg.content[keys.CONFIG][keys.OP]
         folder = client_state.of(msg, self.partition_id).folder
         # one stage of a node at a time: Flower may serve a node's messages in parallel, and two
         # requests that both read the round at one stage (two masks: one pad on two updates)

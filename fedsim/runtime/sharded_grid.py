@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import logging
 import math
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
@@ -37,8 +38,9 @@ from fedsim.message_keys import NODE_NUM_PARTITIONS, NODE_PARTITION_ID, NUM_EXAM
 from fedsim.runtime import hosted_work
 from fedsim.runtime.journal import ask_partitions
 from fedsim.runtime.message_metadata import set_message_id
-from fedsim.runtime.row_batches import split_rows, stack
+from fedsim.runtime.row_batches import columns, split_rows, stack
 
+log = logging.getLogger("fedsim")
 SHARD = "fedsim-shard"  # the batch's manifest record
 CLIENTS = "clients"  # logical partition ids in the batch, in order
 NUM_CLIENTS = "num-clients"
@@ -76,12 +78,27 @@ def pack(
                 where[id(record)] = f"r{len(where)}"
                 packed[where[id(record)]] = record
         layout[i] = {name: where[id(content[name])] for name in names}
+    return _manifested(packed, clients, num_clients, layout, errors, groups if rows else None)
+
+
+def _manifested(
+    packed: RecordDict,
+    clients: list[int],
+    num_clients: int,
+    layout: list[dict],
+    errors: dict[int, str] | None,
+    groups: list[dict] | None,
+) -> RecordDict:
     packed[SHARD] = ConfigRecord(
         {
             CLIENTS: clients,
             NUM_CLIENTS: num_clients,
             LAYOUT: json.dumps(
-                {"records": layout, "errors": errors or {}, **({"groups": groups} if rows else {})}
+                {
+                    "records": layout,
+                    "errors": errors or {},
+                    **({} if groups is None else {"groups": groups}),
+                }
             ),
         }
     )
@@ -97,16 +114,33 @@ def unpack(packed: RecordDict, layout: dict, i: int) -> RecordDict:
     return RecordDict({name: packed[where] for name, where in layout["records"][i].items()})
 
 
+RowsReply = Callable[[Message, list[int], int, Context], "list | None"]
+
+
 def serve_batch(
-    msg: Message, context: Context, handler: Callable[[Message, Context], Message]
+    msg: Message,
+    context: Context,
+    handler: Callable[[Message, Context], Message],
+    rows_reply: RowsReply | None = None,
 ) -> Message:
     """ClientApp side: run ``handler`` (mods included) once per logical client of a batch, each
     with its own partition id, and pack the replies; a client that raises becomes an
     ``error/i`` entry (its own ``failed`` reply on the server), not the batch's failure. Under
-    the batched backend the handlers may share their clients' work (``hosted_work.py``)."""
+    the batched backend the handlers may share their clients' work (``hosted_work.py``), and
+    where every client gets the same message, ``rows_reply(message, clients, num_clients,
+    context)`` may answer for all of them at once with their replies' columns
+    (``row_batches.columns``), the very reply the clients one by one would give; None: it
+    cannot, and they are served one by one."""
     manifest, layout = msg.content[SHARD], _layout(msg.content)
     clients, num_clients = list(manifest[CLIENTS]), int(manifest[NUM_CLIENTS])
     rows = bool(manifest.get(REPLY_ROWS, False))
+    answered = (
+        _as_rows(msg, layout, clients, num_clients, context, rows_reply)
+        if rows and rows_reply is not None
+        else None
+    )
+    if answered is not None:
+        return answered
     subs = [_sub_message(msg, layout, i) for i in range(len(clients))]
     replies, errors = [], {}
     with hosted_work.batch(list(zip(subs, clients))) if rows else nullcontext():
@@ -125,6 +159,33 @@ def serve_batch(
                 errors[i] = f"{type(exc).__name__}: {exc}"
                 replies.append(RecordDict())
     return Message(pack(replies, clients, num_clients, errors, rows), reply_to=msg)
+
+
+def _as_rows(
+    msg: Message,
+    layout: dict,
+    clients: list[int],
+    num_clients: int,
+    context: Context,
+    rows_reply: RowsReply,
+) -> Message | None:
+    """The batch's reply from its clients' columns, where they all got the same records and
+    ``rows_reply`` gives them; None: served one by one (also where it raised: each client's
+    own error is then its own reply, as one by one)."""
+    if any(r != layout["records"][0] for r in layout["records"]):
+        return None
+    try:
+        records = rows_reply(_sub_message(msg, layout, 0), clients, num_clients, context)
+        if records is None:
+            return None
+        packed, group = columns(records, len(clients))
+    except Exception as exc:  # noqa: BLE001 - served one by one, each client's error its own
+        log.warning(
+            "the batch's clients as rows: %s: %s; served one by one", type(exc).__name__, exc
+        )
+        return None
+    layout = [{} for _ in clients]
+    return Message(_manifested(packed, clients, num_clients, layout, None, [group]), reply_to=msg)
 
 
 def _sub_message(msg: Message, layout: dict, i: int) -> Message:
