@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 from flwr.app import Message, RecordDict
 
 from fedsim.runtime import hosted_work
+from fedsim.runtime.hosted_work import CHUNK
+from fedsim.runtime.row_batches import ARRAY, METRIC
 from fedsim_clients import turn_sentiment_messages as keys
 from fedsim_clients.handler import ClientHandler
 from fedsim_tasks.proximal import proximal_mu
@@ -36,13 +39,36 @@ class TurnSentimentClient(ClientHandler):
             {keys.NUM_EXAMPLES: examples, keys.TRAIN_LOSS: loss},
         )
 
-    def _inputs(self, msg: Message) -> tuple[list, int, int, float]:
+    @classmethod
+    def train_rows(cls, task, data_root, partitions, num_partitions, msg):
+        """Every client's ``train`` reply as rows: the batched backend's epochs
+        (:meth:`epochs`), ``hosted_work.CHUNK`` clients a computation as there, so each row is
+        the bits ``train`` replies (a client's epoch is the same whoever shares it)."""
+        cls.threads(msg.content[keys.CONFIG])
+        recipe = Recipe.of(task, data_root)
+        weights, seed, server_round, mu = cls._inputs(msg)
+        chunks = [
+            recipe.local_updates(
+                weights, partitions[i : i + CHUNK], num_partitions, seed, server_round, mu
+            )
+            for i in range(0, len(partitions), CHUNK)
+        ]
+        stacked = [np.concatenate(ws) for ws in zip(*(c[0] for c in chunks))]
+        examples = np.array([n for c in chunks for n in c[1]], dtype=np.int64)
+        losses = np.array([loss for c in chunks for loss in c[2]], dtype=np.float64)
+        return [
+            (keys.ARRAYS, ARRAY, dict(zip(WEIGHT_NAMES, stacked))),
+            (keys.METRICS, METRIC, {keys.NUM_EXAMPLES: examples, keys.TRAIN_LOSS: losses}),
+        ]
+
+    @classmethod
+    def _inputs(cls, msg: Message) -> tuple[list, int, int, float]:
         """The weights ``msg`` sends, its seed, round and FedProx ``mu``."""
-        config, sent = msg.content[keys.CONFIG], self.weights(msg)
+        config, sent = msg.content[keys.CONFIG], cls.weights(msg)
         return (
             [sent[name] for name in WEIGHT_NAMES],
             int(config[keys.SEED]),
-            self.server_round(config),
+            cls.server_round(config),
             proximal_mu(config),
         )
 

@@ -4,6 +4,7 @@ ClientApp handler (mods included), Flower's wire format between them: the result
 ``messages`` backend's, and a bad row is its own client's fault only."""
 
 import json
+import tempfile
 
 import numpy as np
 import pytest
@@ -34,6 +35,7 @@ from fedsim.runtime.sharded_grid import LAYOUT, SHARD, ShardedGrid
 from fedsim.runtime.validators import finite_arrays
 from fedsim_clients import fedtp_messages as fedtp_keys
 from fedsim_clients.topic_preference import TopicPreferenceClient
+from fedsim_clients.turn_sentiment import TurnSentimentClient
 from fedsim_experiments.turn_sentiment import protocol as turn_sentiment
 from fedsim_tasks.topical_chat.turn_sentiment import Recipe
 
@@ -75,29 +77,52 @@ def test_fedtp_release_and_counts_equal_the_messages_backend():
     assert all(len(m.content) == 3 for m in train)
 
 
-def _train_replies(cfg, monkeypatch, served_alone: bool) -> list[RecordDict]:
-    """The SuperNodes' FedTP train replies under the batched backend; ``served_alone``: each
-    client through its own handler (the task's ``train_rows`` gives none)."""
-    if served_alone:
-        monkeypatch.setattr(TopicPreferenceClient, "train_rows", classmethod(lambda *a: None))
+def fedtp_replies(monkeypatch) -> list[RecordDict]:
     raw = supernodes(K)
-    fedtp_round(ShardedGrid(raw, N, timeout=60.0, poll=0.0, reply_rows=True), cfg)
-    monkeypatch.undo()
+    fedtp_round(
+        ShardedGrid(raw, N, timeout=60.0, poll=0.0, reply_rows=True), compose(fedtp_slice())
+    )
     return [m.content for m in raw.received if m.metadata.message_type == MessageType.TRAIN]
 
 
-def test_fedtp_clients_answered_as_rows_reply_what_they_reply_one_by_one(monkeypatch):
-    """A SuperNode answers its hosted FedTP clients' train message from their columns
-    (``TopicPreferenceClient.train_rows``) with no handler object or reply per client, and
-    sends the very bytes it sends serving them one by one."""
-    cfg = compose(fedtp_slice())
-    one_by_one = _train_replies(cfg, monkeypatch, served_alone=True)
-    trained = []
-    monkeypatch.setattr(
-        TopicPreferenceClient, "train", lambda self, msg: trained.append(self) or 1 / 0
+def turn_sentiment_replies(monkeypatch) -> list[RecordDict]:
+    """One round of turn-sentiment FedAvg, 70 clients on 2 SuperNodes (more than a batched
+    computation's 64), every client sampled."""
+    cfg = compose(
+        [
+            "experiment=turn_sentiment_fedavg",
+            data_root_override(),
+            "hardware.num_clients=140",
+            "hardware.clients_per_supernode=70",
+            "hardware.client_backend=batched",
+            "protocol.clients_per_round=140",
+            "num_rounds=1",
+        ]
     )
-    as_rows = _train_replies(cfg, monkeypatch, served_alone=False)
-    assert not trained and len(as_rows) == K
+    raw = supernodes(2)
+    grid = ShardedGrid(raw, 140, timeout=60.0, poll=0.0, reply_rows=True)
+    messenger = Messenger(grid, 60.0, poll_seconds=0.0, know_partitions=True)
+    server_app.seed_server(int(cfg.seed))
+    out = RunOutput(tempfile.mkdtemp())
+    turn_sentiment.run(messenger, cfg, out, PrivacyPlan.build(cfg, b"k" * 32))
+    return [m.content for m in raw.received if m.metadata.message_type == MessageType.TRAIN]
+
+
+@pytest.mark.parametrize(
+    "handler, replies",
+    [(TopicPreferenceClient, fedtp_replies), (TurnSentimentClient, turn_sentiment_replies)],
+)
+def test_clients_answered_as_rows_reply_what_they_reply_one_by_one(monkeypatch, handler, replies):
+    """A SuperNode answers its hosted clients' train message from their columns (the handler
+    class's ``train_rows``) with no handler object or reply per client, and sends the very
+    bytes it sends serving them one by one."""
+    monkeypatch.setattr(handler, "train_rows", classmethod(lambda *a: None))
+    one_by_one = replies(monkeypatch)
+    monkeypatch.undo()
+    trained = []
+    monkeypatch.setattr(handler, "train", lambda self, msg: trained.append(self) or 1 / 0)
+    as_rows = replies(monkeypatch)
+    assert not trained and len(as_rows) == len(one_by_one) > 0
     for rows, alone in zip(as_rows, one_by_one):
         assert list(rows.keys()) == list(alone.keys())
         assert rows[SHARD][LAYOUT] == alone[SHARD][LAYOUT]

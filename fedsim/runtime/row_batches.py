@@ -11,7 +11,7 @@ metric, an array of another shape, say one a faulty client sent) travels as :fun
 it, beside the groups: it is still that client's own reply.
 
 A handler class that can compute its clients' train replies as columns (``train_rows``,
-``fedsim_clients/handler.py``; FedTP's topic preferences) gives the group without a client
+``fedsim_clients/handler.py``; FedTP's topic preferences, turn sentiment's epochs) gives the group without a client
 object or reply per client (:func:`columns`, the same bytes), where every layer a client's
 message passes (faults, client-side clipping, SecAgg+, HE) would pass it unchanged
 (``fedsim/runtime/client_app.py``'s ``_rows_reply``).
