@@ -16,7 +16,9 @@ Per framework and setting: the median seconds of a round after the first (a firs
 starts workers and loads data), the first round, the wall time of the whole process tree,
 its peak memory (summed RSS, sampled every 0.2 s), and the final model's test accuracy and loss
 (equal work gives equal loss where every client trains every round; with sampling, each
-framework draws its own clients). Ratios are to the fastest in the same setting of the same run.
+framework draws its own clients), and for fedsim the training replies it did not accept
+(``replies_lost``: a failed or timed-out client makes the work unequal). Ratios are to the
+fastest in the same setting of the same run.
 
     .venv/bin/python bench/simulation_peers.py              # 1,000 and 10,000 clients; 100 and all per round
     .venv/bin/python bench/simulation_peers.py --quick      # 1,000 clients, all per round, 2 rounds

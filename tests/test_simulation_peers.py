@@ -95,6 +95,7 @@ def test_quick_mode_runs_every_framework_on_equal_work(tmp_path, peers):
     rows = json.loads((out / "results.json").read_text())
     assert [r["framework"] for r in rows] == list(FRAMEWORKS)
     assert not {r["framework"]: r["error"] for r in rows if "error" in r}
+    assert all(r.get("replies_lost", 0) == 0 for r in rows), rows  # fedsim's: every reply taken
     assert all(
         r["clients"] == r["per_round"] == CLIENTS and r["s_per_round"] > 0 and r["peak_gb"] > 0
         for r in rows

@@ -44,10 +44,17 @@ def main() -> None:
             stdout=subprocess.DEVNULL,
         )
         results = json.loads((Path(out) / "results.json").read_text())
+    lost = sum(  # replies of the training exchanges not accepted: the work was not equal
+        row["sent"] - row["accepted"]
+        for phase, rounds in results["faults"].items()
+        if phase.startswith("train/")
+        for row in rounds.values()
+    )
     report(
         results["round_seconds"],
         {k: results[k] for k in ("accuracy", "loss")},
         supernodes=results["supernodes"],
+        replies_lost=lost,
     )
 
 
