@@ -47,15 +47,16 @@ class TurnSentimentClient(ClientHandler):
         cls.threads(msg.content[keys.CONFIG])
         recipe = Recipe.of(task, data_root)
         weights, seed, server_round, mu = cls._inputs(msg)
-        chunks = [
-            recipe.local_updates(
-                weights, partitions[i : i + CHUNK], num_partitions, seed, server_round, mu
+        n, stacked = len(partitions), []
+        examples, losses = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.float64)
+        for i in range(0, n, CHUNK):  # each chunk's rows in place: one copy of the n models
+            chunk = slice(i, i + CHUNK)
+            new, examples[chunk], losses[chunk] = recipe.local_updates(
+                weights, partitions[chunk], num_partitions, seed, server_round, mu
             )
-            for i in range(0, len(partitions), CHUNK)
-        ]
-        stacked = [np.concatenate(ws) for ws in zip(*(c[0] for c in chunks))]
-        examples = np.array([n for c in chunks for n in c[1]], dtype=np.int64)
-        losses = np.array([loss for c in chunks for loss in c[2]], dtype=np.float64)
+            stacked = stacked or [np.empty((n, *w.shape[1:]), dtype=w.dtype) for w in new]
+            for out, rows in zip(stacked, new):
+                out[chunk] = rows
         return [
             (keys.ARRAYS, ARRAY, dict(zip(WEIGHT_NAMES, stacked))),
             (keys.METRICS, METRIC, {keys.NUM_EXAMPLES: examples, keys.TRAIN_LOSS: losses}),

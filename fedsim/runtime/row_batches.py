@@ -138,7 +138,8 @@ def _column_array(matrix: np.ndarray, kind: str) -> Array:
     if kind == METRIC:
         return Array(matrix)
     dtype, shape = str(matrix.dtype), tuple(matrix.shape)
-    data = header(dtype, shape) + np.ascontiguousarray(matrix).tobytes()
+    rows = memoryview(np.ascontiguousarray(matrix)).cast("B")  # one copy: the Array's bytes
+    data = b"".join((header(dtype, shape), rows))
     return Array(dtype=dtype, shape=shape, stype="numpy.ndarray", data=data)
 
 
