@@ -24,6 +24,9 @@ sys.path.insert(0, str(REPO / "bench"))
 from simulation_peers import FRAMEWORKS, INSTALL  # noqa: E402
 
 CLIENTS = 200  # --quick's setting (all per round, 2 rounds) at 200 clients: at 1,000 the five rows took 594 s of CI
+# every runner but fedsim's hosted layout on the messages backend, whose replies equal the batched
+# backend's (tests/test_row_batches.py): its run was 80-190 s of CI's longest test
+ROWS = [name for name in FRAMEWORKS if name != "fedsim, 2 SuperNodes"]
 NO_DEPS = {
     "pfl": "pfl==0.6.0",
     "flgo": "flgo==0.4.4",
@@ -84,6 +87,8 @@ def test_quick_mode_runs_every_framework_on_equal_work(tmp_path, peers):
             "2",
             "--out",
             str(out),
+            "--frameworks",
+            *ROWS,
         ],
         cwd=tmp_path,
         env=peers,
@@ -93,7 +98,7 @@ def test_quick_mode_runs_every_framework_on_equal_work(tmp_path, peers):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads((out / "results.json").read_text())
-    assert [r["framework"] for r in rows] == list(FRAMEWORKS)
+    assert [r["framework"] for r in rows] == ROWS
     assert not {r["framework"]: r["error"] for r in rows if "error" in r}
     assert all(r.get("replies_lost", 0) == 0 for r in rows), rows  # fedsim's: every reply taken
     assert all(
