@@ -39,19 +39,31 @@ def hosted_rows(population: int, num_partitions: int, partition_id: int) -> list
     return _partitioner(population, num_partitions).partition_indices(partition_id)
 
 
+def hosted_conversations(task: dict, data_root: str, num_partitions: int, partition_id: int):
+    """The population rows partition ``partition_id`` hosts and their conversations."""
+    population = load_conversations(
+        data_root, tuple(task["splits"]), task.get("max_per_split"), task.get("split_seed")
+    )
+    rows = hosted_rows(len(population), num_partitions, partition_id)
+    return rows, [population[i] for i in rows]
+
+
+def in_splits(rows: list[int], conversations: list, config: ConfigRecord) -> list[tuple]:
+    """The (row, conversation) pairs of the splits the message's config asks for."""
+    splits = set(config[keys.SPLITS])
+    return [(row, c) for row, c in zip(rows, conversations) if c.split in splits]
+
+
 class TopicPreferenceClient(ClientHandler):
     def __init__(self, task: dict, data_root: str, partition_id: int, num_partitions: int):
         super().__init__(task, data_root, partition_id, num_partitions)
-        population = load_conversations(
-            data_root, tuple(task["splits"]), task.get("max_per_split"), task.get("split_seed")
+        self.rows, self.conversations = hosted_conversations(
+            task, data_root, num_partitions, partition_id
         )
-        self.rows = hosted_rows(len(population), num_partitions, partition_id)
-        self.conversations = [population[i] for i in self.rows]
         self.num_topics = len(load_topics(data_root))
 
     def _selected(self, config: ConfigRecord):
-        splits = set(config[keys.SPLITS])
-        return [(row, c) for row, c in zip(self.rows, self.conversations) if c.split in splits]
+        return in_splits(self.rows, self.conversations, config)
 
     def discover(self) -> dict:
         return {keys.INFO_SPLITS: [c.split for c in self.conversations], keys.INFO_ROWS: self.rows}
@@ -71,19 +83,15 @@ class TopicPreferenceClient(ClientHandler):
         """Every client's ``train`` reply as rows: its p_c over the same conversations, where
         each client holds as many of the requested splits as the others (else None: replies
         of other shapes, served one by one)."""
-        population = load_conversations(
-            data_root, tuple(task["splits"]), task.get("max_per_split"), task.get("split_seed")
-        )
-        splits = set(msg.content[keys.CONFIG][keys.SPLITS])
-        held = [
-            [population[r] for r in hosted_rows(len(population), num_partitions, p)]
+        config = msg.content[keys.CONFIG]
+        selected = [
+            in_splits(*hosted_conversations(task, data_root, num_partitions, p), config)
             for p in partitions
         ]
-        selected = [[c for c in convs if c.split in splits] for convs in held]
         if not selected[0] or len({len(s) for s in selected}) != 1:
             return None
         num_topics = len(load_topics(data_root))
-        vectors = np.array([[local_preference(c, num_topics) for c in s] for s in selected])
+        vectors = np.array([[local_preference(c, num_topics) for _, c in s] for s in selected])
         examples = np.full(len(selected), len(selected[0]), dtype=np.int64)
         return [
             (keys.ARRAYS, ARRAY, {keys.VECTORS: vectors}),

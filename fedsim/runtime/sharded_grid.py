@@ -184,8 +184,10 @@ def _as_rows(
             "the batch's clients as rows: %s: %s; served one by one", type(exc).__name__, exc
         )
         return None
-    layout = [{} for _ in clients]
-    return Message(_manifested(packed, clients, num_clients, layout, None, [group]), reply_to=msg)
+    unstacked = [{} for _ in clients]  # every client's reply is in the group
+    return Message(
+        _manifested(packed, clients, num_clients, unstacked, None, [group]), reply_to=msg
+    )
 
 
 def _sub_message(msg: Message, layout: dict, i: int) -> Message:
